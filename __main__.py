@@ -1,0 +1,114 @@
+"""eks-ray-train: EKS + EFA GPU nodes + KubeRay, then a Ray Train FSDP job that must use EFA.
+
+The steps follow AWS's reference example, in its order: configuration, capacity check, network
+and cluster, node groups, device plugins, KubeRay, RayCluster, and the training run whose NCCL
+transport is checked. This file only reads settings and wires components together.
+"""
+
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.cluster import Cluster
+from infra.config import load_settings
+from infra.network import Network
+from infra.node_groups import GpuNodeGroup, NodeGroupSpec, SystemNodeGroup
+from infra.preflight import plan_placement
+from infra.sizing import size_workers
+from infra.storage import RAY_SERVICE_ACCOUNT, CheckpointStore
+from workloads import manifests
+from workloads.addons import Addons
+from workloads.ray_cluster import RayCluster
+
+# 1. Configuration: every key validated, instance facts from AWS, pod sizes derived once.
+settings = load_settings()
+
+# 2. Capacity check: offering, EFA, vCPU quota, capacity reservation, and the GPU AZ.
+placement = plan_placement(settings)
+worker = size_workers(settings, placement.gpu_node)
+
+# 3. Network and cluster.
+network = Network(
+    settings.cluster_name,
+    cidr=settings.vpc_cidr,
+    zones=placement.cluster_azs,
+    zone_count=2,
+    cluster_name=settings.cluster_name,
+)
+cluster = Cluster(
+    settings.cluster_name,
+    settings=settings,
+    vpc_id=network.vpc_id,
+    private_subnet_ids=network.private_subnet_ids,
+    public_subnet_ids=network.public_subnet_ids,
+)
+
+# 4. Node groups: system nodes anywhere private, GPU nodes in the one subnet of the GPU AZ.
+system_nodes = SystemNodeGroup(
+    "system",
+    cluster_name=settings.cluster_name,
+    node_role_arn=cluster.node_role.arn,
+    subnet_ids=network.private_subnet_ids,
+    spec=NodeGroupSpec(placement.system_node, settings.system_node_count, root_volume_gib=50),
+    opts=pulumi.ResourceOptions(depends_on=[cluster.eks, *cluster.node_role_policies]),
+)
+gpu_nodes = GpuNodeGroup(
+    "gpu",
+    cluster_name=settings.cluster_name,
+    vpc_id=network.vpc_id,
+    cluster_security_group_id=cluster.security_group_id,
+    node_role_arn=cluster.node_role.arn,
+    subnet_id=network.gpu_subnet_id,
+    spec=NodeGroupSpec(placement.gpu_node, settings.gpu_node_count, root_volume_gib=200),
+    capacity_reservation_id=placement.capacity_reservation_id,
+    opts=pulumi.ResourceOptions(depends_on=[cluster.eks, *cluster.node_role_policies]),
+)
+coredns = cluster.install_coredns(after=[system_nodes.node_group])
+checkpoints = CheckpointStore(
+    "checkpoints",
+    namespace=settings.namespace,
+    oidc_provider_arn=cluster.oidc_provider_arn,
+    oidc_provider_url=cluster.oidc_provider_url,
+)
+
+# 5. GPU and EFA device plugins, KubeRay operator.
+kubernetes = k8s.Provider("eks", kubeconfig=cluster.kubeconfig, opts=pulumi.ResourceOptions(parent=cluster))
+addons = Addons(
+    "addons",
+    provider=kubernetes,
+    after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
+)
+
+# 6. The RayCluster, with the training code shipped beside it.
+code_files = manifests.collect_code(Path(__file__).parent)
+ray = RayCluster(
+    "ray",
+    spec=manifests.RayClusterSpec(
+        name="ray-train",
+        namespace=settings.namespace,
+        image=settings.image,
+        ray_version=settings.ray_version,
+        worker_replicas=settings.gpu_node_count,
+        worker=worker,
+        service_account=RAY_SERVICE_ACCOUNT,
+        code_configmap="training-code",
+        code_files=code_files,
+    ),
+    pod_role_arn=checkpoints.role.arn,
+    provider=kubernetes,
+    after=addons.releases,
+)
+
+pulumi.export("clusterName", settings.cluster_name)
+pulumi.export("region", settings.region)
+pulumi.export("kubeconfig", cluster.kubeconfig)
+pulumi.export("gpuAz", placement.gpu_az)
+pulumi.export("gpuSubnetId", network.gpu_subnet_id)
+pulumi.export("checkpointBucket", checkpoints.bucket.bucket)
+pulumi.export("codeHash", ray.code_hash)
+pulumi.export(
+    "rayDashboard",
+    f"aws eks update-kubeconfig --region {settings.region} --name {settings.cluster_name} && "
+    f"kubectl -n {settings.namespace} port-forward service/ray-train-head-svc 8265:8265  # then open http://localhost:8265",
+)

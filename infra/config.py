@@ -1,0 +1,293 @@
+"""Stack configuration: parsed and validated in one place into typed, immutable settings.
+
+Every key of the `eks-ray-train` namespace is known here. A bad value or an unknown key raises
+`ConfigError`, whose message names the key, the value and the fix, so `pulumi preview` stops
+before any resource exists. Parsing is a pure function of a dict (`parse_settings`), so tests
+exercise it without a Pulumi engine; `load_settings` only gathers that dict from the stack.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import pulumi
+
+PROJECT = "eks-ray-train"
+DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+DEFAULT_RAY_VERSION = "2.58.0"
+TRANSPORTS = ("efa", "socket", "ib", "intra-node")
+
+
+class ConfigError(pulumi.RunError):
+    """A stack setting is wrong; the message says which key, what value, and how to fix it.
+
+    Subclassing `pulumi.RunError` makes the Pulumi CLI print the message without a traceback.
+    """
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Arguments of the training job run by `pulumi up` (the `training` object)."""
+
+    preset: str = "smoke"
+    model_id: str = "Qwen/Qwen2.5-1.5B"
+    init: str = "pretrained"
+    steps: int | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    workers: int | None = None
+    checkpoint_every: int | None = None
+    hsdp: bool = False
+    expect_transport: str = "efa"
+    timeout_minutes: int = 60
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """Every setting of one stack, validated; derived sizes live in `infra.sizing`."""
+
+    region: str
+    cluster_name: str = "eks-ray-train"
+    kubernetes_version: str = "1.36"
+    vpc_cidr: str = "10.0.0.0/16"
+    system_node_type: str = "m7i.xlarge"
+    system_node_count: int = 1
+    gpu_node_type: str = "g6.12xlarge"
+    gpu_node_count: int = 2
+    gpu_az: str | None = None
+    capacity_reservation_id: str | None = None
+    image: str = DEFAULT_IMAGE
+    ray_version: str = DEFAULT_RAY_VERSION
+    namespace: str = "ray-train"
+    worker_cpu: int = 40
+    worker_memory: str = "160Gi"
+    endpoint_public_access: bool = True
+    endpoint_public_access_cidrs: tuple[str, ...] = ()
+    train: bool = True
+    benchmark: bool = False
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+
+    @property
+    def worker_memory_mib(self) -> int:
+        return quantity_to_mib(self.worker_memory)
+
+
+# --- small parsers: each returns the typed value or raises ValueError with the reason ------------
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_K8S_VERSION = re.compile(r"^1\.\d{2}$")
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_UNITS_IN_MIB = {
+    None: 1 / 2**20, "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024**2,
+    "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20, "T": 1e12 / 2**20,
+}
+
+
+def quantity_to_mib(text: str) -> int:
+    """Kubernetes memory quantity (e.g. `160Gi`) in MiB, rounded down."""
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a Kubernetes memory quantity such as 160Gi or 163840Mi")
+    return int(float(match.group(1)) * _UNITS_IN_MIB[match.group(2)])
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError("expected true or false")
+
+
+def _as_int(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError("expected a whole number")
+        try:
+            number = int(str(value), 10)
+        except ValueError:
+            raise ValueError("expected a whole number") from None
+        if number < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def _as_positive_float(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number such as 2e-5") from None
+    if not number > 0:
+        raise ValueError("must be greater than 0")
+    return number
+
+
+def _matching(pattern: re.Pattern[str], example: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if not isinstance(value, str) or not pattern.match(value):
+            raise ValueError(f"expected something like {example}")
+        return value
+
+    return parse
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _cidr(value: Any) -> str:
+    try:
+        network = ipaddress.ip_network(str(value), strict=True)
+    except ValueError as err:
+        raise ValueError(f"not a CIDR block ({err})") from None
+    return str(network)
+
+
+def _vpc_cidr(value: Any) -> str:
+    network = ipaddress.ip_network(_cidr(value))
+    if network.version != 4 or not 16 <= network.prefixlen <= 20:
+        raise ValueError("expected an IPv4 block between /16 and /20, e.g. 10.0.0.0/16")
+    return str(network)
+
+
+def _cidr_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected a non-empty list of CIDR blocks, e.g. [\"203.0.113.7/32\"]")
+    blocks = tuple(_cidr(item) for item in value)
+    if any(ipaddress.ip_network(block).prefixlen == 0 for block in blocks):
+        raise ValueError("0.0.0.0/0 opens the Kubernetes API to the whole internet; list your own addresses")
+    return blocks
+
+
+def _image(value: Any) -> str:
+    if not isinstance(value, str) or not value or " " in value:
+        raise ValueError("expected a container image reference")
+    last = value.rsplit("/", 1)[-1]
+    if "@sha256:" not in value and (":" not in last or last.endswith(":latest")):
+        raise ValueError("pin the image to a tag or digest (not latest), e.g. repo/ray:train-ml-cuda-v1.1")
+    return value
+
+
+_TRAINING_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "preset": ("preset", _one_of("smoke", "throughput")),
+    "modelId": ("model_id", _matching(re.compile(r"^[\w.\-]+/[\w.\-]+$"), "Qwen/Qwen2.5-1.5B")),
+    "init": ("init", _one_of("pretrained", "random")),
+    "steps": ("steps", _as_int(1)),
+    "seqLen": ("seq_len", _as_int(8)),
+    "batchSize": ("batch_size", _as_int(1)),
+    "learningRate": ("learning_rate", _as_positive_float),
+    "workers": ("workers", _as_int(1)),
+    "checkpointEvery": ("checkpoint_every", _as_int(0)),
+    "hsdp": ("hsdp", _as_bool),
+    "expectTransport": ("expect_transport", _one_of(*TRANSPORTS)),
+    "timeoutMinutes": ("timeout_minutes", _as_int(1)),
+}
+
+_STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "clusterName": ("cluster_name", _matching(_CLUSTER_NAME, "eks-ray-train")),
+    "kubernetesVersion": ("kubernetes_version", _matching(_K8S_VERSION, '"1.36" (quote it in YAML)')),
+    "vpcCidr": ("vpc_cidr", _vpc_cidr),
+    "systemNodeType": ("system_node_type", _matching(_INSTANCE_TYPE, "m7i.xlarge")),
+    "systemNodeCount": ("system_node_count", _as_int(1)),
+    "gpuNodeType": ("gpu_node_type", _matching(_INSTANCE_TYPE, "g6.12xlarge")),
+    "gpuNodeCount": ("gpu_node_count", _as_int(1)),
+    "gpuAz": ("gpu_az", _matching(_AZ, "us-east-2a")),
+    "capacityReservationId": ("capacity_reservation_id", _matching(_RESERVATION, "cr-0123456789abcdef0")),
+    "image": ("image", _image),
+    "rayVersion": ("ray_version", _matching(re.compile(r"^\d+\.\d+\.\d+$"), "2.58.0")),
+    "namespace": ("namespace", _matching(_NAME, "ray-train")),
+    "workerCpu": ("worker_cpu", _as_int(1)),
+    "workerMemory": ("worker_memory", lambda v: (quantity_to_mib(str(v)), str(v))[1]),
+    "endpointPublicAccess": ("endpoint_public_access", _as_bool),
+    "endpointPublicAccessCidrs": ("endpoint_public_access_cidrs", _cidr_list),
+    "train": ("train", _as_bool),
+    "benchmark": ("benchmark", _as_bool),
+}
+KNOWN_KEYS = (*_STACK_KEYS, "training")
+
+
+def _unknown_key_error(where: str, key: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
+    return ConfigError(f"unknown config key '{where}{key}': {hint}")
+
+
+def _decode(value: Any) -> Any:
+    """Pulumi hands object and list values over as JSON text; scalars stay strings."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _parse_fields(raw: Mapping[str, Any], table: dict, prefix: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in table:
+            raise _unknown_key_error(prefix, key, list(table) + (["training"] if not prefix else []))
+        attribute, parse = table[key]
+        try:
+            fields[attribute] = parse(_decode(value))
+        except ValueError as err:
+            raise ConfigError(f"config key '{prefix}{key}' = {value!r}: {err}") from None
+    return fields
+
+
+def parse_settings(raw: Mapping[str, Any], region: str | None) -> StackSettings:
+    """Validate the stack's `eks-ray-train:*` values (keys without the namespace) for `region`."""
+    if not region:
+        raise ConfigError("config key 'aws:region' is not set: run `pulumi config set aws:region us-east-2`")
+    values = dict(raw)
+    training_raw = _decode(values.pop("training", {}))
+    if not isinstance(training_raw, dict):
+        raise ConfigError("config key 'training' must be an object, e.g. training: {steps: 20, preset: smoke}")
+    settings = StackSettings(
+        region=region,
+        training=TrainingSettings(**_parse_fields(training_raw, _TRAINING_KEYS, "training.")),
+        **_parse_fields(values, _STACK_KEYS, ""),
+    )
+    if settings.gpu_az and not settings.gpu_az.startswith(region):
+        raise ConfigError(
+            f"config key 'gpuAz' = {settings.gpu_az!r} is not in region {region}: "
+            f"pick one of the region's zones (e.g. {region}a) or remove the key to choose automatically"
+        )
+    if settings.endpoint_public_access and not settings.endpoint_public_access_cidrs:
+        raise ConfigError(
+            "config key 'endpointPublicAccessCidrs' is required while the API endpoint is public: "
+            "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`, "
+            "or set endpointPublicAccess: false to reach the cluster only from inside the VPC"
+        )
+    return settings
+
+
+def stack_config_values(project: str = PROJECT) -> dict[str, Any]:
+    """Every value the engine passed for the project's namespace, keyed without the namespace."""
+    merged = {**pulumi.runtime.config.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+    prefix = f"{project}:"
+    return {key[len(prefix):]: value for key, value in merged.items() if key.startswith(prefix)}
+
+
+def load_settings() -> StackSettings:
+    """Read and validate the current stack's configuration."""
+    return parse_settings(stack_config_values(), pulumi.Config("aws").get("region"))

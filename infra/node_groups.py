@@ -1,0 +1,186 @@
+"""Managed node groups: the system group, and the GPU group with our own EFA launch template.
+
+`aws.eks.NodeGroup` is used rather than pulumi-eks's `ManagedNodeGroup` because the GPU group
+needs a launch template of its own (EFA interfaces, placement group, capacity reservation, IMDSv2,
+root volume), which `enable_efa_support` cannot be combined with, and because every property then
+shows in `pulumi preview` and in the offline tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.sizing import InstanceFacts
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
+SYSTEM_LABELS = {"role": "system"}
+GPU_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+# IMDSv2 only; hop limit 2 so containers that legitimately need instance metadata still reach it.
+METADATA_OPTIONS = {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 2}
+
+
+def root_volume(size_gib: int) -> list[dict]:
+    """Encrypted gp3 root volume of the AL2023 AMIs (device /dev/xvda)."""
+    return [
+        {
+            "device_name": "/dev/xvda",
+            "ebs": {
+                "volume_size": size_gib,
+                "volume_type": "gp3",
+                "encrypted": "true",
+                "delete_on_termination": "true",
+            },
+        }
+    ]
+
+
+def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[pulumi.Input[str]]) -> list[dict]:
+    """One EFA interface per network card: card 0 carries IP traffic too, the others are EFA-only.
+
+    Security groups sit on the interfaces (a launch template with interfaces may not set them at
+    the top level) and no subnet is named: the node group chooses it.
+    """
+    return [
+        {
+            "network_card_index": card,
+            "device_index": 0 if card == 0 else 1,
+            "interface_type": "efa" if card == 0 else "efa-only",
+            "security_groups": security_group_ids,
+            "delete_on_termination": "true",
+            "associate_public_ip_address": "false" if card == 0 else None,
+        }
+        for card in range(efa_interfaces)
+    ]
+
+
+@dataclass(frozen=True)
+class NodeGroupSpec:
+    """What differs between the two node groups."""
+
+    instance: InstanceFacts
+    count: int
+    root_volume_gib: int
+
+
+class SystemNodeGroup(pulumi.ComponentResource):
+    """Nodes for the KubeRay operator, CoreDNS and the Ray head (no GPU)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        cluster_name: str,
+        node_role_arn: pulumi.Input[str],
+        subnet_ids: list[pulumi.Input[str]],
+        spec: NodeGroupSpec,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("eks-ray-train:infra:SystemNodeGroup", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        template = aws.ec2.LaunchTemplate(
+            name,
+            description="System nodes: IMDSv2 and an encrypted gp3 root volume",
+            metadata_options=METADATA_OPTIONS,
+            block_device_mappings=root_volume(spec.root_volume_gib),
+            opts=child,
+        )
+        self.node_group = aws.eks.NodeGroup(
+            name,
+            cluster_name=cluster_name,
+            node_role_arn=node_role_arn,
+            subnet_ids=subnet_ids,
+            instance_types=[spec.instance.instance_type],
+            ami_type="AL2023_x86_64_STANDARD",
+            capacity_type="ON_DEMAND",
+            scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
+            labels=SYSTEM_LABELS,
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            opts=child,
+        )
+        self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    """EFA GPU nodes in one subnet of one AZ, packed in a cluster placement group."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        cluster_name: str,
+        vpc_id: pulumi.Input[str],
+        cluster_security_group_id: pulumi.Input[str],
+        node_role_arn: pulumi.Input[str],
+        subnet_id: pulumi.Input[str],
+        spec: NodeGroupSpec,
+        capacity_reservation_id: str | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("eks-ray-train:infra:GpuNodeGroup", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        # EFA's SRD traffic needs a group that admits everything from and to itself, both ways.
+        self.efa_security_group = aws.ec2.SecurityGroup(
+            f"{name}-efa",
+            description="EFA: all traffic between members of this group",
+            vpc_id=vpc_id,
+            tags={"Name": f"{name}-efa"},
+            opts=child,
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-efa-in",
+            security_group_id=self.efa_security_group.id,
+            referenced_security_group_id=self.efa_security_group.id,
+            ip_protocol="-1",
+            description="EFA from members",
+            opts=child,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-efa-out",
+            security_group_id=self.efa_security_group.id,
+            referenced_security_group_id=self.efa_security_group.id,
+            ip_protocol="-1",
+            description="EFA to members",
+            opts=child,
+        )
+        self.placement_group = aws.ec2.PlacementGroup(name, strategy="cluster", opts=child)
+
+        template_args = {}
+        if capacity_reservation_id:
+            template_args["capacity_reservation_specification"] = {
+                "capacity_reservation_target": {"capacity_reservation_id": capacity_reservation_id}
+            }
+        self.launch_template = aws.ec2.LaunchTemplate(
+            name,
+            description=f"GPU nodes: {spec.instance.efa_interfaces} EFA interface(s), placement group, IMDSv2",
+            metadata_options=METADATA_OPTIONS,
+            block_device_mappings=root_volume(spec.root_volume_gib),
+            network_interfaces=efa_network_interfaces(
+                spec.instance.efa_interfaces, [cluster_security_group_id, self.efa_security_group.id]
+            ),
+            placement={"group_name": self.placement_group.name},
+            opts=child,
+            **template_args,
+        )
+        self.node_group = aws.eks.NodeGroup(
+            name,
+            cluster_name=cluster_name,
+            node_role_arn=node_role_arn,
+            subnet_ids=[subnet_id],
+            instance_types=[spec.instance.instance_type],
+            ami_type="AL2023_x86_64_NVIDIA",
+            capacity_type="ON_DEMAND",
+            scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
+            labels=GPU_LABELS,
+            taints=[GPU_TAINT],
+            launch_template={"id": self.launch_template.id, "version": self.launch_template.latest_version.apply(str)},
+            # Instances are replaced one at a time; a GPU node lost mid-update takes its Ray worker with it.
+            update_config={"max_unavailable": 1},
+            opts=child,
+        )
+        self.register_outputs(
+            {"nodeGroupName": self.node_group.node_group_name, "placementGroup": self.placement_group.name}
+        )

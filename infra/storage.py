@@ -1,0 +1,105 @@
+"""Checkpoint storage: a private, encrypted S3 bucket that only the Ray pods can reach (IRSA).
+
+Ray Train needs storage every worker node can reach for checkpoints; the node role gets no S3
+access, the pods' service account assumes a role scoped to this one bucket.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+RAY_SERVICE_ACCOUNT = "ray-train"
+
+
+def irsa_trust_policy(oidc_provider_arn: str, oidc_provider_url: str, namespace: str, service_account: str) -> str:
+    """Trust the cluster's OIDC provider, for one service account only."""
+    issuer = oidc_provider_url.removeprefix("https://")
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Federated": oidc_provider_arn},
+                    "Action": "sts:AssumeRoleWithWebIdentity",
+                    "Condition": {
+                        "StringEquals": {
+                            f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                            f"{issuer}:aud": "sts.amazonaws.com",
+                        }
+                    },
+                }
+            ],
+        }
+    )
+
+
+def bucket_access_policy(bucket_arn: str) -> str:
+    """Read, write and list checkpoints in this bucket, nothing else."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": bucket_arn},
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                    "Resource": f"{bucket_arn}/*",
+                },
+            ],
+        }
+    )
+
+
+class CheckpointStore(pulumi.ComponentResource):
+    """The bucket, its guards, and the role the Ray pods' service account assumes."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        namespace: str,
+        oidc_provider_arn: pulumi.Input[str],
+        oidc_provider_url: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("eks-ray-train:infra:CheckpointStore", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        # force_destroy: `pulumi destroy` would otherwise stop at a bucket that still holds checkpoints.
+        self.bucket = aws.s3.Bucket(name, force_destroy=True, opts=child)
+        aws.s3.BucketPublicAccessBlock(
+            name,
+            bucket=self.bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            name,
+            bucket=self.bucket.id,
+            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms"}, "bucket_key_enabled": True}],
+            opts=child,
+        )
+        aws.s3.BucketOwnershipControls(
+            name, bucket=self.bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
+        )
+        self.role = aws.iam.Role(
+            f"{name}-ray-pods",
+            assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_provider_url).apply(
+                lambda args: irsa_trust_policy(args[0], args[1], namespace, RAY_SERVICE_ACCOUNT)
+            ),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-ray-pods",
+            role=self.role.id,
+            policy=self.bucket.arn.apply(bucket_access_policy),
+            opts=child,
+        )
+        self.storage_path = pulumi.Output.concat("s3://", self.bucket.bucket, "/runs")
+        self.register_outputs({"bucket": self.bucket.bucket, "roleArn": self.role.arn})

@@ -1,0 +1,171 @@
+"""Run `__main__.py` under Pulumi's own mocks and record every resource it registers.
+
+The fake AWS account (`tests.fake_aws`) answers the invokes; this module adds the resource side:
+plausible outputs for what the program reads back (ARNs, ids, the cluster's kubeconfig) and a
+record of each registration with its parent and dependencies, so tests can assert the plan.
+"""
+
+from __future__ import annotations
+
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+
+from tests.fake_aws import FakeAws
+
+ROOT = Path(__file__).resolve().parents[1]
+STACK_FILES = sorted(ROOT.glob("Pulumi.*.yaml"))
+ACCOUNT = "123456789012"
+# What a user adds before the first `pulumi up` (the stack files say so); tests stand in for it.
+USER_SETTINGS = {"eks-ray-train:endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
+
+
+@dataclass
+class Registration:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    dependencies: list[str]
+    inputs: dict[str, Any]
+    secret_inputs: set[str]
+
+
+@dataclass
+class Plan:
+    """Everything one program run registered, in order."""
+
+    resources: list[Registration] = field(default_factory=list)
+    exports: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, type_token: str) -> list[Registration]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def one(self, type_token: str, name: str | None = None) -> Registration:
+        found = [r for r in self.of_type(type_token) if name is None or r.name == name]
+        assert len(found) == 1, f"expected one {type_token} {name or ''}, found {[r.name for r in found]}"
+        return found[0]
+
+    def by_urn(self, urn: str) -> Registration:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def ancestors(self, registration: Registration) -> list[str]:
+        """Types of the components a resource sits under, nearest first."""
+        chain, parent = [], registration.parent
+        while parent:
+            node = next((r for r in self.resources if r.urn == parent), None)
+            if node is None:
+                break
+            chain.append(node.type)
+            parent = node.parent
+        return chain
+
+
+def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[str, Any]:
+    """Outputs the program reads back from resources it creates."""
+    name, arn = args.name, f"arn:aws:service:{region}:{ACCOUNT}:{args.typ.split(':')[-1].lower()}/{args.name}"
+    outputs: dict[str, Any] = {"arn": arn, "name": args.inputs.get("name", name)}
+    if args.typ == "eks:index:Cluster":
+        issuer = f"oidc.eks.{region}.amazonaws.com/id/0123456789ABCDEF"
+        outputs.update(
+            kubeconfigJson='{"apiVersion": "v1", "kind": "Config", "clusters": []}',
+            clusterSecurityGroupId="sg-0eksclusterprimary",
+            oidcProviderArn=f"arn:aws:iam::{ACCOUNT}:oidc-provider/{issuer}",
+            oidcProviderUrl=issuer,
+        )
+    elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+        outputs["latestVersion"] = 1
+    elif args.typ == "aws:s3/bucket:Bucket":
+        outputs["bucket"] = f"{name}-0a1b2c3"
+    elif args.typ == "aws:eks/nodeGroup:NodeGroup":
+        outputs["nodeGroupName"] = name
+    return outputs
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """The mock monitor, plus each registration's parent, dependencies and secret inputs."""
+
+    def __init__(self, mocks: "ProgramMocks") -> None:
+        super().__init__(mocks)
+        self.plan = Plan()
+
+    def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            inputs = pulumi.runtime.rpc.deserialize_properties(request.object, keep_unknowns=True)
+            self.plan.resources.append(
+                Registration(
+                    type=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent=request.parent,
+                    dependencies=list(request.dependencies),
+                    inputs=inputs,
+                    secret_inputs=_secret_paths(request.object),
+                )
+            )
+        return response
+
+
+def _secret_paths(struct) -> set[str]:
+    """Top-level input names whose value is a Pulumi secret."""
+    secret_sig = pulumi.runtime.rpc._special_sig_key
+    found = set()
+    for key, value in struct.fields.items():
+        if value.HasField("struct_value") and secret_sig in value.struct_value.fields:
+            sig = value.struct_value.fields[secret_sig].string_value
+            if sig == pulumi.runtime.rpc._special_secret_sig:
+                found.add(key)
+    return found
+
+
+class ProgramMocks(pulumi.runtime.Mocks):
+    def __init__(self, fake_aws: FakeAws) -> None:
+        self.fake_aws = fake_aws
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return self.fake_aws.call(args.token, dict(args.args))
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        if args.custom is None and args.resource_id:  # a read of an existing resource (`Resource.get`)
+            state = self.fake_aws.read(args.typ, args.resource_id)
+            if state is None:
+                raise Exception(f"{args.typ} {args.resource_id} not found")
+            return args.resource_id, state
+        return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.fake_aws.region)}
+
+
+def stack_config(stack_file: Path) -> dict[str, str]:
+    """A stack file's config as the engine hands it to the program (objects as JSON text)."""
+    import json
+
+    config = yaml.safe_load(stack_file.read_text())["config"]
+    return {key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()}
+
+
+def run_program(config: dict[str, str], fake_aws: FakeAws | None = None, stack: str = "dev") -> Plan:
+    """Run `__main__.py` once under mocks with this stack config; raise what the program raises."""
+    region = config.get("aws:region", "us-east-2")
+    fake_aws = fake_aws or FakeAws(region=region)
+    mocks = ProgramMocks(fake_aws)
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=True, monitor=monitor)
+    pulumi.runtime.set_all_config(config)
+    failure: list[BaseException] = []
+
+    @pulumi.runtime.test
+    def program():
+        try:
+            runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+        except BaseException as err:  # surfaced below, outside Pulumi's event loop
+            failure.append(err)
+
+    program()
+    if failure:
+        raise failure[0]
+    return monitor.plan

@@ -1,0 +1,252 @@
+"""Kubernetes objects and Helm values as pure functions returning plain dicts.
+
+Nothing here talks to Pulumi or a cluster, so tests validate every object against the real
+schemas (Kubernetes core, the KubeRay CRD, the charts' values.yaml). The Pulumi wiring in
+`workloads.addons` and `workloads.ray_cluster` only hands these dicts over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from infra.sizing import WorkerSizing
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+SYSTEM_NODE_SELECTOR = {"role": "system"}
+GPU_NODE_SELECTOR = {"role": "gpu-worker"}
+CODE_MOUNT = "/opt/eks-ray-train"
+CODE_HASH_FILE = ".code-hash"
+RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+# NCCL through libfabric's EFA provider; INFO logs are what the transport check reads.
+EFA_NCCL_ENV = {
+    "FI_PROVIDER": "efa",
+    "NCCL_NET_PLUGIN": "ofi",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "NCCL_DEBUG": "INFO",
+}
+CONFIGMAP_LIMIT_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A pinned Helm chart and where it comes from."""
+
+    name: str
+    version: str
+    repository: str
+    namespace: str
+
+
+NVIDIA_DEVICE_PLUGIN = Chart(
+    "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", "kube-system"
+)
+EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.32", "https://aws.github.io/eks-charts", "kube-system")
+KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay")
+
+
+def nvidia_device_plugin_values() -> dict:
+    """MOFED off (it fights the EFA plugin in 0.19.x); tolerate the GPU taint."""
+    return {
+        "mofedEnabled": False,
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, GPU_TOLERATION],
+    }
+
+
+def efa_device_plugin_values() -> dict:
+    """Only on GPU nodes, which are tainted: the chart tolerates nothing by default."""
+    return {"nodeSelector": dict(GPU_NODE_SELECTOR), "tolerations": [GPU_TOLERATION]}
+
+
+def kuberay_operator_values() -> dict:
+    """The operator lives on the system node."""
+    return {"nodeSelector": dict(SYSTEM_NODE_SELECTOR)}
+
+
+def namespace(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "eks-ray-train"}}}
+
+
+def service_account(name: str, namespace_name: str, role_arn: object) -> dict:
+    """The Ray pods' identity; IRSA maps it to the checkpoint bucket's role."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": name,
+            "namespace": namespace_name,
+            "annotations": {"eks.amazonaws.com/role-arn": role_arn},
+        },
+    }
+
+
+# --- the training code, shipped as a ConfigMap --------------------------------------------------
+
+SHIPPED_SUFFIXES = {".py", ".json", ".txt", ".jsonl"}
+
+
+def collect_code(root: Path, package: str = "training") -> dict[str, str]:
+    """Files of the training package by POSIX path relative to `root` (sources and small data)."""
+    files = {}
+    for path in sorted((root / package).rglob("*")):
+        if path.is_file() and path.suffix in SHIPPED_SUFFIXES and "__pycache__" not in path.parts:
+            files[path.relative_to(root).as_posix()] = path.read_text(encoding="utf-8")
+    return files
+
+
+def code_hash(files: dict[str, str]) -> str:
+    """Content hash of the shipped code: a change triggers a new training run."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + files[path].encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _configmap_key(path: str) -> str:
+    """ConfigMap keys allow no '/', so paths are flattened; volume items restore them."""
+    return path.replace("/", "__")
+
+
+def training_code_configmap(name: str, namespace_name: str, files: dict[str, str]) -> dict:
+    """All shipped files plus the content hash, which the run checks before it submits."""
+    data = {_configmap_key(path): content for path, content in files.items()}
+    data[_configmap_key(CODE_HASH_FILE)] = code_hash(files)
+    size = sum(len(key) + len(value.encode()) for key, value in data.items())
+    if size > CONFIGMAP_LIMIT_BYTES:
+        raise ValueError(f"the training code is {size} bytes; a ConfigMap holds at most {CONFIGMAP_LIMIT_BYTES}")
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace_name, "labels": {"app.kubernetes.io/part-of": "eks-ray-train"}},
+        "data": data,
+    }
+
+
+def code_volume(configmap_name: str, files: dict[str, str]) -> dict:
+    return {
+        "name": "training-code",
+        "configMap": {
+            "name": configmap_name,
+            "items": [
+                {"key": _configmap_key(path), "path": path}
+                for path in sorted([*files, CODE_HASH_FILE])
+            ],
+        },
+    }
+
+
+# --- the RayCluster ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RayClusterSpec:
+    """Inputs of the RayCluster; the worker numbers come from `infra.sizing.size_workers`."""
+
+    name: str
+    namespace: str
+    image: str
+    ray_version: str
+    worker_replicas: int
+    worker: WorkerSizing
+    service_account: str
+    code_configmap: str
+    code_files: dict[str, str]
+    head_cpu: str = "2"
+    head_memory: str = "8Gi"
+    shm_size: str = "32Gi"
+
+
+def _env(values: dict[str, str]) -> list[dict]:
+    return [{"name": key, "value": value} for key, value in values.items()]
+
+
+def ray_cluster(spec: RayClusterSpec) -> dict:
+    """Head on the system node (no GPU, no external Service), one GPU worker pod per GPU node."""
+    worker_resources = {
+        "cpu": str(spec.worker.cpu),
+        "memory": spec.worker.memory,
+        "nvidia.com/gpu": str(spec.worker.gpus),
+        "vpc.amazonaws.com/efa": str(spec.worker.efa_interfaces),
+    }
+    head = {
+        "serviceType": "ClusterIP",
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+        "template": {
+            "spec": {
+                "serviceAccountName": spec.service_account,
+                "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+                "containers": [
+                    {
+                        "name": "ray-head",
+                        "image": spec.image,
+                        "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
+                        # The GPU image's NVML hook fails on a node without GPUs unless told there are none.
+                        "env": _env({"NVIDIA_VISIBLE_DEVICES": "void"}),
+                        "resources": {
+                            "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
+                            "limits": {"memory": spec.head_memory},
+                        },
+                        "volumeMounts": [{"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True}],
+                    }
+                ],
+                "volumes": [code_volume(spec.code_configmap, spec.code_files)],
+            }
+        },
+    }
+    workers = {
+        "groupName": "gpu-workers",
+        "replicas": spec.worker_replicas,
+        "minReplicas": spec.worker_replicas,
+        "maxReplicas": spec.worker_replicas,
+        # Ray's GPU count and the pod's GPU request are the same number.
+        "rayStartParams": {"num-gpus": str(spec.worker.gpus)},
+        "template": {
+            "spec": {
+                "serviceAccountName": spec.service_account,
+                "nodeSelector": dict(GPU_NODE_SELECTOR),
+                "tolerations": [GPU_TOLERATION],
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": spec.image,
+                        "env": _env(EFA_NCCL_ENV),
+                        # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
+                        "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
+                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                    }
+                ],
+                # NCCL and the data loaders use shared memory; the container default of 64 MiB is too small.
+                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}],
+            }
+        },
+    }
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "labels": {"app.kubernetes.io/part-of": "eks-ray-train"},
+        },
+        "spec": {
+            "rayVersion": spec.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": head,
+            "workerGroupSpecs": [workers],
+        },
+    }
+
+
+def head_pod_selector(cluster_name: str) -> str:
+    """Label selector KubeRay puts on the head pod."""
+    return f"ray.io/cluster={cluster_name},ray.io/node-type=head"
+
+
+def worker_pod_selector(cluster_name: str) -> str:
+    return f"ray.io/cluster={cluster_name},ray.io/node-type=worker"
+
+
+def shipped_path(path: str) -> str:
+    """Where a shipped file lands inside the pods."""
+    return str(PurePosixPath(CODE_MOUNT) / path)

@@ -1,0 +1,59 @@
+"""The Ray side of the cluster: namespace, service account, shipped code, and the RayCluster CR."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from workloads import manifests
+
+
+class RayCluster(pulumi.ComponentResource):
+    """Created only after the operator (its CRD) and both device plugins exist."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        spec: manifests.RayClusterSpec,
+        pod_role_arn: pulumi.Input[str],
+        provider: k8s.Provider,
+        after: list[pulumi.Resource],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("eks-ray-train:workloads:RayCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self, provider=provider)
+        namespace = k8s.core.v1.Namespace(
+            spec.namespace, **_body(manifests.namespace(spec.namespace)), opts=child
+        )
+        in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace])
+        service_account = k8s.core.v1.ServiceAccount(
+            spec.service_account,
+            **_body(manifests.service_account(spec.service_account, spec.namespace, pod_role_arn)),
+            opts=in_namespace,
+        )
+        self.code_hash = manifests.code_hash(spec.code_files)
+        code = k8s.core.v1.ConfigMap(
+            spec.code_configmap,
+            **_body(manifests.training_code_configmap(spec.code_configmap, spec.namespace, spec.code_files)),
+            opts=in_namespace,
+        )
+        ray_cluster = manifests.ray_cluster(spec)
+        self.resource = k8s.apiextensions.CustomResource(
+            spec.name,
+            api_version=ray_cluster["apiVersion"],
+            kind=ray_cluster["kind"],
+            metadata=ray_cluster["metadata"],
+            spec=ray_cluster["spec"],
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=provider, depends_on=[namespace, service_account, code, *after]
+            ),
+        )
+        self.name = spec.name
+        self.namespace = spec.namespace
+        self.register_outputs({"name": spec.name, "namespace": spec.namespace, "codeHash": self.code_hash})
+
+
+def _body(manifest: dict) -> dict:
+    """Keyword arguments of a typed k8s resource from a plain manifest (apiVersion and kind dropped)."""
+    return {key: value for key, value in manifest.items() if key not in ("apiVersion", "kind")}
