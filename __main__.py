@@ -11,7 +11,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.cluster import Cluster
-from infra.config import load_settings
+from infra.config import hf_token, load_settings
 from infra.network import Network
 from infra.node_groups import GpuNodeGroup, NodeGroupSpec, SystemNodeGroup
 from infra.preflight import plan_placement
@@ -96,6 +96,7 @@ ray = RayCluster(
         code_files=code_files,
     ),
     pod_role_arn=checkpoints.role.arn,
+    hf_token=hf_token() if settings.has_hf_token else None,
     provider=kubernetes,
     after=addons.releases,
 )

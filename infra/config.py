@@ -71,6 +71,7 @@ class StackSettings:
     endpoint_public_access_cidrs: tuple[str, ...] = ()
     train: bool = True
     benchmark: bool = False
+    has_hf_token: bool = False
     training: TrainingSettings = field(default_factory=TrainingSettings)
 
     @property
@@ -221,6 +222,8 @@ _STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "endpointPublicAccessCidrs": ("endpoint_public_access_cidrs", _cidr_list),
     "train": ("train", _as_bool),
     "benchmark": ("benchmark", _as_bool),
+    # Only its presence is kept here; the value stays a Pulumi secret (see `hf_token`).
+    "hfToken": ("has_hf_token", lambda value: bool(value)),
 }
 KNOWN_KEYS = (*_STACK_KEYS, "training")
 
@@ -286,6 +289,11 @@ def stack_config_values(project: str = PROJECT) -> dict[str, Any]:
     merged = {**pulumi.runtime.config.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
     prefix = f"{project}:"
     return {key[len(prefix):]: value for key, value in merged.items() if key.startswith(prefix)}
+
+
+def hf_token() -> pulumi.Output[str] | None:
+    """The Hugging Face token for gated models, as a secret Output (never a plain string)."""
+    return pulumi.Config(PROJECT).get_secret("hfToken")
 
 
 def load_settings() -> StackSettings:

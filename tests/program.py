@@ -41,7 +41,6 @@ class Plan:
     """Everything one program run registered, in order."""
 
     resources: list[Registration] = field(default_factory=list)
-    exports: dict[str, Any] = field(default_factory=dict)
 
     def of_type(self, type_token: str) -> list[Registration]:
         return [r for r in self.resources if r.type == type_token]
@@ -167,5 +166,6 @@ def run_program(config: dict[str, str], fake_aws: FakeAws | None = None, stack: 
 
     program()
     if failure:
+        failure[0].plan = monitor.plan  # what was registered before the failure, for assertions
         raise failure[0]
     return monitor.plan

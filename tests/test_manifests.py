@@ -86,8 +86,9 @@ def test_worker_pods_match_the_reference_sizes():
     assert container["resources"]["limits"] == expected
     assert worker_group["rayStartParams"]["num-gpus"] == container["resources"]["limits"]["nvidia.com/gpu"]
     assert worker_group["replicas"] == worker_group["minReplicas"] == worker_group["maxReplicas"] == 2
-    env = {item["name"]: item["value"] for item in container["env"]}
-    assert env == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO",
+                   "HF_TOKEN": None}
     pod = worker_group["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "gpu-worker"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -122,6 +123,7 @@ def test_head_has_no_gpu_and_no_external_service():
         manifests.namespace("ray-train"),
         manifests.service_account("ray-train", "ray-train", "arn:aws:iam::123456789012:role/ray"),
         manifests.training_code_configmap("training-code", "ray-train", CODE),
+        manifests.hf_token_secret("ray-train", "hf_example"),
     ],
     ids=lambda m: m["kind"],
 )
@@ -218,3 +220,13 @@ def test_efa_chart_version_lists_g6():
     """Chart versions up to v0.5.4 do not list g6.12xlarge and never schedule there."""
     major, minor, patch = (int(part) for part in manifests.EFA_DEVICE_PLUGIN.version.lstrip("v").split("."))
     assert (major, minor, patch) > (0, 5, 4)
+
+
+def test_hf_token_reaches_every_ray_pod_from_the_secret():
+    cluster = manifests.ray_cluster(spec())
+    templates = [cluster["spec"]["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["spec"]["workerGroupSpecs"]]
+    for template in templates:
+        env = {item["name"]: item for item in template["spec"]["containers"][0]["env"]}
+        reference = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert reference["name"] == manifests.HF_TOKEN_SECRET and reference["optional"] is True

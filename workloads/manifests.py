@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from infra.sizing import WorkerSizing
 
@@ -27,6 +27,12 @@ EFA_NCCL_ENV = {
     "NCCL_DEBUG": "INFO",
 }
 CONFIGMAP_LIMIT_BYTES = 1_000_000
+HF_TOKEN_SECRET = "hf-token"
+# Gated models need a Hugging Face token; optional, so pods start the same without one.
+HF_TOKEN_ENV = {
+    "name": "HF_TOKEN",
+    "valueFrom": {"secretKeyRef": {"name": HF_TOKEN_SECRET, "key": "token", "optional": True}},
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,17 @@ def service_account(name: str, namespace_name: str, role_arn: object) -> dict:
             "namespace": namespace_name,
             "annotations": {"eks.amazonaws.com/role-arn": role_arn},
         },
+    }
+
+
+def hf_token_secret(namespace_name: str, token: object) -> dict:
+    """The token as a Kubernetes Secret, consumed by the Ray pods as `HF_TOKEN`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": HF_TOKEN_SECRET, "namespace": namespace_name},
+        "type": "Opaque",
+        "stringData": {"token": token},
     }
 
 
@@ -182,7 +199,7 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                         "image": spec.image,
                         "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
                         # The GPU image's NVML hook fails on a node without GPUs unless told there are none.
-                        "env": _env({"NVIDIA_VISIBLE_DEVICES": "void"}),
+                        "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), HF_TOKEN_ENV],
                         "resources": {
                             "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
                             "limits": {"memory": spec.head_memory},
@@ -210,7 +227,7 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                     {
                         "name": "ray-worker",
                         "image": spec.image,
-                        "env": _env(EFA_NCCL_ENV),
+                        "env": [*_env(EFA_NCCL_ENV), HF_TOKEN_ENV],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
                         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
@@ -246,7 +263,3 @@ def head_pod_selector(cluster_name: str) -> str:
 def worker_pod_selector(cluster_name: str) -> str:
     return f"ray.io/cluster={cluster_name},ray.io/node-type=worker"
 
-
-def shipped_path(path: str) -> str:
-    """Where a shipped file lands inside the pods."""
-    return str(PurePosixPath(CODE_MOUNT) / path)

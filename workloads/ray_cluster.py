@@ -17,6 +17,7 @@ class RayCluster(pulumi.ComponentResource):
         *,
         spec: manifests.RayClusterSpec,
         pod_role_arn: pulumi.Input[str],
+        hf_token: pulumi.Output[str] | None,
         provider: k8s.Provider,
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
@@ -32,6 +33,15 @@ class RayCluster(pulumi.ComponentResource):
             **_body(manifests.service_account(spec.service_account, spec.namespace, pod_role_arn)),
             opts=in_namespace,
         )
+        secrets = []
+        if hf_token is not None:
+            secrets.append(
+                k8s.core.v1.Secret(
+                    manifests.HF_TOKEN_SECRET,
+                    **_body(manifests.hf_token_secret(spec.namespace, pulumi.Output.secret(hf_token))),
+                    opts=in_namespace,
+                )
+            )
         self.code_hash = manifests.code_hash(spec.code_files)
         code = k8s.core.v1.ConfigMap(
             spec.code_configmap,
@@ -46,7 +56,7 @@ class RayCluster(pulumi.ComponentResource):
             metadata=ray_cluster["metadata"],
             spec=ray_cluster["spec"],
             opts=pulumi.ResourceOptions(
-                parent=self, provider=provider, depends_on=[namespace, service_account, code, *after]
+                parent=self, provider=provider, depends_on=[namespace, service_account, code, *secrets, *after]
             ),
         )
         self.name = spec.name

@@ -1,0 +1,120 @@
+"""Stack settings: defaults, parsing, and bad input that must fail naming the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.config import ConfigError, parse_settings, quantity_to_mib
+from infra.sizing import InstanceFacts, size_workers
+
+CIDRS = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
+G6_12XLARGE = InstanceFacts("g6.12xlarge", vcpus=48, memory_mib=196_608, gpus=4, gpu_name="NVIDIA L4",
+                            gpu_memory_mib=91_552, efa_supported=True, efa_interfaces=1, network_cards=1, max_pods=234)
+
+
+def parse(**values):
+    return parse_settings({**CIDRS, **values}, "us-east-2")
+
+
+def test_defaults_are_the_reference_setup():
+    settings = parse()
+    assert (settings.gpu_node_type, settings.gpu_node_count) == ("g6.12xlarge", 2)
+    assert (settings.system_node_type, settings.system_node_count) == ("m7i.xlarge", 1)
+    assert (settings.worker_cpu, settings.worker_memory) == (40, "160Gi")
+    assert settings.kubernetes_version == "1.36"
+    assert settings.image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+    assert settings.ray_version == "2.58.0"
+    assert settings.train and not settings.benchmark
+    assert settings.training.expect_transport == "efa"
+
+
+def test_values_arrive_as_engine_text():
+    settings = parse(gpuNodeCount="3", train="false", training='{"steps": 7, "learningRate": 1e-4, "hsdp": true}')
+    assert settings.gpu_node_count == 3 and settings.train is False
+    assert settings.training.steps == 7 and settings.training.learning_rate == 1e-4 and settings.training.hsdp
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"gpuNodeCount": "0"}, "'gpuNodeCount' = '0': must be at least 1"),
+        ({"gpuNodeCount": "two"}, "'gpuNodeCount' = 'two': expected a whole number"),
+        ({"gpuNodeType": "G6 12xlarge"}, "'gpuNodeType'"),
+        ({"vpcCidr": "10.0.0.0/33"}, "'vpcCidr' = '10.0.0.0/33': not a CIDR block"),
+        ({"vpcCidr": "10.0.0.0/8"}, "between /16 and /20"),
+        ({"gpuAz": "us-west-2a"}, "'gpuAz' = 'us-west-2a' is not in region us-east-2"),
+        ({"endpointPublicAccessCidrs": '["0.0.0.0/0"]'}, "opens the Kubernetes API to the whole internet"),
+        ({"image": "rayproject/ray:latest"}, "pin the image"),
+        ({"image": "rayproject/ray"}, "pin the image"),
+        ({"capacityReservationId": "reservation-1"}, "'capacityReservationId'"),
+        ({"workerMemory": "lots"}, "'workerMemory' = 'lots'"),
+        ({"train": "yes"}, "'train' = 'yes': expected true or false"),
+        ({"training": '{"preset": "fast"}'}, "'training.preset' = 'fast': expected one of smoke, throughput"),
+        ({"training": '{"expectTransport": "tcp"}'}, "'training.expectTransport'"),
+        ({"training": "[1, 2]"}, "'training' must be an object"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_fix(values, message):
+    with pytest.raises(ConfigError) as raised:
+        parse(**values)
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "key, suggestion",
+    [("gpuNodeCont", "gpuNodeCount"), ("clustername", "clusterName"), ("gpuAZ", "gpuAz")],
+)
+def test_misspelt_keys_get_the_closest_known_key(key, suggestion):
+    with pytest.raises(ConfigError, match=f"unknown config key '{key}': did you mean '{suggestion}'"):
+        parse(**{key: "1"})
+
+
+def test_misspelt_training_key_is_named_with_its_object():
+    with pytest.raises(ConfigError, match="unknown config key 'training.setps': did you mean 'steps'"):
+        parse(training='{"setps": 3}')
+
+
+def test_public_endpoint_needs_cidrs():
+    with pytest.raises(ConfigError, match="'endpointPublicAccessCidrs' is required"):
+        parse_settings({}, "us-east-2")
+    assert parse_settings({"endpointPublicAccess": "false"}, "us-east-2").endpoint_public_access_cidrs == ()
+
+
+def test_region_is_required():
+    with pytest.raises(ConfigError, match="aws:region"):
+        parse_settings(CIDRS, None)
+
+
+def test_quantities():
+    assert quantity_to_mib("160Gi") == 163_840
+    assert quantity_to_mib("512Mi") == 512
+    assert quantity_to_mib("1G") == 953
+
+
+def test_worker_sizes_come_from_the_instance():
+    worker = size_workers(parse(), G6_12XLARGE)
+    assert (worker.gpus, worker.efa_interfaces, worker.cpu, worker.memory) == (4, 1, 40, "160Gi")
+    assert worker.node_allocatable_cpu_millis < 48_000
+    assert worker.node_allocatable_memory_mib < 196_608
+
+
+def test_worker_cpu_above_the_node_fails_with_the_numbers():
+    with pytest.raises(ConfigError) as raised:
+        size_workers(parse(workerCpu="48"), G6_12XLARGE)
+    message = str(raised.value)
+    assert "'workerCpu' = 48 does not fit a g6.12xlarge node" in message
+    assert "48 vCPU" in message and "set workerCpu to 46 or less" in message
+
+
+def test_worker_memory_above_the_node_fails_with_the_numbers():
+    with pytest.raises(ConfigError, match=r"'workerMemory' = '190Gi' does not fit .* set workerMemory to \d+Gi or less"):
+        size_workers(parse(workerMemory="190Gi"), G6_12XLARGE)
+
+
+def test_gpu_type_without_efa_or_gpus_fails():
+    no_efa = InstanceFacts("g6.xlarge", 4, 16_384, 1, "NVIDIA L4", 22_888, False, 0, 1, 58)
+    with pytest.raises(ConfigError, match="'gpuNodeType' = 'g6.xlarge' does not support EFA"):
+        size_workers(parse(), no_efa)
+    no_gpu = InstanceFacts("c5n.18xlarge", 72, 196_608, 0, None, 0, True, 1, 1, 737)
+    with pytest.raises(ConfigError, match="has no GPU"):
+        size_workers(parse(), no_gpu)

@@ -1,0 +1,197 @@
+"""The whole Pulumi program under Pulumi's mocks, once per stack file: the plan it would show."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.config import ConfigError
+from tests.fake_aws import FakeAws
+from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
+
+COMPONENTS = {
+    "eks-ray-train:infra:Network",
+    "eks-ray-train:infra:Cluster",
+    "eks-ray-train:infra:SystemNodeGroup",
+    "eks-ray-train:infra:GpuNodeGroup",
+    "eks-ray-train:infra:CheckpointStore",
+    "eks-ray-train:workloads:Addons",
+    "eks-ray-train:workloads:RayCluster",
+}
+
+
+def config_of(stack_file, **overrides) -> dict[str, str]:
+    return {**stack_config(stack_file), **USER_SETTINGS, **{f"eks-ray-train:{k}": v for k, v in overrides.items()}}
+
+
+def dev_config(**overrides) -> dict[str, str]:
+    return config_of(next(f for f in STACK_FILES if f.name == "Pulumi.dev.yaml"), **overrides)
+
+
+@pytest.fixture(scope="module", params=STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
+def stack_plan(request) -> tuple[dict, Plan]:
+    config = config_of(request.param)
+    return config, run_program(config, FakeAws(region=config["aws:region"]), stack=request.param.stem.split(".", 1)[1])
+
+
+def test_every_stack_file_is_complete_for_its_region(stack_plan):
+    config, plan = stack_plan
+    assert {r.type for r in plan.resources} >= COMPONENTS
+    region = config["aws:region"]
+    subnets = [r for r in plan.of_type("aws:ec2/subnet:Subnet") if "private" in r.name]
+    zones = [s.inputs["availabilityZone"] for s in subnets]
+    assert len(zones) == 2 and len(set(zones)) == 2 and all(z.startswith(region) for z in zones)
+
+
+def test_cluster_settings(stack_plan):
+    config, plan = stack_plan
+    cluster = plan.one("eks:index:Cluster").inputs
+    assert cluster["authenticationMode"] == "API"
+    assert cluster["skipDefaultNodeGroup"] is True
+    assert cluster["endpointPrivateAccess"] is True
+    assert cluster["publicAccessCidrs"] == ["203.0.113.7/32"]
+    assert cluster["encryptionConfigKeyArn"]
+    assert cluster["createOidcProvider"] is True
+    assert set(cluster["enabledClusterLogTypes"]) == {"api", "audit", "authenticator", "controllerManager", "scheduler"}
+    assert cluster["version"] == "1.36"
+    assert cluster["nodeAssociatePublicIpAddress"] is False
+    assert plan.one("aws:kms/key:Key").inputs["enableKeyRotation"] is True
+    addons = {r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")}
+    assert addons == {"coredns"}
+
+
+def test_network_has_nat_and_private_nodes(stack_plan):
+    _, plan = stack_plan
+    assert len(plan.of_type("aws:ec2/natGateway:NatGateway")) == 1
+    for subnet in plan.of_type("aws:ec2/subnet:Subnet"):
+        assert subnet.inputs["mapPublicIpOnLaunch"] is False
+        role_tag = "kubernetes.io/role/internal-elb" if "private" in subnet.name else "kubernetes.io/role/elb"
+        assert subnet.inputs["tags"][role_tag] == "1"
+    private_routes = next(r for r in plan.of_type("aws:ec2/routeTable:RouteTable") if r.name.endswith("-private"))
+    assert "natGatewayId" in private_routes.inputs["routes"][0]
+
+
+def gpu_group(plan: Plan):
+    return next(r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs["labels"].get("role") == "gpu-worker")
+
+
+def test_gpu_node_group_is_one_subnet_in_the_gpu_az(stack_plan):
+    config, plan = stack_plan
+    group = gpu_group(plan).inputs
+    assert len(group["subnetIds"]) == 1
+    gpu_subnet = plan.one("aws:ec2/subnet:Subnet", f"{config['eks-ray-train:clusterName']}-private-0")
+    assert group["subnetIds"] == [f"{gpu_subnet.name}-id"]
+    assert group["amiType"] == "AL2023_x86_64_NVIDIA"
+    assert group["instanceTypes"] == ["g6.12xlarge"]
+    assert group["scalingConfig"] == {"desiredSize": 2, "minSize": 2, "maxSize": 2}
+    assert group["labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+    assert group["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
+
+
+def test_gpu_launch_template_has_efa_placement_and_imdsv2(stack_plan):
+    _, plan = stack_plan
+    template = plan.one("aws:ec2/launchTemplate:LaunchTemplate", "gpu").inputs
+    assert template["metadataOptions"]["httpTokens"] == "required"
+    interfaces = template["networkInterfaces"]
+    assert len(interfaces) == 1 and interfaces[0]["interfaceType"] == "efa"
+    assert interfaces[0]["networkCardIndex"] == 0 and interfaces[0]["deviceIndex"] == 0
+    efa_group = plan.one("aws:ec2/securityGroup:SecurityGroup", "gpu-efa")
+    assert interfaces[0]["securityGroups"] == ["sg-0eksclusterprimary", f"{efa_group.name}-id"]
+    assert "vpcSecurityGroupIds" not in template and "subnetId" not in interfaces[0]
+    assert template["placement"]["groupName"] == "gpu"
+    assert plan.one("aws:ec2/placementGroup:PlacementGroup").inputs["strategy"] == "cluster"
+    volume = template["blockDeviceMappings"][0]["ebs"]
+    assert (volume["volumeSize"], volume["volumeType"], volume["encrypted"]) == (200, "gp3", "true")
+    assert "capacityReservationSpecification" not in template
+    rules = plan.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    rules += plan.of_type("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
+    for rule in rules:
+        assert rule.inputs["securityGroupId"] == rule.inputs["referencedSecurityGroupId"] == f"{efa_group.name}-id"
+        assert rule.inputs["ipProtocol"] == "-1"
+    assert len(rules) == 2
+
+
+def test_every_launch_template_requires_imdsv2(stack_plan):
+    _, plan = stack_plan
+    templates = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    assert len(templates) == 2
+    assert all(t.inputs["metadataOptions"]["httpTokens"] == "required" for t in templates)
+
+
+def test_system_node_group(stack_plan):
+    _, plan = stack_plan
+    group = next(r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs["labels"] == {"role": "system"})
+    assert group.inputs["instanceTypes"] == ["m7i.xlarge"]
+    assert group.inputs["scalingConfig"]["desiredSize"] == 1
+    assert len(group.inputs["subnetIds"]) == 2
+    assert "taints" not in group.inputs
+
+
+def test_helm_releases_are_pinned(stack_plan):
+    _, plan = stack_plan
+    releases = {r.inputs["chart"]: r.inputs for r in plan.of_type("kubernetes:helm.sh/v3:Release")}
+    assert {chart: values["version"] for chart, values in releases.items()} == {
+        "nvidia-device-plugin": "0.20.0",
+        "aws-efa-k8s-device-plugin": "v0.5.32",
+        "kuberay-operator": "1.7.0",
+    }
+    assert releases["nvidia-device-plugin"]["values"]["mofedEnabled"] is False
+
+
+def test_ray_cluster_waits_for_operator_and_both_device_plugins(stack_plan):
+    _, plan = stack_plan
+    ray_cluster = plan.one("kubernetes:ray.io/v1:RayCluster")
+    release_urns = {r.urn for r in plan.of_type("kubernetes:helm.sh/v3:Release")}
+    assert len(release_urns) == 3 and release_urns <= set(ray_cluster.dependencies)
+    worker = ray_cluster.inputs["spec"]["workerGroupSpecs"][0]
+    assert worker["replicas"] == 2 and worker["rayStartParams"]["num-gpus"] == "4"
+    assert ray_cluster.inputs["spec"]["rayVersion"] == "2.58.0"
+
+
+def test_every_resource_sits_under_a_component(stack_plan):
+    _, plan = stack_plan
+    for registration in plan.resources:
+        if registration.type in COMPONENTS:
+            continue
+        assert set(plan.ancestors(registration)) & COMPONENTS, f"{registration.type} {registration.name} has no component"
+
+
+def test_kubeconfig_is_secret(stack_plan):
+    _, plan = stack_plan
+    provider = plan.one("pulumi:providers:kubernetes")
+    assert "kubeconfig" in provider.secret_inputs
+
+
+def test_capacity_reservation_is_targeted():
+    reservation = "cr-0123456789abcdef0"
+    fake = FakeAws(region="us-east-2")
+    fake.reservations = {
+        reservation: {
+            "id": reservation, "availabilityZone": "us-east-2b", "instanceType": "g6.12xlarge",
+            "instanceCount": 2, "availableInstanceCount": 2, "state": "active", "instancePlatform": "Linux/UNIX",
+            "tenancy": "default",
+        }
+    }
+    plan = run_program(dev_config(capacityReservationId=reservation), fake)
+    template = plan.one("aws:ec2/launchTemplate:LaunchTemplate", "gpu").inputs
+    target = template["capacityReservationSpecification"]["capacityReservationTarget"]
+    assert target["capacityReservationId"] == reservation
+    gpu_subnet = next(r for r in plan.of_type("aws:ec2/subnet:Subnet") if r.name.endswith("private-0"))
+    assert gpu_subnet.inputs["availabilityZone"] == "us-east-2b"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"gpuNodeType": "g9.unknown"}, "'gpuNodeType' = 'g9.unknown'"),
+        ({"gpuNodeType": "g6.xlarge"}, "does not support EFA"),
+        ({"gpuNodeCount": "0"}, "'gpuNodeCount' = '0': must be at least 1"),
+        ({"workerCpu": "64"}, "'workerCpu' = 64 does not fit a g6.12xlarge node"),
+        ({"gpuAz": "us-west-2a"}, "'gpuAz' = 'us-west-2a' is not in region us-east-2"),
+        ({"gpuNodeCont": "2"}, "did you mean 'gpuNodeCount'"),
+    ],
+)
+def test_bad_config_stops_the_program_before_any_resource(overrides, message):
+    with pytest.raises(ConfigError) as raised:
+        run_program(dev_config(**overrides), FakeAws(region="us-east-2"))
+    assert message in str(raised.value)
+    assert raised.value.plan.resources == []
