@@ -47,22 +47,22 @@ cluster = Cluster(
 # 4. Node groups: system nodes anywhere private, GPU nodes in the one subnet of the GPU AZ.
 system_nodes = SystemNodeGroup(
     "system",
-    cluster_name=settings.cluster_name,
+    cluster_name=cluster.cluster_name,
     node_role_arn=cluster.node_role.arn,
     subnet_ids=network.private_subnet_ids,
     spec=NodeGroupSpec(placement.system_node, settings.system_node_count, root_volume_gib=50),
-    opts=pulumi.ResourceOptions(depends_on=[cluster.eks, *cluster.node_role_policies]),
+    after=cluster.node_role_policies,
 )
 gpu_nodes = GpuNodeGroup(
     "gpu",
-    cluster_name=settings.cluster_name,
+    cluster_name=cluster.cluster_name,
     vpc_id=network.vpc_id,
     cluster_security_group_id=cluster.security_group_id,
     node_role_arn=cluster.node_role.arn,
     subnet_id=network.gpu_subnet_id,
     spec=NodeGroupSpec(placement.gpu_node, settings.gpu_node_count, root_volume_gib=200),
     capacity_reservation_id=placement.capacity_reservation_id,
-    opts=pulumi.ResourceOptions(depends_on=[cluster.eks, *cluster.node_role_policies]),
+    after=cluster.node_role_policies,
 )
 coredns = cluster.install_coredns(after=[system_nodes.node_group])
 checkpoints = CheckpointStore(

@@ -64,6 +64,9 @@ class Cluster(pulumi.ComponentResource):
             tags={"project": "eks-ray-train"},
             opts=child,
         )
+        # The name as an Output of the cluster: whatever uses it depends on the cluster, so
+        # `pulumi destroy` removes node groups and add-ons before the control plane.
+        self.cluster_name = self.eks.cluster_security_group_id.apply(lambda _: settings.cluster_name)
         self.kubeconfig = pulumi.Output.secret(self.eks.kubeconfig_json)
         self.security_group_id = self.eks.cluster_security_group_id
         self.oidc_provider_arn = self.eks.oidc_provider_arn
@@ -101,10 +104,10 @@ class Cluster(pulumi.ComponentResource):
         """The CoreDNS managed add-on, created once nodes exist to run it."""
         return aws.eks.Addon(
             "coredns",
-            cluster_name=self.name,
+            cluster_name=self.cluster_name,
             addon_name="coredns",
             resolve_conflicts_on_create="OVERWRITE",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.eks, *after]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )
 
 

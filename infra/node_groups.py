@@ -72,10 +72,11 @@ class SystemNodeGroup(pulumi.ComponentResource):
         self,
         name: str,
         *,
-        cluster_name: str,
+        cluster_name: pulumi.Input[str],
         node_role_arn: pulumi.Input[str],
         subnet_ids: list[pulumi.Input[str]],
         spec: NodeGroupSpec,
+        after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("eks-ray-train:infra:SystemNodeGroup", name, None, opts)
@@ -98,7 +99,8 @@ class SystemNodeGroup(pulumi.ComponentResource):
             scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
             labels=SYSTEM_LABELS,
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-            opts=child,
+            # The role's policies must outlive the nodes, or they cannot leave the cluster cleanly.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
 
@@ -110,13 +112,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self,
         name: str,
         *,
-        cluster_name: str,
+        cluster_name: pulumi.Input[str],
         vpc_id: pulumi.Input[str],
         cluster_security_group_id: pulumi.Input[str],
         node_role_arn: pulumi.Input[str],
         subnet_id: pulumi.Input[str],
         spec: NodeGroupSpec,
         capacity_reservation_id: str | None,
+        after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("eks-ray-train:infra:GpuNodeGroup", name, None, opts)
@@ -179,7 +182,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             launch_template={"id": self.launch_template.id, "version": self.launch_template.latest_version.apply(str)},
             # Instances are replaced one at a time; a GPU node lost mid-update takes its Ray worker with it.
             update_config={"max_unavailable": 1},
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )
         self.register_outputs(
             {"nodeGroupName": self.node_group.node_group_name, "placementGroup": self.placement_group.name}

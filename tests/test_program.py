@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import pulumi
 import pytest
 
-from infra.config import ConfigError
 from tests.fake_aws import FakeAws
 from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
 
@@ -182,7 +182,7 @@ def test_capacity_reservation_is_targeted():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"gpuNodeType": "g9.unknown"}, "'gpuNodeType' = 'g9.unknown'"),
+        ({"gpuNodeType": "g9.unknown"}, "g9.unknown is not offered in any zone of us-east-2"),
         ({"gpuNodeType": "g6.xlarge"}, "does not support EFA"),
         ({"gpuNodeCount": "0"}, "'gpuNodeCount' = '0': must be at least 1"),
         ({"workerCpu": "64"}, "'workerCpu' = 64 does not fit a g6.12xlarge node"),
@@ -191,7 +191,24 @@ def test_capacity_reservation_is_targeted():
     ],
 )
 def test_bad_config_stops_the_program_before_any_resource(overrides, message):
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(pulumi.RunError) as raised:
         run_program(dev_config(**overrides), FakeAws(region="us-east-2"))
     assert message in str(raised.value)
     assert raised.value.plan.resources == []
+
+
+def test_destroy_order_follows_explicit_dependencies(stack_plan):
+    """Pulumi deletes dependents first: RayCluster before the operator, node groups before the cluster."""
+    _, plan = stack_plan
+    cluster = plan.one("eks:index:Cluster").urn
+    policies = {r.urn for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    for group in plan.of_type("aws:eks/nodeGroup:NodeGroup"):
+        assert cluster in group.dependencies, group.name
+        assert policies <= set(group.dependencies), group.name
+    node_groups = {r.urn for r in plan.of_type("aws:eks/nodeGroup:NodeGroup")}
+    for release in plan.of_type("kubernetes:helm.sh/v3:Release"):
+        assert node_groups <= set(release.dependencies), release.name
+    coredns = plan.one("aws:eks/addon:Addon")
+    assert cluster in coredns.dependencies
+    provider = plan.one("pulumi:providers:kubernetes")
+    assert cluster in provider.dependencies
