@@ -1,0 +1,499 @@
+"""Decide from NCCL/Ray logs which transport NCCL used between nodes, with the evidence.
+
+A job whose pods start and whose loss goes down proves nothing about EFA: without the EFA device
+NCCL silently falls back to TCP sockets and the job still completes, only slower. This module
+reads `NCCL_DEBUG=INFO` output (NCCL 2.18-2.29, aws-ofi-nccl 1.x), from plain logs, Ray session
+logs (`worker-*.out`) or Ray driver output (`(RayTrainWorker pid=.., ip=..)` prefixes, ANSI
+colours, `[repeated Nx across cluster]`), and classifies the run as one of:
+
+    efa         every inter-node channel went through aws-ofi-nccl with the libfabric efa provider
+    socket      some process moved inter-node traffic over TCP (NCCL's socket transport, or
+                aws-ofi-nccl on the libfabric tcp/sockets provider)
+    ib          inter-node channels went over InfiniBand/RoCE verbs
+    intra-node  only P2P/SHM channels: the run never left one machine
+    unknown     no NCCL line reveals the transport, or the processes contradict each other
+
+Lines are grouped per NCCL process, keyed `host:pid` from NCCL's `host:pid:tid [cudaDev]` prefix
+(or Ray's `pid=`/`ip=` prefix when NCCL's is missing). Each process is decided first:
+
+1. Channel lines decide. `Channel 00/0 : 3[3] -> 4[0] [send] via NET/<name>/0` means network
+   traffic through plugin <name> (`Socket`, `IB`, `Libfabric`, `AWS Libfabric`; suffixes such as
+   `/GDRDMA` or a PXN proxy rank do not matter). `via P2P/...` (IPC, CUMEM, direct pointer) and
+   `via SHM/...` stay on the machine (so does P2P/MNNVL as far as this check goes: multi-node
+   NVLink is no network transport).
+2. A process without NET channel lines is decided by its `Using network <name>` /
+   `Assigned NET plugin <name> to comm` line when its communicators span several nodes
+   (`nNodes 2` in the `comm 0x.. rank .. nRanks .. nNodes ..` line), or when it shows neither a
+   node count nor P2P/SHM channels; the verdict then has `low` confidence. Otherwise P2P/SHM
+   channels or `nNodes 1` make it intra-node: a single-node run prints `Using network Socket`
+   yet moves everything over P2P/SHM. A plugin name this check does not know is unknown.
+3. NET/Libfabric is efa only if the libfabric provider is efa (`Selected Provider is efa` up to
+   aws-ofi-nccl 1.13, `Selected provider is efa, fabric is efa|efa-direct` from 1.14). The
+   provider comes from the process's own lines, else from its host, else from any host: a
+   libfabric endpoint connects only to endpoints of the same provider. Provider tcp, sockets or
+   `tcp;ofi_rxm` is socket; none anywhere leaves the process unknown.
+
+Then the run: any socket process makes the run `socket`, even when other hosts show EFA. Else
+the network transports of the remaining processes must agree (`efa` or `ib`); disagreement is
+`unknown`. With no network process at all the run is `intra-node`, unless some communicator
+spans several nodes (logs incomplete: `unknown`), and without NCCL lines it is `unknown`.
+
+Fallback lines (`NET/OFI aws-ofi-nccl initialization failed`, `NET/IB : No device found.`,
+`NET/Socket : Using [0]eth0:...`, `NCCL_NET set by environment to Socket`) never decide alone;
+they are shown as evidence next to the socket lines they explain.
+
+Prefer the workers' session logs (`/tmp/ray/session_*/logs/worker-*.out` on each worker pod):
+Ray's driver output drops lines that differ from an earlier one only in numbers, so whole
+processes can be missing there. A rank that fell back still shows, as its lines differ in words.
+
+CLI (exit 0 when the expectation holds, 1 when not, 2 on bad arguments or unreadable input):
+
+    python -m workloads.nccl_transport [--expect efa] LOGFILE|DIR|- ...
+
+Directories are walked for *.log, *.out and *.err (a Ray session `logs/` folder). Without
+--expect, `ok` means an inter-node network transport (efa, socket or ib) was identified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+TRANSPORTS = ("efa", "socket", "ib", "intra-node", "unknown")
+NETWORK_TRANSPORTS = frozenset({"efa", "socket", "ib"})
+LOG_SUFFIXES = (".log", ".out", ".err")
+EVIDENCE_PER_HOST = 6
+EVIDENCE_TOTAL = 24
+UNKNOWN_HOST = "unknown-host"
+
+_LINES_KEPT_PER_KIND = 3  # per process and kind of line: bounds memory on huge logs
+_BINARY_PROBE_BYTES = 8192
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_RAY_DEDUP_SUFFIX = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_RAY_PREFIX = re.compile(r"\((?:[^()\s]+ )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)")
+_NCCL_ORIGIN = re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d+):\d+ \[\d+\]")
+_NCCL_MESSAGE = re.compile(r"\bNCCL (?:INFO|WARN) (?P<message>.*)$")
+_NCCL_BARE_VERSION = re.compile(r"^NCCL version \d")
+
+_CHANNEL = re.compile(r"^(?:Channel|Ring|CollNet) \d+(?:/\d+)? : .*?\bvia (?P<path>\S.*)$")
+_ANNOUNCED_NETWORK = re.compile(
+    r"^(?:Using network (?P<using>.+?)|Assigned NET plugin (?P<assigned>.+?) to comm)\s*$"
+)
+_PROVIDER = re.compile(r"^NET/OFI Selected [Pp]rovider is (?P<provider>[^\s,]+)")
+_NODE_COUNT = re.compile(r"\bnNodes (?P<nodes>\d+)\b")
+_FALLBACK_HINTS = (
+    re.compile(r"^NET/OFI .*(?:initialization|Initializing plugin) failed"),
+    re.compile(r"^NET/OFI (?:Only EFA provider is supported|No eligible providers)"),
+    re.compile(r"^NET/Plugin\s?: .*(?:Could not find|No plugin found|failed|internal)", re.I),
+    re.compile(r"^(?:Failed to initialize NET plugin |Initialized NET plugin Socket)"),
+    re.compile(r"^NET/IB : No device found"),
+    re.compile(r"^NET/Socket : Using "),
+    re.compile(r"^NCCL_NET set by environment to Socket"),
+    re.compile(r"^NCCL_NET_PLUGIN set by environment to none"),
+)
+
+
+class UnreadableLogError(Exception):
+    """A log argument cannot be read as text: missing, not permitted, binary, or an empty folder."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The transport of a run and the log lines that decided it.
+
+    `evidence` is bounded and ordered (hosts sorted, lines in log order); `by_host` holds the
+    same lines per host; `processes` maps each NCCL process (`host:pid`) to its own transport.
+    `confidence` is `high` when channel lines decided, `low` when only init lines
+    (`Using network`, provider, `nNodes`) did, `none` for `unknown`.
+    """
+
+    transport: str
+    reason: str
+    confidence: str
+    evidence: list[str] = field(default_factory=list)
+    by_host: dict[str, list[str]] = field(default_factory=dict)
+    processes: dict[str, str] = field(default_factory=dict)
+
+    def ok(self, expect: str | None = None) -> bool:
+        """Whether the run meets `expect`; without one, whether a network transport was found."""
+        if expect is None:
+            return self.transport in NETWORK_TRANSPORTS
+        return self.transport == expect
+
+    def to_json(self, expect: str | None = None) -> dict:
+        """The CLI's JSON object; `expect` only changes `ok`."""
+        return {
+            "transport": self.transport,
+            "ok": self.ok(expect),
+            "expect": expect,
+            "confidence": self.confidence,
+            "reason": self.reason,
+            "evidence": list(self.evidence),
+            "by_host": {host: list(lines) for host, lines in self.by_host.items()},
+            "processes": dict(self.processes),
+        }
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One NCCL log line: its position in the input, its host, and the cleaned text.
+
+    `key` is the line from NCCL's own `host:pid:tid` prefix on (else from Ray's prefix on),
+    so the same line seen twice, in a worker's log and Ray-prefixed in the driver's, counts once.
+    """
+
+    order: int
+    host: str
+    text: str
+    key: str
+
+
+@dataclass
+class _Process:
+    """What one NCCL process (host:pid) said about its transports, a few lines per kind."""
+
+    host: str
+    net_channels: dict[str, list[_Line]] = field(default_factory=dict)
+    local_channels: list[_Line] = field(default_factory=list)
+    announced: dict[str, list[_Line]] = field(default_factory=dict)
+    providers: dict[str, list[_Line]] = field(default_factory=dict)
+    max_nodes: int | None = None
+    node_count_line: _Line | None = None
+    fallback_hints: list[_Line] = field(default_factory=list)
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.max_nodes is not None and self.max_nodes > 1
+
+
+@dataclass(frozen=True)
+class _ProcessVerdict:
+    transport: str
+    from_channels: bool
+    lines: tuple[_Line, ...]
+    why: str
+
+
+def _keep(lines: list[_Line], line: _Line) -> None:
+    if len(lines) < _LINES_KEPT_PER_KIND and all(kept.key != line.key for kept in lines):
+        lines.append(line)
+
+
+def _network_family(name: str) -> str:
+    """Map an NCCL net plugin name to `socket`, `ib`, `libfabric`, or the name itself."""
+    lowered = name.strip().lower()
+    if lowered == "socket":
+        return "socket"
+    if lowered.startswith("ib"):
+        return "ib"
+    if "libfabric" in lowered or lowered in {"ofi", "aws ofi"}:
+        return "libfabric"
+    return name.strip()
+
+
+_PROVIDER_NAMES = {"efa": "efa", "socket": "tcp/sockets", "ib": "verbs", "unknown": "unrecognised"}
+
+
+def _provider_transport(provider: str) -> str:
+    """Map a libfabric provider name (`efa`, `efa-direct`, `tcp;ofi_rxm`, ...) to a transport."""
+    lowered = provider.lower()
+    if lowered.startswith("efa"):
+        return "efa"
+    if any(tcp in lowered for tcp in ("tcp", "sockets", "udp")):
+        return "socket"
+    if "verbs" in lowered:
+        return "ib"
+    return "unknown"
+
+
+class _LogReader:
+    """Accumulates NCCL lines per process; feed it lines in order, then call `verdict`."""
+
+    def __init__(self) -> None:
+        self._processes: dict[str, _Process] = {}
+        self._order = 0
+        self.nccl_lines = 0
+
+    def feed(self, raw: str) -> None:
+        self._order += 1
+        if "NCCL" not in raw:
+            return
+        line = _RAY_DEDUP_SUFFIX.sub("", _ANSI_ESCAPE.sub("", raw)).strip()
+        found = _NCCL_MESSAGE.search(line)
+        if found is None:
+            if _NCCL_BARE_VERSION.match(line):
+                self.nccl_lines += 1
+            return
+        self.nccl_lines += 1
+        head = line[: found.start()]
+        origin = _NCCL_ORIGIN.search(head)
+        ray = _RAY_PREFIX.search(head)
+        if origin is not None:
+            host, pid, key = origin["host"], origin["pid"], line[origin.start() :]
+        elif ray is not None:
+            host, pid, key = ray["ip"] or UNKNOWN_HOST, ray["pid"], line[ray.start() :]
+        else:
+            host, pid, key = UNKNOWN_HOST, "", line
+        process = self._processes.setdefault(f"{host}:{pid}" if pid else host, _Process(host))
+        self._record(process, found["message"].strip(), _Line(self._order, host, line, key))
+
+    @staticmethod
+    def _record(process: _Process, message: str, line: _Line) -> None:
+        channel = _CHANNEL.match(message)
+        if channel is not None:
+            parts = channel["path"].split("/")
+            if parts[0] in {"NET", "COLLNET"} and len(parts) > 1:
+                _keep(process.net_channels.setdefault(_network_family(parts[1]), []), line)
+            elif parts[0] in {"P2P", "SHM"}:
+                _keep(process.local_channels, line)
+            return
+        announced = _ANNOUNCED_NETWORK.match(message)
+        if announced is not None:
+            name = announced["using"] or announced["assigned"]
+            _keep(process.announced.setdefault(_network_family(name), []), line)
+            return
+        provider = _PROVIDER.match(message)
+        if provider is not None:
+            transport = _provider_transport(provider["provider"])
+            _keep(process.providers.setdefault(transport, []), line)
+            return
+        nodes = _NODE_COUNT.search(message)
+        if nodes is not None and message.startswith("comm "):
+            count = int(nodes["nodes"])
+            if process.max_nodes is None or count > process.max_nodes:
+                process.max_nodes, process.node_count_line = count, line
+            return
+        if any(hint.search(message) for hint in _FALLBACK_HINTS):
+            _keep(process.fallback_hints, line)
+
+    def verdict(self) -> Verdict:
+        host_providers: dict[str, dict[str, list[_Line]]] = {}
+        for process in self._processes.values():
+            for transport, lines in process.providers.items():
+                host_providers.setdefault(process.host, {}).setdefault(transport, []).extend(lines)
+        run_providers: dict[str, list[_Line]] = {}
+        for providers in host_providers.values():
+            for transport, lines in providers.items():
+                run_providers.setdefault(transport, []).extend(lines)
+
+        decided = {
+            key: judged
+            for key, process in sorted(self._processes.items())
+            if (judged := _judge(process, host_providers.get(process.host, {}), run_providers))
+        }
+        spans_nodes = any(p.spans_nodes for p in self._processes.values())
+        processes = {key: judged.transport for key, judged in decided.items()}
+        if not decided:
+            if spans_nodes:
+                reason = "communicators span several nodes but no line tells their transport"
+            elif self.nccl_lines:
+                reason = "NCCL lines found, but none tells the transport (channel or network lines)"
+            else:
+                reason = "no NCCL lines found: run with NCCL_DEBUG=INFO and pass the worker logs"
+            return Verdict("unknown", reason, "none", processes=processes)
+
+        sockets = {key: j for key, j in decided.items() if j.transport == "socket"}
+        network = {key: j for key, j in decided.items() if j.transport != "intra-node"}
+        if sockets:
+            transport, deciders = "socket", sockets
+            first = next(iter(sockets.values()))
+            reason = (
+                f"{len(sockets)} of {len(decided)} NCCL processes used TCP sockets between "
+                f"nodes ({first.why})"
+            )
+        elif network:
+            kinds = sorted({j.transport for j in network.values()})
+            deciders = network
+            if len(kinds) == 1:
+                transport = kinds[0]
+                first = next(iter(network.values()))
+                hosts = len({self._processes[key].host for key in network})
+                reason = f"{len(network)} NCCL processes on {hosts} hosts: {first.why}"
+            else:
+                transport = "unknown"
+                reason = "NCCL processes disagree on the network transport: " + "; ".join(
+                    f"{key} {j.why}" for key, j in network.items()
+                )
+        elif spans_nodes:
+            transport, deciders = "unknown", decided
+            reason = "only P2P/SHM channel lines, yet communicators span several nodes"
+        else:
+            transport, deciders = "intra-node", decided
+            reason = "only P2P/SHM channels (or nNodes 1): no traffic left the machine"
+
+        if transport == "unknown":
+            confidence = "none"
+        elif any(j.from_channels for j in deciders.values()):
+            confidence = "high"
+        else:
+            confidence = "low"
+            reason += "; no channel lines, so decided from init lines only"
+        by_host = self._evidence_by_host(deciders)
+        evidence = [line for lines in by_host.values() for line in lines][:EVIDENCE_TOTAL]
+        return Verdict(transport, reason, confidence, evidence, by_host, processes)
+
+    @staticmethod
+    def _evidence_by_host(deciders: dict[str, _ProcessVerdict]) -> dict[str, list[str]]:
+        """The deciding lines per host that printed them, bounded, shown in log order.
+
+        Processes decided by channel lines contribute first, so the strongest lines survive
+        the bound.
+        """
+        ranked = sorted(
+            deciders.values(),
+            key=lambda judged: (not judged.from_channels, min(line.order for line in judged.lines)),
+        )
+        chosen: dict[str, dict[str, _Line]] = {}
+        for judged in ranked:
+            for line in judged.lines:
+                lines = chosen.setdefault(line.host, {})
+                if len(lines) < EVIDENCE_PER_HOST:
+                    lines.setdefault(line.key, line)
+        return {
+            host: [line.text for line in sorted(lines.values(), key=lambda line: line.order)]
+            for host, lines in sorted(chosen.items())
+        }
+
+
+def _judge(
+    process: _Process,
+    host_providers: dict[str, list[_Line]],
+    run_providers: dict[str, list[_Line]],
+) -> _ProcessVerdict | None:
+    """The transport of one process, or None when its lines say nothing about it."""
+    if process.net_channels:
+        families, from_channels, source = process.net_channels, True, "channels via NET/"
+    elif process.spans_nodes or (process.max_nodes is None and not process.local_channels):
+        families, from_channels, source = process.announced, False, "Using network "
+    else:
+        families, from_channels, source = {}, False, ""
+    context = (process.node_count_line,) if process.node_count_line and not from_channels else ()
+
+    if "socket" in families:
+        lines = (*families["socket"][:2], *process.fallback_hints[:2], *context)
+        return _ProcessVerdict("socket", from_channels, lines, f"{source}Socket")
+    if len(families) > 1:
+        lines = tuple(line for group in families.values() for line in group[:1])
+        names = ", ".join(sorted(families))
+        return _ProcessVerdict("unknown", from_channels, lines, f"{source}{names} at once")
+    if families:
+        (family, family_lines), = families.items()
+        lines = (*family_lines[:2], *context)
+        if family == "ib":
+            return _ProcessVerdict("ib", from_channels, lines, f"{source}IB")
+        if family != "libfabric":
+            why = f"{source}{family}, a network plugin this check does not know"
+            return _ProcessVerdict("unknown", from_channels, lines, why)
+        providers = process.providers or host_providers or run_providers
+        if not providers:
+            why = f"{source}Libfabric, but no 'Selected provider' line tells efa from tcp"
+            return _ProcessVerdict("unknown", from_channels, lines, why)
+        transport = next(t for t in ("socket", "unknown", "ib", "efa") if t in providers)
+        lines += tuple(providers[transport][:1])
+        why = f"{source}Libfabric on the libfabric {_PROVIDER_NAMES[transport]} provider"
+        return _ProcessVerdict(transport, from_channels, lines, why)
+    if process.local_channels or process.max_nodes == 1:
+        lines = (*process.local_channels[:2], *filter(None, [process.node_count_line]))
+        return _ProcessVerdict("intra-node", bool(process.local_channels), lines, "P2P/SHM only")
+    return None
+
+
+def classify_lines(lines: Iterable[str]) -> Verdict:
+    """Classify the transport from log lines (any mix of hosts, processes and Ray prefixes)."""
+    reader = _LogReader()
+    for line in lines:
+        reader.feed(line)
+    return reader.verdict()
+
+
+def _refuse_folder(error: OSError) -> None:
+    raise UnreadableLogError(f"cannot read folder {error.filename}: {error.strerror}")
+
+
+def _iter_log_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
+    """Expand the arguments: files as given, folders walked (sorted) for *.log/*.out/*.err."""
+    for path in map(os.fspath, paths):
+        if path == "-" or not os.path.isdir(path):
+            yield path
+            continue
+        found = False
+        for folder, subfolders, names in os.walk(path, onerror=_refuse_folder):
+            subfolders.sort()
+            for name in sorted(names):
+                if name.endswith(LOG_SUFFIXES):
+                    found = True
+                    yield os.path.join(folder, name)
+        if not found:
+            raise UnreadableLogError(f"no *.log, *.out or *.err files under {path}")
+
+
+def _read_lines(path: str) -> Iterator[str]:
+    """Yield the text lines of a file (or stdin for `-`); carriage returns split lines too."""
+    try:
+        stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    except OSError as error:
+        raise UnreadableLogError(f"cannot read {path}: {error.strerror}") from error
+    with stream:
+        try:
+            probe = stream.peek(_BINARY_PROBE_BYTES)[:_BINARY_PROBE_BYTES]
+            if b"\x00" in probe:
+                raise UnreadableLogError(f"{path} is binary, not a text log")
+            for raw in stream:
+                for piece in raw.split(b"\r"):
+                    yield piece.decode("utf-8", errors="replace")
+        except OSError as error:
+            raise UnreadableLogError(f"cannot read {path}: {error.strerror}") from error
+
+
+def classify_files(paths: Iterable[str | os.PathLike[str]]) -> Verdict:
+    """Classify the transport from log files and folders; raises UnreadableLogError."""
+    reader = _LogReader()
+    for path in _iter_log_files(paths):
+        for line in _read_lines(path):
+            reader.feed(line)
+    return reader.verdict()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m workloads.nccl_transport",
+        description="Tell from NCCL_DEBUG=INFO logs which transport NCCL used between nodes; "
+        "prints one JSON object.",
+        epilog="Exit status: 0 when the expectation holds (without --expect: a network "
+        "transport efa/socket/ib was found), 1 when it does not, 2 on bad arguments or "
+        "unreadable input.",
+    )
+    parser.add_argument(
+        "--expect",
+        choices=TRANSPORTS,
+        help="the transport the run must have used (exit 1 otherwise)",
+    )
+    parser.add_argument(
+        "logs",
+        nargs="+",
+        metavar="LOGFILE",
+        help="NCCL/Ray log files, folders to walk for *.log/*.out/*.err, or - for stdin",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        verdict = classify_files(args.logs)
+    except UnreadableLogError as error:
+        print(f"nccl_transport: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(verdict.to_json(args.expect), indent=2))
+    return 0 if verdict.ok(args.expect) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
