@@ -1,0 +1,42 @@
+"""Entry point of the eks-ray-train policy pack: `pulumi preview --policy-pack policy`.
+
+Pulumi runs this directory as a script, so `rules` (the file beside this one) imports as a
+top-level module. The rules themselves live there as plain functions; this file only lists them.
+"""
+
+from pulumi_policy import PolicyPack
+
+from rules import (
+    CONTAINER_IMAGES_PINNED,
+    CONTROL_PLANE_LOGGING,
+    DELETION_PROTECTION,
+    EKS_API_NOT_OPEN,
+    EKS_SECRETS_ENCRYPTED,
+    GPU_NODE_GROUP_EFA,
+    GPU_NODE_GROUP_SINGLE_SUBNET,
+    IMDSV2_REQUIRED,
+    NODES_WITHOUT_PUBLIC_IPS,
+    RAY_PORTS_NOT_EXPOSED,
+    RAY_WORKERS_GUARANTEED,
+)
+
+PolicyPack(
+    name="eks-ray-train",
+    description="Security and EFA placement guarantees of the eks-ray-train stacks.",
+    policies=[
+        rule.to_policy()
+        for rule in (
+            NODES_WITHOUT_PUBLIC_IPS,
+            IMDSV2_REQUIRED,
+            EKS_SECRETS_ENCRYPTED,
+            EKS_API_NOT_OPEN,
+            GPU_NODE_GROUP_SINGLE_SUBNET,
+            GPU_NODE_GROUP_EFA,
+            RAY_PORTS_NOT_EXPOSED,
+            RAY_WORKERS_GUARANTEED,
+            CONTAINER_IMAGES_PINNED,
+            CONTROL_PLANE_LOGGING,
+            DELETION_PROTECTION,
+        )
+    ],
+)

@@ -1,0 +1,637 @@
+"""The pack's rules as plain functions of a resource's properties, plus thin pulumi-policy adapters.
+
+Each rule is a pure function, so tests call it on hand-written property dicts and on every
+resource the program registers under mocks, without a Pulumi engine. Properties look the way the
+engine shows them to a policy: camelCase names as the provider sees them, nested booleans of
+TF-bridged resources often as the strings "true"/"false", and values that depend on resources
+not created yet (during `pulumi preview`) as unknown sentinels. A rule never fails on an unknown:
+it checks what is known and leaves the rest to the next preview or `pulumi up`.
+
+Resource rules: `check(resource_type, props, stack) -> [violation message, ...]`.
+Stack rules: `check([StackResource, ...]) -> [(urn, violation message), ...]`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy import proxy as policy_proxy
+from pulumi_policy.deserialize import serialize_properties
+
+MANDATORY = EnforcementLevel.MANDATORY
+ADVISORY = EnforcementLevel.ADVISORY
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+SUBNET = "aws:ec2/subnet:Subnet"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+AWS_EKS_CLUSTER = "aws:eks/cluster:Cluster"
+PULUMI_EKS_CLUSTER = "eks:index:Cluster"
+SERVICE = "kubernetes:core/v1:Service"
+
+# Ports of the Ray head that must stay inside the cluster: GCS, dashboard (job submission), client.
+RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+EXTERNAL_SERVICE_TYPES = {"LoadBalancer", "NodePort"}
+# The GPU node group is the EFA one: the program labels it so, and only NVIDIA AMIs carry the drivers.
+GPU_NODE_LABEL = ("role", "gpu-worker")
+CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+# During preview the engine replaces values it cannot know yet by these strings (one per kind of value).
+UNKNOWN_SENTINELS = frozenset(
+    {
+        policy_proxy.UNKNOWN_BOOLEAN_VALUE,
+        policy_proxy.UNKNOWN_NUMBER_VALUE,
+        policy_proxy.UNKNOWN_STRING_VALUE,
+        policy_proxy.UNKNOWN_ARRAY_VALUE,
+        policy_proxy.UNKNOWN_ASSET_VALUE,
+        policy_proxy.UNKNOWN_ARCHIVE_VALUE,
+        policy_proxy.UNKNOWN_OBJECT_VALUE,
+    }
+)
+
+
+# --- reading properties ---------------------------------------------------------------------------
+
+
+def is_unknown(value: Any) -> bool:
+    """True for a value the engine cannot know during preview."""
+    return isinstance(value, str) and value in UNKNOWN_SENTINELS
+
+
+def _dig(value: Any, *path: str) -> Any:
+    """The value at `path` inside nested dicts: None where a step is missing, the sentinel where one is unknown."""
+    for key in path:
+        if is_unknown(value):
+            return value
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _items(value: Any) -> list:
+    """A list property's elements; nothing when it is missing or unknown."""
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, str) else []
+
+
+def _is_true(value: Any) -> bool:
+    """Booleans arrive as bools at the top level and as "true"/"false" strings inside TF-bridged blocks."""
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def _is_false(value: Any) -> bool:
+    return value is False or (isinstance(value, str) and value.lower() == "false")
+
+
+def _type_kind(resource_type: str) -> tuple[str, str]:
+    """(API group with version, kind) of a Kubernetes type token, e.g. ("ray.io/v1", "RayCluster")."""
+    _, module, kind = (resource_type.split(":") + ["", ""])[:3]
+    return module, kind
+
+
+def stack_of(urn: str) -> str:
+    """The stack name inside a URN (`urn:pulumi:<stack>::<project>::<type>::<name>`)."""
+    return urn.split("::", 1)[0].removeprefix("urn:pulumi:")
+
+
+def is_dev_stack(stack: str) -> bool:
+    """Dev stacks are thrown away freely: `dev`, `dev-<anything>`, `<anything>-dev`."""
+    return stack == "dev" or stack.startswith("dev-") or stack.endswith("-dev")
+
+
+def is_gpu_node_group(props: Mapping[str, Any]) -> bool:
+    """The EFA GPU node group: labelled role=gpu-worker, or running an NVIDIA (GPU) AMI."""
+    key, value = GPU_NODE_LABEL
+    ami_type = props.get("amiType")
+    labels = props.get("labels")
+    labelled = isinstance(labels, Mapping) and labels.get(key) == value
+    nvidia_ami = isinstance(ami_type, str) and not is_unknown(ami_type) and ("NVIDIA" in ami_type or "_GPU" in ami_type)
+    return labelled or nvidia_ami
+
+
+# --- mandatory resource rules -----------------------------------------------------------------------
+
+
+def check_nodes_without_public_ips(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """No launch template, subnet or pulumi-eks node setting may hand a node a public IP address."""
+    violations = []
+    if resource_type == LAUNCH_TEMPLATE:
+        for index, interface in enumerate(_items(props.get("networkInterfaces"))):
+            if _is_true(_dig(interface, "associatePublicIpAddress")):
+                violations.append(
+                    f"networkInterfaces[{index}].associatePublicIpAddress is true: nodes must have no public IP; "
+                    "set it to false (they reach the internet through the NAT gateway)"
+                )
+    elif resource_type == SUBNET:
+        if _is_true(props.get("mapPublicIpOnLaunch")):
+            violations.append(
+                "mapPublicIpOnLaunch is true: every instance launched in this subnet gets a public IP; set it to false"
+            )
+    elif resource_type.startswith("eks:index:"):
+        if _is_true(props.get("nodeAssociatePublicIpAddress")):
+            violations.append("nodeAssociatePublicIpAddress is true: set it to false so nodes get no public IP")
+    return violations
+
+
+def check_imdsv2_required(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Instance metadata only through IMDSv2 sessions, on every launch template and so on every node.
+
+    A managed node group without a launch template gets EKS's own, whose metadata options this
+    pack cannot see, so it has to bring one.
+    """
+    if resource_type == LAUNCH_TEMPLATE:
+        options = props.get("metadataOptions")
+        if is_unknown(options):
+            return []
+        endpoint, tokens = _dig(options, "httpEndpoint"), _dig(options, "httpTokens")
+        if endpoint == "disabled" or is_unknown(tokens) or tokens == "required":
+            return []
+        current = "not set" if tokens is None else repr(tokens)
+        return [
+            f"metadataOptions.httpTokens is {current}: require IMDSv2 with "
+            "metadata_options={'http_tokens': 'required', 'http_endpoint': 'enabled'}"
+        ]
+    if resource_type == NODE_GROUP and props.get("launchTemplate") is None:
+        return ["the node group has no launch template: give it one whose metadataOptions.httpTokens is 'required'"]
+    return []
+
+
+def check_eks_secrets_encrypted(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Kubernetes secrets of the cluster are envelope-encrypted with a KMS key."""
+    if resource_type == PULUMI_EKS_CLUSTER:
+        if props.get("encryptionConfigKeyArn") in (None, ""):
+            return ["encryptionConfigKeyArn is not set: pass a KMS key ARN so Kubernetes secrets are encrypted"]
+    elif resource_type == AWS_EKS_CLUSTER:
+        config = props.get("encryptionConfig")
+        if is_unknown(config):
+            return []
+        resources = _dig(config, "resources")
+        key_arn = _dig(config, "provider", "keyArn")
+        if config is None or key_arn in (None, "") or not (is_unknown(resources) or "secrets" in _items(resources)):
+            return ["encryptionConfig must name a KMS key (provider.keyArn) for resources ['secrets']"]
+    return []
+
+
+def _internet_wide(cidrs: Any) -> list[str]:
+    """"0.0.0.0/0" and/or "::/0" when the known blocks of the list, together, admit every address."""
+    networks = []
+    for block in _items(cidrs):
+        if is_unknown(block):
+            continue
+        try:
+            networks.append(ipaddress.ip_network(str(block), strict=False))
+        except ValueError:
+            continue
+    return [
+        everything
+        for version, everything in ((4, "0.0.0.0/0"), (6, "::/0"))
+        if any(
+            merged.prefixlen == 0
+            for merged in ipaddress.collapse_addresses(n for n in networks if n.version == version)
+        )
+    ]
+
+
+def check_eks_api_not_open(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """A public API endpoint admits only listed addresses; EKS's default list is 0.0.0.0/0."""
+    if resource_type == PULUMI_EKS_CLUSTER:
+        public, cidrs, where = props.get("endpointPublicAccess"), props.get("publicAccessCidrs"), ""
+    elif resource_type == AWS_EKS_CLUSTER:
+        vpc_config = props.get("vpcConfig")
+        if is_unknown(vpc_config):
+            return []
+        public = _dig(vpc_config, "endpointPublicAccess")
+        cidrs = _dig(vpc_config, "publicAccessCidrs")
+        where = "vpcConfig."
+    else:
+        return []
+    if _is_false(public) or is_unknown(public) or is_unknown(cidrs):
+        return []
+    if not _items(cidrs):
+        return [
+            f"{where}endpointPublicAccess is on and {where}publicAccessCidrs is empty, which EKS reads as 0.0.0.0/0: "
+            "list your own addresses (config endpointPublicAccessCidrs) or turn the public endpoint off"
+        ]
+    return [
+        f"{where}publicAccessCidrs cover {everything}: the Kubernetes API would be open to the whole internet; "
+        "list only your own addresses"
+        for everything in _internet_wide(cidrs)
+    ]
+
+
+def check_gpu_node_group_single_subnet(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """EFA traffic cannot cross availability zones, so the GPU nodes share one subnet."""
+    if resource_type != NODE_GROUP or not is_gpu_node_group(props):
+        return []
+    subnets = props.get("subnetIds")
+    if is_unknown(subnets):
+        return []
+    count = len(_items(subnets))
+    if count != 1:
+        return [f"the GPU node group has {count} subnets: EFA works within one AZ, so give it exactly one subnet"]
+    return []
+
+
+def _ray_cluster_spec(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The RayCluster spec inside a KubeRay RayCluster, RayJob or RayService; None for anything else."""
+    module, kind = _type_kind(resource_type)
+    if not module.startswith("ray.io/"):
+        return None
+    spec = props.get("spec")
+    inner = {"RayCluster": spec, "RayJob": _dig(spec, "rayClusterSpec"), "RayService": _dig(spec, "rayClusterConfig")}
+    found = inner.get(kind)
+    return found if isinstance(found, Mapping) else None
+
+
+def _ray_port_in(port: Mapping[str, Any]) -> int | str | None:
+    """The Ray port a Service port forwards (by number or container port name), if any."""
+    for value in (_dig(port, "port"), _dig(port, "targetPort")):
+        if isinstance(value, str) and value in RAY_PORTS:
+            return value
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        # Numbers reach a policy as floats (JSON through protobuf).
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value in RAY_PORTS.values():
+            return int(value)
+    return None
+
+
+def check_ray_ports_not_exposed(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Ray's GCS, dashboard and client ports accept jobs without authentication: cluster-internal only."""
+    violations = []
+    if resource_type == SERVICE:
+        service_type = _dig(props, "spec", "type")
+        if service_type in EXTERNAL_SERVICE_TYPES:
+            exposed = sorted({str(p) for p in map(_ray_port_in, _items(_dig(props, "spec", "ports"))) if p is not None})
+            if exposed:
+                violations.append(
+                    f"a {service_type} Service exposes Ray port(s) {', '.join(exposed)} outside the cluster: "
+                    "use ClusterIP and `kubectl port-forward`"
+                )
+    spec = _ray_cluster_spec(resource_type, props)
+    if spec is not None:
+        head = spec.get("headGroupSpec")
+        for where, value in (
+            ("headGroupSpec.serviceType", _dig(head, "serviceType")),
+            ("headGroupSpec.headService.spec.type", _dig(head, "headService", "spec", "type")),
+        ):
+            if value in EXTERNAL_SERVICE_TYPES:
+                violations.append(
+                    f"{where} is {value}: the head Service would expose the Ray dashboard and GCS outside the cluster; "
+                    "use ClusterIP and `kubectl port-forward`"
+                )
+    return violations
+
+
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_QUANTITY_FACTORS = {
+    None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+
+
+def _quantity(value: Any) -> Decimal | str:
+    """A Kubernetes quantity as a number (so "40" equals 40 and "1Gi" equals "1024Mi"); else its text."""
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if match:
+        return Decimal(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
+    try:
+        return Decimal(text)  # decimal exponent form, e.g. 1e3
+    except InvalidOperation:
+        return text
+
+
+def _container_resource_gaps(container: Mapping[str, Any]) -> list[str]:
+    """Why a container is not QoS Guaranteed: a resource whose effective request differs from its limit.
+
+    Kubernetes fills a missing request from the limit, so only limits are required; CPU and memory
+    limits are, because without them the pod is not Guaranteed whatever else it sets.
+    """
+    resources = _dig(container, "resources")
+    if is_unknown(resources):
+        return []
+    requests, limits = _dig(resources, "requests"), _dig(resources, "limits")
+    if is_unknown(requests) or is_unknown(limits):
+        return []
+    requests = requests if isinstance(requests, Mapping) else {}
+    limits = limits if isinstance(limits, Mapping) else {}
+    gaps = [f"no {name} limit" for name in ("cpu", "memory") if name not in limits]
+    for name in sorted(set(requests) | set(limits)):
+        request, limit = requests.get(name, limits.get(name)), limits.get(name)
+        if is_unknown(request) or is_unknown(limit):
+            continue
+        if limit is None:
+            gaps.append(f"{name} requested ({request}) without a limit")
+        elif _quantity(request) != _quantity(limit):
+            gaps.append(f"{name} request {request} != limit {limit}")
+    return gaps
+
+
+def check_ray_workers_guaranteed(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Ray worker containers request exactly their limits, so each pod owns its node's GPUs, EFA, CPU, memory."""
+    spec = _ray_cluster_spec(resource_type, props)
+    if spec is None:
+        return []
+    violations = []
+    for group_index, group in enumerate(_items(spec.get("workerGroupSpecs"))):
+        group_name = _dig(group, "groupName")
+        label = group_name if isinstance(group_name, str) and not is_unknown(group_name) else f"#{group_index}"
+        for container in _items(_dig(group, "template", "spec", "containers")):
+            gaps = _container_resource_gaps(container)
+            if gaps:
+                violations.append(
+                    f"worker group {label}, container {_dig(container, 'name')}: {'; '.join(gaps)}. "
+                    "Set requests equal to limits (QoS Guaranteed)"
+                )
+    return violations
+
+
+def _pod_specs_containers(value: Any) -> list[Mapping[str, Any]]:
+    """Every container of every pod template anywhere inside a Kubernetes object (Pods, workloads, Ray CRs)."""
+    found: list[Mapping[str, Any]] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key in ("containers", "initContainers", "ephemeralContainers"):
+                found.extend(c for c in _items(item) if isinstance(c, Mapping))
+            else:
+                found.extend(_pod_specs_containers(item))
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        for item in value:
+            found.extend(_pod_specs_containers(item))
+    return found
+
+
+_DIGEST = re.compile(r"@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}$")
+
+
+def image_pin_problem(image: str) -> str | None:
+    """Why an image reference is not pinned (no tag, or `latest`), or None when it has a tag or digest."""
+    if _DIGEST.search(image):
+        return None
+    last_segment = image.rsplit("/", 1)[-1]
+    if ":" not in last_segment:
+        return "has no tag (so it means latest)"
+    if last_segment.rsplit(":", 1)[1] == "latest":
+        return "is tagged latest"
+    return None
+
+
+def check_container_images_pinned(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Containers run a fixed image: a tag other than latest, or a digest, so every node runs the same bits."""
+    if not resource_type.startswith("kubernetes:"):
+        return []
+    violations = []
+    for container in _pod_specs_containers(props):
+        image = container.get("image")
+        if not isinstance(image, str) or is_unknown(image):
+            continue
+        problem = image_pin_problem(image)
+        if problem:
+            violations.append(
+                f"container {container.get('name')}: image {image} {problem}; pin a version tag or an @sha256 digest"
+            )
+    return violations
+
+
+# --- advisory resource rules -------------------------------------------------------------------------
+
+
+def check_control_plane_logging(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """All five control-plane log types go to CloudWatch, so API calls and auth decisions can be audited."""
+    if resource_type not in (PULUMI_EKS_CLUSTER, AWS_EKS_CLUSTER):
+        return []
+    enabled = props.get("enabledClusterLogTypes")
+    if is_unknown(enabled):
+        return []
+    missing = [log for log in CONTROL_PLANE_LOG_TYPES if log not in _items(enabled)]
+    if missing:
+        return [f"control-plane logs off for {', '.join(missing)}: add them to enabledClusterLogTypes"]
+    return []
+
+
+def check_deletion_protection(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Outside dev stacks the cluster is protected from an accidental `pulumi destroy` or console delete."""
+    if resource_type not in (PULUMI_EKS_CLUSTER, AWS_EKS_CLUSTER) or is_dev_stack(stack):
+        return []
+    protection = props.get("deletionProtection")
+    if _is_true(protection) or is_unknown(protection):
+        return []
+    return [f"stack {stack} is not a dev stack: set deletionProtection on the EKS cluster"]
+
+
+# --- the stack rule ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StackResource:
+    """What a stack rule needs of a resource: its properties and the URNs it depends on."""
+
+    type: str
+    urn: str
+    props: Mapping[str, Any]
+    dependencies: tuple[str, ...]
+
+
+def _has_efa_interface(template: StackResource) -> bool | None:
+    """True/False when known; None while the interfaces are unknown."""
+    interfaces = template.props.get("networkInterfaces")
+    if is_unknown(interfaces):
+        return None
+    kinds = [_dig(interface, "interfaceType") for interface in _items(interfaces)]
+    if any(is_unknown(kind) for kind in kinds) and "efa" not in kinds:
+        return None
+    return "efa" in kinds
+
+
+def _launch_templates_of(node_group: StackResource, resources: Sequence[StackResource]) -> list[StackResource]:
+    """The launch templates a node group may use: by known id or name, else those it depends on.
+
+    During a first preview the template's id is unknown, so the dependency is what links them.
+    """
+    templates = [r for r in resources if r.type == LAUNCH_TEMPLATE]
+    reference = node_group.props.get("launchTemplate")
+    for key in ("id", "name"):
+        wanted = _dig(reference, key)
+        if isinstance(wanted, str) and wanted and not is_unknown(wanted):
+            matched = [t for t in templates if t.props.get(key) == wanted]
+            if matched:
+                return matched
+    return [t for t in templates if t.urn in node_group.dependencies]
+
+
+def check_gpu_node_group_efa(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """The GPU node group's launch template gives each node an EFA interface (interfaceType "efa")."""
+    violations = []
+    for group in resources:
+        if group.type != NODE_GROUP or not is_gpu_node_group(group.props):
+            continue
+        reference = group.props.get("launchTemplate")
+        if reference is None:
+            violations.append(
+                (group.urn, "the GPU node group has no launch template, so its nodes get no EFA interface")
+            )
+            continue
+        if is_unknown(reference):
+            continue
+        templates = _launch_templates_of(group, resources)
+        if not templates:
+            violations.append(
+                (
+                    group.urn,
+                    "the GPU node group's launch template is not in this stack, so its EFA interface cannot be checked",
+                )
+            )
+            continue
+        verdicts = [_has_efa_interface(template) for template in templates]
+        if True not in verdicts and None not in verdicts:
+            violations.append(
+                (
+                    group.urn,
+                    "the GPU node group's launch template has no network interface with interfaceType 'efa': "
+                    "NCCL would fall back to TCP",
+                )
+            )
+    return violations
+
+
+# --- metadata and pulumi-policy adapters -------------------------------------------------------------
+
+
+def plain(props: Any) -> Any:
+    """Plain dicts and lists from pulumi-policy's unknown-checking proxies, unknowns left as sentinels.
+
+    The proxies raise on reading an unknown value; the rules would rather see it and skip it.
+    """
+    return serialize_properties(props)
+
+
+@dataclass(frozen=True)
+class ResourceRule:
+    """A rule applied to each resource on its own."""
+
+    name: str
+    description: str
+    enforcement: EnforcementLevel
+    check: Callable[[str, Mapping[str, Any], str], list[str]]
+
+    def to_policy(self) -> ResourceValidationPolicy:
+        def validate(args: ResourceValidationArgs, report_violation) -> None:
+            for message in self.check(args.resource_type, plain(args.props), stack_of(args.urn)):
+                report_violation(message, None)
+
+        return ResourceValidationPolicy(
+            name=self.name, description=self.description, enforcement_level=self.enforcement, validate=validate
+        )
+
+
+@dataclass(frozen=True)
+class StackRule:
+    """A rule that needs several resources at once (a node group and its launch template)."""
+
+    name: str
+    description: str
+    enforcement: EnforcementLevel
+    check: Callable[[Sequence[StackResource]], list[tuple[str, str]]]
+
+    def to_policy(self) -> StackValidationPolicy:
+        def validate(args: StackValidationArgs, report_violation) -> None:
+            resources = [
+                StackResource(
+                    type=resource.resource_type,
+                    urn=resource.urn,
+                    props=plain(resource.props),
+                    dependencies=tuple(
+                        {dep.urn for dep in resource.dependencies}
+                        | {dep.urn for deps in resource.property_dependencies.values() for dep in deps}
+                    ),
+                )
+                for resource in args.resources
+            ]
+            for urn, message in self.check(resources):
+                report_violation(message, urn)
+
+        return StackValidationPolicy(
+            name=self.name, description=self.description, enforcement_level=self.enforcement, validate=validate
+        )
+
+
+NODES_WITHOUT_PUBLIC_IPS = ResourceRule(
+    "nodes-without-public-ips",
+    "Nodes get no public IP: not from a launch template, a subnet, or pulumi-eks settings.",
+    MANDATORY,
+    check_nodes_without_public_ips,
+)
+IMDSV2_REQUIRED = ResourceRule(
+    "imdsv2-required",
+    "Every launch template requires IMDSv2 (httpTokens: required); every managed node group has one.",
+    MANDATORY,
+    check_imdsv2_required,
+)
+EKS_SECRETS_ENCRYPTED = ResourceRule(
+    "eks-secrets-kms-encrypted",
+    "EKS encrypts Kubernetes secrets with a KMS key.",
+    MANDATORY,
+    check_eks_secrets_encrypted,
+)
+EKS_API_NOT_OPEN = ResourceRule(
+    "eks-api-not-open-to-internet",
+    "A public EKS API endpoint admits listed CIDRs only, never 0.0.0.0/0.",
+    MANDATORY,
+    check_eks_api_not_open,
+)
+GPU_NODE_GROUP_SINGLE_SUBNET = ResourceRule(
+    "gpu-node-group-single-subnet",
+    "The GPU node group sits in exactly one subnet (EFA does not cross availability zones).",
+    MANDATORY,
+    check_gpu_node_group_single_subnet,
+)
+GPU_NODE_GROUP_EFA = StackRule(
+    "gpu-node-group-efa-interface",
+    "The GPU node group's launch template has an EFA network interface.",
+    MANDATORY,
+    check_gpu_node_group_efa,
+)
+RAY_PORTS_NOT_EXPOSED = ResourceRule(
+    "ray-ports-not-exposed",
+    "No LoadBalancer or NodePort Service for Ray's GCS (6379), dashboard (8265) or client (10001) ports.",
+    MANDATORY,
+    check_ray_ports_not_exposed,
+)
+RAY_WORKERS_GUARANTEED = ResourceRule(
+    "ray-worker-requests-equal-limits",
+    "Ray worker containers request exactly their limits (QoS Guaranteed).",
+    MANDATORY,
+    check_ray_workers_guaranteed,
+)
+CONTAINER_IMAGES_PINNED = ResourceRule(
+    "container-images-pinned",
+    "Container images are pinned to a tag (not latest) or a digest.",
+    MANDATORY,
+    check_container_images_pinned,
+)
+CONTROL_PLANE_LOGGING = ResourceRule(
+    "eks-control-plane-logging",
+    "EKS sends all five control-plane log types to CloudWatch.",
+    ADVISORY,
+    check_control_plane_logging,
+)
+DELETION_PROTECTION = ResourceRule(
+    "eks-deletion-protection",
+    "EKS clusters of non-dev stacks have deletion protection on.",
+    ADVISORY,
+    check_deletion_protection,
+)

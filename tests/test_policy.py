@@ -1,0 +1,425 @@
+"""The policy pack: each rule on passing and failing properties, through pulumi-policy's own
+argument types, and on every resource the program registers for each stack (all must pass)."""
+
+from __future__ import annotations
+
+import copy
+import runpy
+import sys
+from pathlib import Path
+
+import pulumi_policy
+import pytest
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    StackValidationArgs,
+)
+from pulumi_policy.proxy import UNKNOWN_ARRAY_VALUE, UNKNOWN_OBJECT_VALUE, UNKNOWN_STRING_VALUE, unknown_checking_proxy
+
+from infra.node_groups import GPU_LABELS
+from policy import rules
+from policy.rules import StackResource
+from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
+from workloads.manifests import RAY_PORTS
+
+POLICY_DIR = Path(__file__).resolve().parents[1] / "policy"
+UNKNOWN = UNKNOWN_STRING_VALUE
+DEFINED_RULES = [value for value in vars(rules).values() if isinstance(value, (rules.ResourceRule, rules.StackRule))]
+RESOURCE_RULES = [rule for rule in DEFINED_RULES if isinstance(rule, rules.ResourceRule)]
+STACK_RULES = [rule for rule in DEFINED_RULES if isinstance(rule, rules.StackRule)]
+
+LT = rules.LAUNCH_TEMPLATE
+NG = rules.NODE_GROUP
+EKS = rules.PULUMI_EKS_CLUSTER
+AWS_EKS = rules.AWS_EKS_CLUSTER
+SVC = rules.SERVICE
+RAY = "kubernetes:ray.io/v1:RayCluster"
+ALL_LOGS = list(rules.CONTROL_PLANE_LOG_TYPES)
+
+
+def efa_template(**overrides) -> dict:
+    """A GPU launch template's inputs as the engine shows them (nested booleans as strings)."""
+    props = {
+        "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 2},
+        "networkInterfaces": [
+            {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "efa", "associatePublicIpAddress": "false"}
+        ],
+    }
+    props.update(overrides)
+    return props
+
+
+def worker_container(requests: dict | None, limits: dict | None, image: str = "repo/ray:2.58.0") -> dict:
+    resources = {key: value for key, value in (("requests", requests), ("limits", limits)) if value is not None}
+    return {"name": "ray-worker", "image": image, "resources": resources}
+
+
+def ray_cluster(worker: dict, service_type: str = "ClusterIP", head_image: str = "repo/ray:2.58.0") -> dict:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "ray-train"},
+        "spec": {
+            "headGroupSpec": {
+                "serviceType": service_type,
+                "template": {"spec": {"containers": [{"name": "ray-head", "image": head_image}]}},
+            },
+            "workerGroupSpecs": [{"groupName": "gpu-workers", "template": {"spec": {"containers": [worker]}}}],
+        },
+    }
+
+
+GUARANTEED = {"cpu": "40", "memory": "160Gi", "nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "1"}
+
+# (rule, resource type, props, stack, expected fragment of the violation or None for a pass)
+CASES = [
+    # nodes-without-public-ips
+    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(), "dev", None),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, {"metadataOptions": {"httpTokens": "required"}}, "dev", None),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=[{"associatePublicIpAddress": UNKNOWN}]), "dev", None),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=UNKNOWN_ARRAY_VALUE), "dev", None),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, "aws:ec2/subnet:Subnet", {"mapPublicIpOnLaunch": False}, "dev", None),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, "aws:ec2/subnet:Subnet", {"cidrBlock": "10.0.0.0/18"}, "dev", None),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, EKS, {"nodeAssociatePublicIpAddress": False}, "dev", None),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=[{"associatePublicIpAddress": "true"}]),
+     "dev", "networkInterfaces[0].associatePublicIpAddress"),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=[{}, {"associatePublicIpAddress": True}]),
+     "dev", "networkInterfaces[1]"),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, "aws:ec2/subnet:Subnet", {"mapPublicIpOnLaunch": True}, "dev", "mapPublicIpOnLaunch"),
+    (rules.NODES_WITHOUT_PUBLIC_IPS, "eks:index:NodeGroupV2", {"nodeAssociatePublicIpAddress": True}, "dev",
+     "nodeAssociatePublicIpAddress"),
+    # imdsv2-required
+    (rules.IMDSV2_REQUIRED, LT, efa_template(), "dev", None),
+    (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": {"httpEndpoint": "disabled"}}, "dev", None),
+    (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": {"httpTokens": UNKNOWN}}, "dev", None),
+    (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": UNKNOWN_OBJECT_VALUE}, "dev", None),
+    (rules.IMDSV2_REQUIRED, NG, {"launchTemplate": {"id": UNKNOWN, "version": UNKNOWN}}, "dev", None),
+    (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": {"httpTokens": "optional"}}, "dev", "httpTokens is 'optional'"),
+    (rules.IMDSV2_REQUIRED, LT, {"description": "no metadata options"}, "dev", "httpTokens is not set"),
+    (rules.IMDSV2_REQUIRED, NG, {"subnetIds": ["subnet-1"]}, "dev", "no launch template"),
+    # eks-secrets-kms-encrypted
+    (rules.EKS_SECRETS_ENCRYPTED, EKS, {"encryptionConfigKeyArn": "arn:aws:kms:us-east-2:1:key/k"}, "dev", None),
+    (rules.EKS_SECRETS_ENCRYPTED, EKS, {"encryptionConfigKeyArn": UNKNOWN}, "dev", None),
+    (rules.EKS_SECRETS_ENCRYPTED, AWS_EKS,
+     {"encryptionConfig": {"provider": {"keyArn": UNKNOWN}, "resources": ["secrets"]}}, "dev", None),
+    (rules.EKS_SECRETS_ENCRYPTED, EKS, {"name": "c"}, "dev", "encryptionConfigKeyArn"),
+    (rules.EKS_SECRETS_ENCRYPTED, AWS_EKS, {"name": "c"}, "dev", "encryptionConfig"),
+    (rules.EKS_SECRETS_ENCRYPTED, AWS_EKS,
+     {"encryptionConfig": {"provider": {"keyArn": "arn:k"}, "resources": []}}, "dev", "['secrets']"),
+    # eks-api-not-open-to-internet
+    (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": True, "publicAccessCidrs": ["203.0.113.7/32"]}, "dev", None),
+    (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["0.0.0.0/1", "198.51.100.0/24"]}, "dev", None),
+    (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": False}, "dev", None),
+    (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": True, "publicAccessCidrs": UNKNOWN_ARRAY_VALUE}, "dev", None),
+    (rules.EKS_API_NOT_OPEN, AWS_EKS, {"vpcConfig": {"endpointPublicAccess": "false"}}, "dev", None),
+    (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": True}, "dev", "publicAccessCidrs is empty"),
+    (rules.EKS_API_NOT_OPEN, EKS, {"name": "public by default"}, "dev", "publicAccessCidrs is empty"),
+    (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["203.0.113.7/32", "0.0.0.0/0"]}, "dev", "cover 0.0.0.0/0"),
+    (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["0.0.0.0/1", UNKNOWN, "128.0.0.0/1"]}, "dev", "cover 0.0.0.0/0"),
+    (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["2001:db8::/32", "::/0"]}, "dev", "cover ::/0"),
+    (rules.EKS_API_NOT_OPEN, AWS_EKS, {"vpcConfig": {"publicAccessCidrs": ["0.0.0.0/0"]}}, "dev",
+     "vpcConfig.publicAccessCidrs cover 0.0.0.0/0"),
+    # gpu-node-group-single-subnet
+    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "gpu-worker"}, "subnetIds": ["subnet-a"]}, "dev", None),
+    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "system"}, "subnetIds": ["a", "b"]}, "dev", None),
+    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "gpu-worker"}, "subnetIds": UNKNOWN_ARRAY_VALUE},
+     "dev", None),
+    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "gpu-worker"}, "subnetIds": ["a", UNKNOWN]}, "dev",
+     "has 2 subnets"),
+    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"amiType": "AL2023_x86_64_NVIDIA", "subnetIds": ["a", "b"]}, "dev",
+     "has 2 subnets"),
+    # ray-ports-not-exposed
+    (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"type": "ClusterIP", "ports": [{"port": 8265}]}}, "dev", None),
+    (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}, "dev", None),
+    (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"ports": [{"port": 6379}]}}, "dev", None),
+    (rules.RAY_PORTS_NOT_EXPOSED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
+    # Numbers reach policies as floats (JSON through protobuf).
+    (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"type": "LoadBalancer", "ports": [{"port": 8265.0}]}}, "dev",
+     "Ray port(s) 8265 outside"),
+    (rules.RAY_PORTS_NOT_EXPOSED, SVC,
+     {"spec": {"type": "NodePort", "ports": [{"port": 80, "targetPort": "dashboard"}, {"port": 1, "targetPort": "10001"}]}},
+     "dev",
+     "Ray port(s) 10001, dashboard"),
+    (rules.RAY_PORTS_NOT_EXPOSED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED), "LoadBalancer"), "dev",
+     "headGroupSpec.serviceType is LoadBalancer"),
+    (rules.RAY_PORTS_NOT_EXPOSED, "kubernetes:ray.io/v1:RayJob",
+     {"spec": {"rayClusterSpec": {"headGroupSpec": {"headService": {"spec": {"type": "NodePort"}}}}}}, "dev",
+     "headService.spec.type is NodePort"),
+    # ray-worker-requests-equal-limits
+    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
+    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container(None, GUARANTEED)), "dev", None),
+    (rules.RAY_WORKERS_GUARANTEED, RAY,
+     ray_cluster(worker_container({"cpu": 40, "memory": "163840Mi"}, {"cpu": "40000m", "memory": "160Gi"})), "dev", None),
+    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container({**GUARANTEED, "cpu": UNKNOWN}, GUARANTEED)),
+     "dev", None),
+    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container({**GUARANTEED, "cpu": "36"}, GUARANTEED)), "dev",
+     "worker group gpu-workers, container ray-worker: cpu request 36 != limit 40"),
+    (rules.RAY_WORKERS_GUARANTEED, RAY,
+     ray_cluster(worker_container(GUARANTEED, {k: v for k, v in GUARANTEED.items() if k != "nvidia.com/gpu"})), "dev",
+     "nvidia.com/gpu requested (4) without a limit"),
+    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container(GUARANTEED, None)), "dev", "no cpu limit"),
+    # container-images-pinned
+    (rules.CONTAINER_IMAGES_PINNED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
+    (rules.CONTAINER_IMAGES_PINNED, RAY,
+     ray_cluster(worker_container(GUARANTEED, GUARANTEED, image="repo/ray@sha256:" + "a" * 64)), "dev", None),
+    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:core/v1:Pod",
+     {"spec": {"containers": [{"name": "c", "image": "localhost:5000/ray:2.58.0"}]}}, "dev", None),
+    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:core/v1:Pod", {"spec": {"containers": [{"name": "c", "image": UNKNOWN}]}},
+     "dev", None),
+    (rules.CONTAINER_IMAGES_PINNED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED), head_image="repo/ray:latest"),
+     "dev", "container ray-head: image repo/ray:latest is tagged latest"),
+    (rules.CONTAINER_IMAGES_PINNED, RAY,
+     ray_cluster(worker_container(GUARANTEED, GUARANTEED, image="localhost:5000/ray")), "dev",
+     "container ray-worker: image localhost:5000/ray has no tag"),
+    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:apps/v1:Deployment",
+     {"spec": {"template": {"spec": {"initContainers": [{"name": "init", "image": "busybox"}], "containers": []}}}},
+     "dev", "container init: image busybox has no tag"),
+    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:batch/v1:CronJob",
+     {"spec": {"jobTemplate": {"spec": {"template": {"spec": {"containers": [{"name": "j", "image": "a/b:latest"}]}}}}}},
+     "dev", "container j"),
+    # eks-control-plane-logging (advisory)
+    (rules.CONTROL_PLANE_LOGGING, EKS, {"enabledClusterLogTypes": ALL_LOGS}, "dev", None),
+    (rules.CONTROL_PLANE_LOGGING, AWS_EKS, {"enabledClusterLogTypes": UNKNOWN_ARRAY_VALUE}, "dev", None),
+    (rules.CONTROL_PLANE_LOGGING, EKS, {"enabledClusterLogTypes": ["api", "authenticator"]}, "dev",
+     "audit, controllerManager, scheduler"),
+    (rules.CONTROL_PLANE_LOGGING, AWS_EKS, {"name": "c"}, "dev", "api, audit"),
+    # eks-deletion-protection (advisory)
+    (rules.DELETION_PROTECTION, EKS, {"name": "c"}, "dev", None),
+    (rules.DELETION_PROTECTION, EKS, {"name": "c"}, "team-dev", None),
+    (rules.DELETION_PROTECTION, EKS, {"deletionProtection": True}, "us-east-1", None),
+    (rules.DELETION_PROTECTION, EKS, {"name": "c"}, "us-east-1", "stack us-east-1 is not a dev stack"),
+    (rules.DELETION_PROTECTION, AWS_EKS, {"deletionProtection": False}, "prod", "deletionProtection"),
+]
+
+
+@pytest.mark.parametrize(
+    "rule, resource_type, props, stack, expected",
+    CASES,
+    ids=[f"{case[0].name}-{'fails' if case[4] else 'passes'}-{index}" for index, case in enumerate(CASES)],
+)
+def test_resource_rule(rule, resource_type, props, stack, expected):
+    violations = rule.check(resource_type, props, stack)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0], violations
+
+
+def test_every_resource_rule_has_passing_and_failing_cases():
+    for rule in RESOURCE_RULES:
+        outcomes = {case[4] is None for case in CASES if case[0] is rule}
+        assert outcomes == {True, False}, f"{rule.name} lacks a passing or a failing case"
+
+
+def test_rules_ignore_resources_they_are_not_about():
+    unrelated = {"spec": {"type": "LoadBalancer", "ports": [{"port": 8265}]}, "mapPublicIpOnLaunch": True}
+    for rule in RESOURCE_RULES:
+        assert rule.check("aws:s3/bucket:Bucket", unrelated, "prod") == [], rule.name
+
+
+# --- the stack rule: the GPU node group's launch template has an EFA interface -------------------
+
+
+def gpu_group(dependencies: tuple[str, ...] = ("urn:lt-gpu",), **props) -> StackResource:
+    base = {"labels": {"role": "gpu-worker"}, "launchTemplate": {"id": UNKNOWN, "version": UNKNOWN}, "subnetIds": ["a"]}
+    return StackResource(NG, "urn:ng-gpu", {**base, **props}, dependencies)
+
+
+def template(urn: str, **props) -> StackResource:
+    return StackResource(LT, urn, efa_template(**props), ())
+
+
+ENA_ONLY = [{"deviceIndex": 0, "associatePublicIpAddress": "false"}]
+SYSTEM_GROUP = StackResource(NG, "urn:ng-system", {"labels": {"role": "system"}, "launchTemplate": {"id": "x"}}, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([template("urn:lt-gpu"), gpu_group(), SYSTEM_GROUP], None),
+        ([template("urn:lt-gpu", networkInterfaces=UNKNOWN_ARRAY_VALUE), gpu_group()], None),
+        # Known ids (an update's preview) link the group to its template without a dependency.
+        ([template("urn:lt-gpu", id="lt-1"), gpu_group((), launchTemplate={"id": "lt-1", "version": "1"})], None),
+        ([template("urn:lt-gpu", networkInterfaces=ENA_ONLY), gpu_group()], "no network interface with interfaceType 'efa'"),
+        ([template("urn:lt-gpu", networkInterfaces=ENA_ONLY), template("urn:lt-other"),
+          gpu_group((), launchTemplate={"id": "lt-1"})], "not in this stack"),
+        ([template("urn:lt-gpu", id="lt-1", networkInterfaces=ENA_ONLY), template("urn:lt-other", id="lt-2"),
+          gpu_group(("urn:lt-other",), launchTemplate={"id": "lt-1"})], "no network interface with interfaceType 'efa'"),
+        ([StackResource(NG, "urn:ng-gpu", {"amiType": "AL2023_x86_64_NVIDIA", "subnetIds": ["a"]}, ())],
+         "has no launch template"),
+    ],
+)
+def test_gpu_node_group_efa(resources, expected):
+    violations = rules.check_gpu_node_group_efa(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:ng-gpu" and expected in violations[0][1], violations
+
+
+# --- through pulumi-policy: unknown-checking proxies, stack name from the URN, reported URNs -------
+
+
+def run_resource_policy(rule, resource_type: str, props: dict, stack: str = "dev") -> list[tuple[str, str | None]]:
+    reported: list[tuple[str, str | None]] = []
+    urn = f"urn:pulumi:{stack}::eks-ray-train::{resource_type}::r"
+    options = PolicyResourceOptions(False, [], None, [], None, [], None)
+    args = ResourceValidationArgs(resource_type, unknown_checking_proxy(props), urn, "r", options, None)
+    rule.to_policy().validate(args, lambda message, urn=None: reported.append((message, urn)))
+    return reported
+
+
+def test_resource_policy_reads_unknowns_without_raising():
+    props = {"metadataOptions": {"httpEndpoint": "enabled", "httpTokens": UNKNOWN}}
+    assert run_resource_policy(rules.IMDSV2_REQUIRED, LT, props) == []
+
+
+def test_resource_policy_reports_each_violation():
+    props = efa_template(networkInterfaces=[{"associatePublicIpAddress": "true"}, {"associatePublicIpAddress": True}])
+    assert len(run_resource_policy(rules.NODES_WITHOUT_PUBLIC_IPS, LT, props)) == 2
+
+
+def test_resource_policy_takes_the_stack_from_the_urn():
+    assert run_resource_policy(rules.DELETION_PROTECTION, EKS, {"name": "c"}, stack="dev") == []
+    assert run_resource_policy(rules.DELETION_PROTECTION, EKS, {"name": "c"}, stack="prod")
+
+
+def test_stack_policy_links_by_dependency_and_reports_the_group():
+    options = PolicyResourceOptions(False, [], None, [], None, [], None)
+
+    def resource(type_: str, urn: str, props: dict, dependencies: list[PolicyResource]) -> PolicyResource:
+        return PolicyResource(type_, unknown_checking_proxy(props), urn, urn, options, None, None, [],
+                              {"launchTemplate": dependencies})
+
+    ena_template = resource(LT, "urn:lt-gpu", efa_template(networkInterfaces=ENA_ONLY), [])
+    group = resource(NG, "urn:ng-gpu", gpu_group().props, [ena_template])
+    reported: list[tuple[str, str | None]] = []
+    rules.GPU_NODE_GROUP_EFA.to_policy().validate(
+        StackValidationArgs([ena_template, group]), lambda message, urn=None: reported.append((message, urn))
+    )
+    assert [urn for _, urn in reported] == ["urn:ng-gpu"]
+
+
+# --- the pack's entry point -----------------------------------------------------------------------
+
+
+def test_entry_point_lists_every_rule_with_its_enforcement(monkeypatch):
+    packs = []
+
+    def record_pack(name, policies, **_):
+        packs.append((name, policies))
+
+    monkeypatch.setattr(pulumi_policy, "PolicyPack", record_pack)
+    had_rules = "rules" in sys.modules
+    try:
+        runpy.run_path(str(POLICY_DIR), run_name="__main__")  # as Pulumi runs the pack: the directory
+    finally:
+        if not had_rules:
+            sys.modules.pop("rules", None)
+    [(name, policies)] = packs
+    assert name == "eks-ray-train"
+    listed = {policy.name: policy.enforcement_level for policy in policies}
+    assert listed == {rule.name: rule.enforcement for rule in DEFINED_RULES}
+    assert len(listed) == len(policies)
+    assert {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.ADVISORY} == {
+        "eks-control-plane-logging",
+        "eks-deletion-protection",
+    }
+
+
+def test_pack_constants_match_the_program():
+    assert rules.RAY_PORTS == RAY_PORTS
+    key, value = rules.GPU_NODE_LABEL
+    assert GPU_LABELS[key] == value
+
+
+# --- every resource of every stack's mocks run ------------------------------------------------------
+
+
+def stack_name(stack_file: Path) -> str:
+    return stack_file.name.removeprefix("Pulumi.").removesuffix(".yaml")
+
+
+@pytest.fixture(scope="module", params=STACK_FILES, ids=stack_name)
+def stack_plan(request) -> tuple[str, Plan]:
+    stack = stack_name(request.param)
+    return stack, run_program({**stack_config(request.param), **USER_SETTINGS}, stack=stack)
+
+
+def stack_resources(plan: Plan) -> list[StackResource]:
+    return [StackResource(r.type, r.urn, r.inputs, tuple(r.dependencies)) for r in plan.resources]
+
+
+def mandatory_violations(plan: Plan, stack: str) -> list[str]:
+    found = [
+        f"{rule.name} on {r.type} {r.name}: {message}"
+        for rule in RESOURCE_RULES
+        if rule.enforcement is EnforcementLevel.MANDATORY
+        for r in plan.resources
+        for message in rule.check(r.type, r.inputs, stack)
+    ]
+    found += [
+        f"{rule.name} on {urn}: {message}"
+        for rule in STACK_RULES
+        if rule.enforcement is EnforcementLevel.MANDATORY
+        for urn, message in rule.check(stack_resources(plan))
+    ]
+    return found
+
+
+def test_every_stack_passes_every_mandatory_rule(stack_plan):
+    stack, plan = stack_plan
+    assert mandatory_violations(plan, stack) == []
+
+
+def test_every_stack_sends_all_control_plane_logs(stack_plan):
+    stack, plan = stack_plan
+    cluster = plan.one(EKS)
+    assert rules.CONTROL_PLANE_LOGGING.check(cluster.type, cluster.inputs, stack) == []
+
+
+def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan):
+    """The rules read the property names the program really registers: break each, one is reported."""
+    stack, plan = stack_plan
+    gpu_group_ = next(r for r in plan.of_type(NG) if rules.is_gpu_node_group(r.inputs))
+    gpu_template = next(r for r in plan.of_type(LT) if r.urn in gpu_group_.dependencies)
+    cluster = plan.one(EKS)
+    ray = plan.one(RAY)
+
+    def broken(registration, change) -> list[str]:
+        original = registration.inputs
+        registration.inputs = copy.deepcopy(original)
+        change(registration.inputs)
+        try:
+            return mandatory_violations(plan, stack)
+        finally:
+            registration.inputs = original
+
+    def worker(inputs: dict) -> dict:
+        return inputs["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+
+    breakages = {
+        "imdsv2-required": (gpu_template, lambda p: p["metadataOptions"].update(httpTokens="optional")),
+        "nodes-without-public-ips": (
+            gpu_template, lambda p: p["networkInterfaces"][0].update(associatePublicIpAddress="true")
+        ),
+        "gpu-node-group-efa-interface": (
+            gpu_template, lambda p: [i.update(interfaceType="interface") for i in p["networkInterfaces"]]
+        ),
+        "gpu-node-group-single-subnet": (gpu_group_, lambda p: p["subnetIds"].append("subnet-elsewhere")),
+        "eks-secrets-kms-encrypted": (cluster, lambda p: p.pop("encryptionConfigKeyArn")),
+        "eks-api-not-open-to-internet": (
+            cluster, lambda p: p.update(endpointPublicAccess=True, publicAccessCidrs=["0.0.0.0/0"])
+        ),
+        "ray-ports-not-exposed": (ray, lambda p: p["spec"]["headGroupSpec"].update(serviceType="LoadBalancer")),
+        "ray-worker-requests-equal-limits": (ray, lambda p: worker(p)["resources"]["requests"].update(cpu="1")),
+        "container-images-pinned": (ray, lambda p: worker(p).update(image="rayproject/ray:latest")),
+    }
+    mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}
+    assert set(breakages) == mandatory
+    for rule_name, (registration, change) in breakages.items():
+        violations = broken(registration, change)
+        assert len(violations) == 1 and violations[0].startswith(f"{rule_name} on "), (rule_name, violations)
