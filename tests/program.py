@@ -16,7 +16,7 @@ import pulumi
 import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 
-from tests.fake_aws import FakeAws
+from tests.fake_aws import FakeAws, FakeAwsMocks
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK_FILES = sorted(ROOT.glob("Pulumi.*.yaml"))
@@ -123,20 +123,13 @@ def _secret_paths(struct) -> set[str]:
     return found
 
 
-class ProgramMocks(pulumi.runtime.Mocks):
-    def __init__(self, fake_aws: FakeAws) -> None:
-        self.fake_aws = fake_aws
-
-    def call(self, args: pulumi.runtime.MockCallArgs):
-        return self.fake_aws.call(args.token, dict(args.args))
+class ProgramMocks(FakeAwsMocks):
+    """The fake account's invokes and reads, plus outputs for the resources the program creates."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         if args.custom is None and args.resource_id:  # a read of an existing resource (`Resource.get`)
-            state = self.fake_aws.read(args.typ, args.resource_id)
-            if state is None:
-                raise Exception(f"{args.typ} {args.resource_id} not found")
-            return args.resource_id, state
-        return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.fake_aws.region)}
+            return super().new_resource(args)
+        return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
 
 
 def stack_config(stack_file: Path) -> dict[str, str]:

@@ -1,0 +1,258 @@
+"""Preflight under Pulumi mocks: the zones it picks, and the message of every way it refuses."""
+
+from __future__ import annotations
+
+import logging
+
+import pulumi
+import pytest
+
+from infra.config import ConfigError, parse_settings
+from infra.preflight import Placement, PreflightError, plan_placement
+from tests.fake_aws import FakeAws, FakeAwsMocks, capacity_reservation
+
+RESERVATION = "cr-0123456789abcdef0"
+QUOTA_TOKEN = "aws:servicequotas/getServiceQuota:getServiceQuota"
+
+
+def plan(fake: FakeAws, **config) -> tuple[Placement, str, list[str]]:
+    """Run `plan_placement` in a mocked `pulumi preview`; return the placement with its zones resolved."""
+    pulumi.runtime.set_mocks(FakeAwsMocks(fake), project="eks-ray-train", stack="dev", preview=True)
+    settings = parse_settings({"endpointPublicAccessCidrs": ["203.0.113.7/32"], **config}, fake.region)
+    resolved: dict = {}
+
+    @pulumi.runtime.test
+    def run():
+        placement = plan_placement(settings)
+        resolved["placement"] = placement
+        return pulumi.Output.all(placement.gpu_az, placement.cluster_azs).apply(
+            lambda zones: resolved.update(zones=zones)
+        )
+
+    run()
+    gpu_az, cluster_azs = resolved["zones"]
+    return resolved["placement"], gpu_az, cluster_azs
+
+
+def refusal(fake: FakeAws, error: type[Exception] = PreflightError, **config) -> str:
+    with pytest.raises(error) as caught:
+        plan(fake, **config)
+    return str(caught.value)
+
+
+# --- the passing cases ----------------------------------------------------------------------------
+
+
+def test_default_stack_gets_first_zone_and_a_second_for_the_control_plane():
+    fake = FakeAws()
+    placement, gpu_az, cluster_azs = plan(fake)
+    assert (gpu_az, cluster_azs) == ("us-east-2a", ["us-east-2a", "us-east-2b"])
+    assert placement.gpu_node.instance_type == "g6.12xlarge"
+    assert (placement.gpu_node.vcpus, placement.gpu_node.efa_interfaces, placement.gpu_node.network_cards) == (48, 1, 1)
+    assert placement.system_node.instance_type == "m7i.xlarge"
+    assert placement.capacity_reservation_id is None
+    quota_codes = [args["quotaCode"] for token, args in fake.calls if token == QUOTA_TOKEN]
+    assert sorted(quota_codes) == ["L-1216C47A", "L-DB2E81BA"]
+
+
+def test_automatic_zone_does_not_depend_on_the_order_aws_lists_offerings():
+    fake = FakeAws(region="us-east-1", offerings={"g6.12xlarge": ["us-east-1f", "us-east-1d", "us-east-1b"]})
+    _, gpu_az, cluster_azs = plan(fake)
+    assert gpu_az == "us-east-1b"
+    assert cluster_azs == ["us-east-1b", "us-east-1a"]
+
+
+def test_automatic_zones_avoid_zones_where_eks_has_no_control_plane():
+    fake = FakeAws(
+        region="us-east-1",
+        offerings={
+            "g6.12xlarge": ["us-east-1e", "us-east-1f"],
+            "m7i.xlarge": ["us-east-1a", "us-east-1e", "us-east-1f"],
+        },
+    )
+    _, gpu_az, cluster_azs = plan(fake)
+    assert (gpu_az, cluster_azs) == ("us-east-1f", ["us-east-1f", "us-east-1a"])  # us-east-1e is use1-az3
+
+
+def test_automatic_zone_skips_zones_without_the_system_type():
+    fake = FakeAws(offerings={"m7i.xlarge": ["us-east-2b", "us-east-2c"]})
+    _, gpu_az, cluster_azs = plan(fake)
+    assert (gpu_az, cluster_azs) == ("us-east-2b", ["us-east-2b", "us-east-2c"])
+
+
+def test_configured_gpu_zone_is_kept_and_listed_first():
+    _, gpu_az, cluster_azs = plan(FakeAws(), gpuAz="us-east-2c")
+    assert (gpu_az, cluster_azs) == ("us-east-2c", ["us-east-2c", "us-east-2a"])
+
+
+def test_reservation_zone_becomes_the_gpu_zone():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2c")})
+    placement, gpu_az, cluster_azs = plan(fake, capacityReservationId=RESERVATION)
+    assert (gpu_az, cluster_azs) == ("us-east-2c", ["us-east-2c", "us-east-2a"])
+    assert placement.capacity_reservation_id == RESERVATION
+
+
+def test_reservation_agrees_with_a_configured_gpu_zone():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    _, gpu_az, _ = plan(fake, capacityReservationId=RESERVATION, gpuAz="us-east-2b")
+    assert gpu_az == "us-east-2b"
+
+
+def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog):
+    caplog.set_level(logging.WARNING)
+    _, gpu_az, _ = plan(FakeAws(), systemNodeType="mac2.metal")
+    assert gpu_az == "us-east-2a"
+    assert "no On-Demand vCPU quota is known for mac2.metal" in caplog.text
+
+
+# --- offerings and zones --------------------------------------------------------------------------
+
+
+def test_gpu_type_not_sold_in_the_region():
+    message = refusal(FakeAws(region="eu-west-1"))
+    assert "gpuNodeType g6.12xlarge is not offered in any zone of eu-west-1" in message
+    assert "python -m infra.capacity --regions eu-west-1" in message
+
+
+def test_unknown_gpu_type_is_not_offered_anywhere():
+    message = refusal(FakeAws(), gpuNodeType="g6.13xlarge")
+    assert "gpuNodeType g6.13xlarge is not offered in any zone of us-east-2" in message
+    assert "check the name" in message
+
+
+def test_offered_type_that_aws_cannot_describe_names_the_key():
+    message = refusal(FakeAws(offerings={"g9.12xlarge": ["us-east-2a"]}), ConfigError, gpuNodeType="g9.12xlarge")
+    assert "config key 'gpuNodeType' = 'g9.12xlarge'" in message
+    assert "InvalidInstanceType" in message
+
+
+def test_configured_gpu_zone_that_does_not_offer_the_type():
+    message = refusal(FakeAws(offerings={"g6.12xlarge": ["us-east-2a", "us-east-2b"]}), gpuAz="us-east-2c")
+    assert "config key 'gpuAz' = 'us-east-2c'" in message
+    assert "does not offer gpuNodeType g6.12xlarge" in message
+    assert "us-east-2a, us-east-2b: set gpuAz to one of them" in message
+
+
+def test_configured_gpu_zone_that_does_not_exist():
+    message = refusal(FakeAws(), gpuAz="us-east-2d")
+    assert "us-east-2d is not an available zone of the region" in message
+
+
+def test_configured_gpu_zone_where_eks_has_no_control_plane():
+    message = refusal(FakeAws(region="us-east-1"), gpuNodeType="p5.48xlarge", gpuAz="us-east-1e")
+    assert "us-east-1e is zone use1-az3, where EKS cannot place control plane subnets" in message
+
+
+def test_configured_gpu_zone_without_the_system_type():
+    message = refusal(FakeAws(offerings={"m7i.xlarge": ["us-east-2a", "us-east-2b"]}), gpuAz="us-east-2c")
+    assert "does not offer systemNodeType m7i.xlarge" in message
+
+
+def test_system_type_in_one_zone_leaves_the_control_plane_without_a_second():
+    message = refusal(FakeAws(offerings={"m7i.xlarge": ["us-east-2b"]}))
+    assert "systemNodeType m7i.xlarge is offered in only one zone of us-east-2" in message
+    assert "control plane needs subnets in two zones" in message
+
+
+def test_no_zone_offers_both_node_types():
+    message = refusal(FakeAws(offerings={"g6.12xlarge": ["us-east-2c"], "m7i.xlarge": ["us-east-2a", "us-east-2b"]}))
+    assert "no zone of us-east-2 offers both gpuNodeType g6.12xlarge (us-east-2c)" in message
+
+
+# --- EFA and quotas -------------------------------------------------------------------------------
+
+
+def test_gpu_type_without_efa():
+    message = refusal(FakeAws(), gpuNodeType="g6.xlarge")
+    assert "gpuNodeType g6.xlarge does not support EFA" in message
+
+
+def test_gpu_quota_too_small_gives_numbers_and_the_request_command():
+    message = refusal(FakeAws(quotas={"L-DB2E81BA": 64}))
+    assert "'Running On-Demand G and VT instances' (L-DB2E81BA) in us-east-2 is 64" in message
+    assert "2 x g6.12xlarge (48 vCPU each) need 96" in message
+    assert (
+        "`aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA "
+        "--desired-value 96 --region us-east-2`" in message
+    )
+    assert "vCPUs of instances already running in the region count against it too" in message
+
+
+def test_quota_exactly_covering_the_gpu_nodes_passes():
+    _, gpu_az, _ = plan(FakeAws(quotas={"L-DB2E81BA": 96}))
+    assert gpu_az == "us-east-2a"
+
+
+def test_node_groups_sharing_a_quota_are_added_up():
+    message = refusal(FakeAws(quotas={"L-DB2E81BA": 96}), systemNodeType="g4dn.xlarge")
+    assert "2 x g6.12xlarge (48 vCPU each) + 1 x g4dn.xlarge (4 vCPU each) need 100" in message
+    assert "--desired-value 100" in message
+
+
+def test_system_node_quota_too_small():
+    message = refusal(FakeAws(quotas={"L-1216C47A": 2}), systemNodeType="m7i.xlarge")
+    assert "'Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances' (L-1216C47A)" in message
+    assert "--quota-code L-1216C47A --desired-value 4" in message
+
+
+def test_quota_that_cannot_be_read_names_the_permission():
+    message = refusal(FakeAws(denied={QUOTA_TOKEN}))
+    assert "could not read the vCPU quota" in message
+    assert "AccessDeniedException" in message
+    assert "servicequotas:GetServiceQuota" in message
+
+
+# --- capacity reservations ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["cancelled", "expired"])
+def test_inactive_reservation_reads_as_missing(state):
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", state=state)})
+    message = refusal(fake, Exception, capacityReservationId=RESERVATION)
+    assert f"resource '{RESERVATION}' does not exist" in message
+
+
+def test_missing_reservation_fails_naming_it():
+    message = refusal(FakeAws(), Exception, capacityReservationId=RESERVATION)
+    assert f"resource '{RESERVATION}' does not exist" in message
+
+
+def test_reservation_for_another_type():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_type="g5.12xlarge")})
+    message = refusal(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} reserves g5.12xlarge, and gpuNodeType is g6.12xlarge" in message
+
+
+def test_reservation_for_another_platform():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_platform="Windows")})
+    message = refusal(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} is for Windows instances" in message
+
+
+def test_reservation_with_dedicated_tenancy():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", tenancy="dedicated")})
+    message = refusal(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} has dedicated tenancy" in message
+
+
+def test_reservation_too_small_for_the_gpu_nodes():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_count=1)})
+    message = refusal(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} holds 1 g6.12xlarge instance(s), and gpuNodeCount is 2" in message
+    assert f"--capacity-reservation-id {RESERVATION} --instance-count 2 --region us-east-2" in message
+
+
+def test_reservation_in_another_zone_than_the_configured_one():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2c")})
+    message = refusal(fake, capacityReservationId=RESERVATION, gpuAz="us-east-2a")
+    assert f"config key 'gpuAz' = 'us-east-2a', and capacity reservation {RESERVATION} is in us-east-2c" in message
+
+
+def test_reservation_in_a_zone_eks_cannot_use():
+    fake = FakeAws(
+        region="us-east-1",
+        reservations={RESERVATION: capacity_reservation("us-east-1e", instance_type="p5.48xlarge")},
+    )
+    message = refusal(fake, capacityReservationId=RESERVATION, gpuNodeType="p5.48xlarge")
+    assert f"capacity reservation {RESERVATION}: us-east-1e is zone use1-az3" in message
+    assert "use a capacity reservation in one of them" in message
