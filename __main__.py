@@ -16,10 +16,11 @@ from infra.network import Network
 from infra.node_groups import GpuNodeGroup, NodeGroupSpec, SystemNodeGroup
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
-from infra.storage import RAY_SERVICE_ACCOUNT, CheckpointStore
+from infra.storage import RAY_SERVICE_ACCOUNT, CheckpointStore, checkpoint_bucket_name
 from workloads import manifests
 from workloads.addons import Addons
 from workloads.ray_cluster import RayCluster
+from workloads.training_run import TrainingRun, job_arguments
 
 # 1. Configuration: every key validated, instance facts from AWS, pod sizes derived once.
 settings = load_settings()
@@ -67,6 +68,7 @@ gpu_nodes = GpuNodeGroup(
 coredns = cluster.install_coredns(after=[system_nodes.node_group])
 checkpoints = CheckpointStore(
     "checkpoints",
+    bucket_name=checkpoint_bucket_name(settings.cluster_name, settings.region),
     namespace=settings.namespace,
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
@@ -80,7 +82,9 @@ addons = Addons(
     after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
 )
 
-# 6. The RayCluster, with the training code shipped beside it.
+# 6. The RayCluster, with the training code shipped beside it; one Ray worker per GPU.
+world_size = settings.gpu_node_count * worker.gpus
+job_args = job_arguments(settings.training, world_size, 1, checkpoints.storage_path)
 code_files = manifests.collect_code(Path(__file__).parent)
 ray = RayCluster(
     "ray",
@@ -101,12 +105,53 @@ ray = RayCluster(
     after=addons.releases,
 )
 
+# 7. The training run: node and pod checks, the job from the head pod, the NCCL transport verdict.
+if settings.train:
+    run = TrainingRun(
+        "training",
+        cluster_name=settings.cluster_name,
+        region=settings.region,
+        namespace=settings.namespace,
+        ray_cluster_name=ray.name,
+        gpus_per_node=worker.gpus,
+        efa_per_node=worker.efa_interfaces,
+        code_hash=ray.code_hash,
+        job_args=job_args,
+        expect_transport=settings.training.expect_transport,
+        benchmark=settings.benchmark,
+        timeout_minutes=settings.training.timeout_minutes,
+        opts=pulumi.ResourceOptions(depends_on=[ray.resource]),
+    )
+    pulumi.export(
+        "training",
+        {
+            "jobId": run.job_id,
+            "status": run.status,
+            "transport": run.transport,
+            "evidence": run.evidence,
+            "tokensPerS": run.tokens_per_s,
+            "mfu": run.mfu,
+            "stepTimeS": run.step_time_s,
+            "durationS": run.duration_s,
+        },
+    )
+    if settings.benchmark:
+        pulumi.export(
+            "benchmark",
+            {
+                "efaTokensPerS": run.tokens_per_s,
+                "tcpTokensPerS": run.tcp_tokens_per_s,
+                "tcpTransport": run.tcp_transport,
+                "efaSpeedup": run.efa_speedup,
+            },
+        )
+
 pulumi.export("clusterName", settings.cluster_name)
 pulumi.export("region", settings.region)
 pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("gpuAz", placement.gpu_az)
 pulumi.export("gpuSubnetId", network.gpu_subnet_id)
-pulumi.export("checkpointBucket", checkpoints.bucket.bucket)
+pulumi.export("checkpoints", checkpoints.storage_path)
 pulumi.export("codeHash", ray.code_hash)
 pulumi.export(
     "rayDashboard",

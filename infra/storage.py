@@ -12,6 +12,18 @@ import pulumi
 import pulumi_aws as aws
 
 RAY_SERVICE_ACCOUNT = "ray-train"
+BUCKET_NAME_LIMIT = 63
+
+
+def checkpoint_bucket_name(cluster_name: str, region: str) -> str:
+    """A name known at preview, unique per account, region and cluster (S3 names are global).
+
+    Knowing it before anything exists lets the training job's arguments, which carry the
+    storage path, be computed and validated during `pulumi preview`.
+    """
+    account = aws.get_caller_identity().account_id
+    suffix = f"-{account}-{region}-ckpt"
+    return f"{cluster_name.lower().replace('_', '-')[: BUCKET_NAME_LIMIT - len(suffix)]}{suffix}"
 
 
 def irsa_trust_policy(oidc_provider_arn: str, oidc_provider_url: str, namespace: str, service_account: str) -> str:
@@ -61,6 +73,7 @@ class CheckpointStore(pulumi.ComponentResource):
         self,
         name: str,
         *,
+        bucket_name: str,
         namespace: str,
         oidc_provider_arn: pulumi.Input[str],
         oidc_provider_url: pulumi.Input[str],
@@ -69,7 +82,7 @@ class CheckpointStore(pulumi.ComponentResource):
         super().__init__("eks-ray-train:infra:CheckpointStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # force_destroy: `pulumi destroy` would otherwise stop at a bucket that still holds checkpoints.
-        self.bucket = aws.s3.Bucket(name, force_destroy=True, opts=child)
+        self.bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=True, opts=child)
         aws.s3.BucketPublicAccessBlock(
             name,
             bucket=self.bucket.id,
@@ -101,5 +114,5 @@ class CheckpointStore(pulumi.ComponentResource):
             policy=self.bucket.arn.apply(bucket_access_policy),
             opts=child,
         )
-        self.storage_path = pulumi.Output.concat("s3://", self.bucket.bucket, "/runs")
+        self.storage_path = f"s3://{bucket_name}/runs"
         self.register_outputs({"bucket": self.bucket.bucket, "roleArn": self.role.arn})

@@ -140,14 +140,16 @@ def stack_config(stack_file: Path) -> dict[str, str]:
     return {key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()}
 
 
-def run_program(config: dict[str, str], fake_aws: FakeAws | None = None, stack: str = "dev") -> Plan:
+def run_program(
+    config: dict[str, str], fake_aws: FakeAws | None = None, stack: str = "dev", secret_keys: list[str] | None = None
+) -> Plan:
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises."""
     region = config.get("aws:region", "us-east-2")
     fake_aws = fake_aws or FakeAws(region=region)
     mocks = ProgramMocks(fake_aws)
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=True, monitor=monitor)
-    pulumi.runtime.set_all_config(config)
+    pulumi.runtime.set_all_config(config, secret_keys or [])
     failure: list[BaseException] = []
 
     @pulumi.runtime.test

@@ -17,6 +17,7 @@ COMPONENTS = {
     "eks-ray-train:workloads:Addons",
     "eks-ray-train:workloads:RayCluster",
 }
+TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 
 
 def config_of(stack_file, **overrides) -> dict[str, str]:
@@ -150,7 +151,7 @@ def test_ray_cluster_waits_for_operator_and_both_device_plugins(stack_plan):
 def test_every_resource_sits_under_a_component(stack_plan):
     _, plan = stack_plan
     for registration in plan.resources:
-        if registration.type in COMPONENTS:
+        if registration.type in COMPONENTS | {TRAINING_RUN}:
             continue
         assert set(plan.ancestors(registration)) & COMPONENTS, f"{registration.type} {registration.name} has no component"
 
@@ -212,3 +213,40 @@ def test_destroy_order_follows_explicit_dependencies(stack_plan):
     assert cluster in coredns.dependencies
     provider = plan.one("pulumi:providers:kubernetes")
     assert cluster in provider.dependencies
+
+
+def test_training_run_follows_the_ray_cluster_and_carries_no_credentials(stack_plan):
+    config, plan = stack_plan
+    run = plan.one(TRAINING_RUN)
+    assert plan.one("kubernetes:ray.io/v1:RayCluster").urn in run.dependencies
+    args = run.inputs["job_args"]
+    storage = args[args.index("--storage-path") + 1]
+    assert storage.startswith("s3://") and storage.endswith("-ckpt/runs")
+    assert args[args.index("--workers") + 1] == "8"
+    assert run.inputs["expect_transport"] == "efa"
+    assert run.inputs["benchmark"] == (config.get("eks-ray-train:benchmark") == "true")
+    text = repr(run.inputs).lower()
+    for secret_word in ("kubeconfig", "token", "password", "certificate-authority", "secret"):
+        assert secret_word not in text
+
+
+def test_no_training_run_when_train_is_off():
+    plan = run_program(dev_config(train="false"), FakeAws(region="us-east-2"))
+    assert plan.of_type(TRAINING_RUN) == []
+
+
+def test_too_many_workers_fails_in_preview():
+    with pytest.raises(pulumi.RunError, match="'training.workers' = 9"):
+        run_program(dev_config(training='{"workers": 9}'), FakeAws(region="us-east-2"))
+
+
+def test_hugging_face_token_stays_secret():
+    token = "hf_do_not_leak_4f2a"
+    plan = run_program(dev_config(hfToken=token), FakeAws(region="us-east-2"), secret_keys=["eks-ray-train:hfToken"])
+    secret = plan.one("kubernetes:core/v1:Secret")
+    assert "stringData" in secret.secret_inputs
+    for registration in plan.resources:
+        plain = {k: v for k, v in registration.inputs.items() if k not in registration.secret_inputs}
+        assert token not in repr(plain), f"{registration.type} {registration.name} holds the token in plain text"
+    ray_cluster = plan.one("kubernetes:ray.io/v1:RayCluster")
+    assert secret.urn in ray_cluster.dependencies

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -65,5 +67,13 @@ class RayCluster(pulumi.ComponentResource):
 
 
 def _body(manifest: dict) -> dict:
-    """Keyword arguments of a typed k8s resource from a plain manifest (apiVersion and kind dropped)."""
-    return {key: value for key, value in manifest.items() if key not in ("apiVersion", "kind")}
+    """Keyword arguments of a typed k8s resource from a plain manifest (apiVersion and kind dropped).
+
+    Top-level fields become Python's snake_case argument names (`stringData` -> `string_data`);
+    nested values are passed through as the manifest spells them.
+    """
+    return {
+        re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower(): value
+        for key, value in manifest.items()
+        if key not in ("apiVersion", "kind")
+    }

@@ -1,0 +1,1038 @@
+"""The TrainingRun dynamic resource: its checks, failure messages, re-run triggers and job flow.
+
+Three levels, no cloud anywhere:
+
+- pure logic (job arguments, input checks, diff, job identity, log parsing);
+- the provider against a fake Kubernetes API: real `kubernetes.client` models served by fake
+  `CoreV1Api`/`CustomObjectsApi` objects, a fake head pod that answers the Ray commands by
+  replaying driver logs from `tests/fixtures/training_run`, and worker pods whose session log
+  folders are fixture folders, read by the very shell commands the provider runs in the pods;
+- end to end with a real local Ray head (`ray start --head` here, stopped afterwards): the
+  provider's `create`, with its executor swapped from pod exec to local exec, submits the tiny
+  CPU training job, waits, reads its logs and reports.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import boto3
+import dill
+import pulumi
+import pytest
+from botocore.stub import Stubber
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.runtime import rpc
+
+from infra.config import ConfigError, TrainingSettings
+from workloads import eks_auth, kube_access, manifests
+from workloads import training_run as tr
+from workloads.kube_access import ExecResult, KubernetesCluster, LocalExecutor, _exec_status
+
+FIXTURES = Path(__file__).parent / "fixtures" / "training_run"
+POD_LOGS = FIXTURES / "pods"
+WORKER_PODS = sorted(path.name for path in POD_LOGS.iterdir())
+HEAD_POD = "ray-train-head-9bq5w"
+CODE_HASH = "5f0c2a9d81e4b7c3"
+EFA_JOB, TCP_JOB, FALLBACK_JOB, OOM_JOB = "02000000", "03000000", "01000000", "04000000"
+
+
+# --- fakes of the Kubernetes API ------------------------------------------------------------------
+
+
+def gpu_node(name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True):
+    allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
+    if gpus is not None:
+        allocatable[tr.GPU_RESOURCE] = gpus
+    if efa is not None:
+        allocatable[tr.EFA_RESOURCE] = efa
+    labels = {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}
+    if present:
+        labels[tr.GPU_PRESENT_LABEL] = "true"
+    return k8s.V1Node(
+        metadata=k8s.V1ObjectMeta(name=name, labels=labels),
+        status=k8s.V1NodeStatus(
+            allocatable=allocatable,
+            conditions=[k8s.V1NodeCondition(type="Ready", status="True" if ready else "False")],
+        ),
+    )
+
+
+def ray_pod(name: str, node_type: str, ready: bool = True, phase: str = "Running", node: str | None = "node-a",
+            waiting: tuple[str, str] | None = None):
+    container = "ray-head" if node_type == "head" else "ray-worker"
+    state = k8s.V1ContainerState(
+        waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None
+    )
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(
+            name=name, namespace="ray-train", labels={"ray.io/cluster": "ray-train", "ray.io/node-type": node_type}
+        ),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=container)], node_name=node),
+        status=k8s.V1PodStatus(
+            phase=phase,
+            conditions=[k8s.V1PodCondition(type="Ready", status="True" if ready else "False")],
+            container_statuses=[
+                k8s.V1ContainerStatus(name=container, image="ray", image_id="", ready=ready, restart_count=0, state=state)
+            ],
+        ),
+    )
+
+
+def pod_event(pod: str, reason: str, message: str, kind: str = "Warning", minute: int = 0):
+    return k8s.CoreV1Event(
+        metadata=k8s.V1ObjectMeta(name=f"{pod}.{minute}"),
+        involved_object=k8s.V1ObjectReference(kind="Pod", name=pod),
+        type=kind,
+        reason=reason,
+        message=message,
+        count=3,
+        last_timestamp=datetime.datetime(2026, 5, 11, 9, minute, tzinfo=datetime.timezone.utc),
+    )
+
+
+def _selected(labels: dict, selector: str) -> bool:
+    wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+    return all((labels or {}).get(key) == value for key, value in wanted.items())
+
+
+class FakeCoreApi:
+    """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last repeats."""
+
+    def __init__(self, node_snapshots, pod_snapshots, events=()):
+        self.node_snapshots = list(node_snapshots)
+        self.pod_snapshots = list(pod_snapshots)
+        self.events = list(events)
+        self.node_calls = 0
+        self.pod_calls = 0
+
+    def list_node(self, label_selector):
+        nodes = self.node_snapshots[min(self.node_calls, len(self.node_snapshots) - 1)]
+        self.node_calls += 1
+        return k8s.V1NodeList(items=[n for n in nodes if _selected(n.metadata.labels, label_selector)])
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        pods = self.pod_snapshots[min(self.pod_calls // 2, len(self.pod_snapshots) - 1)]  # head + workers per wait
+        self.pod_calls += 1
+        return k8s.V1PodList(
+            items=[p for p in pods if p.metadata.namespace == namespace and _selected(p.metadata.labels, label_selector)]
+        )
+
+    def list_namespaced_event(self, namespace, field_selector):
+        wanted = dict(term.split("=", 1) for term in field_selector.split(","))
+        return k8s.CoreV1EventList(
+            items=[e for e in self.events if e.involved_object.name == wanted["involvedObject.name"]]
+        )
+
+
+class FakeCustomObjects:
+    def __init__(self, worker_replicas: int | None = 2):
+        self.worker_replicas = worker_replicas
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        if self.worker_replicas is None:
+            raise ApiException(status=404, reason="Not Found")
+        assert (group, version, plural) == ("ray.io", "v1", "rayclusters")
+        return {"spec": {"workerGroupSpecs": [{"groupName": "gpu-workers", "replicas": self.worker_replicas}]}}
+
+
+# --- fakes of the pods --------------------------------------------------------------------------
+
+
+@dataclass
+class ScriptedJob:
+    """A Ray job of the fake head: each poll moves one status on and reveals the matching share of the log."""
+
+    ray_job_id: str
+    driver_log: str
+    statuses: list[str]
+    message: str | None = None
+    polls: int = 0
+
+    def poll(self) -> tuple[str, str]:
+        index = min(self.polls, len(self.statuses) - 1)
+        self.polls += 1
+        lines = self.driver_log.splitlines(keepends=True)
+        shown = len(lines) * (index + 1) // len(self.statuses)
+        return self.statuses[index], "".join(lines[:shown])
+
+
+class FakeRayHead:
+    """The head pod: answers `cat .code-hash`, `ray job submit` and the Jobs API script like a Ray head would."""
+
+    def __init__(self, jobs_by_variant: dict[str, ScriptedJob], code_hashes=(CODE_HASH,)):
+        self.jobs_by_variant = jobs_by_variant
+        self.code_hashes = list(code_hashes)
+        self.jobs: dict[str, ScriptedJob] = {}
+        self.submissions: list[list[str]] = []
+
+    def run(self, argv, timeout_s):
+        if argv[0] == "cat":
+            assert argv[1] == f"{manifests.CODE_MOUNT}/{manifests.CODE_HASH_FILE}"
+            seen = self.code_hashes.pop(0) if len(self.code_hashes) > 1 else self.code_hashes[0]
+            return ExecResult(0, seen + "\n")
+        if argv[:3] == ["ray", "job", "submit"]:
+            assert argv[argv.index("--address") + 1] == tr.DASHBOARD_ADDRESS
+            submission_id = argv[argv.index("--submission-id") + 1]
+            if submission_id in self.jobs:
+                return ExecResult(1, "", f"Job with submission_id {submission_id} already exists.")
+            env = {}
+            if "--runtime-env-json" in argv:
+                env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+            self.jobs[submission_id] = self.jobs_by_variant["tcp" if env.get("NCCL_NET") == "Socket" else "main"]
+            self.submissions.append(list(argv))
+            return ExecResult(0, f"Job '{submission_id}' submitted successfully\n")
+        if argv[:3] == ["python", "-c", tr.JOBS_API_SCRIPT]:
+            action, subject = argv[4], argv[5]
+            if action == "list":
+                jobs = [
+                    {"submission_id": sid, "job_id": job.ray_job_id, "status": job.statuses[min(job.polls, len(job.statuses) - 1)], "message": None}
+                    for sid, job in self.jobs.items()
+                    if sid.startswith(subject)
+                ]
+                return ExecResult(0, json.dumps({"jobs": jobs}) + "\n")
+            job = self.jobs.get(subject)
+            if job is None:
+                return ExecResult(0, json.dumps({"job": None, "logs": "", "offset": 0}) + "\n")
+            status, logs = job.poll()
+            offset = int(argv[6])
+            record = {"submission_id": subject, "job_id": job.ray_job_id, "status": status,
+                      "message": job.message if status == "FAILED" else None}
+            return ExecResult(0, json.dumps({"job": record, "logs": logs[offset:], "offset": len(logs)}) + "\n")
+        raise AssertionError(f"the head pod got an unexpected command: {argv[:4]}")
+
+
+class FixturePod:
+    """A worker pod whose Ray session log folder is a fixture folder; commands really run, here."""
+
+    def __init__(self, name: str):
+        self.logs = POD_LOGS / name / "logs"
+        self.commands: list[list[str]] = []
+
+    def run(self, argv, timeout_s):
+        self.commands.append(list(argv))
+        local = [str(self.logs) if arg == tr.RAY_LOG_DIR else arg for arg in argv]
+        return LocalExecutor().run(local, timeout_s)
+
+
+class FakeClock:
+    """Time that passes only when the provider sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.slept = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.slept += seconds
+
+
+def driver_log(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def scripted(ray_job_id: str, log_name: str, final: str = "SUCCEEDED", message: str | None = None):
+    return ScriptedJob(ray_job_id, driver_log(log_name), ["PENDING", "RUNNING", "RUNNING", final], message)
+
+
+@dataclass
+class FakeCluster:
+    """A whole fake cluster: nodes, pods, events, head, workers, clock, and the Pulumi log lines."""
+
+    head: FakeRayHead
+    nodes: list = field(default_factory=lambda: [gpu_node("node-a"), gpu_node("node-b")])
+    node_snapshots: list | None = None
+    pod_snapshots: list | None = None
+    events: list = field(default_factory=list)
+    worker_replicas: int | None = 2
+    clock: FakeClock = field(default_factory=FakeClock)
+    logged: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        pods = [ray_pod(HEAD_POD, "head", node="system-node"), *(ray_pod(name, "worker") for name in WORKER_PODS)]
+        self.core = FakeCoreApi(self.node_snapshots or [self.nodes], self.pod_snapshots or [pods], self.events)
+        self.workers = {name: FixturePod(name) for name in WORKER_PODS}
+
+    def environment(self) -> tr.RunEnvironment:
+        cluster = KubernetesCluster(self.core, FakeCustomObjects(self.worker_replicas))
+        return tr.RunEnvironment(
+            cluster,
+            executor_for=lambda pod: self.head if pod.name == HEAD_POD else self.workers[pod.name],
+            log=self.logged.append,
+            clock=self.clock,
+            sleep=self.clock.sleep,
+        )
+
+    def provider(self) -> tr.TrainingRunProvider:
+        @contextlib.contextmanager
+        def connect(inputs, aws_profile):
+            yield self.environment()
+
+        return tr.TrainingRunProvider(connect=connect)
+
+
+SMOKE_ARGS = ["--preset", "smoke", "--workers", "8", "--use-gpu", "--gpus-per-worker", "1"]
+
+
+def run_inputs(**changes) -> tr.RunInputs:
+    values = dict(
+        cluster_name="eks-ray-train", region="us-east-2", namespace="ray-train", ray_cluster_name="ray-train",
+        gpus_per_node=4, efa_per_node=1, code_hash=CODE_HASH, job_args=tuple(SMOKE_ARGS),
+    )
+    values.update(changes)
+    return tr.RunInputs(**values)
+
+
+def props(inputs: tr.RunInputs) -> dict:
+    """What the engine hands `create`: the inputs, and the declared outputs as nulls."""
+    return {**inputs.props(), **{key: None for key in tr.OUTPUTS}}
+
+
+def main_and_tcp_head(**main_changes) -> FakeRayHead:
+    return FakeRayHead({
+        "main": replace(scripted(EFA_JOB, "driver_main.log"), **main_changes),
+        "tcp": scripted(TCP_JOB, "driver_tcp.log"),
+    })
+
+
+# --- job arguments ------------------------------------------------------------------------------------
+
+
+def test_job_arguments_map_every_setting_to_its_flag():
+    training = TrainingSettings(
+        preset="throughput", model_id="Qwen/Qwen2.5-0.5B", init="random", steps=20, seq_len=4096, batch_size=2,
+        learning_rate=3e-5, workers=4, checkpoint_every=10, hsdp=True,
+    )
+    args = tr.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
+    assert "--use-gpu" in args
+    args.remove("--use-gpu")
+    assert dict(zip(args[::2], args[1::2])) == {
+        "--preset": "throughput", "--model-id": "Qwen/Qwen2.5-0.5B", "--init": "random", "--workers": "4",
+        "--gpus-per-worker": "1", "--hsdp-replicas": "auto", "--storage-path": "s3://bucket/runs", "--steps": "20",
+        "--seq-len": "4096", "--batch-size": "2", "--lr": "3e-05", "--checkpoint-every": "10",
+    }
+
+
+def test_job_arguments_default_to_every_gpu_and_leave_unset_settings_to_the_preset():
+    args = tr.job_arguments(TrainingSettings(), world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
+    assert args[args.index("--workers") + 1] == "8"
+    assert args[args.index("--hsdp-replicas") + 1] == "1"  # hsdp: false means plain FSDP, whatever the preset
+    for flag in ("--steps", "--seq-len", "--batch-size", "--lr", "--checkpoint-every"):
+        assert flag not in args
+
+
+def test_job_arguments_parse_with_the_training_cli():
+    """Every flag exists in `python -m training` and the values survive its validation."""
+    from training.config import parse_args
+
+    training = TrainingSettings(steps=7, seq_len=256, batch_size=2, learning_rate=1e-4, workers=6, hsdp=True)
+    config = parse_args(tr.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"))
+    assert (config.preset, config.steps, config.seq_len, config.batch_size, config.lr) == ("smoke", 7, 256, 2, 1e-4)
+    assert (config.workers, config.use_gpu, config.gpus_per_worker, config.hsdp_replicas) == (6, True, 1.0, 0)
+    assert config.storage_path == "s3://b/runs"
+
+
+def test_job_arguments_refuse_more_workers_than_gpus():
+    with pytest.raises(ConfigError, match=r"'training.workers' = 9.*hold 8 workers"):
+        tr.job_arguments(TrainingSettings(workers=9), world_size=8, gpus_per_worker=1, storage_path="s3://b/r")
+
+
+# --- inputs, diff, identity ---------------------------------------------------------------------
+
+
+def test_check_accepts_good_inputs_and_unknown_values_of_a_preview():
+    provider = tr.TrainingRunProvider()
+    good = props(run_inputs())
+    assert provider.check({}, good).failures == []
+    preview = {**good, "code_hash": rpc.UNKNOWN, "job_args": rpc.UNKNOWN}
+    assert provider.check({}, preview).failures == []
+
+
+@pytest.mark.parametrize(
+    "key, value, reason",
+    [
+        ("gpus_per_node", 0, "at least 1"),
+        ("gpus_per_node", 2.5, "whole number"),
+        ("efa_per_node", 0, "efa transport needs at least 1 EFA"),
+        ("job_args", "--steps 5", "list of strings"),
+        ("expect_transport", "tcp", "one of efa, socket, ib, intra-node, unknown"),
+        ("timeout_minutes", 0, "at least 1"),
+        ("cluster_name", "", "non-empty"),
+        ("benchmark", "yes", "true or false"),
+    ],
+)
+def test_check_names_the_bad_input(key, value, reason):
+    failures = tr.TrainingRunProvider().check({}, {**props(run_inputs()), key: value}).failures
+    assert [(f.property, reason in f.reason) for f in failures] == [(key, True)]
+
+
+def test_check_requires_every_input():
+    inputs = props(run_inputs())
+    del inputs["code_hash"]
+    failures = tr.TrainingRunProvider().check({}, inputs).failures
+    assert [(f.property, f.reason) for f in failures] == [("code_hash", "is required")]
+
+
+def test_no_efa_is_fine_when_efa_is_not_expected():
+    assert tr.input_problems({**props(run_inputs()), "efa_per_node": 0, "expect_transport": "socket"}) == []
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("code_hash", "0000000000000000"),
+        ("job_args", [*SMOKE_ARGS, "--steps", "20"]),
+        ("benchmark", True),
+        ("expect_transport", "socket"),
+        ("cluster_name", "other"),
+        ("region", "us-west-2"),
+        ("namespace", "other"),
+        ("ray_cluster_name", "other"),
+        ("gpus_per_node", 8),
+        ("efa_per_node", 2),
+    ],
+)
+def test_diff_reruns_when_code_or_training_config_changes(key, value):
+    olds = {**props(run_inputs()), "job_id": "eks-ray-train-main-0123456789ab", "status": "SUCCEEDED"}
+    result = tr.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), key: value})
+    assert result.changes is True and result.replaces == [key]
+
+
+def test_diff_is_a_noop_otherwise():
+    olds = {**props(run_inputs()), "job_id": "eks-ray-train-main-0123456789ab", "tokens_per_s": 531.0}
+    olds["gpus_per_node"] = 4.0  # numbers come back from the state as floats
+    assert tr.TrainingRunProvider().diff("id", olds, props(run_inputs())).changes is False
+    assert tr.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), "timeout_minutes": 90}).changes is False
+
+
+def test_diff_reruns_when_an_input_is_not_known_yet():
+    news = {**props(run_inputs()), "code_hash": rpc.UNKNOWN}
+    assert tr.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["code_hash"]
+
+
+def test_submission_id_is_stable_and_follows_what_the_job_runs():
+    base = tr.submission_id_base(run_inputs(), "main", {})
+    assert base == tr.submission_id_base(run_inputs(), "main", {})
+    assert base.startswith("eks-ray-train-main-")
+    assert base == tr.submission_id_base(run_inputs(expect_transport="socket", timeout_minutes=5), "main", {})
+    others = {
+        tr.submission_id_base(run_inputs(code_hash="1" * 16), "main", {}),
+        tr.submission_id_base(run_inputs(job_args=("--steps", "9")), "main", {}),
+        tr.submission_id_base(run_inputs(cluster_name="b"), "main", {}),
+        tr.submission_id_base(run_inputs(), "tcp", tr.TCP_BASELINE_ENV),
+        tr.submission_id_base(run_inputs(), "tcp", {**tr.TCP_BASELINE_ENV, "NCCL_SOCKET_NTHREADS": "8"}),
+    }
+    assert base not in others and len(others) == 5
+
+
+@pytest.mark.parametrize(
+    "existing, expected, adopted",
+    [
+        ([], "B", None),
+        ([("B", "RUNNING")], "B", "RUNNING"),
+        ([("B", "PENDING")], "B", "PENDING"),
+        ([("B", "SUCCEEDED")], "B", "SUCCEEDED"),
+        ([("B", "FAILED")], "B-2", None),
+        ([("B", "FAILED"), ("B-2", "STOPPED")], "B-3", None),
+        ([("B", "SUCCEEDED"), ("B-2", "FAILED"), ("B-10", "RUNNING")], "B-10", "RUNNING"),
+        ([("B-other", "RUNNING"), ("BB", "RUNNING")], "B", None),
+    ],
+)
+def test_plan_submission_adopts_live_or_done_jobs_and_retries_failed_ones(existing, expected, adopted):
+    jobs = [tr.JobRecord(sid, status) for sid, status in existing]
+    submission_id, record = tr.plan_submission(jobs, "B")
+    assert submission_id == expected
+    assert (record.status if record else None) == adopted
+
+
+def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
+    argv = tr.submit_command(tr.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, tr.TCP_BASELINE_ENV)
+    assert argv[:5] == ["ray", "job", "submit", "--address", "http://localhost:8265"]
+    assert argv[argv.index("--working-dir") + 1] == "/opt/eks-ray-train"
+    assert "--no-wait" in argv and argv[argv.index("--submission-id") + 1] == "job-1"
+    entrypoint = argv[argv.index("--") + 1 :]
+    assert entrypoint == ["python", "-m", "training", *SMOKE_ARGS, "--run-name", "job-1"]
+    env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+    assert env["NCCL_NET"] == "Socket" and env["NCCL_NET_PLUGIN"] == "none"
+    assert int(env["NCCL_SOCKET_NTHREADS"]) * int(env["NCCL_NSOCKS_PERTHREAD"]) > 1
+    assert "--runtime-env-json" not in tr.submit_command(tr.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {})
+
+
+def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
+    text = driver_log("driver_main.log")
+    log = tr.JobLog()
+    steps = []
+    for start in range(0, len(text), 97):  # chunks split lines anywhere
+        steps += log.feed(text[start : start + 97])
+    steps += log.close()
+    assert [step["step"] for step in steps] == [1, 2, 3, 4, 5]
+    assert log.summary()["tokens_per_s"] == 530.6 and log.summary()["world_size"] == 8
+    assert len(log.nccl_lines) == 3
+
+
+# --- node and pod checks against the fake Kubernetes API -------------------------------------------------
+
+
+def failure_of(fake: FakeCluster, inputs: tr.RunInputs | None = None) -> str:
+    with pytest.raises(tr.TrainingRunError) as caught:
+        fake.provider().create(props(inputs or run_inputs()))
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "node, expected",
+    [
+        (gpu_node("node-b", gpus=None), "node node-b: allocatable nvidia.com/gpu is absent, expected 4 (is the nvidia-device-plugin"),
+        (gpu_node("node-b", gpus="2"), "node node-b: allocatable nvidia.com/gpu is 2, expected 4"),
+        (gpu_node("node-b", efa=None), "node node-b: allocatable vpc.amazonaws.com/efa is absent, expected at least 1 (is the aws-efa-k8s-device-plugin"),
+        (gpu_node("node-b", efa="0"), "node node-b: allocatable vpc.amazonaws.com/efa is 0, expected at least 1"),
+        (gpu_node("node-b", present=False), "node node-b: label nvidia.com/gpu.present=true is missing"),
+        (gpu_node("node-b", ready=False), "node node-b: the node is not Ready"),
+    ],
+)
+def test_a_gpu_node_without_what_the_job_needs_fails_naming_node_and_resource(node, expected):
+    fake = FakeCluster(main_and_tcp_head(), nodes=[gpu_node("node-a"), node])
+    message = failure_of(fake)
+    assert "GPU nodes cannot run the training job after 20 min" in message
+    assert expected in message and "node node-a" not in message
+    assert fake.head.submissions == []
+
+
+def test_missing_gpu_nodes_are_named():
+    assert "no node carries the label role=gpu-worker" in failure_of(FakeCluster(main_and_tcp_head(), nodes=[]))
+    fewer = failure_of(FakeCluster(main_and_tcp_head(), nodes=[gpu_node("node-a")]))
+    assert "1 GPU nodes for 2 Ray worker pods" in fewer
+
+
+def test_the_run_waits_while_the_device_plugins_register():
+    fake = FakeCluster(
+        main_and_tcp_head(),
+        node_snapshots=[
+            [gpu_node("node-a", gpus=None, efa=None), gpu_node("node-b", efa=None)],
+            [gpu_node("node-a"), gpu_node("node-b", efa=None)],
+            [gpu_node("node-a"), gpu_node("node-b")],
+        ],
+    )
+    outputs = fake.provider().create(props(run_inputs())).outs
+    assert outputs["transport"] == "efa"
+    assert fake.core.node_calls == 3 and fake.clock.slept >= 2 * 10
+
+
+def test_pods_that_never_get_ready_fail_with_phases_and_events():
+    stuck = [
+        ray_pod(HEAD_POD, "head", node="system-node"),
+        ray_pod(WORKER_PODS[0], "worker"),
+        ray_pod(WORKER_PODS[1], "worker", ready=False, phase="Pending", node=None),
+    ]
+    events = [
+        pod_event(WORKER_PODS[1], "FailedScheduling", "0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa.", minute=3),
+        pod_event(WORKER_PODS[1], "Scheduled", "never", kind="Normal", minute=1),
+        pod_event(HEAD_POD, "Pulled", "image pulled", kind="Normal"),
+    ]
+    message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[stuck], events=events))
+    assert "RayCluster ray-train/ray-train is not ready after 20 min: waiting for 1 of 2 worker pods (2 exist)" in message
+    assert f"{WORKER_PODS[1]}: Pending, not Ready (not scheduled)" in message
+    assert "event Warning FailedScheduling: 0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa. (x3)" in message
+    assert f"{WORKER_PODS[0]}: Running, Ready on node-a" in message
+
+
+def test_pod_container_problems_are_reported():
+    pulling = [
+        ray_pod(HEAD_POD, "head", ready=False, phase="Pending", waiting=("ImagePullBackOff", "Back-off pulling image")),
+        *(ray_pod(name, "worker") for name in WORKER_PODS),
+    ]
+    message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[pulling]))
+    assert "waiting for the head pod" in message
+    assert "ray-head ImagePullBackOff: Back-off pulling image" in message
+
+
+def test_no_pods_at_all_points_at_the_operator():
+    message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[[]]))
+    assert "a head pod (none exists yet)" in message and "is the KubeRay operator running?" in message
+
+
+def test_a_missing_raycluster_is_reported():
+    with pytest.raises(Exception, match="RayCluster ray-train/ray-train does not exist"):
+        FakeCluster(main_and_tcp_head(), worker_replicas=None).provider().create(props(run_inputs()))
+
+
+def test_the_run_waits_for_the_new_code_before_submitting():
+    head = main_and_tcp_head()
+    head.code_hashes = ["0ld0ld0ld0ld0ld0", "0ld0ld0ld0ld0ld0", CODE_HASH]
+    fake = FakeCluster(head)
+    fake.provider().create(props(run_inputs()))
+    assert len(head.submissions) == 1 and head.code_hashes == [CODE_HASH]
+
+
+def test_stale_code_in_the_head_pod_fails_with_both_hashes():
+    head = main_and_tcp_head()
+    head.code_hashes = ["0ld0ld0ld0ld0ld0"]
+    message = failure_of(FakeCluster(head))
+    assert f"head pod {HEAD_POD} sees code hash 0ld0ld0ld0ld0ld0 in /opt/eks-ray-train/.code-hash, not {CODE_HASH}" in message
+    assert head.submissions == []
+
+
+# --- the job, its transport and the outputs ---------------------------------------------------------
+
+
+def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
+    fake = FakeCluster(main_and_tcp_head())
+    result = fake.provider().create(props(run_inputs()))
+    outs = result.outs
+    assert outs["job_id"].startswith("eks-ray-train-main-") and outs["status"] == "SUCCEEDED"
+    assert outs["transport"] == "efa"
+    assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
+    assert any("Selected provider is efa" in line for line in outs["evidence"])
+    assert (outs["tokens_per_s"], outs["mfu"], outs["step_time_s"], outs["duration_s"]) == (530.6, 0.00109, 1.93, 52.3)
+    assert outs["worker_log_files"] == {name: 8 for name in WORKER_PODS}  # 4 workers x .out/.err of job 02000000
+    assert outs["efa_speedup"] is None and outs["tcp_tokens_per_s"] is None
+    assert {key: outs[key] for key in tr.INPUTS} == run_inputs().props()  # diff compares against these
+    progress = [line for line in fake.logged if "step 5/5" in line]
+    assert progress and "531 tok/s" in progress[0]
+
+
+def test_worker_logs_of_other_jobs_never_reach_the_verdict():
+    """The pods also hold job 01000000, which fell back to sockets: only the run's own files count."""
+    fake = FakeCluster(main_and_tcp_head())
+    assert fake.provider().create(props(run_inputs())).outs["transport"] == "efa"
+    for pod in fake.workers.values():
+        assert pod.commands == [tr.nccl_lines_command(tr.RAY_LOG_DIR, EFA_JOB)]
+
+
+def test_a_tcp_fallback_fails_the_update_with_the_evidence():
+    head = FakeRayHead({"main": scripted(FALLBACK_JOB, "driver_tcp.log")})
+    message = failure_of(FakeCluster(head))
+    assert message.startswith("NCCL used 'socket' between the nodes, not 'efa' (job eks-ray-train-main-")
+    assert "NCCL processes used TCP sockets between nodes (channels via NET/Socket)" in message
+    assert "via NET/Socket/0" in message and "NET/OFI aws-ofi-nccl initialization failed" in message
+    assert f"worker log files read: {{'{WORKER_PODS[0]}': 8, '{WORKER_PODS[1]}': 8}}" in message
+
+
+def test_expecting_another_transport_passes_when_it_is_found():
+    head = FakeRayHead({"main": scripted(FALLBACK_JOB, "driver_tcp.log")})
+    outs = FakeCluster(head).provider().create(props(run_inputs(expect_transport="socket"))).outs
+    assert outs["transport"] == "socket"
+
+
+def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
+    fake = FakeCluster(main_and_tcp_head())
+    outs = fake.provider().create(props(run_inputs(benchmark=True))).outs
+    main_submit, tcp_submit = fake.head.submissions
+    assert "--runtime-env-json" not in main_submit
+    tcp_env = json.loads(tcp_submit[tcp_submit.index("--runtime-env-json") + 1])["env_vars"]
+    assert (tcp_env["NCCL_NET"], tcp_env["NCCL_NET_PLUGIN"]) == ("Socket", "none")
+    assert int(tcp_env["NCCL_SOCKET_NTHREADS"]) * int(tcp_env["NCCL_NSOCKS_PERTHREAD"]) >= 8  # not one lone socket
+    assert outs["tcp_job_id"].startswith("eks-ray-train-tcp-") and outs["tcp_job_id"] != outs["job_id"]
+    assert (outs["transport"], outs["tcp_transport"]) == ("efa", "socket")
+    assert any("via NET/Socket/0" in line for line in outs["tcp_evidence"])
+    assert (outs["tokens_per_s"], outs["tcp_tokens_per_s"]) == (530.6, 258.6)
+    assert outs["efa_speedup"] == round(530.6 / 258.6, 3) == 2.052
+
+
+def test_a_benchmark_whose_baseline_did_not_use_sockets_fails():
+    head = FakeRayHead({"main": scripted(EFA_JOB, "driver_main.log"), "tcp": scripted(EFA_JOB, "driver_main.log")})
+    message = failure_of(FakeCluster(head), run_inputs(benchmark=True))
+    assert "NCCL used 'efa' between the nodes, not 'socket' (job eks-ray-train-tcp-" in message
+
+
+def test_a_failed_job_shows_the_driver_and_worker_log_tails():
+    head = FakeRayHead({"main": scripted(OOM_JOB, "driver_failed.log", final="FAILED",
+                                         message="Job entrypoint command failed with exit code 1, last available logs:\n...")})
+    message = failure_of(FakeCluster(head))
+    assert message.startswith("job eks-ray-train-main-")
+    assert "FAILED: Job entrypoint command failed with exit code 1, last available logs:\n" in message
+    assert "training failed: Training worker group failed after 0 retries" in message  # driver tail
+    assert f"last lines of the job's 8 worker log files on {WORKER_PODS[0]}:" in message
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.32 GiB. GPU 3" in message
+
+
+def test_an_interrupted_update_finds_the_running_job_and_waits_for_it():
+    head = main_and_tcp_head()
+    fake = FakeCluster(head)
+    base = tr.submission_id_base(run_inputs(), "main", {})
+    head.jobs[base] = replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING", "RUNNING", "SUCCEEDED"])
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert head.submissions == [] and outs["job_id"] == base and outs["transport"] == "efa"
+    assert any(f"following job {base} (RUNNING)" in line for line in fake.logged)
+
+
+def test_a_failed_earlier_attempt_is_retried_under_the_next_id():
+    head = main_and_tcp_head()
+    base = tr.submission_id_base(run_inputs(), "main", {})
+    head.jobs[base] = scripted(OOM_JOB, "driver_failed.log", final="FAILED")
+    head.jobs[base].polls = 99
+    outs = FakeCluster(head).provider().create(props(run_inputs())).outs
+    assert outs["job_id"] == f"{base}-2" and len(head.submissions) == 1
+
+
+def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
+    head = FakeRayHead({"main": replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING"])})
+    fake = FakeCluster(head)
+    message = failure_of(fake, run_inputs(timeout_minutes=2))
+    assert "still RUNNING after timeout_minutes=2" in message
+    assert "the next `pulumi up` waits for it" in message and "ray job stop eks-ray-train-main-" in message
+    assert 120 <= fake.clock.slept <= 130
+
+
+def test_update_runs_the_job_again_and_delete_removes_nothing():
+    fake = FakeCluster(main_and_tcp_head())
+    provider = fake.provider()
+    outs = provider.update("id", props(run_inputs()), props(run_inputs(expect_transport="efa"))).outs
+    assert outs["transport"] == "efa" and len(fake.head.submissions) == 1
+    assert provider.delete("id", outs) is None
+
+
+# --- credentials stay out of the state ---------------------------------------------------------------
+
+
+def test_the_serialized_provider_holds_no_client_or_secret():
+    payload = serialize_provider(tr.TrainingRunProvider())
+    provider = dill.loads(base64.b64decode(payload))
+    assert isinstance(provider, tr.TrainingRunProvider) and provider._connect is tr.connect_to_eks
+    assert len(payload) < 4000  # module references only, not pickled code or clients
+
+
+def test_configure_takes_the_stack_aws_profile():
+    provider = tr.TrainingRunProvider()
+    config = pulumi.dynamic.Config({"aws:profile": "ml-team", "aws:region": "us-east-2"}, "eks-ray-train")
+    provider.configure(pulumi.dynamic.ConfigureRequest(config))
+    assert provider._aws_profile == "ml-team"
+
+
+def test_the_resource_registers_only_names_and_settings():
+    registered = []
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            registered.append(args)
+            return "run-id", {**args.inputs, "transport": "efa"}
+
+        def call(self, args):
+            return {}
+
+    pulumi.runtime.set_mocks(Mocks(), project="eks-ray-train", stack="dev", preview=False)
+    transports = []
+
+    @pulumi.runtime.test
+    def program():
+        run = tr.TrainingRun(
+            "training", cluster_name="eks-ray-train", region="us-east-2", namespace="ray-train",
+            ray_cluster_name="ray-train", gpus_per_node=4, efa_per_node=1, code_hash=CODE_HASH, job_args=SMOKE_ARGS,
+        )
+        return run.transport.apply(transports.append)
+
+    program()
+    assert transports == ["efa"]
+    (args,) = registered
+    assert args.typ == "pulumi-python:dynamic/workloads:TrainingRun"
+    assert set(args.inputs) == {*tr.INPUTS, "__provider"}  # the declared outputs are null, so not sent
+    text = json.dumps({key: value for key, value in args.inputs.items() if key != "__provider"})
+    assert "k8s-aws-v1" not in text and "certificate" not in text.lower() and "token" not in text.lower()
+
+
+# --- EKS authentication ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def aws_session(monkeypatch):
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    return boto3.session.Session(
+        aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="wJalrXUtnFEMI/K7MDENG", region_name="us-east-2"
+    )
+
+
+def decode_token(token: str) -> urllib.parse.ParseResult:
+    assert token.startswith("k8s-aws-v1.") and "=" not in token
+    body = token[len("k8s-aws-v1.") :]
+    return urllib.parse.urlparse(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode())
+
+
+def test_eks_token_is_a_presigned_get_caller_identity_bound_to_the_cluster(aws_session):
+    url = decode_token(eks_auth.eks_token(aws_session.client("sts", region_name="us-east-2"), "eks-ray-train"))
+    query = urllib.parse.parse_qs(url.query)
+    assert url.hostname == "sts.us-east-2.amazonaws.com"
+    assert query["Action"] == ["GetCallerIdentity"] and query["X-Amz-Expires"] == ["60"]
+    assert query["X-Amz-SignedHeaders"] == ["host;x-k8s-aws-id"]
+
+
+def test_the_api_client_comes_from_describe_cluster_and_refreshes_its_token(aws_session, monkeypatch):
+    ca = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    eks = aws_session.client("eks", region_name="us-east-2")
+    stubber = Stubber(eks)
+    stubber.add_response(
+        "describe_cluster",
+        {"cluster": {"name": "eks-ray-train", "endpoint": "https://ABC.gr7.us-east-2.eks.amazonaws.com",
+                     "certificateAuthority": {"data": base64.b64encode(ca).decode()}}},
+        {"name": "eks-ray-train"},
+    )
+    real_client = aws_session.client
+    monkeypatch.setattr(aws_session, "client", lambda service, **kw: eks if service == "eks" else real_client(service, **kw))
+    with stubber, eks_auth.eks_api_client("eks-ray-train", "us-east-2", session=aws_session) as api_client:
+        configuration = api_client.configuration
+        assert configuration.host == "https://ABC.gr7.us-east-2.eks.amazonaws.com"
+        ca_path = Path(configuration.ssl_ca_cert)
+        assert ca_path.read_bytes() == ca
+        header = configuration.auth_settings()["BearerToken"]["value"]
+        assert header.startswith("Bearer k8s-aws-v1.")
+    assert not ca_path.exists()
+
+
+def test_the_token_is_signed_again_once_it_is_old(aws_session):
+    clock = FakeClock()
+    refresh = eks_auth.token_refresher(aws_session.client("sts", region_name="us-east-2"), "c", clock=clock)
+    configuration = k8s.Configuration()
+    refresh(configuration)
+    first = configuration.api_key["authorization"]
+    clock.sleep(eks_auth.REFRESH_AFTER_S - 1)
+    refresh(configuration)
+    assert configuration.api_key["authorization"] is first
+    clock.sleep(2)
+    refresh(configuration)
+    assert configuration.api_key["authorization"] is not first
+    decode_token(configuration.api_key["authorization"])
+
+
+class FakeExecStream:
+    """The parts of `kubernetes.stream.ws_client.WSClient` that `PodExecutor` uses."""
+
+    def __init__(self, stdout: str, stderr: str, status: str, finishes: bool = True):
+        self.stdout, self.stderr, self.status, self.finishes = stdout, stderr, status, finishes
+        self.closed = False
+
+    def run_forever(self, timeout):
+        self.timeout = timeout
+
+    def is_open(self):
+        return not self.finishes
+
+    def read_stdout(self, timeout=None):
+        return self.stdout
+
+    def read_stderr(self, timeout=None):
+        return self.stderr
+
+    def read_channel(self, channel, timeout=0):
+        assert channel == 3  # the exec error channel: the command's exit status
+        return self.status
+
+    def close(self):
+        self.closed = True
+
+
+def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch):
+    calls = []
+    replies = [
+        FakeExecStream("42\n", "", '{"status":"Success"}'),
+        FakeExecStream("", "boom", '{"status":"Failure","details":{"causes":[{"reason":"ExitCode","message":"2"}]}}'),
+        FakeExecStream("", "", "", finishes=False),
+    ]
+
+    def fake_stream(method, name, namespace, **kwargs):
+        calls.append((method, name, namespace, kwargs))
+        return replies[len(calls) - 1]
+
+    monkeypatch.setattr(kube_access, "stream", fake_stream)
+    core = FakeCoreApi([[]], [[ray_pod(HEAD_POD, "head")]])
+    core.connect_get_namespaced_pod_exec = object()
+    cluster = KubernetesCluster(core, FakeCustomObjects())
+    executor = cluster.executor("ray-train", cluster.list_pods("ray-train", "ray.io/node-type=head")[0])
+    assert executor.run(["cat", "/opt/eks-ray-train/.code-hash"], 30) == ExecResult(0, "42\n", "")
+    method, name, namespace, kwargs = calls[0]
+    assert (method, name, namespace) == (core.connect_get_namespaced_pod_exec, HEAD_POD, "ray-train")
+    assert kwargs == dict(container="ray-head", command=["cat", "/opt/eks-ray-train/.code-hash"], stdout=True,
+                          stderr=True, stdin=False, tty=False, _preload_content=False)
+    assert executor.run(["false"], 30) == ExecResult(2, "", "boom")
+    with pytest.raises(kube_access.CommandTimeout, match=f"`sleep` in pod {HEAD_POD} did not finish within 5 s"):
+        executor.run(["sleep", "60"], 5)
+    assert all(reply.closed for reply in replies)
+
+
+def test_exec_status_comes_from_the_error_channel():
+    assert _exec_status('{"metadata":{},"status":"Success"}') == 0
+    failure = {"status": "Failure", "reason": "NonZeroExitCode",
+               "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}
+    assert _exec_status(json.dumps(failure)) == 3
+    assert _exec_status(json.dumps({"status": "Failure", "message": "executable file not found"})) == 126
+
+
+# --- end to end with a real local Ray head -------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    return children
+
+
+def _process_tree(root: int) -> set[int]:
+    children, tree, todo = _children(), set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _stop_process_tree(process: subprocess.Popen) -> None:
+    """Stop exactly the processes this test started: freeze the tree (nothing new can fork), then kill it.
+
+    Not `ray stop`: that kills every Ray process of the user on the machine, other tests' included.
+    """
+    frozen: set[int] = set()
+    while new := _process_tree(process.pid) - frozen:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= new
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+@dataclass
+class LocalRay:
+    dashboard: str
+    session_logs: Path
+    env: dict
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """`ray start --head` with its own ports and temp dir; stopped, with every process it started, afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="ray-tr-"))  # short: Ray's unix sockets live under it
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    env.pop("RAY_ADDRESS", None)
+    dashboard_port = _free_port()
+    command = [
+        "ray", "start", "--head", "--block", "--num-cpus=2", "--include-dashboard=true",
+        f"--dashboard-port={dashboard_port}", f"--port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}", f"--temp-dir={root / 'ray'}", "--disable-usage-stats",
+    ]
+    with open(root / "ray-start.log", "w") as start_log:
+        process = subprocess.Popen(command, env=env, stdout=start_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        dashboard = f"http://127.0.0.1:{dashboard_port}"
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{dashboard}/api/version", timeout=2).close()
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the local Ray head did not start:\n" + (root / "ray-start.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield LocalRay(dashboard, root / "ray" / "session_latest" / "logs", env, root)
+    finally:
+        _stop_process_tree(process)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def shipped_code(root: Path) -> tuple[Path, str]:
+    """The training code as the ConfigMap mount presents it: the package files and `.code-hash`."""
+    files = manifests.collect_code(Path(__file__).resolve().parents[1])
+    folder = root / "code"
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    (folder / manifests.CODE_HASH_FILE).write_text(manifests.code_hash(files))
+    return folder, manifests.code_hash(files)
+
+
+def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> tr.TrainingRunProvider:
+    """The provider, connected to the local head: fake nodes and pods, every pod exec run here."""
+    core = FakeCoreApi([[gpu_node("local-node")]], [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]])
+    local = LocalExecutor(env=ray.env)
+
+    @contextlib.contextmanager
+    def connect(inputs, aws_profile):
+        yield tr.RunEnvironment(
+            KubernetesCluster(core, FakeCustomObjects(worker_replicas=1)),
+            executor_for=lambda pod: local,
+            dashboard_address=ray.dashboard,
+            code_dir=str(code_dir),
+            ray_log_dir=str(ray.session_logs),
+            log=logged.append,
+            poll_interval_s=0.5,
+        )
+
+    return tr.TrainingRunProvider(connect=connect)
+
+
+def ray_jobs(ray: LocalRay) -> list[dict]:
+    with urllib.request.urlopen(f"{ray.dashboard}/api/jobs/", timeout=10) as reply:
+        return json.load(reply)
+
+
+def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_ray):
+    code_dir, code_hash = shipped_code(local_ray.root)
+    job_args = (
+        "--preset", "tiny", "--data", "synthetic", "--steps", "3", "--workers", "2", "--no-use-gpu",
+        "--checkpoint-every", "0", "--storage-path", str(local_ray.root / "runs"),
+    )
+    inputs = run_inputs(code_hash=code_hash, job_args=job_args, expect_transport="unknown", timeout_minutes=3)
+    logged: list[str] = []
+    outs = local_provider(local_ray, code_dir, logged).create(props(inputs)).outs
+
+    assert outs["status"] == "SUCCEEDED" and outs["job_id"].startswith("eks-ray-train-main-")
+    assert outs["summary"]["steps"] == 3 and outs["summary"]["world_size"] == 2
+    assert outs["tokens_per_s"] > 0 and outs["step_time_s"] > 0 and outs["mfu"] is None
+    assert outs["summary"]["run_dir"].endswith(outs["job_id"])  # the run folder is named after the job
+    # gloo on CPU prints no NCCL line: the transport is unknown, which is what this run expected ...
+    assert (outs["transport"], outs["evidence"]) == ("unknown", [])
+    assert outs["worker_log_files"]["local-worker"] > 0  # ... though the job's worker logs were read
+    assert any("step 3/3" in line for line in logged)
+
+    # Expecting EFA fails with the evidence; the job is not run again, its logs are judged anew.
+    with pytest.raises(tr.TrainingRunError) as caught:
+        local_provider(local_ray, code_dir, logged).create(props(replace(inputs, expect_transport="efa")))
+    assert "NCCL used 'unknown' between the nodes, not 'efa'" in str(caught.value)
+    assert "no NCCL lines found" in str(caught.value)
+    assert [job["submission_id"] for job in ray_jobs(local_ray) if job["submission_id"].startswith(outs["job_id"])] == [
+        outs["job_id"]
+    ]
+
+
+def test_local_ray_failed_job_fails_with_its_log(local_ray):
+    code_dir, code_hash = shipped_code(local_ray.root)
+    inputs = run_inputs(code_hash=code_hash, job_args=("--preset", "tiny", "--steps", "0"), timeout_minutes=1)
+    with pytest.raises(tr.TrainingRunError) as caught:
+        local_provider(local_ray, code_dir, []).create(props(inputs))
+    message = str(caught.value)
+    assert " FAILED: Job entrypoint command failed with exit code 2" in message
+    assert "argument --steps: must be >= 1, got 0" in message
