@@ -17,10 +17,13 @@ from typing import Any, Callable, Mapping
 
 import pulumi
 
+from workloads.nccl_transport import TRANSPORTS
+
 PROJECT = "eks-ray-train"
 DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 DEFAULT_RAY_VERSION = "2.58.0"
-TRANSPORTS = ("efa", "socket", "ib", "intra-node")
+# What a run may be expected to use; "unknown" is a verdict, never an expectation.
+EXPECTABLE_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "unknown")
 
 
 class ConfigError(pulumi.RunError):
@@ -84,6 +87,7 @@ class StackSettings:
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
 _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _K8S_VERSION = re.compile(r"^1\.\d{2}$")
@@ -199,7 +203,7 @@ _TRAINING_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "workers": ("workers", _as_int(1)),
     "checkpointEvery": ("checkpoint_every", _as_int(0)),
     "hsdp": ("hsdp", _as_bool),
-    "expectTransport": ("expect_transport", _one_of(*TRANSPORTS)),
+    "expectTransport": ("expect_transport", _one_of(*EXPECTABLE_TRANSPORTS)),
     "timeoutMinutes": ("timeout_minutes", _as_int(1)),
 }
 
@@ -261,6 +265,8 @@ def parse_settings(raw: Mapping[str, Any], region: str | None) -> StackSettings:
     """Validate the stack's `eks-ray-train:*` values (keys without the namespace) for `region`."""
     if not region:
         raise ConfigError("config key 'aws:region' is not set: run `pulumi config set aws:region us-east-2`")
+    if not _REGION.match(region):
+        raise ConfigError(f"config key 'aws:region' = {region!r}: expected a region name such as us-east-2")
     values = dict(raw)
     training_raw = _decode(values.pop("training", {}))
     if not isinstance(training_raw, dict):

@@ -99,9 +99,16 @@ def plan_placement(settings: StackSettings) -> Placement:
 
 def _available_zones() -> dict[str, str]:
     """Zone name -> zone ID of the region's available availability zones (no Local or Wavelength Zones)."""
-    result = aws.get_availability_zones(
-        state="available", filters=[{"name": "zone-type", "values": ["availability-zone"]}]
-    )
+    try:
+        result = aws.get_availability_zones(
+            state="available", filters=[{"name": "zone-type", "values": ["availability-zone"]}]
+        )
+    except Exception as err:  # the first AWS call: a bad region or missing credentials surface here
+        region = pulumi.Config("aws").get("region")
+        raise PreflightError(
+            f"config key 'aws:region' = {region!r}: AWS could not list its availability zones ({err}); "
+            "check the region name (`aws ec2 describe-regions --query 'Regions[].RegionName'`) and your credentials"
+        ) from None
     return dict(zip(result.names, result.zone_ids))
 
 

@@ -211,6 +211,8 @@ class FakeAws:
         }.get(token)
         if answer is None:
             raise NotImplementedError(f"FakeAws does not answer the invoke {token}; teach it in tests/fake_aws.py")
+        if self.region not in ZONE_IDS:  # the AWS provider refuses to configure for a region it does not know
+            raise AwsApiError(token, "InvalidRegion", f"invalid AWS Region: {self.region}")
         if token in self.denied:
             raise AwsApiError(token, "AccessDeniedException", f"user/tester is not authorized to perform {token}")
         return answer(args)

@@ -250,3 +250,14 @@ def test_hugging_face_token_stays_secret():
         assert token not in repr(plain), f"{registration.type} {registration.name} holds the token in plain text"
     ray_cluster = plan.one("kubernetes:ray.io/v1:RayCluster")
     assert secret.urn in ray_cluster.dependencies
+
+
+@pytest.mark.parametrize(
+    "region, message",
+    [("moon-1", "'aws:region' = 'moon-1': expected a region name"), ("us-east-9", "'aws:region' = 'us-east-9'")],
+)
+def test_unknown_region_stops_the_preview(region, message):
+    config = {**dev_config(), "aws:region": region}
+    with pytest.raises(pulumi.RunError, match=message) as raised:
+        run_program(config, FakeAws(region=region))
+    assert raised.value.plan.resources == []
