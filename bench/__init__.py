@@ -1,0 +1,1 @@
+"""GPU benchmarks of the training loop (run as `python -m bench.train_bench`)."""

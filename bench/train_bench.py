@@ -1,0 +1,323 @@
+"""Training throughput and memory benchmark for one GPU, in one process.
+
+Runs (1) AWS's reference loop (SPEC §2: pure bf16 weights, plain AdamW, HF
+loss, seq 128 x batch 1), (2) our tuned loop, `training.loop.train` itself,
+in several shapes, on the Qwen2.5-1.5B architecture with random weights, and
+(3) the per-rank peak memory of the `throughput` preset at world size 8,
+emulated with torch's fake process group (collectives are no-ops, every
+buffer is allocated as on a real rank). It also checks the fused loss
+against the plain one. One JSON line per result, a table last, and all of it
+in --out.
+
+    python -m bench.train_bench --out bench/results/h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import gc
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from training.config import PRESETS, TrainConfig
+from training.flops import flops_per_token, mfu, num_params, peak_flops
+from training.loop import GIB, train
+from training.loss import chunk_loss_and_logit_grad, fused_linear_cross_entropy
+
+TUNED_VARIANTS: dict[str, dict[str, Any]] = {
+    "tuned-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
+    "tuned-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
+    "tuned-compiled-4096x8": {"seq_len": 4096, "batch_size": 8, "compile": True},
+    "tuned-compiled-8192x2": {"seq_len": 8192, "batch_size": 2, "compile": True},
+    "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
+    "tuned-compiled-16384x2": {"seq_len": 16384, "batch_size": 2, "compile": True},
+}
+
+# (overrides of the throughput preset, ranks per node). The preset runs on the 2 x 4
+# GPUs of two g6.12xlarge as HSDP (shard 4, replicate 2); the last two cases show
+# what activation checkpointing buys.
+MEMORY_CASES: dict[str, tuple[dict[str, Any], int]] = {
+    "throughput-preset-hsdp-2x4": ({}, 4),
+    "throughput-preset-fsdp-8": ({"hsdp_replicas": 1}, 8),
+    "seq4096x2-no-ac-hsdp-2x4": ({"activation_checkpointing": False}, 4),
+    "seq4096x1-no-ac-hsdp-2x4": ({"batch_size": 1, "activation_checkpointing": False}, 4),
+}
+L4_BUDGET_GIB = 20.0
+
+
+class BenchSession:
+    """Rank 0 of a (real or fake) process group: synthetic data, no checkpoints."""
+
+    def __init__(self, world_size: int, local_world_size: int, device: torch.device) -> None:
+        self.rank = 0
+        self.world_size = world_size
+        self.local_world_size = local_world_size
+        self.device = device
+        self.summary: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[None]:
+        yield None
+
+    def corpus_batches(self, config: TrainConfig) -> Iterator[Any]:
+        raise ValueError("the benchmark trains on synthetic tokens only")
+
+    def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
+        """Nothing to publish: the loop's own step lines are the log."""
+
+    def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        self.summary = summary
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def release_memory() -> None:
+    """Compiled graphs hold the previous model alive; drop them between variants."""
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def benchmark_config(model_config: str, steps: int, **overrides: Any) -> TrainConfig:
+    values = {
+        **PRESETS["throughput"],
+        "preset": "throughput",
+        "model_config": model_config,
+        "init": "random",
+        "steps": steps,
+        "storage_path": "unused",
+        "run_name": "bench",
+        "resume_from": None,
+        "local": False,
+        "launcher": "torchrun",
+    }
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def start_process_group(backend: str, world_size: int, device: torch.device) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if backend == "fake":
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        return
+    options = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **options)
+
+
+def reference_loop(architecture: Any, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
+    """SPEC §2's train.py on one device: bf16 weights, plain AdamW, HF loss, seq 128 x 1."""
+    from transformers import AutoModelForCausalLM
+
+    seq_len, batch_size = 128, 1
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        architecture, dtype=torch.bfloat16, attn_implementation="sdpa"
+    ).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_times = []
+    for step in range(warmup + steps):
+        ids = torch.randint(0, architecture.vocab_size, (batch_size, seq_len), device=device)
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss.item()
+        if step >= warmup:
+            step_times.append(time.perf_counter() - start)
+    step_time = statistics.median(step_times)
+    tokens_per_s = seq_len * batch_size / step_time
+    peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    result = {
+        "name": "reference-bf16-adamw-128x1",
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "steps": steps,
+        "step_time_s": step_time,
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu(tokens_per_s, flops_per_token(architecture, seq_len), peak),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None,
+    }
+    del model, optimizer
+    return result
+
+
+def loss_check(architecture: Any, device: torch.device) -> dict[str, Any]:
+    """Fused chunked loss against the full-logits loss: values and hidden-state gradients."""
+    torch.manual_seed(1)
+    tokens, hidden_size = 1024, architecture.hidden_size
+    weight = (torch.randn(architecture.vocab_size, hidden_size, device=device) * 0.02).to(torch.bfloat16)
+    hidden = torch.randn(tokens, hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, architecture.vocab_size, (tokens,), device=device)
+
+    reference_loss = F.cross_entropy((hidden @ weight.t()).float(), labels)
+    (reference_grad,) = torch.autograd.grad(reference_loss, hidden)
+    results: dict[str, Any] = {"name": "loss-check", "tokens": tokens}
+    for label, chunk_fn in (("eager", chunk_loss_and_logit_grad), ("compiled", torch.compile(chunk_loss_and_logit_grad))):
+        fused_loss = fused_linear_cross_entropy(hidden, weight, labels, 256, chunk_fn)
+        (fused_grad,) = torch.autograd.grad(fused_loss, hidden)
+        results[f"{label}_loss_rel_err"] = abs(fused_loss.item() - reference_loss.item()) / reference_loss.item()
+        results[f"{label}_grad_rel_err"] = (
+            (fused_grad.float() - reference_grad.float()).norm() / reference_grad.float().norm()
+        ).item()
+    return results
+
+
+def tuned_loop(config: TrainConfig, device: torch.device) -> dict[str, Any]:
+    start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
+    session = BenchSession(1, 1, device)
+    train(config, session)
+    return session.summary
+
+
+def memory_at_world_size(config: TrainConfig, world_size: int, local_world_size: int, device: torch.device) -> dict[str, Any]:
+    start_process_group("fake", world_size, device)
+    session = BenchSession(world_size, local_world_size, device)
+    train(config, session)
+    return session.summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON file for all results")
+    parser.add_argument("--model-config", default="qwen2.5-1.5b", help="architecture (random weights)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--steps", type=int, default=12, help="steps per tuned variant (the first is not timed)")
+    parser.add_argument("--reference-steps", type=int, default=30)
+    parser.add_argument("--memory-steps", type=int, default=3)
+    parser.add_argument("--variants", nargs="*", default=list(TUNED_VARIANTS), choices=list(TUNED_VARIANTS))
+    parser.add_argument("--memory-cases", nargs="*", default=list(MEMORY_CASES), choices=list(MEMORY_CASES))
+    parser.add_argument("--skip-reference", action="store_true")
+    args = parser.parse_args()
+
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    import transformers
+
+    from training.model import load_architecture
+
+    architecture = load_architecture(benchmark_config(args.model_config, 1))
+    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    report: dict[str, Any] = {
+        "gpu_name": gpu_name,
+        "peak_bf16_tflops": (peak_flops(gpu_name) or 0) / 1e12 or None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "command": shlex.join(["python", "-m", "bench.train_bench", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model_config": args.model_config,
+        "parameters": num_params(architecture),
+        "loss_check": None,
+        "variants": [],
+        "memory_at_world_size_8": [],
+    }
+
+    def save() -> None:
+        with open(args.out, "w") as handle:
+            json.dump(report, handle, indent=2)
+
+    report["loss_check"] = loss_check(architecture, device)
+    emit(report["loss_check"])
+    save()
+
+    if not args.skip_reference:
+        result = reference_loop(architecture, device, args.reference_steps, warmup=5)
+        report["variants"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
+    for name in args.variants:
+        # One GPU has memory to spare: no recompute, and layers stay gathered for backward.
+        config = benchmark_config(
+            args.model_config,
+            args.steps,
+            reshard_after_forward=False,
+            hsdp_replicas=1,
+            activation_checkpointing=False,
+            **TUNED_VARIANTS[name],
+        )
+        try:
+            summary = tuned_loop(config, device)
+        except torch.OutOfMemoryError:
+            summary = None  # freed only once the exception (and its frames) is gone
+        if summary is None:
+            result = {"name": name, "seq_len": config.seq_len, "batch_size": config.batch_size, "oom": True}
+            report["variants"].append(result)
+            emit(result)
+            release_memory()
+            continue
+        result = {
+            "name": name,
+            "seq_len": config.seq_len,
+            "batch_size": config.batch_size,
+            "compile": config.compile,
+            "activation_checkpointing": config.activation_checkpointing,
+            "steps": config.steps,
+            "step_time_s": summary["step_time_s"],
+            "tokens_per_s": summary["tokens_per_s"],
+            "mfu": summary["mfu"],
+            "peak_mem_gib": summary["peak_mem_gib"],
+            "loss_first": summary["loss_first"],
+            "loss_last": summary["loss_last"],
+        }
+        report["variants"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
+    for name in args.memory_cases:
+        overrides, local_world_size = MEMORY_CASES[name]
+        config = benchmark_config(args.model_config, args.memory_steps, **overrides)
+        summary = memory_at_world_size(config, 8, local_world_size, device)
+        result = {
+            "name": name,
+            "world_size": 8,
+            "mesh": "fsdp-8" if summary["hsdp_replicas"] == 1 else f"hsdp-{summary['hsdp_replicas']}x{8 // summary['hsdp_replicas']}",
+            **{key: dataclasses.asdict(config)[key] for key in ("seq_len", "batch_size", "compile", "activation_checkpointing")},
+            "peak_mem_gib": summary["peak_mem_gib"],
+            "fits_l4_budget": summary["peak_mem_gib"] <= L4_BUDGET_GIB,
+        }
+        report["memory_at_world_size_8"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    print(f"\n{'variant':32} {'tokens/s':>10} {'MFU':>7} {'step s':>8} {'peak GiB':>9}")
+    for row in report["variants"]:
+        if row.get("oom"):
+            print(f"{row['name']:32} out of memory")
+            continue
+        mfu_text = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+        memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
+        print(f"{row['name']:32} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {row['step_time_s']:>8.3f} {memory:>9}")
+    for row in report["memory_at_world_size_8"]:
+        print(f"{row['name']:32} per-rank peak at world size 8 ({row['mesh']}): {row['peak_mem_gib']:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""The training job end to end on CPU: 2 workers, tiny Qwen2, FSDP2 on gloo.
+
+Runs through the real CLI on an embedded local Ray: an uninterrupted run that
+checkpoints every 4 steps (shared by several tests), a second run that starts
+from its step-4 checkpoint, and a run whose rank-0 worker is SIGKILLed mid-way
+and must come back from its latest checkpoint. Plus one run under torchrun, the
+launcher of the GPU benchmark machine, which has no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.report import STEP_KEYS, SUMMARY_KEYS, parse_step_line, parse_summary
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STEPS = 8
+CHECKPOINT_EVERY = 4
+RUN_TIMEOUT_S = 300
+# Ray prefixes each forwarded worker line with the worker's process id.
+WORKER_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
+
+
+ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
+# --standalone picks a free rendezvous port, so parallel runs on one machine do not collide.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def run_cli(*args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    command = [*(launcher or [sys.executable]), "-m", "training", *args]
+    return subprocess.run(
+        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=ENVIRONMENT
+    )
+
+
+def step_lines(stdout: str) -> list[dict]:
+    return [parsed for parsed in map(parse_step_line, stdout.splitlines()) if parsed is not None]
+
+
+def last_line_summary(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def full_run(storage) -> subprocess.CompletedProcess:
+    result = run_cli(
+        "--local",
+        "--steps", str(STEPS),
+        "--checkpoint-every", str(CHECKPOINT_EVERY),
+        "--storage-path", str(storage),
+        "--run-name", "full",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def resumed_run(storage, full_run) -> subprocess.CompletedProcess:
+    result = run_cli(
+        "--local",
+        "--steps", str(STEPS),
+        "--checkpoint-every", str(CHECKPOINT_EVERY),
+        "--storage-path", str(storage),
+        "--run-name", "resumed",
+        "--resume-from", str(storage / "full" / "checkpoint_000004"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def test_last_stdout_line_is_the_run_summary(full_run):
+    summary = last_line_summary(full_run.stdout)
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert parse_summary(full_run.stdout) == summary
+    assert (summary["world_size"], summary["steps"], summary["steps_run"]) == (2, STEPS, STEPS)
+    assert summary["mfu"] is None and summary["gpu_name"] is None and summary["device"] == "cpu"
+    assert summary["tokens_per_s"] > 0 and summary["tokens_per_s_per_gpu"] == pytest.approx(summary["tokens_per_s"] / 2)
+    assert summary["peak_mem_gib"] > 0 and summary["step_time_s"] > 0
+
+
+def test_every_step_prints_a_progress_line_and_a_parseable_line(full_run):
+    steps = step_lines(full_run.stdout)
+    assert [entry["step"] for entry in steps] == list(range(1, STEPS + 1))
+    assert all(set(STEP_KEYS) == set(entry) and entry["steps"] == STEPS for entry in steps)
+    progress = [line for line in full_run.stdout.splitlines() if f"/{STEPS} | loss " in line]
+    assert len(progress) == STEPS
+
+
+def test_loss_decreases_on_the_shipped_corpus(full_run):
+    summary = last_line_summary(full_run.stdout)
+    assert summary["data"] == "corpus"
+    assert summary["loss_last"] < 0.8 * summary["loss_first"]
+
+
+def test_run_folder_holds_summary_picture_and_checkpoints(full_run, storage):
+    run_dir = storage / "full"
+    printed = last_line_summary(full_run.stdout)
+    assert printed["run_dir"] == str(run_dir) and printed["summary_path"] == str(run_dir / "summary.json")
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert [entry["step"] for entry in saved.pop("history")] == list(range(1, STEPS + 1))
+    assert saved == printed
+    assert (run_dir / "run.png").read_bytes().startswith(b"\x89PNG")
+    for step in (4, 8):
+        checkpoint = run_dir / f"checkpoint_{step:06d}"
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp", "train_state.json"} <= set(os.listdir(checkpoint))
+        assert json.loads((checkpoint / "train_state.json").read_text())["step"] == step
+
+
+def test_resume_continues_the_step_count_and_matches_the_uninterrupted_run(full_run, resumed_run, storage):
+    uninterrupted = {entry["step"]: entry["loss"] for entry in step_lines(full_run.stdout)}
+    resumed = {entry["step"]: entry["loss"] for entry in step_lines(resumed_run.stdout)}
+    assert "resumed from step 4" in resumed_run.stdout
+    assert sorted(resumed) == list(range(CHECKPOINT_EVERY + 1, STEPS + 1))
+    # Same weights, optimizer state and replayed data: the same losses, up to reduction order.
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted[step], abs=1e-3), step
+    summary = last_line_summary(resumed_run.stdout)
+    assert (summary["start_step"], summary["steps_run"]) == (CHECKPOINT_EVERY, STEPS - CHECKPOINT_EVERY)
+    history = json.loads((storage / "resumed" / "summary.json").read_text())["history"]
+    assert [entry["step"] for entry in history] == list(range(1, STEPS + 1))
+
+
+TORCHRUN_FLAGS = ("--launcher", "torchrun", "--data", "synthetic", "--steps", "3", "--checkpoint-every", "0")
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(storage) -> subprocess.CompletedProcess:
+    """Plain FSDP over 2 ranks, exporting a Hugging Face model at the end."""
+    result = run_cli(
+        *TORCHRUN_FLAGS, "--export-hf", "--storage-path", str(storage), "--run-name", "torchrun", launcher=TORCHRUN
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def test_torchrun_launcher_runs_the_same_loop_and_exports_a_hugging_face_model(torchrun_run, storage):
+    from transformers import AutoModelForCausalLM
+
+    summary = last_line_summary(torchrun_run.stdout)
+    assert (summary["world_size"], summary["steps"], summary["data"]) == (2, 3, "synthetic")
+    assert [entry["step"] for entry in step_lines(torchrun_run.stdout)] == [1, 2, 3]
+    assert (storage / "torchrun" / "summary.json").is_file()
+    exported = AutoModelForCausalLM.from_pretrained(storage / "torchrun" / "checkpoint_000003" / "hf")
+    assert sum(p.numel() for p in exported.parameters()) == summary["parameters"]
+
+
+def test_hsdp_and_activation_checkpointing_keep_the_math_of_plain_fsdp(torchrun_run, storage):
+    """Replicating across 2 groups (HSDP) and recomputing layers change where work happens,
+    not the result: losses match plain FSDP step for step."""
+    result = run_cli(
+        *TORCHRUN_FLAGS,
+        "--hsdp-replicas", "2",
+        "--activation-checkpointing",
+        "--storage-path", str(storage),
+        "--run-name", "hsdp",
+        launcher=TORCHRUN,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert last_line_summary(result.stdout)["hsdp_replicas"] == 2
+    hsdp = [entry["loss"] for entry in step_lines(result.stdout)]
+    fsdp = [entry["loss"] for entry in step_lines(torchrun_run.stdout)]
+    assert len(hsdp) == 3
+    assert hsdp == pytest.approx(fsdp, abs=1e-5)
+
+
+def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage):
+    """SIGKILL rank 0 after step 8 (from outside, as a node failure would); --max-failures 1
+    restarts the worker group, which resumes from the newest checkpoint and finishes."""
+    steps, checkpoint_every, kill_after = 20, 5, 8
+    command = [
+        sys.executable, "-m", "training", "--local",
+        "--steps", str(steps),
+        "--checkpoint-every", str(checkpoint_every),
+        "--max-failures", "1",
+        "--storage-path", str(storage),
+        "--run-name", "killed",
+    ]  # fmt: skip
+    stderr_path = storage / "killed-stderr.txt"
+    lines: list[str] = []
+    killed_pid = None
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, env=ENVIRONMENT
+        )
+        try:
+            for line in process.stdout:
+                lines.append(line)
+                step = parse_step_line(line)
+                if killed_pid is None and step is not None and step["step"] == kill_after:
+                    killed_pid = int(WORKER_PID.search(line).group(1))
+                    os.kill(killed_pid, signal.SIGKILL)
+            process.wait(timeout=RUN_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert killed_pid is not None
+    assert process.returncode == 0, stderr_path.read_text()[-4000:]
+
+    reported = [entry for entry in map(parse_step_line, lines) if entry is not None]
+    numbers = [entry["step"] for entry in reported]
+    restart = next(index for index in range(1, len(numbers)) if numbers[index] <= numbers[index - 1])
+    resumed_from = numbers[restart] - 1
+    assert resumed_from >= checkpoint_every and resumed_from % checkpoint_every == 0
+    assert f"resumed from step {resumed_from}" in "".join(lines)
+    assert numbers[restart:] == list(range(resumed_from + 1, steps + 1))
+    # Steps trained both before the kill and after the restart give the same losses.
+    before = {entry["step"]: entry["loss"] for entry in reported[:restart]}
+    replayed = [entry for entry in reported[restart:] if entry["step"] in before]
+    assert replayed
+    for entry in replayed:
+        assert entry["loss"] == pytest.approx(before[entry["step"]], abs=1e-3), entry["step"]
+    summary = json.loads(lines[-1])
+    assert (summary["steps"], summary["start_step"]) == (steps, resumed_from)

@@ -1,0 +1,359 @@
+"""Fast unit tests of the training package: FLOPs/MFU, log lines, loss, data, configuration, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from training import flops, report
+from training.config import (
+    CONFIG_DIR,
+    PACKAGE_DIR,
+    PRESETS,
+    SHIPPED_CORPUS,
+    SYNTHETIC,
+    load_model_config,
+    parse_args,
+)
+from training.data import local_corpus_batches, pack_documents, read_documents, synthetic_batches
+from training.loss import IGNORE_INDEX, fused_linear_cross_entropy
+from training.model import learning_rate, replica_groups
+from training.tokenizer import ByteTokenizer
+
+REPO_ROOT = PACKAGE_DIR.parent
+QWEN = load_model_config("qwen2.5-1.5b")
+
+
+def step_metrics(**overrides):
+    metrics = {
+        "step": 3,
+        "steps": 10,
+        "loss": 2.5,
+        "step_time_s": 0.5,
+        "tokens_per_s": 4096.0,
+        "tokens_per_s_per_gpu": 2048.0,
+        "mfu": 0.42,
+        "peak_mem_gib": 3.25,
+    }
+    metrics.update(overrides)
+    return metrics
+
+
+def summary(**overrides):
+    values = {key: 1 for key in report.SUMMARY_KEYS}
+    values.update(world_size=2, mfu=None, gpu_name=None, run_dir="runs/x", summary_path="runs/x/summary.json")
+    values.update(overrides)
+    return values
+
+
+# --- FLOPs and MFU (SPEC §3) -------------------------------------------------------------
+
+
+def test_qwen_parameter_count_matches_spec():
+    assert flops.num_params(QWEN) == 1_543_714_304
+
+
+def test_qwen_flops_per_token_match_spec():
+    assert round(flops.flops_per_token(QWEN, 2048) / 1e9, 2) == 10.32
+    assert round(flops.flops_per_token(QWEN, 4096) / 1e9, 2) == 11.38
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2.5-1.5b"])
+def test_parameter_count_matches_the_real_model(name):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = load_model_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**values))
+    assert flops.num_params(values) == sum(p.numel() for p in model.parameters())
+
+
+def test_untied_embeddings_count_twice():
+    untied = {**QWEN, "tie_word_embeddings": False}
+    assert flops.num_params(untied) - flops.num_params(QWEN) == QWEN["vocab_size"] * QWEN["hidden_size"]
+
+
+@pytest.mark.parametrize(
+    "device_name, tflops",
+    [
+        ("NVIDIA L4", 121),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H200", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA A10G", 70),
+        ("NVIDIA A10", 125),
+    ],
+)
+def test_peak_flops_per_gpu(device_name, tflops):
+    assert flops.peak_flops(device_name) == tflops * 1e12
+
+
+@pytest.mark.parametrize("device_name", [None, "", "cpu", "Some Unknown Accelerator"])
+def test_peak_flops_unknown_is_none(device_name):
+    assert flops.peak_flops(device_name) is None
+
+
+def test_mfu_is_model_flops_over_peak():
+    per_token = flops.flops_per_token(QWEN, 2048)
+    assert flops.mfu(10_000, per_token, 989e12) == pytest.approx(10_000 * 10.31925e9 / 989e12, rel=1e-5)
+    assert flops.mfu(10_000, per_token, None) is None
+
+
+# --- log lines ------------------------------------------------------------------------------
+
+
+def test_step_line_round_trips():
+    line = report.format_step_line(step_metrics())
+    assert line.startswith(report.STEP_MARKER + " ")
+    assert report.parse_step_line(line) == step_metrics()
+
+
+def test_step_line_parses_behind_a_ray_worker_prefix():
+    line = "\x1b[36m(RayTrainWorker pid=4242, ip=10.0.3.7)\x1b[0m " + report.format_step_line(step_metrics(step=7))
+    assert report.parse_step_line(line)["step"] == 7
+
+
+def test_step_line_with_diverged_loss_stays_parseable():
+    parsed = report.parse_step_line(report.format_step_line(step_metrics(loss=math.nan, mfu=None)))
+    assert parsed["loss"] is None and parsed["mfu"] is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step 3/10 | loss 2.5000 | 0.500 s/step",
+        "TRAIN_STEP {not json",
+        'TRAIN_STEP {"step": 3}',
+        "",
+    ],
+)
+def test_non_step_lines_parse_to_none(line):
+    assert report.parse_step_line(line) is None
+
+
+def test_step_line_needs_every_key():
+    metrics = step_metrics()
+    del metrics["mfu"]
+    with pytest.raises(KeyError):
+        report.format_step_line(metrics)
+
+
+def test_progress_line_is_human_readable():
+    line = report.format_progress_line(step_metrics())
+    assert "step  3/10" in line and "loss 2.5000" in line and "MFU 42.0%" in line
+    assert "MFU n/a" in report.format_progress_line(step_metrics(mfu=None))
+
+
+def test_parse_summary_takes_the_last_summary_in_a_log():
+    first, last = summary(steps=5), summary(steps=9)
+    log = "\n".join(
+        [
+            "2026-01-01 INFO worker.py -- Started a local Ray instance.",
+            report.format_summary(first),
+            "(RayTrainWorker pid=1) " + report.format_step_line(step_metrics()),
+            '{"transport": "efa", "ok": true}',
+            report.format_summary(last),
+            "Job 'raysubmit_x' succeeded",
+        ]
+    )
+    assert report.parse_summary(log) == last
+
+
+def test_parse_summary_without_one_is_none():
+    assert report.parse_summary(report.format_step_line(step_metrics()) + "\n{}\nno json here") is None
+
+
+def test_summary_needs_every_key():
+    incomplete = summary()
+    del incomplete["loss_last"]
+    with pytest.raises(KeyError):
+        report.format_summary(incomplete)
+
+
+def test_log_parsing_modules_import_neither_torch_nor_ray():
+    code = (
+        "import sys, training, training.report, training.flops, training.config; "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+def test_torchrun_path_never_imports_ray():
+    code = (
+        "import sys, training.cli, training.loop, training.torchrun_launcher, training.artifacts; "
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'ray']"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+# --- fused lm_head + cross-entropy ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens, chunk", [(37, 8), (64, 64), (50, 1000)])
+def test_fused_loss_matches_full_logits(tokens, chunk):
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = torch.randn(tokens, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(40, 16, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 40, (tokens,), generator=generator)
+    labels[::5] = IGNORE_INDEX
+
+    expected = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=IGNORE_INDEX)
+    expected_grads = torch.autograd.grad(expected * 3, (hidden, weight))
+    fused = fused_linear_cross_entropy(hidden, weight, labels, chunk)
+    fused_grads = torch.autograd.grad(fused * 3, (hidden, weight))
+
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6)
+    for got, want in zip(fused_grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def test_packing_joins_documents_with_eos_and_drops_the_tail():
+    rows = pack_documents([[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]], seq_len=3, eos_id=0)
+    np.testing.assert_array_equal(rows, [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 10]])
+
+
+def test_synthetic_batches_depend_only_on_seed_rank_and_step():
+    def batches(rank, start_step):
+        return synthetic_batches(seed=7, rank=rank, start_step=start_step, batch_size=2, seq_len=5, vocab_size=11)
+
+    from_start = batches(0, 0)
+    first_three = [next(from_start) for _ in range(3)]
+    np.testing.assert_array_equal(next(batches(0, 2)), first_three[2])
+    assert not np.array_equal(next(batches(1, 0)), first_three[0])
+    assert first_three[0].shape == (2, 6) and first_three[0].max() < 11
+
+
+def test_local_corpus_splits_rows_between_ranks():
+    files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
+    per_rank = [
+        local_corpus_batches(files, tokenizer="bytes", seq_len=64, batch_size=4, rank=rank, world_size=2)
+        for rank in (0, 1)
+    ]
+    first = [next(batches) for batches in per_rank]
+    assert first[0].shape == (4, 65)
+    assert not np.array_equal(first[0], first[1])
+
+
+def test_local_corpus_too_small_for_the_batch_is_an_error(tmp_path):
+    (tmp_path / "tiny.txt").write_text("too short")
+    with pytest.raises(ValueError, match="too few"):
+        next(local_corpus_batches([str(tmp_path / "tiny.txt")], tokenizer="bytes", seq_len=64, batch_size=1, rank=0, world_size=1))
+
+
+def test_jsonl_documents_are_rows(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "one"}\n\n{"text": "two"}\n')
+    assert list(read_documents(str(path))) == ["one", "two"]
+
+
+def test_byte_tokenizer_round_trips_utf8():
+    tokenizer = ByteTokenizer()
+    ids = tokenizer.encode("naïve café")
+    assert max(ids) < 256 and tokenizer.decode(ids) == "naïve café"
+    assert tokenizer.vocab_size == load_model_config("tiny")["vocab_size"]
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_shipped_configs_load_into_qwen2config():
+    from transformers import Qwen2Config
+
+    for path in CONFIG_DIR.glob("*.json"):
+        config = Qwen2Config(**json.loads(path.read_text()))
+        assert config.tie_word_embeddings
+
+
+def test_smoke_preset_is_the_reference_job():
+    smoke = PRESETS["smoke"]
+    assert (smoke["seq_len"], smoke["batch_size"], smoke["steps"], smoke["data"], smoke["lr"]) == (
+        128,
+        1,
+        5,
+        SYNTHETIC,
+        2e-5,
+    )
+    assert smoke["model_id"] == "Qwen/Qwen2.5-1.5B" and smoke["init"] == "pretrained"
+
+
+def test_default_is_the_tiny_cpu_job_on_the_shipped_corpus():
+    config = parse_args([])
+    assert (config.preset, config.workers, config.use_gpu, config.launcher) == ("tiny", 2, False, "ray")
+    assert Path(config.data) == SHIPPED_CORPUS and Path(config.storage_path).is_absolute()
+
+
+def test_flags_override_the_preset():
+    config = parse_args(["--preset", "throughput", "--steps", "7", "--no-compile", "--hsdp-replicas", "2", "--workers", "8"])
+    assert (config.steps, config.compile, config.hsdp_replicas, config.seq_len) == (7, False, 2, 4096)
+    assert parse_args(["--preset", "throughput", "--hsdp-replicas", "auto"]).hsdp_replicas == 0
+
+
+def test_gpu_flags_take_both_spellings():
+    assert not parse_args(["--preset", "smoke", "--no-gpu"]).use_gpu
+    assert not parse_args(["--preset", "smoke", "--no-use-gpu"]).use_gpu
+    assert parse_args(["--use-gpu"]).use_gpu and parse_args(["--preset", "smoke"]).use_gpu
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--steps", "0"],
+        ["--preset", "huge"],
+        ["--data", "/no/such/corpus"],
+        ["--launcher", "torchrun", "--local"],
+        ["--workers", "6", "--hsdp-replicas", "4"],
+        ["--hsdp-replicas", "two"],
+        ["--seq-len", "100000"],
+        ["--model-config", "no-such-model"],
+        ["--max-failures", "-2"],
+        ["--unknown-flag"],
+    ],
+)
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_cli_reports_bad_arguments_without_a_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "training", "--steps", "-1"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "usage:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_warmup_is_linear_then_constant():
+    config = parse_args(["--lr", "0.01", "--warmup-steps", "4"])
+    assert [learning_rate(config, step) for step in (1, 2, 4, 5, 100)] == pytest.approx([0.0025, 0.005, 0.01, 0.01, 0.01])
+
+
+def test_hsdp_replica_groups():
+    assert replica_groups(8, 4, 0) == 2  # auto: one replica group per node
+    assert replica_groups(8, 8, 0) == 1
+    assert replica_groups(8, 4, 1) == 1
+    with pytest.raises(ValueError):
+        replica_groups(6, 6, 4)
+
+
+def test_package_fits_a_configmap():
+    """Everything under training/ ships in a ConfigMap (1 MiB); only small text files."""
+    files = [path for path in PACKAGE_DIR.rglob("*") if path.is_file() and "__pycache__" not in path.parts]
+    assert {path.suffix for path in files} <= {".py", ".json", ".jsonl", ".txt", ".md"}
+    assert sum(path.stat().st_size for path in files) < 512 * 1024
+    assert sum(path.stat().st_size for path in SHIPPED_CORPUS.iterdir()) < 200 * 1024

@@ -1,0 +1,57 @@
+"""Files a finished run leaves in its folder: summary.json and a picture of the run."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from typing import Any, Callable
+
+SUMMARY_FILE = "summary.json"
+PICTURE_FILE = "run.png"
+
+
+def render_picture(summary: dict[str, Any], history: list[dict[str, Any]]) -> bytes | None:
+    """Loss and tokens/s per step as a PNG; None (with a note) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError:
+        print("matplotlib is not installed: no run picture", file=sys.stderr)
+        return None
+
+    steps = [entry["step"] for entry in history]
+    figure, (loss_axes, rate_axes) = pyplot.subplots(1, 2, figsize=(11, 4))
+    loss_axes.plot(steps, [entry["loss"] for entry in history], marker=".", color="tab:blue")
+    loss_axes.set(xlabel="step", ylabel="loss", title="training loss")
+    loss_axes.grid(alpha=0.3)
+    rate_axes.plot(steps, [entry["tokens_per_s"] for entry in history], marker=".", color="tab:green")
+    rate_axes.set(xlabel="step", ylabel="tokens/s (all workers)", title="throughput")
+    rate_axes.set_ylim(bottom=0)
+    rate_axes.grid(alpha=0.3)
+    device = summary.get("gpu_name") or summary.get("device", "cpu")
+    mfu = summary.get("mfu")
+    mfu_text = f", MFU {100 * mfu:.1f}%" if mfu is not None else ""
+    figure.suptitle(
+        f"{summary.get('model')} on {summary['world_size']} x {device}: "
+        f"seq {summary.get('seq_len')} x batch {summary.get('batch_size')}{mfu_text}"
+    )
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    pyplot.close(figure)
+    return buffer.getvalue()
+
+
+def write_run_files(
+    write: Callable[[str, bytes], None], run_dir: str, summary: dict[str, Any], history: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Write summary.json (and run.png) through `write(name, data)`; returns the completed summary."""
+    summary = {**summary, "run_dir": run_dir, "summary_path": f"{run_dir.rstrip('/')}/{SUMMARY_FILE}"}
+    picture = render_picture(summary, history) if history else None
+    if picture is not None:
+        write(PICTURE_FILE, picture)
+    write(SUMMARY_FILE, json.dumps({**summary, "history": history}, indent=2).encode())
+    return summary

@@ -1,0 +1,110 @@
+"""Formatting and parsing of the job's log lines, free of third-party imports.
+
+The training job prints one machine-readable line per step and ends the driver's
+stdout with one JSON summary. The Pulumi side reads both out of `ray job logs`
+without torch or ray installed, so everything here is plain Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+STEP_MARKER = "TRAIN_STEP"
+STEP_KEYS = (
+    "step",
+    "steps",
+    "loss",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_mem_gib",
+)
+SUMMARY_KEYS = (
+    "world_size",
+    "steps",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "loss_first",
+    "loss_last",
+    "peak_mem_gib",
+    "step_time_s",
+    "duration_s",
+    "gpu_name",
+    "run_dir",
+    "summary_path",
+)
+
+
+def _json_number(value: Any) -> Any:
+    """NaN and infinities are not JSON: a diverged loss becomes null, not a parse error."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_step_line(metrics: Mapping[str, Any]) -> str:
+    """One line per step: the marker, then the step metrics as compact JSON."""
+    missing = [key for key in STEP_KEYS if key not in metrics]
+    if missing:
+        raise KeyError(f"step metrics lack {missing}")
+    payload = {key: _json_number(metrics[key]) for key in STEP_KEYS}
+    return f"{STEP_MARKER} {json.dumps(payload, separators=(',', ':'))}"
+
+
+def parse_step_line(line: str) -> dict | None:
+    """The metrics of a step line, also when a log prefix (Ray's worker tag) precedes it."""
+    position = line.find(STEP_MARKER + " ")
+    if position < 0:
+        return None
+    try:
+        payload = json.loads(line[position + len(STEP_MARKER) + 1 :])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict) or any(key not in payload for key in STEP_KEYS):
+        return None
+    return payload
+
+
+def format_progress_line(metrics: Mapping[str, Any]) -> str:
+    """The human-readable console line for a step."""
+    mfu = metrics.get("mfu")
+    mfu_text = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
+    width = len(str(metrics["steps"]))
+    loss = metrics["loss"]
+    loss_text = "nan" if loss is None or not math.isfinite(loss) else f"{loss:.4f}"
+    return (
+        f"step {metrics['step']:>{width}}/{metrics['steps']}"
+        f" | loss {loss_text}"
+        f" | {metrics['step_time_s']:.3f} s/step"
+        f" | {metrics['tokens_per_s']:,.0f} tok/s"
+        f" ({metrics['tokens_per_s_per_gpu']:,.0f}/worker)"
+        f" | MFU {mfu_text}"
+        f" | peak mem {metrics['peak_mem_gib']:.2f} GiB"
+    )
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The run summary as one JSON line (the last line the driver prints)."""
+    missing = [key for key in SUMMARY_KEYS if key not in summary]
+    if missing:
+        raise KeyError(f"summary lacks {missing}")
+    return json.dumps({key: _json_number(value) for key, value in summary.items()}, separators=(",", ":"))
+
+
+def parse_summary(text: str) -> dict | None:
+    """The last run summary in a blob of log text, or None when there is none."""
+    for line in reversed(text.splitlines()):
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            payload = json.loads(line[start:])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(payload, dict) and all(key in payload for key in SUMMARY_KEYS):
+            return payload
+    return None

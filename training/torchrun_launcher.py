@@ -1,0 +1,98 @@
+"""torchrun launcher: the same loop without Ray (the GPU benchmark machine has none).
+
+Ranks come from torchrun's environment; checkpoints are DCP folders under
+`<storage-path>/<run-name>/` on a filesystem every rank can see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from training.artifacts import write_run_files
+from training.checkpoint import is_complete
+from training.config import TrainConfig, corpus_files
+from training.data import local_corpus_batches
+from training.report import format_summary
+
+CHECKPOINT_PREFIX = "checkpoint_"
+CHECKPOINTS_KEPT = 2
+
+
+class TorchrunSession:
+    """The loop's view of a torchrun rank."""
+
+    def __init__(self, config: TrainConfig, device: torch.device) -> None:
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.device = device
+        self.run_dir = Path(config.storage_path) / config.run_name
+        self.resume_from = config.resume_from
+
+    def _checkpoints(self) -> list[Path]:
+        found = self.run_dir.glob(f"{CHECKPOINT_PREFIX}*") if self.run_dir.is_dir() else []
+        return sorted(path for path in found if is_complete(str(path)))
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        checkpoints = self._checkpoints()
+        yield str(checkpoints[-1]) if checkpoints else self.resume_from
+
+    def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
+        return local_corpus_batches(
+            corpus_files(config.data),
+            tokenizer=config.tokenizer,
+            seq_len=config.seq_len,
+            batch_size=config.batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
+        if save is None:
+            return
+        path = self.run_dir / f"{CHECKPOINT_PREFIX}{step:06d}"
+        path.mkdir(parents=True, exist_ok=True)
+        save(str(path))
+        dist.barrier()
+        if self.rank == 0:
+            for stale in self._checkpoints()[:-CHECKPOINTS_KEPT]:
+                shutil.rmtree(stale)
+
+    def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        if self.rank != 0:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        completed = write_run_files(
+            lambda name, data: (self.run_dir / name).write_bytes(data), str(self.run_dir), summary, history
+        )
+        print(format_summary(completed), flush=True)
+
+
+def run(config: TrainConfig) -> None:
+    """Entry point of each torchrun rank."""
+    from training.loop import train
+
+    if "RANK" not in os.environ:
+        raise SystemExit("--launcher torchrun needs torchrun: torchrun --nproc-per-node=N -m training ...")
+    if config.use_gpu:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: pass --no-gpu to train on CPU")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    try:
+        train(config, TorchrunSession(config, device))
+    finally:
+        dist.destroy_process_group()
