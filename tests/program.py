@@ -80,7 +80,8 @@ def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[st
     elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
         outputs["latestVersion"] = 1
     elif args.typ == "aws:s3/bucket:Bucket":
-        outputs["bucket"] = f"{name}-0a1b2c3"
+        outputs["bucket"] = args.inputs.get("bucket", f"{name}-0a1b2c3")
+        outputs["arn"] = f"arn:aws:s3:::{outputs['bucket']}"
     elif args.typ == "aws:eks/nodeGroup:NodeGroup":
         outputs["nodeGroupName"] = name
     return outputs

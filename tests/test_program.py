@@ -261,3 +261,32 @@ def test_unknown_region_stops_the_preview(region, message):
     with pytest.raises(pulumi.RunError, match=message) as raised:
         run_program(config, FakeAws(region=region))
     assert raised.value.plan.resources == []
+
+
+def test_least_privilege_for_nodes_and_checkpoints(stack_plan):
+    """Nodes get only the AWS-managed node policies; only the Ray pods' service account reaches the bucket."""
+    import json
+
+    config, plan = stack_plan
+    attached = {r.inputs["policyArn"] for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    assert attached == {
+        "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+        "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+        "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+    }
+    block = plan.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
+    assert all(block[key] is True for key in
+               ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
+    encryption = plan.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+    assert encryption.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
+    pod_role = plan.one("aws:iam/role:Role", "checkpoints-ray-pods")
+    statement = json.loads(pod_role.inputs["assumeRolePolicy"])["Statement"]
+    assert len(statement) == 1 and statement[0]["Action"] == "sts:AssumeRoleWithWebIdentity"
+    subjects = [v for k, v in statement[0]["Condition"]["StringEquals"].items() if k.endswith(":sub")]
+    assert subjects == [f"system:serviceaccount:{config.get('eks-ray-train:namespace', 'ray-train')}:ray-train"]
+    bucket_policy = json.loads(plan.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    resources = {r for s in bucket_policy["Statement"] for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+    bucket = plan.one("aws:s3/bucket:Bucket").inputs["bucket"]
+    assert all(bucket in resource for resource in resources)
+    service_account = plan.one("kubernetes:core/v1:ServiceAccount").inputs
+    assert service_account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
