@@ -65,6 +65,38 @@ class NodeGroupSpec:
     root_volume_gib: int
 
 
+def managed_node_group(
+    name: str,
+    *,
+    parent: pulumi.Resource,
+    cluster_name: pulumi.Input[str],
+    node_role_arn: pulumi.Input[str],
+    subnet_ids: list[pulumi.Input[str]],
+    spec: NodeGroupSpec,
+    template: aws.ec2.LaunchTemplate,
+    ami_type: str,
+    labels: dict[str, str],
+    after: list[pulumi.Resource],
+    **extra,
+) -> aws.eks.NodeGroup:
+    """A fixed-size On-Demand managed node group on our launch template."""
+    return aws.eks.NodeGroup(
+        name,
+        cluster_name=cluster_name,
+        node_role_arn=node_role_arn,
+        subnet_ids=subnet_ids,
+        instance_types=[spec.instance.instance_type],
+        ami_type=ami_type,
+        capacity_type="ON_DEMAND",
+        scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
+        labels=labels,
+        launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+        # The role's policies must outlive the nodes, or they cannot leave the cluster cleanly.
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=after),
+        **extra,
+    )
+
+
 class SystemNodeGroup(pulumi.ComponentResource):
     """Nodes for the KubeRay operator, CoreDNS and the Ray head (no GPU)."""
 
@@ -88,19 +120,17 @@ class SystemNodeGroup(pulumi.ComponentResource):
             block_device_mappings=root_volume(spec.root_volume_gib),
             opts=child,
         )
-        self.node_group = aws.eks.NodeGroup(
+        self.node_group = managed_node_group(
             name,
+            parent=self,
             cluster_name=cluster_name,
             node_role_arn=node_role_arn,
             subnet_ids=subnet_ids,
-            instance_types=[spec.instance.instance_type],
+            spec=spec,
+            template=template,
             ami_type="AL2023_x86_64_STANDARD",
-            capacity_type="ON_DEMAND",
-            scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
             labels=SYSTEM_LABELS,
-            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-            # The role's policies must outlive the nodes, or they cannot leave the cluster cleanly.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+            after=after,
         )
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
 
@@ -168,21 +198,20 @@ class GpuNodeGroup(pulumi.ComponentResource):
             opts=child,
             **template_args,
         )
-        self.node_group = aws.eks.NodeGroup(
+        self.node_group = managed_node_group(
             name,
+            parent=self,
             cluster_name=cluster_name,
             node_role_arn=node_role_arn,
             subnet_ids=[subnet_id],
-            instance_types=[spec.instance.instance_type],
+            spec=spec,
+            template=self.launch_template,
             ami_type="AL2023_x86_64_NVIDIA",
-            capacity_type="ON_DEMAND",
-            scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
             labels=GPU_LABELS,
+            after=after,
             taints=[GPU_TAINT],
-            launch_template={"id": self.launch_template.id, "version": self.launch_template.latest_version.apply(str)},
             # Instances are replaced one at a time; a GPU node lost mid-update takes its Ray worker with it.
             update_config={"max_unavailable": 1},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )
         self.register_outputs(
             {"nodeGroupName": self.node_group.node_group_name, "placementGroup": self.placement_group.name}
