@@ -208,6 +208,11 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=list(TUNED_VARIANTS), choices=list(TUNED_VARIANTS))
     parser.add_argument("--memory-cases", nargs="*", default=list(MEMORY_CASES), choices=list(MEMORY_CASES))
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        help="cap this process's GPU memory for the memory cases, as an L4 would (22.5 GiB usable of its 24 GB)",
+    )
     args = parser.parse_args()
 
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
@@ -231,6 +236,7 @@ def main() -> None:
         "parameters": num_params(architecture),
         "loss_check": None,
         "variants": [],
+        "memory_cap_gib": args.memory_cap_gib,
         "memory_at_world_size_8": [],
     }
 
@@ -288,10 +294,23 @@ def main() -> None:
         save()
         release_memory()
 
+    if args.memory_cap_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.memory_cap_gib * 2**30 / total, device)
     for name in args.memory_cases:
         overrides, local_world_size = MEMORY_CASES[name]
         config = benchmark_config(args.model_config, args.memory_steps, **overrides)
-        summary = memory_at_world_size(config, 8, local_world_size, device)
+        try:
+            summary = memory_at_world_size(config, 8, local_world_size, device)
+        except torch.OutOfMemoryError:
+            summary = None  # freed only once the exception (and its frames) is gone
+        if summary is None:
+            result = {"name": name, "world_size": 8, "oom_under_cap_gib": args.memory_cap_gib}
+            report["memory_at_world_size_8"].append(result)
+            emit(result)
+            save()
+            release_memory()
+            continue
         result = {
             "name": name,
             "world_size": 8,
@@ -316,6 +335,9 @@ def main() -> None:
         memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
         print(f"{row['name']:32} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {row['step_time_s']:>8.3f} {memory:>9}")
     for row in report["memory_at_world_size_8"]:
+        if "oom_under_cap_gib" in row:
+            print(f"{row['name']:32} out of memory under a {row['oom_under_cap_gib']} GiB cap")
+            continue
         print(f"{row['name']:32} per-rank peak at world size 8 ({row['mesh']}): {row['peak_mem_gib']:.1f} GiB")
 
 
