@@ -290,3 +290,26 @@ def test_least_privilege_for_nodes_and_checkpoints(stack_plan):
     assert all(bucket in resource for resource in resources)
     service_account = plan.one("kubernetes:core/v1:ServiceAccount").inputs
     assert service_account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+
+
+def test_the_program_needs_neither_torch_nor_ray():
+    """`pulumi up` installs requirements.txt only: the program must not import the training stack."""
+    import subprocess
+    import sys
+
+    from tests.program import ROOT
+
+    requirements = (ROOT / "requirements.txt").read_text().lower()
+    for package in ("torch", "ray", "transformers"):
+        assert not any(line.strip().startswith(package) for line in requirements.splitlines()), package
+    script = (
+        "import sys\n"
+        "from tests.fake_aws import FakeAws\n"
+        "from tests.program import STACK_FILES, USER_SETTINGS, run_program, stack_config\n"
+        "config = {**stack_config(STACK_FILES[0]), **USER_SETTINGS}\n"
+        "run_program(config, FakeAws(region=config['aws:region']))\n"
+        "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
