@@ -1,8 +1,8 @@
 """Preflight: can this account and region host the stack, and in which zones? Answered in `pulumi preview`.
 
-Every check goes through the AWS provider (invokes, and one resource read), so it runs in
-`pulumi preview` with the user's own provider settings and fails with a message that names
-the cause and the fix:
+Every check is a synchronous invoke of the AWS provider, so it runs in `pulumi preview` with the
+user's own provider settings, before any resource is registered, and fails with a message that
+names the cause and the fix:
 
 - the GPU type is offered in a zone of the region EKS can use, and the system type in two of
   them (the EKS control plane needs subnets in two zones; the system nodes run in both);
@@ -10,18 +10,15 @@ the cause and the fix:
 - the On-Demand vCPU quota of each instance class covers the node groups (`gpuNodeCount x vCPU`,
   96 for 2 x g6.12xlarge). The invoke returns the quota, not what already runs against it, so
   instances running in the region can still take the room: `python -m infra.capacity` shows usage;
-- a capacity reservation (`capacityReservationId`) exists, reserves the GPU type for Linux/UNIX
-  with default tenancy, holds `gpuNodeCount` instances, and decides the GPU zone.
+- a capacity reservation (`capacityReservationId`) exists, is `active`, reserves the GPU type for
+  Linux/UNIX with default tenancy, has `gpuNodeCount` instances still available (not just in
+  total), and decides the GPU zone.
 
-What the reservation read cannot tell: pulumi-aws has no data source for reservations, and the
-`aws.ec2.CapacityReservation` resource exposes neither the EC2 `State` nor `AvailableInstanceCount`.
-The provider reads cancelled and expired reservations as missing, so those fail the read naming
-the id (`resource 'cr-...' does not exist`); a reservation that is pending, or whose instances are
-already in use, passes here. The reservation count checked is the total it reserves; see the rest
-with `aws ec2 describe-capacity-reservations --capacity-reservation-ids cr-... --query
-'CapacityReservations[0].[State,AvailableInstanceCount]'`. These checks run when the read
-resolves, so `gpu_az` and `cluster_azs` are Outputs then, and they hold back (and fail) only the
-resources that take them as inputs.
+pulumi-aws has no data source for capacity reservations, and its `aws.ec2.CapacityReservation`
+resource lacks the state and the available count, so the reservation is read through Cloud Control
+(`aws.cloudcontrol.get_resource`), which returns the CloudFormation properties of
+`AWS::EC2::CapacityReservation`. Older versions of that schema carry no `State`: then the state
+cannot be read here, and the check relies on `AvailableInstanceCount` alone.
 
 The GPU zone, without a reservation: `gpuAz` when set, else the first zone by name that offers
 both node types. Zone names map to different physical zones in each account, so this choice is
@@ -30,6 +27,7 @@ stable for one account, not across accounts.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pulumi
@@ -46,10 +44,14 @@ class PreflightError(pulumi.RunError):
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the nodes go, decided and checked before any resource exists."""
+    """Where the nodes go, decided and checked before any resource exists.
 
-    gpu_az: pulumi.Input[str]
-    cluster_azs: pulumi.Input[list[str]]
+    The zones are plain values, not Outputs: every check has run when `plan_placement` returns,
+    so a failure stops the whole program rather than only the resources that take the zones.
+    """
+
+    gpu_az: str
+    cluster_azs: list[str]
     gpu_node: InstanceFacts
     system_node: InstanceFacts
     capacity_reservation_id: str | None
@@ -76,21 +78,18 @@ def plan_placement(settings: StackSettings) -> Placement:
     zones = _Zones(settings, zone_ids, gpu_zones, system_zones)
 
     if settings.capacity_reservation_id:
-        cluster_azs = _reservation_cluster_zones(settings, zones)
-        gpu_az = cluster_azs.apply(lambda names: names[0])
+        gpu_az = _reservation_gpu_zone(settings, zones)
+    elif settings.gpu_az:
+        gpu_az = zones.check_gpu_zone(
+            settings.gpu_az,
+            f"config key 'gpuAz' = {settings.gpu_az!r}",
+            "set gpuAz to one of them, or remove it to choose automatically",
+        )
     else:
-        if settings.gpu_az:
-            gpu_az = zones.check_gpu_zone(
-                settings.gpu_az,
-                f"config key 'gpuAz' = {settings.gpu_az!r}",
-                "set gpuAz to one of them, or remove it to choose automatically",
-            )
-        else:
-            gpu_az = zones.first_gpu_zone()
-        cluster_azs = zones.cluster_zones(gpu_az)
+        gpu_az = zones.first_gpu_zone()
     return Placement(
         gpu_az=gpu_az,
-        cluster_azs=cluster_azs,
+        cluster_azs=zones.cluster_zones(gpu_az),
         gpu_node=gpu_node,
         system_node=system_node,
         capacity_reservation_id=settings.capacity_reservation_id,
@@ -239,51 +238,64 @@ class _Zones:
         return [gpu_az, next(zone for zone in self.system_zones if zone != gpu_az)]
 
 
-def _reservation_cluster_zones(settings: StackSettings, zones: _Zones) -> pulumi.Output[list[str]]:
-    """Read the reservation, check it against the settings, and place the cluster around its zone."""
+def _reservation_gpu_zone(settings: StackSettings, zones: _Zones) -> str:
+    """Read the reservation, check it against the settings, and return its zone as the GPU zone."""
     reservation_id = settings.capacity_reservation_id
-    reservation = aws.ec2.CapacityReservation.get("gpu-capacity-reservation", reservation_id)
-
-    def check(found: dict) -> list[str]:
-        if found["instance_type"] != settings.gpu_node_type:
-            raise PreflightError(
-                f"capacity reservation {reservation_id} reserves {found['instance_type']}, and gpuNodeType is "
-                f"{settings.gpu_node_type}: set gpuNodeType to {found['instance_type']}, or use a reservation for "
-                f"{settings.gpu_node_type}"
-            )
-        if found["instance_platform"] != "Linux/UNIX":
-            raise PreflightError(
-                f"capacity reservation {reservation_id} is for {found['instance_platform']} instances, and EKS nodes "
-                "run Linux/UNIX: use a Linux/UNIX reservation"
-            )
-        if found["tenancy"] not in (None, "default"):
-            raise PreflightError(
-                f"capacity reservation {reservation_id} has {found['tenancy']} tenancy, and the GPU nodes launch with "
-                "default tenancy: use a reservation with default tenancy"
-            )
-        if found["instance_count"] < settings.gpu_node_count:
-            raise PreflightError(
-                f"capacity reservation {reservation_id} holds {found['instance_count']} {settings.gpu_node_type} "
-                f"instance(s), and gpuNodeCount is {settings.gpu_node_count}: set gpuNodeCount to "
-                f"{found['instance_count']}, or grow the reservation "
-                f"with `aws ec2 modify-capacity-reservation --capacity-reservation-id {reservation_id} "
-                f"--instance-count {settings.gpu_node_count} --region {settings.region}`"
-            )
-        zone = found["availability_zone"]
-        if settings.gpu_az and settings.gpu_az != zone:
-            raise PreflightError(
-                f"config key 'gpuAz' = {settings.gpu_az!r}, and capacity reservation {reservation_id} is in {zone}: "
-                f"remove gpuAz (the reservation decides the GPU zone) or set it to {zone}"
-            )
-        gpu_az = zones.check_gpu_zone(
-            zone, f"capacity reservation {reservation_id}", "use a capacity reservation in one of them"
+    found = _read_reservation(reservation_id, settings.region)
+    describe_command = (
+        f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
+    )
+    state = found.get("State")
+    if state is not None and state != "active":
+        raise PreflightError(
+            f"capacity reservation {reservation_id} is {state}, and only an active reservation holds instances: "
+            f"use an active reservation (check with `{describe_command}`), or remove capacityReservationId"
         )
-        return zones.cluster_zones(gpu_az)
+    if found["InstanceType"] != settings.gpu_node_type:
+        raise PreflightError(
+            f"capacity reservation {reservation_id} reserves {found['InstanceType']}, and gpuNodeType is "
+            f"{settings.gpu_node_type}: set gpuNodeType to {found['InstanceType']}, or use a reservation for "
+            f"{settings.gpu_node_type}"
+        )
+    if found["InstancePlatform"] != "Linux/UNIX":
+        raise PreflightError(
+            f"capacity reservation {reservation_id} is for {found['InstancePlatform']} instances, and EKS nodes "
+            "run Linux/UNIX: use a Linux/UNIX reservation"
+        )
+    if found.get("Tenancy") not in (None, "default"):
+        raise PreflightError(
+            f"capacity reservation {reservation_id} has {found['Tenancy']} tenancy, and the GPU nodes launch with "
+            "default tenancy: use a reservation with default tenancy"
+        )
+    available = found["AvailableInstanceCount"]
+    if available < settings.gpu_node_count:
+        raise PreflightError(
+            f"capacity reservation {reservation_id} has {available} of its {found['TotalInstanceCount']} "
+            f"{settings.gpu_node_type} instance(s) available (the rest are in use), and gpuNodeCount is "
+            f"{settings.gpu_node_count}: free or add instances (see `{describe_command}`; grow it with "
+            f"`aws ec2 modify-capacity-reservation --capacity-reservation-id {reservation_id} --instance-count "
+            f"{found['TotalInstanceCount'] + settings.gpu_node_count - available} --region {settings.region}`), "
+            f"or set gpuNodeCount to {available}"
+        )
+    zone = found["AvailabilityZone"]
+    if settings.gpu_az and settings.gpu_az != zone:
+        raise PreflightError(
+            f"config key 'gpuAz' = {settings.gpu_az!r}, and capacity reservation {reservation_id} is in {zone}: "
+            f"remove gpuAz (the reservation decides the GPU zone) or set it to {zone}"
+        )
+    return zones.check_gpu_zone(
+        zone, f"capacity reservation {reservation_id}", "use a capacity reservation in one of them"
+    )
 
-    return pulumi.Output.all(
-        instance_type=reservation.instance_type,
-        instance_platform=reservation.instance_platform,
-        tenancy=reservation.tenancy,
-        instance_count=reservation.instance_count,
-        availability_zone=reservation.availability_zone,
-    ).apply(check)
+
+def _read_reservation(reservation_id: str, region: str) -> dict:
+    """The reservation's CloudFormation properties (`InstanceType`, `AvailableInstanceCount`, ...) via Cloud Control."""
+    try:
+        result = aws.cloudcontrol.get_resource(type_name="AWS::EC2::CapacityReservation", identifier=reservation_id)
+    except Exception as err:  # the provider reports a missing reservation and AccessDenied as an invoke error
+        raise PreflightError(
+            f"could not read capacity reservation {reservation_id} in {region} ({err}): check the id and the region "
+            f"(`aws ec2 describe-capacity-reservations --region {region}` lists them), and allow "
+            "cloudcontrol:GetResource and ec2:DescribeCapacityReservations to the identity running Pulumi"
+        ) from None
+    return json.loads(result.properties)

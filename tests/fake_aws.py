@@ -1,4 +1,4 @@
-"""A fake AWS account that answers the AWS provider's invokes and reads under Pulumi mocks.
+"""A fake AWS account that answers the AWS provider's invokes under Pulumi mocks.
 
 The facts are real: instance types as `ec2:DescribeInstanceTypes` reports them and the zones
 that offer them as a recent `ec2:DescribeInstanceTypeOfferings` snapshot lists them (the one
@@ -14,6 +14,7 @@ gRPC error, so a program that catches the invoke's exception behaves as it would
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,34 +138,50 @@ QUOTAS: dict[str, tuple[str, float]] = {
     "L-F7808C92": ("Running On-Demand HPC instances", 768.0),
 }
 
-CAPACITY_RESERVATION = "aws:ec2/capacityReservation:CapacityReservation"
-# EC2 keeps cancelled and expired reservations visible for an hour; the provider reads them as gone.
-_GONE_RESERVATION_STATES = ("cancelled", "expired")
-
 
 def capacity_reservation(
     availability_zone: str,
     instance_type: str = "g6.12xlarge",
     instance_count: int = 2,
-    state: str = "active",
+    available_instance_count: int | None = None,
+    state: str | None = "active",
     instance_platform: str = "Linux/UNIX",
     tenancy: str = "default",
 ) -> dict[str, Any]:
-    """One entry of `FakeAws.reservations`: the resource's state plus the EC2 `state`, which the resource lacks."""
+    """One entry of `FakeAws.reservations`, keyed like EC2's `DescribeCapacityReservations`.
+
+    `available_instance_count` defaults to `instance_count` (none in use); `state=None` stands for a
+    Cloud Control schema that does not return the state.
+    """
     return {
         "availabilityZone": availability_zone,
         "instanceType": instance_type,
         "instanceCount": instance_count,
+        "availableInstanceCount": instance_count if available_instance_count is None else available_instance_count,
         "instancePlatform": instance_platform,
         "tenancy": tenancy,
         "instanceMatchCriteria": "targeted",
         "endDateType": "unlimited",
         "ebsOptimized": True,
         "ephemeralStorage": False,
-        "ownerId": ACCOUNT_ID,
-        "tags": {},
         "state": state,
     }
+
+
+# `FakeAws.reservations` keys -> the CloudFormation property names Cloud Control returns them under.
+_RESERVATION_PROPERTIES = {
+    "availabilityZone": "AvailabilityZone",
+    "instanceType": "InstanceType",
+    "instancePlatform": "InstancePlatform",
+    "tenancy": "Tenancy",
+    "instanceCount": "InstanceCount",
+    "availableInstanceCount": "AvailableInstanceCount",
+    "instanceMatchCriteria": "InstanceMatchCriteria",
+    "endDateType": "EndDateType",
+    "ebsOptimized": "EbsOptimized",
+    "ephemeralStorage": "EphemeralStorage",
+    "state": "State",
+}
 
 
 class AwsApiError(Exception):
@@ -208,6 +225,7 @@ class FakeAws:
             "aws:index/getCallerIdentity:getCallerIdentity": self._caller_identity,
             "aws:index/getPartition:getPartition": self._partition,
             "aws:index/getRegion:getRegion": self._region,
+            "aws:cloudcontrol/getResource:getResource": self._cloudcontrol_resource,
         }.get(token)
         if answer is None:
             raise NotImplementedError(f"FakeAws does not answer the invoke {token}; teach it in tests/fake_aws.py")
@@ -216,21 +234,6 @@ class FakeAws:
         if token in self.denied:
             raise AwsApiError(token, "AccessDeniedException", f"user/tester is not authorized to perform {token}")
         return answer(args)
-
-    def read(self, type_token: str, resource_id: str) -> dict | None:
-        """State of an existing resource read with `.get`, or None where the provider finds nothing."""
-        if type_token != CAPACITY_RESERVATION:
-            return None
-        reservation = (self.reservations or {}).get(resource_id)
-        if reservation is None or reservation.get("state", "active") in _GONE_RESERVATION_STATES:
-            return None
-        state = {key: value for key, value in reservation.items() if key != "state"}
-        return {
-            **state,
-            "id": resource_id,
-            "arn": f"arn:aws:ec2:{self.region}:{ACCOUNT_ID}:capacity-reservation/{resource_id}",
-            "region": self.region,
-        }
 
     # --- invokes ----------------------------------------------------------------------------------
 
@@ -321,6 +324,32 @@ class FakeAws:
             "groupNames": [self.region for _ in zones],
         }
 
+    def _cloudcontrol_resource(self, args: dict) -> dict:
+        """Cloud Control's view of a capacity reservation: its CloudFormation properties as JSON text."""
+        type_name, identifier = args["typeName"], args["identifier"]
+        if type_name != "AWS::EC2::CapacityReservation":
+            raise NotImplementedError(f"FakeAws does not read {type_name} through Cloud Control")
+        reservation = (self.reservations or {}).get(identifier)
+        if reservation is None:
+            raise AwsApiError(
+                "CloudControl: GetResource",
+                "ResourceNotFoundException",
+                f"Resource of type '{type_name}' with identifier '{identifier}' was not found.",
+            )
+        properties = {
+            _RESERVATION_PROPERTIES[key]: value
+            for key, value in reservation.items()
+            if key in _RESERVATION_PROPERTIES and value is not None
+        }
+        properties.update(Id=identifier, TotalInstanceCount=reservation["instanceCount"])
+        return {
+            "id": identifier,
+            "identifier": identifier,
+            "typeName": type_name,
+            "region": self.region,
+            "properties": json.dumps(properties),
+        }
+
     def _caller_identity(self, args: dict) -> dict:
         return {
             "id": ACCOUNT_ID,
@@ -357,7 +386,7 @@ class EngineError(grpc.RpcError):
 
 
 class FakeAwsMocks(pulumi.runtime.Mocks):
-    """Pulumi mocks backed by a `FakeAws`: invokes go to `FakeAws.call`, reads to `FakeAws.read`.
+    """Pulumi mocks backed by a `FakeAws`: invokes go to `FakeAws.call`.
 
     A plain exception raised in `Mocks.call` would be recorded by the SDK as an unhandled RPC
     failure and fail the program even when the caller catches it; an `EngineError` reaches the
@@ -374,11 +403,4 @@ class FakeAwsMocks(pulumi.runtime.Mocks):
             raise EngineError(f"invocation of {args.token} returned an error: {err}") from err
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
-        if args.custom is None and args.resource_id:  # a read (`Resource.get`); registrations carry `custom`
-            state = self.aws.read(args.typ, args.resource_id)
-            if state is None:
-                raise EngineError(
-                    f"reading resource {args.typ} '{args.name}': resource '{args.resource_id}' does not exist"
-                )
-            return args.resource_id, state
         return f"{args.name}_id", dict(args.inputs)

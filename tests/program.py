@@ -125,11 +125,9 @@ def _secret_paths(struct) -> set[str]:
 
 
 class ProgramMocks(FakeAwsMocks):
-    """The fake account's invokes and reads, plus outputs for the resources the program creates."""
+    """The fake account's invokes, plus outputs for the resources the program creates."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        if args.custom is None and args.resource_id:  # a read of an existing resource (`Resource.get`)
-            return super().new_resource(args)
         return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
 
 

@@ -10,28 +10,46 @@ import pytest
 from infra.config import ConfigError, parse_settings
 from infra.preflight import Placement, PreflightError, plan_placement
 from tests.fake_aws import FakeAws, FakeAwsMocks, capacity_reservation
+from tests.program import STACK_FILES, USER_SETTINGS, run_program, stack_config
 
 RESERVATION = "cr-0123456789abcdef0"
 QUOTA_TOKEN = "aws:servicequotas/getServiceQuota:getServiceQuota"
+CLOUD_CONTROL_TOKEN = "aws:cloudcontrol/getResource:getResource"
+DEV_STACK = next(path for path in STACK_FILES if path.name == "Pulumi.dev.yaml")
+
+
+class RecordingMocks(FakeAwsMocks):
+    """Also records every resource the code under test registers or reads: the preflight must do neither."""
+
+    def __init__(self, aws: FakeAws):
+        super().__init__(aws)
+        self.registered: list[str] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        self.registered.append(f"{args.typ} {args.name}")
+        return super().new_resource(args)
 
 
 def plan(fake: FakeAws, **config) -> tuple[Placement, str, list[str]]:
-    """Run `plan_placement` in a mocked `pulumi preview`; return the placement with its zones resolved."""
-    pulumi.runtime.set_mocks(FakeAwsMocks(fake), project="eks-ray-train", stack="dev", preview=True)
+    """Run `plan_placement` in a mocked `pulumi preview`; return the placement and its zones.
+
+    Fails the test when the preflight registered or read any resource, whether it passed or refused.
+    """
+    mocks = RecordingMocks(fake)
+    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack="dev", preview=True)
     settings = parse_settings({"endpointPublicAccessCidrs": ["203.0.113.7/32"], **config}, fake.region)
-    resolved: dict = {}
+    planned: list[Placement] = []
 
     @pulumi.runtime.test
     def run():
-        placement = plan_placement(settings)
-        resolved["placement"] = placement
-        return pulumi.Output.all(placement.gpu_az, placement.cluster_azs).apply(
-            lambda zones: resolved.update(zones=zones)
-        )
+        planned.append(plan_placement(settings))
 
-    run()
-    gpu_az, cluster_azs = resolved["zones"]
-    return resolved["placement"], gpu_az, cluster_azs
+    try:
+        run()
+    finally:
+        assert mocks.registered == [], f"the preflight registered {mocks.registered}"
+    placement = planned[0]
+    return placement, placement.gpu_az, placement.cluster_azs
 
 
 def refusal(fake: FakeAws, error: type[Exception] = PreflightError, **config) -> str:
@@ -205,21 +223,53 @@ def test_quota_that_cannot_be_read_names_the_permission():
 # --- capacity reservations ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("state", ["cancelled", "expired"])
-def test_inactive_reservation_reads_as_missing(state):
-    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", state=state)})
-    message = refusal(fake, Exception, capacityReservationId=RESERVATION)
-    assert f"resource '{RESERVATION}' does not exist" in message
+def program_refusal(fake: FakeAws, **config) -> str:
+    """Run the whole program with this reservation; it must stop before registering any resource."""
+    overrides = {f"eks-ray-train:{key}": value for key, value in config.items()}
+    with pytest.raises(PreflightError) as caught:
+        run_program({**stack_config(DEV_STACK), **USER_SETTINGS, **overrides}, fake)
+    assert caught.value.plan.resources == []
+    return str(caught.value)
 
 
-def test_missing_reservation_fails_naming_it():
-    message = refusal(FakeAws(), Exception, capacityReservationId=RESERVATION)
-    assert f"resource '{RESERVATION}' does not exist" in message
+def test_reservation_is_read_once_through_cloud_control_as_plain_values():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2c")})
+    placement, gpu_az, cluster_azs = plan(fake, capacityReservationId=RESERVATION)
+    assert type(gpu_az) is str and type(cluster_azs) is list
+    reads = [args for token, args in fake.calls if token == CLOUD_CONTROL_TOKEN]
+    assert reads == [{"typeName": "AWS::EC2::CapacityReservation", "identifier": RESERVATION}]
 
 
-def test_reservation_for_another_type():
-    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_type="g5.12xlarge")})
+def test_reservation_without_a_state_property_is_judged_by_its_available_count():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", state=None)})
+    _, gpu_az, _ = plan(fake, capacityReservationId=RESERVATION)
+    assert gpu_az == "us-east-2b"
+    fake.reservations[RESERVATION]["availableInstanceCount"] = 0
     message = refusal(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} has 0 of its 2 g6.12xlarge instance(s) available" in message
+
+
+@pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
+def test_missing_reservation_names_it_the_region_and_the_permissions(run):
+    message = run(FakeAws(), capacityReservationId=RESERVATION)
+    assert f"could not read capacity reservation {RESERVATION} in us-east-2" in message
+    assert "ResourceNotFoundException" in message
+    assert "cloudcontrol:GetResource and ec2:DescribeCapacityReservations" in message
+
+
+@pytest.mark.parametrize("state", ["pending", "expired", "cancelled"])
+@pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
+def test_reservation_that_is_not_active(run, state):
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", state=state)})
+    message = run(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} is {state}, and only an active reservation holds instances" in message
+    assert f"--capacity-reservation-ids {RESERVATION} --region us-east-2" in message
+
+
+@pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
+def test_reservation_for_another_type(run):
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_type="g5.12xlarge")})
+    message = run(fake, capacityReservationId=RESERVATION)
     assert f"capacity reservation {RESERVATION} reserves g5.12xlarge, and gpuNodeType is g6.12xlarge" in message
 
 
@@ -235,16 +285,27 @@ def test_reservation_with_dedicated_tenancy():
     assert f"capacity reservation {RESERVATION} has dedicated tenancy" in message
 
 
-def test_reservation_too_small_for_the_gpu_nodes():
-    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_count=1)})
-    message = refusal(fake, capacityReservationId=RESERVATION)
-    assert f"capacity reservation {RESERVATION} holds 1 g6.12xlarge instance(s), and gpuNodeCount is 2" in message
-    assert f"--capacity-reservation-id {RESERVATION} --instance-count 2 --region us-east-2" in message
+@pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
+def test_reservation_with_too_few_available_instances_though_enough_in_total(run):
+    reservation = capacity_reservation("us-east-2b", instance_count=4, available_instance_count=1)
+    message = run(FakeAws(reservations={RESERVATION: reservation}), capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} has 1 of its 4 g6.12xlarge instance(s) available" in message
+    assert "gpuNodeCount is 2" in message
+    describe = f"`aws ec2 describe-capacity-reservations --capacity-reservation-ids {RESERVATION} --region us-east-2`"
+    assert describe in message
+    assert f"--capacity-reservation-id {RESERVATION} --instance-count 5 --region us-east-2" in message
 
 
-def test_reservation_in_another_zone_than_the_configured_one():
+def test_reservation_with_exactly_enough_available_instances_passes():
+    reservation = capacity_reservation("us-east-2b", instance_count=4, available_instance_count=2)
+    _, gpu_az, _ = plan(FakeAws(reservations={RESERVATION: reservation}), capacityReservationId=RESERVATION)
+    assert gpu_az == "us-east-2b"
+
+
+@pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
+def test_reservation_in_another_zone_than_the_configured_one(run):
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2c")})
-    message = refusal(fake, capacityReservationId=RESERVATION, gpuAz="us-east-2a")
+    message = run(fake, capacityReservationId=RESERVATION, gpuAz="us-east-2a")
     assert f"config key 'gpuAz' = 'us-east-2a', and capacity reservation {RESERVATION} is in us-east-2c" in message
 
 
