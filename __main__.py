@@ -34,7 +34,6 @@ network = Network(
     settings.cluster_name,
     cidr=settings.vpc_cidr,
     zones=placement.cluster_azs,
-    zone_count=2,
     cluster_name=settings.cluster_name,
 )
 cluster = Cluster(

@@ -33,16 +33,14 @@ class Network(pulumi.ComponentResource):
         name: str,
         *,
         cidr: str,
-        zones: pulumi.Input[list[str]],
-        zone_count: int,
+        zones: list[str],
         cluster_name: str,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("eks-ray-train:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        zone_names = pulumi.Output.from_input(zones)
         cluster_tag = {f"kubernetes.io/cluster/{cluster_name}": "shared"}
-        private_cidrs, public_cidrs = subnet_cidrs(cidr, zone_count)
+        private_cidrs, public_cidrs = subnet_cidrs(cidr, len(zones))
 
         self.vpc = aws.ec2.Vpc(
             name,
@@ -52,48 +50,40 @@ class Network(pulumi.ComponentResource):
             tags={"Name": name, **cluster_tag},
             opts=child,
         )
-        internet = aws.ec2.InternetGateway(name, vpc_id=self.vpc.id, tags={"Name": name}, opts=child)
-        public_routes = aws.ec2.RouteTable(
-            f"{name}-public",
-            vpc_id=self.vpc.id,
-            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": internet.id}],
-            tags={"Name": f"{name}-public"},
-            opts=child,
-        )
 
-        self.public_subnets: list[aws.ec2.Subnet] = []
-        self.private_subnets: list[aws.ec2.Subnet] = []
-        for index in range(zone_count):
-            zone = zone_names.apply(lambda names, i=index: names[i])
-            public = aws.ec2.Subnet(
-                f"{name}-public-{index}",
+        def routes_to(tier: str, target: dict) -> aws.ec2.RouteTable:
+            """The tier's route table, its default route going to `target`."""
+            return aws.ec2.RouteTable(
+                f"{name}-{tier}",
                 vpc_id=self.vpc.id,
-                cidr_block=public_cidrs[index],
-                availability_zone=zone,
-                map_public_ip_on_launch=False,
-                tags={"Name": f"{name}-public-{index}", "kubernetes.io/role/elb": "1", **cluster_tag},
+                routes=[{"cidr_block": "0.0.0.0/0", **target}],
+                tags={"Name": f"{name}-{tier}"},
                 opts=child,
             )
-            aws.ec2.RouteTableAssociation(
-                f"{name}-public-{index}", subnet_id=public.id, route_table_id=public_routes.id, opts=child
-            )
-            self.public_subnets.append(public)
-            self.private_subnets.append(
-                aws.ec2.Subnet(
-                    f"{name}-private-{index}",
+
+        def subnets(tier: str, cidrs: list[str], elb_role: str, routes: aws.ec2.RouteTable) -> list[aws.ec2.Subnet]:
+            """One subnet of the tier per zone, associated with the tier's route table."""
+            created = []
+            for index, (zone, block) in enumerate(zip(zones, cidrs)):
+                subnet = aws.ec2.Subnet(
+                    f"{name}-{tier}-{index}",
                     vpc_id=self.vpc.id,
-                    cidr_block=private_cidrs[index],
+                    cidr_block=block,
                     availability_zone=zone,
                     map_public_ip_on_launch=False,
-                    tags={
-                        "Name": f"{name}-private-{index}",
-                        "kubernetes.io/role/internal-elb": "1",
-                        **cluster_tag,
-                    },
+                    tags={"Name": f"{name}-{tier}-{index}", elb_role: "1", **cluster_tag},
                     opts=child,
                 )
-            )
+                aws.ec2.RouteTableAssociation(
+                    f"{name}-{tier}-{index}", subnet_id=subnet.id, route_table_id=routes.id, opts=child
+                )
+                created.append(subnet)
+            return created
 
+        internet = aws.ec2.InternetGateway(name, vpc_id=self.vpc.id, tags={"Name": name}, opts=child)
+        self.public_subnets = subnets(
+            "public", public_cidrs, "kubernetes.io/role/elb", routes_to("public", {"gateway_id": internet.id})
+        )
         nat_address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags={"Name": f"{name}-nat"}, opts=child)
         nat = aws.ec2.NatGateway(
             name,
@@ -102,17 +92,9 @@ class Network(pulumi.ComponentResource):
             tags={"Name": name},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[internet]),
         )
-        private_routes = aws.ec2.RouteTable(
-            f"{name}-private",
-            vpc_id=self.vpc.id,
-            routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
-            tags={"Name": f"{name}-private"},
-            opts=child,
+        self.private_subnets = subnets(
+            "private", private_cidrs, "kubernetes.io/role/internal-elb", routes_to("private", {"nat_gateway_id": nat.id})
         )
-        for index, subnet in enumerate(self.private_subnets):
-            aws.ec2.RouteTableAssociation(
-                f"{name}-private-{index}", subnet_id=subnet.id, route_table_id=private_routes.id, opts=child
-            )
 
         self.vpc_id = self.vpc.id
         self.private_subnet_ids = [subnet.id for subnet in self.private_subnets]
