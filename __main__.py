@@ -155,5 +155,5 @@ pulumi.export("codeHash", ray.code_hash)
 pulumi.export(
     "rayDashboard",
     f"aws eks update-kubeconfig --region {settings.region} --name {settings.cluster_name} && "
-    f"kubectl -n {settings.namespace} port-forward service/ray-train-head-svc 8265:8265  # then open http://localhost:8265",
+    f"kubectl -n {settings.namespace} port-forward service/{ray.name}-head-svc 8265:8265  # then open http://localhost:8265",
 )

@@ -11,11 +11,13 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.node_groups import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
 from infra.sizing import WorkerSizing
 
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-SYSTEM_NODE_SELECTOR = {"role": "system"}
-GPU_NODE_SELECTOR = {"role": "gpu-worker"}
+# Scheduling follows the node groups' own labels and taint, so the two cannot drift apart.
+GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+SYSTEM_NODE_SELECTOR = dict(SYSTEM_LABELS)
+GPU_NODE_SELECTOR = {"role": GPU_LABELS["role"]}
 CODE_MOUNT = "/opt/eks-ray-train"
 CODE_HASH_FILE = ".code-hash"
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
