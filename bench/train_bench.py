@@ -197,6 +197,18 @@ def memory_at_world_size(config: TrainConfig, world_size: int, local_world_size:
     return session.summary
 
 
+def unless_out_of_memory(run: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any] | None:
+    """The run's summary, or None when it ran out of GPU memory.
+
+    Returning rather than handling the error inside the `except` lets the exception and its
+    frames, which hold the run's tensors, be freed before the next variant starts.
+    """
+    try:
+        return run(*args)
+    except torch.OutOfMemoryError:
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file for all results")
@@ -265,10 +277,7 @@ def main() -> None:
             activation_checkpointing=False,
             **TUNED_VARIANTS[name],
         )
-        try:
-            summary = tuned_loop(config, device)
-        except torch.OutOfMemoryError:
-            summary = None  # freed only once the exception (and its frames) is gone
+        summary = unless_out_of_memory(tuned_loop, config, device)
         if summary is None:
             result = {"name": name, "seq_len": config.seq_len, "batch_size": config.batch_size, "oom": True}
             report["variants"].append(result)
@@ -296,14 +305,11 @@ def main() -> None:
 
     if args.memory_cap_gib and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(args.memory_cap_gib * 2**30 / total, device)
+        torch.cuda.set_per_process_memory_fraction(args.memory_cap_gib * GIB / total, device)
     for name in args.memory_cases:
         overrides, local_world_size = MEMORY_CASES[name]
         config = benchmark_config(args.model_config, args.memory_steps, **overrides)
-        try:
-            summary = memory_at_world_size(config, 8, local_world_size, device)
-        except torch.OutOfMemoryError:
-            summary = None  # freed only once the exception (and its frames) is gone
+        summary = unless_out_of_memory(memory_at_world_size, config, 8, local_world_size, device)
         if summary is None:
             result = {"name": name, "world_size": 8, "oom_under_cap_gib": args.memory_cap_gib}
             report["memory_at_world_size_8"].append(result)
