@@ -25,7 +25,8 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -173,10 +174,15 @@ def loss_check(architecture: Any, device: torch.device) -> dict[str, Any]:
     reference_loss = F.cross_entropy((hidden @ weight.t()).float(), labels)
     (reference_grad,) = torch.autograd.grad(reference_loss, hidden)
     results: dict[str, Any] = {"name": "loss-check", "tokens": tokens}
-    for label, chunk_fn in (("eager", chunk_loss_and_logit_grad), ("compiled", torch.compile(chunk_loss_and_logit_grad))):
+    for label, chunk_fn in (
+        ("eager", chunk_loss_and_logit_grad),
+        ("compiled", torch.compile(chunk_loss_and_logit_grad)),
+    ):
         fused_loss = fused_linear_cross_entropy(hidden, weight, labels, 256, chunk_fn)
         (fused_grad,) = torch.autograd.grad(fused_loss, hidden)
-        results[f"{label}_loss_rel_err"] = abs(fused_loss.item() - reference_loss.item()) / reference_loss.item()
+        results[f"{label}_loss_rel_err"] = (
+            abs(fused_loss.item() - reference_loss.item()) / reference_loss.item()
+        )
         results[f"{label}_grad_rel_err"] = (
             (fused_grad.float() - reference_grad.float()).norm() / reference_grad.float().norm()
         ).item()
@@ -190,7 +196,9 @@ def tuned_loop(config: TrainConfig, device: torch.device) -> dict[str, Any]:
     return session.summary
 
 
-def memory_at_world_size(config: TrainConfig, world_size: int, local_world_size: int, device: torch.device) -> dict[str, Any]:
+def memory_at_world_size(
+    config: TrainConfig, world_size: int, local_world_size: int, device: torch.device
+) -> dict[str, Any]:
     start_process_group("fake", world_size, device)
     session = BenchSession(world_size, local_world_size, device)
     train(config, session)
@@ -210,11 +218,15 @@ def unless_out_of_memory(run: Callable[..., dict[str, Any]], *args: Any) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True, help="JSON file for all results")
     parser.add_argument("--model-config", default="qwen2.5-1.5b", help="architecture (random weights)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--steps", type=int, default=12, help="steps per tuned variant (the first is not timed)")
+    parser.add_argument(
+        "--steps", type=int, default=12, help="steps per tuned variant (the first is not timed)"
+    )
     parser.add_argument("--reference-steps", type=int, default=30)
     parser.add_argument("--memory-steps", type=int, default=3)
     parser.add_argument("--variants", nargs="*", default=list(TUNED_VARIANTS), choices=list(TUNED_VARIANTS))
@@ -243,7 +255,7 @@ def main() -> None:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "command": shlex.join(["python", "-m", "bench.train_bench", *sys.argv[1:]]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "model_config": args.model_config,
         "parameters": num_params(architecture),
         "loss_check": None,
@@ -320,8 +332,13 @@ def main() -> None:
         result = {
             "name": name,
             "world_size": 8,
-            "mesh": "fsdp-8" if summary["hsdp_replicas"] == 1 else f"hsdp-{summary['hsdp_replicas']}x{8 // summary['hsdp_replicas']}",
-            **{key: dataclasses.asdict(config)[key] for key in ("seq_len", "batch_size", "compile", "activation_checkpointing")},
+            "mesh": "fsdp-8"
+            if summary["hsdp_replicas"] == 1
+            else f"hsdp-{summary['hsdp_replicas']}x{8 // summary['hsdp_replicas']}",
+            **{
+                key: dataclasses.asdict(config)[key]
+                for key in ("seq_len", "batch_size", "compile", "activation_checkpointing")
+            },
             "peak_mem_gib": summary["peak_mem_gib"],
             "fits_l4_budget": summary["peak_mem_gib"] <= L4_BUDGET_GIB,
         }
@@ -339,12 +356,16 @@ def main() -> None:
             continue
         mfu_text = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
         memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
-        print(f"{row['name']:32} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {row['step_time_s']:>8.3f} {memory:>9}")
+        print(
+            f"{row['name']:32} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {row['step_time_s']:>8.3f} {memory:>9}"
+        )
     for row in report["memory_at_world_size_8"]:
         if "oom_under_cap_gib" in row:
             print(f"{row['name']:32} out of memory under a {row['oom_under_cap_gib']} GiB cap")
             continue
-        print(f"{row['name']:32} per-rank peak at world size 8 ({row['mesh']}): {row['peak_mem_gib']:.1f} GiB")
+        print(
+            f"{row['name']:32} per-rank peak at world size 8 ({row['mesh']}): {row['peak_mem_gib']:.1f} GiB"
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 import boto3
 from botocore.exceptions import (
@@ -147,7 +147,9 @@ def _quota_value(quotas, quota: VcpuQuota) -> float:
     except ClientError as err:
         if err.response["Error"]["Code"] != "NoSuchResourceException":
             raise
-    return float(quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=quota.code)["Quota"]["Value"])
+    return float(
+        quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=quota.code)["Quota"]["Value"]
+    )
 
 
 def _vcpus_in_use(ec2, quota: VcpuQuota) -> int:
@@ -169,7 +171,7 @@ def _vcpus_in_use(ec2, quota: VcpuQuota) -> int:
     types = sorted(running)
     used = 0
     for start in range(0, len(types), 100):  # DescribeInstanceTypes takes at most 100 names
-        for facts in ec2.describe_instance_types(InstanceTypes=types[start:start + 100])["InstanceTypes"]:
+        for facts in ec2.describe_instance_types(InstanceTypes=types[start : start + 100])["InstanceTypes"]:
             used += running[facts["InstanceType"]] * facts["VCpuInfo"]["DefaultVCpus"]
     return used
 
@@ -238,7 +240,9 @@ def survey_region(region: str, instance_type: str, count: int, client: ClientFac
 
     vcpus_needed = count * facts["VCpuInfo"]["DefaultVCpus"]
     network = facts["NetworkInfo"]
-    efa_interfaces = network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0) if network.get("EfaSupported") else 0
+    efa_interfaces = (
+        network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0) if network.get("EfaSupported") else 0
+    )
     quota = on_demand_vcpu_quota(instance_type)
     quota_vcpus = used_vcpus = None
     if not efa_interfaces:
@@ -250,7 +254,10 @@ def survey_region(region: str, instance_type: str, count: int, client: ClientFac
             quota_vcpus = _quota_value(client("service-quotas", region), quota)
             used_vcpus = _vcpus_in_use(ec2, quota)
         except (ClientError, BotoCoreError) as err:
-            verdict, detail = "quota-unknown", f"could not read the quota or its usage: {_region_failure(err)}"
+            verdict, detail = (
+                "quota-unknown",
+                f"could not read the quota or its usage: {_region_failure(err)}",
+            )
         else:
             headroom = quota_vcpus - used_vcpus
             if headroom >= vcpus_needed:
@@ -263,9 +270,17 @@ def survey_region(region: str, instance_type: str, count: int, client: ClientFac
                 )
     return [
         ZoneReport(
-            region, zone, zones[zone], verdict, detail, instance_type,
-            vcpus_needed=vcpus_needed, efa_interfaces=efa_interfaces,
-            quota_code=quota.code if quota else None, quota_vcpus=quota_vcpus, used_vcpus=used_vcpus,
+            region,
+            zone,
+            zones[zone],
+            verdict,
+            detail,
+            instance_type,
+            vcpus_needed=vcpus_needed,
+            efa_interfaces=efa_interfaces,
+            quota_code=quota.code if quota else None,
+            quota_vcpus=quota_vcpus,
+            used_vcpus=used_vcpus,
         )
         for zone in offered
     ]
@@ -304,10 +319,14 @@ def format_table(ranked: Sequence[ZoneReport]) -> str:
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    notes = list(dict.fromkeys(f"{report.region}: {report.detail}" for report in ranked if report.verdict != "ok"))
+    notes = list(
+        dict.fromkeys(f"{report.region}: {report.detail}" for report in ranked if report.verdict != "ok")
+    )
     best = ranked[0] if ranked and ranked[0].verdict == "ok" else None
     if best:
-        notes.insert(0, f"best: pulumi config set aws:region {best.region} && pulumi config set gpuAz {best.zone}")
+        notes.insert(
+            0, f"best: pulumi config set aws:region {best.region} && pulumi config set gpuAz {best.zone}"
+        )
     return "\n".join([*lines, "", *notes, "", CAPACITY_CAVEAT])
 
 
@@ -336,11 +355,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Rank regions and zones for the GPU node group (read-only AWS calls). " + CAPACITY_CAVEAT,
     )
     parser.add_argument(
-        "--regions", nargs="+", required=True, type=_matching(_REGION, "us-east-2"), metavar="REGION",
+        "--regions",
+        nargs="+",
+        required=True,
+        type=_matching(_REGION, "us-east-2"),
+        metavar="REGION",
         help="regions to survey, e.g. us-east-2 us-west-2",
     )
     parser.add_argument(
-        "--instance-type", default="g6.12xlarge", type=_matching(_INSTANCE_TYPE, "g6.12xlarge"),
+        "--instance-type",
+        default="g6.12xlarge",
+        type=_matching(_INSTANCE_TYPE, "g6.12xlarge"),
         help="GPU node type (default g6.12xlarge)",
     )
     parser.add_argument("--count", default=2, type=_positive, help="GPU nodes wanted (default 2)")
@@ -365,15 +390,17 @@ def main(argv: Sequence[str] | None = None, client: ClientFactory = aws_client) 
         return 1
     ranked = rank(reports)
     if args.json:
-        print(json.dumps(
-            {
-                "instance_type": args.instance_type,
-                "count": args.count,
-                "ranked": [report.as_json() for report in ranked],
-                "caveat": CAPACITY_CAVEAT,
-            },
-            indent=2,
-        ))
+        print(
+            json.dumps(
+                {
+                    "instance_type": args.instance_type,
+                    "count": args.count,
+                    "ranked": [report.as_json() for report in ranked],
+                    "caveat": CAPACITY_CAVEAT,
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_table(ranked))
     return 0

@@ -116,4 +116,3 @@ NODE_POLICIES = [
     "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
     "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
 ]
-

@@ -12,8 +12,9 @@ import difflib
 import ipaddress
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pulumi
 
@@ -93,8 +94,15 @@ _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _K8S_VERSION = re.compile(r"^1\.\d{2}$")
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _UNITS_IN_MIB = {
-    None: 1 / 2**20, "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024**2,
-    "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20, "T": 1e12 / 2**20,
+    None: 1 / 2**20,
+    "Ki": 1 / 1024,
+    "Mi": 1,
+    "Gi": 1024,
+    "Ti": 1024**2,
+    "K": 1e3 / 2**20,
+    "M": 1e6 / 2**20,
+    "G": 1e9 / 2**20,
+    "T": 1e12 / 2**20,
 }
 
 
@@ -176,7 +184,7 @@ def _cidr_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [part.strip() for part in value.split(",") if part.strip()]
     if not isinstance(value, list) or not value:
-        raise ValueError("expected a non-empty list of CIDR blocks, e.g. [\"203.0.113.7/32\"]")
+        raise ValueError('expected a non-empty list of CIDR blocks, e.g. ["203.0.113.7/32"]')
     blocks = tuple(_cidr(item) for item in value)
     if any(ipaddress.ip_network(block).prefixlen == 0 for block in blocks):
         raise ValueError("0.0.0.0/0 opens the Kubernetes API to the whole internet; list your own addresses")
@@ -270,7 +278,9 @@ def parse_settings(raw: Mapping[str, Any], region: str | None) -> StackSettings:
     values = dict(raw)
     training_raw = _decode(values.pop("training", {}))
     if not isinstance(training_raw, dict):
-        raise ConfigError("config key 'training' must be an object, e.g. training: {steps: 20, preset: smoke}")
+        raise ConfigError(
+            "config key 'training' must be an object, e.g. training: {steps: 20, preset: smoke}"
+        )
     settings = StackSettings(
         region=region,
         training=TrainingSettings(**_parse_fields(training_raw, _TRAINING_KEYS, "training.")),
@@ -294,7 +304,7 @@ def stack_config_values(project: str = PROJECT) -> dict[str, Any]:
     """Every value the engine passed for the project's namespace, keyed without the namespace."""
     merged = {**pulumi.runtime.config.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
     prefix = f"{project}:"
-    return {key[len(prefix):]: value for key, value in merged.items() if key.startswith(prefix)}
+    return {key[len(prefix) :]: value for key, value in merged.items() if key.startswith(prefix)}
 
 
 def hf_token() -> pulumi.Output[str] | None:

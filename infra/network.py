@@ -61,7 +61,9 @@ class Network(pulumi.ComponentResource):
                 opts=child,
             )
 
-        def subnets(tier: str, cidrs: list[str], elb_role: str, routes: aws.ec2.RouteTable) -> list[aws.ec2.Subnet]:
+        def subnets(
+            tier: str, cidrs: list[str], elb_role: str, routes: aws.ec2.RouteTable
+        ) -> list[aws.ec2.Subnet]:
             """One subnet of the tier per zone, associated with the tier's route table."""
             created = []
             for index, (zone, block) in enumerate(zip(zones, cidrs)):
@@ -93,7 +95,10 @@ class Network(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[internet]),
         )
         self.private_subnets = subnets(
-            "private", private_cidrs, "kubernetes.io/role/internal-elb", routes_to("private", {"nat_gateway_id": nat.id})
+            "private",
+            private_cidrs,
+            "kubernetes.io/role/internal-elb",
+            routes_to("private", {"nat_gateway_id": nat.id}),
         )
 
         self.vpc_id = self.vpc.id

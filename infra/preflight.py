@@ -118,7 +118,8 @@ def _offering_zones(instance_type: str, key: str, region: str, zone_ids: dict[st
         filters=[{"name": "instance-type", "values": [instance_type]}],
     )
     zones = sorted(
-        zone for zone in set(offerings.locations)
+        zone
+        for zone in set(offerings.locations)
         if zone in zone_ids and zone_ids[zone] not in EKS_UNSUPPORTED_ZONE_IDS
     )
     if not zones:
@@ -154,14 +155,18 @@ def _check_vcpu_quotas(settings: StackSettings, gpu_node: InstanceFacts, system_
     for count, node in ((settings.gpu_node_count, gpu_node), (settings.system_node_count, system_node)):
         quota = on_demand_vcpu_quota(node.instance_type)
         if quota is None:
-            pulumi.log.warn(f"no On-Demand vCPU quota is known for {node.instance_type}; its quota was not checked")
+            pulumi.log.warn(
+                f"no On-Demand vCPU quota is known for {node.instance_type}; its quota was not checked"
+            )
             continue
         groups.setdefault(quota, []).append((count, node))
     for quota, nodes in groups.items():
         needed = sum(count * node.vcpus for count, node in nodes)
         value = _quota_value(quota, settings.region)
         if value < needed:
-            wanted = " + ".join(f"{count} x {node.instance_type} ({node.vcpus} vCPU each)" for count, node in nodes)
+            wanted = " + ".join(
+                f"{count} x {node.instance_type} ({node.vcpus} vCPU each)" for count, node in nodes
+            )
             raise PreflightError(
                 f"the vCPU quota '{quota.name}' ({quota.code}) in {settings.region} is {value:g}, and {wanted} "
                 f"need {needed}: request an increase with `{quota_increase_command(quota, needed, settings.region)}`, "
@@ -242,9 +247,7 @@ def _reservation_gpu_zone(settings: StackSettings, zones: _Zones) -> str:
     """Read the reservation, check it against the settings, and return its zone as the GPU zone."""
     reservation_id = settings.capacity_reservation_id
     found = _read_reservation(reservation_id, settings.region)
-    describe_command = (
-        f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
-    )
+    describe_command = f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
     state = found.get("State")
     if state is not None and state != "active":
         raise PreflightError(
@@ -291,7 +294,9 @@ def _reservation_gpu_zone(settings: StackSettings, zones: _Zones) -> str:
 def _read_reservation(reservation_id: str, region: str) -> dict:
     """The reservation's CloudFormation properties (`InstanceType`, `AvailableInstanceCount`, ...) via Cloud Control."""
     try:
-        result = aws.cloudcontrol.get_resource(type_name="AWS::EC2::CapacityReservation", identifier=reservation_id)
+        result = aws.cloudcontrol.get_resource(
+            type_name="AWS::EC2::CapacityReservation", identifier=reservation_id
+        )
     except Exception as err:  # the provider reports a missing reservation and AccessDenied as an invoke error
         raise PreflightError(
             f"could not read capacity reservation {reservation_id} in {region} ({err}): check the id and the region "

@@ -26,7 +26,9 @@ def checkpoint_bucket_name(cluster_name: str, region: str) -> str:
     return f"{cluster_name.lower().replace('_', '-')[: BUCKET_NAME_LIMIT - len(suffix)]}{suffix}"
 
 
-def irsa_trust_policy(oidc_provider_arn: str, oidc_provider_url: str, namespace: str, service_account: str) -> str:
+def irsa_trust_policy(
+    oidc_provider_arn: str, oidc_provider_url: str, namespace: str, service_account: str
+) -> str:
     """Trust the cluster's OIDC provider, for one service account only."""
     issuer = oidc_provider_url.removeprefix("https://")
     return json.dumps(
@@ -55,7 +57,11 @@ def bucket_access_policy(bucket_arn: str) -> str:
         {
             "Version": "2012-10-17",
             "Statement": [
-                {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": bucket_arn},
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+                    "Resource": bucket_arn,
+                },
                 {
                     "Effect": "Allow",
                     "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
@@ -95,7 +101,12 @@ class CheckpointStore(pulumi.ComponentResource):
         aws.s3.BucketServerSideEncryptionConfiguration(
             name,
             bucket=self.bucket.id,
-            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms"}, "bucket_key_enabled": True}],
+            rules=[
+                {
+                    "apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms"},
+                    "bucket_key_enabled": True,
+                }
+            ],
             opts=child,
         )
         aws.s3.BucketOwnershipControls(

@@ -5,7 +5,6 @@ top-level module. The rules themselves live there as plain functions; this file 
 """
 
 from pulumi_policy import PolicyPack
-
 from rules import (
     CONTAINER_IMAGES_PINNED,
     CONTROL_PLANE_LOGGING,

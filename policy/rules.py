@@ -115,7 +115,11 @@ def is_gpu_node_group(props: Mapping[str, Any]) -> bool:
     ami_type = props.get("amiType")
     labels = props.get("labels")
     labelled = isinstance(labels, Mapping) and labels.get(key) == value
-    nvidia_ami = isinstance(ami_type, str) and not is_unknown(ami_type) and ("NVIDIA" in ami_type or "_GPU" in ami_type)
+    nvidia_ami = (
+        isinstance(ami_type, str)
+        and not is_unknown(ami_type)
+        and ("NVIDIA" in ami_type or "_GPU" in ami_type)
+    )
     return labelled or nvidia_ami
 
 
@@ -139,7 +143,9 @@ def check_nodes_without_public_ips(resource_type: str, props: Mapping[str, Any],
             )
     elif resource_type.startswith("eks:index:"):
         if _is_true(props.get("nodeAssociatePublicIpAddress")):
-            violations.append("nodeAssociatePublicIpAddress is true: set it to false so nodes get no public IP")
+            violations.append(
+                "nodeAssociatePublicIpAddress is true: set it to false so nodes get no public IP"
+            )
     return violations
 
 
@@ -162,7 +168,9 @@ def check_imdsv2_required(resource_type: str, props: Mapping[str, Any], stack: s
             "metadata_options={'http_tokens': 'required', 'http_endpoint': 'enabled'}"
         ]
     if resource_type == NODE_GROUP and props.get("launchTemplate") is None:
-        return ["the node group has no launch template: give it one whose metadataOptions.httpTokens is 'required'"]
+        return [
+            "the node group has no launch template: give it one whose metadataOptions.httpTokens is 'required'"
+        ]
     return []
 
 
@@ -170,20 +178,26 @@ def check_eks_secrets_encrypted(resource_type: str, props: Mapping[str, Any], st
     """Kubernetes secrets of the cluster are envelope-encrypted with a KMS key."""
     if resource_type == PULUMI_EKS_CLUSTER:
         if props.get("encryptionConfigKeyArn") in (None, ""):
-            return ["encryptionConfigKeyArn is not set: pass a KMS key ARN so Kubernetes secrets are encrypted"]
+            return [
+                "encryptionConfigKeyArn is not set: pass a KMS key ARN so Kubernetes secrets are encrypted"
+            ]
     elif resource_type == AWS_EKS_CLUSTER:
         config = props.get("encryptionConfig")
         if is_unknown(config):
             return []
         resources = _dig(config, "resources")
         key_arn = _dig(config, "provider", "keyArn")
-        if config is None or key_arn in (None, "") or not (is_unknown(resources) or "secrets" in _items(resources)):
+        if (
+            config is None
+            or key_arn in (None, "")
+            or not (is_unknown(resources) or "secrets" in _items(resources))
+        ):
             return ["encryptionConfig must name a KMS key (provider.keyArn) for resources ['secrets']"]
     return []
 
 
 def _internet_wide(cidrs: Any) -> list[str]:
-    """"0.0.0.0/0" and/or "::/0" when the known blocks of the list, together, admit every address."""
+    """ "0.0.0.0/0" and/or "::/0" when the known blocks of the list, together, admit every address."""
     networks = []
     for block in _items(cidrs):
         if is_unknown(block):
@@ -238,7 +252,9 @@ def check_gpu_node_group_single_subnet(resource_type: str, props: Mapping[str, A
         return []
     count = len(_items(subnets))
     if count != 1:
-        return [f"the GPU node group has {count} subnets: EFA works within one AZ, so give it exactly one subnet"]
+        return [
+            f"the GPU node group has {count} subnets: EFA works within one AZ, so give it exactly one subnet"
+        ]
     return []
 
 
@@ -248,7 +264,11 @@ def _ray_cluster_spec(resource_type: str, props: Mapping[str, Any]) -> Mapping[s
     if not module.startswith("ray.io/"):
         return None
     spec = props.get("spec")
-    inner = {"RayCluster": spec, "RayJob": _dig(spec, "rayClusterSpec"), "RayService": _dig(spec, "rayClusterConfig")}
+    inner = {
+        "RayCluster": spec,
+        "RayJob": _dig(spec, "rayClusterSpec"),
+        "RayService": _dig(spec, "rayClusterConfig"),
+    }
     found = inner.get(kind)
     return found if isinstance(found, Mapping) else None
 
@@ -272,7 +292,9 @@ def check_ray_ports_not_exposed(resource_type: str, props: Mapping[str, Any], st
     if resource_type == SERVICE:
         service_type = _dig(props, "spec", "type")
         if service_type in EXTERNAL_SERVICE_TYPES:
-            exposed = sorted({str(p) for p in map(_ray_port_in, _items(_dig(props, "spec", "ports"))) if p is not None})
+            exposed = sorted(
+                {str(p) for p in map(_ray_port_in, _items(_dig(props, "spec", "ports"))) if p is not None}
+            )
             if exposed:
                 violations.append(
                     f"a {service_type} Service exposes Ray port(s) {', '.join(exposed)} outside the cluster: "
@@ -295,11 +317,22 @@ def check_ray_ports_not_exposed(resource_type: str, props: Mapping[str, Any], st
 
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 _QUANTITY_FACTORS = {
-    None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+    None: Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
 }
 
 
@@ -349,7 +382,9 @@ def check_ray_workers_guaranteed(resource_type: str, props: Mapping[str, Any], s
     violations = []
     for group_index, group in enumerate(_items(spec.get("workerGroupSpecs"))):
         group_name = _dig(group, "groupName")
-        label = group_name if isinstance(group_name, str) and not is_unknown(group_name) else f"#{group_index}"
+        label = (
+            group_name if isinstance(group_name, str) and not is_unknown(group_name) else f"#{group_index}"
+        )
         for container in _items(_dig(group, "template", "spec", "containers")):
             gaps = _container_resource_gaps(container)
             if gaps:
@@ -457,7 +492,9 @@ def _has_efa_interface(template: StackResource) -> bool | None:
     return "efa" in kinds
 
 
-def _launch_templates_of(node_group: StackResource, resources: Sequence[StackResource]) -> list[StackResource]:
+def _launch_templates_of(
+    node_group: StackResource, resources: Sequence[StackResource]
+) -> list[StackResource]:
     """The launch templates a node group may use: by known id or name, else those it depends on.
 
     During a first preview the template's id is unknown, so the dependency is what links them.
@@ -534,7 +571,10 @@ class ResourceRule:
                 report_violation(message, None)
 
         return ResourceValidationPolicy(
-            name=self.name, description=self.description, enforcement_level=self.enforcement, validate=validate
+            name=self.name,
+            description=self.description,
+            enforcement_level=self.enforcement,
+            validate=validate,
         )
 
 
@@ -565,7 +605,10 @@ class StackRule:
                 report_violation(message, urn)
 
         return StackValidationPolicy(
-            name=self.name, description=self.description, enforcement_level=self.enforcement, validate=validate
+            name=self.name,
+            description=self.description,
+            enforcement_level=self.enforcement,
+            validate=validate,
         )
 
 

@@ -28,28 +28,50 @@ ACCOUNT_ID = "123456789012"
 # where EKS does not place control planes.
 ZONE_IDS: dict[str, dict[str, str]] = {
     "us-east-1": {
-        "us-east-1a": "use1-az6", "us-east-1b": "use1-az1", "us-east-1c": "use1-az2",
-        "us-east-1d": "use1-az4", "us-east-1e": "use1-az3", "us-east-1f": "use1-az5",
+        "us-east-1a": "use1-az6",
+        "us-east-1b": "use1-az1",
+        "us-east-1c": "use1-az2",
+        "us-east-1d": "use1-az4",
+        "us-east-1e": "use1-az3",
+        "us-east-1f": "use1-az5",
     },
     "us-east-2": {"us-east-2a": "use2-az1", "us-east-2b": "use2-az2", "us-east-2c": "use2-az3"},
     "us-west-2": {
-        "us-west-2a": "usw2-az2", "us-west-2b": "usw2-az1", "us-west-2c": "usw2-az3", "us-west-2d": "usw2-az4",
+        "us-west-2a": "usw2-az2",
+        "us-west-2b": "usw2-az1",
+        "us-west-2c": "usw2-az3",
+        "us-west-2d": "usw2-az4",
     },
     "eu-west-1": {"eu-west-1a": "euw1-az3", "eu-west-1b": "euw1-az1", "eu-west-1c": "euw1-az2"},
     "eu-central-1": {"eu-central-1a": "euc1-az1", "eu-central-1b": "euc1-az2", "eu-central-1c": "euc1-az3"},
-    "ap-northeast-1": {"ap-northeast-1a": "apne1-az4", "ap-northeast-1c": "apne1-az1", "ap-northeast-1d": "apne1-az2"},
+    "ap-northeast-1": {
+        "ap-northeast-1a": "apne1-az4",
+        "ap-northeast-1c": "apne1-az1",
+        "ap-northeast-1d": "apne1-az2",
+    },
 }
 REGION_AZS: dict[str, list[str]] = {region: list(zones) for region, zones in ZONE_IDS.items()}
 
 REGION_DESCRIPTIONS = {
-    "us-east-1": "US East (N. Virginia)", "us-east-2": "US East (Ohio)", "us-west-2": "US West (Oregon)",
-    "eu-west-1": "Europe (Ireland)", "eu-central-1": "Europe (Frankfurt)", "ap-northeast-1": "Asia Pacific (Tokyo)",
+    "us-east-1": "US East (N. Virginia)",
+    "us-east-2": "US East (Ohio)",
+    "us-west-2": "US West (Oregon)",
+    "eu-west-1": "Europe (Ireland)",
+    "eu-central-1": "Europe (Frankfurt)",
+    "ap-northeast-1": "Asia Pacific (Tokyo)",
 }
 
 
 def _instance_type(
-    vcpus: int, cores: int, memory_mib: int, gpus: list[dict], efa_interfaces: int, network_cards: int,
-    interfaces: int, ipv4_per_interface: int, network: str,
+    vcpus: int,
+    cores: int,
+    memory_mib: int,
+    gpus: list[dict],
+    efa_interfaces: int,
+    network_cards: int,
+    interfaces: int,
+    ipv4_per_interface: int,
+    network: str,
 ) -> dict[str, Any]:
     return {
         "defaultVcpus": vcpus,
@@ -103,10 +125,20 @@ def _zones(region: str, *letters: str) -> list[str]:
 _PARTIAL_OFFERINGS: dict[str, dict[str, list[str]]] = {
     "us-east-1": {
         **dict.fromkeys(
-            ("m5.large", "m7i.xlarge", "g4dn.xlarge", "g6.xlarge", "g5.12xlarge", "g6.12xlarge", "g6.48xlarge"),
+            (
+                "m5.large",
+                "m7i.xlarge",
+                "g4dn.xlarge",
+                "g6.xlarge",
+                "g5.12xlarge",
+                "g6.12xlarge",
+                "g6.48xlarge",
+            ),
             _zones("us-east-1", "a", "b", "c", "d", "f"),
         ),
-        **dict.fromkeys(("g6e.12xlarge", "p4d.24xlarge", "mac2.metal"), _zones("us-east-1", "a", "b", "c", "d")),
+        **dict.fromkeys(
+            ("g6e.12xlarge", "p4d.24xlarge", "mac2.metal"), _zones("us-east-1", "a", "b", "c", "d")
+        ),
     },
     "us-west-2": dict.fromkeys(("g4dn.xlarge", "g5.12xlarge"), _zones("us-west-2", "a", "b", "c")),
     "eu-west-1": {
@@ -117,7 +149,15 @@ _PARTIAL_OFFERINGS: dict[str, dict[str, list[str]]] = {
     "eu-central-1": dict.fromkeys(("p5.48xlarge", "mac2.metal"), []),
     "ap-northeast-1": {
         **dict.fromkeys(
-            ("g6.xlarge", "g5.12xlarge", "g6.12xlarge", "g6e.12xlarge", "g6.48xlarge", "p4d.24xlarge", "p5.48xlarge"),
+            (
+                "g6.xlarge",
+                "g5.12xlarge",
+                "g6.12xlarge",
+                "g6e.12xlarge",
+                "g6.48xlarge",
+                "p4d.24xlarge",
+                "p5.48xlarge",
+            ),
             _zones("ap-northeast-1", "a", "c"),
         ),
         "mac2.metal": [],
@@ -157,7 +197,9 @@ def capacity_reservation(
         "availabilityZone": availability_zone,
         "instanceType": instance_type,
         "instanceCount": instance_count,
-        "availableInstanceCount": instance_count if available_instance_count is None else available_instance_count,
+        "availableInstanceCount": instance_count
+        if available_instance_count is None
+        else available_instance_count,
         "instancePlatform": instance_platform,
         "tenancy": tenancy,
         "instanceMatchCriteria": "targeted",
@@ -228,11 +270,15 @@ class FakeAws:
             "aws:cloudcontrol/getResource:getResource": self._cloudcontrol_resource,
         }.get(token)
         if answer is None:
-            raise NotImplementedError(f"FakeAws does not answer the invoke {token}; teach it in tests/fake_aws.py")
+            raise NotImplementedError(
+                f"FakeAws does not answer the invoke {token}; teach it in tests/fake_aws.py"
+            )
         if self.region not in ZONE_IDS:  # the AWS provider refuses to configure for a region it does not know
             raise AwsApiError(token, "InvalidRegion", f"invalid AWS Region: {self.region}")
         if token in self.denied:
-            raise AwsApiError(token, "AccessDeniedException", f"user/tester is not authorized to perform {token}")
+            raise AwsApiError(
+                token, "AccessDeniedException", f"user/tester is not authorized to perform {token}"
+            )
         return answer(args)
 
     # --- invokes ----------------------------------------------------------------------------------
@@ -245,7 +291,12 @@ class FakeAws:
                 "InvalidInstanceType",
                 f"The following supplied instance types do not exist: [{name}]",
             )
-        return {**copy.deepcopy(INSTANCE_TYPES[name]), "instanceType": name, "id": name, "region": self.region}
+        return {
+            **copy.deepcopy(INSTANCE_TYPES[name]),
+            "instanceType": name,
+            "id": name,
+            "region": self.region,
+        }
 
     def _instance_type_offerings(self, args: dict) -> dict:
         location_type = args.get("locationType", "region")
@@ -312,8 +363,10 @@ class FakeAws:
             else:
                 zones = [zone for zone in zones if zone[columns[name]] in values]
         zones = [
-            zone for zone in zones
-            if zone[0] not in (args.get("excludeNames") or []) and zone[1] not in (args.get("excludeZoneIds") or [])
+            zone
+            for zone in zones
+            if zone[0] not in (args.get("excludeNames") or [])
+            and zone[1] not in (args.get("excludeZoneIds") or [])
         ]
         return {
             "id": self.region,
@@ -359,7 +412,12 @@ class FakeAws:
         }
 
     def _partition(self, args: dict) -> dict:
-        return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
+        return {
+            "id": "aws",
+            "partition": "aws",
+            "dnsSuffix": "amazonaws.com",
+            "reverseDnsPrefix": "com.amazonaws",
+        }
 
     def _region(self, args: dict) -> dict:
         return {

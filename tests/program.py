@@ -90,11 +90,11 @@ def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[st
 class RecordingMonitor(pulumi_mocks.MockMonitor):
     """The mock monitor, plus each registration's parent, dependencies and secret inputs."""
 
-    def __init__(self, mocks: "ProgramMocks") -> None:
+    def __init__(self, mocks: ProgramMocks) -> None:
         super().__init__(mocks)
         self.plan = Plan()
 
-    def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
+    def RegisterResource(self, request):
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
             inputs = pulumi.runtime.rpc.deserialize_properties(request.object, keep_unknowns=True)
@@ -140,7 +140,10 @@ def stack_config(stack_file: Path) -> dict[str, str]:
 
 
 def run_program(
-    config: dict[str, str], fake_aws: FakeAws | None = None, stack: str = "dev", secret_keys: list[str] | None = None
+    config: dict[str, str],
+    fake_aws: FakeAws | None = None,
+    stack: str = "dev",
+    secret_keys: list[str] | None = None,
 ) -> Plan:
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises."""
     region = config.get("aws:region", "us-east-2")

@@ -49,7 +49,9 @@ def clients(quotas: dict[str, float | str], stubbed_ec2: dict | None = None, quo
         if isinstance(value, str):
             stubber.add_client_error("get_service_quota", value, "not allowed", expected_params=expected)
         else:
-            stubber.add_response("get_service_quota", {"Quota": {"QuotaCode": quota_code, "Value": value}}, expected)
+            stubber.add_response(
+                "get_service_quota", {"Quota": {"QuotaCode": quota_code, "Value": value}}, expected
+            )
         stubber.activate()
         quota_clients[region] = client
 
@@ -106,11 +108,19 @@ def test_zones_where_eks_cannot_place_a_control_plane_are_left_out(aws, capsys):
         clients({"us-east-1": 384}, quota_code="L-417A185B"),
     )
     zones = [row["zone"] for row in result["ranked"]]
-    assert zones == ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"]  # us-east-1e is use1-az3
+    assert zones == [
+        "us-east-1a",
+        "us-east-1b",
+        "us-east-1c",
+        "us-east-1d",
+        "us-east-1f",
+    ]  # us-east-1e is use1-az3
 
 
 def test_type_without_efa_is_ranked_below_usable_ones(aws, capsys):
-    result = survey(capsys, ["--regions", "us-east-2", "--instance-type", "g6.xlarge", "--count", "1"], clients({}))
+    result = survey(
+        capsys, ["--regions", "us-east-2", "--instance-type", "g6.xlarge", "--count", "1"], clients({})
+    )
     assert {row["verdict"] for row in result["ranked"]} == {"no-efa"}
     assert result["ranked"][0]["detail"] == "g6.xlarge does not support EFA"
 
@@ -129,14 +139,20 @@ def test_efa_type_of_an_unknown_quota_class_is_listed_with_an_unknown_verdict(ca
     )
     stubber.add_response(
         "describe_instance_types",
-        {"InstanceTypes": [{
-            "InstanceType": "e9.48xlarge",
-            "VCpuInfo": {"DefaultVCpus": 192},
-            "NetworkInfo": {"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": 4}},
-        }]},
+        {
+            "InstanceTypes": [
+                {
+                    "InstanceType": "e9.48xlarge",
+                    "VCpuInfo": {"DefaultVCpus": 192},
+                    "NetworkInfo": {"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": 4}},
+                }
+            ]
+        },
     )
     stubber.activate()
-    result = survey(capsys, ["--regions", "us-east-2", "--instance-type", "e9.48xlarge"], lambda service, region: ec2)
+    result = survey(
+        capsys, ["--regions", "us-east-2", "--instance-type", "e9.48xlarge"], lambda service, region: ec2
+    )
     [row] = result["ranked"]
     assert (row["zone"], row["verdict"], row["efa_interfaces"]) == ("us-east-2a", "quota-unknown", 4)
     assert row["quota_code"] is None
@@ -152,7 +168,9 @@ def test_quota_never_changed_falls_back_to_the_aws_default(aws, capsys):
     result = survey(
         capsys,
         ["--regions", "us-east-2", "--count", "1"],
-        lambda service, region: client if service == "service-quotas" else boto3.client(service, region_name=region),
+        lambda service, region: (
+            client if service == "service-quotas" else boto3.client(service, region_name=region)
+        ),
     )
     assert [row["quota_vcpus"] for row in result["ranked"]] == [64.0, 64.0, 64.0]
     assert result["ranked"][0]["verdict"] == "ok"
@@ -170,7 +188,9 @@ def test_a_region_that_fails_is_reported_and_the_others_still_surveyed(aws, caps
     stubber.add_client_error("describe_availability_zones", "OptInRequired", "region not enabled")
     stubber.activate()
     result = survey(
-        capsys, ["--regions", "ap-east-1", "us-east-2"], clients({"us-east-2": 192}, stubbed_ec2={"ap-east-1": refused})
+        capsys,
+        ["--regions", "ap-east-1", "us-east-2"],
+        clients({"us-east-2": 192}, stubbed_ec2={"ap-east-1": refused}),
     )
     assert result["ranked"][0]["region"] == "us-east-2"
     assert result["ranked"][-1]["verdict"] == "error"
@@ -178,23 +198,35 @@ def test_a_region_that_fails_is_reported_and_the_others_still_surveyed(aws, caps
 
 
 def test_table_names_the_best_choice_and_the_caveat(aws, capsys):
-    assert capacity.main(
-        ["--regions", "us-east-2", "eu-west-1", "us-east-1"], client=clients({"us-east-2": 192, "us-east-1": 64})
-    ) == 0
+    assert (
+        capacity.main(
+            ["--regions", "us-east-2", "eu-west-1", "us-east-1"],
+            client=clients({"us-east-2": 192, "us-east-1": 64}),
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     header, first = text.splitlines()[:2]
     assert header.split("  ")[0:2] == ["#", "REGION"] and "HEADROOM" in header
     assert first.split() == ["1", "us-east-2", "us-east-2a", "use2-az1", "1", "192", "0", "192", "96", "ok"]
     assert "best: pulumi config set aws:region us-east-2 && pulumi config set gpuAz us-east-2a" in text
     assert "eu-west-1: no zone of eu-west-1 offers g6.12xlarge" in text
-    assert text.count("--quota-code L-DB2E81BA --desired-value 96 --region us-east-1") == 1  # one note per region
+    assert (
+        text.count("--quota-code L-DB2E81BA --desired-value 96 --region us-east-1") == 1
+    )  # one note per region
     assert "No read-only AWS API can promise that capacity is free right now" in text
 
 
 def test_missing_credentials_exit_1_without_traceback(monkeypatch, tmp_path, capsys):
     for name in (
-        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN",
-        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ROLE_ARN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
@@ -218,8 +250,13 @@ def test_expired_credentials_exit_1(capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["--regions"], ["--regions", "Ohio"], ["--regions", "us-east-2", "--count", "0"],
-     ["--regions", "us-east-2", "--instance-type", "G6 12XL"]],
+    [
+        [],
+        ["--regions"],
+        ["--regions", "Ohio"],
+        ["--regions", "us-east-2", "--count", "0"],
+        ["--regions", "us-east-2", "--instance-type", "G6 12XL"],
+    ],
 )
 def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exited:
@@ -231,12 +268,24 @@ def test_bad_arguments_exit_2(argv, capsys):
 @pytest.mark.parametrize(
     ("instance_type", "code"),
     [
-        ("g6.12xlarge", "L-DB2E81BA"), ("g6e.12xlarge", "L-DB2E81BA"), ("gr6.4xlarge", "L-DB2E81BA"),
-        ("vt1.3xlarge", "L-DB2E81BA"), ("p5.48xlarge", "L-417A185B"), ("p4d.24xlarge", "L-417A185B"),
-        ("inf2.48xlarge", "L-1945791B"), ("trn1.32xlarge", "L-2C3B7624"), ("dl1.24xlarge", "L-6E869C2A"),
-        ("hpc7g.16xlarge", "L-F7808C92"), ("u-6tb1.metal", "L-43DA4232"), ("u7i-12tb.224xlarge", "L-43DA4232"),
-        ("x2idn.16xlarge", "L-7295265B"), ("f2.12xlarge", "L-74FC7D96"), ("m7i.xlarge", STANDARD_QUOTA.code),
-        ("t3.micro", STANDARD_QUOTA.code), ("im4gn.large", STANDARD_QUOTA.code), ("z1d.large", STANDARD_QUOTA.code),
+        ("g6.12xlarge", "L-DB2E81BA"),
+        ("g6e.12xlarge", "L-DB2E81BA"),
+        ("gr6.4xlarge", "L-DB2E81BA"),
+        ("vt1.3xlarge", "L-DB2E81BA"),
+        ("p5.48xlarge", "L-417A185B"),
+        ("p4d.24xlarge", "L-417A185B"),
+        ("inf2.48xlarge", "L-1945791B"),
+        ("trn1.32xlarge", "L-2C3B7624"),
+        ("dl1.24xlarge", "L-6E869C2A"),
+        ("hpc7g.16xlarge", "L-F7808C92"),
+        ("u-6tb1.metal", "L-43DA4232"),
+        ("u7i-12tb.224xlarge", "L-43DA4232"),
+        ("x2idn.16xlarge", "L-7295265B"),
+        ("f2.12xlarge", "L-74FC7D96"),
+        ("m7i.xlarge", STANDARD_QUOTA.code),
+        ("t3.micro", STANDARD_QUOTA.code),
+        ("im4gn.large", STANDARD_QUOTA.code),
+        ("z1d.large", STANDARD_QUOTA.code),
     ],
 )
 def test_instance_types_map_to_their_vcpu_quota(instance_type, code):

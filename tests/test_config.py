@@ -8,8 +8,18 @@ from infra.config import ConfigError, parse_settings, quantity_to_mib
 from infra.sizing import InstanceFacts, size_workers
 
 CIDRS = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
-G6_12XLARGE = InstanceFacts("g6.12xlarge", vcpus=48, memory_mib=196_608, gpus=4, gpu_name="NVIDIA L4",
-                            gpu_memory_mib=91_552, efa_supported=True, efa_interfaces=1, network_cards=1, max_pods=234)
+G6_12XLARGE = InstanceFacts(
+    "g6.12xlarge",
+    vcpus=48,
+    memory_mib=196_608,
+    gpus=4,
+    gpu_name="NVIDIA L4",
+    gpu_memory_mib=91_552,
+    efa_supported=True,
+    efa_interfaces=1,
+    network_cards=1,
+    max_pods=234,
+)
 
 
 def parse(**values):
@@ -29,7 +39,9 @@ def test_defaults_are_the_reference_setup():
 
 
 def test_values_arrive_as_engine_text():
-    settings = parse(gpuNodeCount="3", train="false", training='{"steps": 7, "learningRate": 1e-4, "hsdp": true}')
+    settings = parse(
+        gpuNodeCount="3", train="false", training='{"steps": 7, "learningRate": 1e-4, "hsdp": true}'
+    )
     assert settings.gpu_node_count == 3 and settings.train is False
     assert settings.training.steps == 7 and settings.training.learning_rate == 1e-4 and settings.training.hsdp
 
@@ -107,7 +119,9 @@ def test_worker_cpu_above_the_node_fails_with_the_numbers():
 
 
 def test_worker_memory_above_the_node_fails_with_the_numbers():
-    with pytest.raises(ConfigError, match=r"'workerMemory' = '190Gi' does not fit .* set workerMemory to \d+Gi or less"):
+    with pytest.raises(
+        ConfigError, match=r"'workerMemory' = '190Gi' does not fit .* set workerMemory to \d+Gi or less"
+    ):
         size_workers(parse(workerMemory="190Gi"), G6_12XLARGE)
 
 

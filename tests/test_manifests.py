@@ -16,15 +16,27 @@ from workloads import manifests
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT.parent / "shared" / "reference"
 KUBERNETES_VERSION = "1.36.0"
-WORKER = WorkerSizing(gpus=4, efa_interfaces=1, cpu=40, memory="160Gi",
-                      node_allocatable_cpu_millis=46_000, node_allocatable_memory_mib=190_000)
+WORKER = WorkerSizing(
+    gpus=4,
+    efa_interfaces=1,
+    cpu=40,
+    memory="160Gi",
+    node_allocatable_cpu_millis=46_000,
+    node_allocatable_memory_mib=190_000,
+)
 CODE = {"training/__init__.py": "", "training/loop.py": "print('hi')\n", "training/configs/tiny.json": "{}"}
 
 
 def spec(**overrides) -> manifests.RayClusterSpec:
     fields = dict(
-        name="ray-train", namespace="ray-train", image=manifests_image(), ray_version="2.58.0",
-        worker_replicas=2, worker=WORKER, service_account="ray-train", code_configmap="training-code",
+        name="ray-train",
+        namespace="ray-train",
+        image=manifests_image(),
+        ray_version="2.58.0",
+        worker_replicas=2,
+        worker=WORKER,
+        service_account="ray-train",
+        code_configmap="training-code",
         code_files=CODE,
     )
     return manifests.RayClusterSpec(**{**fields, **overrides})
@@ -46,9 +58,12 @@ def closed(schema: dict) -> dict:
 
     def walk(node):
         if isinstance(node, dict):
-            if (node.get("type") == "object" and "properties" in node
-                    and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+            if (
+                node.get("type") == "object"
+                and "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for value in node.values():
                 walk(value)
@@ -87,8 +102,13 @@ def test_worker_pods_match_the_reference_sizes():
     assert worker_group["rayStartParams"]["num-gpus"] == container["resources"]["limits"]["nvidia.com/gpu"]
     assert worker_group["replicas"] == worker_group["minReplicas"] == worker_group["maxReplicas"] == 2
     env = {item["name"]: item.get("value") for item in container["env"]}
-    assert env == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO",
-                   "HF_TOKEN": None}
+    assert env == {
+        "FI_PROVIDER": "efa",
+        "NCCL_NET_PLUGIN": "ofi",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_DEBUG": "INFO",
+        "HF_TOKEN": None,
+    }
     pod = worker_group["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "gpu-worker"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -98,8 +118,14 @@ def test_worker_pods_match_the_reference_sizes():
 
 
 def test_gpu_count_follows_the_instance_type():
-    bigger = WorkerSizing(gpus=8, efa_interfaces=32, cpu=100, memory="1000Gi",
-                          node_allocatable_cpu_millis=190_000, node_allocatable_memory_mib=2_000_000)
+    bigger = WorkerSizing(
+        gpus=8,
+        efa_interfaces=32,
+        cpu=100,
+        memory="1000Gi",
+        node_allocatable_cpu_millis=190_000,
+        node_allocatable_memory_mib=2_000_000,
+    )
     worker_group = manifests.ray_cluster(spec(worker=bigger))["spec"]["workerGroupSpecs"][0]
     limits = worker_group["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert worker_group["rayStartParams"]["num-gpus"] == limits["nvidia.com/gpu"] == "8"
@@ -203,7 +229,9 @@ def test_helm_values_keys_exist_in_the_chart(values, reference_file):
 
 
 def test_values_check_catches_a_typo():
-    reference = yaml.safe_load((REFERENCE / "charts" / "nvidia-device-plugin-v0.20.0.values.yaml").read_text())
+    reference = yaml.safe_load(
+        (REFERENCE / "charts" / "nvidia-device-plugin-v0.20.0.values.yaml").read_text()
+    )
     assert _keys_exist({"mofedEnable": False}, reference) == ["mofedEnable"]
 
 

@@ -181,10 +181,7 @@ def test_evidence_is_grouped_per_host_bounded_and_ordered():
 def test_evidence_prefers_processes_decided_by_channel_lines():
     announced_only = "ip-10-0-1-23:1000:1050 [1]"
     with_channels = "ip-10-0-1-23:2000:2050 [0]"
-    channels = [
-        f"Channel {channel:02d}/0 : 7[3] -> 0[0] [receive] via NET/Libfabric/0"
-        for channel in (0, 1)
-    ]
+    channels = [f"Channel {channel:02d}/0 : 7[3] -> 0[0] [receive] via NET/Libfabric/0" for channel in (0, 1)]
     lines = [
         _info(announced_only, EFA_PROVIDER),
         _info(announced_only, "Assigned NET plugin Libfabric to comm"),

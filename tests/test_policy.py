@@ -17,7 +17,12 @@ from pulumi_policy import (
     ResourceValidationArgs,
     StackValidationArgs,
 )
-from pulumi_policy.proxy import UNKNOWN_ARRAY_VALUE, UNKNOWN_OBJECT_VALUE, UNKNOWN_STRING_VALUE, unknown_checking_proxy
+from pulumi_policy.proxy import (
+    UNKNOWN_ARRAY_VALUE,
+    UNKNOWN_OBJECT_VALUE,
+    UNKNOWN_STRING_VALUE,
+    unknown_checking_proxy,
+)
 
 from infra.node_groups import GPU_LABELS
 from policy import rules
@@ -27,7 +32,9 @@ from workloads.manifests import RAY_PORTS
 
 POLICY_DIR = Path(__file__).resolve().parents[1] / "policy"
 UNKNOWN = UNKNOWN_STRING_VALUE
-DEFINED_RULES = [value for value in vars(rules).values() if isinstance(value, (rules.ResourceRule, rules.StackRule))]
+DEFINED_RULES = [
+    value for value in vars(rules).values() if isinstance(value, (rules.ResourceRule, rules.StackRule))
+]
 RESOURCE_RULES = [rule for rule in DEFINED_RULES if isinstance(rule, rules.ResourceRule)]
 STACK_RULES = [rule for rule in DEFINED_RULES if isinstance(rule, rules.StackRule)]
 
@@ -43,9 +50,18 @@ ALL_LOGS = list(rules.CONTROL_PLANE_LOG_TYPES)
 def efa_template(**overrides) -> dict:
     """A GPU launch template's inputs as the engine shows them (nested booleans as strings)."""
     props = {
-        "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 2},
+        "metadataOptions": {
+            "httpEndpoint": "enabled",
+            "httpTokens": "required",
+            "httpPutResponseHopLimit": 2,
+        },
         "networkInterfaces": [
-            {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "efa", "associatePublicIpAddress": "false"}
+            {
+                "networkCardIndex": 0,
+                "deviceIndex": 0,
+                "interfaceType": "efa",
+                "associatePublicIpAddress": "false",
+            }
         ],
     }
     props.update(overrides)
@@ -53,7 +69,9 @@ def efa_template(**overrides) -> dict:
 
 
 def worker_container(requests: dict | None, limits: dict | None, image: str = "repo/ray:2.58.0") -> dict:
-    resources = {key: value for key, value in (("requests", requests), ("limits", limits)) if value is not None}
+    resources = {
+        key: value for key, value in (("requests", requests), ("limits", limits)) if value is not None
+    }
     return {"name": "ray-worker", "image": image, "resources": resources}
 
 
@@ -67,7 +85,9 @@ def ray_cluster(worker: dict, service_type: str = "ClusterIP", head_image: str =
                 "serviceType": service_type,
                 "template": {"spec": {"containers": [{"name": "ray-head", "image": head_image}]}},
             },
-            "workerGroupSpecs": [{"groupName": "gpu-workers", "template": {"spec": {"containers": [worker]}}}],
+            "workerGroupSpecs": [
+                {"groupName": "gpu-workers", "template": {"spec": {"containers": [worker]}}}
+            ],
         },
     }
 
@@ -79,112 +99,329 @@ CASES = [
     # nodes-without-public-ips
     (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(), "dev", None),
     (rules.NODES_WITHOUT_PUBLIC_IPS, LT, {"metadataOptions": {"httpTokens": "required"}}, "dev", None),
-    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=[{"associatePublicIpAddress": UNKNOWN}]), "dev", None),
+    (
+        rules.NODES_WITHOUT_PUBLIC_IPS,
+        LT,
+        efa_template(networkInterfaces=[{"associatePublicIpAddress": UNKNOWN}]),
+        "dev",
+        None,
+    ),
     (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=UNKNOWN_ARRAY_VALUE), "dev", None),
     (rules.NODES_WITHOUT_PUBLIC_IPS, "aws:ec2/subnet:Subnet", {"mapPublicIpOnLaunch": False}, "dev", None),
     (rules.NODES_WITHOUT_PUBLIC_IPS, "aws:ec2/subnet:Subnet", {"cidrBlock": "10.0.0.0/18"}, "dev", None),
     (rules.NODES_WITHOUT_PUBLIC_IPS, EKS, {"nodeAssociatePublicIpAddress": False}, "dev", None),
-    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=[{"associatePublicIpAddress": "true"}]),
-     "dev", "networkInterfaces[0].associatePublicIpAddress"),
-    (rules.NODES_WITHOUT_PUBLIC_IPS, LT, efa_template(networkInterfaces=[{}, {"associatePublicIpAddress": True}]),
-     "dev", "networkInterfaces[1]"),
-    (rules.NODES_WITHOUT_PUBLIC_IPS, "aws:ec2/subnet:Subnet", {"mapPublicIpOnLaunch": True}, "dev", "mapPublicIpOnLaunch"),
-    (rules.NODES_WITHOUT_PUBLIC_IPS, "eks:index:NodeGroupV2", {"nodeAssociatePublicIpAddress": True}, "dev",
-     "nodeAssociatePublicIpAddress"),
+    (
+        rules.NODES_WITHOUT_PUBLIC_IPS,
+        LT,
+        efa_template(networkInterfaces=[{"associatePublicIpAddress": "true"}]),
+        "dev",
+        "networkInterfaces[0].associatePublicIpAddress",
+    ),
+    (
+        rules.NODES_WITHOUT_PUBLIC_IPS,
+        LT,
+        efa_template(networkInterfaces=[{}, {"associatePublicIpAddress": True}]),
+        "dev",
+        "networkInterfaces[1]",
+    ),
+    (
+        rules.NODES_WITHOUT_PUBLIC_IPS,
+        "aws:ec2/subnet:Subnet",
+        {"mapPublicIpOnLaunch": True},
+        "dev",
+        "mapPublicIpOnLaunch",
+    ),
+    (
+        rules.NODES_WITHOUT_PUBLIC_IPS,
+        "eks:index:NodeGroupV2",
+        {"nodeAssociatePublicIpAddress": True},
+        "dev",
+        "nodeAssociatePublicIpAddress",
+    ),
     # imdsv2-required
     (rules.IMDSV2_REQUIRED, LT, efa_template(), "dev", None),
     (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": {"httpEndpoint": "disabled"}}, "dev", None),
     (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": {"httpTokens": UNKNOWN}}, "dev", None),
     (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": UNKNOWN_OBJECT_VALUE}, "dev", None),
     (rules.IMDSV2_REQUIRED, NG, {"launchTemplate": {"id": UNKNOWN, "version": UNKNOWN}}, "dev", None),
-    (rules.IMDSV2_REQUIRED, LT, {"metadataOptions": {"httpTokens": "optional"}}, "dev", "httpTokens is 'optional'"),
+    (
+        rules.IMDSV2_REQUIRED,
+        LT,
+        {"metadataOptions": {"httpTokens": "optional"}},
+        "dev",
+        "httpTokens is 'optional'",
+    ),
     (rules.IMDSV2_REQUIRED, LT, {"description": "no metadata options"}, "dev", "httpTokens is not set"),
     (rules.IMDSV2_REQUIRED, NG, {"subnetIds": ["subnet-1"]}, "dev", "no launch template"),
     # eks-secrets-kms-encrypted
-    (rules.EKS_SECRETS_ENCRYPTED, EKS, {"encryptionConfigKeyArn": "arn:aws:kms:us-east-2:1:key/k"}, "dev", None),
+    (
+        rules.EKS_SECRETS_ENCRYPTED,
+        EKS,
+        {"encryptionConfigKeyArn": "arn:aws:kms:us-east-2:1:key/k"},
+        "dev",
+        None,
+    ),
     (rules.EKS_SECRETS_ENCRYPTED, EKS, {"encryptionConfigKeyArn": UNKNOWN}, "dev", None),
-    (rules.EKS_SECRETS_ENCRYPTED, AWS_EKS,
-     {"encryptionConfig": {"provider": {"keyArn": UNKNOWN}, "resources": ["secrets"]}}, "dev", None),
+    (
+        rules.EKS_SECRETS_ENCRYPTED,
+        AWS_EKS,
+        {"encryptionConfig": {"provider": {"keyArn": UNKNOWN}, "resources": ["secrets"]}},
+        "dev",
+        None,
+    ),
     (rules.EKS_SECRETS_ENCRYPTED, EKS, {"name": "c"}, "dev", "encryptionConfigKeyArn"),
     (rules.EKS_SECRETS_ENCRYPTED, AWS_EKS, {"name": "c"}, "dev", "encryptionConfig"),
-    (rules.EKS_SECRETS_ENCRYPTED, AWS_EKS,
-     {"encryptionConfig": {"provider": {"keyArn": "arn:k"}, "resources": []}}, "dev", "['secrets']"),
+    (
+        rules.EKS_SECRETS_ENCRYPTED,
+        AWS_EKS,
+        {"encryptionConfig": {"provider": {"keyArn": "arn:k"}, "resources": []}},
+        "dev",
+        "['secrets']",
+    ),
     # eks-api-not-open-to-internet
-    (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": True, "publicAccessCidrs": ["203.0.113.7/32"]}, "dev", None),
+    (
+        rules.EKS_API_NOT_OPEN,
+        EKS,
+        {"endpointPublicAccess": True, "publicAccessCidrs": ["203.0.113.7/32"]},
+        "dev",
+        None,
+    ),
     (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["0.0.0.0/1", "198.51.100.0/24"]}, "dev", None),
     (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": False}, "dev", None),
-    (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": True, "publicAccessCidrs": UNKNOWN_ARRAY_VALUE}, "dev", None),
+    (
+        rules.EKS_API_NOT_OPEN,
+        EKS,
+        {"endpointPublicAccess": True, "publicAccessCidrs": UNKNOWN_ARRAY_VALUE},
+        "dev",
+        None,
+    ),
     (rules.EKS_API_NOT_OPEN, AWS_EKS, {"vpcConfig": {"endpointPublicAccess": "false"}}, "dev", None),
     (rules.EKS_API_NOT_OPEN, EKS, {"endpointPublicAccess": True}, "dev", "publicAccessCidrs is empty"),
     (rules.EKS_API_NOT_OPEN, EKS, {"name": "public by default"}, "dev", "publicAccessCidrs is empty"),
-    (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["203.0.113.7/32", "0.0.0.0/0"]}, "dev", "cover 0.0.0.0/0"),
-    (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["0.0.0.0/1", UNKNOWN, "128.0.0.0/1"]}, "dev", "cover 0.0.0.0/0"),
+    (
+        rules.EKS_API_NOT_OPEN,
+        EKS,
+        {"publicAccessCidrs": ["203.0.113.7/32", "0.0.0.0/0"]},
+        "dev",
+        "cover 0.0.0.0/0",
+    ),
+    (
+        rules.EKS_API_NOT_OPEN,
+        EKS,
+        {"publicAccessCidrs": ["0.0.0.0/1", UNKNOWN, "128.0.0.0/1"]},
+        "dev",
+        "cover 0.0.0.0/0",
+    ),
     (rules.EKS_API_NOT_OPEN, EKS, {"publicAccessCidrs": ["2001:db8::/32", "::/0"]}, "dev", "cover ::/0"),
-    (rules.EKS_API_NOT_OPEN, AWS_EKS, {"vpcConfig": {"publicAccessCidrs": ["0.0.0.0/0"]}}, "dev",
-     "vpcConfig.publicAccessCidrs cover 0.0.0.0/0"),
+    (
+        rules.EKS_API_NOT_OPEN,
+        AWS_EKS,
+        {"vpcConfig": {"publicAccessCidrs": ["0.0.0.0/0"]}},
+        "dev",
+        "vpcConfig.publicAccessCidrs cover 0.0.0.0/0",
+    ),
     # gpu-node-group-single-subnet
-    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "gpu-worker"}, "subnetIds": ["subnet-a"]}, "dev", None),
-    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "system"}, "subnetIds": ["a", "b"]}, "dev", None),
-    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "gpu-worker"}, "subnetIds": UNKNOWN_ARRAY_VALUE},
-     "dev", None),
-    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"labels": {"role": "gpu-worker"}, "subnetIds": ["a", UNKNOWN]}, "dev",
-     "has 2 subnets"),
-    (rules.GPU_NODE_GROUP_SINGLE_SUBNET, NG, {"amiType": "AL2023_x86_64_NVIDIA", "subnetIds": ["a", "b"]}, "dev",
-     "has 2 subnets"),
+    (
+        rules.GPU_NODE_GROUP_SINGLE_SUBNET,
+        NG,
+        {"labels": {"role": "gpu-worker"}, "subnetIds": ["subnet-a"]},
+        "dev",
+        None,
+    ),
+    (
+        rules.GPU_NODE_GROUP_SINGLE_SUBNET,
+        NG,
+        {"labels": {"role": "system"}, "subnetIds": ["a", "b"]},
+        "dev",
+        None,
+    ),
+    (
+        rules.GPU_NODE_GROUP_SINGLE_SUBNET,
+        NG,
+        {"labels": {"role": "gpu-worker"}, "subnetIds": UNKNOWN_ARRAY_VALUE},
+        "dev",
+        None,
+    ),
+    (
+        rules.GPU_NODE_GROUP_SINGLE_SUBNET,
+        NG,
+        {"labels": {"role": "gpu-worker"}, "subnetIds": ["a", UNKNOWN]},
+        "dev",
+        "has 2 subnets",
+    ),
+    (
+        rules.GPU_NODE_GROUP_SINGLE_SUBNET,
+        NG,
+        {"amiType": "AL2023_x86_64_NVIDIA", "subnetIds": ["a", "b"]},
+        "dev",
+        "has 2 subnets",
+    ),
     # ray-ports-not-exposed
-    (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"type": "ClusterIP", "ports": [{"port": 8265}]}}, "dev", None),
-    (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}}, "dev", None),
+    (
+        rules.RAY_PORTS_NOT_EXPOSED,
+        SVC,
+        {"spec": {"type": "ClusterIP", "ports": [{"port": 8265}]}},
+        "dev",
+        None,
+    ),
+    (
+        rules.RAY_PORTS_NOT_EXPOSED,
+        SVC,
+        {"spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}},
+        "dev",
+        None,
+    ),
     (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"ports": [{"port": 6379}]}}, "dev", None),
     (rules.RAY_PORTS_NOT_EXPOSED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
     # Numbers reach policies as floats (JSON through protobuf).
-    (rules.RAY_PORTS_NOT_EXPOSED, SVC, {"spec": {"type": "LoadBalancer", "ports": [{"port": 8265.0}]}}, "dev",
-     "Ray port(s) 8265 outside"),
-    (rules.RAY_PORTS_NOT_EXPOSED, SVC,
-     {"spec": {"type": "NodePort", "ports": [{"port": 80, "targetPort": "dashboard"}, {"port": 1, "targetPort": "10001"}]}},
-     "dev",
-     "Ray port(s) 10001, dashboard"),
-    (rules.RAY_PORTS_NOT_EXPOSED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED), "LoadBalancer"), "dev",
-     "headGroupSpec.serviceType is LoadBalancer"),
-    (rules.RAY_PORTS_NOT_EXPOSED, "kubernetes:ray.io/v1:RayJob",
-     {"spec": {"rayClusterSpec": {"headGroupSpec": {"headService": {"spec": {"type": "NodePort"}}}}}}, "dev",
-     "headService.spec.type is NodePort"),
+    (
+        rules.RAY_PORTS_NOT_EXPOSED,
+        SVC,
+        {"spec": {"type": "LoadBalancer", "ports": [{"port": 8265.0}]}},
+        "dev",
+        "Ray port(s) 8265 outside",
+    ),
+    (
+        rules.RAY_PORTS_NOT_EXPOSED,
+        SVC,
+        {
+            "spec": {
+                "type": "NodePort",
+                "ports": [{"port": 80, "targetPort": "dashboard"}, {"port": 1, "targetPort": "10001"}],
+            }
+        },
+        "dev",
+        "Ray port(s) 10001, dashboard",
+    ),
+    (
+        rules.RAY_PORTS_NOT_EXPOSED,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED), "LoadBalancer"),
+        "dev",
+        "headGroupSpec.serviceType is LoadBalancer",
+    ),
+    (
+        rules.RAY_PORTS_NOT_EXPOSED,
+        "kubernetes:ray.io/v1:RayJob",
+        {"spec": {"rayClusterSpec": {"headGroupSpec": {"headService": {"spec": {"type": "NodePort"}}}}}},
+        "dev",
+        "headService.spec.type is NodePort",
+    ),
     # ray-worker-requests-equal-limits
     (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
     (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container(None, GUARANTEED)), "dev", None),
-    (rules.RAY_WORKERS_GUARANTEED, RAY,
-     ray_cluster(worker_container({"cpu": 40, "memory": "163840Mi"}, {"cpu": "40000m", "memory": "160Gi"})), "dev", None),
-    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container({**GUARANTEED, "cpu": UNKNOWN}, GUARANTEED)),
-     "dev", None),
-    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container({**GUARANTEED, "cpu": "36"}, GUARANTEED)), "dev",
-     "worker group gpu-workers, container ray-worker: cpu request 36 != limit 40"),
-    (rules.RAY_WORKERS_GUARANTEED, RAY,
-     ray_cluster(worker_container(GUARANTEED, {k: v for k, v in GUARANTEED.items() if k != "nvidia.com/gpu"})), "dev",
-     "nvidia.com/gpu requested (4) without a limit"),
-    (rules.RAY_WORKERS_GUARANTEED, RAY, ray_cluster(worker_container(GUARANTEED, None)), "dev", "no cpu limit"),
+    (
+        rules.RAY_WORKERS_GUARANTEED,
+        RAY,
+        ray_cluster(
+            worker_container({"cpu": 40, "memory": "163840Mi"}, {"cpu": "40000m", "memory": "160Gi"})
+        ),
+        "dev",
+        None,
+    ),
+    (
+        rules.RAY_WORKERS_GUARANTEED,
+        RAY,
+        ray_cluster(worker_container({**GUARANTEED, "cpu": UNKNOWN}, GUARANTEED)),
+        "dev",
+        None,
+    ),
+    (
+        rules.RAY_WORKERS_GUARANTEED,
+        RAY,
+        ray_cluster(worker_container({**GUARANTEED, "cpu": "36"}, GUARANTEED)),
+        "dev",
+        "worker group gpu-workers, container ray-worker: cpu request 36 != limit 40",
+    ),
+    (
+        rules.RAY_WORKERS_GUARANTEED,
+        RAY,
+        ray_cluster(
+            worker_container(GUARANTEED, {k: v for k, v in GUARANTEED.items() if k != "nvidia.com/gpu"})
+        ),
+        "dev",
+        "nvidia.com/gpu requested (4) without a limit",
+    ),
+    (
+        rules.RAY_WORKERS_GUARANTEED,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, None)),
+        "dev",
+        "no cpu limit",
+    ),
     # container-images-pinned
     (rules.CONTAINER_IMAGES_PINNED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
-    (rules.CONTAINER_IMAGES_PINNED, RAY,
-     ray_cluster(worker_container(GUARANTEED, GUARANTEED, image="repo/ray@sha256:" + "a" * 64)), "dev", None),
-    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:core/v1:Pod",
-     {"spec": {"containers": [{"name": "c", "image": "localhost:5000/ray:2.58.0"}]}}, "dev", None),
-    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:core/v1:Pod", {"spec": {"containers": [{"name": "c", "image": UNKNOWN}]}},
-     "dev", None),
-    (rules.CONTAINER_IMAGES_PINNED, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED), head_image="repo/ray:latest"),
-     "dev", "container ray-head: image repo/ray:latest is tagged latest"),
-    (rules.CONTAINER_IMAGES_PINNED, RAY,
-     ray_cluster(worker_container(GUARANTEED, GUARANTEED, image="localhost:5000/ray")), "dev",
-     "container ray-worker: image localhost:5000/ray has no tag"),
-    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:apps/v1:Deployment",
-     {"spec": {"template": {"spec": {"initContainers": [{"name": "init", "image": "busybox"}], "containers": []}}}},
-     "dev", "container init: image busybox has no tag"),
-    (rules.CONTAINER_IMAGES_PINNED, "kubernetes:batch/v1:CronJob",
-     {"spec": {"jobTemplate": {"spec": {"template": {"spec": {"containers": [{"name": "j", "image": "a/b:latest"}]}}}}}},
-     "dev", "container j"),
+    (
+        rules.CONTAINER_IMAGES_PINNED,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED, image="repo/ray@sha256:" + "a" * 64)),
+        "dev",
+        None,
+    ),
+    (
+        rules.CONTAINER_IMAGES_PINNED,
+        "kubernetes:core/v1:Pod",
+        {"spec": {"containers": [{"name": "c", "image": "localhost:5000/ray:2.58.0"}]}},
+        "dev",
+        None,
+    ),
+    (
+        rules.CONTAINER_IMAGES_PINNED,
+        "kubernetes:core/v1:Pod",
+        {"spec": {"containers": [{"name": "c", "image": UNKNOWN}]}},
+        "dev",
+        None,
+    ),
+    (
+        rules.CONTAINER_IMAGES_PINNED,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED), head_image="repo/ray:latest"),
+        "dev",
+        "container ray-head: image repo/ray:latest is tagged latest",
+    ),
+    (
+        rules.CONTAINER_IMAGES_PINNED,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED, image="localhost:5000/ray")),
+        "dev",
+        "container ray-worker: image localhost:5000/ray has no tag",
+    ),
+    (
+        rules.CONTAINER_IMAGES_PINNED,
+        "kubernetes:apps/v1:Deployment",
+        {
+            "spec": {
+                "template": {
+                    "spec": {"initContainers": [{"name": "init", "image": "busybox"}], "containers": []}
+                }
+            }
+        },
+        "dev",
+        "container init: image busybox has no tag",
+    ),
+    (
+        rules.CONTAINER_IMAGES_PINNED,
+        "kubernetes:batch/v1:CronJob",
+        {
+            "spec": {
+                "jobTemplate": {
+                    "spec": {"template": {"spec": {"containers": [{"name": "j", "image": "a/b:latest"}]}}}
+                }
+            }
+        },
+        "dev",
+        "container j",
+    ),
     # eks-control-plane-logging (advisory)
     (rules.CONTROL_PLANE_LOGGING, EKS, {"enabledClusterLogTypes": ALL_LOGS}, "dev", None),
     (rules.CONTROL_PLANE_LOGGING, AWS_EKS, {"enabledClusterLogTypes": UNKNOWN_ARRAY_VALUE}, "dev", None),
-    (rules.CONTROL_PLANE_LOGGING, EKS, {"enabledClusterLogTypes": ["api", "authenticator"]}, "dev",
-     "audit, controllerManager, scheduler"),
+    (
+        rules.CONTROL_PLANE_LOGGING,
+        EKS,
+        {"enabledClusterLogTypes": ["api", "authenticator"]},
+        "dev",
+        "audit, controllerManager, scheduler",
+    ),
     (rules.CONTROL_PLANE_LOGGING, AWS_EKS, {"name": "c"}, "dev", "api, audit"),
     # eks-deletion-protection (advisory)
     (rules.DELETION_PROTECTION, EKS, {"name": "c"}, "dev", None),
@@ -224,7 +461,11 @@ def test_rules_ignore_resources_they_are_not_about():
 
 
 def gpu_group(dependencies: tuple[str, ...] = ("urn:lt-gpu",), **props) -> StackResource:
-    base = {"labels": {"role": "gpu-worker"}, "launchTemplate": {"id": UNKNOWN, "version": UNKNOWN}, "subnetIds": ["a"]}
+    base = {
+        "labels": {"role": "gpu-worker"},
+        "launchTemplate": {"id": UNKNOWN, "version": UNKNOWN},
+        "subnetIds": ["a"],
+    }
     return StackResource(NG, "urn:ng-gpu", {**base, **props}, dependencies)
 
 
@@ -233,7 +474,9 @@ def template(urn: str, **props) -> StackResource:
 
 
 ENA_ONLY = [{"deviceIndex": 0, "associatePublicIpAddress": "false"}]
-SYSTEM_GROUP = StackResource(NG, "urn:ng-system", {"labels": {"role": "system"}, "launchTemplate": {"id": "x"}}, ())
+SYSTEM_GROUP = StackResource(
+    NG, "urn:ng-system", {"labels": {"role": "system"}, "launchTemplate": {"id": "x"}}, ()
+)
 
 
 @pytest.mark.parametrize(
@@ -242,14 +485,34 @@ SYSTEM_GROUP = StackResource(NG, "urn:ng-system", {"labels": {"role": "system"},
         ([template("urn:lt-gpu"), gpu_group(), SYSTEM_GROUP], None),
         ([template("urn:lt-gpu", networkInterfaces=UNKNOWN_ARRAY_VALUE), gpu_group()], None),
         # Known ids (an update's preview) link the group to its template without a dependency.
-        ([template("urn:lt-gpu", id="lt-1"), gpu_group((), launchTemplate={"id": "lt-1", "version": "1"})], None),
-        ([template("urn:lt-gpu", networkInterfaces=ENA_ONLY), gpu_group()], "no network interface with interfaceType 'efa'"),
-        ([template("urn:lt-gpu", networkInterfaces=ENA_ONLY), template("urn:lt-other"),
-          gpu_group((), launchTemplate={"id": "lt-1"})], "not in this stack"),
-        ([template("urn:lt-gpu", id="lt-1", networkInterfaces=ENA_ONLY), template("urn:lt-other", id="lt-2"),
-          gpu_group(("urn:lt-other",), launchTemplate={"id": "lt-1"})], "no network interface with interfaceType 'efa'"),
-        ([StackResource(NG, "urn:ng-gpu", {"amiType": "AL2023_x86_64_NVIDIA", "subnetIds": ["a"]}, ())],
-         "has no launch template"),
+        (
+            [template("urn:lt-gpu", id="lt-1"), gpu_group((), launchTemplate={"id": "lt-1", "version": "1"})],
+            None,
+        ),
+        (
+            [template("urn:lt-gpu", networkInterfaces=ENA_ONLY), gpu_group()],
+            "no network interface with interfaceType 'efa'",
+        ),
+        (
+            [
+                template("urn:lt-gpu", networkInterfaces=ENA_ONLY),
+                template("urn:lt-other"),
+                gpu_group((), launchTemplate={"id": "lt-1"}),
+            ],
+            "not in this stack",
+        ),
+        (
+            [
+                template("urn:lt-gpu", id="lt-1", networkInterfaces=ENA_ONLY),
+                template("urn:lt-other", id="lt-2"),
+                gpu_group(("urn:lt-other",), launchTemplate={"id": "lt-1"}),
+            ],
+            "no network interface with interfaceType 'efa'",
+        ),
+        (
+            [StackResource(NG, "urn:ng-gpu", {"amiType": "AL2023_x86_64_NVIDIA", "subnetIds": ["a"]}, ())],
+            "has no launch template",
+        ),
     ],
 )
 def test_gpu_node_group_efa(resources, expected):
@@ -257,13 +520,17 @@ def test_gpu_node_group_efa(resources, expected):
     if expected is None:
         assert violations == []
     else:
-        assert len(violations) == 1 and violations[0][0] == "urn:ng-gpu" and expected in violations[0][1], violations
+        assert len(violations) == 1 and violations[0][0] == "urn:ng-gpu" and expected in violations[0][1], (
+            violations
+        )
 
 
 # --- through pulumi-policy: unknown-checking proxies, stack name from the URN, reported URNs -------
 
 
-def run_resource_policy(rule, resource_type: str, props: dict, stack: str = "dev") -> list[tuple[str, str | None]]:
+def run_resource_policy(
+    rule, resource_type: str, props: dict, stack: str = "dev"
+) -> list[tuple[str, str | None]]:
     reported: list[tuple[str, str | None]] = []
     urn = f"urn:pulumi:{stack}::eks-ray-train::{resource_type}::r"
     options = PolicyResourceOptions(False, [], None, [], None, [], None)
@@ -278,7 +545,9 @@ def test_resource_policy_reads_unknowns_without_raising():
 
 
 def test_resource_policy_reports_each_violation():
-    props = efa_template(networkInterfaces=[{"associatePublicIpAddress": "true"}, {"associatePublicIpAddress": True}])
+    props = efa_template(
+        networkInterfaces=[{"associatePublicIpAddress": "true"}, {"associatePublicIpAddress": True}]
+    )
     assert len(run_resource_policy(rules.NODES_WITHOUT_PUBLIC_IPS, LT, props)) == 2
 
 
@@ -291,8 +560,17 @@ def test_stack_policy_links_by_dependency_and_reports_the_group():
     options = PolicyResourceOptions(False, [], None, [], None, [], None)
 
     def resource(type_: str, urn: str, props: dict, dependencies: list[PolicyResource]) -> PolicyResource:
-        return PolicyResource(type_, unknown_checking_proxy(props), urn, urn, options, None, None, [],
-                              {"launchTemplate": dependencies})
+        return PolicyResource(
+            type_,
+            unknown_checking_proxy(props),
+            urn,
+            urn,
+            options,
+            None,
+            None,
+            [],
+            {"launchTemplate": dependencies},
+        )
 
     ena_template = resource(LT, "urn:lt-gpu", efa_template(networkInterfaces=ENA_ONLY), [])
     group = resource(NG, "urn:ng-gpu", gpu_group().props, [ena_template])
@@ -404,18 +682,27 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
     breakages = {
         "imdsv2-required": (gpu_template, lambda p: p["metadataOptions"].update(httpTokens="optional")),
         "nodes-without-public-ips": (
-            gpu_template, lambda p: p["networkInterfaces"][0].update(associatePublicIpAddress="true")
+            gpu_template,
+            lambda p: p["networkInterfaces"][0].update(associatePublicIpAddress="true"),
         ),
         "gpu-node-group-efa-interface": (
-            gpu_template, lambda p: [i.update(interfaceType="interface") for i in p["networkInterfaces"]]
+            gpu_template,
+            lambda p: [i.update(interfaceType="interface") for i in p["networkInterfaces"]],
         ),
         "gpu-node-group-single-subnet": (gpu_group_, lambda p: p["subnetIds"].append("subnet-elsewhere")),
         "eks-secrets-kms-encrypted": (cluster, lambda p: p.pop("encryptionConfigKeyArn")),
         "eks-api-not-open-to-internet": (
-            cluster, lambda p: p.update(endpointPublicAccess=True, publicAccessCidrs=["0.0.0.0/0"])
+            cluster,
+            lambda p: p.update(endpointPublicAccess=True, publicAccessCidrs=["0.0.0.0/0"]),
         ),
-        "ray-ports-not-exposed": (ray, lambda p: p["spec"]["headGroupSpec"].update(serviceType="LoadBalancer")),
-        "ray-worker-requests-equal-limits": (ray, lambda p: worker(p)["resources"]["requests"].update(cpu="1")),
+        "ray-ports-not-exposed": (
+            ray,
+            lambda p: p["spec"]["headGroupSpec"].update(serviceType="LoadBalancer"),
+        ),
+        "ray-worker-requests-equal-limits": (
+            ray,
+            lambda p: worker(p)["resources"]["requests"].update(cpu="1"),
+        ),
         "container-images-pinned": (ray, lambda p: worker(p).update(image="rayproject/ray:latest")),
     }
     mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}

@@ -66,7 +66,11 @@ def test_default_stack_gets_first_zone_and_a_second_for_the_control_plane():
     placement, gpu_az, cluster_azs = plan(fake)
     assert (gpu_az, cluster_azs) == ("us-east-2a", ["us-east-2a", "us-east-2b"])
     assert placement.gpu_node.instance_type == "g6.12xlarge"
-    assert (placement.gpu_node.vcpus, placement.gpu_node.efa_interfaces, placement.gpu_node.network_cards) == (48, 1, 1)
+    assert (
+        placement.gpu_node.vcpus,
+        placement.gpu_node.efa_interfaces,
+        placement.gpu_node.network_cards,
+    ) == (48, 1, 1)
     assert placement.system_node.instance_type == "m7i.xlarge"
     assert placement.capacity_reservation_id is None
     quota_codes = [args["quotaCode"] for token, args in fake.calls if token == QUOTA_TOKEN]
@@ -139,7 +143,9 @@ def test_unknown_gpu_type_is_not_offered_anywhere():
 
 
 def test_offered_type_that_aws_cannot_describe_names_the_key():
-    message = refusal(FakeAws(offerings={"g9.12xlarge": ["us-east-2a"]}), ConfigError, gpuNodeType="g9.12xlarge")
+    message = refusal(
+        FakeAws(offerings={"g9.12xlarge": ["us-east-2a"]}), ConfigError, gpuNodeType="g9.12xlarge"
+    )
     assert "config key 'gpuNodeType' = 'g9.12xlarge'" in message
     assert "InvalidInstanceType" in message
 
@@ -173,7 +179,9 @@ def test_system_type_in_one_zone_leaves_the_control_plane_without_a_second():
 
 
 def test_no_zone_offers_both_node_types():
-    message = refusal(FakeAws(offerings={"g6.12xlarge": ["us-east-2c"], "m7i.xlarge": ["us-east-2a", "us-east-2b"]}))
+    message = refusal(
+        FakeAws(offerings={"g6.12xlarge": ["us-east-2c"], "m7i.xlarge": ["us-east-2a", "us-east-2b"]})
+    )
     assert "no zone of us-east-2 offers both gpuNodeType g6.12xlarge (us-east-2c)" in message
 
 
@@ -262,19 +270,28 @@ def test_missing_reservation_names_it_the_region_and_the_permissions(run):
 def test_reservation_that_is_not_active(run, state):
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", state=state)})
     message = run(fake, capacityReservationId=RESERVATION)
-    assert f"capacity reservation {RESERVATION} is {state}, and only an active reservation holds instances" in message
+    assert (
+        f"capacity reservation {RESERVATION} is {state}, and only an active reservation holds instances"
+        in message
+    )
     assert f"--capacity-reservation-ids {RESERVATION} --region us-east-2" in message
 
 
 @pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
 def test_reservation_for_another_type(run):
-    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_type="g5.12xlarge")})
+    fake = FakeAws(
+        reservations={RESERVATION: capacity_reservation("us-east-2b", instance_type="g5.12xlarge")}
+    )
     message = run(fake, capacityReservationId=RESERVATION)
-    assert f"capacity reservation {RESERVATION} reserves g5.12xlarge, and gpuNodeType is g6.12xlarge" in message
+    assert (
+        f"capacity reservation {RESERVATION} reserves g5.12xlarge, and gpuNodeType is g6.12xlarge" in message
+    )
 
 
 def test_reservation_for_another_platform():
-    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_platform="Windows")})
+    fake = FakeAws(
+        reservations={RESERVATION: capacity_reservation("us-east-2b", instance_platform="Windows")}
+    )
     message = refusal(fake, capacityReservationId=RESERVATION)
     assert f"capacity reservation {RESERVATION} is for Windows instances" in message
 
@@ -306,7 +323,10 @@ def test_reservation_with_exactly_enough_available_instances_passes():
 def test_reservation_in_another_zone_than_the_configured_one(run):
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2c")})
     message = run(fake, capacityReservationId=RESERVATION, gpuAz="us-east-2a")
-    assert f"config key 'gpuAz' = 'us-east-2a', and capacity reservation {RESERVATION} is in us-east-2c" in message
+    assert (
+        f"config key 'gpuAz' = 'us-east-2a', and capacity reservation {RESERVATION} is in us-east-2c"
+        in message
+    )
 
 
 def test_reservation_in_a_zone_eks_cannot_use():

@@ -21,7 +21,11 @@ TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 
 
 def config_of(stack_file, **overrides) -> dict[str, str]:
-    return {**stack_config(stack_file), **USER_SETTINGS, **{f"eks-ray-train:{k}": v for k, v in overrides.items()}}
+    return {
+        **stack_config(stack_file),
+        **USER_SETTINGS,
+        **{f"eks-ray-train:{k}": v for k, v in overrides.items()},
+    }
 
 
 def dev_config(**overrides) -> dict[str, str]:
@@ -31,7 +35,9 @@ def dev_config(**overrides) -> dict[str, str]:
 @pytest.fixture(scope="module", params=STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
 def stack_plan(request) -> tuple[dict, Plan]:
     config = config_of(request.param)
-    return config, run_program(config, FakeAws(region=config["aws:region"]), stack=request.param.stem.split(".", 1)[1])
+    return config, run_program(
+        config, FakeAws(region=config["aws:region"]), stack=request.param.stem.split(".", 1)[1]
+    )
 
 
 def test_every_stack_file_is_complete_for_its_region(stack_plan):
@@ -52,7 +58,13 @@ def test_cluster_settings(stack_plan):
     assert cluster["publicAccessCidrs"] == ["203.0.113.7/32"]
     assert cluster["encryptionConfigKeyArn"]
     assert cluster["createOidcProvider"] is True
-    assert set(cluster["enabledClusterLogTypes"]) == {"api", "audit", "authenticator", "controllerManager", "scheduler"}
+    assert set(cluster["enabledClusterLogTypes"]) == {
+        "api",
+        "audit",
+        "authenticator",
+        "controllerManager",
+        "scheduler",
+    }
     assert cluster["version"] == "1.36"
     assert cluster["nodeAssociatePublicIpAddress"] is False
     assert plan.one("aws:kms/key:Key").inputs["enableKeyRotation"] is True
@@ -67,12 +79,18 @@ def test_network_has_nat_and_private_nodes(stack_plan):
         assert subnet.inputs["mapPublicIpOnLaunch"] is False
         role_tag = "kubernetes.io/role/internal-elb" if "private" in subnet.name else "kubernetes.io/role/elb"
         assert subnet.inputs["tags"][role_tag] == "1"
-    private_routes = next(r for r in plan.of_type("aws:ec2/routeTable:RouteTable") if r.name.endswith("-private"))
+    private_routes = next(
+        r for r in plan.of_type("aws:ec2/routeTable:RouteTable") if r.name.endswith("-private")
+    )
     assert "natGatewayId" in private_routes.inputs["routes"][0]
 
 
 def gpu_group(plan: Plan):
-    return next(r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs["labels"].get("role") == "gpu-worker")
+    return next(
+        r
+        for r in plan.of_type("aws:eks/nodeGroup:NodeGroup")
+        if r.inputs["labels"].get("role") == "gpu-worker"
+    )
 
 
 def test_gpu_node_group_is_one_subnet_in_the_gpu_az(stack_plan):
@@ -106,7 +124,11 @@ def test_gpu_launch_template_has_efa_placement_and_imdsv2(stack_plan):
     rules = plan.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
     rules += plan.of_type("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
     for rule in rules:
-        assert rule.inputs["securityGroupId"] == rule.inputs["referencedSecurityGroupId"] == f"{efa_group.name}-id"
+        assert (
+            rule.inputs["securityGroupId"]
+            == rule.inputs["referencedSecurityGroupId"]
+            == f"{efa_group.name}-id"
+        )
         assert rule.inputs["ipProtocol"] == "-1"
     assert len(rules) == 2
 
@@ -120,7 +142,9 @@ def test_every_launch_template_requires_imdsv2(stack_plan):
 
 def test_system_node_group(stack_plan):
     _, plan = stack_plan
-    group = next(r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs["labels"] == {"role": "system"})
+    group = next(
+        r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs["labels"] == {"role": "system"}
+    )
     assert group.inputs["instanceTypes"] == ["m7i.xlarge"]
     assert group.inputs["scalingConfig"]["desiredSize"] == 1
     assert len(group.inputs["subnetIds"]) == 2
@@ -153,7 +177,9 @@ def test_every_resource_sits_under_a_component(stack_plan):
     for registration in plan.resources:
         if registration.type in COMPONENTS | {TRAINING_RUN}:
             continue
-        assert set(plan.ancestors(registration)) & COMPONENTS, f"{registration.type} {registration.name} has no component"
+        assert set(plan.ancestors(registration)) & COMPONENTS, (
+            f"{registration.type} {registration.name} has no component"
+        )
 
 
 def test_kubeconfig_is_secret(stack_plan):
@@ -167,8 +193,13 @@ def test_capacity_reservation_is_targeted():
     fake = FakeAws(region="us-east-2")
     fake.reservations = {
         reservation: {
-            "id": reservation, "availabilityZone": "us-east-2b", "instanceType": "g6.12xlarge",
-            "instanceCount": 2, "availableInstanceCount": 2, "state": "active", "instancePlatform": "Linux/UNIX",
+            "id": reservation,
+            "availabilityZone": "us-east-2b",
+            "instanceType": "g6.12xlarge",
+            "instanceCount": 2,
+            "availableInstanceCount": 2,
+            "state": "active",
+            "instancePlatform": "Linux/UNIX",
             "tenancy": "default",
         }
     }
@@ -242,19 +273,26 @@ def test_too_many_workers_fails_in_preview():
 
 def test_hugging_face_token_stays_secret():
     token = "hf_do_not_leak_4f2a"
-    plan = run_program(dev_config(hfToken=token), FakeAws(region="us-east-2"), secret_keys=["eks-ray-train:hfToken"])
+    plan = run_program(
+        dev_config(hfToken=token), FakeAws(region="us-east-2"), secret_keys=["eks-ray-train:hfToken"]
+    )
     secret = plan.one("kubernetes:core/v1:Secret")
     assert "stringData" in secret.secret_inputs
     for registration in plan.resources:
         plain = {k: v for k, v in registration.inputs.items() if k not in registration.secret_inputs}
-        assert token not in repr(plain), f"{registration.type} {registration.name} holds the token in plain text"
+        assert token not in repr(plain), (
+            f"{registration.type} {registration.name} holds the token in plain text"
+        )
     ray_cluster = plan.one("kubernetes:ray.io/v1:RayCluster")
     assert secret.urn in ray_cluster.dependencies
 
 
 @pytest.mark.parametrize(
     "region, message",
-    [("moon-1", "'aws:region' = 'moon-1': expected a region name"), ("us-east-9", "'aws:region' = 'us-east-9'")],
+    [
+        ("moon-1", "'aws:region' = 'moon-1': expected a region name"),
+        ("us-east-9", "'aws:region' = 'us-east-9'"),
+    ],
 )
 def test_unknown_region_stops_the_preview(region, message):
     config = {**dev_config(), "aws:region": region}
@@ -268,24 +306,36 @@ def test_least_privilege_for_nodes_and_checkpoints(stack_plan):
     import json
 
     config, plan = stack_plan
-    attached = {r.inputs["policyArn"] for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    attached = {
+        r.inputs["policyArn"] for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    }
     assert attached == {
         "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
         "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
         "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
     }
     block = plan.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
-    assert all(block[key] is True for key in
-               ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
-    encryption = plan.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+    assert all(
+        block[key] is True
+        for key in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+    )
+    encryption = plan.one(
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    )
     assert encryption.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
     pod_role = plan.one("aws:iam/role:Role", "checkpoints-ray-pods")
     statement = json.loads(pod_role.inputs["assumeRolePolicy"])["Statement"]
     assert len(statement) == 1 and statement[0]["Action"] == "sts:AssumeRoleWithWebIdentity"
     subjects = [v for k, v in statement[0]["Condition"]["StringEquals"].items() if k.endswith(":sub")]
-    assert subjects == [f"system:serviceaccount:{config.get('eks-ray-train:namespace', 'ray-train')}:ray-train"]
+    assert subjects == [
+        f"system:serviceaccount:{config.get('eks-ray-train:namespace', 'ray-train')}:ray-train"
+    ]
     bucket_policy = json.loads(plan.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
-    resources = {r for s in bucket_policy["Statement"] for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+    resources = {
+        r
+        for s in bucket_policy["Statement"]
+        for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])
+    }
     bucket = plan.one("aws:s3/bucket:Bucket").inputs["bucket"]
     assert all(bucket in resource for resource in resources)
     service_account = plan.one("kubernetes:core/v1:ServiceAccount").inputs
@@ -310,6 +360,8 @@ def test_the_program_needs_neither_torch_nor_ray():
         "run_program(config, FakeAws(region=config['aws:region']))\n"
         "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"

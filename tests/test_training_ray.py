@@ -87,7 +87,9 @@ def test_last_stdout_line_is_the_run_summary(full_run):
     assert parse_summary(full_run.stdout) == summary
     assert (summary["world_size"], summary["steps"], summary["steps_run"]) == (2, STEPS, STEPS)
     assert summary["mfu"] is None and summary["gpu_name"] is None and summary["device"] == "cpu"
-    assert summary["tokens_per_s"] > 0 and summary["tokens_per_s_per_gpu"] == pytest.approx(summary["tokens_per_s"] / 2)
+    assert summary["tokens_per_s"] > 0 and summary["tokens_per_s_per_gpu"] == pytest.approx(
+        summary["tokens_per_s"] / 2
+    )
     assert summary["peak_mem_gib"] > 0 and summary["step_time_s"] > 0
 
 
@@ -115,7 +117,9 @@ def test_run_folder_holds_summary_picture_and_checkpoints(full_run, storage):
     assert (run_dir / "run.png").read_bytes().startswith(b"\x89PNG")
     for step in (4, 8):
         checkpoint = run_dir / f"checkpoint_{step:06d}"
-        assert {".metadata", "__0_0.distcp", "__1_0.distcp", "train_state.json"} <= set(os.listdir(checkpoint))
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp", "train_state.json"} <= set(
+            os.listdir(checkpoint)
+        )
         assert json.loads((checkpoint / "train_state.json").read_text())["step"] == step
 
 
@@ -140,7 +144,13 @@ TORCHRUN_FLAGS = ("--launcher", "torchrun", "--data", "synthetic", "--steps", "3
 def torchrun_run(storage) -> subprocess.CompletedProcess:
     """Plain FSDP over 2 ranks, exporting a Hugging Face model at the end."""
     result = run_cli(
-        *TORCHRUN_FLAGS, "--export-hf", "--storage-path", str(storage), "--run-name", "torchrun", launcher=TORCHRUN
+        *TORCHRUN_FLAGS,
+        "--export-hf",
+        "--storage-path",
+        str(storage),
+        "--run-name",
+        "torchrun",
+        launcher=TORCHRUN,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result

@@ -57,7 +57,9 @@ EFA_JOB, TCP_JOB, FALLBACK_JOB, OOM_JOB = "02000000", "03000000", "01000000", "0
 # --- fakes of the Kubernetes API ------------------------------------------------------------------
 
 
-def gpu_node(name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True):
+def gpu_node(
+    name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
+):
     allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
     if gpus is not None:
         allocatable[tr.GPU_RESOURCE] = gpus
@@ -75,22 +77,32 @@ def gpu_node(name: str, gpus: str | None = "4", efa: str | None = "1", present: 
     )
 
 
-def ray_pod(name: str, node_type: str, ready: bool = True, phase: str = "Running", node: str | None = "node-a",
-            waiting: tuple[str, str] | None = None):
+def ray_pod(
+    name: str,
+    node_type: str,
+    ready: bool = True,
+    phase: str = "Running",
+    node: str | None = "node-a",
+    waiting: tuple[str, str] | None = None,
+):
     container = "ray-head" if node_type == "head" else "ray-worker"
     state = k8s.V1ContainerState(
         waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None
     )
     return k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(
-            name=name, namespace="ray-train", labels={"ray.io/cluster": "ray-train", "ray.io/node-type": node_type}
+            name=name,
+            namespace="ray-train",
+            labels={"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
         ),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=container)], node_name=node),
         status=k8s.V1PodStatus(
             phase=phase,
             conditions=[k8s.V1PodCondition(type="Ready", status="True" if ready else "False")],
             container_statuses=[
-                k8s.V1ContainerStatus(name=container, image="ray", image_id="", ready=ready, restart_count=0, state=state)
+                k8s.V1ContainerStatus(
+                    name=container, image="ray", image_id="", ready=ready, restart_count=0, state=state
+                )
             ],
         ),
     )
@@ -104,7 +116,7 @@ def pod_event(pod: str, reason: str, message: str, kind: str = "Warning", minute
         reason=reason,
         message=message,
         count=3,
-        last_timestamp=datetime.datetime(2026, 5, 11, 9, minute, tzinfo=datetime.timezone.utc),
+        last_timestamp=datetime.datetime(2026, 5, 11, 9, minute, tzinfo=datetime.UTC),
     )
 
 
@@ -129,10 +141,16 @@ class FakeCoreApi:
         return k8s.V1NodeList(items=[n for n in nodes if _selected(n.metadata.labels, label_selector)])
 
     def list_namespaced_pod(self, namespace, label_selector):
-        pods = self.pod_snapshots[min(self.pod_calls // 2, len(self.pod_snapshots) - 1)]  # head + workers per wait
+        pods = self.pod_snapshots[
+            min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
+        ]  # head + workers per wait
         self.pod_calls += 1
         return k8s.V1PodList(
-            items=[p for p in pods if p.metadata.namespace == namespace and _selected(p.metadata.labels, label_selector)]
+            items=[
+                p
+                for p in pods
+                if p.metadata.namespace == namespace and _selected(p.metadata.labels, label_selector)
+            ]
         )
 
     def list_namespaced_event(self, namespace, field_selector):
@@ -150,7 +168,9 @@ class FakeCustomObjects:
         if self.worker_replicas is None:
             raise ApiException(status=404, reason="Not Found")
         assert (group, version, plural) == ("ray.io", "v1", "rayclusters")
-        return {"spec": {"workerGroupSpecs": [{"groupName": "gpu-workers", "replicas": self.worker_replicas}]}}
+        return {
+            "spec": {"workerGroupSpecs": [{"groupName": "gpu-workers", "replicas": self.worker_replicas}]}
+        }
 
 
 # --- fakes of the pods --------------------------------------------------------------------------
@@ -196,14 +216,21 @@ class FakeRayHead:
             env = {}
             if "--runtime-env-json" in argv:
                 env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
-            self.jobs[submission_id] = self.jobs_by_variant["tcp" if env.get("NCCL_NET") == "Socket" else "main"]
+            self.jobs[submission_id] = self.jobs_by_variant[
+                "tcp" if env.get("NCCL_NET") == "Socket" else "main"
+            ]
             self.submissions.append(list(argv))
             return ExecResult(0, f"Job '{submission_id}' submitted successfully\n")
         if argv[:3] == ["python", "-c", tr.JOBS_API_SCRIPT]:
             action, subject = argv[4], argv[5]
             if action == "list":
                 jobs = [
-                    {"submission_id": sid, "job_id": job.ray_job_id, "status": job.statuses[min(job.polls, len(job.statuses) - 1)], "message": None}
+                    {
+                        "submission_id": sid,
+                        "job_id": job.ray_job_id,
+                        "status": job.statuses[min(job.polls, len(job.statuses) - 1)],
+                        "message": None,
+                    }
                     for sid, job in self.jobs.items()
                     if sid.startswith(subject)
                 ]
@@ -213,9 +240,15 @@ class FakeRayHead:
                 return ExecResult(0, json.dumps({"job": None, "logs": "", "offset": 0}) + "\n")
             status, logs = job.poll()
             offset = int(argv[6])
-            record = {"submission_id": subject, "job_id": job.ray_job_id, "status": status,
-                      "message": job.message if status == "FAILED" else None}
-            return ExecResult(0, json.dumps({"job": record, "logs": logs[offset:], "offset": len(logs)}) + "\n")
+            record = {
+                "submission_id": subject,
+                "job_id": job.ray_job_id,
+                "status": status,
+                "message": job.message if status == "FAILED" else None,
+            }
+            return ExecResult(
+                0, json.dumps({"job": record, "logs": logs[offset:], "offset": len(logs)}) + "\n"
+            )
         raise AssertionError(f"the head pod got an unexpected command: {argv[:4]}")
 
 
@@ -269,8 +302,13 @@ class FakeCluster:
     logged: list[str] = field(default_factory=list)
 
     def __post_init__(self):
-        pods = [ray_pod(HEAD_POD, "head", node="system-node"), *(ray_pod(name, "worker") for name in WORKER_PODS)]
-        self.core = FakeCoreApi(self.node_snapshots or [self.nodes], self.pod_snapshots or [pods], self.events)
+        pods = [
+            ray_pod(HEAD_POD, "head", node="system-node"),
+            *(ray_pod(name, "worker") for name in WORKER_PODS),
+        ]
+        self.core = FakeCoreApi(
+            self.node_snapshots or [self.nodes], self.pod_snapshots or [pods], self.events
+        )
         self.workers = {name: FixturePod(name) for name in WORKER_PODS}
 
     def environment(self) -> tr.RunEnvironment:
@@ -296,8 +334,14 @@ SMOKE_ARGS = ["--preset", "smoke", "--workers", "8", "--use-gpu", "--gpus-per-wo
 
 def run_inputs(**changes) -> tr.RunInputs:
     values = dict(
-        cluster_name="eks-ray-train", region="us-east-2", namespace="ray-train", ray_cluster_name="ray-train",
-        gpus_per_node=4, efa_per_node=1, code_hash=CODE_HASH, job_args=tuple(SMOKE_ARGS),
+        cluster_name="eks-ray-train",
+        region="us-east-2",
+        namespace="ray-train",
+        ray_cluster_name="ray-train",
+        gpus_per_node=4,
+        efa_per_node=1,
+        code_hash=CODE_HASH,
+        job_args=tuple(SMOKE_ARGS),
     )
     values.update(changes)
     return tr.RunInputs(**values)
@@ -305,14 +349,16 @@ def run_inputs(**changes) -> tr.RunInputs:
 
 def props(inputs: tr.RunInputs) -> dict:
     """What the engine hands `create`: the inputs, and the declared outputs as nulls."""
-    return {**inputs.props(), **{key: None for key in tr.OUTPUTS}}
+    return {**inputs.props(), **dict.fromkeys(tr.OUTPUTS)}
 
 
 def main_and_tcp_head(**main_changes) -> FakeRayHead:
-    return FakeRayHead({
-        "main": replace(scripted(EFA_JOB, "driver_main.log"), **main_changes),
-        "tcp": scripted(TCP_JOB, "driver_tcp.log"),
-    })
+    return FakeRayHead(
+        {
+            "main": replace(scripted(EFA_JOB, "driver_main.log"), **main_changes),
+            "tcp": scripted(TCP_JOB, "driver_tcp.log"),
+        }
+    )
 
 
 # --- job arguments ------------------------------------------------------------------------------------
@@ -320,16 +366,33 @@ def main_and_tcp_head(**main_changes) -> FakeRayHead:
 
 def test_job_arguments_map_every_setting_to_its_flag():
     training = TrainingSettings(
-        preset="throughput", model_id="Qwen/Qwen2.5-0.5B", init="random", steps=20, seq_len=4096, batch_size=2,
-        learning_rate=3e-5, workers=4, checkpoint_every=10, hsdp=True,
+        preset="throughput",
+        model_id="Qwen/Qwen2.5-0.5B",
+        init="random",
+        steps=20,
+        seq_len=4096,
+        batch_size=2,
+        learning_rate=3e-5,
+        workers=4,
+        checkpoint_every=10,
+        hsdp=True,
     )
     args = tr.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
     assert "--use-gpu" in args
     args.remove("--use-gpu")
     assert dict(zip(args[::2], args[1::2])) == {
-        "--preset": "throughput", "--model-id": "Qwen/Qwen2.5-0.5B", "--init": "random", "--workers": "4",
-        "--gpus-per-worker": "1", "--hsdp-replicas": "auto", "--storage-path": "s3://bucket/runs", "--steps": "20",
-        "--seq-len": "4096", "--batch-size": "2", "--lr": "3e-05", "--checkpoint-every": "10",
+        "--preset": "throughput",
+        "--model-id": "Qwen/Qwen2.5-0.5B",
+        "--init": "random",
+        "--workers": "4",
+        "--gpus-per-worker": "1",
+        "--hsdp-replicas": "auto",
+        "--storage-path": "s3://bucket/runs",
+        "--steps": "20",
+        "--seq-len": "4096",
+        "--batch-size": "2",
+        "--lr": "3e-05",
+        "--checkpoint-every": "10",
     }
 
 
@@ -346,15 +409,25 @@ def test_job_arguments_parse_with_the_training_cli():
     from training.config import parse_args
 
     training = TrainingSettings(steps=7, seq_len=256, batch_size=2, learning_rate=1e-4, workers=6, hsdp=True)
-    config = parse_args(tr.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"))
-    assert (config.preset, config.steps, config.seq_len, config.batch_size, config.lr) == ("smoke", 7, 256, 2, 1e-4)
+    config = parse_args(
+        tr.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
+    )
+    assert (config.preset, config.steps, config.seq_len, config.batch_size, config.lr) == (
+        "smoke",
+        7,
+        256,
+        2,
+        1e-4,
+    )
     assert (config.workers, config.use_gpu, config.gpus_per_worker, config.hsdp_replicas) == (6, True, 1.0, 0)
     assert config.storage_path == "s3://b/runs"
 
 
 def test_job_arguments_refuse_more_workers_than_gpus():
     with pytest.raises(ConfigError, match=r"'training.workers' = 9.*hold 8 workers"):
-        tr.job_arguments(TrainingSettings(workers=9), world_size=8, gpus_per_worker=1, storage_path="s3://b/r")
+        tr.job_arguments(
+            TrainingSettings(workers=9), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
+        )
 
 
 # --- inputs, diff, identity ---------------------------------------------------------------------
@@ -422,7 +495,10 @@ def test_diff_is_a_noop_otherwise():
     olds = {**props(run_inputs()), "job_id": "eks-ray-train-main-0123456789ab", "tokens_per_s": 531.0}
     olds["gpus_per_node"] = 4.0  # numbers come back from the state as floats
     assert tr.TrainingRunProvider().diff("id", olds, props(run_inputs())).changes is False
-    assert tr.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), "timeout_minutes": 90}).changes is False
+    assert (
+        tr.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), "timeout_minutes": 90}).changes
+        is False
+    )
 
 
 def test_diff_reruns_when_an_input_is_not_known_yet():
@@ -466,7 +542,9 @@ def test_plan_submission_adopts_live_or_done_jobs_and_retries_failed_ones(existi
 
 
 def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
-    argv = tr.submit_command(tr.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, tr.TCP_BASELINE_ENV)
+    argv = tr.submit_command(
+        tr.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, tr.TCP_BASELINE_ENV
+    )
     assert argv[:5] == ["ray", "job", "submit", "--address", "http://localhost:8265"]
     assert argv[argv.index("--working-dir") + 1] == "/opt/eks-ray-train"
     assert "--no-wait" in argv and argv[argv.index("--submission-id") + 1] == "job-1"
@@ -502,10 +580,19 @@ def failure_of(fake: FakeCluster, inputs: tr.RunInputs | None = None) -> str:
 @pytest.mark.parametrize(
     "node, expected",
     [
-        (gpu_node("node-b", gpus=None), "node node-b: allocatable nvidia.com/gpu is absent, expected 4 (is the nvidia-device-plugin"),
+        (
+            gpu_node("node-b", gpus=None),
+            "node node-b: allocatable nvidia.com/gpu is absent, expected 4 (is the nvidia-device-plugin",
+        ),
         (gpu_node("node-b", gpus="2"), "node node-b: allocatable nvidia.com/gpu is 2, expected 4"),
-        (gpu_node("node-b", efa=None), "node node-b: allocatable vpc.amazonaws.com/efa is absent, expected at least 1 (is the aws-efa-k8s-device-plugin"),
-        (gpu_node("node-b", efa="0"), "node node-b: allocatable vpc.amazonaws.com/efa is 0, expected at least 1"),
+        (
+            gpu_node("node-b", efa=None),
+            "node node-b: allocatable vpc.amazonaws.com/efa is absent, expected at least 1 (is the aws-efa-k8s-device-plugin",
+        ),
+        (
+            gpu_node("node-b", efa="0"),
+            "node node-b: allocatable vpc.amazonaws.com/efa is 0, expected at least 1",
+        ),
         (gpu_node("node-b", present=False), "node node-b: label nvidia.com/gpu.present=true is missing"),
         (gpu_node("node-b", ready=False), "node node-b: the node is not Ready"),
     ],
@@ -519,7 +606,9 @@ def test_a_gpu_node_without_what_the_job_needs_fails_naming_node_and_resource(no
 
 
 def test_missing_gpu_nodes_are_named():
-    assert "no node carries the label role=gpu-worker" in failure_of(FakeCluster(main_and_tcp_head(), nodes=[]))
+    assert "no node carries the label role=gpu-worker" in failure_of(
+        FakeCluster(main_and_tcp_head(), nodes=[])
+    )
     fewer = failure_of(FakeCluster(main_and_tcp_head(), nodes=[gpu_node("node-a")]))
     assert "1 GPU nodes for 2 Ray worker pods" in fewer
 
@@ -545,20 +634,37 @@ def test_pods_that_never_get_ready_fail_with_phases_and_events():
         ray_pod(WORKER_PODS[1], "worker", ready=False, phase="Pending", node=None),
     ]
     events = [
-        pod_event(WORKER_PODS[1], "FailedScheduling", "0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa.", minute=3),
+        pod_event(
+            WORKER_PODS[1],
+            "FailedScheduling",
+            "0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa.",
+            minute=3,
+        ),
         pod_event(WORKER_PODS[1], "Scheduled", "never", kind="Normal", minute=1),
         pod_event(HEAD_POD, "Pulled", "image pulled", kind="Normal"),
     ]
     message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[stuck], events=events))
-    assert "RayCluster ray-train/ray-train is not ready after 20 min: waiting for 1 of 2 worker pods (2 exist)" in message
+    assert (
+        "RayCluster ray-train/ray-train is not ready after 20 min: waiting for 1 of 2 worker pods (2 exist)"
+        in message
+    )
     assert f"{WORKER_PODS[1]}: Pending, not Ready (not scheduled)" in message
-    assert "event Warning FailedScheduling: 0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa. (x3)" in message
+    assert (
+        "event Warning FailedScheduling: 0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa. (x3)"
+        in message
+    )
     assert f"{WORKER_PODS[0]}: Running, Ready on node-a" in message
 
 
 def test_pod_container_problems_are_reported():
     pulling = [
-        ray_pod(HEAD_POD, "head", ready=False, phase="Pending", waiting=("ImagePullBackOff", "Back-off pulling image")),
+        ray_pod(
+            HEAD_POD,
+            "head",
+            ready=False,
+            phase="Pending",
+            waiting=("ImagePullBackOff", "Back-off pulling image"),
+        ),
         *(ray_pod(name, "worker") for name in WORKER_PODS),
     ]
     message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[pulling]))
@@ -588,7 +694,10 @@ def test_stale_code_in_the_head_pod_fails_with_both_hashes():
     head = main_and_tcp_head()
     head.code_hashes = ["0ld0ld0ld0ld0ld0"]
     message = failure_of(FakeCluster(head))
-    assert f"head pod {HEAD_POD} sees code hash 0ld0ld0ld0ld0ld0 in /opt/eks-ray-train/.code-hash, not {CODE_HASH}" in message
+    assert (
+        f"head pod {HEAD_POD} sees code hash 0ld0ld0ld0ld0ld0 in /opt/eks-ray-train/.code-hash, not {CODE_HASH}"
+        in message
+    )
     assert head.submissions == []
 
 
@@ -603,8 +712,13 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     assert outs["transport"] == "efa"
     assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
     assert any("Selected provider is efa" in line for line in outs["evidence"])
-    assert (outs["tokens_per_s"], outs["mfu"], outs["step_time_s"], outs["duration_s"]) == (530.6, 0.00109, 1.93, 52.3)
-    assert outs["worker_log_files"] == {name: 8 for name in WORKER_PODS}  # 4 workers x .out/.err of job 02000000
+    assert (outs["tokens_per_s"], outs["mfu"], outs["step_time_s"], outs["duration_s"]) == (
+        530.6,
+        0.00109,
+        1.93,
+        52.3,
+    )
+    assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)  # 4 workers x .out/.err of job 02000000
     assert outs["efa_speedup"] is None and outs["tcp_tokens_per_s"] is None
     assert {key: outs[key] for key in tr.INPUTS} == run_inputs().props()  # diff compares against these
     progress = [line for line in fake.logged if "step 5/5" in line]
@@ -641,7 +755,9 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     assert "--runtime-env-json" not in main_submit
     tcp_env = json.loads(tcp_submit[tcp_submit.index("--runtime-env-json") + 1])["env_vars"]
     assert (tcp_env["NCCL_NET"], tcp_env["NCCL_NET_PLUGIN"]) == ("Socket", "none")
-    assert int(tcp_env["NCCL_SOCKET_NTHREADS"]) * int(tcp_env["NCCL_NSOCKS_PERTHREAD"]) >= 8  # not one lone socket
+    assert (
+        int(tcp_env["NCCL_SOCKET_NTHREADS"]) * int(tcp_env["NCCL_NSOCKS_PERTHREAD"]) >= 8
+    )  # not one lone socket
     assert outs["tcp_job_id"].startswith("eks-ray-train-tcp-") and outs["tcp_job_id"] != outs["job_id"]
     assert (outs["transport"], outs["tcp_transport"]) == ("efa", "socket")
     assert any("via NET/Socket/0" in line for line in outs["tcp_evidence"])
@@ -650,14 +766,24 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
 
 
 def test_a_benchmark_whose_baseline_did_not_use_sockets_fails():
-    head = FakeRayHead({"main": scripted(EFA_JOB, "driver_main.log"), "tcp": scripted(EFA_JOB, "driver_main.log")})
+    head = FakeRayHead(
+        {"main": scripted(EFA_JOB, "driver_main.log"), "tcp": scripted(EFA_JOB, "driver_main.log")}
+    )
     message = failure_of(FakeCluster(head), run_inputs(benchmark=True))
     assert "NCCL used 'efa' between the nodes, not 'socket' (job eks-ray-train-tcp-" in message
 
 
 def test_a_failed_job_shows_the_driver_and_worker_log_tails():
-    head = FakeRayHead({"main": scripted(OOM_JOB, "driver_failed.log", final="FAILED",
-                                         message="Job entrypoint command failed with exit code 1, last available logs:\n...")})
+    head = FakeRayHead(
+        {
+            "main": scripted(
+                OOM_JOB,
+                "driver_failed.log",
+                final="FAILED",
+                message="Job entrypoint command failed with exit code 1, last available logs:\n...",
+            )
+        }
+    )
     message = failure_of(FakeCluster(head))
     assert message.startswith("job eks-ray-train-main-")
     assert "FAILED: Job entrypoint command failed with exit code 1, last available logs:\n" in message
@@ -670,7 +796,9 @@ def test_an_interrupted_update_finds_the_running_job_and_waits_for_it():
     head = main_and_tcp_head()
     fake = FakeCluster(head)
     base = tr.submission_id_base(run_inputs(), "main", {})
-    head.jobs[base] = replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING", "RUNNING", "SUCCEEDED"])
+    head.jobs[base] = replace(
+        scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING", "RUNNING", "SUCCEEDED"]
+    )
     outs = fake.provider().create(props(run_inputs())).outs
     assert head.submissions == [] and outs["job_id"] == base and outs["transport"] == "efa"
     assert any(f"following job {base} (RUNNING)" in line for line in fake.logged)
@@ -736,8 +864,15 @@ def test_the_resource_registers_only_names_and_settings():
     @pulumi.runtime.test
     def program():
         run = tr.TrainingRun(
-            "training", cluster_name="eks-ray-train", region="us-east-2", namespace="ray-train",
-            ray_cluster_name="ray-train", gpus_per_node=4, efa_per_node=1, code_hash=CODE_HASH, job_args=SMOKE_ARGS,
+            "training",
+            cluster_name="eks-ray-train",
+            region="us-east-2",
+            namespace="ray-train",
+            ray_cluster_name="ray-train",
+            gpus_per_node=4,
+            efa_per_node=1,
+            code_hash=CODE_HASH,
+            job_args=SMOKE_ARGS,
         )
         return run.transport.apply(transports.append)
 
@@ -758,7 +893,9 @@ def aws_session(monkeypatch):
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.delenv(key, raising=False)
     return boto3.session.Session(
-        aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="wJalrXUtnFEMI/K7MDENG", region_name="us-east-2"
+        aws_access_key_id="AKIDEXAMPLE",
+        aws_secret_access_key="wJalrXUtnFEMI/K7MDENG",
+        region_name="us-east-2",
     )
 
 
@@ -769,7 +906,9 @@ def decode_token(token: str) -> urllib.parse.ParseResult:
 
 
 def test_eks_token_is_a_presigned_get_caller_identity_bound_to_the_cluster(aws_session):
-    url = decode_token(eks_auth.eks_token(aws_session.client("sts", region_name="us-east-2"), "eks-ray-train"))
+    url = decode_token(
+        eks_auth.eks_token(aws_session.client("sts", region_name="us-east-2"), "eks-ray-train")
+    )
     query = urllib.parse.parse_qs(url.query)
     assert url.hostname == "sts.us-east-2.amazonaws.com"
     assert query["Action"] == ["GetCallerIdentity"] and query["X-Amz-Expires"] == ["60"]
@@ -782,12 +921,19 @@ def test_the_api_client_comes_from_describe_cluster_and_refreshes_its_token(aws_
     stubber = Stubber(eks)
     stubber.add_response(
         "describe_cluster",
-        {"cluster": {"name": "eks-ray-train", "endpoint": "https://ABC.gr7.us-east-2.eks.amazonaws.com",
-                     "certificateAuthority": {"data": base64.b64encode(ca).decode()}}},
+        {
+            "cluster": {
+                "name": "eks-ray-train",
+                "endpoint": "https://ABC.gr7.us-east-2.eks.amazonaws.com",
+                "certificateAuthority": {"data": base64.b64encode(ca).decode()},
+            }
+        },
         {"name": "eks-ray-train"},
     )
     real_client = aws_session.client
-    monkeypatch.setattr(aws_session, "client", lambda service, **kw: eks if service == "eks" else real_client(service, **kw))
+    monkeypatch.setattr(
+        aws_session, "client", lambda service, **kw: eks if service == "eks" else real_client(service, **kw)
+    )
     with stubber, eks_auth.eks_api_client("eks-ray-train", "us-east-2", session=aws_session) as api_client:
         configuration = api_client.configuration
         assert configuration.host == "https://ABC.gr7.us-east-2.eks.amazonaws.com"
@@ -844,7 +990,9 @@ def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch):
     calls = []
     replies = [
         FakeExecStream("42\n", "", '{"status":"Success"}'),
-        FakeExecStream("", "boom", '{"status":"Failure","details":{"causes":[{"reason":"ExitCode","message":"2"}]}}'),
+        FakeExecStream(
+            "", "boom", '{"status":"Failure","details":{"causes":[{"reason":"ExitCode","message":"2"}]}}'
+        ),
         FakeExecStream("", "", "", finishes=False),
     ]
 
@@ -860,18 +1008,30 @@ def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch):
     assert executor.run(["cat", "/opt/eks-ray-train/.code-hash"], 30) == ExecResult(0, "42\n", "")
     method, name, namespace, kwargs = calls[0]
     assert (method, name, namespace) == (core.connect_get_namespaced_pod_exec, HEAD_POD, "ray-train")
-    assert kwargs == dict(container="ray-head", command=["cat", "/opt/eks-ray-train/.code-hash"], stdout=True,
-                          stderr=True, stdin=False, tty=False, _preload_content=False)
+    assert kwargs == dict(
+        container="ray-head",
+        command=["cat", "/opt/eks-ray-train/.code-hash"],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+        _preload_content=False,
+    )
     assert executor.run(["false"], 30) == ExecResult(2, "", "boom")
-    with pytest.raises(kube_access.CommandTimeout, match=f"`sleep` in pod {HEAD_POD} did not finish within 5 s"):
+    with pytest.raises(
+        kube_access.CommandTimeout, match=f"`sleep` in pod {HEAD_POD} did not finish within 5 s"
+    ):
         executor.run(["sleep", "60"], 5)
     assert all(reply.closed for reply in replies)
 
 
 def test_exec_status_comes_from_the_error_channel():
     assert _exec_status('{"metadata":{},"status":"Success"}') == 0
-    failure = {"status": "Failure", "reason": "NonZeroExitCode",
-               "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}
+    failure = {
+        "status": "Failure",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": "3"}]},
+    }
     assert _exec_status(json.dumps(failure)) == 3
     assert _exec_status(json.dumps({"status": "Failure", "message": "executable file not found"})) == 126
 
@@ -941,12 +1101,23 @@ def local_ray():
     env.pop("RAY_ADDRESS", None)
     dashboard_port = _free_port()
     command = [
-        "ray", "start", "--head", "--block", "--num-cpus=2", "--include-dashboard=true",
-        f"--dashboard-port={dashboard_port}", f"--port={_free_port()}", f"--ray-client-server-port={_free_port()}",
-        f"--dashboard-agent-listen-port={_free_port()}", f"--temp-dir={root / 'ray'}", "--disable-usage-stats",
+        "ray",
+        "start",
+        "--head",
+        "--block",
+        "--num-cpus=2",
+        "--include-dashboard=true",
+        f"--dashboard-port={dashboard_port}",
+        f"--port={_free_port()}",
+        f"--ray-client-server-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--temp-dir={root / 'ray'}",
+        "--disable-usage-stats",
     ]
     with open(root / "ray-start.log", "w") as start_log:
-        process = subprocess.Popen(command, env=env, stdout=start_log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, env=env, stdout=start_log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         dashboard = f"http://127.0.0.1:{dashboard_port}"
         deadline = time.monotonic() + 60
@@ -955,7 +1126,9 @@ def local_ray():
                 urllib.request.urlopen(f"{dashboard}/api/version", timeout=2).close()
                 break
             if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the local Ray head did not start:\n" + (root / "ray-start.log").read_text()[-3000:])
+                pytest.fail(
+                    "the local Ray head did not start:\n" + (root / "ray-start.log").read_text()[-3000:]
+                )
             time.sleep(0.5)
         yield LocalRay(dashboard, root / "ray" / "session_latest" / "logs", env, root)
     finally:
@@ -976,7 +1149,9 @@ def shipped_code(root: Path) -> tuple[Path, str]:
 
 def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> tr.TrainingRunProvider:
     """The provider, connected to the local head: fake nodes and pods, every pod exec run here."""
-    core = FakeCoreApi([[gpu_node("local-node")]], [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]])
+    core = FakeCoreApi(
+        [[gpu_node("local-node")]], [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]]
+    )
     local = LocalExecutor(env=ray.env)
 
     @contextlib.contextmanager
@@ -1002,8 +1177,19 @@ def ray_jobs(ray: LocalRay) -> list[dict]:
 def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_ray):
     code_dir, code_hash = shipped_code(local_ray.root)
     job_args = (
-        "--preset", "tiny", "--data", "synthetic", "--steps", "3", "--workers", "2", "--no-use-gpu",
-        "--checkpoint-every", "0", "--storage-path", str(local_ray.root / "runs"),
+        "--preset",
+        "tiny",
+        "--data",
+        "synthetic",
+        "--steps",
+        "3",
+        "--workers",
+        "2",
+        "--no-use-gpu",
+        "--checkpoint-every",
+        "0",
+        "--storage-path",
+        str(local_ray.root / "runs"),
     )
     inputs = run_inputs(code_hash=code_hash, job_args=job_args, expect_transport="unknown", timeout_minutes=3)
     logged: list[str] = []
@@ -1023,9 +1209,9 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
         local_provider(local_ray, code_dir, logged).create(props(replace(inputs, expect_transport="efa")))
     assert "NCCL used 'unknown' between the nodes, not 'efa'" in str(caught.value)
     assert "no NCCL lines found" in str(caught.value)
-    assert [job["submission_id"] for job in ray_jobs(local_ray) if job["submission_id"].startswith(outs["job_id"])] == [
-        outs["job_id"]
-    ]
+    assert [
+        job["submission_id"] for job in ray_jobs(local_ray) if job["submission_id"].startswith(outs["job_id"])
+    ] == [outs["job_id"]]
 
 
 def test_local_ray_failed_job_fails_with_its_log(local_ray):

@@ -48,7 +48,7 @@ def step_metrics(**overrides):
 
 
 def summary(**overrides):
-    values = {key: 1 for key in report.SUMMARY_KEYS}
+    values = dict.fromkeys(report.SUMMARY_KEYS, 1)
     values.update(world_size=2, mfu=None, gpu_name=None, run_dir="runs/x", summary_path="runs/x/summary.json")
     values.update(overrides)
     return values
@@ -119,7 +119,9 @@ def test_step_line_round_trips():
 
 
 def test_step_line_parses_behind_a_ray_worker_prefix():
-    line = "\x1b[36m(RayTrainWorker pid=4242, ip=10.0.3.7)\x1b[0m " + report.format_step_line(step_metrics(step=7))
+    line = "\x1b[36m(RayTrainWorker pid=4242, ip=10.0.3.7)\x1b[0m " + report.format_step_line(
+        step_metrics(step=7)
+    )
     assert report.parse_step_line(line)["step"] == 7
 
 
@@ -228,7 +230,9 @@ def test_packing_joins_documents_with_eos_and_drops_the_tail():
 
 def test_synthetic_batches_depend_only_on_seed_rank_and_step():
     def batches(rank, start_step):
-        return synthetic_batches(seed=7, rank=rank, start_step=start_step, batch_size=2, seq_len=5, vocab_size=11)
+        return synthetic_batches(
+            seed=7, rank=rank, start_step=start_step, batch_size=2, seq_len=5, vocab_size=11
+        )
 
     from_start = batches(0, 0)
     first_three = [next(from_start) for _ in range(3)]
@@ -251,7 +255,16 @@ def test_local_corpus_splits_rows_between_ranks():
 def test_local_corpus_too_small_for_the_batch_is_an_error(tmp_path):
     (tmp_path / "tiny.txt").write_text("too short")
     with pytest.raises(ValueError, match="too few"):
-        next(local_corpus_batches([str(tmp_path / "tiny.txt")], tokenizer="bytes", seq_len=64, batch_size=1, rank=0, world_size=1))
+        next(
+            local_corpus_batches(
+                [str(tmp_path / "tiny.txt")],
+                tokenizer="bytes",
+                seq_len=64,
+                batch_size=1,
+                rank=0,
+                world_size=1,
+            )
+        )
 
 
 def test_jsonl_documents_are_rows(tmp_path):
@@ -297,7 +310,9 @@ def test_default_is_the_tiny_cpu_job_on_the_shipped_corpus():
 
 
 def test_flags_override_the_preset():
-    config = parse_args(["--preset", "throughput", "--steps", "7", "--no-compile", "--hsdp-replicas", "2", "--workers", "8"])
+    config = parse_args(
+        ["--preset", "throughput", "--steps", "7", "--no-compile", "--hsdp-replicas", "2", "--workers", "8"]
+    )
     assert (config.steps, config.compile, config.hsdp_replicas, config.seq_len) == (7, False, 2, 4096)
     assert parse_args(["--preset", "throughput", "--hsdp-replicas", "auto"]).hsdp_replicas == 0
 
@@ -340,7 +355,9 @@ def test_cli_reports_bad_arguments_without_a_traceback():
 
 def test_warmup_is_linear_then_constant():
     config = parse_args(["--lr", "0.01", "--warmup-steps", "4"])
-    assert [learning_rate(config, step) for step in (1, 2, 4, 5, 100)] == pytest.approx([0.0025, 0.005, 0.01, 0.01, 0.01])
+    assert [learning_rate(config, step) for step in (1, 2, 4, 5, 100)] == pytest.approx(
+        [0.0025, 0.005, 0.01, 0.01, 0.01]
+    )
 
 
 def test_hsdp_replica_groups():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 SUMMARY_FILE = "summary.json"
 PICTURE_FILE = "run.png"

@@ -23,10 +23,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from training.config import TRAIN_STATE_FILE
+
 HF_EXPORT_DIR = "hf"
 
 
-def save_checkpoint(path: str, model: nn.Module, optimizer: Optimizer, train_state: dict[str, Any], rank: int) -> None:
+def save_checkpoint(
+    path: str, model: nn.Module, optimizer: Optimizer, train_state: dict[str, Any], rank: int
+) -> None:
     """Collective: all ranks call it with their own (or a shared) folder."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
@@ -49,7 +52,9 @@ def is_complete(path: str) -> bool:
     return os.path.isfile(os.path.join(path, TRAIN_STATE_FILE))
 
 
-def export_hugging_face(path: str, model: nn.Module, causal_lm: nn.Module, prefix: str, tokenizer: Any, rank: int) -> None:
+def export_hugging_face(
+    path: str, model: nn.Module, causal_lm: nn.Module, prefix: str, tokenizer: Any, rank: int
+) -> None:
     """Collective: gathers full weights to rank 0's CPU, which writes a `from_pretrained` folder."""
     full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank != 0:

@@ -70,7 +70,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         return cls(**values)
 
 
@@ -193,8 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--preset", choices=sorted(PRESETS), default="tiny", help="settings every other flag overrides")
-    add("--local", action="store_true", help="start an embedded Ray in this process instead of joining a cluster")
-    add("--launcher", choices=("ray", "torchrun"), help="ray: TorchTrainer; torchrun: run under torchrun, no Ray")
+    add(
+        "--local",
+        action="store_true",
+        help="start an embedded Ray in this process instead of joining a cluster",
+    )
+    add(
+        "--launcher",
+        choices=("ray", "torchrun"),
+        help="ray: TorchTrainer; torchrun: run under torchrun, no Ray",
+    )
     add("--steps", type=_positive_int, help="optimizer step to stop at")
     add("--seq-len", type=_positive_int, help="tokens per sequence")
     add("--batch-size", type=_positive_int, help="sequences per worker per step")
@@ -204,7 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-grad-norm", type=_non_negative_float, help="gradient clipping norm; 0 disables")
     add("--seed", type=int, help="seed for weights and synthetic data")
     add("--workers", type=_positive_int, help="training workers (default: GPUs in the cluster, 2 for tiny)")
-    add("--use-gpu", "--gpu", action=argparse.BooleanOptionalAction, help="give each worker --gpus-per-worker GPUs")
+    add(
+        "--use-gpu",
+        "--gpu",
+        action=argparse.BooleanOptionalAction,
+        help="give each worker --gpus-per-worker GPUs",
+    )
     add("--gpus-per-worker", type=_positive_float, help="GPUs each worker reserves")
     add("--cpus-per-worker", type=_positive_float, help="CPUs each worker reserves")
     add("--model-id", help="Hugging Face model id for pretrained weights and the default tokenizer")
@@ -217,12 +230,30 @@ def build_parser() -> argparse.ArgumentParser:
     add("--resume-from", help="start from this checkpoint folder when the run has none of its own")
     add("--checkpoint-every", type=_non_negative_int, help="checkpoint every N steps and at the end; 0 never")
     add("--max-failures", type=int, help="worker-group restarts from the latest checkpoint; -1 unlimited")
-    add("--hsdp-replicas", type=_replicas, help="HSDP replica groups (shard inside, replicate across); 'auto' = nodes")
-    add("--compile", action=argparse.BooleanOptionalAction, help="torch.compile each decoder layer and the loss")
+    add(
+        "--hsdp-replicas",
+        type=_replicas,
+        help="HSDP replica groups (shard inside, replicate across); 'auto' = nodes",
+    )
+    add(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile each decoder layer and the loss",
+    )
     add("--activation-checkpointing", action=argparse.BooleanOptionalAction, help="recompute decoder layers")
-    add("--loss-chunk-tokens", type=_positive_int, help="tokens per chunk of the fused lm_head + cross-entropy")
-    add("--reshard-after-forward", action=argparse.BooleanOptionalAction, help="FSDP2 frees layers after forward")
-    add("--export-hf", action=argparse.BooleanOptionalAction, help="also save a Hugging Face model at the end")
+    add(
+        "--loss-chunk-tokens",
+        type=_positive_int,
+        help="tokens per chunk of the fused lm_head + cross-entropy",
+    )
+    add(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        help="FSDP2 frees layers after forward",
+    )
+    add(
+        "--export-hf", action=argparse.BooleanOptionalAction, help="also save a Hugging Face model at the end"
+    )
     return parser
 
 
@@ -270,7 +301,9 @@ def _validate(config: TrainConfig) -> None:
             raise ValueError("--launcher torchrun writes checkpoints to a local --storage-path only")
     if config.resume_from and not is_uri(config.resume_from):
         if not Path(config.resume_from, TRAIN_STATE_FILE).is_file():
-            raise ValueError(f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})")
+            raise ValueError(
+                f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})"
+            )
     if not config.synthetic_data and not is_uri(config.data):
         corpus_files(config.data)
     if config.init == "random":
@@ -283,7 +316,9 @@ def _validate(config: TrainConfig) -> None:
     if config.max_failures < -1:
         raise ValueError(f"--max-failures {config.max_failures}: use -1 (unlimited) or a count >= 0")
     if config.workers is not None and config.hsdp_replicas and config.workers % config.hsdp_replicas:
-        raise ValueError(f"--workers {config.workers} is not a multiple of --hsdp-replicas {config.hsdp_replicas}")
+        raise ValueError(
+            f"--workers {config.workers} is not a multiple of --hsdp-replicas {config.hsdp_replicas}"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -304,7 +339,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     for key in ("storage_path", "resume_from", "data"):
         if values[key] and values[key] != SYNTHETIC and not is_uri(values[key]):
             values[key] = str(Path(values[key]).expanduser().resolve())
-    values["run_name"] = values.get("run_name") or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    values["run_name"] = (
+        values.get("run_name") or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    )
     config = TrainConfig(**values)
     try:
         _validate(config)

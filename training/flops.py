@@ -7,7 +7,8 @@ rates from the vendors' datasheets (no sparsity).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 TFLOPS = 1e12
 

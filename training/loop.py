@@ -11,7 +11,8 @@ import resource
 import statistics
 import sys
 import time
-from typing import Any, Callable, ContextManager, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, ContextManager, Protocol
 
 import numpy as np
 import torch
@@ -109,13 +110,17 @@ def _check_fits(config: TrainConfig, architecture: Any) -> None:
             raise ValueError(f"tokenizer has {tokens} tokens, the model only {architecture.vocab_size}")
 
 
-def build(config: TrainConfig, session: Session) -> tuple[CausalLMWithFusedLoss, torch.optim.Optimizer, Any, int]:
+def build(
+    config: TrainConfig, session: Session
+) -> tuple[CausalLMWithFusedLoss, torch.optim.Optimizer, Any, int]:
     """The sharded model, its optimizer, the architecture and the HSDP replica count."""
     architecture = load_architecture(config)
     _check_fits(config, architecture)
     replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)
     mesh = build_mesh(session.device.type, session.world_size, replicas)
-    model = CausalLMWithFusedLoss(build_causal_lm(config, architecture, session.device), config.loss_chunk_tokens)
+    model = CausalLMWithFusedLoss(
+        build_causal_lm(config, architecture, session.device), config.loss_chunk_tokens
+    )
     parallelize(
         model,
         mesh,
@@ -128,7 +133,11 @@ def build(config: TrainConfig, session: Session) -> tuple[CausalLMWithFusedLoss,
 
 
 def train_step(
-    model: CausalLMWithFusedLoss, optimizer: torch.optim.Optimizer, rows: torch.Tensor, lr: float, max_grad_norm: float
+    model: CausalLMWithFusedLoss,
+    optimizer: torch.optim.Optimizer,
+    rows: torch.Tensor,
+    lr: float,
+    max_grad_norm: float,
 ) -> torch.Tensor:
     """One optimizer step on [batch, seq_len + 1] token rows; returns the (unsynchronised) loss."""
     for group in optimizer.param_groups:
@@ -198,7 +207,9 @@ def train(config: TrainConfig, session: Session) -> dict[str, Any]:
             "mfu": mfu(tokens_per_s / session.world_size, flops_token, peak),
             "peak_mem_gib": peak_memory_gib(device),
         }
-        history.append({"step": step, "loss": loss_value, "tokens_per_s": tokens_per_s, "step_time_s": step_time})
+        history.append(
+            {"step": step, "loss": loss_value, "tokens_per_s": tokens_per_s, "step_time_s": step_time}
+        )
         if session.rank == 0:
             emit(format_progress_line(metrics))
             emit(format_step_line(metrics))

@@ -10,7 +10,7 @@ recomputed (the FLOPs stay those of the plain loss).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -71,7 +71,9 @@ def fused_linear_cross_entropy(
     weight: torch.Tensor,
     labels: torch.Tensor,
     chunk_tokens: int,
-    chunk_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = chunk_loss_and_logit_grad,
+    chunk_fn: Callable[
+        [torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+    ] = chunk_loss_and_logit_grad,
 ) -> torch.Tensor:
     """Mean cross-entropy of `hidden @ weight.T` against `labels` ([tokens, hidden] and [tokens])."""
     return _FusedLinearCrossEntropy.apply(hidden, weight, labels, chunk_tokens, chunk_fn)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import ray
@@ -212,7 +213,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
     try:
         workers = _worker_count(config)
         if config.hsdp_replicas and workers % config.hsdp_replicas:
-            raise UsageError(f"{workers} workers are not a multiple of --hsdp-replicas {config.hsdp_replicas}")
+            raise UsageError(
+                f"{workers} workers are not a multiple of --hsdp-replicas {config.hsdp_replicas}"
+            )
         resources = {"CPU": config.cpus_per_worker}
         if config.use_gpu:
             resources["GPU"] = config.gpus_per_worker

@@ -20,7 +20,7 @@ import contextlib
 import os
 import tempfile
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import boto3
 import kubernetes.client

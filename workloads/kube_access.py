@@ -15,8 +15,9 @@ command results (`ExecResult`). Only the classes here touch the outside world:
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 import yaml
 from kubernetes.client.exceptions import ApiException
@@ -132,7 +133,7 @@ class KubernetesCluster:
         groups = body.get("spec", {}).get("workerGroupSpecs", [])
         return sum(int(group.get("replicas", 0)) * int(group.get("numOfHosts", 1)) for group in groups)
 
-    def executor(self, namespace: str, pod: PodFacts) -> "PodExecutor":
+    def executor(self, namespace: str, pod: PodFacts) -> PodExecutor:
         return PodExecutor(self._core, namespace, pod.name, pod.container)
 
 
@@ -158,8 +159,15 @@ def _pod_facts(pod) -> PodFacts:
     for container in (status.container_statuses or []) if status else []:
         state = container.state
         for stuck in (state.waiting, state.terminated) if state else ():
-            if stuck is not None and stuck.reason not in (None, "ContainerCreating", "PodInitializing", "Completed"):
-                problems.append(f"{container.name} {stuck.reason}" + (f": {stuck.message}" if stuck.message else ""))
+            if stuck is not None and stuck.reason not in (
+                None,
+                "ContainerCreating",
+                "PodInitializing",
+                "Completed",
+            ):
+                problems.append(
+                    f"{container.name} {stuck.reason}" + (f": {stuck.message}" if stuck.message else "")
+                )
     if status and status.reason:
         problems.append(f"pod {status.reason}" + (f": {status.message}" if status.message else ""))
     return PodFacts(

@@ -50,8 +50,12 @@ class Chart:
 NVIDIA_DEVICE_PLUGIN = Chart(
     "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", "kube-system"
 )
-EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.32", "https://aws.github.io/eks-charts", "kube-system")
-KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay")
+EFA_DEVICE_PLUGIN = Chart(
+    "aws-efa-k8s-device-plugin", "v0.5.32", "https://aws.github.io/eks-charts", "kube-system"
+)
+KUBERAY_OPERATOR = Chart(
+    "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"
+)
 
 
 def nvidia_device_plugin_values() -> dict:
@@ -73,7 +77,11 @@ def kuberay_operator_values() -> dict:
 
 
 def namespace(name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "eks-ray-train"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "eks-ray-train"}},
+    }
 
 
 def service_account(name: str, namespace_name: str, role_arn: object) -> dict:
@@ -133,11 +141,17 @@ def training_code_configmap(name: str, namespace_name: str, files: dict[str, str
     data[_configmap_key(CODE_HASH_FILE)] = code_hash(files)
     size = sum(len(key) + len(value.encode()) for key, value in data.items())
     if size > CONFIGMAP_LIMIT_BYTES:
-        raise ValueError(f"the training code is {size} bytes; a ConfigMap holds at most {CONFIGMAP_LIMIT_BYTES}")
+        raise ValueError(
+            f"the training code is {size} bytes; a ConfigMap holds at most {CONFIGMAP_LIMIT_BYTES}"
+        )
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace_name, "labels": {"app.kubernetes.io/part-of": "eks-ray-train"}},
+        "metadata": {
+            "name": name,
+            "namespace": namespace_name,
+            "labels": {"app.kubernetes.io/part-of": "eks-ray-train"},
+        },
         "data": data,
     }
 
@@ -148,8 +162,7 @@ def code_volume(configmap_name: str, files: dict[str, str]) -> dict:
         "configMap": {
             "name": configmap_name,
             "items": [
-                {"key": _configmap_key(path), "path": path}
-                for path in sorted([*files, CODE_HASH_FILE])
+                {"key": _configmap_key(path), "path": path} for path in sorted([*files, CODE_HASH_FILE])
             ],
         },
     }
@@ -206,7 +219,9 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                             "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
                             "limits": {"memory": spec.head_memory},
                         },
-                        "volumeMounts": [{"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True}],
+                        "volumeMounts": [
+                            {"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True}
+                        ],
                     }
                 ],
                 "volumes": [code_volume(spec.code_configmap, spec.code_files)],
@@ -264,4 +279,3 @@ def head_pod_selector(cluster_name: str) -> str:
 
 def worker_pod_selector(cluster_name: str) -> str:
     return f"ray.io/cluster={cluster_name},ray.io/node-type=worker"
-

@@ -383,7 +383,7 @@ def _judge(
         names = ", ".join(sorted(families))
         return _ProcessVerdict("unknown", from_channels, lines, f"{source}{names} at once")
     if families:
-        (family, family_lines), = families.items()
+        ((family, family_lines),) = families.items()
         lines = (*family_lines[:2], *context)
         if family == "ib":
             return _ProcessVerdict("ib", from_channels, lines, f"{source}IB")

@@ -58,7 +58,9 @@ class RayCluster(pulumi.ComponentResource):
             metadata=ray_cluster["metadata"],
             spec=ray_cluster["spec"],
             opts=pulumi.ResourceOptions(
-                parent=self, provider=provider, depends_on=[namespace, service_account, code, *secrets, *after]
+                parent=self,
+                provider=provider,
+                depends_on=[namespace, service_account, code, *secrets, *after],
             ),
         )
         self.name = spec.name

@@ -63,9 +63,10 @@ import re
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import kubernetes.client
 import pulumi
@@ -165,14 +166,21 @@ def job_arguments(
             f"{gpus_per_worker} GPU each; set training.workers to {world_size} or less, or add GPU nodes"
         )
     args = [
-        "--preset", training.preset,
-        "--model-id", training.model_id,
-        "--init", training.init,
-        "--workers", str(workers),
+        "--preset",
+        training.preset,
+        "--model-id",
+        training.model_id,
+        "--init",
+        training.init,
+        "--workers",
+        str(workers),
         "--use-gpu",
-        "--gpus-per-worker", str(gpus_per_worker),
-        "--hsdp-replicas", "auto" if training.hsdp else "1",
-        "--storage-path", storage_path,
+        "--gpus-per-worker",
+        str(gpus_per_worker),
+        "--hsdp-replicas",
+        "auto" if training.hsdp else "1",
+        "--storage-path",
+        storage_path,
     ]
     optional = (
         ("--steps", training.steps),
@@ -207,7 +215,7 @@ class RunInputs:
     timeout_minutes: int = 60
 
     @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> "RunInputs":
+    def from_props(cls, props: Mapping[str, Any]) -> RunInputs:
         return cls(
             cluster_name=props["cluster_name"],
             region=props["region"],
@@ -229,7 +237,12 @@ class RunInputs:
 
 
 def _is_count(value: Any, minimum: int) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == int(value) and value >= minimum
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == int(value)
+        and value >= minimum
+    )
 
 
 def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -259,7 +272,9 @@ def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         and _is_count(props["efa_per_node"], 0)
         and props["efa_per_node"] < 1
     ):
-        problems.append(("efa_per_node", "expecting the efa transport needs at least 1 EFA interface per node"))
+        problems.append(
+            ("efa_per_node", "expecting the efa transport needs at least 1 EFA interface per node")
+        )
     if known("benchmark") and not isinstance(props["benchmark"], bool):
         problems.append(("benchmark", "must be true or false"))
     if known("timeout_minutes") and not _is_count(props["timeout_minutes"], 1):
@@ -435,7 +450,9 @@ def gpu_node_problems(
 ) -> list[str]:
     """What keeps the GPU nodes from running the job, one line per problem (empty: ready)."""
     if not nodes:
-        return [f"no node carries the label {GPU_NODE_LABEL_SELECTOR}: the GPU node group has not joined the cluster"]
+        return [
+            f"no node carries the label {GPU_NODE_LABEL_SELECTOR}: the GPU node group has not joined the cluster"
+        ]
     problems = []
     if len(nodes) < worker_pods:
         problems.append(f"{len(nodes)} GPU nodes for {worker_pods} Ray worker pods (one worker pod per node)")
@@ -620,15 +637,21 @@ class TrainingRunner:
         worker_selector = manifests.worker_pod_selector(inputs.ray_cluster_name)
 
         def attempt():
-            heads = [p for p in self.env.cluster.list_pods(inputs.namespace, head_selector) if not p.terminating]
-            workers = [p for p in self.env.cluster.list_pods(inputs.namespace, worker_selector) if not p.terminating]
+            heads = [
+                p for p in self.env.cluster.list_pods(inputs.namespace, head_selector) if not p.terminating
+            ]
+            workers = [
+                p for p in self.env.cluster.list_pods(inputs.namespace, worker_selector) if not p.terminating
+            ]
             waiting = pods_waiting_for(heads, workers, worker_pods)
             return not waiting, (heads, workers, waiting)
 
         ready, (heads, workers, waiting) = self._until(self.env.readiness_timeout_s, attempt)
         if not ready:
             pods = [*heads, *workers]
-            described = [describe_pod(pod, self.env.cluster.pod_events(inputs.namespace, pod.name)) for pod in pods]
+            described = [
+                describe_pod(pod, self.env.cluster.pod_events(inputs.namespace, pod.name)) for pod in pods
+            ]
             raise TrainingRunError(
                 f"RayCluster {inputs.namespace}/{inputs.ray_cluster_name} is not ready after "
                 f"{self.env.readiness_timeout_s / 60:.0f} min: waiting for {' and '.join(waiting)}\n"
@@ -650,7 +673,9 @@ class TrainingRunner:
 
         synced, (seen, result) = self._until(self.env.code_sync_timeout_s, attempt)
         if not synced:
-            found = f"code hash {seen}" if seen is not None else f"no code hash ({result.output or 'no output'})"
+            found = (
+                f"code hash {seen}" if seen is not None else f"no code hash ({result.output or 'no output'})"
+            )
             raise TrainingRunError(
                 f"head pod {head_name} sees {found} in {command[1]}, not {self.inputs.code_hash}, after "
                 f"{self.env.code_sync_timeout_s / 60:.0f} min: the training-code ConfigMap has not reached the pod "
@@ -659,7 +684,9 @@ class TrainingRunner:
 
     # -- one job -----------------------------------------------------------------------------
 
-    def _run_checked(self, executor: Executor, argv: list[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+    def _run_checked(
+        self, executor: Executor, argv: list[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S
+    ) -> str:
         result = executor.run(argv, timeout_s)
         if result.returncode != 0:
             raise TrainingRunError(f"{what} failed (exit {result.returncode}):\n{result.output}")
@@ -670,7 +697,9 @@ class TrainingRunner:
         try:
             return _last_json_line(stdout)
         except ValueError:
-            raise TrainingRunError(f"{what}: unexpected answer from the Ray Jobs API:\n{stdout[-2000:]}") from None
+            raise TrainingRunError(
+                f"{what}: unexpected answer from the Ray Jobs API:\n{stdout[-2000:]}"
+            ) from None
 
     def start_job(self, head: Executor, variant: str, env_vars: Mapping[str, str]) -> str:
         """Adopt the job these inputs already started, or submit it; returns its submission id."""
@@ -679,11 +708,15 @@ class TrainingRunner:
         listing = self._jobs_api(head, list_jobs_command(dashboard, base), "listing Ray jobs")
         submission_id, adopted = plan_submission([_record(job) for job in listing["jobs"]], base)
         if adopted is not None:
-            self.env.log(f"training run: following job {submission_id} ({adopted.status}), started by an earlier run")
+            self.env.log(
+                f"training run: following job {submission_id} ({adopted.status}), started by an earlier run"
+            )
             return submission_id
         argv = submit_command(dashboard, submission_id, self.env.code_dir, self.inputs.job_args, env_vars)
         self._run_checked(head, argv, f"ray job submit of {submission_id}", SUBMIT_TIMEOUT_S)
-        self.env.log(f"training run: submitted job {submission_id}: python -m training {' '.join(self.inputs.job_args)}")
+        self.env.log(
+            f"training run: submitted job {submission_id}: python -m training {' '.join(self.inputs.job_args)}"
+        )
         return submission_id
 
     def follow_job(self, head: Executor, submission_id: str) -> tuple[JobRecord, JobLog]:
@@ -693,10 +726,14 @@ class TrainingRunner:
         deadline = self.env.clock() + self.inputs.timeout_minutes * 60
         while True:
             answer = self._jobs_api(
-                head, poll_job_command(self.env.dashboard_address, submission_id, offset), f"polling job {submission_id}"
+                head,
+                poll_job_command(self.env.dashboard_address, submission_id, offset),
+                f"polling job {submission_id}",
             )
             if answer["job"] is None:
-                raise TrainingRunError(f"job {submission_id} no longer exists on the Ray cluster (was the head pod replaced?)")
+                raise TrainingRunError(
+                    f"job {submission_id} no longer exists on the Ray cluster (was the head pod replaced?)"
+                )
             job = _record(answer["job"])
             offset = answer["offset"]
             steps = log.feed(answer["logs"])
@@ -758,7 +795,9 @@ class TrainingRunner:
         )
         return JobResult(submission_id, job.status, summary, verdict, log_files)
 
-    def _failure_report(self, job: JobRecord, log: JobLog, workers: Sequence[PodFacts], ray_job_id: str | None) -> str:
+    def _failure_report(
+        self, job: JobRecord, log: JobLog, workers: Sequence[PodFacts], ray_job_id: str | None
+    ) -> str:
         # Ray's message repeats the log's tail after its first line; the tail follows anyway.
         reason = job.message.strip().splitlines()[0] if job.message and job.message.strip() else None
         parts = [f"job {job.submission_id} {job.status}" + (f": {reason}" if reason else "")]
@@ -770,7 +809,9 @@ class TrainingRunner:
                     workers, log_tail_command(self.env.ray_log_dir, ray_job_id)
                 ).items():
                     if lines:
-                        parts.append(f"last lines of the job's {count} worker log files on {pod}:\n" + _indent(lines))
+                        parts.append(
+                            f"last lines of the job's {count} worker log files on {pod}:\n" + _indent(lines)
+                        )
         return "\n".join(parts)
 
     # -- the whole run -----------------------------------------------------------------------
@@ -949,6 +990,6 @@ class TrainingRun(pulumi.dynamic.Resource, module="workloads", name="TrainingRun
             "expect_transport": expect_transport,
             "benchmark": benchmark,
             "timeout_minutes": timeout_minutes,
-            **{key: None for key in OUTPUTS},
+            **dict.fromkeys(OUTPUTS),
         }
         super().__init__(TrainingRunProvider(), name, props, opts)
