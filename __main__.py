@@ -61,7 +61,7 @@ gpu_nodes = GpuNodeGroup(
     node_role_arn=cluster.node_role.arn,
     subnet_id=network.gpu_subnet_id,
     spec=NodeGroupSpec(placement.gpu_node, settings.gpu_node_count, root_volume_gib=200),
-    capacity_reservation_id=placement.capacity_reservation_id,
+    reservation=placement.reservation,
     after=cluster.node_role_policies,
 )
 coredns = cluster.install_coredns(after=[system_nodes.node_group])

@@ -9,7 +9,7 @@ vCPUs of the On-Demand instances of that class already pending or running in the
 (`ec2:DescribeInstances`, each counted at its type's default vCPUs; Spot has its own quota).
 It prints one row per zone (one per region that cannot be used), ranked by verdict (`VERDICTS`,
 usable first), then by quota headroom. Zones where EKS cannot place a control plane
-(`EKS_UNSUPPORTED_ZONE_IDS`) are left out, as `pulumi preview` leaves them out.
+(`infra.capacity_rules.EKS_UNSUPPORTED_ZONE_IDS`) are left out, as `pulumi preview` leaves them out.
 
 Only read calls are made: ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings,
 ec2:DescribeInstanceTypes, ec2:DescribeInstances, servicequotas:GetServiceQuota and
@@ -20,7 +20,8 @@ No read-only AWS API can promise that capacity is free right now (see `CAPACITY_
 Exit status: 0 when the survey was printed, 1 when AWS could not be called at all (credentials),
 2 for bad arguments.
 
-The instance-family to quota table lives here, without Pulumi, and `infra.preflight` uses it too.
+The instance-family to quota table lives here, without Pulumi, and `infra.preflight` uses it too;
+the verdicts (EFA, quota shortfall, usable zones) come from `infra.capacity_rules`, as preflight's do.
 """
 
 from __future__ import annotations
@@ -45,15 +46,17 @@ from botocore.exceptions import (
     TokenRetrievalError,
 )
 
+from infra.capacity_rules import eks_zones, has_efa, usable_zones, vcpu_shortfall
+
 CAPACITY_CAVEAT = (
     "No read-only AWS API can promise that capacity is free right now: an offering says the zone sells the type, "
     "the quota says the account may run it, and a launch can still fail with InsufficientInstanceCapacity. "
-    "To be sure of the instances, create an On-Demand Capacity Reservation in the chosen zone and set "
-    "capacityReservationId."
+    "To be sure of the instances, create an On-Demand Capacity Reservation in the chosen zone, inside a cluster "
+    "placement group so the nodes sit close for EFA (`aws ec2 create-placement-group --strategy cluster`, then "
+    "`aws ec2 create-capacity-reservation --placement-group-arn ...`), and set capacityReservationId: the stack "
+    "then creates no placement group of its own and launches into the reservation's. Leave spare instances in "
+    "it if you want node group updates to launch new nodes before removing old ones."
 )
-
-# Zone IDs where EKS does not place cluster control planes (EKS user guide, "Subnet requirements").
-EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
 
 
 @dataclass(frozen=True)
@@ -191,11 +194,7 @@ def _eks_zones(ec2) -> dict[str, str]:
             {"Name": "state", "Values": ["available"]},
         ]
     )
-    return {
-        zone["ZoneName"]: zone["ZoneId"]
-        for zone in response["AvailabilityZones"]
-        if zone["ZoneId"] not in EKS_UNSUPPORTED_ZONE_IDS
-    }
+    return eks_zones({zone["ZoneName"]: zone["ZoneId"] for zone in response["AvailabilityZones"]})
 
 
 class CredentialsError(Exception):
@@ -230,7 +229,7 @@ def survey_region(region: str, instance_type: str, count: int, client: ClientFac
     try:
         ec2 = client("ec2", region)
         zones = _eks_zones(ec2)
-        offered = sorted(zone for zone in _offering_zones(ec2, instance_type) if zone in zones)
+        offered = usable_zones(_offering_zones(ec2, instance_type), zones)
         if not offered:
             detail = f"no zone of {region} offers {instance_type}"
             return [ZoneReport(region, None, None, "not-offered", detail, instance_type)]
@@ -240,12 +239,11 @@ def survey_region(region: str, instance_type: str, count: int, client: ClientFac
 
     vcpus_needed = count * facts["VCpuInfo"]["DefaultVCpus"]
     network = facts["NetworkInfo"]
-    efa_interfaces = (
-        network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0) if network.get("EfaSupported") else 0
-    )
+    efa_supported = bool(network.get("EfaSupported"))
+    efa_interfaces = network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0) if efa_supported else 0
     quota = on_demand_vcpu_quota(instance_type)
     quota_vcpus = used_vcpus = None
-    if not efa_interfaces:
+    if not has_efa(efa_supported, efa_interfaces):
         verdict, detail = "no-efa", f"{instance_type} does not support EFA"
     elif quota is None:
         verdict, detail = "quota-unknown", f"no On-Demand vCPU quota is known for {instance_type}"
@@ -260,7 +258,7 @@ def survey_region(region: str, instance_type: str, count: int, client: ClientFac
             )
         else:
             headroom = quota_vcpus - used_vcpus
-            if headroom >= vcpus_needed:
+            if not vcpu_shortfall(quota_vcpus, used_vcpus, vcpus_needed):
                 verdict, detail = "ok", f"{headroom:g} vCPU of '{quota.name}' free, {vcpus_needed} needed"
             else:
                 verdict = "quota-short"
@@ -318,7 +316,9 @@ def format_table(ranked: Sequence[ZoneReport]) -> str:
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
     notes = list(
         dict.fromkeys(f"{report.region}: {report.detail}" for report in ranked if report.verdict != "ok")
     )

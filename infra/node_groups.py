@@ -4,6 +4,15 @@
 needs a launch template of its own (EFA interfaces, placement group, capacity reservation, IMDSv2,
 root volume), which `enable_efa_support` cannot be combined with, and because every property then
 shows in `pulumi preview` and in the offline tests.
+
+With a capacity reservation the GPU group creates no placement group: EC2 launches into a
+targeted reservation only when the launch matches it, placement included, so a fresh cluster
+placement group around a reservation made outside it fails with InsufficientInstanceCapacity
+(eksctl, for the same reason, creates a placement group only when no reservation is given). A
+reservation created in a cluster placement group (`PlacementGroupArn`) is launched into that
+group. A Capacity Block for ML launches as `CAPACITY_BLOCK` with the `capacity-block` market
+type and the instance type in the launch template (EKS user guide, "Create a managed node group
+with Capacity Blocks for ML").
 """
 
 from __future__ import annotations
@@ -13,11 +22,14 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra.capacity_rules import ReservationFacts
 from infra.sizing import InstanceFacts
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
 SYSTEM_LABELS = {"role": "system"}
 GPU_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+# GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.
+GPU_MAX_UNAVAILABLE = 1
 # IMDSv2 only; hop limit 2 so containers that legitimately need instance metadata still reach it.
 METADATA_OPTIONS = {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 2}
 
@@ -77,17 +89,21 @@ def managed_node_group(
     ami_type: str,
     labels: dict[str, str],
     after: list[pulumi.Resource],
+    capacity_block: bool = False,
     **extra,
 ) -> aws.eks.NodeGroup:
-    """A fixed-size On-Demand managed node group on our launch template."""
+    """A fixed-size managed node group on our launch template: On-Demand, or a Capacity Block's.
+
+    A Capacity Block group names its instance type in the launch template, not here.
+    """
     return aws.eks.NodeGroup(
         name,
         cluster_name=cluster_name,
         node_role_arn=node_role_arn,
         subnet_ids=subnet_ids,
-        instance_types=[spec.instance.instance_type],
+        instance_types=None if capacity_block else [spec.instance.instance_type],
         ami_type=ami_type,
-        capacity_type="ON_DEMAND",
+        capacity_type="CAPACITY_BLOCK" if capacity_block else "ON_DEMAND",
         scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
         labels=labels,
         launch_template={"id": template.id, "version": template.latest_version.apply(str)},
@@ -136,7 +152,7 @@ class SystemNodeGroup(pulumi.ComponentResource):
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
-    """EFA GPU nodes in one subnet of one AZ, packed in a cluster placement group."""
+    """EFA GPU nodes in one subnet of one AZ, packed in a cluster placement group (the reservation's, if any)."""
 
     def __init__(
         self,
@@ -148,7 +164,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         node_role_arn: pulumi.Input[str],
         subnet_id: pulumi.Input[str],
         spec: NodeGroupSpec,
-        capacity_reservation_id: str | None,
+        reservation: ReservationFacts | None,
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -179,22 +195,29 @@ class GpuNodeGroup(pulumi.ComponentResource):
             description="EFA to members",
             opts=child,
         )
-        self.placement_group = aws.ec2.PlacementGroup(name, strategy="cluster", opts=child)
-
-        template_args = {}
-        if capacity_reservation_id:
+        template_args: dict = {}
+        self.placement_group: aws.ec2.PlacementGroup | None = None
+        if reservation is None:
+            self.placement_group = aws.ec2.PlacementGroup(name, strategy="cluster", opts=child)
+            template_args["placement"] = {"group_name": self.placement_group.name}
+        else:
             template_args["capacity_reservation_specification"] = {
-                "capacity_reservation_target": {"capacity_reservation_id": capacity_reservation_id}
+                "capacity_reservation_target": {"capacity_reservation_id": reservation.reservation_id}
             }
+            if reservation.placement_group_name:
+                template_args["placement"] = {"group_name": reservation.placement_group_name}
+            if reservation.is_capacity_block:
+                template_args["instance_market_options"] = {"market_type": "capacity-block"}
+                template_args["instance_type"] = spec.instance.instance_type
         self.launch_template = aws.ec2.LaunchTemplate(
             name,
-            description=f"GPU nodes: {spec.instance.efa_interfaces} EFA interface(s), placement group, IMDSv2",
+            description=f"GPU nodes: {spec.instance.efa_interfaces} EFA interface(s), "
+            + ("placement group, IMDSv2" if "placement" in template_args else "capacity reservation, IMDSv2"),
             metadata_options=METADATA_OPTIONS,
             block_device_mappings=root_volume(spec.root_volume_gib),
             network_interfaces=efa_network_interfaces(
                 spec.instance.efa_interfaces, [cluster_security_group_id, self.efa_security_group.id]
             ),
-            placement={"group_name": self.placement_group.name},
             opts=child,
             **template_args,
         )
@@ -210,9 +233,23 @@ class GpuNodeGroup(pulumi.ComponentResource):
             labels=GPU_LABELS,
             after=after,
             taints=[GPU_TAINT],
-            # Instances are replaced one at a time; a GPU node lost mid-update takes its Ray worker with it.
-            update_config={"max_unavailable": 1},
+            capacity_block=bool(reservation and reservation.is_capacity_block),
+            update_config=gpu_update_config(reservation),
         )
-        self.register_outputs(
-            {"nodeGroupName": self.node_group.node_group_name, "placementGroup": self.placement_group.name}
-        )
+        placement = template_args.get("placement", {}).get("group_name")
+        self.register_outputs({"nodeGroupName": self.node_group.node_group_name, "placementGroup": placement})
+
+
+def gpu_update_config(reservation: ReservationFacts | None) -> dict:
+    """How EKS replaces GPU nodes in an update.
+
+    The DEFAULT strategy launches the new nodes first (up to twice the zone count, see
+    `capacity_rules.update_surge`), which a reservation sized to the group has no room for; the
+    MINIMAL strategy terminates each old node before launching its replacement, "useful in
+    scenarios where you are constrained to resources ... such as GPUs" (EKS API reference,
+    NodegroupUpdateConfig.updateStrategy). So a group in a reservation updates with MINIMAL.
+    """
+    config: dict = {"max_unavailable": GPU_MAX_UNAVAILABLE}
+    if reservation is not None:
+        config["update_strategy"] = "MINIMAL"
+    return config

@@ -11,14 +11,24 @@ names the cause and the fix:
   96 for 2 x g6.12xlarge). The invoke returns the quota, not what already runs against it, so
   instances running in the region can still take the room: `python -m infra.capacity` shows usage;
 - a capacity reservation (`capacityReservationId`) exists, is `active`, reserves the GPU type for
-  Linux/UNIX with default tenancy, has `gpuNodeCount` instances still available (not just in
-  total), and decides the GPU zone.
+  Linux/UNIX with default tenancy, can hold `gpuNodeCount` instances, and decides the GPU zone.
+  It can hold its available instances plus the ones this cluster already runs in it: EC2 counts
+  this stack's own GPU nodes as used, so without adding them back every `pulumi up` after the
+  first would be refused. They are found with `ec2:DescribeInstances`, filtered on the
+  reservation, the `eks:cluster-name` tag that EKS puts on the instances of a managed node
+  group, and the states pending and running; another cluster's instances stay counted as used.
 
 pulumi-aws has no data source for capacity reservations, and its `aws.ec2.CapacityReservation`
 resource lacks the state and the available count, so the reservation is read through Cloud Control
 (`aws.cloudcontrol.get_resource`), which returns the CloudFormation properties of
 `AWS::EC2::CapacityReservation`. Older versions of that schema carry no `State`: then the state
-cannot be read here, and the check relies on `AvailableInstanceCount` alone.
+cannot be read here, and the check relies on `AvailableInstanceCount` alone. The same read gives
+`PlacementGroupArn` (the cluster placement group the reservation was created in, which the GPU
+launch template then targets) and `ReservationType` (`capacity-block` for a Capacity Block for
+ML, which the node group must launch as such); without them the reservation is taken as a plain
+On-Demand Capacity Reservation outside any placement group.
+
+Judgements live in `infra.capacity_rules`; this module fetches facts and words the refusals.
 
 The GPU zone, without a reservation: `gpuAz` when set, else the first zone by name that offers
 both node types. Zone names map to different physical zones in each account, so this choice is
@@ -33,8 +43,20 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.capacity import EKS_UNSUPPORTED_ZONE_IDS, VcpuQuota, on_demand_vcpu_quota, quota_increase_command
+from infra.capacity import VcpuQuota, on_demand_vcpu_quota, quota_increase_command
+from infra.capacity_rules import (
+    EKS_UNSUPPORTED_ZONE_IDS,
+    ReservationFacts,
+    ReservationMisfit,
+    has_efa,
+    reservation_misfit,
+    surge_blocked,
+    update_surge,
+    usable_zones,
+    vcpu_shortfall,
+)
 from infra.config import StackSettings
+from infra.node_groups import GPU_MAX_UNAVAILABLE
 from infra.sizing import InstanceFacts, describe_instance_type
 
 
@@ -54,7 +76,11 @@ class Placement:
     cluster_azs: list[str]
     gpu_node: InstanceFacts
     system_node: InstanceFacts
-    capacity_reservation_id: str | None
+    reservation: ReservationFacts | None = None
+
+    @property
+    def capacity_reservation_id(self) -> str | None:
+        return self.reservation.reservation_id if self.reservation else None
 
 
 def plan_placement(settings: StackSettings) -> Placement:
@@ -77,8 +103,10 @@ def plan_placement(settings: StackSettings) -> Placement:
     _check_vcpu_quotas(settings, gpu_node, system_node)
     zones = _Zones(settings, zone_ids, gpu_zones, system_zones)
 
+    reservation = None
     if settings.capacity_reservation_id:
-        gpu_az = _reservation_gpu_zone(settings, zones)
+        reservation = _reservation(settings)
+        gpu_az = _reservation_gpu_zone(settings, reservation, zones)
     elif settings.gpu_az:
         gpu_az = zones.check_gpu_zone(
             settings.gpu_az,
@@ -92,7 +120,7 @@ def plan_placement(settings: StackSettings) -> Placement:
         cluster_azs=zones.cluster_zones(gpu_az),
         gpu_node=gpu_node,
         system_node=system_node,
-        capacity_reservation_id=settings.capacity_reservation_id,
+        reservation=reservation,
     )
 
 
@@ -108,7 +136,7 @@ def _available_zones() -> dict[str, str]:
             f"config key 'aws:region' = {region!r}: AWS could not list its availability zones ({err}); "
             "check the region name (`aws ec2 describe-regions --query 'Regions[].RegionName'`) and your credentials"
         ) from None
-    return dict(zip(result.names, result.zone_ids))
+    return dict(zip(result.names, result.zone_ids, strict=True))
 
 
 def _offering_zones(instance_type: str, key: str, region: str, zone_ids: dict[str, str]) -> list[str]:
@@ -117,11 +145,7 @@ def _offering_zones(instance_type: str, key: str, region: str, zone_ids: dict[st
         location_type="availability-zone",
         filters=[{"name": "instance-type", "values": [instance_type]}],
     )
-    zones = sorted(
-        zone
-        for zone in set(offerings.locations)
-        if zone in zone_ids and zone_ids[zone] not in EKS_UNSUPPORTED_ZONE_IDS
-    )
+    zones = usable_zones(offerings.locations, zone_ids)
     if not zones:
         raise PreflightError(
             f"{key} {instance_type} is not offered in any zone of {region} that EKS can use (unknown name, or not "
@@ -140,7 +164,7 @@ def _candidate_regions(region: str) -> list[str]:
 
 
 def _require_efa(gpu_node: InstanceFacts, region: str) -> None:
-    if not gpu_node.efa_supported or gpu_node.efa_interfaces < 1:
+    if not has_efa(gpu_node.efa_supported, gpu_node.efa_interfaces):
         raise PreflightError(
             f"gpuNodeType {gpu_node.instance_type} does not support EFA, so NCCL would fall back to TCP between the "
             "nodes: pick an EFA-capable GPU type such as g6.12xlarge, g6e.12xlarge, g5.12xlarge, p4d.24xlarge or "
@@ -163,7 +187,7 @@ def _check_vcpu_quotas(settings: StackSettings, gpu_node: InstanceFacts, system_
     for quota, nodes in groups.items():
         needed = sum(count * node.vcpus for count, node in nodes)
         value = _quota_value(quota, settings.region)
-        if value < needed:
+        if vcpu_shortfall(value, 0, needed):
             wanted = " + ".join(
                 f"{count} x {node.instance_type} ({node.vcpus} vCPU each)" for count, node in nodes
             )
@@ -243,52 +267,123 @@ class _Zones:
         return [gpu_az, next(zone for zone in self.system_zones if zone != gpu_az)]
 
 
-def _reservation_gpu_zone(settings: StackSettings, zones: _Zones) -> str:
-    """Read the reservation, check it against the settings, and return its zone as the GPU zone."""
+def _reservation(settings: StackSettings) -> ReservationFacts:
+    """The reservation's facts: its Cloud Control properties and this cluster's instances in it."""
     reservation_id = settings.capacity_reservation_id
+    assert reservation_id
     found = _read_reservation(reservation_id, settings.region)
-    describe_command = f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
-    state = found.get("State")
-    if state is not None and state != "active":
-        raise PreflightError(
-            f"capacity reservation {reservation_id} is {state}, and only an active reservation holds instances: "
-            f"use an active reservation (check with `{describe_command}`), or remove capacityReservationId"
+    return ReservationFacts(
+        reservation_id=reservation_id,
+        instance_type=found["InstanceType"],
+        platform=found["InstancePlatform"],
+        tenancy=found.get("Tenancy"),
+        zone=found["AvailabilityZone"],
+        state=found.get("State"),
+        total=found["TotalInstanceCount"],
+        available=found["AvailableInstanceCount"],
+        own_instances=_own_instances(reservation_id, settings),
+        placement_group_arn=found.get("PlacementGroupArn"),
+        reservation_type=found.get("ReservationType"),
+    )
+
+
+def _own_instances(reservation_id: str, settings: StackSettings) -> int:
+    """Instances of this stack's EKS cluster pending or running in the reservation."""
+    try:
+        found = aws.ec2.get_instances(
+            filters=[
+                {"name": "capacity-reservation-id", "values": [reservation_id]},
+                {"name": "tag:eks:cluster-name", "values": [settings.cluster_name]},
+            ],
+            instance_state_names=["pending", "running"],
         )
-    if found["InstanceType"] != settings.gpu_node_type:
+    except (
+        Exception
+    ) as err:  # the provider reports API failures (e.g. UnauthorizedOperation) as an invoke error
         raise PreflightError(
-            f"capacity reservation {reservation_id} reserves {found['InstanceType']}, and gpuNodeType is "
-            f"{settings.gpu_node_type}: set gpuNodeType to {found['InstanceType']}, or use a reservation for "
+            f"could not list the instances in capacity reservation {reservation_id} in {settings.region} ({err}): "
+            "allow ec2:DescribeInstances to the identity running Pulumi"
+        ) from None
+    return len(found.ids)
+
+
+def _reservation_gpu_zone(settings: StackSettings, reservation: ReservationFacts, zones: _Zones) -> str:
+    """Check the reservation against the settings and return its zone as the GPU zone."""
+    reservation_id = reservation.reservation_id
+    describe_command = f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
+    misfit = reservation_misfit(reservation, settings.gpu_node_type, settings.gpu_node_count)
+    if misfit is ReservationMisfit.NOT_ACTIVE:
+        raise PreflightError(
+            f"capacity reservation {reservation_id} is {reservation.state}, and only an active reservation holds "
+            f"instances: use an active reservation (check with `{describe_command}`), or remove capacityReservationId"
+        )
+    if misfit is ReservationMisfit.INSTANCE_TYPE:
+        raise PreflightError(
+            f"capacity reservation {reservation_id} reserves {reservation.instance_type}, and gpuNodeType is "
+            f"{settings.gpu_node_type}: set gpuNodeType to {reservation.instance_type}, or use a reservation for "
             f"{settings.gpu_node_type}"
         )
-    if found["InstancePlatform"] != "Linux/UNIX":
+    if misfit is ReservationMisfit.PLATFORM:
         raise PreflightError(
-            f"capacity reservation {reservation_id} is for {found['InstancePlatform']} instances, and EKS nodes "
+            f"capacity reservation {reservation_id} is for {reservation.platform} instances, and EKS nodes "
             "run Linux/UNIX: use a Linux/UNIX reservation"
         )
-    if found.get("Tenancy") not in (None, "default"):
+    if misfit is ReservationMisfit.TENANCY:
         raise PreflightError(
-            f"capacity reservation {reservation_id} has {found['Tenancy']} tenancy, and the GPU nodes launch with "
+            f"capacity reservation {reservation_id} has {reservation.tenancy} tenancy, and the GPU nodes launch with "
             "default tenancy: use a reservation with default tenancy"
         )
-    available = found["AvailableInstanceCount"]
-    if available < settings.gpu_node_count:
+    if misfit is ReservationMisfit.TOO_FEW:
+        raise PreflightError(_too_few_message(settings, reservation, describe_command))
+    if settings.gpu_az and settings.gpu_az != reservation.zone:
         raise PreflightError(
-            f"capacity reservation {reservation_id} has {available} of its {found['TotalInstanceCount']} "
-            f"{settings.gpu_node_type} instance(s) available (the rest are in use), and gpuNodeCount is "
-            f"{settings.gpu_node_count}: free or add instances (see `{describe_command}`; grow it with "
-            f"`aws ec2 modify-capacity-reservation --capacity-reservation-id {reservation_id} --instance-count "
-            f"{found['TotalInstanceCount'] + settings.gpu_node_count - available} --region {settings.region}`), "
-            f"or set gpuNodeCount to {available}"
+            f"config key 'gpuAz' = {settings.gpu_az!r}, and capacity reservation {reservation_id} is in "
+            f"{reservation.zone}: remove gpuAz (the reservation decides the GPU zone) or set it to {reservation.zone}"
         )
-    zone = found["AvailabilityZone"]
-    if settings.gpu_az and settings.gpu_az != zone:
-        raise PreflightError(
-            f"config key 'gpuAz' = {settings.gpu_az!r}, and capacity reservation {reservation_id} is in {zone}: "
-            f"remove gpuAz (the reservation decides the GPU zone) or set it to {zone}"
-        )
+    _warn_about_updates(settings, reservation)
     return zones.check_gpu_zone(
-        zone, f"capacity reservation {reservation_id}", "use a capacity reservation in one of them"
+        reservation.zone,
+        f"capacity reservation {reservation_id}",
+        "use a capacity reservation in one of them",
     )
+
+
+def _too_few_message(settings: StackSettings, reservation: ReservationFacts, describe_command: str) -> str:
+    held = f", {reservation.own_instances} of them by this cluster" if reservation.own_instances else ""
+    others = reservation.total - reservation.usable
+    fixes = [
+        f"free or add instances (see `{describe_command}`; grow it with `aws ec2 modify-capacity-reservation "
+        f"--capacity-reservation-id {reservation.reservation_id} --instance-count "
+        f"{reservation.total + settings.gpu_node_count - reservation.usable} --region {settings.region}`)"
+    ]
+    if reservation.usable >= 1:
+        fixes.append(f"set gpuNodeCount to {reservation.usable}")
+    return (
+        f"capacity reservation {reservation.reservation_id} has {reservation.available} of its {reservation.total} "
+        f"{reservation.instance_type} instance(s) available ({reservation.total - reservation.available} in use{held}; "
+        f"{others} held by others), and gpuNodeCount is {settings.gpu_node_count}: {', or '.join(fixes)}"
+    )
+
+
+def _warn_about_updates(settings: StackSettings, reservation: ReservationFacts) -> None:
+    """Say in the preview what an update of the GPU node group will do in this reservation."""
+    if not reservation.own_instances:
+        return  # the group does not exist yet: this run creates it, nothing rolls
+    surge = update_surge(1, GPU_MAX_UNAVAILABLE)
+    if reservation.is_capacity_block:
+        pulumi.log.warn(
+            f"capacity reservation {reservation.reservation_id} is a Capacity Block, and AWS supports updating a "
+            "managed node group of a Capacity Block only at desired size 0: a change that rolls the GPU nodes "
+            "(launch template, AMI release) fails while they run; `pulumi destroy` the stack or wait for the "
+            "block to end before such a change"
+        )
+    elif surge_blocked(reservation, settings.gpu_node_count, surge):
+        pulumi.log.warn(
+            f"capacity reservation {reservation.reservation_id} has no room for the {surge} extra node(s) an EKS "
+            "node group update launches first, so the GPU group updates with the MINIMAL strategy: a change that "
+            "rolls the GPU nodes (launch template, AMI release) terminates each node before its replacement "
+            "launches, and a training job running then loses that worker"
+        )
 
 
 def _read_reservation(reservation_id: str, region: str) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pulumi_aws as aws
 
+from infra.capacity_rules import has_efa
 from infra.config import ConfigError, StackSettings
 
 
@@ -104,7 +105,7 @@ def size_workers(settings: StackSettings, gpu_node: InstanceFacts) -> WorkerSizi
         raise ConfigError(
             f"config key 'gpuNodeType' = {gpu_node.instance_type!r} has no GPU: pick a GPU type such as g6.12xlarge"
         )
-    if not gpu_node.efa_supported or gpu_node.efa_interfaces < 1:
+    if not has_efa(gpu_node.efa_supported, gpu_node.efa_interfaces):
         raise ConfigError(
             f"config key 'gpuNodeType' = {gpu_node.instance_type!r} does not support EFA: pick an EFA-capable GPU "
             "type (g6.12xlarge, g6e.12xlarge, g5.48xlarge, p4d.24xlarge, p5.48xlarge, ...)"

@@ -187,11 +187,15 @@ def capacity_reservation(
     state: str | None = "active",
     instance_platform: str = "Linux/UNIX",
     tenancy: str = "default",
+    placement_group_arn: str | None = None,
+    reservation_type: str | None = "default",
 ) -> dict[str, Any]:
     """One entry of `FakeAws.reservations`, keyed like EC2's `DescribeCapacityReservations`.
 
-    `available_instance_count` defaults to `instance_count` (none in use); `state=None` stands for a
-    Cloud Control schema that does not return the state.
+    `available_instance_count` defaults to `instance_count` (none in use); `state=None` or
+    `reservation_type=None` stand for a Cloud Control schema that does not return them.
+    `reservation_type` is `default` or `capacity-block` (a Capacity Block for ML);
+    `placement_group_arn` is set on a reservation created in a cluster placement group.
     """
     return {
         "availabilityZone": availability_zone,
@@ -207,6 +211,8 @@ def capacity_reservation(
         "ebsOptimized": True,
         "ephemeralStorage": False,
         "state": state,
+        "placementGroupArn": placement_group_arn,
+        "reservationType": reservation_type,
     }
 
 
@@ -223,6 +229,8 @@ _RESERVATION_PROPERTIES = {
     "ebsOptimized": "EbsOptimized",
     "ephemeralStorage": "EphemeralStorage",
     "state": "State",
+    "placementGroupArn": "PlacementGroupArn",
+    "reservationType": "ReservationType",
 }
 
 
@@ -239,6 +247,7 @@ class FakeAws:
     """One AWS account in one region. `offerings` and `quotas` entries replace the defaults they name.
 
     `denied` lists invoke tokens the caller's IAM policy does not allow (they fail with AccessDenied).
+    `instances` are the account's EC2 instances, as `launch_into_reservation` leaves them.
     """
 
     region: str = "us-east-2"
@@ -247,6 +256,32 @@ class FakeAws:
     reservations: dict[str, dict] | None = None
     calls: list = field(default_factory=list)
     denied: set[str] = field(default_factory=set)
+    instances: list[dict] = field(default_factory=list)
+
+    def launch_into_reservation(self, reservation_id: str, cluster_name: str, count: int) -> None:
+        """`count` nodes of the EKS cluster `cluster_name` start in the reservation, as a deploy leaves them.
+
+        Models EC2: an instance launched into a targeted On-Demand Capacity Reservation (or a
+        Capacity Block) takes one of its instances, so `AvailableInstanceCount` drops by one
+        for each pending or running instance (EC2 user guide, "Capacity Reservations"). The
+        instances carry the `eks:cluster-name` tag that EKS puts on the instances of a managed
+        node group (it tags the node group's Auto Scaling group, which propagates it at launch).
+        """
+        reservation = self.reservations[reservation_id]  # type: ignore[index]
+        if reservation["availableInstanceCount"] < count:
+            raise AssertionError(f"EC2 would fail these launches: InsufficientInstanceCapacity in {reservation_id}")
+        reservation["availableInstanceCount"] -= count
+        start = len(self.instances)
+        self.instances += [
+            {
+                "id": f"i-{start + index:017x}",
+                "state": "running",
+                "capacityReservationId": reservation_id,
+                "instanceType": reservation["instanceType"],
+                "tags": {"eks:cluster-name": cluster_name},
+            }
+            for index in range(count)
+        ]
 
     def offered_zones(self, instance_type: str) -> list[str]:
         """Zones of the region that offer the type: the test's override, else the real answer."""
@@ -268,6 +303,7 @@ class FakeAws:
             "aws:index/getPartition:getPartition": self._partition,
             "aws:index/getRegion:getRegion": self._region,
             "aws:cloudcontrol/getResource:getResource": self._cloudcontrol_resource,
+            "aws:ec2/getInstances:getInstances": self._instances,
         }.get(token)
         if answer is None:
             raise NotImplementedError(
@@ -401,6 +437,41 @@ class FakeAws:
             "typeName": type_name,
             "region": self.region,
             "properties": json.dumps(properties),
+        }
+
+    def _instances(self, args: dict) -> dict:
+        """`ec2:DescribeInstances` behind `aws.ec2.get_instances`: every filter must match.
+
+        Filter names as the EC2 API reference lists them for DescribeInstances:
+        `capacity-reservation-id`, `instance-state-name` and `tag:<key>`; no match is an empty
+        answer, not an error (the provider's `aws_instances` data source).
+        """
+        filters = {item["name"]: item["values"] for item in args.get("filters") or []}
+        if args.get("instanceStateNames"):
+            filters["instance-state-name"] = args["instanceStateNames"]
+        for key, value in (args.get("instanceTags") or {}).items():
+            filters[f"tag:{key}"] = [value]
+
+        def field_of(instance: dict, name: str) -> str | None:
+            if name.startswith("tag:"):
+                return instance["tags"].get(name[4:])
+            columns = {"capacity-reservation-id": "capacityReservationId", "instance-state-name": "state"}
+            if name not in columns:
+                raise NotImplementedError(f"FakeAws does not filter instances by {name}")
+            return instance.get(columns[name])
+
+        ids = [
+            instance["id"]
+            for instance in self.instances
+            if all(field_of(instance, name) in values for name, values in filters.items())
+        ]
+        return {
+            "id": self.region,
+            "region": self.region,
+            "ids": ids,
+            "privateIps": ["10.0.0.1" for _ in ids],
+            "publicIps": [],
+            "ipv6Addresses": [],
         }
 
     def _caller_identity(self, args: dict) -> dict:

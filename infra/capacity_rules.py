@@ -1,0 +1,119 @@
+"""The capacity judgements, pure functions over instance, zone, quota and reservation facts.
+
+`infra.preflight` (Pulumi invokes, in `pulumi preview`) and `infra.capacity` (boto3, before a
+stack exists) each fetch these facts their own way and word the verdicts for their reader;
+what a verdict is lives only here. Nothing here calls AWS or imports Pulumi.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+# Zone IDs where EKS does not place cluster control planes (EKS user guide, "Subnet requirements").
+EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
+
+# `ReservationType` of a Capacity Block for ML (EC2 `DescribeCapacityReservations`; Cloud Control
+# returns the same value under the CloudFormation property of that name). The other value is `default`.
+CAPACITY_BLOCK = "capacity-block"
+
+
+def has_efa(efa_supported: bool, efa_interfaces: int) -> bool:
+    """NCCL can use EFA between the nodes: the type supports EFA and takes at least one EFA interface."""
+    return efa_supported and efa_interfaces >= 1
+
+
+def eks_zones(zone_ids: Mapping[str, str]) -> dict[str, str]:
+    """Zone name -> zone ID of the zones where EKS can place a control plane subnet."""
+    return {zone: zone_id for zone, zone_id in zone_ids.items() if zone_id not in EKS_UNSUPPORTED_ZONE_IDS}
+
+
+def usable_zones(offered: Iterable[str], zone_ids: Mapping[str, str]) -> list[str]:
+    """Zones, sorted by name, that offer the type and where EKS can place a control plane subnet."""
+    eks = eks_zones(zone_ids)
+    return sorted(zone for zone in set(offered) if zone in eks)
+
+
+def vcpu_shortfall(quota_vcpus: float, used_vcpus: float, needed_vcpus: float) -> float:
+    """vCPUs missing under a quota once `used_vcpus` already run against it; 0 when the nodes fit."""
+    return max(0.0, needed_vcpus - (quota_vcpus - used_vcpus))
+
+
+@dataclass(frozen=True)
+class ReservationFacts:
+    """An EC2 capacity reservation as AWS describes it, plus what of it this cluster already holds.
+
+    `own_instances`: instances of this stack's cluster pending or running in the reservation.
+    They are counted out of `available` by EC2 but are the very nodes this stack keeps, so
+    they are usable to it. `state` and `reservation_type` are None where the source omits them.
+    """
+
+    reservation_id: str
+    instance_type: str
+    platform: str
+    tenancy: str | None
+    zone: str
+    state: str | None
+    total: int
+    available: int
+    own_instances: int
+    placement_group_arn: str | None = None
+    reservation_type: str | None = None
+
+    @property
+    def usable(self) -> int:
+        """Instances this stack may run in the reservation: the free ones plus the ones it already runs."""
+        return self.available + self.own_instances
+
+    @property
+    def is_capacity_block(self) -> bool:
+        return self.reservation_type == CAPACITY_BLOCK
+
+    @property
+    def placement_group_name(self) -> str | None:
+        """Name of the cluster placement group the reservation was created in (ARN `...:placement-group/<name>`)."""
+        if not self.placement_group_arn:
+            return None
+        return self.placement_group_arn.rsplit("/", 1)[-1]
+
+
+class ReservationMisfit(Enum):
+    """Why a reservation cannot hold the GPU nodes; the first that applies, in this order."""
+
+    NOT_ACTIVE = "not-active"
+    INSTANCE_TYPE = "instance-type"
+    PLATFORM = "platform"
+    TENANCY = "tenancy"
+    TOO_FEW = "too-few"
+
+
+def reservation_misfit(
+    reservation: ReservationFacts, instance_type: str, count: int
+) -> ReservationMisfit | None:
+    """None when `count` nodes of `instance_type` (Linux, default tenancy) can run in the reservation."""
+    if reservation.state is not None and reservation.state != "active":
+        return ReservationMisfit.NOT_ACTIVE
+    if reservation.instance_type != instance_type:
+        return ReservationMisfit.INSTANCE_TYPE
+    if reservation.platform != "Linux/UNIX":
+        return ReservationMisfit.PLATFORM
+    if reservation.tenancy not in (None, "default"):
+        return ReservationMisfit.TENANCY
+    if reservation.usable < count:
+        return ReservationMisfit.TOO_FEW
+    return None
+
+
+def update_surge(zone_count: int, max_unavailable: int) -> int:
+    """Nodes an EKS managed node group launches before it removes any in a DEFAULT-strategy update.
+
+    EKS user guide, "Understand each phase of node updates", scale up phase: the Auto Scaling
+    group grows by the larger of twice the number of its Availability Zones and maxUnavailable.
+    """
+    return max(2 * zone_count, max_unavailable)
+
+
+def surge_blocked(reservation: ReservationFacts, count: int, surge: int) -> bool:
+    """A DEFAULT-strategy update of `count` nodes could not launch its surge nodes inside the reservation."""
+    return reservation.usable - count < surge
