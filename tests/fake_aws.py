@@ -269,7 +269,9 @@ class FakeAws:
         """
         reservation = self.reservations[reservation_id]  # type: ignore[index]
         if reservation["availableInstanceCount"] < count:
-            raise AssertionError(f"EC2 would fail these launches: InsufficientInstanceCapacity in {reservation_id}")
+            raise AssertionError(
+                f"EC2 would fail these launches: InsufficientInstanceCapacity in {reservation_id}"
+            )
         reservation["availableInstanceCount"] -= count
         start = len(self.instances)
         self.instances += [

@@ -9,7 +9,7 @@ import pytest
 
 from infra.config import ConfigError, parse_settings
 from infra.preflight import Placement, PreflightError, plan_placement
-from tests.fake_aws import FakeAws, FakeAwsMocks, capacity_reservation
+from tests.fake_aws import ACCOUNT_ID, FakeAws, FakeAwsMocks, capacity_reservation
 from tests.program import STACK_FILES, USER_SETTINGS, run_program, stack_config
 
 RESERVATION = "cr-0123456789abcdef0"
@@ -337,3 +337,120 @@ def test_reservation_in_a_zone_eks_cannot_use():
     message = refusal(fake, capacityReservationId=RESERVATION, gpuNodeType="p5.48xlarge")
     assert f"capacity reservation {RESERVATION}: us-east-1e is zone use1-az3" in message
     assert "use a capacity reservation in one of them" in message
+
+
+# --- the reservation on later runs: this cluster's own nodes are in it ---------------------------
+# EC2 counts every instance running in a reservation out of `AvailableInstanceCount`, this stack's
+# own GPU nodes included; `FakeAws.launch_into_reservation` leaves the account as a deploy does.
+
+
+def test_this_clusters_running_nodes_count_back_into_a_full_reservation():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
+    placement, gpu_az, _ = plan(fake, capacityReservationId=RESERVATION)
+    assert gpu_az == "us-east-2b"
+    assert (placement.reservation.available, placement.reservation.own_instances) == (0, 2)
+    token, args = next(call for call in fake.calls if call[0] == "aws:ec2/getInstances:getInstances")
+    assert {item["name"]: item["values"] for item in args["filters"]} == {
+        "capacity-reservation-id": [RESERVATION],
+        "tag:eks:cluster-name": ["eks-ray-train"],
+    }
+    assert sorted(args["instanceStateNames"]) == ["pending", "running"]
+
+
+@pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
+def test_another_clusters_nodes_in_the_reservation_still_count_as_used(run):
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    fake.launch_into_reservation(RESERVATION, "team-b", 2)
+    message = run(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} has 0 of its 2 g6.12xlarge instance(s) available" in message
+    assert "(2 in use; 2 held by others)" in message
+    assert "gpuNodeCount to 0" not in message  # gpuNodeCount must be at least 1: never offered as the fix
+    assert f"--capacity-reservation-id {RESERVATION} --instance-count 4 --region us-east-2" in message
+
+
+def test_own_and_other_nodes_sharing_a_reservation_leave_only_the_own_ones_usable():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_count=3)})
+    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
+    fake.launch_into_reservation(RESERVATION, "team-b", 1)
+    assert plan(fake, capacityReservationId=RESERVATION)[1] == "us-east-2b"  # the 2 nodes it runs fit
+    message = refusal(fake, capacityReservationId=RESERVATION, gpuNodeCount=3)
+    assert (
+        "has 0 of its 3 g6.12xlarge instance(s) available (3 in use, 2 of them by this cluster; 1 held by others)"
+        in message
+    )
+    assert "set gpuNodeCount to 2" in message
+
+
+def test_another_cluster_of_the_same_account_is_told_apart_by_its_name():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
+    message = refusal(fake, capacityReservationId=RESERVATION, clusterName="eks-ray-train-2")
+    assert "(2 in use; 2 held by others)" in message
+
+
+def test_instances_that_cannot_be_listed_name_the_permission():
+    fake = FakeAws(
+        reservations={RESERVATION: capacity_reservation("us-east-2b")},
+        denied={"aws:ec2/getInstances:getInstances"},
+    )
+    message = refusal(fake, capacityReservationId=RESERVATION)
+    assert f"could not list the instances in capacity reservation {RESERVATION}" in message
+    assert "ec2:DescribeInstances" in message
+
+
+# --- what the reservation says about placement, market and updates -------------------------------
+
+
+def test_reservation_made_in_a_cluster_placement_group_carries_its_name():
+    arn = f"arn:aws:ec2:us-east-2:{ACCOUNT_ID}:placement-group/gpu-pg"
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", placement_group_arn=arn)})
+    placement, _, _ = plan(fake, capacityReservationId=RESERVATION)
+    assert placement.reservation.placement_group_name == "gpu-pg"
+
+
+def test_capacity_block_is_recognised_by_its_reservation_type():
+    block = capacity_reservation("us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block")
+    placement, _, _ = plan(
+        FakeAws(reservations={RESERVATION: block}),
+        capacityReservationId=RESERVATION,
+        gpuNodeType="p5.48xlarge",
+    )
+    assert placement.reservation.is_capacity_block
+
+
+def test_schema_without_reservation_type_is_taken_as_an_on_demand_reservation():
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", reservation_type=None)})
+    placement, _, _ = plan(fake, capacityReservationId=RESERVATION)
+    assert not placement.reservation.is_capacity_block
+
+
+def test_full_reservation_warns_that_updates_replace_nodes_without_a_surge(caplog):
+    caplog.set_level(logging.WARNING)
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    plan(fake, capacityReservationId=RESERVATION)
+    assert "MINIMAL" not in caplog.text  # first deploy: there is no group to update yet
+    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
+    plan(fake, capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} has no room for the 2 extra node(s)" in caplog.text
+    assert "MINIMAL strategy" in caplog.text
+
+
+def test_reservation_with_room_for_the_surge_does_not_warn(caplog):
+    caplog.set_level(logging.WARNING)
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_count=4)})
+    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
+    plan(fake, capacityReservationId=RESERVATION)
+    assert "has no room" not in caplog.text
+
+
+def test_running_capacity_block_warns_that_aws_updates_it_only_at_size_zero(caplog):
+    caplog.set_level(logging.WARNING)
+    block = capacity_reservation("us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block")
+    fake = FakeAws(reservations={RESERVATION: block})
+    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
+    plan(fake, capacityReservationId=RESERVATION, gpuNodeType="p5.48xlarge")
+    assert (
+        "is a Capacity Block, and AWS supports updating a managed node group of a Capacity Block only at desired size 0"
+        in caplog.text
+    )

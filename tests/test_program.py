@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from tests.fake_aws import FakeAws
+from tests.fake_aws import FakeAws, capacity_reservation
 from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
 
 COMPONENTS = {
@@ -365,3 +365,88 @@ def test_the_program_needs_neither_torch_nor_ray():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+# --- capacity reservations across runs ------------------------------------------------------------
+
+RESERVATION = "cr-0123456789abcdef0"
+GPU_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+
+
+def test_second_up_passes_with_this_stacks_own_nodes_filling_the_reservation():
+    fake = FakeAws(region="us-east-2", reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    first = run_program(dev_config(capacityReservationId=RESERVATION), fake)
+    # The world after the first `pulumi up`: EKS launched the 2 GPU nodes into the reservation,
+    # tagged with the cluster's name, and EC2 now reports none of its instances available.
+    fake.launch_into_reservation(RESERVATION, first.one("eks:index:Cluster").inputs["name"], 2)
+    assert fake.reservations[RESERVATION]["availableInstanceCount"] == 0
+    second = run_program(dev_config(capacityReservationId=RESERVATION), fake)
+    for plan in (first, second):
+        template = plan.one(GPU_TEMPLATE, "gpu").inputs
+        target = template["capacityReservationSpecification"]["capacityReservationTarget"]
+        assert target["capacityReservationId"] == RESERVATION
+    assert second.one(GPU_TEMPLATE, "gpu").inputs == first.one(GPU_TEMPLATE, "gpu").inputs
+
+
+def test_another_cluster_filling_the_reservation_stops_the_program():
+    fake = FakeAws(region="us-east-2", reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    fake.launch_into_reservation(RESERVATION, "someone-elses-cluster", 2)
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(dev_config(capacityReservationId=RESERVATION), fake)
+    assert f"capacity reservation {RESERVATION} has 0 of its 2 g6.12xlarge instance(s) available" in str(
+        raised.value
+    )
+    assert raised.value.plan.resources == []
+
+
+def test_targeted_reservation_gets_no_placement_group_of_its_own():
+    """EC2 launches into a targeted reservation only when the placement matches it."""
+    fake = FakeAws(region="us-east-2", reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    plan = run_program(dev_config(capacityReservationId=RESERVATION), fake)
+    assert plan.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+    template = plan.one(GPU_TEMPLATE, "gpu").inputs
+    assert "placement" not in template
+    assert "instanceMarketOptions" not in template and "instanceType" not in template
+    group = plan.one(NODE_GROUP, "gpu").inputs
+    assert (group["capacityType"], group["instanceTypes"]) == ("ON_DEMAND", ["g6.12xlarge"])
+
+
+def test_reservation_made_in_a_cluster_placement_group_is_launched_into_that_group():
+    arn = "arn:aws:ec2:us-east-2:123456789012:placement-group/gpu-pg"
+    reservation = capacity_reservation("us-east-2b", placement_group_arn=arn)
+    plan = run_program(
+        dev_config(capacityReservationId=RESERVATION), FakeAws(reservations={RESERVATION: reservation})
+    )
+    assert plan.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+    assert plan.one(GPU_TEMPLATE, "gpu").inputs["placement"] == {"groupName": "gpu-pg"}
+
+
+def test_capacity_block_launches_as_a_capacity_block():
+    """EKS user guide, "Create a managed node group with Capacity Blocks for ML"."""
+    block = capacity_reservation("us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block")
+    plan = run_program(
+        dev_config(capacityReservationId=RESERVATION, gpuNodeType="p5.48xlarge"),
+        FakeAws(reservations={RESERVATION: block}),
+    )
+    template = plan.one(GPU_TEMPLATE, "gpu").inputs
+    assert template["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert template["instanceType"] == "p5.48xlarge"
+    target = template["capacityReservationSpecification"]["capacityReservationTarget"]
+    assert target["capacityReservationId"] == RESERVATION
+    group = plan.one(NODE_GROUP, "gpu").inputs
+    assert group["capacityType"] == "CAPACITY_BLOCK"
+    assert "instanceTypes" not in group  # the instance type is the launch template's
+    assert plan.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+
+
+def test_gpu_group_in_a_reservation_replaces_nodes_before_launching_new_ones():
+    fake = FakeAws(region="us-east-2", reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    update = run_program(dev_config(capacityReservationId=RESERVATION), fake).one(NODE_GROUP, "gpu").inputs
+    assert update["updateConfig"] == {"maxUnavailable": 1, "updateStrategy": "MINIMAL"}
+
+
+def test_gpu_group_without_a_reservation_keeps_the_default_update(stack_plan):
+    _, plan = stack_plan
+    assert plan.one(NODE_GROUP, "gpu").inputs["updateConfig"] == {"maxUnavailable": 1}
+    assert plan.one(NODE_GROUP, "gpu").inputs["capacityType"] == "ON_DEMAND"
