@@ -33,6 +33,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import boto3
 from botocore.exceptions import (
@@ -87,7 +88,8 @@ _NO_VCPU_QUOTA = ("mac",)
 
 def on_demand_vcpu_quota(instance_type: str) -> VcpuQuota | None:
     """The On-Demand vCPU quota that running `instance_type` draws on, None for classes without one."""
-    prefix = re.match(r"[a-z]*", instance_type).group()
+    letters = re.match(r"[a-z]+", instance_type)
+    prefix = letters.group() if letters else ""
     if prefix in _QUOTAS_BY_PREFIX:
         return _QUOTAS_BY_PREFIX[prefix]
     if prefix and prefix not in _NO_VCPU_QUOTA and prefix[0] in _STANDARD_LETTERS:
@@ -135,7 +137,7 @@ class ZoneReport:
         return {**asdict(self), "headroom_vcpus": self.headroom_vcpus}
 
 
-ClientFactory = Callable[[str, str], object]
+ClientFactory = Callable[[str, str], Any]
 
 
 def aws_client(service: str, region: str):

@@ -31,10 +31,14 @@ GPU_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
 # GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.
 GPU_MAX_UNAVAILABLE = 1
 # IMDSv2 only; hop limit 2 so containers that legitimately need instance metadata still reach it.
-METADATA_OPTIONS = {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 2}
+METADATA_OPTIONS: aws.ec2.LaunchTemplateMetadataOptionsArgsDict = {
+    "http_endpoint": "enabled",
+    "http_tokens": "required",
+    "http_put_response_hop_limit": 2,
+}
 
 
-def root_volume(size_gib: int) -> list[dict]:
+def root_volume(size_gib: int) -> list[aws.ec2.LaunchTemplateBlockDeviceMappingArgsDict]:
     """Encrypted gp3 root volume of the AL2023 AMIs (device /dev/xvda)."""
     return [
         {
@@ -49,7 +53,9 @@ def root_volume(size_gib: int) -> list[dict]:
     ]
 
 
-def efa_network_interfaces(efa_interfaces: int, security_group_ids: list[pulumi.Input[str]]) -> list[dict]:
+def efa_network_interfaces(
+    efa_interfaces: int, security_group_ids: list[pulumi.Input[str]]
+) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgsDict]:
     """One EFA interface per network card: card 0 carries IP traffic too, the others are EFA-only.
 
     Security groups sit on the interfaces (a launch template with interfaces may not set them at

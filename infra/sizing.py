@@ -78,7 +78,7 @@ class WorkerSizing:
 def kubelet_reserved_cpu_millis(vcpus: int) -> int:
     """EKS AMI kube-reserved CPU: 6% of the first core, 1% of the second, 0.5% of the next two, 0.25% above."""
     tiers = ((1, 60), (1, 10), (2, 5), (math.inf, 2.5))
-    reserved, left = 0.0, vcpus
+    reserved, left = 0.0, float(vcpus)
     for cores, millis_per_core in tiers:
         used = min(left, cores)
         reserved += used * millis_per_core

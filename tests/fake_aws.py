@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,7 @@ def _zones(region: str, *letters: str) -> list[str]:
 
 
 # Types that some zones of a region do not offer; every other known type is offered in every zone.
-_PARTIAL_OFFERINGS: dict[str, dict[str, list[str]]] = {
+_PARTIAL_OFFERINGS: dict[str, dict[str, Sequence[str]]] = {
     "us-east-1": {
         **dict.fromkeys(
             (
@@ -142,11 +143,11 @@ _PARTIAL_OFFERINGS: dict[str, dict[str, list[str]]] = {
     },
     "us-west-2": dict.fromkeys(("g4dn.xlarge", "g5.12xlarge"), _zones("us-west-2", "a", "b", "c")),
     "eu-west-1": {
-        **dict.fromkeys(("g6.xlarge", "g6.12xlarge", "g6e.12xlarge", "g6.48xlarge", "p5.48xlarge"), []),
+        **dict.fromkeys(("g6.xlarge", "g6.12xlarge", "g6e.12xlarge", "g6.48xlarge", "p5.48xlarge"), ()),
         "p4d.24xlarge": _zones("eu-west-1", "c"),
         "mac2.metal": _zones("eu-west-1", "b", "c"),
     },
-    "eu-central-1": dict.fromkeys(("p5.48xlarge", "mac2.metal"), []),
+    "eu-central-1": dict.fromkeys(("p5.48xlarge", "mac2.metal"), ()),
     "ap-northeast-1": {
         **dict.fromkeys(
             (

@@ -242,7 +242,7 @@ def program_refusal(fake: FakeAws, **config) -> str:
 
 def test_reservation_is_read_once_through_cloud_control_as_plain_values():
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2c")})
-    placement, gpu_az, cluster_azs = plan(fake, capacityReservationId=RESERVATION)
+    _, gpu_az, cluster_azs = plan(fake, capacityReservationId=RESERVATION)
     assert type(gpu_az) is str and type(cluster_azs) is list
     reads = [args for token, args in fake.calls if token == CLOUD_CONTROL_TOKEN]
     assert reads == [{"typeName": "AWS::EC2::CapacityReservation", "identifier": RESERVATION}]
@@ -350,7 +350,7 @@ def test_this_clusters_running_nodes_count_back_into_a_full_reservation():
     placement, gpu_az, _ = plan(fake, capacityReservationId=RESERVATION)
     assert gpu_az == "us-east-2b"
     assert (placement.reservation.available, placement.reservation.own_instances) == (0, 2)
-    token, args = next(call for call in fake.calls if call[0] == "aws:ec2/getInstances:getInstances")
+    _, args = next(call for call in fake.calls if call[0] == "aws:ec2/getInstances:getInstances")
     assert {item["name"]: item["values"] for item in args["filters"]} == {
         "capacity-reservation-id": [RESERVATION],
         "tag:eks:cluster-name": ["eks-ray-train"],

@@ -50,7 +50,7 @@ def test_every_stack_file_is_complete_for_its_region(stack_plan):
 
 
 def test_cluster_settings(stack_plan):
-    config, plan = stack_plan
+    _, plan = stack_plan
     cluster = plan.one("eks:index:Cluster").inputs
     assert cluster["authenticationMode"] == "API"
     assert cluster["skipDefaultNodeGroup"] is True
@@ -267,7 +267,7 @@ def test_no_training_run_when_train_is_off():
 
 
 def test_too_many_workers_fails_in_preview():
-    with pytest.raises(pulumi.RunError, match="'training.workers' = 9"):
+    with pytest.raises(pulumi.RunError, match=r"'training\.workers' = 9"):
         run_program(dev_config(training='{"workers": 9}'), FakeAws(region="us-east-2"))
 
 
