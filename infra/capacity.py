@@ -55,8 +55,7 @@ CAPACITY_CAVEAT = (
     "To be sure of the instances, create an On-Demand Capacity Reservation in the chosen zone, inside a cluster "
     "placement group so the nodes sit close for EFA (`aws ec2 create-placement-group --strategy cluster`, then "
     "`aws ec2 create-capacity-reservation --placement-group-arn ...`), and set capacityReservationId: the stack "
-    "then creates no placement group of its own and launches into the reservation's. Leave spare instances in "
-    "it if you want node group updates to launch new nodes before removing old ones."
+    "then creates no placement group of its own and launches into the reservation's."
 )
 
 

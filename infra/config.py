@@ -65,6 +65,13 @@ class StackSettings:
     gpu_node_type: str = "g6.12xlarge"
     gpu_node_count: int = 2
     gpu_az: str | None = None
+    # `capacityReservationId`: an On-Demand Capacity Reservation or a Capacity Block for ML that the
+    # GPU nodes launch into; it decides the GPU zone. The stack then makes no placement group (EC2
+    # launches into a targeted reservation only where the placement matches): create the reservation
+    # in a cluster placement group and the nodes join that group. An EKS node group update launches
+    # new nodes before it removes old ones (up to twice the zone count), which a reservation sized to
+    # the group cannot hold, so the GPU group updates with the MINIMAL strategy, one node replaced at
+    # a time. AWS updates a Capacity Block's node group only at desired size 0.
     capacity_reservation_id: str | None = None
     image: str = DEFAULT_IMAGE
     ray_version: str = DEFAULT_RAY_VERSION

@@ -105,7 +105,7 @@ def plan_placement(settings: StackSettings) -> Placement:
 
     reservation = None
     if settings.capacity_reservation_id:
-        reservation = _reservation(settings)
+        reservation = _reservation(settings.capacity_reservation_id, settings)
         gpu_az = _reservation_gpu_zone(settings, reservation, zones)
     elif settings.gpu_az:
         gpu_az = zones.check_gpu_zone(
@@ -267,10 +267,8 @@ class _Zones:
         return [gpu_az, next(zone for zone in self.system_zones if zone != gpu_az)]
 
 
-def _reservation(settings: StackSettings) -> ReservationFacts:
+def _reservation(reservation_id: str, settings: StackSettings) -> ReservationFacts:
     """The reservation's facts: its Cloud Control properties and this cluster's instances in it."""
-    reservation_id = settings.capacity_reservation_id
-    assert reservation_id
     found = _read_reservation(reservation_id, settings.region)
     return ReservationFacts(
         reservation_id=reservation_id,

@@ -294,3 +294,9 @@ def test_instance_types_map_to_their_vcpu_quota(instance_type, code):
 
 def test_mac_instances_have_no_on_demand_vcpu_quota():
     assert on_demand_vcpu_quota("mac2.metal") is None
+
+
+def test_advice_puts_the_reservation_in_a_cluster_placement_group_the_stack_then_uses():
+    """EC2 launches into a targeted reservation only where the placement matches, so the group is the reservation's."""
+    assert "create-capacity-reservation --placement-group-arn" in capacity.CAPACITY_CAVEAT
+    assert "creates no placement group of its own" in capacity.CAPACITY_CAVEAT
