@@ -100,7 +100,8 @@ def managed_node_group(
 ) -> aws.eks.NodeGroup:
     """A fixed-size managed node group on our launch template: On-Demand, or a Capacity Block's.
 
-    A Capacity Block group names its instance type in the launch template, not here.
+    A Capacity Block group names its instance type in the launch template, as the EKS guide asks,
+    and so not here: CreateNodegroup fails when both name one (EKS API reference, instanceTypes).
     """
     return aws.eks.NodeGroup(
         name,
