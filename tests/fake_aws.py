@@ -446,8 +446,9 @@ class FakeAws:
         """`ec2:DescribeInstances` behind `aws.ec2.get_instances`: every filter must match.
 
         Filter names as the EC2 API reference lists them for DescribeInstances:
-        `capacity-reservation-id`, `instance-state-name` and `tag:<key>`; no match is an empty
-        answer, not an error (the provider's `aws_instances` data source).
+        `capacity-reservation-id`, `instance-state-name` and `tag:<key>`. No match is an empty
+        answer, not an error: the provider's `aws_instances` data source returns empty lists since
+        terraform-provider-aws v4 (hashicorp/terraform-provider-aws#21219).
         """
         filters = {item["name"]: item["values"] for item in args.get("filters") or []}
         if args.get("instanceStateNames"):
