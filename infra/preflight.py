@@ -367,7 +367,7 @@ def _warn_about_updates(settings: StackSettings, reservation: ReservationFacts) 
     """Say in the preview what an update of the GPU node group will do in this reservation."""
     if not reservation.own_instances:
         return  # the group does not exist yet: this run creates it, nothing rolls
-    surge = update_surge(1, GPU_MAX_UNAVAILABLE)
+    surge = update_surge(zone_count=1, max_unavailable=GPU_MAX_UNAVAILABLE)  # the GPU group spans one zone
     if reservation.is_capacity_block:
         pulumi.log.warn(
             f"capacity reservation {reservation.reservation_id} is a Capacity Block, and AWS supports updating a "
