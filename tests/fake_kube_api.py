@@ -256,7 +256,9 @@ class FakeKubeApi:
         context.load_cert_chain(cert_file, key_file)
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.endpoint = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:
@@ -276,31 +278,48 @@ class FakeKubeApi:
         query = urllib.parse.parse_qs(url.query)
         parts = url.path.strip("/").split("/")
         self.requests.append(url.path)
-        if self.unauthorized or not _valid_eks_token(handler.headers.get("Authorization", ""), self.cluster_name):
+        if self.unauthorized or not _valid_eks_token(
+            handler.headers.get("Authorization", ""), self.cluster_name
+        ):
             return self._json(handler, 401, _status(401, "Unauthorized", "Unauthorized"))
         selector = query.get("labelSelector", [""])[0]
         if parts == ["api", "v1", "nodes"]:
             items = [n for n in self.nodes if _selected(n["metadata"]["labels"], selector)]
-            return self._json(handler, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items})
+            return self._json(
+                handler, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 5 and parts[4] == "pods":
             items = [
                 p
                 for p in self.pods
                 if p["metadata"]["namespace"] == parts[3] and _selected(p["metadata"]["labels"], selector)
             ]
-            return self._json(handler, 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+            return self._json(
+                handler, 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 5 and parts[4] == "events":
             wanted = dict(t.split("=", 1) for t in query.get("fieldSelector", [""])[0].split(",") if t)
-            items = [e for e in self.events if e["involvedObject"]["name"] == wanted.get("involvedObject.name")]
-            return self._json(handler, 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
-        if parts[:5] == ["apis", "ray.io", "v1", "namespaces", parts[4] if len(parts) > 4 else ""] and len(parts) == 7:
+            items = [
+                e for e in self.events if e["involvedObject"]["name"] == wanted.get("involvedObject.name")
+            ]
+            return self._json(
+                handler, 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
+        if (
+            parts[:5] == ["apis", "ray.io", "v1", "namespaces", parts[4] if len(parts) > 4 else ""]
+            and len(parts) == 7
+        ):
             body = self.ray_clusters.get(parts[6])
             if body is None:
-                return self._json(handler, 404, _status(404, "NotFound", f'rayclusters.ray.io "{parts[6]}" not found'))
+                return self._json(
+                    handler, 404, _status(404, "NotFound", f'rayclusters.ray.io "{parts[6]}" not found')
+                )
             return self._json(handler, 200, body)
         if len(parts) == 7 and parts[4] == "pods" and parts[6] == "exec":
             return self._exec(handler, parts[5], query.get("container", [""])[0], query.get("command", []))
-        return self._json(handler, 404, _status(404, "NotFound", "the server could not find the requested resource"))
+        return self._json(
+            handler, 404, _status(404, "NotFound", "the server could not find the requested resource")
+        )
 
     def _exec(self, handler: BaseHTTPRequestHandler, pod_name: str, container: str, argv: list[str]) -> None:
         offered = [p.strip() for p in handler.headers.get("Sec-WebSocket-Protocol", "").split(",")]
@@ -381,7 +400,9 @@ class FakeAwsApis:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:
@@ -393,7 +414,9 @@ class FakeAwsApis:
         if "Credential=" in authorization:
             self.access_keys_seen.append(authorization.split("Credential=")[1].split("/")[0])
 
-    def _reply(self, handler: BaseHTTPRequestHandler, code: int, body: bytes, content_type: str, **headers: str) -> None:
+    def _reply(
+        self, handler: BaseHTTPRequestHandler, code: int, body: bytes, content_type: str, **headers: str
+    ) -> None:
         handler.send_response(code)
         handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(body)))
@@ -422,7 +445,9 @@ class FakeAwsApis:
 
     def _sts(self, handler: BaseHTTPRequestHandler) -> None:
         self._record_key(handler)
-        form = urllib.parse.parse_qs(handler.rfile.read(int(handler.headers.get("Content-Length", 0))).decode())
+        form = urllib.parse.parse_qs(
+            handler.rfile.read(int(handler.headers.get("Content-Length", 0))).decode()
+        )
         action = form.get("Action", [""])[0]
         ns = "https://sts.amazonaws.com/doc/2011-06-15/"
         if action == "GetCallerIdentity":
@@ -437,7 +462,9 @@ class FakeAwsApis:
         elif action == "AssumeRole":
             role = form["RoleArn"][0]
             self.assumed.append(role)
-            expires = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            expires = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"
+            )
             body = (
                 f'<AssumeRoleResponse xmlns="{ns}"><AssumeRoleResult><Credentials>'
                 f"<AccessKeyId>ASIAFAKEROLE{len(self.assumed)}</AccessKeyId><SecretAccessKey>secret</SecretAccessKey>"
@@ -493,7 +520,9 @@ class FakeRayDashboard:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

@@ -119,12 +119,16 @@ class ProviderHost:
 
     def read(self, properties: Mapping[str, Any]) -> provider_pb2.ReadResponse:
         return self.stub.Read(
-            provider_pb2.ReadRequest(id="run-id", urn=URN, properties=struct(properties), inputs=struct(properties)),
+            provider_pb2.ReadRequest(
+                id="run-id", urn=URN, properties=struct(properties), inputs=struct(properties)
+            ),
             timeout=30,
         )
 
     def delete(self, properties: Mapping[str, Any]) -> None:
-        self.stub.Delete(provider_pb2.DeleteRequest(id="run-id", urn=URN, properties=struct(properties)), timeout=30)
+        self.stub.Delete(
+            provider_pb2.DeleteRequest(id="run-id", urn=URN, properties=struct(properties)), timeout=30
+        )
 
     def cancel(self) -> None:
         self.stub.Cancel(empty_pb2.Empty(), timeout=10)

@@ -87,7 +87,10 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         pods,
         cluster_name=registered["cluster_name"],
         nodes=[fake.node("node-a"), fake.node("node-b")],
-        pods=[fake.pod(HEAD_POD, "head", node_name="system-node"), *(fake.pod(n, "worker") for n in WORKER_PODS)],
+        pods=[
+            fake.pod(HEAD_POD, "head", node_name="system-node"),
+            *(fake.pod(n, "worker") for n in WORKER_PODS),
+        ],
         ray_clusters={
             registered["ray_cluster_name"]: {
                 "apiVersion": "ray.io/v1",
@@ -176,6 +179,7 @@ def test_diff_reruns_when_what_the_pods_run_changes(world: World):
 # --- Create ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_it(world: World):
     world.host.configure(STACK_CONFIG)
     started = time.monotonic()
@@ -198,6 +202,7 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     assert again["job_id"] == outs["job_id"] and len(world.pods.submissions) == 1
 
 
+@pytest.mark.slow
 def test_a_cut_exec_stream_never_produces_a_verdict(world: World):
     """A mixed run: the workers' logs say sockets, the driver relayed EFA lines; the worker reads are cut."""
     world.host.configure(STACK_CONFIG)
@@ -209,6 +214,7 @@ def test_a_cut_exec_stream_never_produces_a_verdict(world: World):
     print(f"\ncut exec stream: failed after {elapsed:.2f} s")
 
 
+@pytest.mark.slow
 def test_a_silent_endpoint_fails_in_bounded_time_naming_it_and_the_cidrs(world: World):
     world.host.configure(STACK_CONFIG)
     silent = fake.SilentEndpoint()
@@ -235,6 +241,7 @@ def test_a_401_names_eks_access_entries_and_the_identity(world: World):
     print(f"\n401: failed after {elapsed:.2f} s")
 
 
+@pytest.mark.slow
 def test_a_pod_that_never_becomes_ready_fails_naming_it(world: World):
     world.host.configure(STACK_CONFIG)
     world.kube.pods[-1] = fake.pod(WORKER_PODS[-1], "worker", ready=False, phase="Pending", node_name=None)
@@ -246,9 +253,12 @@ def test_a_pod_that_never_becomes_ready_fails_naming_it(world: World):
     print(f"\npod never ready: failed after {elapsed:.2f} s")
 
 
+@pytest.mark.slow
 def test_the_assumed_role_of_the_stack_is_the_identity_used(world: World):
     role = "arn:aws:iam::123456789012:role/ml-deployer"
-    world.host.configure({**STACK_CONFIG, "aws:assumeRole": json.dumps({"roleArn": role, "sessionName": "up"})})
+    world.host.configure(
+        {**STACK_CONFIG, "aws:assumeRole": json.dumps({"roleArn": role, "sessionName": "up"})}
+    )
     assert plain(world.create().properties)["transport"] == "efa"
     assert world.aws.assumed == [role]
     assert world.aws.access_keys_seen[:2] == ["AKIAFAKEAMBIENT", "ASIAFAKEROLE1"]  # AssumeRole, then EKS
@@ -264,6 +274,7 @@ def _wait_until_polled(world: World, looks: int = 3) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_cancel_stops_waiting_and_says_the_job_keeps_running(world: World):
     """The engine sends Cancel on the first Ctrl-C and then waits for the running Create."""
     world.host.configure(STACK_CONFIG)
@@ -284,6 +295,7 @@ def test_cancel_stops_waiting_and_says_the_job_keeps_running(world: World):
     print(f"\nCancel: Create ended {elapsed:.2f} s after it")
 
 
+@pytest.mark.slow
 def test_sigint_ends_the_host_promptly_while_a_job_runs(world: World):
     """SIGINT (the engine interrupts a plugin's process group when it shuts plugins down) ends the host."""
     world.host.configure(STACK_CONFIG)

@@ -42,7 +42,11 @@ class RayCluster(pulumi.ComponentResource):
             secrets.append(
                 k8s.core.v1.Secret(
                     manifests.HF_TOKEN_SECRET,
-                    **_body(manifests.hf_token_secret(spec.namespace, pulumi.Output.secret(hf_token))),
+                    **_body(
+                        manifests.hf_token_secret(
+                            spec.namespace, pulumi.Output.secret(_secret_input(hf_token))
+                        )
+                    ),
                     opts=in_namespace,
                 )
             )
@@ -69,6 +73,11 @@ class RayCluster(pulumi.ComponentResource):
         self.name = spec.name
         self.namespace = spec.namespace
         self.register_outputs({"name": spec.name, "namespace": spec.namespace, "codeHash": self.code_hash})
+
+
+def _secret_input(value: pulumi.Output[str]) -> pulumi.Input[str]:
+    """Widened for mypy, which cannot solve `Output.secret`'s type variable from an `Output[str]`."""
+    return value
 
 
 def spec_hash(manifest: dict) -> str:

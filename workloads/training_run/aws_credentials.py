@@ -186,7 +186,7 @@ def _assume(base: boto3.session.Session, role: AssumedRole, region: str) -> boto
     )
     core = botocore.session.Session()
     # botocore has no public setter for a session's credentials; this is how boto3 itself wires them.
-    core._credentials = refreshable  # noqa: SLF001
+    core._credentials = refreshable
     return boto3.session.Session(botocore_session=core, region_name=region)
 
 
@@ -194,5 +194,5 @@ def caller_identity(session: boto3.session.Session, region: str, config: Any) ->
     """The ARN the session acts as (STS GetCallerIdentity), or None when STS cannot say."""
     try:
         return session.client("sts", region_name=region, config=config).get_caller_identity()["Arn"]
-    except Exception:  # noqa: BLE001 - only for a message: any failure means "unknown"
+    except Exception:  # only for a message: any failure means "unknown"
         return None

@@ -30,7 +30,7 @@ import botocore.config
 import kubernetes.client
 from urllib3.util.retry import Retry
 
-from workloads.training_run.kube_access import ApiTimeouts
+from workloads.training_run.kube_access import DEFAULT_TIMEOUTS, ApiTimeouts
 
 TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
@@ -82,16 +82,15 @@ def aws_client_config(timeouts: ApiTimeouts) -> botocore.config.Config:
 
 @contextlib.contextmanager
 def eks_api_client(
-    cluster_name: str, region: str, session: boto3.session.Session, timeouts: ApiTimeouts = ApiTimeouts()
+    cluster_name: str, region: str, session: boto3.session.Session, timeouts: ApiTimeouts = DEFAULT_TIMEOUTS
 ) -> Iterator[kubernetes.client.ApiClient]:
     """An `ApiClient` for the cluster, valid inside the `with` block."""
     eks = session.client("eks", region_name=region, config=aws_client_config(timeouts))
     cluster = eks.describe_cluster(name=cluster_name)["cluster"]
     sts_client = session.client("sts", region_name=region)
-    ca_file = tempfile.NamedTemporaryFile("wb", prefix="eks-ca-", suffix=".crt", delete=False)
+    with tempfile.NamedTemporaryFile("wb", prefix="eks-ca-", suffix=".crt", delete=False) as ca_file:
+        ca_file.write(base64.b64decode(cluster["certificateAuthority"]["data"]))
     try:
-        with ca_file:
-            ca_file.write(base64.b64decode(cluster["certificateAuthority"]["data"]))
         configuration = kubernetes.client.Configuration()
         configuration.host = cluster["endpoint"]
         configuration.ssl_ca_cert = ca_file.name
@@ -103,7 +102,7 @@ def eks_api_client(
         refresh = token_refresher(sts_client, cluster_name)
         # The client asks the hook only when a key is already set: sign the first token now.
         refresh(configuration)
-        configuration.refresh_api_key_hook = refresh
+        configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]  # typed None in the client
         with kubernetes.client.ApiClient(configuration) as api_client:
             yield api_client
     finally:

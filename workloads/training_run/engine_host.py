@@ -40,7 +40,7 @@ _eks_ray_train_cancelled = CANCELLED  # the name the host's Cancel looks up once
 _installed = threading.Lock()
 
 
-def _cancel(self, request, context):  # noqa: ARG001 - runs as the host's Cancel, with its globals
+def _cancel(self, request, context):  # runs as the host's Cancel, with its globals
     _eks_ray_train_cancelled.set()
     return empty_pb2.Empty()
 

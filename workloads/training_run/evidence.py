@@ -151,7 +151,9 @@ def failure_report(
             tails = worker_logs(workers, executor_for, log_tail_command(log_dir, ray_job_id), log_dir)
             for pod, (count, lines) in tails.items():
                 if lines:
-                    parts.append(f"last lines of the job's {count} worker log files on {pod}:\n" + _indent(lines))
+                    parts.append(
+                        f"last lines of the job's {count} worker log files on {pod}:\n" + _indent(lines)
+                    )
     return "\n".join(parts)
 
 

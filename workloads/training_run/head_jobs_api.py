@@ -37,7 +37,9 @@ def _record(job: dict) -> dict:
 def answer(address: str, action: str, subject: str, offset: int = 0) -> dict:
     if action == "list":
         jobs = _get(address, "/api/jobs/") or []
-        return {"jobs": [_record(job) for job in jobs if (job.get("submission_id") or "").startswith(subject)]}
+        return {
+            "jobs": [_record(job) for job in jobs if (job.get("submission_id") or "").startswith(subject)]
+        }
     job = _get(address, "/api/jobs/" + subject)
     logs = ((_get(address, "/api/jobs/" + subject + "/logs") or {}).get("logs") or "") if job else ""
     return {"job": job and _record(job), "logs": logs[offset:], "offset": len(logs)}

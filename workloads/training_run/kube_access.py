@@ -57,7 +57,12 @@ class ApiTimeouts:
         return (self.connect_s, self.read_s)
 
     def describe(self) -> str:
-        return f"{self.attempts} attempts, each {self.connect_s:g} s to connect and {self.read_s:g} s to answer"
+        return (
+            f"{self.attempts} attempts, each {self.connect_s:g} s to connect and {self.read_s:g} s to answer"
+        )
+
+
+DEFAULT_TIMEOUTS = ApiTimeouts()
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ class KubernetesCluster:
     EVENTS_PER_POD = 5
 
     def __init__(
-        self, core_api, custom_objects_api, endpoint: str = "", timeouts: ApiTimeouts = ApiTimeouts()
+        self, core_api, custom_objects_api, endpoint: str = "", timeouts: ApiTimeouts = DEFAULT_TIMEOUTS
     ) -> None:
         self._core = core_api
         self._custom = custom_objects_api
@@ -265,7 +270,7 @@ class PodExecutor:
         pod: str,
         container: str,
         endpoint: str = "",
-        timeouts: ApiTimeouts = ApiTimeouts(),
+        timeouts: ApiTimeouts = DEFAULT_TIMEOUTS,
     ) -> None:
         self._core = core_api
         self.namespace = namespace
@@ -297,7 +302,9 @@ class PodExecutor:
                 reason = str(error.reason or error)
                 status = self._HANDSHAKE_STATUS.search(reason)
                 if status and status.group(1) in ("401", "403"):
-                    raise ApiUnauthorized(int(status.group(1)), f"exec in pod {self.pod}", _short(reason)) from error
+                    raise ApiUnauthorized(
+                        int(status.group(1)), f"exec in pod {self.pod}", _short(reason)
+                    ) from error
                 if status:
                     raise
                 last = reason

@@ -82,7 +82,12 @@ class RunInputs:
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> RunInputs:
         """Typed from what the engine hands over (numbers arrive as floats, lists as lists)."""
-        convert: dict[str, Callable[[Any], Any]] = {"int": int, "bool": bool, "str": str, "tuple[str, ...]": tuple}
+        convert: dict[str, Callable[[Any], Any]] = {
+            "int": int,
+            "bool": bool,
+            "str": str,
+            "tuple[str, ...]": tuple,
+        }
         return cls(**{f.name: convert[str(f.type)](props[f.name]) for f in dataclasses.fields(cls)})
 
     def props(self) -> dict[str, Any]:
@@ -197,7 +202,9 @@ def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     for key in ("cluster_name", "region", "namespace", "ray_cluster_name", "code_hash", "run_spec_hash"):
         if known(key) and not (isinstance(props[key], str) and props[key]):
             problems.append((key, "must be a non-empty string"))
-    if known("gpu_instance_type") and not (isinstance(props["gpu_instance_type"], str) and props["gpu_instance_type"]):
+    if known("gpu_instance_type") and not (
+        isinstance(props["gpu_instance_type"], str) and props["gpu_instance_type"]
+    ):
         problems.append(("gpu_instance_type", "must be a non-empty string"))
     if known("gpus_per_node") and not _is_count(props["gpus_per_node"], 1):
         problems.append(("gpus_per_node", "must be a whole number of at least 1"))
@@ -216,7 +223,9 @@ def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         and _is_count(props["efa_per_node"], 0)
         and props["efa_per_node"] < 1
     ):
-        problems.append(("efa_per_node", "expecting the efa transport needs at least 1 EFA interface per node"))
+        problems.append(
+            ("efa_per_node", "expecting the efa transport needs at least 1 EFA interface per node")
+        )
     if known("benchmark") and not isinstance(props["benchmark"], bool):
         problems.append(("benchmark", "must be true or false"))
     if known("timeout_minutes") and not _is_count(props["timeout_minutes"], 1):
@@ -227,7 +236,9 @@ def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
 def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynamic.DiffResult:
     """Replace (run again) when an input of `RERUN_INPUTS` changed; one not known yet differs too."""
     changed = [key for key in RERUN_INPUTS if not is_known(news.get(key)) or olds.get(key) != news.get(key)]
-    return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=changed, stables=[], delete_before_replace=False)
+    return pulumi.dynamic.DiffResult(
+        changes=bool(changed), replaces=changed, stables=[], delete_before_replace=False
+    )
 
 
 # --- the connection to the cluster ------------------------------------------------------------------
@@ -257,7 +268,9 @@ class RunTimings:
                 except ValueError:
                     value = 0
                 if value <= 0:
-                    raise TrainingRunError(f"environment variable {name}={environ[name]!r}: must be a positive number")
+                    raise TrainingRunError(
+                        f"environment variable {name}={environ[name]!r}: must be a positive number"
+                    )
                 values[item.name] = value
         return cls(**values)
 
@@ -285,7 +298,11 @@ def _unreachable(error: ApiUnreachable, cluster: str) -> TrainingRunError:
     )
 
 
-def _aws_failure(error: botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError, inputs: RunInputs, aws: AwsCredentialSettings) -> TrainingRunError:
+def _aws_failure(
+    error: botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError,
+    inputs: RunInputs,
+    aws: AwsCredentialSettings,
+) -> TrainingRunError:
     if isinstance(error, botocore.exceptions.ClientError):
         code = error.response.get("Error", {}).get("Code", "")
         if code == "ResourceNotFoundException":
@@ -300,7 +317,9 @@ def _aws_failure(error: botocore.exceptions.BotoCoreError | botocore.exceptions.
 
 
 @contextlib.contextmanager
-def connect_to_eks(inputs: RunInputs, aws: AwsCredentialSettings, timings: RunTimings) -> Iterator[RunEnvironment]:
+def connect_to_eks(
+    inputs: RunInputs, aws: AwsCredentialSettings, timings: RunTimings
+) -> Iterator[RunEnvironment]:
     """The real environment: a Kubernetes client for the EKS cluster, pods reached by exec."""
     session = aws.session(inputs.region)
     try:
@@ -328,7 +347,9 @@ def connect_to_eks(inputs: RunInputs, aws: AwsCredentialSettings, timings: RunTi
         raise _aws_failure(error, inputs, aws) from error
 
 
-Connect = Callable[[RunInputs, AwsCredentialSettings, RunTimings], contextlib.AbstractContextManager[RunEnvironment]]
+Connect = Callable[
+    [RunInputs, AwsCredentialSettings, RunTimings], contextlib.AbstractContextManager[RunEnvironment]
+]
 
 
 # --- the dynamic provider and resource ----------------------------------------------------------------
@@ -346,7 +367,10 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
     def configure(self, req: pulumi.dynamic.ConfigureRequest) -> None:
         """Hook the host (`engine_host`) and read the stack's AWS identity settings."""
         engine_host.install()
-        keys = [f"aws:{key}" for key in ("profile", "accessKey", "secretKey", "token", "assumeRole", "assumeRoles")]
+        keys = [
+            f"aws:{key}"
+            for key in ("profile", "accessKey", "secretKey", "token", "assumeRole", "assumeRoles")
+        ]
         config = {key: value for key in [*keys, *REFUSED] if (value := req.config.get(key)) is not None}
         try:
             self._aws, self._aws_problem = AwsCredentialSettings.from_config(config), None

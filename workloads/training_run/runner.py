@@ -23,7 +23,14 @@ from workloads.nccl_transport import classify_lines
 from workloads.training_run import evidence, readiness
 from workloads.training_run.errors import Interrupted, TrainingRunError
 from workloads.training_run.evidence import JobLog, JobResult
-from workloads.training_run.jobs import DASHBOARD_ADDRESS, JobRecord, JobStatus, RayJobsClient, plan_submission, submission_id_base
+from workloads.training_run.jobs import (
+    DASHBOARD_ADDRESS,
+    JobRecord,
+    JobStatus,
+    RayJobsClient,
+    plan_submission,
+    submission_id_base,
+)
 from workloads.training_run.kube_access import ClusterApi, Executor, PodFacts
 from workloads.training_run.readiness import Pace, RayPods
 
@@ -192,11 +199,21 @@ class TrainingRunner:
             f">= {request.efa_per_node} {readiness.EFA_RESOURCE} each)"
         )
         pods = readiness.wait_for_pods(
-            env.cluster, env.pace, env.readiness_timeout_s, request.namespace, request.ray_cluster_name, worker_pods
+            env.cluster,
+            env.pace,
+            env.readiness_timeout_s,
+            request.namespace,
+            request.ray_cluster_name,
+            worker_pods,
         )
         env.log(f"training run: head pod {pods.head.name} and {len(pods.workers)} worker pods Ready")
         readiness.wait_for_code(
-            env.executor_for(pods.head), pods.head.name, env.pace, env.code_sync_timeout_s, env.code_dir, request.code_hash
+            env.executor_for(pods.head),
+            pods.head.name,
+            env.pace,
+            env.code_sync_timeout_s,
+            env.code_dir,
+            request.code_hash,
         )
         return pods
 
