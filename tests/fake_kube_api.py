@@ -24,7 +24,7 @@ Each models the real behaviour the provider depends on, and where that is docume
 
 Fault switches model what went wrong in the field: `unauthorized` (401 for every request, as for an
 identity without an EKS access entry), `cut_exec` (the exec stream of matching commands ends after some
-output without the Status frame), `SilentEndpoint` (accepts TCP connections and never answers, like an
+output without the Status frame: with a websocket close frame, or by the connection dropping), `SilentEndpoint` (accepts TCP connections and never answers, like an
 endpoint whose packets are dropped). Pods that never become Ready are just pod objects that say so.
 """
 
@@ -234,6 +234,7 @@ class FakeKubeApi:
     subprotocol: str = "v5.channel.k8s.io"
     unauthorized: bool = False
     cut_exec: Callable[[str, list[str]], int | None] = lambda pod_name, argv: None  # stdout bytes kept
+    cut_closes_cleanly: bool = False  # a websocket close frame ends the cut stream, else the TCP connection
     requests: list[str] = field(default_factory=list)
     execs: list[tuple[str, list[str]]] = field(default_factory=list)
 
@@ -341,9 +342,12 @@ class FakeKubeApi:
         stdout = reply.stdout.encode()
         if keep is not None:
             out.write(_frame(bytes([STDOUT]) + stdout[:keep]))
+            if self.cut_closes_cleanly:  # the API server lost the kubelet's stream and closed ours
+                out.write(_frame((1000).to_bytes(2, "big"), opcode=0x8))
             out.flush()
             handler.close_connection = True
-            handler.connection.shutdown(socket.SHUT_RDWR)  # cut: no Status frame, no close frame
+            if not self.cut_closes_cleanly:
+                handler.connection.shutdown(socket.SHUT_RDWR)  # the connection itself dropped
             return
         for channel, data in ((STDOUT, stdout), (STDERR, reply.stderr.encode())):
             for start in range(0, len(data), 32 * 1024):  # long output arrives in several frames

@@ -203,15 +203,19 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
 
 
 @pytest.mark.slow
-def test_a_cut_exec_stream_never_produces_a_verdict(world: World):
+@pytest.mark.parametrize("closes_cleanly", [True, False], ids=["close-frame", "connection-dropped"])
+def test_a_cut_exec_stream_never_produces_a_verdict(world: World, closes_cleanly: bool):
     """A mixed run: the workers' logs say sockets, the driver relayed EFA lines; the worker reads are cut."""
     world.host.configure(STACK_CONFIG)
     world.pods.job_for_submission = lambda argv: scripted(FALLBACK_JOB, "driver_main.log")
     world.kube.cut_exec = lambda pod_name, argv: 20 if pod_name in WORKER_PODS else None
+    world.kube.cut_closes_cleanly = closes_cleanly
     details, elapsed = failure(world)
     assert "ended without an exit status" in details and "was not used" in details
     assert_one_clear_message(details)
-    print(f"\ncut exec stream: failed after {elapsed:.2f} s")
+    print(
+        f"\ncut exec stream ({'close frame' if closes_cleanly else 'dropped'}): failed after {elapsed:.2f} s"
+    )
 
 
 @pytest.mark.slow
