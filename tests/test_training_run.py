@@ -1376,3 +1376,27 @@ def test_aws_settings_that_cannot_be_honoured_are_refused_naming_the_key(config,
     with pytest.raises(AwsSettingsError) as caught:
         AwsCredentialSettings.from_config(config)
     assert caught.value.key == key and reason in caught.value.reason
+
+
+def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    settings = AwsCredentialSettings(profile="nope-profile")
+    with pytest.raises(errors.TrainingRunError) as caught:
+        with provider.connect_to_eks(run_inputs(), settings, provider.RunTimings()):
+            pass
+    assert str(caught.value) == (
+        "the stack's AWS settings (profile nope-profile (aws:profile)) give no usable credentials: "
+        "The config profile (nope-profile) could not be found"
+    )
+
+
+def test_run_timings_come_from_the_environment_and_refuse_nonsense():
+    timings = provider.RunTimings.from_env(
+        {"EKS_RAY_TRAIN_API_ATTEMPTS": "5", "EKS_RAY_TRAIN_POLL_INTERVAL_S": "0.5"}
+    )
+    assert (timings.api.attempts, timings.poll_interval_s, timings.readiness_timeout_s) == (5, 0.5, 1200)
+    with pytest.raises(
+        errors.TrainingRunError, match="EKS_RAY_TRAIN_API_READ_TIMEOUT_S='soon': must be a positive"
+    ):
+        provider.RunTimings.from_env({"EKS_RAY_TRAIN_API_READ_TIMEOUT_S": "soon"})

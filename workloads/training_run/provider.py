@@ -321,7 +321,12 @@ def connect_to_eks(
     inputs: RunInputs, aws: AwsCredentialSettings, timings: RunTimings
 ) -> Iterator[RunEnvironment]:
     """The real environment: a Kubernetes client for the EKS cluster, pods reached by exec."""
-    session = aws.session(inputs.region)
+    try:
+        session = aws.session(inputs.region)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        raise TrainingRunError(
+            f"the stack's AWS settings ({aws.describe()}) give no usable credentials: {error}"
+        ) from error
     try:
         with eks_api_client(inputs.cluster_name, inputs.region, session, timings.api) as api_client:
             cluster = KubernetesCluster(
