@@ -1382,9 +1382,11 @@ def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     settings = AwsCredentialSettings(profile="nope-profile")
-    with pytest.raises(errors.TrainingRunError) as caught:
-        with provider.connect_to_eks(run_inputs(), settings, provider.RunTimings()):
-            pass
+    with (
+        pytest.raises(errors.TrainingRunError) as caught,
+        provider.connect_to_eks(run_inputs(), settings, provider.RunTimings()),
+    ):
+        pass
     assert str(caught.value) == (
         "the stack's AWS settings (profile nope-profile (aws:profile)) give no usable credentials: "
         "The config profile (nope-profile) could not be found"
