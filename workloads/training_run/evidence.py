@@ -26,12 +26,11 @@ from training.report import parse_step_line, parse_summary
 from workloads.nccl_transport import Verdict
 from workloads.training_run.errors import TrainingRunError
 from workloads.training_run.jobs import JobRecord
-from workloads.training_run.kube_access import CommandTimeout, Executor, PodFacts
+from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor, PodFacts
 
 RAY_LOG_DIR = "/tmp/ray/session_latest/logs"
 NCCL_LINES_PER_POD = 200_000
 LOG_TAIL_LINES = 40
-COMMAND_TIMEOUT_S = 120
 
 # Selects the Ray worker logs of one Ray job in a session log folder: `worker-<id>-<job>-<pid>`.
 _JOB_LOG_FILES = """\

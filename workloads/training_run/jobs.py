@@ -27,12 +27,11 @@ from typing import Any, TypeVar
 
 from workloads.training_run import head_jobs_api
 from workloads.training_run.errors import ExecStreamCut, TrainingRunError
-from workloads.training_run.kube_access import CommandTimeout, Executor
+from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor
 
 T = TypeVar("T")
 DASHBOARD_ADDRESS = "http://localhost:8265"
 JOB_ID_PREFIX = "eks-ray-train"
-COMMAND_TIMEOUT_S = 120
 SUBMIT_TIMEOUT_S = 600  # `ray job submit` zips and uploads the working directory first
 READ_ATTEMPTS = 3  # list and poll only read: a cut stream is simply asked again
 HEAD_JOBS_API_SOURCE = Path(head_jobs_api.__file__).read_text()

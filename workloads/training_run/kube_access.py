@@ -39,6 +39,9 @@ from workloads.training_run.errors import ApiUnauthorized, ApiUnreachable, ExecS
 T = TypeVar("T")
 
 
+COMMAND_TIMEOUT_S = 120  # a short command in a pod (a `cat`, a log grep, a Jobs API call)
+
+
 class CommandTimeout(Exception):
     """A command did not finish within its time limit."""
 

@@ -23,13 +23,12 @@ from typing import Any
 
 from workloads import manifests
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.kube_access import ClusterApi, Executor, NodeFacts, PodFacts
+from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, ClusterApi, Executor, NodeFacts, PodFacts
 
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 GPU_NODE_LABEL_SELECTOR = ",".join(f"{key}={value}" for key, value in manifests.GPU_NODE_SELECTOR.items())
-COMMAND_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
