@@ -20,7 +20,7 @@ from infra.storage import RAY_SERVICE_ACCOUNT, CheckpointStore, checkpoint_bucke
 from workloads import manifests
 from workloads.addons import Addons
 from workloads.ray_cluster import RayCluster
-from workloads.training_run import TrainingRun, job_arguments
+from workloads.training_run import RunInputs, TrainingRun, job_arguments
 
 # 1. Configuration: every key validated, instance facts from AWS, pod sizes derived once.
 settings = load_settings()
@@ -108,17 +108,21 @@ ray = RayCluster(
 if settings.train:
     run = TrainingRun(
         "training",
-        cluster_name=settings.cluster_name,
-        region=settings.region,
-        namespace=settings.namespace,
-        ray_cluster_name=ray.name,
-        gpus_per_node=worker.gpus,
-        efa_per_node=worker.efa_interfaces,
-        code_hash=ray.code_hash,
-        job_args=job_args,
-        expect_transport=settings.training.expect_transport,
-        benchmark=settings.benchmark,
-        timeout_minutes=settings.training.timeout_minutes,
+        RunInputs(
+            cluster_name=settings.cluster_name,
+            region=settings.region,
+            namespace=settings.namespace,
+            ray_cluster_name=ray.name,
+            gpus_per_node=worker.gpus,
+            efa_per_node=worker.efa_interfaces,
+            code_hash=ray.code_hash,
+            run_spec_hash=ray.spec_hash,
+            gpu_instance_type=settings.gpu_node_type,
+            job_args=tuple(job_args),
+            expect_transport=settings.training.expect_transport,
+            benchmark=settings.benchmark,
+            timeout_minutes=settings.training.timeout_minutes,
+        ),
         opts=pulumi.ResourceOptions(depends_on=[ray.resource]),
     )
     pulumi.export(

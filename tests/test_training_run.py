@@ -42,9 +42,20 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
 from infra.config import ConfigError, TrainingSettings
-from workloads import eks_auth, kube_access, manifests
-from workloads import training_run as tr
-from workloads.kube_access import ExecResult, KubernetesCluster, LocalExecutor, _exec_status
+from workloads import manifests
+from workloads.training_run import (
+    arguments,
+    eks_auth,
+    errors,
+    evidence,
+    jobs,
+    kube_access,
+    provider,
+    readiness,
+    runner,
+)
+from workloads.training_run.aws_credentials import AwsCredentialSettings
+from workloads.training_run.kube_access import ExecResult, KubernetesCluster, LocalExecutor, _exec_status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "training_run"
 POD_LOGS = FIXTURES / "pods"
@@ -62,12 +73,12 @@ def gpu_node(
 ):
     allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
     if gpus is not None:
-        allocatable[tr.GPU_RESOURCE] = gpus
+        allocatable[readiness.GPU_RESOURCE] = gpus
     if efa is not None:
-        allocatable[tr.EFA_RESOURCE] = efa
+        allocatable[readiness.EFA_RESOURCE] = efa
     labels = {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}
     if present:
-        labels[tr.GPU_PRESENT_LABEL] = "true"
+        labels[readiness.GPU_PRESENT_LABEL] = "true"
     return k8s.V1Node(
         metadata=k8s.V1ObjectMeta(name=name, labels=labels),
         status=k8s.V1NodeStatus(
@@ -135,12 +146,12 @@ class FakeCoreApi:
         self.node_calls = 0
         self.pod_calls = 0
 
-    def list_node(self, label_selector):
+    def list_node(self, label_selector, **_request_options):
         nodes = self.node_snapshots[min(self.node_calls, len(self.node_snapshots) - 1)]
         self.node_calls += 1
         return k8s.V1NodeList(items=[n for n in nodes if _selected(n.metadata.labels, label_selector)])
 
-    def list_namespaced_pod(self, namespace, label_selector):
+    def list_namespaced_pod(self, namespace, label_selector, **_request_options):
         pods = self.pod_snapshots[
             min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
         ]  # head + workers per wait
@@ -153,7 +164,7 @@ class FakeCoreApi:
             ]
         )
 
-    def list_namespaced_event(self, namespace, field_selector):
+    def list_namespaced_event(self, namespace, field_selector, **_request_options):
         wanted = dict(term.split("=", 1) for term in field_selector.split(","))
         return k8s.CoreV1EventList(
             items=[e for e in self.events if e.involved_object.name == wanted["involvedObject.name"]]
@@ -164,7 +175,7 @@ class FakeCustomObjects:
     def __init__(self, worker_replicas: int | None = 2):
         self.worker_replicas = worker_replicas
 
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_request_options):
         if self.worker_replicas is None:
             raise ApiException(status=404, reason="Not Found")
         assert (group, version, plural) == ("ray.io", "v1", "rayclusters")
@@ -209,7 +220,7 @@ class FakeRayHead:
             seen = self.code_hashes.pop(0) if len(self.code_hashes) > 1 else self.code_hashes[0]
             return ExecResult(0, seen + "\n")
         if argv[:3] == ["ray", "job", "submit"]:
-            assert argv[argv.index("--address") + 1] == tr.DASHBOARD_ADDRESS
+            assert argv[argv.index("--address") + 1] == jobs.DASHBOARD_ADDRESS
             submission_id = argv[argv.index("--submission-id") + 1]
             if submission_id in self.jobs:
                 return ExecResult(1, "", f"Job with submission_id {submission_id} already exists.")
@@ -221,10 +232,10 @@ class FakeRayHead:
             ]
             self.submissions.append(list(argv))
             return ExecResult(0, f"Job '{submission_id}' submitted successfully\n")
-        if argv[:3] == ["python", "-c", tr.JOBS_API_SCRIPT]:
+        if argv[:3] == ["python", "-c", jobs.HEAD_JOBS_API_SOURCE]:
             action, subject = argv[4], argv[5]
             if action == "list":
-                jobs = [
+                listed = [
                     {
                         "submission_id": sid,
                         "job_id": job.ray_job_id,
@@ -234,7 +245,7 @@ class FakeRayHead:
                     for sid, job in self.jobs.items()
                     if sid.startswith(subject)
                 ]
-                return ExecResult(0, json.dumps({"jobs": jobs}) + "\n")
+                return ExecResult(0, json.dumps({"jobs": listed}) + "\n")
             job = self.jobs.get(subject)
             if job is None:
                 return ExecResult(0, json.dumps({"job": None, "logs": "", "offset": 0}) + "\n")
@@ -261,7 +272,7 @@ class FixturePod:
 
     def run(self, argv, timeout_s):
         self.commands.append(list(argv))
-        local = [str(self.logs) if arg == tr.RAY_LOG_DIR else arg for arg in argv]
+        local = [str(self.logs) if arg == evidence.RAY_LOG_DIR else arg for arg in argv]
         return LocalExecutor().run(local, timeout_s)
 
 
@@ -311,9 +322,9 @@ class FakeCluster:
         )
         self.workers = {name: FixturePod(name) for name in WORKER_PODS}
 
-    def environment(self) -> tr.RunEnvironment:
+    def environment(self) -> runner.RunEnvironment:
         cluster = KubernetesCluster(self.core, FakeCustomObjects(self.worker_replicas))
-        return tr.RunEnvironment(
+        return runner.RunEnvironment(
             cluster,
             executor_for=lambda pod: self.head if pod.name == HEAD_POD else self.workers[pod.name],
             log=self.logged.append,
@@ -321,35 +332,37 @@ class FakeCluster:
             sleep=self.clock.sleep,
         )
 
-    def provider(self) -> tr.TrainingRunProvider:
+    def provider(self) -> provider.TrainingRunProvider:
         @contextlib.contextmanager
-        def connect(inputs, aws_profile):
+        def connect(inputs, aws, timings):
             yield self.environment()
 
-        return tr.TrainingRunProvider(connect=connect)
+        return provider.TrainingRunProvider(connect=connect)
 
 
 SMOKE_ARGS = ["--preset", "smoke", "--workers", "8", "--use-gpu", "--gpus-per-worker", "1"]
 
 
-def run_inputs(**changes) -> tr.RunInputs:
-    values = dict(
-        cluster_name="eks-ray-train",
-        region="us-east-2",
-        namespace="ray-train",
-        ray_cluster_name="ray-train",
-        gpus_per_node=4,
-        efa_per_node=1,
-        code_hash=CODE_HASH,
-        job_args=tuple(SMOKE_ARGS),
-    )
+def run_inputs(**changes) -> provider.RunInputs:
+    values = {
+        "cluster_name": "eks-ray-train",
+        "region": "us-east-2",
+        "namespace": "ray-train",
+        "ray_cluster_name": "ray-train",
+        "gpus_per_node": 4,
+        "efa_per_node": 1,
+        "code_hash": CODE_HASH,
+        "run_spec_hash": "7e1f0c2b9a4d8e63",
+        "gpu_instance_type": "g6.12xlarge",
+        "job_args": tuple(SMOKE_ARGS),
+    }
     values.update(changes)
-    return tr.RunInputs(**values)
+    return provider.RunInputs(**values)
 
 
-def props(inputs: tr.RunInputs) -> dict:
+def props(inputs: provider.RunInputs) -> dict:
     """What the engine hands `create`: the inputs, and the declared outputs as nulls."""
-    return {**inputs.props(), **dict.fromkeys(tr.OUTPUTS)}
+    return {**inputs.props(), **dict.fromkeys(provider.OUTPUTS)}
 
 
 def main_and_tcp_head(**main_changes) -> FakeRayHead:
@@ -377,10 +390,10 @@ def test_job_arguments_map_every_setting_to_its_flag():
         checkpoint_every=10,
         hsdp=True,
     )
-    args = tr.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
+    args = arguments.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
     assert "--use-gpu" in args
     args.remove("--use-gpu")
-    assert dict(zip(args[::2], args[1::2])) == {
+    assert dict(zip(args[::2], args[1::2], strict=True)) == {
         "--preset": "throughput",
         "--model-id": "Qwen/Qwen2.5-0.5B",
         "--init": "random",
@@ -397,7 +410,9 @@ def test_job_arguments_map_every_setting_to_its_flag():
 
 
 def test_job_arguments_default_to_every_gpu_and_leave_unset_settings_to_the_preset():
-    args = tr.job_arguments(TrainingSettings(), world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
+    args = arguments.job_arguments(
+        TrainingSettings(), world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"
+    )
     assert args[args.index("--workers") + 1] == "8"
     assert args[args.index("--hsdp-replicas") + 1] == "1"  # hsdp: false means plain FSDP, whatever the preset
     for flag in ("--steps", "--seq-len", "--batch-size", "--lr", "--checkpoint-every"):
@@ -410,7 +425,7 @@ def test_job_arguments_parse_with_the_training_cli():
 
     training = TrainingSettings(steps=7, seq_len=256, batch_size=2, learning_rate=1e-4, workers=6, hsdp=True)
     config = parse_args(
-        tr.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
+        arguments.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
     )
     assert (config.preset, config.steps, config.seq_len, config.batch_size, config.lr) == (
         "smoke",
@@ -425,7 +440,7 @@ def test_job_arguments_parse_with_the_training_cli():
 
 def test_job_arguments_refuse_more_workers_than_gpus():
     with pytest.raises(ConfigError, match=r"'training.workers' = 9.*hold 8 workers"):
-        tr.job_arguments(
+        arguments.job_arguments(
             TrainingSettings(workers=9), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
         )
 
@@ -434,11 +449,12 @@ def test_job_arguments_refuse_more_workers_than_gpus():
 
 
 def test_check_accepts_good_inputs_and_unknown_values_of_a_preview():
-    provider = tr.TrainingRunProvider()
+    checker = provider.TrainingRunProvider()
     good = props(run_inputs())
-    assert provider.check({}, good).failures == []
-    preview = {**good, "code_hash": rpc.UNKNOWN, "job_args": rpc.UNKNOWN}
-    assert provider.check({}, preview).failures == []
+    assert checker.check({}, good).failures == []
+    for unknown in (rpc.UNKNOWN, pulumi.output.Unknown()):  # the wire form, and what the host hands over
+        preview = {**good, "code_hash": unknown, "job_args": unknown, "run_spec_hash": unknown}
+        assert checker.check({}, preview).failures == []
 
 
 @pytest.mark.parametrize(
@@ -455,19 +471,22 @@ def test_check_accepts_good_inputs_and_unknown_values_of_a_preview():
     ],
 )
 def test_check_names_the_bad_input(key, value, reason):
-    failures = tr.TrainingRunProvider().check({}, {**props(run_inputs()), key: value}).failures
+    failures = provider.TrainingRunProvider().check({}, {**props(run_inputs()), key: value}).failures
     assert [(f.property, reason in f.reason) for f in failures] == [(key, True)]
 
 
 def test_check_requires_every_input():
     inputs = props(run_inputs())
     del inputs["code_hash"]
-    failures = tr.TrainingRunProvider().check({}, inputs).failures
+    failures = provider.TrainingRunProvider().check({}, inputs).failures
     assert [(f.property, f.reason) for f in failures] == [("code_hash", "is required")]
 
 
 def test_no_efa_is_fine_when_efa_is_not_expected():
-    assert tr.input_problems({**props(run_inputs()), "efa_per_node": 0, "expect_transport": "socket"}) == []
+    assert (
+        provider.input_problems({**props(run_inputs()), "efa_per_node": 0, "expect_transport": "socket"})
+        == []
+    )
 
 
 @pytest.mark.parametrize(
@@ -483,42 +502,52 @@ def test_no_efa_is_fine_when_efa_is_not_expected():
         ("ray_cluster_name", "other"),
         ("gpus_per_node", 8),
         ("efa_per_node", 2),
+        ("run_spec_hash", "0" * 16),
+        ("gpu_instance_type", "g6.48xlarge"),
     ],
 )
 def test_diff_reruns_when_code_or_training_config_changes(key, value):
     olds = {**props(run_inputs()), "job_id": "eks-ray-train-main-0123456789ab", "status": "SUCCEEDED"}
-    result = tr.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), key: value})
+    result = provider.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), key: value})
     assert result.changes is True and result.replaces == [key]
 
 
 def test_diff_is_a_noop_otherwise():
     olds = {**props(run_inputs()), "job_id": "eks-ray-train-main-0123456789ab", "tokens_per_s": 531.0}
     olds["gpus_per_node"] = 4.0  # numbers come back from the state as floats
-    assert tr.TrainingRunProvider().diff("id", olds, props(run_inputs())).changes is False
+    assert provider.TrainingRunProvider().diff("id", olds, props(run_inputs())).changes is False
     assert (
-        tr.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), "timeout_minutes": 90}).changes
+        provider.TrainingRunProvider()
+        .diff("id", olds, {**props(run_inputs()), "timeout_minutes": 90})
+        .changes
         is False
     )
 
 
 def test_diff_reruns_when_an_input_is_not_known_yet():
     news = {**props(run_inputs()), "code_hash": rpc.UNKNOWN}
-    assert tr.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["code_hash"]
+    assert provider.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["code_hash"]
 
 
 def test_submission_id_is_stable_and_follows_what_the_job_runs():
-    base = tr.submission_id_base(run_inputs(), "main", {})
-    assert base == tr.submission_id_base(run_inputs(), "main", {})
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    assert base == jobs.submission_id_base(run_inputs().job_identity(), "main", {})
     assert base.startswith("eks-ray-train-main-")
-    assert base == tr.submission_id_base(run_inputs(expect_transport="socket", timeout_minutes=5), "main", {})
+    assert base == jobs.submission_id_base(
+        run_inputs(expect_transport="socket", timeout_minutes=5).job_identity(), "main", {}
+    )
     others = {
-        tr.submission_id_base(run_inputs(code_hash="1" * 16), "main", {}),
-        tr.submission_id_base(run_inputs(job_args=("--steps", "9")), "main", {}),
-        tr.submission_id_base(run_inputs(cluster_name="b"), "main", {}),
-        tr.submission_id_base(run_inputs(), "tcp", tr.TCP_BASELINE_ENV),
-        tr.submission_id_base(run_inputs(), "tcp", {**tr.TCP_BASELINE_ENV, "NCCL_SOCKET_NTHREADS": "8"}),
+        jobs.submission_id_base(run_inputs(code_hash="1" * 16).job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(job_args=("--steps", "9")).job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(cluster_name="b").job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(run_spec_hash="2" * 16).job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(gpu_instance_type="g6.48xlarge").job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs().job_identity(), "tcp", runner.TCP_BASELINE_ENV),
+        jobs.submission_id_base(
+            run_inputs().job_identity(), "tcp", {**runner.TCP_BASELINE_ENV, "NCCL_SOCKET_NTHREADS": "8"}
+        ),
     }
-    assert base not in others and len(others) == 5
+    assert base not in others and len(others) == 7
 
 
 @pytest.mark.parametrize(
@@ -535,15 +564,15 @@ def test_submission_id_is_stable_and_follows_what_the_job_runs():
     ],
 )
 def test_plan_submission_adopts_live_or_done_jobs_and_retries_failed_ones(existing, expected, adopted):
-    jobs = [tr.JobRecord(sid, status) for sid, status in existing]
-    submission_id, record = tr.plan_submission(jobs, "B")
+    records = [jobs.JobRecord(sid, jobs.JobStatus(status)) for sid, status in existing]
+    submission_id, record = jobs.plan_submission(records, "B")
     assert submission_id == expected
     assert (record.status if record else None) == adopted
 
 
 def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
-    argv = tr.submit_command(
-        tr.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, tr.TCP_BASELINE_ENV
+    argv = jobs.submit_command(
+        jobs.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, runner.TCP_BASELINE_ENV
     )
     assert argv[:5] == ["ray", "job", "submit", "--address", "http://localhost:8265"]
     assert argv[argv.index("--working-dir") + 1] == "/opt/eks-ray-train"
@@ -553,12 +582,12 @@ def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
     env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
     assert env["NCCL_NET"] == "Socket" and env["NCCL_NET_PLUGIN"] == "none"
     assert int(env["NCCL_SOCKET_NTHREADS"]) * int(env["NCCL_NSOCKS_PERTHREAD"]) > 1
-    assert "--runtime-env-json" not in tr.submit_command(tr.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {})
+    assert "--runtime-env-json" not in jobs.submit_command(jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {})
 
 
 def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
     text = driver_log("driver_main.log")
-    log = tr.JobLog()
+    log = evidence.JobLog()
     steps = []
     for start in range(0, len(text), 97):  # chunks split lines anywhere
         steps += log.feed(text[start : start + 97])
@@ -571,8 +600,8 @@ def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
 # --- node and pod checks against the fake Kubernetes API -------------------------------------------------
 
 
-def failure_of(fake: FakeCluster, inputs: tr.RunInputs | None = None) -> str:
-    with pytest.raises(tr.TrainingRunError) as caught:
+def failure_of(fake: FakeCluster, inputs: provider.RunInputs | None = None) -> str:
+    with pytest.raises(errors.TrainingRunError) as caught:
         fake.provider().create(props(inputs or run_inputs()))
     return str(caught.value)
 
@@ -720,7 +749,7 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     )
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)  # 4 workers x .out/.err of job 02000000
     assert outs["efa_speedup"] is None and outs["tcp_tokens_per_s"] is None
-    assert {key: outs[key] for key in tr.INPUTS} == run_inputs().props()  # diff compares against these
+    assert {key: outs[key] for key in provider.INPUTS} == run_inputs().props()  # diff compares against these
     progress = [line for line in fake.logged if "step 5/5" in line]
     assert progress and "531 tok/s" in progress[0]
 
@@ -730,7 +759,7 @@ def test_worker_logs_of_other_jobs_never_reach_the_verdict():
     fake = FakeCluster(main_and_tcp_head())
     assert fake.provider().create(props(run_inputs())).outs["transport"] == "efa"
     for pod in fake.workers.values():
-        assert pod.commands == [tr.nccl_lines_command(tr.RAY_LOG_DIR, EFA_JOB)]
+        assert pod.commands == [evidence.nccl_lines_command(evidence.RAY_LOG_DIR, EFA_JOB)]
 
 
 def test_a_tcp_fallback_fails_the_update_with_the_evidence():
@@ -795,7 +824,7 @@ def test_a_failed_job_shows_the_driver_and_worker_log_tails():
 def test_an_interrupted_update_finds_the_running_job_and_waits_for_it():
     head = main_and_tcp_head()
     fake = FakeCluster(head)
-    base = tr.submission_id_base(run_inputs(), "main", {})
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
     head.jobs[base] = replace(
         scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING", "RUNNING", "SUCCEEDED"]
     )
@@ -806,7 +835,7 @@ def test_an_interrupted_update_finds_the_running_job_and_waits_for_it():
 
 def test_a_failed_earlier_attempt_is_retried_under_the_next_id():
     head = main_and_tcp_head()
-    base = tr.submission_id_base(run_inputs(), "main", {})
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
     head.jobs[base] = scripted(OOM_JOB, "driver_failed.log", final="FAILED")
     head.jobs[base].polls = 99
     outs = FakeCluster(head).provider().create(props(run_inputs())).outs
@@ -824,27 +853,28 @@ def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
 
 def test_update_runs_the_job_again_and_delete_removes_nothing():
     fake = FakeCluster(main_and_tcp_head())
-    provider = fake.provider()
-    outs = provider.update("id", props(run_inputs()), props(run_inputs(expect_transport="efa"))).outs
+    run_provider = fake.provider()
+    outs = run_provider.update("id", props(run_inputs()), props(run_inputs(expect_transport="efa"))).outs
     assert outs["transport"] == "efa" and len(fake.head.submissions) == 1
-    assert provider.delete("id", outs) is None
+    assert run_provider.read("id", outs).outs == outs
+    assert run_provider.delete("id", outs) is None
 
 
 # --- credentials stay out of the state ---------------------------------------------------------------
 
 
 def test_the_serialized_provider_holds_no_client_or_secret():
-    payload = serialize_provider(tr.TrainingRunProvider())
-    provider = dill.loads(base64.b64decode(payload))
-    assert isinstance(provider, tr.TrainingRunProvider) and provider._connect is tr.connect_to_eks
+    payload = serialize_provider(provider.TrainingRunProvider())
+    loaded = dill.loads(base64.b64decode(payload))
+    assert isinstance(loaded, provider.TrainingRunProvider) and loaded._connect is provider.connect_to_eks
     assert len(payload) < 4000  # module references only, not pickled code or clients
 
 
 def test_configure_takes_the_stack_aws_profile():
-    provider = tr.TrainingRunProvider()
+    configured = provider.TrainingRunProvider()
     config = pulumi.dynamic.Config({"aws:profile": "ml-team", "aws:region": "us-east-2"}, "eks-ray-train")
-    provider.configure(pulumi.dynamic.ConfigureRequest(config))
-    assert provider._aws_profile == "ml-team"
+    configured.configure(pulumi.dynamic.ConfigureRequest(config))
+    assert configured._aws == AwsCredentialSettings(profile="ml-team")
 
 
 def test_the_resource_registers_only_names_and_settings():
@@ -863,24 +893,14 @@ def test_the_resource_registers_only_names_and_settings():
 
     @pulumi.runtime.test
     def program():
-        run = tr.TrainingRun(
-            "training",
-            cluster_name="eks-ray-train",
-            region="us-east-2",
-            namespace="ray-train",
-            ray_cluster_name="ray-train",
-            gpus_per_node=4,
-            efa_per_node=1,
-            code_hash=CODE_HASH,
-            job_args=SMOKE_ARGS,
-        )
+        run = provider.TrainingRun("training", run_inputs())
         return run.transport.apply(transports.append)
 
     program()
     assert transports == ["efa"]
     (args,) = registered
     assert args.typ == "pulumi-python:dynamic/workloads:TrainingRun"
-    assert set(args.inputs) == {*tr.INPUTS, "__provider"}  # the declared outputs are null, so not sent
+    assert set(args.inputs) == {*provider.INPUTS, "__provider"}  # the declared outputs are null, so not sent
     text = json.dumps({key: value for key, value in args.inputs.items() if key != "__provider"})
     assert "k8s-aws-v1" not in text and "certificate" not in text.lower() and "token" not in text.lower()
 
@@ -994,6 +1014,7 @@ def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch):
             "", "boom", '{"status":"Failure","details":{"causes":[{"reason":"ExitCode","message":"2"}]}}'
         ),
         FakeExecStream("", "", "", finishes=False),
+        FakeExecStream("log files: 8\n", "", ""),  # the stream ended without the Status frame
     ]
 
     def fake_stream(method, name, namespace, **kwargs):
@@ -1008,20 +1029,22 @@ def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch):
     assert executor.run(["cat", "/opt/eks-ray-train/.code-hash"], 30) == ExecResult(0, "42\n", "")
     method, name, namespace, kwargs = calls[0]
     assert (method, name, namespace) == (core.connect_get_namespaced_pod_exec, HEAD_POD, "ray-train")
-    assert kwargs == dict(
-        container="ray-head",
-        command=["cat", "/opt/eks-ray-train/.code-hash"],
-        stdout=True,
-        stderr=True,
-        stdin=False,
-        tty=False,
-        _preload_content=False,
-    )
+    assert kwargs == {
+        "container": "ray-head",
+        "command": ["cat", "/opt/eks-ray-train/.code-hash"],
+        "stdout": True,
+        "stderr": True,
+        "stdin": False,
+        "tty": False,
+        "_preload_content": False,
+    }
     assert executor.run(["false"], 30) == ExecResult(2, "", "boom")
     with pytest.raises(
         kube_access.CommandTimeout, match=f"`sleep` in pod {HEAD_POD} did not finish within 5 s"
     ):
         executor.run(["sleep", "60"], 5)
+    with pytest.raises(errors.ExecStreamCut, match="ended without an exit status after 13 characters"):
+        executor.run(["sh", "-c", "grep NCCL"], 30)
     assert all(reply.closed for reply in replies)
 
 
@@ -1034,6 +1057,7 @@ def test_exec_status_comes_from_the_error_channel():
     }
     assert _exec_status(json.dumps(failure)) == 3
     assert _exec_status(json.dumps({"status": "Failure", "message": "executable file not found"})) == 126
+    assert _exec_status("not a status") == 126
 
 
 # --- end to end with a real local Ray head -------------------------------------------------------------
@@ -1147,7 +1171,7 @@ def shipped_code(root: Path) -> tuple[Path, str]:
     return folder, manifests.code_hash(files)
 
 
-def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> tr.TrainingRunProvider:
+def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider.TrainingRunProvider:
     """The provider, connected to the local head: fake nodes and pods, every pod exec run here."""
     core = FakeCoreApi(
         [[gpu_node("local-node")]], [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]]
@@ -1155,8 +1179,8 @@ def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> tr.Train
     local = LocalExecutor(env=ray.env)
 
     @contextlib.contextmanager
-    def connect(inputs, aws_profile):
-        yield tr.RunEnvironment(
+    def connect(inputs, aws, timings):
+        yield runner.RunEnvironment(
             KubernetesCluster(core, FakeCustomObjects(worker_replicas=1)),
             executor_for=lambda pod: local,
             dashboard_address=ray.dashboard,
@@ -1166,7 +1190,7 @@ def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> tr.Train
             poll_interval_s=0.5,
         )
 
-    return tr.TrainingRunProvider(connect=connect)
+    return provider.TrainingRunProvider(connect=connect)
 
 
 def ray_jobs(ray: LocalRay) -> list[dict]:
@@ -1174,6 +1198,7 @@ def ray_jobs(ray: LocalRay) -> list[dict]:
         return json.load(reply)
 
 
+@pytest.mark.slow
 def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_ray):
     code_dir, code_hash = shipped_code(local_ray.root)
     job_args = (
@@ -1205,7 +1230,7 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
     assert any("step 3/3" in line for line in logged)
 
     # Expecting EFA fails with the evidence; the job is not run again, its logs are judged anew.
-    with pytest.raises(tr.TrainingRunError) as caught:
+    with pytest.raises(errors.TrainingRunError) as caught:
         local_provider(local_ray, code_dir, logged).create(props(replace(inputs, expect_transport="efa")))
     assert "NCCL used 'unknown' between the nodes, not 'efa'" in str(caught.value)
     assert "no NCCL lines found" in str(caught.value)
@@ -1214,11 +1239,166 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
     ] == [outs["job_id"]]
 
 
+@pytest.mark.slow
 def test_local_ray_failed_job_fails_with_its_log(local_ray):
     code_dir, code_hash = shipped_code(local_ray.root)
     inputs = run_inputs(code_hash=code_hash, job_args=("--preset", "tiny", "--steps", "0"), timeout_minutes=1)
-    with pytest.raises(tr.TrainingRunError) as caught:
+    with pytest.raises(errors.TrainingRunError) as caught:
         local_provider(local_ray, code_dir, []).create(props(inputs))
     message = str(caught.value)
     assert " FAILED: Job entrypoint command failed with exit code 2" in message
     assert "argument --steps: must be >= 1, got 0" in message
+
+
+# --- what runs is part of the inputs ----------------------------------------------------------------------
+
+
+def _registered_run(**settings: str) -> dict:
+    from tests.program import ROOT, USER_SETTINGS, run_program, stack_config
+
+    config = {**stack_config(ROOT / "Pulumi.dev.yaml"), **USER_SETTINGS}
+    config.update({f"eks-ray-train:{key}": value for key, value in settings.items()})
+    return run_program(config).one("pulumi-python:dynamic/workloads:TrainingRun").inputs
+
+
+@pytest.mark.slow
+def test_a_change_of_what_the_pods_run_changes_the_inputs_so_the_job_runs_again():
+    """Image, NCCL/EFA environment, resources (all in the rendered RayCluster) and instance type."""
+    base = _registered_run()
+    image = _registered_run(image="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.2")
+    other_gpu = _registered_run(gpuNodeType="g5.12xlarge")
+    assert image["run_spec_hash"] != base["run_spec_hash"] and image["code_hash"] == base["code_hash"]
+    assert other_gpu["gpu_instance_type"] == "g5.12xlarge" != base["gpu_instance_type"]
+    olds = {**base, "job_id": "eks-ray-train-main-0123456789ab"}
+    assert provider.diff_props(olds, image).replaces == ["run_spec_hash"]
+    assert "gpu_instance_type" in provider.diff_props(olds, other_gpu).replaces
+
+
+# --- the Ray Jobs client ----------------------------------------------------------------------------------
+
+
+def test_job_status_mirrors_rays():
+    from ray.job_submission import JobStatus as RayJobStatus
+
+    assert {status.value for status in jobs.JobStatus} == {status.value for status in RayJobStatus}
+    for status in RayJobStatus:
+        assert jobs.JobStatus(status.value).is_terminal == status.is_terminal()
+
+
+def test_the_head_program_answers_from_the_jobs_rest_api():
+    from tests.fake_kube_api import FakeRayDashboard, ScriptedJob
+    from workloads.training_run import head_jobs_api
+
+    dashboard = FakeRayDashboard().start()
+    try:
+        dashboard.jobs["eks-ray-train-main-1"] = ScriptedJob(
+            EFA_JOB, "line 1\nline 2\n", ["RUNNING", "SUCCEEDED"]
+        )
+        listed = head_jobs_api.answer(dashboard.url, "list", "eks-ray-train-main")
+        assert listed == {
+            "jobs": [
+                {
+                    "submission_id": "eks-ray-train-main-1",
+                    "job_id": EFA_JOB,
+                    "status": "RUNNING",
+                    "message": None,
+                }
+            ]
+        }
+        first = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 0)
+        assert (first["job"]["status"], first["logs"], first["offset"]) == ("RUNNING", "line 1\n", 7)
+        second = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 7)
+        assert (second["job"]["status"], second["logs"]) == ("SUCCEEDED", "line 2\n")
+        assert head_jobs_api.answer(dashboard.url, "poll", "other", 0) == {
+            "job": None,
+            "logs": "",
+            "offset": 0,
+        }
+    finally:
+        dashboard.stop()
+
+
+# --- the stack's AWS identity settings --------------------------------------------------------------------
+
+
+def test_aws_settings_are_read_as_the_aws_provider_writes_them():
+    chain = [
+        {"roleArn": "arn:aws:iam::1:role/a"},
+        {"roleArn": "arn:aws:iam::2:role/b", "duration": "1h30m", "externalId": "x"},
+    ]
+    settings = AwsCredentialSettings.from_config(
+        {
+            "aws:profile": "ml",
+            "aws:assumeRoles": json.dumps(chain),
+            "aws:assumeRole": {"roleArn": "arn:aws:iam::0:role/z"},
+        }
+    )
+    assert [role.role_arn for role in settings.roles] == [
+        "arn:aws:iam::0:role/z",
+        "arn:aws:iam::1:role/a",
+        "arn:aws:iam::2:role/b",
+    ]
+    assert settings.roles[2].request() == {
+        "RoleSessionName": "eks-ray-train-training-run",
+        "RoleArn": "arn:aws:iam::2:role/b",
+        "DurationSeconds": 5400,
+        "ExternalId": "x",
+    }
+    assert settings.profile == "ml" and "role arn:aws:iam::2:role/b" in settings.describe()
+
+
+@pytest.mark.parametrize(
+    "config, key, reason",
+    [
+        (
+            {"aws:assumeRoleWithWebIdentity": '{"roleArn": "r"}'},
+            "aws:assumeRoleWithWebIdentity",
+            "not honoured",
+        ),
+        (
+            {"aws:sharedCredentialsFiles": '["/x"]'},
+            "aws:sharedCredentialsFiles",
+            "AWS_SHARED_CREDENTIALS_FILE",
+        ),
+        ({"aws:accessKey": "AKIA"}, "aws:secretKey", "need both"),
+        ({"aws:assumeRole": '{"sessionName": "s"}'}, "aws:assumeRole", "needs a roleArn"),
+        ({"aws:assumeRole": '{"roleArn": "r", "mfa": 1}'}, "aws:assumeRole", "field(s) mfa not honoured"),
+        (
+            {"aws:assumeRoles": '[{"roleArn": "r", "duration": "soon"}]'},
+            "aws:assumeRoles[0].duration",
+            "not like 1h",
+        ),
+    ],
+)
+def test_aws_settings_that_cannot_be_honoured_are_refused_naming_the_key(config, key, reason):
+    from workloads.training_run.aws_credentials import AwsSettingsError
+
+    with pytest.raises(AwsSettingsError) as caught:
+        AwsCredentialSettings.from_config(config)
+    assert caught.value.key == key and reason in caught.value.reason
+
+
+def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    settings = AwsCredentialSettings(profile="nope-profile")
+    with (
+        pytest.raises(errors.TrainingRunError) as caught,
+        provider.connect_to_eks(run_inputs(), settings, provider.RunTimings()),
+    ):
+        pass
+    assert str(caught.value) == (
+        "the stack's AWS settings (profile nope-profile (aws:profile)) give no usable credentials: "
+        "The config profile (nope-profile) could not be found"
+    )
+
+
+def test_run_timings_come_from_the_environment_and_refuse_nonsense():
+    timings = provider.RunTimings.from_env(
+        {"EKS_RAY_TRAIN_API_ATTEMPTS": "5", "EKS_RAY_TRAIN_POLL_INTERVAL_S": "0.5"}
+    )
+    assert (timings.api.attempts, timings.poll_interval_s, timings.readiness_timeout_s) == (5, 0.5, 1200)
+    with pytest.raises(
+        errors.TrainingRunError, match="EKS_RAY_TRAIN_API_READ_TIMEOUT_S='soon': must be a positive"
+    ):
+        provider.RunTimings.from_env({"EKS_RAY_TRAIN_API_READ_TIMEOUT_S": "soon"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 import pulumi
@@ -40,7 +42,11 @@ class RayCluster(pulumi.ComponentResource):
             secrets.append(
                 k8s.core.v1.Secret(
                     manifests.HF_TOKEN_SECRET,
-                    **_body(manifests.hf_token_secret(spec.namespace, pulumi.Output.secret(hf_token))),
+                    **_body(
+                        manifests.hf_token_secret(
+                            spec.namespace, pulumi.Output.secret(_secret_input(hf_token))
+                        )
+                    ),
                     opts=in_namespace,
                 )
             )
@@ -51,6 +57,7 @@ class RayCluster(pulumi.ComponentResource):
             opts=in_namespace,
         )
         ray_cluster = manifests.ray_cluster(spec)
+        self.spec_hash = spec_hash(ray_cluster)
         self.resource = k8s.apiextensions.CustomResource(
             spec.name,
             api_version=ray_cluster["apiVersion"],
@@ -66,6 +73,19 @@ class RayCluster(pulumi.ComponentResource):
         self.name = spec.name
         self.namespace = spec.namespace
         self.register_outputs({"name": spec.name, "namespace": spec.namespace, "codeHash": self.code_hash})
+
+
+def _secret_input(value: pulumi.Output[str]) -> pulumi.Input[str]:
+    """Widened for mypy, which cannot solve `Output.secret`'s type variable from an `Output[str]`."""
+    return value
+
+
+def spec_hash(manifest: dict) -> str:
+    """Hash of the rendered RayCluster: image, environment, resources, node selection of what runs.
+
+    The training run takes it as an input, so a change to any of them runs the job again.
+    """
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _body(manifest: dict) -> dict:

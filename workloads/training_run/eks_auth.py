@@ -11,6 +11,9 @@ The URL is signed with the `x-k8s-aws-id: <cluster name>` header, so it is good 
 cluster only; EKS accepts it for 15 minutes after signing. A run can last an hour, so the
 client re-signs before each request once the token is `REFRESH_AFTER_S` old. Nothing here
 persists: the CA goes to a temporary file removed when the context exits.
+
+Every call is bounded: `DescribeCluster` by botocore's timeouts and standard retries, the
+Kubernetes calls by `ApiTimeouts` (urllib3 retries for REST; the exec retries itself).
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import boto3
+import botocore.config
 import kubernetes.client
+from urllib3.util.retry import Retry
+
+from workloads.training_run.kube_access import DEFAULT_TIMEOUTS, ApiTimeouts
 
 TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
@@ -64,26 +71,38 @@ def token_refresher(
     return refresh
 
 
+def aws_client_config(timeouts: ApiTimeouts) -> botocore.config.Config:
+    """The same bounds for AWS calls as for Kubernetes calls."""
+    return botocore.config.Config(
+        connect_timeout=timeouts.connect_s,
+        read_timeout=timeouts.read_s,
+        retries={"mode": "standard", "max_attempts": timeouts.attempts},
+    )
+
+
 @contextlib.contextmanager
 def eks_api_client(
-    cluster_name: str, region: str, profile: str | None = None, session: boto3.session.Session | None = None
+    cluster_name: str, region: str, session: boto3.session.Session, timeouts: ApiTimeouts = DEFAULT_TIMEOUTS
 ) -> Iterator[kubernetes.client.ApiClient]:
     """An `ApiClient` for the cluster, valid inside the `with` block."""
-    session = session or boto3.session.Session(profile_name=profile, region_name=region)
-    cluster = session.client("eks", region_name=region).describe_cluster(name=cluster_name)["cluster"]
+    eks = session.client("eks", region_name=region, config=aws_client_config(timeouts))
+    cluster = eks.describe_cluster(name=cluster_name)["cluster"]
     sts_client = session.client("sts", region_name=region)
-    ca_file = tempfile.NamedTemporaryFile("wb", prefix="eks-ca-", suffix=".crt", delete=False)
+    with tempfile.NamedTemporaryFile("wb", prefix="eks-ca-", suffix=".crt", delete=False) as ca_file:
+        ca_file.write(base64.b64decode(cluster["certificateAuthority"]["data"]))
     try:
-        with ca_file:
-            ca_file.write(base64.b64decode(cluster["certificateAuthority"]["data"]))
         configuration = kubernetes.client.Configuration()
         configuration.host = cluster["endpoint"]
         configuration.ssl_ca_cert = ca_file.name
         configuration.api_key_prefix["authorization"] = "Bearer"
+        # GETs only: the training run never writes through the REST API.
+        configuration.retries = Retry(
+            total=timeouts.attempts - 1, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504)
+        )
         refresh = token_refresher(sts_client, cluster_name)
         # The client asks the hook only when a key is already set: sign the first token now.
         refresh(configuration)
-        configuration.refresh_api_key_hook = refresh
+        configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]  # typed None in the client
         with kubernetes.client.ApiClient(configuration) as api_client:
             yield api_client
     finally:

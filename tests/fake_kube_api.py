@@ -1,0 +1,608 @@
+"""Local stand-ins for what the TrainingRun provider talks to: the EKS API, STS, the Kubernetes API
+server of the cluster (TLS, REST and exec over websockets) and the Ray dashboard of the head pod.
+
+Each models the real behaviour the provider depends on, and where that is documented:
+
+- EKS `DescribeCluster` (REST-JSON, `GET /clusters/<name>`; AWS EKS API reference): the cluster's
+  `endpoint` and base64 `certificateAuthority.data`; an unknown name answers 404 with
+  `x-amzn-ErrorType: ResourceNotFoundException`. STS `GetCallerIdentity`/`AssumeRole` (query protocol,
+  form-encoded POST, XML answers; AWS STS API reference). The access key id of each request's SigV4
+  `Authorization` header is recorded, so tests see which identity the provider used. boto3 is pointed
+  here with `AWS_ENDPOINT_URL_EKS` / `AWS_ENDPOINT_URL_STS` (botocore's service-specific endpoints).
+- The Kubernetes API server over TLS with a self-signed certificate whose CA is what DescribeCluster
+  returns. Requests need `Authorization: Bearer k8s-aws-v1.<base64url presigned STS GetCallerIdentity
+  URL>` signed over the `x-k8s-aws-id` header (the aws-iam-authenticator token format EKS accepts);
+  otherwise 401 with a `metav1.Status` body, as the API server answers. REST: list nodes, pods
+  (label selectors), events (field selector), get a RayCluster custom object.
+- Exec (`GET .../pods/<pod>/exec?command=...`, upgraded to a websocket; Kubernetes "remotecommand"
+  protocols `v5.channel.k8s.io` / `v4.channel.k8s.io`): binary frames whose first byte is the channel
+  (1 stdout, 2 stderr, 3 error); after the command ends the server writes one `metav1.Status` on
+  channel 3 (`Success`, or `Failure` with reason `NonZeroExitCode` and an `ExitCode` cause) and closes.
+  The kubernetes Python client offers `v5,v4` and reads exactly this (kubernetes/stream/ws_client.py).
+- The Ray Jobs REST API of the dashboard (`GET /api/jobs/`, `/api/jobs/<id>`, `/api/jobs/<id>/logs`;
+  Ray docs "Ray Jobs REST API"): job records with `submission_id`, `job_id`, `status`, `message`.
+
+Fault switches model what went wrong in the field: `unauthorized` (401 for every request, as for an
+identity without an EKS access entry), `cut_exec` (the exec stream of matching commands ends after some
+output without the Status frame: with a websocket close frame, or by the connection dropping), `SilentEndpoint` (accepts TCP connections and never answers, like an
+endpoint whose packets are dropped). Pods that never become Ready are just pod objects that say so.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455, section 1.3
+STDOUT, STDERR, ERROR = 1, 2, 3
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path, bytes]:
+    """(cert file, key file, PEM) for 127.0.0.1/localhost, as EKS's CA-signed serving cert stands in."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")])
+    now = datetime.datetime.now(datetime.UTC)
+    import ipaddress
+
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    cert_file, key_file = folder / "apiserver.crt", folder / "apiserver.key"
+    cert_file.write_bytes(pem)
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file, pem
+
+
+# --- Kubernetes objects as the API server serialises them -----------------------------------------
+
+
+def node(
+    name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
+) -> dict:
+    allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
+    if gpus is not None:
+        allocatable["nvidia.com/gpu"] = gpus
+    if efa is not None:
+        allocatable["vpc.amazonaws.com/efa"] = efa
+    labels = {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}
+    if present:
+        labels["nvidia.com/gpu.present"] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {
+            "allocatable": allocatable,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod(
+    name: str, node_type: str, ready: bool = True, phase: str = "Running", node_name: str | None = "node-a"
+) -> dict:
+    container = "ray-head" if node_type == "head" else "ray-worker"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ray-train",
+            "labels": {"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
+        },
+        "spec": {"containers": [{"name": container, "image": "ray"}], "nodeName": node_name},
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {
+                    "name": container,
+                    "image": "ray",
+                    "imageID": "",
+                    "ready": ready,
+                    "restartCount": 0,
+                    "state": {"running": {}} if ready else {"waiting": {"reason": "ContainerCreating"}},
+                }
+            ],
+        },
+    }
+
+
+def _selected(labels: dict, selector: str) -> bool:
+    wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+    return all((labels or {}).get(key) == value for key, value in wanted.items())
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _valid_eks_token(header: str, cluster_name: str) -> bool:
+    """The shape EKS checks before asking STS: a presigned GetCallerIdentity bound to the cluster."""
+    prefix = "Bearer k8s-aws-v1."
+    if not header.startswith(prefix):
+        return False
+    body = header[len(prefix) :]
+    try:
+        url = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+    except ValueError:
+        return False
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    return (
+        query.get("Action") == ["GetCallerIdentity"]
+        and "x-k8s-aws-id" in query.get("X-Amz-SignedHeaders", [""])[0].split(";")
+        and bool(cluster_name)
+    )
+
+
+# --- exec ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExecReply:
+    """What a command in a pod produced."""
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int = 0
+
+
+ExecHandler = Callable[[str, str, list[str]], ExecReply]  # (pod, container, argv)
+
+
+def _frame(payload: bytes, opcode: int = 0x2) -> bytes:
+    """One unmasked server-to-client websocket frame (RFC 6455, section 5.2)."""
+    header = bytes([0x80 | opcode])
+    if len(payload) < 126:
+        header += bytes([len(payload)])
+    elif len(payload) < 1 << 16:
+        header += bytes([126]) + len(payload).to_bytes(2, "big")
+    else:
+        header += bytes([127]) + len(payload).to_bytes(8, "big")
+    return header + payload
+
+
+def exit_status(exit_code: int, argv: list[str]) -> dict:
+    """The Status the kubelet writes on the error channel when the command ends."""
+    if exit_code == 0:
+        return {"metadata": {}, "status": "Success"}
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": f"command terminated with non-zero exit code: error executing command {argv}: exit code {exit_code}",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(exit_code)}]},
+    }
+
+
+@dataclass
+class FakeKubeApi:
+    """The API server; `start()` serves it over TLS on 127.0.0.1, `endpoint` is its https URL."""
+
+    folder: Path
+    exec_handler: ExecHandler
+    cluster_name: str = "eks-ray-train"
+    nodes: list[dict] = field(default_factory=list)
+    pods: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    ray_clusters: dict[str, dict] = field(default_factory=dict)
+    subprotocol: str = "v5.channel.k8s.io"
+    unauthorized: bool = False
+    cut_exec: Callable[[str, list[str]], int | None] = lambda pod_name, argv: None  # stdout bytes kept
+    cut_closes_cleanly: bool = False  # a websocket close frame ends the cut stream, else the TCP connection
+    requests: list[str] = field(default_factory=list)
+    execs: list[tuple[str, list[str]]] = field(default_factory=list)
+
+    def start(self) -> FakeKubeApi:
+        cert_file, key_file, self.ca_pem = self_signed_certificate(self.folder)
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                api._serve(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert_file, key_file)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.endpoint = f"https://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _json(self, handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        handler.send_response(code)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _serve(self, handler: BaseHTTPRequestHandler) -> None:
+        url = urllib.parse.urlparse(handler.path)
+        query = urllib.parse.parse_qs(url.query)
+        parts = url.path.strip("/").split("/")
+        self.requests.append(url.path)
+        if self.unauthorized or not _valid_eks_token(
+            handler.headers.get("Authorization", ""), self.cluster_name
+        ):
+            return self._json(handler, 401, _status(401, "Unauthorized", "Unauthorized"))
+        selector = query.get("labelSelector", [""])[0]
+        if parts == ["api", "v1", "nodes"]:
+            items = [n for n in self.nodes if _selected(n["metadata"]["labels"], selector)]
+            return self._json(
+                handler, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 5 and parts[4] == "pods":
+            items = [
+                p
+                for p in self.pods
+                if p["metadata"]["namespace"] == parts[3] and _selected(p["metadata"]["labels"], selector)
+            ]
+            return self._json(
+                handler, 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 5 and parts[4] == "events":
+            wanted = dict(t.split("=", 1) for t in query.get("fieldSelector", [""])[0].split(",") if t)
+            items = [
+                e for e in self.events if e["involvedObject"]["name"] == wanted.get("involvedObject.name")
+            ]
+            return self._json(
+                handler, 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
+        if (
+            parts[:5] == ["apis", "ray.io", "v1", "namespaces", parts[4] if len(parts) > 4 else ""]
+            and len(parts) == 7
+        ):
+            body = self.ray_clusters.get(parts[6])
+            if body is None:
+                return self._json(
+                    handler, 404, _status(404, "NotFound", f'rayclusters.ray.io "{parts[6]}" not found')
+                )
+            return self._json(handler, 200, body)
+        if len(parts) == 7 and parts[4] == "pods" and parts[6] == "exec":
+            return self._exec(handler, parts[5], query.get("container", [""])[0], query.get("command", []))
+        return self._json(
+            handler, 404, _status(404, "NotFound", "the server could not find the requested resource")
+        )
+
+    def _exec(self, handler: BaseHTTPRequestHandler, pod_name: str, container: str, argv: list[str]) -> None:
+        offered = [p.strip() for p in handler.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        if handler.headers.get("Upgrade", "").lower() != "websocket" or self.subprotocol not in offered:
+            return self._json(handler, 400, _status(400, "BadRequest", "exec needs a websocket upgrade"))
+        accept = base64.b64encode(
+            hashlib.sha1((handler.headers["Sec-WebSocket-Key"] + WEBSOCKET_GUID).encode()).digest()
+        ).decode()
+        handler.send_response(101, "Switching Protocols")
+        handler.send_header("Upgrade", "websocket")
+        handler.send_header("Connection", "Upgrade")
+        handler.send_header("Sec-WebSocket-Accept", accept)
+        handler.send_header("Sec-WebSocket-Protocol", self.subprotocol)
+        handler.end_headers()
+        self.execs.append((pod_name, argv))
+        reply = self.exec_handler(pod_name, container, argv)
+        out = handler.wfile
+        keep = self.cut_exec(pod_name, argv)
+        stdout = reply.stdout.encode()
+        if keep is not None:
+            out.write(_frame(bytes([STDOUT]) + stdout[:keep]))
+            if self.cut_closes_cleanly:  # the API server lost the kubelet's stream and closed ours
+                out.write(_frame((1000).to_bytes(2, "big"), opcode=0x8))
+            out.flush()
+            handler.close_connection = True
+            if not self.cut_closes_cleanly:
+                handler.connection.shutdown(socket.SHUT_RDWR)  # the connection itself dropped
+            return
+        for channel, data in ((STDOUT, stdout), (STDERR, reply.stderr.encode())):
+            for start in range(0, len(data), 32 * 1024):  # long output arrives in several frames
+                out.write(_frame(bytes([channel]) + data[start : start + 32 * 1024]))
+        out.write(_frame(bytes([ERROR]) + json.dumps(exit_status(reply.exit_code, argv)).encode()))
+        if self.subprotocol == "v5.channel.k8s.io":
+            out.write(_frame(bytes([255, STDOUT])) + _frame(bytes([255, STDERR])))
+        out.write(_frame((1000).to_bytes(2, "big"), opcode=0x8))
+        out.flush()
+        handler.close_connection = True
+
+
+class SilentEndpoint:
+    """Accepts TCP connections (the kernel's backlog does) and never answers: a black-holed endpoint."""
+
+    def __init__(self) -> None:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.endpoint = f"https://127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def stop(self) -> None:
+        self.socket.close()
+
+
+# --- EKS and STS ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeAwsApis:
+    """EKS DescribeCluster and STS GetCallerIdentity/AssumeRole over plain HTTP on 127.0.0.1."""
+
+    clusters: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # name -> (endpoint, CA PEM)
+    account: str = "123456789012"
+    caller_arn: str = "arn:aws:iam::123456789012:user/deployer"
+    access_keys_seen: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)
+
+    def start(self) -> FakeAwsApis:
+        apis = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                apis._eks(self)
+
+            def do_POST(self) -> None:
+                apis._sts(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _record_key(self, handler: BaseHTTPRequestHandler) -> None:
+        authorization = handler.headers.get("Authorization", "")
+        if "Credential=" in authorization:
+            self.access_keys_seen.append(authorization.split("Credential=")[1].split("/")[0])
+
+    def _reply(
+        self, handler: BaseHTTPRequestHandler, code: int, body: bytes, content_type: str, **headers: str
+    ) -> None:
+        handler.send_response(code)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        for key, value in headers.items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def _eks(self, handler: BaseHTTPRequestHandler) -> None:
+        self._record_key(handler)
+        name = urllib.parse.unquote(handler.path.split("?")[0].rstrip("/").split("/")[-1])
+        if name not in self.clusters:
+            body = json.dumps({"message": f"No cluster found for name: {name}."}).encode()
+            return self._reply(
+                handler, 404, body, "application/json", **{"x-amzn-ErrorType": "ResourceNotFoundException"}
+            )
+        endpoint, ca = self.clusters[name]
+        cluster = {
+            "name": name,
+            "arn": f"arn:aws:eks:us-east-2:{self.account}:cluster/{name}",
+            "endpoint": endpoint,
+            "status": "ACTIVE",
+            "certificateAuthority": {"data": base64.b64encode(ca).decode()},
+        }
+        self._reply(handler, 200, json.dumps({"cluster": cluster}).encode(), "application/json")
+
+    def _sts(self, handler: BaseHTTPRequestHandler) -> None:
+        self._record_key(handler)
+        form = urllib.parse.parse_qs(
+            handler.rfile.read(int(handler.headers.get("Content-Length", 0))).decode()
+        )
+        action = form.get("Action", [""])[0]
+        ns = "https://sts.amazonaws.com/doc/2011-06-15/"
+        if action == "GetCallerIdentity":
+            arn = self.caller_arn
+            if self.access_keys_seen and self.access_keys_seen[-1].startswith("ASIAFAKEROLE"):
+                arn = f"arn:aws:sts::{self.account}:assumed-role/{self.assumed[-1].split('/')[-1]}/session"
+            body = (
+                f'<GetCallerIdentityResponse xmlns="{ns}"><GetCallerIdentityResult><Arn>{arn}</Arn>'
+                f"<UserId>AIDAFAKE</UserId><Account>{self.account}</Account></GetCallerIdentityResult>"
+                "<ResponseMetadata><RequestId>1</RequestId></ResponseMetadata></GetCallerIdentityResponse>"
+            )
+        elif action == "AssumeRole":
+            role = form["RoleArn"][0]
+            self.assumed.append(role)
+            expires = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"
+            )
+            body = (
+                f'<AssumeRoleResponse xmlns="{ns}"><AssumeRoleResult><Credentials>'
+                f"<AccessKeyId>ASIAFAKEROLE{len(self.assumed)}</AccessKeyId><SecretAccessKey>secret</SecretAccessKey>"
+                f"<SessionToken>token</SessionToken><Expiration>{expires}</Expiration></Credentials>"
+                f"<AssumedRoleUser><Arn>{role}/session</Arn><AssumedRoleId>AROA:session</AssumedRoleId></AssumedRoleUser>"
+                "</AssumeRoleResult><ResponseMetadata><RequestId>2</RequestId></ResponseMetadata></AssumeRoleResponse>"
+            )
+        else:
+            return self._reply(handler, 400, b"<ErrorResponse/>", "text/xml")
+        self._reply(handler, 200, body.encode(), "text/xml")
+
+
+# --- the Ray head and workers -----------------------------------------------------------------------
+
+
+@dataclass
+class ScriptedJob:
+    """A Ray job of the fake dashboard: each look moves one status on and reveals that share of the log."""
+
+    ray_job_id: str
+    driver_log: str
+    statuses: list[str]
+    message: str | None = None
+    looks: int = 0
+
+    def status(self) -> str:
+        return self.statuses[min(self.looks, len(self.statuses) - 1)]
+
+    def logs(self) -> str:
+        lines = self.driver_log.splitlines(keepends=True)
+        shown = len(lines) * (min(self.looks, len(self.statuses) - 1) + 1) // len(self.statuses)
+        return "".join(lines[:shown])
+
+
+@dataclass
+class FakeRayDashboard:
+    """The head pod's Ray Jobs REST API on 127.0.0.1 (the pod's localhost:8265 is translated here)."""
+
+    jobs: dict[str, ScriptedJob] = field(default_factory=dict)
+
+    def start(self) -> FakeRayDashboard:
+        dashboard = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                dashboard._serve(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _record(self, submission_id: str, job: ScriptedJob) -> dict:
+        status = job.status()
+        return {
+            "type": "SUBMISSION",
+            "submission_id": submission_id,
+            "job_id": job.ray_job_id,
+            "status": status,
+            "message": job.message if status == "FAILED" else None,
+            "entrypoint": "python -m training",
+        }
+
+    def _serve(self, handler: BaseHTTPRequestHandler) -> None:
+        parts = handler.path.strip("/").split("/")
+        body: Any
+        if parts == ["api", "jobs"]:
+            body = [self._record(sid, job) for sid, job in self.jobs.items()]
+        elif len(parts) in (3, 4) and parts[:2] == ["api", "jobs"] and parts[2] in self.jobs:
+            job = self.jobs[parts[2]]
+            if len(parts) == 3:
+                body = self._record(parts[2], job)
+            else:
+                body = {"logs": job.logs()}
+                job.looks += 1  # one poll = the job record, then its logs
+        else:
+            handler.send_response(404)
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
+        data = json.dumps(body).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+
+@dataclass
+class FakeRayPods:
+    """Answers the commands the provider execs: the head's, against `dashboard`; the workers' over fixture logs.
+
+    `head_jobs_api` really runs (this Python, as the image's would), `sh` log scripts really run over
+    the fixture session folders; `ray job submit` is recorded and turned into a scripted job.
+    """
+
+    dashboard: FakeRayDashboard
+    head_pod: str
+    worker_logs: dict[str, Path]  # worker pod -> its Ray session log folder
+    code_hash: str
+    job_for_submission: Callable[[list[str]], ScriptedJob]
+    submissions: list[list[str]] = field(default_factory=list)
+
+    def __call__(self, pod_name: str, container: str, argv: list[str]) -> ExecReply:
+        if pod_name == self.head_pod:
+            if argv[0] == "cat":
+                return ExecReply(self.code_hash + "\n")
+            if argv[:3] == ["ray", "job", "submit"]:
+                submission_id = argv[argv.index("--submission-id") + 1]
+                if submission_id in self.dashboard.jobs:
+                    return ExecReply("", f"Job with submission_id {submission_id} already exists.", 1)
+                self.dashboard.jobs[submission_id] = self.job_for_submission(argv)
+                self.submissions.append(argv)
+                return ExecReply(f"Job '{submission_id}' submitted successfully\n")
+            if argv[:2] == ["python", "-c"]:
+                local = [sys.executable, "-c", argv[2], self.dashboard.url, *argv[4:]]
+                return _run(local)
+            return ExecReply("", f'exec: "{argv[0]}": executable file not found in $PATH', 126)
+        logs = self.worker_logs[pod_name]
+        return _run([str(logs) if arg == "/tmp/ray/session_latest/logs" else arg for arg in argv])
+
+
+def _run(argv: list[str]) -> ExecReply:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return ExecReply(done.stdout, done.stderr, done.returncode)

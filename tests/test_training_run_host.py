@@ -1,0 +1,315 @@
+"""The TrainingRun as the Pulumi engine runs it: the real provider host, driven over gRPC.
+
+`tests.provider_host` starts `python -m pulumi.dynamic` from the installed `pulumi` package in the
+project root and speaks the engine's gRPC protocol to it, with the serialized provider from a mocks
+run of `__main__.py`. Behind it, `tests.fake_kube_api` serves EKS, STS, the Kubernetes API (TLS,
+exec over websockets) and the head pod's Ray dashboard on 127.0.0.1. Time limits are shortened
+through the provider's `EKS_RAY_TRAIN_*` environment variables, so a fault fails in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from pulumi.runtime import rpc
+
+from tests import fake_kube_api as fake
+from tests.provider_host import ProviderHost, plain, serialized_training_run
+
+FIXTURES = Path(__file__).parent / "fixtures" / "training_run"
+WORKER_PODS = sorted(path.name for path in (FIXTURES / "pods").iterdir())
+HEAD_POD = "ray-train-head-9bq5w"
+EFA_JOB, TCP_JOB, FALLBACK_JOB = "02000000", "03000000", "01000000"
+FAST = {
+    "EKS_RAY_TRAIN_POLL_INTERVAL_S": "0.05",
+    "EKS_RAY_TRAIN_READINESS_TIMEOUT_S": "1",
+    "EKS_RAY_TRAIN_CODE_SYNC_TIMEOUT_S": "1",
+    "EKS_RAY_TRAIN_API_CONNECT_TIMEOUT_S": "0.5",
+    "EKS_RAY_TRAIN_API_READ_TIMEOUT_S": "1",
+    "EKS_RAY_TRAIN_API_ATTEMPTS": "2",
+}
+STACK_CONFIG = {"aws:region": "us-east-2"}
+GRPC_DEADLINE_S = 40  # the test's own bound: longer than any fault may take to fail
+
+
+@pytest.fixture(scope="module")
+def registered() -> dict[str, Any]:
+    """What the program registers for the TrainingRun on the dev stack, `__provider` included."""
+    return serialized_training_run()
+
+
+def scripted(ray_job_id: str, log_name: str, statuses: list[str] | None = None) -> fake.ScriptedJob:
+    statuses = statuses or ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"]
+    return fake.ScriptedJob(ray_job_id, (FIXTURES / log_name).read_text(), statuses)
+
+
+def by_variant(argv: list[str]) -> fake.ScriptedJob:
+    """The main run over EFA, or the benchmark's TCP baseline."""
+    if "--runtime-env-json" in argv and "Socket" in argv[argv.index("--runtime-env-json") + 1]:
+        return scripted(TCP_JOB, "driver_tcp.log")
+    return scripted(EFA_JOB, "driver_main.log")
+
+
+@dataclass
+class World:
+    kube: fake.FakeKubeApi
+    aws: fake.FakeAwsApis
+    dashboard: fake.FakeRayDashboard
+    pods: fake.FakeRayPods
+    host: ProviderHost
+    inputs: dict[str, Any]
+
+    def create(self, **changes: Any):
+        return self.host.create({**self.inputs, **changes}, timeout_s=GRPC_DEADLINE_S)
+
+
+@pytest.fixture
+def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
+    dashboard = fake.FakeRayDashboard().start()
+    pods = fake.FakeRayPods(
+        dashboard,
+        HEAD_POD,
+        {name: FIXTURES / "pods" / name / "logs" for name in WORKER_PODS},
+        code_hash=registered["code_hash"],
+        job_for_submission=by_variant,
+    )
+    kube = fake.FakeKubeApi(
+        tmp_path,
+        pods,
+        cluster_name=registered["cluster_name"],
+        nodes=[fake.node("node-a"), fake.node("node-b")],
+        pods=[
+            fake.pod(HEAD_POD, "head", node_name="system-node"),
+            *(fake.pod(n, "worker") for n in WORKER_PODS),
+        ],
+        ray_clusters={
+            registered["ray_cluster_name"]: {
+                "apiVersion": "ray.io/v1",
+                "kind": "RayCluster",
+                "metadata": {"name": registered["ray_cluster_name"], "namespace": registered["namespace"]},
+                "spec": {"workerGroupSpecs": [{"groupName": "gpu-workers", "replicas": 2}]},
+            }
+        },
+    ).start()
+    aws = fake.FakeAwsApis(clusters={registered["cluster_name"]: (kube.endpoint, kube.ca_pem)}).start()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "AWS_ACCESS_KEY_ID": "AKIAFAKEAMBIENT",
+        "AWS_SECRET_ACCESS_KEY": "ambient-secret",
+        "AWS_ENDPOINT_URL_EKS": aws.url,
+        "AWS_ENDPOINT_URL_STS": aws.url,
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        **FAST,
+    }
+    host = ProviderHost(env, tmp_path / "provider-host.stderr").start()
+    try:
+        yield World(kube, aws, dashboard, pods, host, dict(registered))
+    finally:
+        host.stop()
+        aws.stop()
+        kube.stop()
+        dashboard.stop()
+
+
+def failure(world: World, **changes: Any) -> tuple[str, float]:
+    """Create, which must fail: (the message the engine gets, seconds until it failed)."""
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        world.create(**changes)
+    assert caught.value.code() == grpc.StatusCode.UNKNOWN, caught.value  # not the test's deadline
+    return caught.value.details(), time.monotonic() - started
+
+
+def assert_one_clear_message(details: str) -> None:
+    assert "Traceback" not in details and 'File "' not in details, details
+
+
+# --- Check, Diff, Read, Delete -----------------------------------------------------------------------
+
+
+def test_check_passes_values_unknown_at_preview(world: World):
+    world.host.configure(STACK_CONFIG)
+    preview = {**world.inputs}
+    for key in ("code_hash", "job_args", "run_spec_hash", "cluster_name", "gpus_per_node"):
+        preview[key] = rpc.UNKNOWN
+    response = world.host.check({}, preview)
+    assert list(response.failures) == []
+    assert plain(response.inputs)["code_hash"] == rpc.UNKNOWN
+
+
+def test_check_names_a_bad_input(world: World):
+    world.host.configure(STACK_CONFIG)
+    response = world.host.check({}, {**world.inputs, "gpus_per_node": 0})
+    assert [(f.property, f.reason) for f in response.failures] == [
+        ("gpus_per_node", "must be a whole number of at least 1")
+    ]
+
+
+def test_check_refuses_an_aws_setting_it_cannot_honour(world: World):
+    world.host.configure({**STACK_CONFIG, "aws:assumeRoleWithWebIdentity": json.dumps({"roleArn": "arn:x"})})
+    (failure_,) = world.host.check({}, world.inputs).failures
+    assert failure_.property == "aws:assumeRoleWithWebIdentity"
+    assert "not honoured by the training run" in failure_.reason
+
+
+def test_diff_reruns_when_what_the_pods_run_changes(world: World):
+    world.host.configure(STACK_CONFIG)
+    olds = {**world.inputs, "job_id": "eks-ray-train-main-0123456789ab", "transport": "efa"}
+    assert world.host.diff(olds, world.inputs).changes == 1  # DIFF_NONE
+    changed = world.host.diff(olds, {**world.inputs, "run_spec_hash": "0" * 16})
+    assert changed.changes == 2 and list(changed.replaces) == ["run_spec_hash"]  # DIFF_SOME
+    unknown = world.host.diff(olds, {**world.inputs, "code_hash": rpc.UNKNOWN})
+    assert list(unknown.replaces) == ["code_hash"]
+    timeout_only = world.host.diff(olds, {**world.inputs, "timeout_minutes": 5})
+    assert timeout_only.changes == 1
+
+
+# --- Create ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_it(world: World):
+    world.host.configure(STACK_CONFIG)
+    started = time.monotonic()
+    response = world.create()
+    elapsed = time.monotonic() - started
+    outs = plain(response.properties)
+    assert outs["status"] == "SUCCEEDED" and outs["transport"] == "efa"
+    assert outs["job_id"].startswith("eks-ray-train-main-") and outs["tokens_per_s"] == 530.6
+    assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)
+    assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
+    assert len(world.pods.submissions) == 1
+    assert world.aws.access_keys_seen[0] == "AKIAFAKEAMBIENT"  # DescribeCluster as the ambient identity
+    assert "training run: job" in world.host.stderr  # progress reaches the CLI as diagnostics
+    print(f"\nCreate against the fakes, happy path: {elapsed:.2f} s")
+
+    read = world.host.read(outs)
+    assert read.id == "run-id" and plain(read.properties) == outs
+    world.host.delete(outs)
+    again = plain(world.create().properties)  # a second `pulumi up` of the same inputs adopts the job
+    assert again["job_id"] == outs["job_id"] and len(world.pods.submissions) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("closes_cleanly", [True, False], ids=["close-frame", "connection-dropped"])
+def test_a_cut_exec_stream_never_produces_a_verdict(world: World, closes_cleanly: bool):
+    """A mixed run: the workers' logs say sockets, the driver relayed EFA lines; the worker reads are cut."""
+    world.host.configure(STACK_CONFIG)
+    world.pods.job_for_submission = lambda argv: scripted(FALLBACK_JOB, "driver_main.log")
+    world.kube.cut_exec = lambda pod_name, argv: 20 if pod_name in WORKER_PODS else None
+    world.kube.cut_closes_cleanly = closes_cleanly
+    details, elapsed = failure(world)
+    assert "ended without an exit status" in details and "was not used" in details
+    assert_one_clear_message(details)
+    print(
+        f"\ncut exec stream ({'close frame' if closes_cleanly else 'dropped'}): failed after {elapsed:.2f} s"
+    )
+
+
+@pytest.mark.slow
+def test_a_silent_endpoint_fails_in_bounded_time_naming_it_and_the_cidrs(world: World):
+    world.host.configure(STACK_CONFIG)
+    silent = fake.SilentEndpoint()
+    try:
+        world.aws.clusters[world.inputs["cluster_name"]] = (silent.endpoint, world.kube.ca_pem)
+        details, elapsed = failure(world)
+    finally:
+        silent.stop()
+    assert f"at {silent.endpoint} did not answer" in details
+    assert "endpointPublicAccessCidrs" in details and "2 attempts" in details
+    assert_one_clear_message(details)
+    assert elapsed < 15
+    print(f"\nsilent endpoint: failed after {elapsed:.2f} s")
+
+
+def test_a_401_names_eks_access_entries_and_the_identity(world: World):
+    world.host.configure(STACK_CONFIG)
+    world.kube.unauthorized = True
+    details, elapsed = failure(world)
+    assert "refused the AWS identity arn:aws:iam::123456789012:user/deployer (401" in details
+    assert "EKS access entry" in details and "aws eks create-access-entry" in details
+    assert_one_clear_message(details)
+    assert "Traceback" in (Path(world.host.env["TMPDIR"]) / "eks-ray-train" / "training-run.log").read_text()
+    print(f"\n401: failed after {elapsed:.2f} s")
+
+
+@pytest.mark.slow
+def test_a_pod_that_never_becomes_ready_fails_naming_it(world: World):
+    world.host.configure(STACK_CONFIG)
+    world.kube.pods[-1] = fake.pod(WORKER_PODS[-1], "worker", ready=False, phase="Pending", node_name=None)
+    details, elapsed = failure(world)
+    assert "is not ready after" in details and "waiting for 1 of 2 worker pods" in details
+    assert f"{WORKER_PODS[-1]}: Pending, not Ready (not scheduled)" in details
+    assert_one_clear_message(details)
+    assert world.pods.submissions == []
+    print(f"\npod never ready: failed after {elapsed:.2f} s")
+
+
+@pytest.mark.slow
+def test_the_assumed_role_of_the_stack_is_the_identity_used(world: World):
+    role = "arn:aws:iam::123456789012:role/ml-deployer"
+    world.host.configure(
+        {**STACK_CONFIG, "aws:assumeRole": json.dumps({"roleArn": role, "sessionName": "up"})}
+    )
+    assert plain(world.create().properties)["transport"] == "efa"
+    assert world.aws.assumed == [role]
+    assert world.aws.access_keys_seen[:2] == ["AKIAFAKEAMBIENT", "ASIAFAKEROLE1"]  # AssumeRole, then EKS
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------------------
+
+
+def _wait_until_polled(world: World, looks: int = 3) -> None:
+    deadline = time.monotonic() + 20
+    while not any(job.looks >= looks for job in world.dashboard.jobs.values()):
+        assert time.monotonic() < deadline, "the job was never polled"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_cancel_stops_waiting_and_says_the_job_keeps_running(world: World):
+    """The engine sends Cancel on the first Ctrl-C and then waits for the running Create."""
+    world.host.configure(STACK_CONFIG)
+    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log", ["RUNNING"])
+    pending = world.host.create_future(world.inputs, timeout_s=GRPC_DEADLINE_S)
+    _wait_until_polled(world)
+    cancelled = time.monotonic()
+    world.host.cancel()
+    with pytest.raises(grpc.RpcError) as caught:
+        pending.result()
+    elapsed = time.monotonic() - cancelled
+    details = caught.value.details()
+    assert caught.value.code() == grpc.StatusCode.UNKNOWN, details
+    assert "interrupted: stopped waiting for job eks-ray-train-main-" in details
+    assert "keeps running on the Ray cluster and the next `pulumi up` follows it" in details
+    assert_one_clear_message(details)
+    assert elapsed < 2
+    print(f"\nCancel: Create ended {elapsed:.2f} s after it")
+
+
+@pytest.mark.slow
+def test_sigint_ends_the_host_promptly_while_a_job_runs(world: World):
+    """SIGINT (the engine interrupts a plugin's process group when it shuts plugins down) ends the host."""
+    world.host.configure(STACK_CONFIG)
+    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log", ["RUNNING"])
+    pending = world.host.create_future(world.inputs, timeout_s=GRPC_DEADLINE_S)
+    _wait_until_polled(world)
+    interrupted = time.monotonic()
+    os.kill(world.host.process.pid, signal.SIGINT)
+    world.host.process.wait(timeout=5)
+    elapsed = time.monotonic() - interrupted
+    with pytest.raises(grpc.RpcError):
+        pending.result()
+    print(f"\nSIGINT: host exited {elapsed:.2f} s after it")

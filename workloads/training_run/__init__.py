@@ -1,0 +1,19 @@
+"""TrainingRun: the post-deploy step of `pulumi up` that runs the training job and proves NCCL's transport.
+
+One file per concern:
+
+- `provider`: the dynamic resource: inputs and outputs (declared once), check, diff, CRUD;
+- `readiness`: when the cluster counts as ready (GPU nodes, pods, shipped code), and the waits;
+- `jobs`: how a job is submitted, adopted and followed (a typed Ray Jobs client over exec);
+  `head_jobs_api` is the program it runs in the head pod;
+- `evidence`: the job's logs, the NCCL lines in them, and how the transport verdict is reached;
+- `runner`: one run, in order: readiness, job(s), verdict(s);
+- `kube_access`, `eks_auth`, `aws_credentials`: the cluster and AWS, with bounded calls;
+- `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors);
+- `arguments`: the stack's `training` settings as flags of `python -m training`.
+"""
+
+from workloads.training_run.arguments import job_arguments
+from workloads.training_run.provider import RunInputs, TrainingRun
+
+__all__ = ["RunInputs", "TrainingRun", "job_arguments"]

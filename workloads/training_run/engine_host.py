@@ -1,0 +1,100 @@
+"""What the stock Python dynamic-provider host does not do for the training run, added from inside.
+
+The engine runs dynamic providers in `python -m pulumi.dynamic` (pulumi/dynamic/__main__.py of
+the `pulumi` package; read in 3.272). In that host:
+
+- `Cancel`, the RPC the engine sends on the first Ctrl-C, answers and tells the provider nothing,
+  while the engine waits for the running Create: a Create following an hour-long job holds
+  `pulumi up` for that hour;
+- SIGINT makes the host stop its gRPC server and exit, but the interpreter first joins the
+  thread still running the Create, so the process lives on until the job ends;
+- every exception of create/update/... is sent to the engine as `traceback.format_exc()`: the
+  user reads a Python traceback with the message on its last line.
+
+`install()` is called by the provider once the host has loaded it. It makes the host's Cancel
+handler (the function object the gRPC server already holds) also set `CANCELLED`, sets
+`CANCELLED` when the interpreter shuts down (after SIGINT), and gives the host's error path the
+message of a `TrainingRunError` instead of the traceback, which goes to `LOG_FILE`. The runner's
+waits end as soon as `CANCELLED` is set. Outside that host (tests calling the provider in-process)
+it changes nothing. The tests start the real host and check each of these through gRPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import empty_pb2
+
+from workloads.training_run.errors import Interrupted, TrainingRunError
+
+CANCELLED = threading.Event()
+LOG_FILE = Path(tempfile.gettempdir()) / "eks-ray-train" / "training-run.log"
+_eks_ray_train_cancelled = CANCELLED  # the name the host's Cancel looks up once installed
+_installed = threading.Lock()
+
+
+def _cancel(self, request, context):  # runs as the host's Cancel, with its globals
+    _eks_ray_train_cancelled.set()
+    return empty_pb2.Empty()
+
+
+def cancellable_sleep(seconds: float) -> None:
+    """`time.sleep` that ends early, raising `Interrupted`, once `pulumi up` is interrupted."""
+    if CANCELLED.wait(seconds):
+        raise Interrupted("pulumi up was interrupted")
+
+
+def log_detail(text: str) -> None:
+    """Append to the provider's log file (not shown by the CLI)."""
+    with contextlib.suppress(OSError):
+        LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+        with LOG_FILE.open("a") as log:
+            log.write(f"--- {datetime.datetime.now(datetime.UTC).isoformat()}\n{text}\n")
+
+
+class _MessageOnlyTraceback:
+    """The host's `traceback` module, except that a `TrainingRunError` formats as its message."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(traceback, name)
+
+    def format_exc(self, limit: int | None = None, chain: bool = True) -> str:
+        error = sys.exc_info()[1]
+        detail = traceback.format_exc(limit=limit, chain=chain)
+        if not isinstance(error, TrainingRunError):
+            return detail
+        log_detail(detail)
+        return f"{error}\n(details in {LOG_FILE})"
+
+
+def _host_module() -> Any:
+    host = sys.modules.get("__main__")
+    servicer = getattr(host, "DynamicResourceProviderServicer", None)
+    if servicer is None or getattr(host, "traceback", None) is None:
+        return None
+    return host
+
+
+def install() -> bool:
+    """Hook the host as described above; True when running inside it."""
+    host = _host_module()
+    if host is None:
+        return False
+    with _installed:
+        if isinstance(host.traceback, _MessageOnlyTraceback):
+            return True
+        host._eks_ray_train_cancelled = CANCELLED
+        host.DynamicResourceProviderServicer.Cancel.__code__ = _cancel.__code__
+        host.traceback = _MessageOnlyTraceback()
+        register = getattr(threading, "_register_atexit", None)  # runs before threads are joined
+        if register is not None:
+            with contextlib.suppress(RuntimeError):
+                register(CANCELLED.set)
+    return True

@@ -1,0 +1,173 @@
+"""How the verdict is reached: the job's logs, the NCCL lines in them, and the transport check.
+
+Pods starting proves nothing: without the EFA device NCCL silently falls back to TCP sockets and
+the job still completes, only slower. So after a job succeeds:
+
+1. the driver's log (`JobLog`, fed as the job is polled) gives the step metrics, the run summary
+   and the NCCL lines Ray relayed from the workers;
+2. each worker pod's Ray session logs are grepped for the NCCL lines of *this* job: worker log
+   files are named `worker-<worker id>-<ray job id>-<pid>.out|err` under
+   `/tmp/ray/session_latest/logs`; other jobs' files never count. A worker pod restarted since
+   the job ran has lost its logs, and the driver's relayed copy then stands in;
+3. `workloads.nccl_transport.classify_lines` turns all those lines into a `Verdict`;
+4. `check_transport` fails `pulumi up` with the evidence when the transport is not the expected
+   one. A command whose output may be incomplete (a cut exec stream) raises before any of this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from training.report import parse_step_line, parse_summary
+from workloads.nccl_transport import Verdict
+from workloads.training_run.errors import TrainingRunError
+from workloads.training_run.jobs import JobRecord
+from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor, PodFacts
+
+RAY_LOG_DIR = "/tmp/ray/session_latest/logs"
+NCCL_LINES_PER_POD = 200_000
+LOG_TAIL_LINES = 40
+
+# Selects the Ray worker logs of one Ray job in a session log folder: `worker-<id>-<job>-<pid>`.
+_JOB_LOG_FILES = """\
+cd "$1" || exit 3
+files=$(ls -1 | grep -E "^worker-[0-9a-f]+-$2-[0-9]+[.](out|err)$")
+echo "log files: $(printf '%s\\n' $files | grep -c .)"
+[ -n "$files" ] || exit 0
+"""
+NCCL_LINES_SCRIPT = _JOB_LOG_FILES + 'grep -h -F NCCL $files | head -n "$3"\n'
+LOG_TAIL_SCRIPT = _JOB_LOG_FILES + 'tail -q -n "$3" $(ls -1tr $files) | tail -n "$3"\n'
+_LOG_FILES_LINE = re.compile(r"^log files: (\d+)$")
+RAY_JOB_ID = re.compile(r"^[0-9a-f]+$")
+
+
+def nccl_lines_command(log_dir: str, ray_job_id: str) -> list[str]:
+    return ["sh", "-c", NCCL_LINES_SCRIPT, "sh", log_dir, ray_job_id, str(NCCL_LINES_PER_POD)]
+
+
+def log_tail_command(log_dir: str, ray_job_id: str) -> list[str]:
+    return ["sh", "-c", LOG_TAIL_SCRIPT, "sh", log_dir, ray_job_id, str(LOG_TAIL_LINES)]
+
+
+def split_log_listing(stdout: str) -> tuple[int, list[str]]:
+    """(number of log files, their lines) from the output of the log scripts."""
+    lines = stdout.splitlines()
+    if lines and (match := _LOG_FILES_LINE.match(lines[0])):
+        return int(match.group(1)), lines[1:]
+    return 0, lines
+
+
+class JobLog:
+    """The driver's log as it arrives: step metrics, NCCL lines relayed by Ray, and the tail."""
+
+    TAIL_LINES = 200  # the summary is the last line the driver prints, Ray's shutdown lines may follow
+
+    def __init__(self) -> None:
+        self._partial = ""
+        self.tail: deque[str] = deque(maxlen=self.TAIL_LINES)
+        self.nccl_lines: list[str] = []
+        self.steps: list[dict] = []
+
+    def feed(self, text: str) -> list[dict]:
+        """Take new log text; returns the step metrics it completed."""
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        return [step for line in lines if (step := self._take(line)) is not None]
+
+    def close(self) -> list[dict]:
+        """The last line may lack its newline."""
+        rest, self._partial = self._partial, ""
+        step = self._take(rest) if rest else None
+        return [step] if step else []
+
+    def _take(self, line: str) -> dict | None:
+        self.tail.append(line)
+        if "NCCL" in line and len(self.nccl_lines) < NCCL_LINES_PER_POD:
+            self.nccl_lines.append(line)
+        step = parse_step_line(line)
+        if step is not None:
+            self.steps.append(step)
+        return step
+
+    def summary(self) -> dict | None:
+        return parse_summary("\n".join(self.tail))
+
+    def last_lines(self, count: int = LOG_TAIL_LINES) -> list[str]:
+        return list(self.tail)[-count:]
+
+
+@dataclass
+class JobResult:
+    """One finished, successful job and what its logs say."""
+
+    submission_id: str
+    status: str
+    summary: dict
+    verdict: Verdict
+    log_files: dict[str, int] = field(default_factory=dict)
+
+
+def worker_logs(
+    workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor], argv: list[str], log_dir: str
+) -> dict[str, tuple[int, list[str]]]:
+    """Run a log script on every worker pod: pod name -> (log files, lines)."""
+    found = {}
+    for pod in workers:
+        result = executor_for(pod).run(argv, COMMAND_TIMEOUT_S)
+        if result.returncode != 0:
+            raise TrainingRunError(
+                f"reading the Ray logs in {log_dir} of worker pod {pod.name} failed "
+                f"(exit {result.returncode}): {result.output}"
+            )
+        found[pod.name] = split_log_listing(result.stdout)
+    return found
+
+
+def _indent(lines: Sequence[str]) -> str:
+    return "\n".join(f"    {line}" for line in lines) if lines else "    (empty)"
+
+
+def failure_report(
+    job: JobRecord,
+    log: JobLog,
+    workers: Sequence[PodFacts],
+    executor_for: Callable[[PodFacts], Executor],
+    log_dir: str,
+) -> str:
+    """What a failed or stopped job left: Ray's reason, the driver's tail, each worker's tail."""
+    # Ray's message repeats the log's tail after its first line; the tail follows anyway.
+    reason = job.message.strip().splitlines()[0] if job.message and job.message.strip() else None
+    parts = [f"job {job.submission_id} {job.status}" + (f": {reason}" if reason else "")]
+    parts.append("last lines of the driver log:\n" + _indent(log.last_lines()))
+    ray_job_id = job.ray_job_id if job.ray_job_id and RAY_JOB_ID.match(job.ray_job_id) else None
+    if ray_job_id:
+        # The job's failure is the news: a worker pod that cannot be read must not hide it.
+        with contextlib.suppress(TrainingRunError, CommandTimeout):
+            tails = worker_logs(workers, executor_for, log_tail_command(log_dir, ray_job_id), log_dir)
+            for pod, (count, lines) in tails.items():
+                if lines:
+                    parts.append(
+                        f"last lines of the job's {count} worker log files on {pod}:\n" + _indent(lines)
+                    )
+    return "\n".join(parts)
+
+
+def check_transport(result: JobResult, expect: str) -> None:
+    """Fail with the evidence when NCCL did not use the expected transport."""
+    verdict = result.verdict
+    if verdict.ok(expect):
+        return
+    evidence = _indent(verdict.evidence) if verdict.evidence else "    (no line decided it)"
+    raise TrainingRunError(
+        f"NCCL used '{verdict.transport}' between the nodes, not '{expect}' (job {result.submission_id}, "
+        f"{verdict.confidence} confidence): {verdict.reason}\n"
+        f"evidence:\n{evidence}\n"
+        f"worker log files read: {result.log_files or 'none (the job has no Ray job id or no worker pods)'}\n"
+        "check that the worker pods request vpc.amazonaws.com/efa and set FI_PROVIDER=efa and "
+        "NCCL_NET_PLUGIN=ofi, and look for 'NET/OFI' lines in the worker logs "
+        f"({RAY_LOG_DIR}/worker-*.out): they say why aws-ofi-nccl did not load"
+    )

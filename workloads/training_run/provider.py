@@ -1,0 +1,424 @@
+"""The TrainingRun dynamic resource: inputs and outputs (each declared once, here), check, diff, CRUD.
+
+After the RayCluster exists, `pulumi up` creates this resource; its provider runs the training job
+and proves NCCL's transport (`runner`), and its outputs carry the job id, the transport verdict and
+its evidence, and the throughput.
+
+Re-runs. `diff` replaces the resource, which runs the job (again), when an input marked `rerun`
+changes: the code, the job arguments, what the pods run (`run_spec_hash`: a hash of the rendered
+RayCluster: image, NCCL/EFA environment, resources, node selection; `gpu_instance_type`), the
+expected transport, `benchmark`, or where the job runs. `timeout_minutes` alone changes nothing.
+An input not known yet counts as changed. `update` (reached only when the engine asks for it)
+runs the job as `create` does; `read` returns the recorded run unchanged (a finished job does not
+change); `delete` does nothing: a finished job holds no resources, its history goes with the
+RayCluster.
+
+Credentials. The provider is serialized into the state with dill; it holds no client and no
+secret. Inputs are the cluster name and region; inside `create` the provider asks EKS for the
+endpoint and signs its own Kubernetes token (`eks_auth`) as the identity of the stack's AWS
+settings (`aws_credentials`). Neither a token nor a kubeconfig reaches inputs or outputs.
+
+Progress and failures. The dynamic provider runs without an engine connection, so
+`pulumi.log.info` writes `info: ...` on the provider's stderr, which the CLI shows as diagnostics.
+A failure is shown as one message; its traceback goes to the provider's log file
+(`engine_host.LOG_FILE`). Ctrl-C stops the wait at once and says the job keeps running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import botocore.exceptions
+import kubernetes.client
+import pulumi
+import pulumi.dynamic
+from pulumi.runtime import rpc
+
+from workloads.nccl_transport import TRANSPORTS
+from workloads.training_run import engine_host
+from workloads.training_run.aws_credentials import (
+    REFUSED,
+    AwsCredentialSettings,
+    AwsSettingsError,
+    caller_identity,
+)
+from workloads.training_run.eks_auth import aws_client_config, eks_api_client
+from workloads.training_run.errors import ApiUnauthorized, ApiUnreachable, TrainingRunError
+from workloads.training_run.evidence import JobResult
+from workloads.training_run.kube_access import ApiTimeouts, KubernetesCluster
+from workloads.training_run.runner import RunEnvironment, RunRequest, TrainingRunner
+
+_RERUN, _IDENTITY = "rerun", "identity"
+
+
+def _input(*, identity: bool = False, rerun: bool = True, **kwargs: Any) -> Any:
+    return field(metadata={_IDENTITY: identity, _RERUN: rerun}, **kwargs)
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """The resource's inputs. `identity`: part of the job's submission id; `rerun`: a change runs it again."""
+
+    cluster_name: str = _input(identity=True)
+    region: str = _input(identity=True)
+    namespace: str = _input(identity=True)
+    ray_cluster_name: str = _input(identity=True)
+    gpus_per_node: int = _input()
+    efa_per_node: int = _input()
+    code_hash: str = _input(identity=True)
+    run_spec_hash: str = _input(identity=True)
+    gpu_instance_type: str = _input(identity=True)
+    job_args: tuple[str, ...] = _input(identity=True)
+    expect_transport: str = _input(default="efa")
+    benchmark: bool = _input(default=False)
+    timeout_minutes: int = _input(default=60, rerun=False)
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> RunInputs:
+        """Typed from what the engine hands over (numbers arrive as floats, lists as lists)."""
+        convert: dict[str, Callable[[Any], Any]] = {
+            "int": int,
+            "bool": bool,
+            "str": str,
+            "tuple[str, ...]": tuple,
+        }
+        return cls(**{f.name: convert[str(f.type)](props[f.name]) for f in dataclasses.fields(cls)})
+
+    def props(self) -> dict[str, Any]:
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in vars(self).items()}
+
+    def job_identity(self) -> dict[str, Any]:
+        return {key: value for key, value in self.props().items() if key in IDENTITY_INPUTS}
+
+    def request(self) -> RunRequest:
+        return RunRequest(
+            namespace=self.namespace,
+            ray_cluster_name=self.ray_cluster_name,
+            gpus_per_node=self.gpus_per_node,
+            efa_per_node=self.efa_per_node,
+            code_hash=self.code_hash,
+            job_args=self.job_args,
+            job_identity=self.job_identity(),
+            expect_transport=self.expect_transport,
+            benchmark=self.benchmark,
+            timeout_minutes=self.timeout_minutes,
+        )
+
+
+INPUTS = tuple(f.name for f in dataclasses.fields(RunInputs))
+RERUN_INPUTS = tuple(f.name for f in dataclasses.fields(RunInputs) if f.metadata[_RERUN])
+IDENTITY_INPUTS = frozenset(f.name for f in dataclasses.fields(RunInputs) if f.metadata[_IDENTITY])
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`."""
+
+    job_id: str
+    status: str
+    transport: str
+    transport_reason: str
+    evidence: list[str]
+    worker_log_files: dict[str, int]
+    tokens_per_s: float | None
+    mfu: float | None
+    step_time_s: float | None
+    duration_s: float | None
+    summary: dict
+    tcp_job_id: str | None = None
+    tcp_transport: str | None = None
+    tcp_evidence: list[str] | None = None
+    tcp_tokens_per_s: float | None = None
+    efa_speedup: float | None = None
+
+    @classmethod
+    def of(cls, main: JobResult, tcp: JobResult | None) -> RunOutputs:
+        summary = main.summary
+        outputs = cls(
+            job_id=main.submission_id,
+            status=main.status,
+            transport=main.verdict.transport,
+            transport_reason=main.verdict.reason,
+            evidence=list(main.verdict.evidence),
+            worker_log_files=dict(main.log_files),
+            tokens_per_s=summary.get("tokens_per_s"),
+            mfu=summary.get("mfu"),
+            step_time_s=summary.get("step_time_s"),
+            duration_s=summary.get("duration_s"),
+            summary=summary,
+        )
+        if tcp is None:
+            return outputs
+        main_rate, tcp_rate = main.summary.get("tokens_per_s"), tcp.summary.get("tokens_per_s")
+        return dataclasses.replace(
+            outputs,
+            tcp_job_id=tcp.submission_id,
+            tcp_transport=tcp.verdict.transport,
+            tcp_evidence=list(tcp.verdict.evidence),
+            tcp_tokens_per_s=tcp_rate,
+            efa_speedup=round(main_rate / tcp_rate, 3) if main_rate and tcp_rate else None,
+        )
+
+
+OUTPUTS = tuple(f.name for f in dataclasses.fields(RunOutputs))
+
+
+# --- check and diff ------------------------------------------------------------------------------
+
+
+def is_known(value: Any) -> bool:
+    """False for a value the engine does not know yet (preview).
+
+    The dynamic-provider host deserializes unknowns as `pulumi.output.Unknown` objects
+    (`rpc.deserialize_properties(..., keep_unknowns=True)` in pulumi/dynamic/__main__.py);
+    the sentinel string `rpc.UNKNOWN` is what they are on the wire.
+    """
+    return value is not None and not isinstance(value, pulumi.output.Unknown) and value != rpc.UNKNOWN
+
+
+def _is_count(value: Any, minimum: int) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == int(value)
+        and value >= minimum
+    )
+
+
+def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(input, reason) for each input that cannot work; unknown values (preview) pass."""
+    required = [f.name for f in dataclasses.fields(RunInputs) if f.default is dataclasses.MISSING]
+    problems = [(key, "is required") for key in required if props.get(key) is None]
+
+    def known(key: str) -> bool:
+        return is_known(props.get(key))
+
+    for key in ("cluster_name", "region", "namespace", "ray_cluster_name", "code_hash", "run_spec_hash"):
+        if known(key) and not (isinstance(props[key], str) and props[key]):
+            problems.append((key, "must be a non-empty string"))
+    if known("gpu_instance_type") and not (
+        isinstance(props["gpu_instance_type"], str) and props["gpu_instance_type"]
+    ):
+        problems.append(("gpu_instance_type", "must be a non-empty string"))
+    if known("gpus_per_node") and not _is_count(props["gpus_per_node"], 1):
+        problems.append(("gpus_per_node", "must be a whole number of at least 1"))
+    if known("efa_per_node") and not _is_count(props["efa_per_node"], 0):
+        problems.append(("efa_per_node", "must be a whole number, 0 or more"))
+    if known("job_args") and not (
+        isinstance(props["job_args"], list) and all(isinstance(arg, str) for arg in props["job_args"])
+    ):
+        problems.append(("job_args", "must be a list of strings (flags of `python -m training`)"))
+    if known("expect_transport") and props["expect_transport"] not in TRANSPORTS:
+        problems.append(("expect_transport", f"must be one of {', '.join(TRANSPORTS)}"))
+    if (
+        known("expect_transport")
+        and props["expect_transport"] == "efa"
+        and known("efa_per_node")
+        and _is_count(props["efa_per_node"], 0)
+        and props["efa_per_node"] < 1
+    ):
+        problems.append(
+            ("efa_per_node", "expecting the efa transport needs at least 1 EFA interface per node")
+        )
+    if known("benchmark") and not isinstance(props["benchmark"], bool):
+        problems.append(("benchmark", "must be true or false"))
+    if known("timeout_minutes") and not _is_count(props["timeout_minutes"], 1):
+        problems.append(("timeout_minutes", "must be a whole number of at least 1"))
+    return problems
+
+
+def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynamic.DiffResult:
+    """Replace (run again) when an input of `RERUN_INPUTS` changed; one not known yet differs too."""
+    changed = [key for key in RERUN_INPUTS if not is_known(news.get(key)) or olds.get(key) != news.get(key)]
+    return pulumi.dynamic.DiffResult(
+        changes=bool(changed), replaces=changed, stables=[], delete_before_replace=False
+    )
+
+
+# --- the connection to the cluster ------------------------------------------------------------------
+
+ENV_PREFIX = "EKS_RAY_TRAIN_"
+
+
+@dataclass(frozen=True)
+class RunTimings:
+    """Time limits of a run; each can be set in the environment of `pulumi up` (`EKS_RAY_TRAIN_<NAME>`)."""
+
+    api_connect_timeout_s: float = ApiTimeouts.connect_s
+    api_read_timeout_s: float = ApiTimeouts.read_s
+    api_attempts: int = ApiTimeouts.attempts
+    poll_interval_s: float = 10.0
+    readiness_timeout_s: float = 20 * 60  # node join, device plugins, and a ~20 GB image pull
+    code_sync_timeout_s: float = 5 * 60  # kubelet sync period plus its ConfigMap cache TTL
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> RunTimings:
+        values: dict[str, Any] = {}
+        for item in dataclasses.fields(cls):
+            name = ENV_PREFIX + item.name.upper()
+            if name in environ:
+                try:
+                    value = (int if item.type == "int" else float)(environ[name])
+                except ValueError:
+                    value = 0
+                if value <= 0:
+                    raise TrainingRunError(
+                        f"environment variable {name}={environ[name]!r}: must be a positive number"
+                    )
+                values[item.name] = value
+        return cls(**values)
+
+    @property
+    def api(self) -> ApiTimeouts:
+        return ApiTimeouts(self.api_connect_timeout_s, self.api_read_timeout_s, self.api_attempts)
+
+
+def _unauthorized(error: ApiUnauthorized, cluster: str, identity: str) -> TrainingRunError:
+    return TrainingRunError(
+        f"EKS cluster {cluster} refused the AWS identity {identity} ({error.status} on {error.what}): that "
+        f"identity needs an EKS access entry on the cluster (`aws eks create-access-entry --cluster-name {cluster} "
+        "--principal-arn <IAM role or user ARN>`, then `aws eks associate-access-policy` with "
+        "AmazonEKSClusterAdminPolicy), or run `pulumi up` as the identity that created the cluster "
+        "(aws:profile, aws:assumeRole)"
+    )
+
+
+def _unreachable(error: ApiUnreachable, cluster: str) -> TrainingRunError:
+    return TrainingRunError(
+        f"the Kubernetes API of EKS cluster {cluster} at {error.endpoint} did not answer {error.what} "
+        f"({error.detail}). If this machine's public address is not in the stack's endpointPublicAccessCidrs, "
+        "the endpoint silently drops its packets: add it as a /32 (`curl -s https://checkip.amazonaws.com`) to "
+        "eks-ray-train:endpointPublicAccessCidrs and run `pulumi up` again"
+    )
+
+
+def _aws_failure(
+    error: botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError,
+    inputs: RunInputs,
+    aws: AwsCredentialSettings,
+) -> TrainingRunError:
+    if isinstance(error, botocore.exceptions.ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        if code == "ResourceNotFoundException":
+            return TrainingRunError(f"EKS cluster {inputs.cluster_name} does not exist in {inputs.region}")
+        return TrainingRunError(
+            f"AWS refused DescribeCluster of EKS cluster {inputs.cluster_name} in {inputs.region} for "
+            f"{aws.describe()}: {code}: {error.response.get('Error', {}).get('Message', '')}"
+        )
+    return TrainingRunError(
+        f"the EKS API in {inputs.region} did not answer DescribeCluster of {inputs.cluster_name} as {aws.describe()}: {error}"
+    )
+
+
+@contextlib.contextmanager
+def connect_to_eks(
+    inputs: RunInputs, aws: AwsCredentialSettings, timings: RunTimings
+) -> Iterator[RunEnvironment]:
+    """The real environment: a Kubernetes client for the EKS cluster, pods reached by exec."""
+    try:
+        session = aws.session(inputs.region)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        raise TrainingRunError(
+            f"the stack's AWS settings ({aws.describe()}) give no usable credentials: {error}"
+        ) from error
+    try:
+        with eks_api_client(inputs.cluster_name, inputs.region, session, timings.api) as api_client:
+            cluster = KubernetesCluster(
+                kubernetes.client.CoreV1Api(api_client),
+                kubernetes.client.CustomObjectsApi(api_client),
+                api_client.configuration.host,
+                timings.api,
+            )
+            yield RunEnvironment(
+                cluster,
+                executor_for=lambda pod: cluster.executor(inputs.namespace, pod),
+                poll_interval_s=timings.poll_interval_s,
+                readiness_timeout_s=timings.readiness_timeout_s,
+                code_sync_timeout_s=timings.code_sync_timeout_s,
+                sleep=engine_host.cancellable_sleep,
+            )
+    except ApiUnauthorized as error:
+        identity = caller_identity(session, inputs.region, aws_client_config(timings.api)) or aws.describe()
+        raise _unauthorized(error, inputs.cluster_name, identity) from error
+    except ApiUnreachable as error:
+        raise _unreachable(error, inputs.cluster_name) from error
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        raise _aws_failure(error, inputs, aws) from error
+
+
+Connect = Callable[
+    [RunInputs, AwsCredentialSettings, RunTimings], contextlib.AbstractContextManager[RunEnvironment]
+]
+
+
+# --- the dynamic provider and resource ----------------------------------------------------------------
+
+
+class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
+    """CRUD of `TrainingRun`; `connect` opens the environment a run talks to (see module doc)."""
+
+    def __init__(self, connect: Connect = connect_to_eks) -> None:
+        super().__init__()
+        self._connect = connect
+        self._aws = AwsCredentialSettings()
+        self._aws_problem: AwsSettingsError | None = None
+
+    def configure(self, req: pulumi.dynamic.ConfigureRequest) -> None:
+        """Hook the host (`engine_host`) and read the stack's AWS identity settings."""
+        engine_host.install()
+        keys = [
+            f"aws:{key}"
+            for key in ("profile", "accessKey", "secretKey", "token", "assumeRole", "assumeRoles")
+        ]
+        config = {key: value for key in [*keys, *REFUSED] if (value := req.config.get(key)) is not None}
+        try:
+            self._aws, self._aws_problem = AwsCredentialSettings.from_config(config), None
+        except AwsSettingsError as problem:
+            self._aws_problem = problem
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.CheckResult:
+        failures = [pulumi.dynamic.CheckFailure(key, reason) for key, reason in input_problems(news)]
+        if self._aws_problem is not None:
+            failures.append(pulumi.dynamic.CheckFailure(self._aws_problem.key, self._aws_problem.reason))
+        return pulumi.dynamic.CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
+        return diff_props(olds, news)
+
+    def _run(self, props: dict[str, Any]) -> dict[str, Any]:
+        if self._aws_problem is not None:
+            raise TrainingRunError(str(self._aws_problem))
+        inputs = RunInputs.from_props(props)
+        with self._connect(inputs, self._aws, RunTimings.from_env()) as env:
+            main, tcp = TrainingRunner(inputs.request(), env).run()
+        return {**inputs.props(), **dataclasses.asdict(RunOutputs.of(main, tcp))}
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        return pulumi.dynamic.CreateResult(uuid.uuid4().hex, self._run(props))
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        return pulumi.dynamic.UpdateResult(self._run(news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
+        """A refresh keeps the recorded run: a finished job's result does not change."""
+        return pulumi.dynamic.ReadResult(id_, props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        """Nothing to remove: a finished job holds no resources; its history goes with the RayCluster."""
+
+
+class TrainingRun(pulumi.dynamic.Resource, module="workloads", name="TrainingRun"):
+    """The training job of `pulumi up`, its NCCL transport verdict and its throughput (`RunOutputs`)."""
+
+    if TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> pulumi.Output[Any]: ...
+
+    def __init__(self, name: str, inputs: RunInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TrainingRunProvider(), name, {**inputs.props(), **dict.fromkeys(OUTPUTS)}, opts)

@@ -1,0 +1,197 @@
+"""When the cluster counts as ready for the job, and the bounded waits until it is.
+
+In the order of AWS's reference example, before anything is submitted:
+
+1. every GPU node (`role=gpu-worker`) is Ready, advertises allocatable `nvidia.com/gpu` equal to
+   the GPUs per node and `vpc.amazonaws.com/efa` of at least the EFA interfaces per node (the
+   device plugins register them after the node joins), and carries `nvidia.com/gpu.present=true`
+   (set by the EKS NVIDIA AMI); there are at least as many GPU nodes as Ray worker pods;
+2. the RayCluster's head pod and all its worker pods are Ready (terminating pods do not count);
+3. the head pod sees the code being deployed: `.code-hash` in the ConfigMap mount equals the
+   inputs' code hash (the kubelet refreshes ConfigMap volumes lazily).
+
+The rules are pure functions over `NodeFacts`/`PodFacts`; the waits poll them until they hold or
+the time is up, then fail naming each node or pod and what it lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from workloads import manifests
+from workloads.training_run.errors import TrainingRunError
+from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, ClusterApi, Executor, NodeFacts, PodFacts
+
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_NODE_LABEL_SELECTOR = ",".join(f"{key}={value}" for key, value in manifests.GPU_NODE_SELECTOR.items())
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How a wait polls: interval, clock and sleep (tests pass a fake clock)."""
+
+    poll_interval_s: float
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+
+    def until(self, timeout_s: float, attempt: Callable[[], tuple[bool, Any]]) -> tuple[bool, Any]:
+        """Call `attempt` until it returns (True, value) or the time is up: (False, last value)."""
+        deadline = self.clock() + timeout_s
+        while True:
+            done, value = attempt()
+            if done or self.clock() >= deadline:
+                return done, value
+            self.sleep(self.poll_interval_s)
+
+
+@dataclass
+class RayPods:
+    """The RayCluster's pods a run uses, once Ready."""
+
+    head: PodFacts
+    workers: list[PodFacts]
+
+
+# --- the rules ---------------------------------------------------------------------------------
+
+
+def _quantity(value: str | None) -> int | None:
+    """Extended resources are whole numbers; anything else counts as absent."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def gpu_node_problems(
+    nodes: Sequence[NodeFacts], gpus_per_node: int, efa_per_node: int, worker_pods: int
+) -> list[str]:
+    """What keeps the GPU nodes from running the job, one line per problem (empty: ready)."""
+    if not nodes:
+        return [
+            f"no node carries the label {GPU_NODE_LABEL_SELECTOR}: the GPU node group has not joined the cluster"
+        ]
+    problems = []
+    if len(nodes) < worker_pods:
+        problems.append(f"{len(nodes)} GPU nodes for {worker_pods} Ray worker pods (one worker pod per node)")
+    for node in sorted(nodes, key=lambda node: node.name):
+        missing = []
+        if not node.ready:
+            missing.append("the node is not Ready")
+        gpus = _quantity(node.allocatable.get(GPU_RESOURCE))
+        if gpus != gpus_per_node:
+            missing.append(
+                f"allocatable {GPU_RESOURCE} is {gpus if gpus is not None else 'absent'}, expected {gpus_per_node} "
+                "(is the nvidia-device-plugin pod running on it?)"
+            )
+        efa = _quantity(node.allocatable.get(EFA_RESOURCE))
+        if efa_per_node and (efa is None or efa < efa_per_node):
+            missing.append(
+                f"allocatable {EFA_RESOURCE} is {efa if efa is not None else 'absent'}, expected at least "
+                f"{efa_per_node} (is the aws-efa-k8s-device-plugin pod running on it, and does its launch "
+                "template attach an EFA interface?)"
+            )
+        if node.labels.get(GPU_PRESENT_LABEL) != "true":
+            missing.append(f"label {GPU_PRESENT_LABEL}=true is missing (not the EKS NVIDIA AMI?)")
+        problems += [f"node {node.name}: {reason}" for reason in missing]
+    return problems
+
+
+def pods_waiting_for(heads: Sequence[PodFacts], workers: Sequence[PodFacts], worker_pods: int) -> list[str]:
+    """What the readiness wait still waits for (empty: one head and every worker are Ready)."""
+    waiting = []
+    if not any(pod.ready for pod in heads):
+        waiting.append("the head pod" if heads else "a head pod (none exists yet)")
+    ready_workers = sum(pod.ready for pod in workers)
+    if ready_workers < worker_pods:
+        waiting.append(f"{worker_pods - ready_workers} of {worker_pods} worker pods ({len(workers)} exist)")
+    return waiting
+
+
+def describe_pod(pod: PodFacts, events: Sequence[str]) -> str:
+    state = "Ready" if pod.ready else "not Ready"
+    where = f" on {pod.node_name}" if pod.node_name else " (not scheduled)"
+    lines = [f"{pod.name}: {pod.phase}, {state}{where}" + (" (terminating)" if pod.terminating else "")]
+    lines += [f"    {problem}" for problem in pod.problems]
+    lines += [f"    event {event}" for event in events]
+    return "\n".join(lines)
+
+
+def code_hash_command(code_dir: str) -> list[str]:
+    return ["cat", str(PurePosixPath(code_dir) / manifests.CODE_HASH_FILE)]
+
+
+# --- the waits -----------------------------------------------------------------------------------
+
+
+def wait_for_gpu_nodes(
+    cluster: ClusterApi,
+    pace: Pace,
+    timeout_s: float,
+    gpus_per_node: int,
+    efa_per_node: int,
+    worker_pods: int,
+) -> list[NodeFacts]:
+    def attempt():
+        nodes = cluster.list_nodes(GPU_NODE_LABEL_SELECTOR)
+        problems = gpu_node_problems(nodes, gpus_per_node, efa_per_node, worker_pods)
+        return not problems, (nodes, problems)
+
+    ready, (nodes, problems) = pace.until(timeout_s, attempt)
+    if not ready:
+        raise TrainingRunError(
+            f"the GPU nodes cannot run the training job after {timeout_s / 60:.0f} min:\n"
+            + "\n".join(f"  - {problem}" for problem in problems)
+        )
+    return nodes
+
+
+def wait_for_pods(
+    cluster: ClusterApi, pace: Pace, timeout_s: float, namespace: str, ray_cluster_name: str, worker_pods: int
+) -> RayPods:
+    head_selector = manifests.head_pod_selector(ray_cluster_name)
+    worker_selector = manifests.worker_pod_selector(ray_cluster_name)
+
+    def attempt():
+        heads = [p for p in cluster.list_pods(namespace, head_selector) if not p.terminating]
+        workers = [p for p in cluster.list_pods(namespace, worker_selector) if not p.terminating]
+        waiting = pods_waiting_for(heads, workers, worker_pods)
+        return not waiting, (heads, workers, waiting)
+
+    ready, (heads, workers, waiting) = pace.until(timeout_s, attempt)
+    if not ready:
+        described = [describe_pod(pod, cluster.pod_events(namespace, pod.name)) for pod in [*heads, *workers]]
+        raise TrainingRunError(
+            f"RayCluster {namespace}/{ray_cluster_name} is not ready after {timeout_s / 60:.0f} min: "
+            f"waiting for {' and '.join(waiting)}\n"
+            + ("\n".join(described) if described else "no pods exist: is the KubeRay operator running?")
+        )
+    return RayPods(next(pod for pod in heads if pod.ready), [pod for pod in workers if pod.ready])
+
+
+def wait_for_code(
+    head: Executor, head_name: str, pace: Pace, timeout_s: float, code_dir: str, code_hash: str
+) -> None:
+    """The ConfigMap mount updates lazily: submit only once the head sees this code."""
+    command = code_hash_command(code_dir)
+
+    def attempt():
+        result = head.run(command, COMMAND_TIMEOUT_S)
+        seen = result.stdout.strip() if result.returncode == 0 else None
+        return seen == code_hash, (seen, result)
+
+    synced, (seen, result) = pace.until(timeout_s, attempt)
+    if not synced:
+        found = f"code hash {seen}" if seen is not None else f"no code hash ({result.output or 'no output'})"
+        raise TrainingRunError(
+            f"head pod {head_name} sees {found} in {command[1]}, not {code_hash}, after "
+            f"{timeout_s / 60:.0f} min: the training-code ConfigMap has not reached the pod "
+            "(is it mounted at that path? a restart of the head pod picks it up at once)"
+        )

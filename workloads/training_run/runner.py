@@ -1,0 +1,232 @@
+"""One run of the TrainingRun resource: readiness, the job(s), the verdict(s), the outputs.
+
+The steps, each in its own module: wait until the cluster is ready (`readiness`), adopt or
+submit the job and follow it to its end (`jobs`), read its logs and judge NCCL's transport
+(`evidence`). With `benchmark` the same job then runs with NCCL forced onto TCP
+(`TCP_BASELINE_ENV`), that run must really have used sockets, and both throughputs and their
+ratio are output. A wait cut short by Ctrl-C or by `timeout_minutes` leaves the job running: the
+next `pulumi up` adopts it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from training.report import format_progress_line
+from workloads import manifests
+from workloads.nccl_transport import classify_lines
+from workloads.training_run import evidence, readiness
+from workloads.training_run.errors import Interrupted, TrainingRunError
+from workloads.training_run.evidence import JobLog, JobResult
+from workloads.training_run.jobs import (
+    DASHBOARD_ADDRESS,
+    JobRecord,
+    JobStatus,
+    RayJobsClient,
+    plan_submission,
+    submission_id_base,
+)
+from workloads.training_run.kube_access import ClusterApi, Executor, PodFacts
+from workloads.training_run.readiness import Pace, RayPods
+
+# The TCP baseline of the benchmark: the reference's settings (NCCL's own socket transport, the
+# OFI plugin not loaded) plus explicit socket parallelism. In a VPC-CNI pod NCCL cannot tell
+# it runs on AWS (eth0 is a veth), keeps its default of one thread with one socket, and a
+# single TCP stream cannot fill the 40 Gbps link: 4 x 4 sockets make the comparison fair.
+TCP_BASELINE_ENV = {
+    "NCCL_NET": "Socket",
+    "NCCL_NET_PLUGIN": "none",
+    "FI_PROVIDER": "tcp",
+    "NCCL_SOCKET_NTHREADS": "4",
+    "NCCL_NSOCKS_PERTHREAD": "4",
+}
+MAIN_VARIANT, TCP_VARIANT = "main", "tcp"
+
+
+@dataclass
+class RunEnvironment:
+    """Where and how a run talks to the cluster; the provider's `connect_to_eks` builds the real one.
+
+    The end-to-end test builds one over a local Ray head: `KubernetesCluster` over a fake
+    Kubernetes API, `LocalExecutor`s, and the local dashboard, session log folder and code folder.
+    """
+
+    cluster: ClusterApi
+    executor_for: Callable[[PodFacts], Executor]
+    dashboard_address: str = DASHBOARD_ADDRESS
+    code_dir: str = manifests.CODE_MOUNT
+    ray_log_dir: str = evidence.RAY_LOG_DIR
+    log: Callable[[str], None] = pulumi.log.info
+    poll_interval_s: float = 10.0
+    readiness_timeout_s: float = 20 * 60  # node join, device plugins, and a ~20 GB image pull
+    code_sync_timeout_s: float = 5 * 60  # kubelet sync period plus its ConfigMap cache TTL
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    @property
+    def pace(self) -> Pace:
+        return Pace(self.poll_interval_s, self.clock, self.sleep)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the runner needs of the resource's inputs."""
+
+    namespace: str
+    ray_cluster_name: str
+    gpus_per_node: int
+    efa_per_node: int
+    code_hash: str
+    job_args: tuple[str, ...]
+    job_identity: Mapping[str, Any]
+    expect_transport: str
+    benchmark: bool
+    timeout_minutes: int
+
+
+class TrainingRunner:
+    """One run of the resource: checks, job(s), verdict(s), outputs."""
+
+    def __init__(self, request: RunRequest, env: RunEnvironment) -> None:
+        self.request = request
+        self.env = env
+
+    def start_job(self, jobs: RayJobsClient, variant: str, env_vars: Mapping[str, str]) -> str:
+        """Adopt the job these inputs already started, or submit it; returns its submission id."""
+        base = submission_id_base(self.request.job_identity, variant, env_vars)
+        submission_id, adopted = plan_submission(jobs.list(base), base)
+        if adopted is not None:
+            self.env.log(
+                f"training run: following job {submission_id} ({adopted.status}), started by an earlier run"
+            )
+            return submission_id
+        jobs.submit(submission_id, self.env.code_dir, self.request.job_args, env_vars)
+        self.env.log(
+            f"training run: submitted job {submission_id}: python -m training {' '.join(self.request.job_args)}"
+        )
+        return submission_id
+
+    def follow_job(self, jobs: RayJobsClient, submission_id: str) -> tuple[JobRecord, JobLog]:
+        """Poll until the job ends, logging each step; bounded by `timeout_minutes` and Ctrl-C."""
+        log = JobLog()
+        offset, status = 0, None
+        deadline = self.env.clock() + self.request.timeout_minutes * 60
+        while True:
+            answer = jobs.poll(submission_id, offset)
+            if answer.job is None:
+                raise TrainingRunError(
+                    f"job {submission_id} no longer exists on the Ray cluster (was the head pod replaced?)"
+                )
+            job, offset = answer.job, answer.offset
+            steps = log.feed(answer.logs)
+            if job.status.is_terminal:
+                steps += log.close()
+            for step in steps:
+                self.env.log(f"training run {submission_id}: {format_progress_line(step)}")
+            if job.status != status:
+                status = job.status
+                self.env.log(f"training run: job {submission_id} is {status}")
+            if job.status.is_terminal:
+                return job, log
+            last = format_progress_line(log.steps[-1]) if log.steps else "no step finished yet"
+            if self.env.clock() >= deadline:
+                raise TrainingRunError(
+                    f"job {submission_id} still {job.status} after timeout_minutes={self.request.timeout_minutes} "
+                    f"({last}). It keeps running: the next `pulumi up` waits for it; raise timeout_minutes, or stop "
+                    f"it with `ray job stop {submission_id}` in the head pod."
+                )
+            try:
+                self.env.sleep(self.env.poll_interval_s)
+            except Interrupted:
+                raise Interrupted(
+                    f"interrupted: stopped waiting for job {submission_id} ({job.status}, {last}). The job keeps "
+                    "running on the Ray cluster and the next `pulumi up` follows it to its end; to stop it, run "
+                    f"`ray job stop {submission_id}` in the head pod."
+                ) from None
+
+    def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
+        jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
+        submission_id = self.start_job(jobs, variant, env_vars)
+        job, log = self.follow_job(jobs, submission_id)
+        if job.status != JobStatus.SUCCEEDED:
+            raise TrainingRunError(
+                evidence.failure_report(job, log, pods.workers, self.env.executor_for, self.env.ray_log_dir)
+            )
+        summary = log.summary()
+        if summary is None:
+            raise TrainingRunError(
+                f"job {submission_id} succeeded but its log ends without the run summary (a JSON line with "
+                f"world_size, steps, tokens_per_s, ...); last lines:\n" + "\n".join(log.last_lines())
+            )
+        ray_job_id = job.ray_job_id if job.ray_job_id and evidence.RAY_JOB_ID.match(job.ray_job_id) else None
+        worker_logs = (
+            evidence.worker_logs(
+                pods.workers,
+                self.env.executor_for,
+                evidence.nccl_lines_command(self.env.ray_log_dir, ray_job_id),
+                self.env.ray_log_dir,
+            )
+            if ray_job_id
+            else {}
+        )
+        lines = [line for _, pod_lines in worker_logs.values() for line in pod_lines] + log.nccl_lines
+        verdict = classify_lines(lines)
+        log_files = {pod: count for pod, (count, _) in worker_logs.items()}
+        self.env.log(
+            f"training run: job {submission_id}: {summary.get('tokens_per_s')} tokens/s, NCCL transport "
+            f"{verdict.transport} ({verdict.reason}); worker log files read: {log_files}"
+        )
+        return JobResult(submission_id, job.status, summary, verdict, log_files)
+
+    def wait_until_ready(self) -> RayPods:
+        request, env = self.request, self.env
+        worker_pods = env.cluster.ray_cluster_worker_count(request.namespace, request.ray_cluster_name)
+        nodes = readiness.wait_for_gpu_nodes(
+            env.cluster,
+            env.pace,
+            env.readiness_timeout_s,
+            request.gpus_per_node,
+            request.efa_per_node,
+            worker_pods,
+        )
+        env.log(
+            f"training run: {len(nodes)} GPU nodes ready ({request.gpus_per_node} {readiness.GPU_RESOURCE}, "
+            f">= {request.efa_per_node} {readiness.EFA_RESOURCE} each)"
+        )
+        pods = readiness.wait_for_pods(
+            env.cluster,
+            env.pace,
+            env.readiness_timeout_s,
+            request.namespace,
+            request.ray_cluster_name,
+            worker_pods,
+        )
+        env.log(f"training run: head pod {pods.head.name} and {len(pods.workers)} worker pods Ready")
+        readiness.wait_for_code(
+            env.executor_for(pods.head),
+            pods.head.name,
+            env.pace,
+            env.code_sync_timeout_s,
+            env.code_dir,
+            request.code_hash,
+        )
+        return pods
+
+    def run(self) -> tuple[JobResult, JobResult | None]:
+        """The main job, checked; then the TCP baseline when benchmarking."""
+        try:
+            pods = self.wait_until_ready()
+        except Interrupted:
+            raise Interrupted("interrupted while waiting for the cluster; no job was submitted") from None
+        main = self.run_job(pods, MAIN_VARIANT, {})
+        evidence.check_transport(main, self.request.expect_transport)
+        if not self.request.benchmark:
+            return main, None
+        tcp = self.run_job(pods, TCP_VARIANT, TCP_BASELINE_ENV)
+        evidence.check_transport(tcp, "socket")
+        return main, tcp
