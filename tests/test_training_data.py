@@ -58,6 +58,15 @@ def mixed_corpus(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def short_notes(tmp_path_factory) -> Path:
+    """Hundreds of documents, each far below seq_len tokens."""
+    root = tmp_path_factory.mktemp("notes")
+    for index in range(300):
+        (root / f"note_{index:03d}.txt").write_text(f"Note {index}: the kettle boiled at {index % 60} past.")
+    return root
+
+
 # --- in process (torchrun) ----------------------------------------------------------------------
 
 
@@ -164,3 +173,12 @@ def test_ray_data_rows_do_not_depend_on_the_block_layout(mixed_corpus, local_ray
     reference = ray_rows(mixed_corpus)
     for blocks in (1, 3, 17):
         np.testing.assert_array_equal(ray_rows(mixed_corpus, blocks=blocks), reference, err_msg=str(blocks))
+
+
+@pytest.mark.slow
+def test_hundreds_of_short_documents_each_in_its_own_block_pack_exactly(short_notes, local_ray):
+    """The layout in which per-block packing loses every document shorter than a row."""
+    files = corpus_files(str(short_notes))
+    rows = ray_rows(short_notes, blocks=len(files))
+    assert_exact_packing(rows, files, SEQ_LEN)
+    assert (rows == EOS).sum() >= len(files) - 1

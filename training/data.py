@@ -68,6 +68,24 @@ def tokenize(texts: Iterable[str], tokenizer: str) -> Iterator[np.ndarray]:
         yield np.asarray(encoder.encode(str(text)), dtype=ROW_DTYPE)
 
 
+def parse_files_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ray Data `map_batches` function: corpus files' bytes (`read_binary_files` with
+    paths) to their documents, in order. Here, not in the launcher, so Ray Data's task
+    processes import numpy only, not torch."""
+    paths, contents = batch["path"], batch["bytes"]
+    texts = [text for path, raw in zip(paths, contents, strict=True) for text in parse_documents(path, raw)]
+    return {TEXT_COLUMN: np.asarray(texts, dtype=object)}
+
+
+def tokenize_batch(batch: dict[str, np.ndarray], *, tokenizer: str) -> dict[str, np.ndarray]:
+    """Ray Data `map_batches` function: one token array per document."""
+    column = np.empty(len(batch[TEXT_COLUMN]), dtype=object)
+    # Element by element: equal-length arrays would otherwise become one 2-D array.
+    for index, tokens in enumerate(tokenize(batch[TEXT_COLUMN], tokenizer)):
+        column[index] = tokens
+    return {TOKENS_COLUMN: column}
+
+
 def pack_documents(token_lists: Iterable[np.ndarray | list[int]], seq_len: int, eos_id: int) -> np.ndarray:
     """Concatenate documents in order, each followed by EOS, and cut rows of seq_len + 1;
     only the final partial row is dropped."""

@@ -40,13 +40,12 @@ from ray.train.v2.torch.torch_trainer import TorchTrainer
 from training.artifacts import write_run_files
 from training.config import CORPUS_SUFFIXES, TrainConfig, corpus_files, is_uri
 from training.data import (
-    TEXT_COLUMN,
     TOKENS_COLUMN,
     batches_per_epoch,
     epoch_batches,
     pack_documents,
-    parse_documents,
-    tokenize,
+    parse_files_batch,
+    tokenize_batch,
 )
 from training.errors import RunFailedError, UsageError
 from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
@@ -152,31 +151,12 @@ def _corpus_paths(config: TrainConfig) -> list[str]:
     return [f"local://{path}" for path in files]
 
 
-def _parse_files(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Ray Data `map_batches` function: corpus files' bytes to their documents, in order."""
-    texts = [
-        text
-        for path, raw in zip(batch["path"], batch["bytes"], strict=True)
-        for text in parse_documents(path, raw)
-    ]
-    return {TEXT_COLUMN: np.asarray(texts, dtype=object)}
-
-
-def _tokenize_documents(batch: dict[str, np.ndarray], *, tokenizer: str) -> dict[str, np.ndarray]:
-    """Ray Data `map_batches` function: one token array per document."""
-    column = np.empty(len(batch[TEXT_COLUMN]), dtype=object)
-    # Element by element: equal-length arrays would otherwise become one 2-D array.
-    for index, tokens in enumerate(tokenize(batch[TEXT_COLUMN], tokenizer)):
-        column[index] = tokens
-    return {TOKENS_COLUMN: column}
-
-
 def tokenized_documents(config: TrainConfig) -> ray.data.Dataset:
     """The corpus as a Ray Dataset of one token array per document, in corpus order."""
     _configure_ray_data()
     files = ray.data.read_binary_files(_corpus_paths(config), include_paths=True)
-    return files.map_batches(_parse_files, batch_format="numpy").map_batches(
-        functools.partial(_tokenize_documents, tokenizer=config.tokenizer), batch_format="numpy"
+    return files.map_batches(parse_files_batch, batch_format="numpy").map_batches(
+        functools.partial(tokenize_batch, tokenizer=config.tokenizer), batch_format="numpy"
     )
 
 
