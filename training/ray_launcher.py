@@ -172,8 +172,6 @@ def pack_dataset(documents: ray.data.Dataset, *, seq_len: int, eos_id: int) -> n
 def _configure_ray_data() -> None:
     """Set on the driver before any dataset is built."""
     context = ray.data.DataContext.get_current()
-    # Progress bars would flood the job log with redraws.
-    context.enable_progress_bars = False
     # Documents reach the packer in corpus order, so the rows are the same on every
     # run and every cluster, and a resumed run replays exactly the data it missed.
     context.execution_options.preserve_order = True
