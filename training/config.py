@@ -168,28 +168,28 @@ def _integer(text: str) -> int:
 def _positive_int(text: str) -> int:
     value = _number(text, int, "a whole number >= 1")
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def _non_negative_int(text: str) -> int:
     value = _number(text, int, "a whole number >= 0")
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
 def _positive_float(text: str) -> float:
     value = _number(text, float, "a number > 0")
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
 def _non_negative_float(text: str) -> float:
     value = _number(text, float, "a number >= 0")
     if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
