@@ -21,6 +21,8 @@ import pytest
 
 from training.report import STEP_KEYS, SUMMARY_KEYS, parse_step_line, parse_summary
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STEPS = 8
 CHECKPOINT_EVERY = 4
@@ -101,6 +103,13 @@ def test_every_step_prints_a_progress_line_and_a_parseable_line(full_run):
     assert len(progress) == STEPS
 
 
+def test_a_run_into_a_pipe_has_no_colour_codes_and_no_known_noise(full_run):
+    output = full_run.stdout + full_run.stderr
+    assert "\x1b[" not in output
+    for noise in ("PreemptionWatcher", "RayDeprecationWarning", "SplitCoordinator", "Starting execution of"):
+        assert noise not in output, noise
+
+
 def test_loss_decreases_on_the_shipped_corpus(full_run):
     summary = last_line_summary(full_run.stdout)
     assert summary["data"] == "corpus"
@@ -135,6 +144,45 @@ def test_resume_continues_the_step_count_and_matches_the_uninterrupted_run(full_
     assert (summary["start_step"], summary["steps_run"]) == (CHECKPOINT_EVERY, STEPS - CHECKPOINT_EVERY)
     history = json.loads((storage / "resumed" / "summary.json").read_text())["history"]
     assert [entry["step"] for entry in history] == list(range(1, STEPS + 1))
+
+
+def test_torchrun_trains_on_the_same_corpus_rows_as_ray(full_run, storage):
+    """Same seed, same packed rows, same per-rank batches: the same losses step by step."""
+    result = run_cli(
+        "--launcher", "torchrun",
+        "--steps", str(STEPS),
+        "--checkpoint-every", "0",
+        "--storage-path", str(storage),
+        "--run-name", "torchrun-corpus",
+        launcher=TORCHRUN,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert last_line_summary(result.stdout)["data"] == "corpus"
+    on_ray = [entry["loss"] for entry in step_lines(full_run.stdout)]
+    on_torchrun = [entry["loss"] for entry in step_lines(result.stdout)]
+    assert len(on_torchrun) == STEPS
+    assert on_torchrun == pytest.approx(on_ray, abs=1e-5)
+
+
+def test_a_corpus_of_hundreds_of_short_documents_trains(tmp_path):
+    """Each document is far below seq_len tokens: only packing across documents makes rows."""
+    corpus = tmp_path / "notes"
+    corpus.mkdir()
+    for index in range(300):
+        (corpus / f"note_{index:03d}.txt").write_text(
+            f"Note {index}: the kettle boiled at {index % 60} past."
+        )
+    result = run_cli(
+        "--local",
+        "--data", str(corpus),
+        "--steps", "3",
+        "--checkpoint-every", "0",
+        "--storage-path", str(tmp_path / "runs"),
+        "--run-name", "notes",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = last_line_summary(result.stdout)
+    assert (summary["data"], summary["steps_run"]) == ("corpus", 3)
 
 
 TORCHRUN_FLAGS = ("--launcher", "torchrun", "--data", "synthetic", "--steps", "3", "--checkpoint-every", "0")

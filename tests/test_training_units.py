@@ -216,7 +216,7 @@ def test_fused_loss_matches_full_logits(tokens, chunk):
     fused_grads = torch.autograd.grad(fused * 3, (hidden, weight))
 
     torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6)
-    for got, want in zip(fused_grads, expected_grads):
+    for got, want in zip(fused_grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
@@ -244,7 +244,9 @@ def test_synthetic_batches_depend_only_on_seed_rank_and_step():
 def test_local_corpus_splits_rows_between_ranks():
     files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
     per_rank = [
-        local_corpus_batches(files, tokenizer="bytes", seq_len=64, batch_size=4, rank=rank, world_size=2)
+        local_corpus_batches(
+            files, tokenizer="bytes", seq_len=64, batch_size=4, seed=0, rank=rank, world_size=2
+        )
         for rank in (0, 1)
     ]
     first = [next(batches) for batches in per_rank]
@@ -261,6 +263,7 @@ def test_local_corpus_too_small_for_the_batch_is_an_error(tmp_path):
                 tokenizer="bytes",
                 seq_len=64,
                 batch_size=1,
+                seed=0,
                 rank=0,
                 world_size=1,
             )

@@ -24,6 +24,10 @@ BYTE_TOKENIZER = "bytes"
 QWEN_1_5B = "Qwen/Qwen2.5-1.5B"
 CORPUS_SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".parquet")
 TRAIN_STATE_FILE = "train_state.json"
+DEFAULT_PRESET = "tiny"
+DEFAULT_STORAGE_PATH = "runs"
+# What a setting left unset (None) means, for --help.
+UNSET_MEANS = {"workers": "one per GPU of the cluster", "resume_from": "none"}
 
 
 @dataclass(frozen=True)
@@ -74,32 +78,32 @@ class TrainConfig:
         return cls(**values)
 
 
-_BASE = dict(
-    model_id=QWEN_1_5B,
-    model_config="qwen2.5-1.5b",
-    init="pretrained",
-    tokenizer=QWEN_1_5B,
-    data=SYNTHETIC,
-    lr=2e-5,
-    warmup_steps=0,
-    weight_decay=0.01,
-    max_grad_norm=1.0,
-    seed=0,
-    workers=None,
-    use_gpu=True,
-    gpus_per_worker=1.0,
-    cpus_per_worker=1.0,
-    resume_from=None,
-    checkpoint_every=0,
-    max_failures=0,
-    hsdp_replicas=1,
-    compile=False,
-    activation_checkpointing=False,
-    loss_chunk_tokens=4096,
-    reshard_after_forward=True,
-    export_hf=False,
-    launcher="ray",
-)
+_BASE: dict[str, Any] = {
+    "model_id": QWEN_1_5B,
+    "model_config": "qwen2.5-1.5b",
+    "init": "pretrained",
+    "tokenizer": QWEN_1_5B,
+    "data": SYNTHETIC,
+    "lr": 2e-5,
+    "warmup_steps": 0,
+    "weight_decay": 0.01,
+    "max_grad_norm": 1.0,
+    "seed": 0,
+    "workers": None,
+    "use_gpu": True,
+    "gpus_per_worker": 1.0,
+    "cpus_per_worker": 1.0,
+    "resume_from": None,
+    "checkpoint_every": 0,
+    "max_failures": 0,
+    "hsdp_replicas": 1,
+    "compile": False,
+    "activation_checkpointing": False,
+    "loss_chunk_tokens": 4096,
+    "reshard_after_forward": True,
+    "export_hf": False,
+    "launcher": "ray",
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The CPU demo and test model: two tiny Qwen2 layers over bytes of the shipped corpus.
@@ -148,29 +152,42 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _number(text: str, kind: type[int] | type[float], expected: str) -> Any:
+    """The value of `text`, or an argparse error that says what was expected (argparse
+    prefixes it with the flag's name)."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def _integer(text: str) -> int:
+    return _number(text, int, "a whole number")
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _number(text, int, "a whole number >= 1")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def _non_negative_int(text: str) -> int:
-    value = int(text)
+    value = _number(text, int, "a whole number >= 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _number(text, float, "a number > 0")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text)
+    value = _number(text, float, "a number >= 0")
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
@@ -181,18 +198,57 @@ def _replicas(text: str) -> int:
     if text == "auto":
         return 0
     if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"use 'auto' or a count >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a count >= 1, got {text!r}")
     return int(text)
+
+
+def _shown(key: str, value: Any) -> str:
+    """A setting's value as --help shows it."""
+    if value is None:
+        return UNSET_MEANS.get(key, "none")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if key == "hsdp_replicas" and value == 0:
+        return "auto"
+    if key == "data" and value == str(SHIPPED_CORPUS):
+        return str(SHIPPED_CORPUS.relative_to(PACKAGE_DIR.parent))
+    return str(value)
+
+
+def preset_default(key: str) -> str:
+    """The default of a setting for --help: the default preset's value, then the other
+    presets' where they differ, e.g. '(default: 128; --preset throughput: 4096)'."""
+    values = {name: preset.get(key) for name, preset in PRESETS.items()}
+    default = values[DEFAULT_PRESET]
+    others = [
+        f"--preset {name}: {_shown(key, value)}"
+        for name, value in sorted(values.items())
+        if name != DEFAULT_PRESET and value != default
+    ]
+    return "(default: " + "; ".join([_shown(key, default), *others]) + ")"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
-        description="Train Qwen2.5 with FSDP2 in bf16 on Ray Train (or torchrun).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=(
+            "Train Qwen2.5 with FSDP2 in bf16 on Ray Train (or torchrun). A preset sets every "
+            f"value; flags override it. Defaults below are --preset {DEFAULT_PRESET}'s, followed "
+            "by the other presets' where they differ."
+        ),
     )
-    add = parser.add_argument
-    add("--preset", choices=sorted(PRESETS), default="tiny", help="settings every other flag overrides")
+
+    def add(*flags: str, **options: Any) -> None:
+        action = parser.add_argument(*flags, **options)
+        if action.dest in PRESETS[DEFAULT_PRESET]:
+            action.help = f"{action.help} {preset_default(action.dest)}".replace("%", "%%")
+
+    add(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=DEFAULT_PRESET,
+        help=f"settings every other flag overrides (default: {DEFAULT_PRESET})",
+    )
     add(
         "--local",
         action="store_true",
@@ -210,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--warmup-steps", type=_non_negative_int, help="linear warm-up steps, constant after")
     add("--weight-decay", type=_non_negative_float, help="AdamW weight decay")
     add("--max-grad-norm", type=_non_negative_float, help="gradient clipping norm; 0 disables")
-    add("--seed", type=int, help="seed for weights and synthetic data")
-    add("--workers", type=_positive_int, help="training workers (default: GPUs in the cluster, 2 for tiny)")
+    add("--seed", type=_integer, help="seed for weights, synthetic data and the order of corpus rows")
+    add("--workers", type=_positive_int, help="training workers")
     add(
         "--use-gpu",
         "--gpu",
@@ -225,11 +281,20 @@ def build_parser() -> argparse.ArgumentParser:
     add("--init", choices=("random", "pretrained"), help="random weights or the model id's weights")
     add("--tokenizer", help="'bytes' or a Hugging Face tokenizer id/path (real-text data only)")
     add("--data", help="'synthetic' (random tokens) or a corpus file/folder of .txt/.md/.jsonl/.parquet")
-    add("--storage-path", help="where runs and checkpoints go: a local folder or s3://bucket/prefix")
-    add("--run-name", help="run folder name; reusing one resumes from its latest checkpoint")
+    add(
+        "--storage-path",
+        help=f"where runs and checkpoints go: a local folder or s3://bucket/prefix (default: {DEFAULT_STORAGE_PATH})",
+    )
+    add(
+        "--run-name",
+        help="run folder name; reusing one resumes from its latest checkpoint "
+        "(default: <preset>-<YYYYmmdd-HHMMSS>-<process id>)",
+    )
     add("--resume-from", help="start from this checkpoint folder when the run has none of its own")
     add("--checkpoint-every", type=_non_negative_int, help="checkpoint every N steps and at the end; 0 never")
-    add("--max-failures", type=int, help="worker-group restarts from the latest checkpoint; -1 unlimited")
+    add(
+        "--max-failures", type=_integer, help="worker-group restarts from the latest checkpoint; -1 unlimited"
+    )
     add(
         "--hsdp-replicas",
         type=_replicas,
@@ -299,11 +364,14 @@ def _validate(config: TrainConfig) -> None:
             raise ValueError("--local starts an embedded Ray; it does not combine with --launcher torchrun")
         if is_uri(config.storage_path):
             raise ValueError("--launcher torchrun writes checkpoints to a local --storage-path only")
-    if config.resume_from and not is_uri(config.resume_from):
-        if not Path(config.resume_from, TRAIN_STATE_FILE).is_file():
-            raise ValueError(
-                f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})"
-            )
+    if (
+        config.resume_from
+        and not is_uri(config.resume_from)
+        and not Path(config.resume_from, TRAIN_STATE_FILE).is_file()
+    ):
+        raise ValueError(
+            f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})"
+        )
     if not config.synthetic_data and not is_uri(config.data):
         corpus_files(config.data)
     if config.init == "random":
@@ -334,7 +402,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     values["local"] = args.local
     if args.model_id is not None and args.tokenizer is None and values["tokenizer"] != BYTE_TOKENIZER:
         values["tokenizer"] = args.model_id
-    values["storage_path"] = values.get("storage_path") or "runs"
+    values["storage_path"] = values.get("storage_path") or DEFAULT_STORAGE_PATH
     # Absolute, because Ray workers run in a different working directory.
     for key in ("storage_path", "resume_from", "data"):
         if values[key] and values[key] != SYNTHETIC and not is_uri(values[key]):

@@ -1,17 +1,23 @@
 """Training data as rows of `seq_len + 1` token ids (inputs are row[:-1], labels row[1:]).
 
 Synthetic rows reproduce the reference job (uniform random ids). Real text is
-tokenized, joined with an end-of-document token and cut into fixed rows
-("packing"), so no compute is spent on padding. The same packing runs inside
-Ray Data on the cluster and in-process under torchrun.
+tokenized per document, each document followed by an end-of-document token, and
+the whole token stream, in corpus order, is cut into fixed rows ("packing"), so no
+compute is spent on padding and only the last partial row is dropped. Packing sees
+the ordered stream once, so rows do not depend on how the documents were split
+into blocks or tasks: Ray Data (which tokenizes in parallel) and the in-process
+torchrun reader give the same rows. Each epoch then deals the rows to the ranks
+in a fresh seeded order, so the few rows that do not fill a global batch differ
+from epoch to epoch, and a resumed run can replay the exact batches it missed.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -19,6 +25,9 @@ from training.tokenizer import load_tokenizer
 
 TOKENS_COLUMN = "tokens"
 TEXT_COLUMN = "text"
+# Token ids as stored between packing and training: every vocabulary fits, at half
+# the memory of int64. Batches leave as int64, which the loss needs for labels.
+ROW_DTYPE = np.int32
 
 
 def synthetic_batches(
@@ -30,63 +39,108 @@ def synthetic_batches(
         yield generator.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int64)
 
 
-def pack_documents(token_lists: Iterable[list[int]], seq_len: int, eos_id: int) -> np.ndarray:
-    """Concatenate documents, each followed by EOS, into rows of seq_len + 1; drop the tail."""
-    stream: list[int] = []
-    for tokens in token_lists:
-        stream.extend(tokens)
-        stream.append(eos_id)
-    row_length = seq_len + 1
-    rows = len(stream) // row_length
-    return np.asarray(stream[: rows * row_length], dtype=np.int64).reshape(rows, row_length)
+def parse_documents(path: str, raw: bytes) -> list[str]:
+    """The documents in one corpus file's bytes: a text file is one document, each
+    jsonl line or parquet row is one. `path` may be a URI; only its suffix is used."""
+    suffix = PurePosixPath(path).suffix
+    if suffix in (".txt", ".md"):
+        return [raw.decode("utf-8", errors="replace")]
+    if suffix in (".jsonl", ".json"):
+        lines = raw.decode("utf-8", errors="replace").splitlines()
+        return [json.loads(line)[TEXT_COLUMN] for line in lines if line.strip()]
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(raw), columns=[TEXT_COLUMN])
+        return [str(text) for text in table.column(TEXT_COLUMN).to_pylist()]
+    raise ValueError(f"unsupported corpus file {path}")
 
 
-def tokenize_and_pack(batch: dict[str, np.ndarray], *, tokenizer: str, seq_len: int) -> dict[str, np.ndarray]:
-    """Ray Data `map_batches` function: a batch of documents in, a batch of packed rows out."""
+def read_documents(path: str) -> list[str]:
+    """The documents of one local corpus file."""
+    return parse_documents(path, Path(path).read_bytes())
+
+
+def tokenize(texts: Iterable[str], tokenizer: str) -> Iterator[np.ndarray]:
+    """One token array per document, without the end-of-document token (packing adds it)."""
     encoder = load_tokenizer(tokenizer)
-    rows = pack_documents((encoder.encode(str(text)) for text in batch[TEXT_COLUMN]), seq_len, encoder.eos_id)
-    return {TOKENS_COLUMN: rows}
+    for text in texts:
+        yield np.asarray(encoder.encode(str(text)), dtype=ROW_DTYPE)
 
 
-def decode_text_files(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Ray Data `map_batches` function: raw file bytes to one text document per file."""
-    texts = [bytes(raw).decode("utf-8", errors="replace") for raw in batch["bytes"]]
+def parse_files_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ray Data `map_batches` function: corpus files' bytes (`read_binary_files` with
+    paths) to their documents, in order. Here, not in the launcher, so Ray Data's task
+    processes import numpy only, not torch."""
+    paths, contents = batch["path"], batch["bytes"]
+    texts = [text for path, raw in zip(paths, contents, strict=True) for text in parse_documents(path, raw)]
     return {TEXT_COLUMN: np.asarray(texts, dtype=object)}
 
 
-def read_documents(path: str) -> Iterator[str]:
-    """Documents of one corpus file without Ray: a text file is one document, jsonl/parquet rows are."""
-    suffix = Path(path).suffix
-    if suffix in (".txt", ".md"):
-        yield Path(path).read_text(encoding="utf-8", errors="replace")
-    elif suffix in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as lines:
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)[TEXT_COLUMN]
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
+def tokenize_batch(batch: dict[str, np.ndarray], *, tokenizer: str) -> dict[str, np.ndarray]:
+    """Ray Data `map_batches` function: one token array per document."""
+    column = np.empty(len(batch[TEXT_COLUMN]), dtype=object)
+    # Element by element: equal-length arrays would otherwise become one 2-D array.
+    for index, tokens in enumerate(tokenize(batch[TEXT_COLUMN], tokenizer)):
+        column[index] = tokens
+    return {TOKENS_COLUMN: column}
 
-        yield from pq.read_table(path, columns=[TEXT_COLUMN]).column(TEXT_COLUMN).to_pylist()
-    else:
-        raise ValueError(f"unsupported corpus file {path}")
+
+def pack_documents(token_lists: Iterable[np.ndarray | list[int]], seq_len: int, eos_id: int) -> np.ndarray:
+    """Concatenate documents in order, each followed by EOS, and cut rows of seq_len + 1;
+    only the final partial row is dropped."""
+    end = np.asarray([eos_id], dtype=ROW_DTYPE)
+    pieces: list[np.ndarray] = []
+    for tokens in token_lists:
+        pieces.append(np.asarray(tokens, dtype=ROW_DTYPE))
+        pieces.append(end)
+    stream = np.concatenate(pieces) if pieces else np.empty(0, dtype=ROW_DTYPE)
+    row_length = seq_len + 1
+    rows = len(stream) // row_length
+    return stream[: rows * row_length].reshape(rows, row_length)
+
+
+def corpus_rows(files: list[str], *, tokenizer: str, seq_len: int) -> np.ndarray:
+    """Packed rows of local corpus files, read and tokenized in this process."""
+    documents = (document for path in files for document in read_documents(path))
+    return pack_documents(tokenize(documents, tokenizer), seq_len, load_tokenizer(tokenizer).eos_id)
+
+
+def batches_per_epoch(rows: int, *, world_size: int, batch_size: int, seq_len: int) -> int:
+    """Steps in one pass over the rows; an error when the corpus cannot fill one step."""
+    batches = rows // (world_size * batch_size)
+    if batches == 0:
+        raise ValueError(
+            f"the corpus packs into {rows} rows of {seq_len + 1} tokens: too few for "
+            f"{world_size} workers x batch {batch_size}"
+        )
+    return batches
+
+
+def epoch_order(rows: int, *, seed: int, epoch: int) -> np.ndarray:
+    """The order rows are visited in during one epoch: the same on every rank and every run."""
+    return np.random.default_rng([seed, epoch]).permutation(rows)
+
+
+def epoch_batches(
+    rows: np.ndarray, *, seed: int, rank: int, world_size: int, batch_size: int
+) -> Iterator[np.ndarray]:
+    """This rank's endless stream of [batch, seq_len + 1] int64 batches. Each epoch takes
+    the rows in `epoch_order`, deals them to the ranks in turn (row i to rank i mod world)
+    and leaves over the rows that do not fill a global batch."""
+    batches = batches_per_epoch(
+        len(rows), world_size=world_size, batch_size=batch_size, seq_len=rows.shape[1] - 1
+    )
+    used = batches * batch_size * world_size
+    for epoch in itertools.count():
+        mine = epoch_order(len(rows), seed=seed, epoch=epoch)[:used][rank::world_size]
+        for index in range(batches):
+            yield rows[mine[index * batch_size : (index + 1) * batch_size]].astype(np.int64)
 
 
 def local_corpus_batches(
-    files: list[str], *, tokenizer: str, seq_len: int, batch_size: int, rank: int, world_size: int
+    files: list[str], *, tokenizer: str, seq_len: int, batch_size: int, seed: int, rank: int, world_size: int
 ) -> Iterator[np.ndarray]:
-    """Endless epochs over a corpus read in-process (torchrun); row i goes to rank i mod world."""
-    encoder = load_tokenizer(tokenizer)
-    documents = (document for path in files for document in read_documents(path))
-    rows = pack_documents((encoder.encode(text) for text in documents), seq_len, encoder.eos_id)
-    usable = len(rows) // world_size * world_size
-    mine = rows[:usable][rank::world_size]
-    batches = len(mine) // batch_size
-    if batches == 0:
-        raise ValueError(
-            f"corpus gives {len(rows)} rows of {seq_len + 1} tokens: too few for "
-            f"{world_size} workers x batch {batch_size}"
-        )
-    while True:
-        for index in range(batches):
-            yield mine[index * batch_size : (index + 1) * batch_size]
+    """Endless epochs over a corpus read in-process (torchrun)."""
+    rows = corpus_rows(files, tokenizer=tokenizer, seq_len=seq_len)
+    return epoch_batches(rows, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)

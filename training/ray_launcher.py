@@ -1,18 +1,21 @@
 """Ray Train launcher: TorchTrainer on an embedded or existing Ray cluster.
 
 The only module of the package that imports ray. Workers run `train` from
-training.loop through a `RaySession`; the corpus goes through Ray Data and
-reaches each worker via `ray.train.get_dataset_shard`.
+training.loop through a `RaySession`. The corpus is read and tokenized by Ray
+Data in parallel, packed once on the driver in corpus order (so rows do not
+depend on blocks or CPU count), and handed to every worker through the object
+store; each worker deals itself its share of each epoch like a torchrun rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -20,15 +23,34 @@ import ray.data
 import ray.train
 import ray.train.torch
 from pyarrow import fs as pyarrow_fs
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train import Checkpoint
+
+# Ray Train V2 (the default since Ray 2.51, needed for the training function's return
+# value), imported from where it lives so type checkers see it rather than V1.
+from ray.train.v2.api.config import (
+    CheckpointConfig,
+    FailureConfig,
+    LoggingConfig,
+    RunConfig,
+    ScalingConfig,
+)
+from ray.train.v2.api.result import Result
+from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.artifacts import write_run_files
 from training.config import CORPUS_SUFFIXES, TrainConfig, corpus_files, is_uri
-from training.data import TEXT_COLUMN, TOKENS_COLUMN, decode_text_files, tokenize_and_pack
-from training.ray_quiet import quiet_report_logger
+from training.data import (
+    TOKENS_COLUMN,
+    batches_per_epoch,
+    epoch_batches,
+    pack_documents,
+    parse_files_batch,
+    tokenize_batch,
+)
+from training.errors import RunFailedError, UsageError
+from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
+from training.tokenizer import load_tokenizer
 
-DATASET_NAME = "train"
 CHECKPOINTS_KEPT = 2
 # Ray Train's controller takes each worker's report off a one-slot queue when it
 # polls, by default every 2 s; until then ray.train.report blocks. Reporting every
@@ -38,24 +60,17 @@ CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
 
 
-class UsageError(ValueError):
-    """A setting that cannot work on this cluster; the CLI reports it like a bad flag."""
-
-
-class RunFailedError(RuntimeError):
-    """Training failed after its retries."""
-
-
 class RaySession:
     """The loop's view of a Ray Train worker."""
 
-    def __init__(self, resume_from: str | None) -> None:
+    def __init__(self, resume_from: str | None, corpus: ray.ObjectRef | None) -> None:
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
         self.world_size = context.get_world_size()
         self.local_world_size = context.get_local_world_size()
         self.device = ray.train.torch.get_device()
         self.resume_from = resume_from
+        self.corpus = corpus
         self.outcome: dict[str, Any] | None = None
         quiet_report_logger()
 
@@ -72,18 +87,17 @@ class RaySession:
             yield path
 
     def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
-        shard = ray.train.get_dataset_shard(DATASET_NAME)
-        while True:  # one pass over the corpus per iteration
-            batches = shard.iter_batches(batch_size=config.batch_size, batch_format="numpy", drop_last=True)
-            produced = 0
-            for batch in batches:
-                produced += 1
-                yield batch[TOKENS_COLUMN]
-            if produced == 0:
-                raise ValueError(
-                    f"the corpus packs into too few rows of {config.seq_len + 1} tokens for "
-                    f"{self.world_size} workers x batch {config.batch_size}"
-                )
+        if self.corpus is None:
+            raise ValueError("this run was launched without a corpus")
+        # Zero-copy on the worker's node: its workers share one copy of the rows.
+        rows = ray.get(self.corpus)
+        return epoch_batches(
+            rows,
+            seed=config.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=config.batch_size,
+        )
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
@@ -102,12 +116,12 @@ class RaySession:
         self.outcome = {"summary": summary, "history": history}
 
 
-def train_loop_per_worker(config_values: dict[str, Any]) -> dict[str, Any] | None:
+def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | None:
     """Entry point of every worker; rank 0's return value reaches the driver."""
     from training.loop import train
 
-    config = TrainConfig.from_dict(config_values)
-    session = RaySession(config.resume_from)
+    config = TrainConfig.from_dict(worker_config["config"])
+    session = RaySession(config.resume_from, worker_config["corpus"])
     train(config, session)
     return session.outcome
 
@@ -126,48 +140,65 @@ def _list_remote_corpus(uri: str) -> list[str]:
     return [f"{scheme}://{path}" for path in files]
 
 
-def build_dataset(config: TrainConfig) -> ray.data.Dataset:
-    """Read the corpus, tokenize and pack it into rows of seq_len + 1 tokens."""
+def _corpus_paths(config: TrainConfig) -> list[str]:
+    """Corpus files in the order every launcher reads them (sorted paths)."""
     if is_uri(config.data):
-        files = _list_remote_corpus(config.data)
-    else:
-        files = corpus_files(config.data)
-        if not config.local:
-            # On a cluster only the driver's node holds these files.
-            files = [f"local://{path}" for path in files]
-    by_kind: dict[str, list[str]] = {"text": [], "json": [], "parquet": []}
-    for path in files:
-        suffix = Path(path).suffix
-        kind = "parquet" if suffix == ".parquet" else "json" if suffix in (".jsonl", ".json") else "text"
-        by_kind[kind].append(path)
-    parts = []
-    if by_kind["text"]:
-        parts.append(ray.data.read_binary_files(by_kind["text"]).map_batches(decode_text_files))
-    if by_kind["json"]:
-        parts.append(ray.data.read_json(by_kind["json"], lines=True).select_columns([TEXT_COLUMN]))
-    if by_kind["parquet"]:
-        parts.append(ray.data.read_parquet(by_kind["parquet"], columns=[TEXT_COLUMN]))
-    documents = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-    return documents.map_batches(
-        tokenize_and_pack,
-        fn_kwargs={"tokenizer": config.tokenizer, "seq_len": config.seq_len},
-        batch_format="numpy",
+        return _list_remote_corpus(config.data)
+    files = corpus_files(config.data)
+    if config.local:
+        return files
+    # On a cluster only the driver's node holds these files.
+    return [f"local://{path}" for path in files]
+
+
+def tokenized_documents(config: TrainConfig) -> ray.data.Dataset:
+    """The corpus as a Ray Dataset of one token array per document, in corpus order."""
+    _configure_ray_data()
+    files = ray.data.read_binary_files(_corpus_paths(config), include_paths=True)
+    return files.map_batches(parse_files_batch, batch_format="numpy").map_batches(
+        functools.partial(tokenize_batch, tokenizer=config.tokenizer), batch_format="numpy"
+    )
+
+
+def pack_dataset(documents: ray.data.Dataset, *, seq_len: int, eos_id: int) -> np.ndarray:
+    """Pack a dataset of token arrays, in its order, into rows: one pass on the driver,
+    so rows cross block boundaries and only the last partial row is dropped."""
+    batches = documents.iter_batches(batch_format="numpy")
+    return pack_documents(
+        (tokens for batch in batches for tokens in batch[TOKENS_COLUMN]), seq_len=seq_len, eos_id=eos_id
     )
 
 
 def _configure_ray_data() -> None:
-    """Set on the driver; Ray Train copies it into the ingest of the training datasets."""
+    """Set on the driver before any dataset is built."""
     context = ray.data.DataContext.get_current()
-    # The split coordinator's progress bars would flood the job log with redraws.
-    context.enable_progress_bars = False
-    # Ordered blocks give every worker the same rows on every run, so a resumed
-    # run replays exactly the data of an uninterrupted one.
+    # Documents reach the packer in corpus order, so the rows are the same on every
+    # run and every cluster, and a resumed run replays exactly the data it missed.
     context.execution_options.preserve_order = True
 
 
+def packed_corpus(config: TrainConfig, workers: int) -> np.ndarray:
+    """The packed rows of the run's corpus; a usage error if they cannot fill one step."""
+    eos_id = load_tokenizer(config.tokenizer).eos_id
+    rows = pack_dataset(tokenized_documents(config), seq_len=config.seq_len, eos_id=eos_id)
+    try:
+        batches_per_epoch(len(rows), world_size=workers, batch_size=config.batch_size, seq_len=config.seq_len)
+    except ValueError as error:
+        raise UsageError(f"--data {config.data}: {error}") from error
+    return rows
+
+
 def _start_ray(config: TrainConfig) -> None:
+    plain_prefixes_unless_terminal()
     if not config.local:
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
+        try:
+            ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
+        except ConnectionError as error:
+            raise UsageError(
+                "no running Ray cluster found (none on this machine and RAY_ADDRESS is not set): "
+                "pass --local to start one in this process"
+            ) from error
+        quiet_driver_logs()
         return
     workers = config.workers or 1
     # Room for every worker plus one CPU for Ray Data's read and tokenize tasks.
@@ -184,6 +215,7 @@ def _start_ray(config: TrainConfig) -> None:
             "worker_process_setup_hook": "training.ray_quiet.quiet_placement_group_cleaner",
         },
     )
+    quiet_driver_logs()
 
 
 def _worker_count(config: TrainConfig) -> int:
@@ -219,11 +251,11 @@ def run(config: TrainConfig) -> dict[str, Any]:
         resources = {"CPU": config.cpus_per_worker}
         if config.use_gpu:
             resources["GPU"] = config.gpus_per_worker
-        _configure_ray_data()
-        datasets = {} if config.synthetic_data else {DATASET_NAME: build_dataset(config)}
+        # Kept referenced until fit returns: the workers read the rows from the object store.
+        corpus = None if config.synthetic_data else ray.put(packed_corpus(config, workers))
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={**config.to_dict(), "workers": workers},
+            train_loop_config={"config": {**config.to_dict(), "workers": workers}, "corpus": corpus},
             scaling_config=ScalingConfig(
                 num_workers=workers, use_gpu=config.use_gpu, resources_per_worker=resources
             ),
@@ -233,12 +265,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 failure_config=FailureConfig(max_failures=config.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
                 # A line per report would bury the training's own progress lines.
-                logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+                logging_config=LoggingConfig(log_level="WARNING"),
             ),
-            datasets=datasets,
         )
         try:
-            result = trainer.fit()
+            # fit is annotated with ray.train.Result, which type checkers resolve to V1's class.
+            result = cast(Result, trainer.fit())
         except ray.train.TrainingFailedError as error:
             raise RunFailedError(str(error)) from error
         outcome = result.return_value

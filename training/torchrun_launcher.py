@@ -21,6 +21,7 @@ from training.artifacts import write_run_files
 from training.checkpoint import is_complete
 from training.config import TrainConfig, corpus_files
 from training.data import local_corpus_batches
+from training.errors import UsageError
 from training.report import format_summary
 
 CHECKPOINT_PREFIX = "checkpoint_"
@@ -53,6 +54,7 @@ class TorchrunSession:
             tokenizer=config.tokenizer,
             seq_len=config.seq_len,
             batch_size=config.batch_size,
+            seed=config.seed,
             rank=self.rank,
             world_size=self.world_size,
         )
@@ -72,9 +74,11 @@ class TorchrunSession:
         if self.rank != 0:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        completed = write_run_files(
-            lambda name, data: (self.run_dir / name).write_bytes(data), str(self.run_dir), summary, history
-        )
+
+        def write(name: str, data: bytes) -> None:
+            (self.run_dir / name).write_bytes(data)
+
+        completed = write_run_files(write, str(self.run_dir), summary, history)
         print(format_summary(completed), flush=True)
 
 
@@ -83,10 +87,12 @@ def run(config: TrainConfig) -> None:
     from training.loop import train
 
     if "RANK" not in os.environ:
-        raise SystemExit("--launcher torchrun needs torchrun: torchrun --nproc-per-node=N -m training ...")
+        raise UsageError("--launcher torchrun needs torchrun: torchrun --nproc-per-node=N -m training ...")
     if config.use_gpu:
         if not torch.cuda.is_available():
-            raise SystemExit("no CUDA device: pass --no-gpu to train on CPU")
+            raise UsageError(
+                f"--preset {config.preset} trains on GPUs and this machine has none: pass --no-gpu"
+            )
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)

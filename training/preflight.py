@@ -1,0 +1,37 @@
+"""Checks on the launching process before any worker starts, so that a model or tokenizer
+the Hugging Face Hub cannot deliver is one line instead of a traceback from every worker."""
+
+from __future__ import annotations
+
+from training.config import BYTE_TOKENIZER, TrainConfig
+from training.errors import UsageError
+from training.tokenizer import load_tokenizer
+
+FIX = (
+    "connect to the Hub, or download it beforehand (`huggingface-cli download {name}`) into the "
+    "cache HF_HOME points at, or train from scratch with --init random"
+)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def check_model_files(config: TrainConfig) -> None:
+    """Fetch (or find cached) the pretrained model's config and the corpus tokenizer."""
+    if config.init == "pretrained":
+        from transformers import AutoConfig
+
+        try:
+            AutoConfig.from_pretrained(config.model_id)
+        except OSError as error:
+            raise UsageError(
+                f"--model-id {config.model_id}: {_first_line(error)} To fix: {FIX.format(name=config.model_id)}"
+            ) from error
+    if not config.synthetic_data and config.tokenizer != BYTE_TOKENIZER:
+        try:
+            load_tokenizer(config.tokenizer)
+        except OSError as error:
+            raise UsageError(
+                f"--tokenizer {config.tokenizer}: {_first_line(error)} To fix: {FIX.format(name=config.tokenizer)}"
+            ) from error
