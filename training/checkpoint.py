@@ -25,6 +25,8 @@ from torch.optim import Optimizer
 from training.config import TRAIN_STATE_FILE
 
 HF_EXPORT_DIR = "hf"
+# Newest complete checkpoints a run keeps, under either launcher; older ones are deleted.
+CHECKPOINTS_KEPT = 2
 
 
 def save_checkpoint(

@@ -22,7 +22,10 @@ SHIPPED_CORPUS = PACKAGE_DIR / "corpus"
 SYNTHETIC = "synthetic"
 BYTE_TOKENIZER = "bytes"
 QWEN_1_5B = "Qwen/Qwen2.5-1.5B"
-CORPUS_SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".parquet")
+# A corpus file's suffix says how it is read: a whole text document, JSON lines, or Parquet
+# rows, each row's document in its "text" column.
+CORPUS_FORMATS = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+CORPUS_SUFFIXES = tuple(CORPUS_FORMATS)
 TRAIN_STATE_FILE = "train_state.json"
 
 
@@ -293,6 +296,20 @@ def corpus_files(data: str) -> list[str]:
     return files
 
 
+def corpus_format(path: str) -> str:
+    """'text', 'json' or 'parquet', from the file's suffix."""
+    suffix = Path(path).suffix
+    if suffix not in CORPUS_FORMATS:
+        raise ValueError(f"unsupported corpus file {path}: use {'/'.join(CORPUS_SUFFIXES)}")
+    return CORPUS_FORMATS[suffix]
+
+
+def check_hsdp_replicas(workers: int, replicas: int) -> None:
+    """HSDP shards inside each replica group, so the workers must split evenly into the groups."""
+    if replicas and workers % replicas:
+        raise ValueError(f"{workers} workers are not a multiple of --hsdp-replicas {replicas}")
+
+
 def _validate(config: TrainConfig) -> None:
     if config.launcher == "torchrun":
         if config.local:
@@ -315,10 +332,8 @@ def _validate(config: TrainConfig) -> None:
             )
     if config.max_failures < -1:
         raise ValueError(f"--max-failures {config.max_failures}: use -1 (unlimited) or a count >= 0")
-    if config.workers is not None and config.hsdp_replicas and config.workers % config.hsdp_replicas:
-        raise ValueError(
-            f"--workers {config.workers} is not a multiple of --hsdp-replicas {config.hsdp_replicas}"
-        )
+    if config.workers is not None:
+        check_hsdp_replicas(config.workers, config.hsdp_replicas)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

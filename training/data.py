@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.config import corpus_format
 from training.tokenizer import load_tokenizer
 
 TOKENS_COLUMN = "tokens"
@@ -56,20 +57,18 @@ def decode_text_files(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def read_documents(path: str) -> Iterator[str]:
     """Documents of one corpus file without Ray: a text file is one document, jsonl/parquet rows are."""
-    suffix = Path(path).suffix
-    if suffix in (".txt", ".md"):
+    kind = corpus_format(path)
+    if kind == "text":
         yield Path(path).read_text(encoding="utf-8", errors="replace")
-    elif suffix in (".jsonl", ".json"):
+    elif kind == "json":
         with open(path, encoding="utf-8") as lines:
             for line in lines:
                 if line.strip():
                     yield json.loads(line)[TEXT_COLUMN]
-    elif suffix == ".parquet":
+    else:
         import pyarrow.parquet as pq
 
         yield from pq.read_table(path, columns=[TEXT_COLUMN]).column(TEXT_COLUMN).to_pylist()
-    else:
-        raise ValueError(f"unsupported corpus file {path}")
 
 
 def local_corpus_batches(

@@ -24,12 +24,19 @@ from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, Sc
 from ray.train.torch import TorchTrainer
 
 from training.artifacts import write_run_files
-from training.config import CORPUS_SUFFIXES, TrainConfig, corpus_files, is_uri
+from training.checkpoint import CHECKPOINTS_KEPT
+from training.config import (
+    CORPUS_SUFFIXES,
+    TrainConfig,
+    check_hsdp_replicas,
+    corpus_files,
+    corpus_format,
+    is_uri,
+)
 from training.data import TEXT_COLUMN, TOKENS_COLUMN, decode_text_files, tokenize_and_pack
 from training.ray_quiet import quiet_report_logger
 
 DATASET_NAME = "train"
-CHECKPOINTS_KEPT = 2
 # Ray Train's controller takes each worker's report off a one-slot queue when it
 # polls, by default every 2 s; until then ray.train.report blocks. Reporting every
 # step would cap training at one step per poll, so the driver (whose environment
@@ -137,9 +144,7 @@ def build_dataset(config: TrainConfig) -> ray.data.Dataset:
             files = [f"local://{path}" for path in files]
     by_kind: dict[str, list[str]] = {"text": [], "json": [], "parquet": []}
     for path in files:
-        suffix = Path(path).suffix
-        kind = "parquet" if suffix == ".parquet" else "json" if suffix in (".jsonl", ".json") else "text"
-        by_kind[kind].append(path)
+        by_kind[corpus_format(path)].append(path)
     parts = []
     if by_kind["text"]:
         parts.append(ray.data.read_binary_files(by_kind["text"]).map_batches(decode_text_files))
@@ -212,10 +217,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
     _start_ray(config)
     try:
         workers = _worker_count(config)
-        if config.hsdp_replicas and workers % config.hsdp_replicas:
-            raise UsageError(
-                f"{workers} workers are not a multiple of --hsdp-replicas {config.hsdp_replicas}"
-            )
+        try:
+            check_hsdp_replicas(workers, config.hsdp_replicas)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         resources = {"CPU": config.cpus_per_worker}
         if config.use_gpu:
             resources["GPU"] = config.gpus_per_worker
