@@ -80,7 +80,9 @@ def kernel_table(prof: Any, steps: int) -> dict[str, Any]:
     }
 
 
-def profile_steps(step: Callable[[], None], warmup: int, steps: int, out: str, label: str) -> dict[str, Any]:
+def profile_steps(
+    step: Callable[[], object], warmup: int, steps: int, out: str, label: str
+) -> dict[str, Any]:
     """Run `step` warmup times, then `steps` times under the profiler; the wall time per step too."""
     for _ in range(warmup):
         step()

@@ -149,7 +149,7 @@ def start_process_group(backend: str, world_size: int, device: torch.device) -> 
 
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
         return
-    options = {"device_id": device} if device.type == "cuda" else {}
+    options: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **options)
 
 
@@ -237,7 +237,7 @@ def liger_kernels(parts: tuple[str, ...]) -> Iterator[None]:
 
     import training.model
 
-    def liger_loss(hidden, weight, labels, normalizer, chunk_tokens, chunk_fn):  # type: ignore[no-untyped-def]
+    def liger_loss(hidden, weight, labels, normalizer, chunk_tokens, chunk_fn):
         loss_sum = LigerFusedLinearCrossEntropyFunction.apply(
             hidden, weight, labels, None, None, IGNORE_INDEX, 0.0, 0.0, "sum"
         )[0]
@@ -397,6 +397,7 @@ def memory_at_world_size(
     start_process_group("fake", world_size, device)
     session = BenchSession(world_size, local_world_size, device)
     train(config, session)
+    assert session.summary is not None
     return session.summary
 
 
@@ -477,8 +478,8 @@ def main() -> None:
 
     for name in args.naive:
         spec = NAIVE_VARIANTS[name]
-        result = unless_out_of_memory(naive_loop, architecture, device, args.steps, name, spec)
-        result = result or {"name": name, **spec, "oom": True}
+        measured = unless_out_of_memory(naive_loop, architecture, device, args.steps, name, spec)
+        result = measured or {"name": name, **spec, "oom": True}
         report["variants"].append(result)
         emit(result)
         save()

@@ -77,32 +77,32 @@ class TrainConfig:
         return cls(**values)
 
 
-_BASE = dict(
-    model_id=QWEN_1_5B,
-    model_config="qwen2.5-1.5b",
-    init="pretrained",
-    tokenizer=QWEN_1_5B,
-    data=SYNTHETIC,
-    lr=2e-5,
-    warmup_steps=0,
-    weight_decay=0.01,
-    max_grad_norm=1.0,
-    seed=0,
-    workers=None,
-    use_gpu=True,
-    gpus_per_worker=1.0,
-    cpus_per_worker=1.0,
-    resume_from=None,
-    checkpoint_every=0,
-    max_failures=0,
-    hsdp_replicas=1,
-    compile=False,
-    activation_checkpointing=False,
-    loss_chunk_tokens=4096,
-    reshard_after_forward=True,
-    export_hf=False,
-    launcher="ray",
-)
+_BASE = {
+    "model_id": QWEN_1_5B,
+    "model_config": "qwen2.5-1.5b",
+    "init": "pretrained",
+    "tokenizer": QWEN_1_5B,
+    "data": SYNTHETIC,
+    "lr": 2e-5,
+    "warmup_steps": 0,
+    "weight_decay": 0.01,
+    "max_grad_norm": 1.0,
+    "seed": 0,
+    "workers": None,
+    "use_gpu": True,
+    "gpus_per_worker": 1.0,
+    "cpus_per_worker": 1.0,
+    "resume_from": None,
+    "checkpoint_every": 0,
+    "max_failures": 0,
+    "hsdp_replicas": 1,
+    "compile": False,
+    "activation_checkpointing": False,
+    "loss_chunk_tokens": 4096,
+    "reshard_after_forward": True,
+    "export_hf": False,
+    "launcher": "ray",
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The CPU demo and test model: two tiny Qwen2 layers over bytes of the shipped corpus.
@@ -132,11 +132,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 1,
         "max_grad_norm": 0.0,
     },
-    # Tuned for 2 x g6.12xlarge (8 x L4, 24 GB): shard inside a node, replicate across
-    # nodes, compiled layers, fused loss. Activation checkpointing buys two 4096-token
-    # sequences per GPU (12.4 GiB per rank, bench/results), because each step's
-    # cross-node gradient all-reduce over the shared 40 Gbps link needs that much
-    # compute to hide behind; without it two sequences need 27.4 GiB.
+    # Tuned for 2 x g6.12xlarge (8 x L4, 22.5 GiB usable each): shard inside a node,
+    # replicate across nodes, compiled layers, fused loss, two 4096-token sequences per GPU
+    # with activation checkpointing. Measured at world size 8 (bench/results/h200.json,
+    # fake process group): 10.1 GiB per rank and the fastest per-rank rate of the HSDP
+    # candidates that fit (22.1k tokens/s on an H200, against 17.7k for one sequence without
+    # checkpointing at 16.9 GiB); two sequences without checkpointing need 25.1 GiB. HSDP
+    # rather than FSDP over all 8: only the gradient all-reduce crosses the shared 40 Gbps
+    # link between the nodes, not every layer's all-gather and reduce-scatter.
     "throughput": {
         **_BASE,
         "steps": 50,
@@ -316,11 +319,11 @@ def _validate(config: TrainConfig) -> None:
             raise ValueError("--local starts an embedded Ray; it does not combine with --launcher torchrun")
         if is_uri(config.storage_path):
             raise ValueError("--launcher torchrun writes checkpoints to a local --storage-path only")
-    if config.resume_from and not is_uri(config.resume_from):
-        if not Path(config.resume_from, TRAIN_STATE_FILE).is_file():
-            raise ValueError(
-                f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})"
-            )
+    resume = config.resume_from
+    if resume and not is_uri(resume) and not Path(resume, TRAIN_STATE_FILE).is_file():
+        raise ValueError(
+            f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})"
+        )
     if not config.synthetic_data and not is_uri(config.data):
         corpus_files(config.data)
     if config.init == "random":

@@ -88,7 +88,7 @@ def _accumulate(total: torch.Tensor, left: torch.Tensor, right: torch.Tensor) ->
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, normalizer, chunk_tokens, chunk_fn):  # type: ignore[no-untyped-def]
+    def forward(ctx, hidden, weight, labels, normalizer, chunk_tokens, chunk_fn):
         tokens = hidden.shape[0]
         # The 1/normalizer scale is applied in fp32 to the logit gradients before they are
         # rounded to bf16, so neither gradient carries a bf16-rounded scale.
@@ -110,7 +110,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return loss_sum * scale
 
     @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[no-untyped-def]
+    def backward(ctx, grad_output):
         grad_hidden, grad_weight = ctx.saved_tensors
         scale = grad_output.float()
         return (

@@ -40,7 +40,7 @@ class CausalLMWithFusedLoss(nn.Module):
 
     def __init__(self, causal_lm: nn.Module, loss_chunk_tokens: int):
         super().__init__()
-        self.causal_lm = causal_lm
+        self.causal_lm: Any = causal_lm
         self.loss_chunk_tokens = loss_chunk_tokens
         self.chunk_fn: ChunkFn = chunk_loss_and_logit_grad
 

@@ -10,9 +10,13 @@ from training.config import TrainConfig
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW, fused into one kernel per parameter group on GPU."""
-    implementation = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    on_gpu = device.type == "cuda"
     return torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, **implementation
+        model.parameters(),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        fused=True if on_gpu else None,
+        foreach=None if on_gpu else True,
     )
 
 
