@@ -55,7 +55,22 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
     "tuned-compiled-4096x8": {"seq_len": 4096, "batch_size": 8, "compile": True},
     "tuned-compiled-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True},
-    "tuned-compiled-4096x6": {"seq_len": 4096, "batch_size": 6, "compile": True},
+    # What each choice buys, against tuned-compiled-4096x4.
+    "tuned-eager-unfused-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False, "unfused": True},
+    "tuned-compiled-unfused-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "unfused": True},
+    "tuned-compiled-unfused-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "unfused": True},
+    "tuned-compiled-flash-attention-4096x4": {
+        "seq_len": 4096,
+        "batch_size": 4,
+        "compile": True,
+        "no_cudnn_attention": True,
+    },
+    "tuned-compiled-chunk16384-4096x4": {
+        "seq_len": 4096,
+        "batch_size": 4,
+        "compile": True,
+        "loss_chunk_tokens": 16384,
+    },
     "tuned-compiled-liger-flce-4096x4": {
         "seq_len": 4096,
         "batch_size": 4,
@@ -65,6 +80,8 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-compiled-liger-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "liger": LIGER_LAYER},
     "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
 }
+# Keys of a variant that are not TrainConfig fields but switches of the benchmark.
+SWITCHES = ("liger", "unfused", "no_cudnn_attention")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
@@ -262,7 +279,7 @@ def liger_kernels(parts: tuple[str, ...]) -> Iterator[None]:
 
 def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainConfig:
     """One GPU has memory to spare: no recompute, and layers stay gathered for backward."""
-    overrides = {key: value for key, value in spec.items() if key != "liger"}
+    overrides = {key: value for key, value in spec.items() if key not in SWITCHES}
     return benchmark_config(
         model_config,
         steps,
@@ -275,10 +292,27 @@ def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainCo
     )
 
 
-def tuned_loop(config: TrainConfig, device: torch.device, liger: tuple[str, ...] = ()) -> dict[str, Any]:
+@contextlib.contextmanager
+def switches(spec: dict[str, Any]) -> Iterator[None]:
+    """The benchmark's switches of a variant: Liger modules, unfused projections, no cuDNN attention."""
+    import training.parallelize
+
+    fused, cudnn = training.parallelize.FUSED_PROJECTIONS, torch.backends.cuda.cudnn_sdp_enabled()
+    training.parallelize.FUSED_PROJECTIONS = not spec.get("unfused", False)
+    if spec.get("no_cudnn_attention"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        with liger_kernels(spec.get("liger", ())):
+            yield
+    finally:
+        training.parallelize.FUSED_PROJECTIONS = fused
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+
+
+def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> dict[str, Any]:
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
     session = BenchSession(1, 1, device)
-    with liger_kernels(liger):
+    with switches(spec):
         train(config, session)
     assert session.summary is not None
     return session.summary
@@ -325,7 +359,7 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
     """One step of the tuned loop (training.loop's own build and step) on a fixed batch."""
     config = tuned_config(model_config, 1, spec)
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
-    with liger_kernels(spec.get("liger", ())):
+    with switches(spec):
         model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
     rows = torch.randint(0, architecture.vocab_size, (config.batch_size, config.seq_len + 1), device=device)
 
@@ -338,6 +372,7 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
 PROFILED_LOOPS: dict[str, dict[str, Any]] = {
     "tuned-compiled": {"compile": True},
     "tuned-eager": {"compile": False},
+    "tuned-compiled-unfused": {"compile": True, "unfused": True},
     "tuned-compiled-liger": {"compile": True, "liger": LIGER_LAYER},
     "naive-eager": {"naive": True, "compile": False},
     "naive-compiled": {"naive": True, "compile": True},
@@ -488,7 +523,14 @@ def main() -> None:
     for name in args.variants:
         spec = TUNED_VARIANTS[name]
         config = tuned_config(args.model_config, args.steps, spec)
-        summary = unless_out_of_memory(tuned_loop, config, device, spec.get("liger", ()))
+        try:
+            summary = unless_out_of_memory(tuned_loop, config, device, spec)
+        except Exception as error:  # a variant that breaks is recorded, not fatal to the run
+            result = {"name": name, **spec, "error": repr(error)[:500]}
+            report["variants"].append(result)
+            emit(result)
+            release_memory()
+            continue
         if summary is None:
             result = {"name": name, **spec, "oom": True}
             report["variants"].append(result)
@@ -552,8 +594,8 @@ def main() -> None:
         dist.destroy_process_group()
     print(f"\n{'variant':32} {'tokens/s':>10} {'MFU':>7} {'step s':>8} {'peak GiB':>9}")
     for row in report["variants"]:
-        if row.get("oom"):
-            print(f"{row['name']:32} out of memory")
+        if row.get("oom") or row.get("error"):
+            print(f"{row['name']:32} {'out of memory' if row.get('oom') else row['error'][:60]}")
             continue
         mfu_text = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
         memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
