@@ -55,10 +55,7 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
     "tuned-compiled-4096x8": {"seq_len": 4096, "batch_size": 8, "compile": True},
     "tuned-compiled-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True},
-    # What each choice buys, against tuned-compiled-4096x4.
-    "tuned-eager-unfused-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False, "unfused": True},
-    "tuned-compiled-unfused-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "unfused": True},
-    "tuned-compiled-unfused-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "unfused": True},
+    # Alternatives measured against tuned-compiled-4096x4 (none was faster on the H200).
     "tuned-compiled-flash-attention-4096x4": {
         "seq_len": 4096,
         "batch_size": 4,
@@ -81,7 +78,7 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
 }
 # Keys of a variant that are not TrainConfig fields but switches of the benchmark.
-SWITCHES = ("liger", "unfused", "no_cudnn_attention")
+SWITCHES = ("liger", "no_cudnn_attention")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
@@ -294,18 +291,14 @@ def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainCo
 
 @contextlib.contextmanager
 def switches(spec: dict[str, Any]) -> Iterator[None]:
-    """The benchmark's switches of a variant: Liger modules, unfused projections, no cuDNN attention."""
-    import training.parallelize
-
-    fused, cudnn = training.parallelize.FUSED_PROJECTIONS, torch.backends.cuda.cudnn_sdp_enabled()
-    training.parallelize.FUSED_PROJECTIONS = not spec.get("unfused", False)
+    """The benchmark's switches of a variant: Liger modules, no cuDNN attention."""
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
     if spec.get("no_cudnn_attention"):
         torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         with liger_kernels(spec.get("liger", ())):
             yield
     finally:
-        training.parallelize.FUSED_PROJECTIONS = fused
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
@@ -372,7 +365,6 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
 PROFILED_LOOPS: dict[str, dict[str, Any]] = {
     "tuned-compiled": {"compile": True},
     "tuned-eager": {"compile": False},
-    "tuned-compiled-unfused": {"compile": True, "unfused": True},
     "tuned-compiled-liger": {"compile": True, "liger": LIGER_LAYER},
     "naive-eager": {"naive": True, "compile": False},
     "naive-compiled": {"naive": True, "compile": True},

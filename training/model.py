@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from types import MethodType
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from training.config import TrainConfig, load_model_config
@@ -62,60 +60,3 @@ class CausalLMWithFusedLoss(nn.Module):
             self.loss_chunk_tokens,
             self.chunk_fn,
         )
-
-
-def _fused_attention_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    attention_mask: torch.Tensor | None,
-    past_key_values: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Qwen2Attention.forward with q, k and v from one matmul over the concatenated weights."""
-    from transformers.models.qwen2 import modeling_qwen2
-
-    input_shape = hidden_states.shape[:-1]
-    q_size, kv_size = self.q_proj.out_features, self.k_proj.out_features
-    weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-    bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-    query, key, value = F.linear(hidden_states, weight, bias).split([q_size, kv_size, kv_size], dim=-1)
-    shape = (*input_shape, -1, self.head_dim)
-    query, key, value = (part.view(shape).transpose(1, 2) for part in (query, key, value))
-    cos, sin = position_embeddings
-    query, key = modeling_qwen2.apply_rotary_pos_emb(query, key, cos, sin)
-    attention = modeling_qwen2.ALL_ATTENTION_FUNCTIONS.get_interface(
-        self.config._attn_implementation, modeling_qwen2.eager_attention_forward
-    )
-    output, weights = attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask,
-        dropout=0.0 if not self.training else self.attention_dropout,
-        scaling=self.scaling,
-        sliding_window=self.sliding_window,
-        **kwargs,
-    )
-    return self.o_proj(output.reshape(*input_shape, -1).contiguous()), weights
-
-
-def _fused_mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-    """Qwen2MLP.forward with gate and up from one matmul over the concatenated weights."""
-    gate, up = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight])).chunk(2, dim=-1)
-    return self.down_proj(self.act_fn(gate) * up)
-
-
-def fuse_projections(model: CausalLMWithFusedLoss) -> None:
-    """Run each layer's q/k/v and gate/up projections as one matmul each.
-
-    The parameters stay as they are (same state-dict keys, same sharding); only the
-    forward concatenates them, so one larger GEMM replaces three (or two) narrower ones,
-    the k/v projections (256 wide for Qwen2.5-1.5B) among them.
-    """
-    for layer in model.decoder_layers:
-        attention: Any = layer.self_attn
-        mlp: Any = layer.mlp
-        attention.forward = MethodType(_fused_attention_forward, attention)
-        mlp.forward = MethodType(_fused_mlp_forward, mlp)

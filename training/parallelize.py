@@ -13,12 +13,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from training.config import check_hsdp_replicas
 from training.loss import chunk_loss_and_logit_grad_fusable
-from training.model import CausalLMWithFusedLoss, fuse_projections
+from training.model import CausalLMWithFusedLoss
 
 # bf16 compute, fp32 gradient reduction and fp32 master weights (torchtitan's default).
 MIXED_PRECISION = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-# One GEMM for q/k/v and one for gate/up in every layer (training.model.fuse_projections).
-FUSED_PROJECTIONS = True
 
 
 def replica_groups(world_size: int, local_world_size: int, hsdp_replicas: int) -> int:
@@ -46,8 +44,6 @@ def parallelize(
     reshard_after_forward: bool,
 ) -> None:
     """Checkpointing and compilation inside each layer, then FSDP2 per layer and at the root."""
-    if FUSED_PROJECTIONS:
-        fuse_projections(model)
     if activation_checkpointing:
         model.causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     layers = model.decoder_layers
