@@ -75,10 +75,21 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         "liger": ("flce",),
     },
     "tuned-compiled-liger-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "liger": LIGER_LAYER},
+    "tuned-compiled-autotune-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "autotune": True},
     "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
 }
+# Run unless --variants names others: the rest need Liger Kernel installed or take minutes to
+# compile (autotuning), and none of them was faster (bench/results/h200-experiments-*.json).
+DEFAULT_VARIANTS = [
+    "tuned-eager-4096x4",
+    "tuned-compiled-4096x4",
+    "tuned-compiled-4096x8",
+    "tuned-compiled-4096x12",
+    "tuned-compiled-flash-attention-4096x4",
+    "tuned-compiled-chunk16384-4096x4",
+]
 # Keys of a variant that are not TrainConfig fields but switches of the benchmark.
-SWITCHES = ("liger", "no_cudnn_attention")
+SWITCHES = ("liger", "no_cudnn_attention", "autotune")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
@@ -291,15 +302,20 @@ def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainCo
 
 @contextlib.contextmanager
 def switches(spec: dict[str, Any]) -> Iterator[None]:
-    """The benchmark's switches of a variant: Liger modules, no cuDNN attention."""
-    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    """The benchmark's switches of a variant: Liger modules, no cuDNN attention, Inductor's
+    GEMM autotuning (Triton templates with fused epilogues, as mode="max-autotune-no-cudagraphs")."""
+    import torch._inductor.config as inductor
+
+    cudnn, autotune = torch.backends.cuda.cudnn_sdp_enabled(), inductor.max_autotune
     if spec.get("no_cudnn_attention"):
         torch.backends.cuda.enable_cudnn_sdp(False)
+    inductor.max_autotune = spec.get("autotune", False)
     try:
         with liger_kernels(spec.get("liger", ())):
             yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        inductor.max_autotune = autotune
 
 
 def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> dict[str, Any]:
@@ -452,7 +468,7 @@ def main() -> None:
     )
     parser.add_argument("--reference-steps", type=int, default=30)
     parser.add_argument("--memory-steps", type=int, default=3)
-    parser.add_argument("--variants", nargs="*", default=list(TUNED_VARIANTS), choices=list(TUNED_VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=list(TUNED_VARIANTS))
     parser.add_argument("--naive", nargs="*", default=list(NAIVE_VARIANTS), choices=list(NAIVE_VARIANTS))
     parser.add_argument("--memory-cases", nargs="*", default=list(MEMORY_CASES), choices=list(MEMORY_CASES))
     parser.add_argument("--skip-reference", action="store_true")
