@@ -1,13 +1,15 @@
 """Training throughput and memory benchmark for one GPU, in one process.
 
-Runs (1) AWS's reference loop (SPEC §2: pure bf16 weights, plain AdamW, HF
-loss, seq 128 x batch 1), (2) our tuned loop, `training.loop.train` itself,
-in several shapes, on the Qwen2.5-1.5B architecture with random weights, and
-(3) the per-rank peak memory of the `throughput` preset at world size 8,
-emulated with torch's fake process group (collectives are no-ops, every
-buffer is allocated as on a real rank). It also checks the fused loss
-against the plain one. One JSON line per result, a table last, and all of it
-in --out.
+Runs, on the Qwen2.5-1.5B architecture with random weights: (1) the loop of
+AWS's EKS + Ray Train reference sample (its train.py: pure bf16 weights, plain
+AdamW, the Hugging Face loss, seq 128 x batch 1); (2) a naive FSDP2 loop (bf16
+mixed precision, the Hugging Face loss, default AdamW), eager and compiled, as
+the baseline a tuned loop must beat; (3) our tuned loop, `training.loop.train`
+itself, in several shapes; and (4) the candidates for the `throughput` preset
+at world size 8, emulated with torch's fake process group (collectives are
+no-ops, every buffer is allocated as on a real rank): per-rank peak memory
+and per-rank tokens/s. It also checks the fused loss against the plain one.
+One JSON line per result, a table last, and all of it in --out.
 
     python -m bench.train_bench --out bench/results/h200.json
 """
@@ -34,26 +36,79 @@ import torch.nn.functional as F
 
 from training.config import PRESETS, TrainConfig
 from training.flops import flops_per_token, mfu, num_params, peak_flops
-from training.loop import GIB, train
-from training.loss import chunk_loss_and_logit_grad, fused_linear_cross_entropy
+from training.loop import build, train, train_step
+from training.loss import (
+    IGNORE_INDEX,
+    chunk_loss_and_logit_grad,
+    chunk_loss_and_logit_grad_fusable,
+    fused_linear_cross_entropy,
+    global_normalizer,
+)
+from training.metrics import GIB
+
+# Liger Kernel's Triton replacements (GPU only): the decoder layer's parts, and its fused
+# lm_head + cross-entropy in place of training.loss's.
+LIGER_LAYER = ("rope", "rms_norm", "swiglu")
 
 TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "tuned-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
     "tuned-compiled-4096x8": {"seq_len": 4096, "batch_size": 8, "compile": True},
-    "tuned-compiled-8192x2": {"seq_len": 8192, "batch_size": 2, "compile": True},
+    "tuned-compiled-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True},
+    # Alternatives measured against tuned-compiled-4096x4 (none was faster on the H200).
+    "tuned-compiled-flash-attention-4096x4": {
+        "seq_len": 4096,
+        "batch_size": 4,
+        "compile": True,
+        "no_cudnn_attention": True,
+    },
+    "tuned-compiled-chunk16384-4096x4": {
+        "seq_len": 4096,
+        "batch_size": 4,
+        "compile": True,
+        "loss_chunk_tokens": 16384,
+    },
+    "tuned-compiled-liger-flce-4096x4": {
+        "seq_len": 4096,
+        "batch_size": 4,
+        "compile": True,
+        "liger": ("flce",),
+    },
+    "tuned-compiled-liger-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "liger": LIGER_LAYER},
+    "tuned-compiled-autotune-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "autotune": True},
     "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
-    "tuned-compiled-16384x2": {"seq_len": 16384, "batch_size": 2, "compile": True},
+}
+# Run unless --variants names others: the rest need Liger Kernel installed or take minutes to
+# compile (autotuning), and none of them was faster (bench/results/h200-experiments-*.json).
+DEFAULT_VARIANTS = [
+    "tuned-eager-4096x4",
+    "tuned-compiled-4096x4",
+    "tuned-compiled-4096x8",
+    "tuned-compiled-4096x12",
+    "tuned-compiled-flash-attention-4096x4",
+    "tuned-compiled-chunk16384-4096x4",
+]
+# Keys of a variant that are not TrainConfig fields but switches of the benchmark.
+SWITCHES = ("liger", "no_cudnn_attention", "autotune")
+NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
+    "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
+    "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
 }
 
 # (overrides of the throughput preset, ranks per node). The preset runs on the 2 x 4
-# GPUs of two g6.12xlarge as HSDP (shard 4, replicate 2); the last two cases show
-# what activation checkpointing buys.
+# GPUs of two g6.12xlarge as HSDP (shard 4, replicate 2) or FSDP over all 8.
 MEMORY_CASES: dict[str, tuple[dict[str, Any], int]] = {
-    "throughput-preset-hsdp-2x4": ({}, 4),
-    "throughput-preset-fsdp-8": ({"hsdp_replicas": 1}, 8),
-    "seq4096x2-no-ac-hsdp-2x4": ({"activation_checkpointing": False}, 4),
-    "seq4096x1-no-ac-hsdp-2x4": ({"batch_size": 1, "activation_checkpointing": False}, 4),
+    f"seq4096x{batch}-{'ac' if ac else 'no-ac'}-{mesh}": (
+        {
+            "batch_size": batch,
+            "activation_checkpointing": ac,
+            "hsdp_replicas": 0 if mesh == "hsdp-2x4" else 1,
+        },
+        4 if mesh == "hsdp-2x4" else 8,
+    )
+    for batch in (1, 2)
+    for ac in (True, False)
+    for mesh in ("hsdp-2x4", "fsdp-8")
 }
 L4_BUDGET_GIB = 20.0
 
@@ -119,12 +174,12 @@ def start_process_group(backend: str, world_size: int, device: torch.device) -> 
 
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
         return
-    options = {"device_id": device} if device.type == "cuda" else {}
+    options: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **options)
 
 
 def reference_loop(architecture: Any, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
-    """SPEC §2's train.py on one device: bf16 weights, plain AdamW, HF loss, seq 128 x 1."""
+    """The AWS sample's train.py on one device: bf16 weights, plain AdamW, HF loss, seq 128 x 1."""
     from transformers import AutoModelForCausalLM
 
     seq_len, batch_size = 128, 1
@@ -164,36 +219,219 @@ def reference_loop(architecture: Any, device: torch.device, steps: int, warmup: 
 
 
 def loss_check(architecture: Any, device: torch.device) -> dict[str, Any]:
-    """Fused chunked loss against the full-logits loss: values and hidden-state gradients."""
+    """Fused chunked loss (eager and compiled chunk functions) against the full-logits loss
+    in float64 on the same bf16 inputs: loss, hidden-state and weight gradients."""
     torch.manual_seed(1)
     tokens, hidden_size = 1024, architecture.hidden_size
     weight = (torch.randn(architecture.vocab_size, hidden_size, device=device) * 0.02).to(torch.bfloat16)
+    weight.requires_grad_(True)
     hidden = torch.randn(tokens, hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, architecture.vocab_size, (tokens,), device=device)
+    labels[::7] = IGNORE_INDEX
 
-    reference_loss = F.cross_entropy((hidden @ weight.t()).float(), labels)
-    (reference_grad,) = torch.autograd.grad(reference_loss, hidden)
-    results: dict[str, Any] = {"name": "loss-check", "tokens": tokens}
+    hidden64, weight64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    reference_loss = F.cross_entropy(hidden64 @ weight64.t(), labels, ignore_index=IGNORE_INDEX)
+    reference_grads = torch.autograd.grad(reference_loss, (hidden64, weight64))
+    results: dict[str, Any] = {"name": "loss-check", "tokens": tokens, "reference": "float64"}
     for label, chunk_fn in (
         ("eager", chunk_loss_and_logit_grad),
-        ("compiled", torch.compile(chunk_loss_and_logit_grad)),
+        ("compiled", torch.compile(chunk_loss_and_logit_grad_fusable)),
     ):
-        fused_loss = fused_linear_cross_entropy(hidden, weight, labels, 256, chunk_fn)
-        (fused_grad,) = torch.autograd.grad(fused_loss, hidden)
+        fused_loss = fused_linear_cross_entropy(
+            hidden, weight, labels, global_normalizer(labels), 256, chunk_fn
+        )
+        grads = torch.autograd.grad(fused_loss, (hidden, weight))
         results[f"{label}_loss_rel_err"] = (
             abs(fused_loss.item() - reference_loss.item()) / reference_loss.item()
         )
-        results[f"{label}_grad_rel_err"] = (
-            (fused_grad.float() - reference_grad.float()).norm() / reference_grad.float().norm()
-        ).item()
+        for name, grad, reference in zip(("hidden", "weight"), grads, reference_grads, strict=True):
+            error = (grad.double() - reference).norm() / reference.norm()
+            results[f"{label}_{name}_grad_rel_err"] = error.item()
     return results
 
 
-def tuned_loop(config: TrainConfig, device: torch.device) -> dict[str, Any]:
+@contextlib.contextmanager
+def liger_kernels(parts: tuple[str, ...]) -> Iterator[None]:
+    """Swap Liger Kernel's Triton modules into Qwen2 (and the loss) for models built inside."""
+    if not parts:
+        yield
+        return
+    from liger_kernel.ops import LigerFusedLinearCrossEntropyFunction
+    from liger_kernel.transformers import LigerRMSNorm, LigerSwiGLUMLP, liger_rotary_pos_emb
+    from transformers.models.qwen2 import modeling_qwen2
+
+    import training.model
+
+    def liger_loss(hidden, weight, labels, normalizer, chunk_tokens, chunk_fn):
+        loss_sum = LigerFusedLinearCrossEntropyFunction.apply(
+            hidden, weight, labels, None, None, IGNORE_INDEX, 0.0, 0.0, "sum"
+        )[0]
+        return loss_sum / normalizer
+
+    swaps = {
+        "rope": (modeling_qwen2, "apply_rotary_pos_emb", liger_rotary_pos_emb),
+        "rms_norm": (modeling_qwen2, "Qwen2RMSNorm", LigerRMSNorm),
+        "swiglu": (modeling_qwen2, "Qwen2MLP", LigerSwiGLUMLP),
+        "flce": (training.model, "fused_linear_cross_entropy", liger_loss),
+    }
+    saved = [(module, name, getattr(module, name)) for module, name, _ in (swaps[p] for p in parts)]
+    for part in parts:
+        module, name, replacement = swaps[part]
+        setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainConfig:
+    """One GPU has memory to spare: no recompute, and layers stay gathered for backward."""
+    overrides = {key: value for key, value in spec.items() if key not in SWITCHES}
+    return benchmark_config(
+        model_config,
+        steps,
+        **{
+            "reshard_after_forward": False,
+            "hsdp_replicas": 1,
+            "activation_checkpointing": False,
+            **overrides,
+        },
+    )
+
+
+@contextlib.contextmanager
+def switches(spec: dict[str, Any]) -> Iterator[None]:
+    """The benchmark's switches of a variant: Liger modules, no cuDNN attention, Inductor's
+    GEMM autotuning (Triton templates with fused epilogues, as mode="max-autotune-no-cudagraphs")."""
+    import torch._inductor.config as inductor
+
+    cudnn, autotune = torch.backends.cuda.cudnn_sdp_enabled(), inductor.max_autotune
+    if spec.get("no_cudnn_attention"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    inductor.max_autotune = spec.get("autotune", False)
+    try:
+        with liger_kernels(spec.get("liger", ())):
+            yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        inductor.max_autotune = autotune
+
+
+def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> dict[str, Any]:
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
     session = BenchSession(1, 1, device)
-    train(config, session)
+    with switches(spec):
+        train(config, session)
+    assert session.summary is not None
     return session.summary
+
+
+def naive_step(
+    architecture: Any, device: torch.device, seq_len: int, batch_size: int, compile_layers: bool
+) -> Callable[[], float]:
+    """What a first FSDP2 loop looks like: fp32 weights with bf16 mixed precision, per-layer
+    fully_shard, the Hugging Face loss, default AdamW, clipping; each layer compiled or not."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(
+            architecture, dtype=torch.float32, attn_implementation="sdpa"
+        )
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        if compile_layers:
+            layer.compile()
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def step() -> float:
+        ids = torch.randint(
+            0, architecture.vocab_size, (batch_size, seq_len), device=device, generator=generator
+        )
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) -> Callable[[], float]:
+    """One step of the tuned loop (training.loop's own build and step) on a fixed batch."""
+    config = tuned_config(model_config, 1, spec)
+    start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
+    with switches(spec):
+        model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
+    rows = torch.randint(0, architecture.vocab_size, (config.batch_size, config.seq_len + 1), device=device)
+
+    def step() -> float:
+        return train_step(model, optimizer, rows, config.lr, config.max_grad_norm).item()
+
+    return step
+
+
+PROFILED_LOOPS: dict[str, dict[str, Any]] = {
+    "tuned-compiled": {"compile": True},
+    "tuned-eager": {"compile": False},
+    "tuned-compiled-liger": {"compile": True, "liger": LIGER_LAYER},
+    "naive-eager": {"naive": True, "compile": False},
+    "naive-compiled": {"naive": True, "compile": True},
+}
+
+
+def make_step(
+    label: str, seq_len: int, batch_size: int, model_config: str = "qwen2.5-1.5b"
+) -> Callable[[], float]:
+    """A step closure of one of PROFILED_LOOPS, on GPU 0, for bench.profile_step."""
+    from training.model import load_architecture
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    spec = {**PROFILED_LOOPS[label], "seq_len": seq_len, "batch_size": batch_size}
+    if spec.pop("naive", False):
+        architecture = load_architecture(benchmark_config(model_config, 1))
+        return naive_step(architecture, device, seq_len, batch_size, spec["compile"])
+    return tuned_step(model_config, device, spec)
+
+
+def timed_steps(step: Callable[[], float], steps: int) -> tuple[float, list[float]]:
+    """Median step time after one untimed step, and the losses."""
+    losses, times = [step()], []
+    for _ in range(steps - 1):
+        start = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), losses
+
+
+def naive_loop(
+    architecture: Any, device: torch.device, steps: int, name: str, spec: dict[str, Any]
+) -> dict[str, Any]:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step = naive_step(architecture, device, spec["seq_len"], spec["batch_size"], spec["compile"])
+    step_time, losses = timed_steps(step, steps)
+    tokens_per_s = spec["seq_len"] * spec["batch_size"] / step_time
+    peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    return {
+        "name": name,
+        **spec,
+        "steps": steps,
+        "step_time_s": step_time,
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu(tokens_per_s, flops_per_token(architecture, spec["seq_len"]), peak),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+    }
 
 
 def memory_at_world_size(
@@ -202,6 +440,7 @@ def memory_at_world_size(
     start_process_group("fake", world_size, device)
     session = BenchSession(world_size, local_world_size, device)
     train(config, session)
+    assert session.summary is not None
     return session.summary
 
 
@@ -229,7 +468,8 @@ def main() -> None:
     )
     parser.add_argument("--reference-steps", type=int, default=30)
     parser.add_argument("--memory-steps", type=int, default=3)
-    parser.add_argument("--variants", nargs="*", default=list(TUNED_VARIANTS), choices=list(TUNED_VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=list(TUNED_VARIANTS))
+    parser.add_argument("--naive", nargs="*", default=list(NAIVE_VARIANTS), choices=list(NAIVE_VARIANTS))
     parser.add_argument("--memory-cases", nargs="*", default=list(MEMORY_CASES), choices=list(MEMORY_CASES))
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument(
@@ -279,33 +519,41 @@ def main() -> None:
         save()
         release_memory()
 
+    for name in args.naive:
+        spec = NAIVE_VARIANTS[name]
+        measured = unless_out_of_memory(naive_loop, architecture, device, args.steps, name, spec)
+        result = measured or {"name": name, **spec, "oom": True}
+        report["variants"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
     for name in args.variants:
-        # One GPU has memory to spare: no recompute, and layers stay gathered for backward.
-        config = benchmark_config(
-            args.model_config,
-            args.steps,
-            reshard_after_forward=False,
-            hsdp_replicas=1,
-            activation_checkpointing=False,
-            **TUNED_VARIANTS[name],
-        )
-        summary = unless_out_of_memory(tuned_loop, config, device)
+        spec = TUNED_VARIANTS[name]
+        config = tuned_config(args.model_config, args.steps, spec)
+        try:
+            summary = unless_out_of_memory(tuned_loop, config, device, spec)
+        except Exception as error:  # a variant that breaks is recorded, not fatal to the run
+            result = {"name": name, **spec, "error": repr(error)[:500]}
+            report["variants"].append(result)
+            emit(result)
+            release_memory()
+            continue
         if summary is None:
-            result = {"name": name, "seq_len": config.seq_len, "batch_size": config.batch_size, "oom": True}
+            result = {"name": name, **spec, "oom": True}
             report["variants"].append(result)
             emit(result)
             release_memory()
             continue
         result = {
             "name": name,
-            "seq_len": config.seq_len,
-            "batch_size": config.batch_size,
-            "compile": config.compile,
+            **spec,
             "activation_checkpointing": config.activation_checkpointing,
             "steps": config.steps,
             "step_time_s": summary["step_time_s"],
             "tokens_per_s": summary["tokens_per_s"],
             "mfu": summary["mfu"],
+            "mfu_causal": summary.get("mfu_causal"),
             "peak_mem_gib": summary["peak_mem_gib"],
             "loss_first": summary["loss_first"],
             "loss_last": summary["loss_last"],
@@ -341,6 +589,9 @@ def main() -> None:
             },
             "peak_mem_gib": summary["peak_mem_gib"],
             "fits_l4_budget": summary["peak_mem_gib"] <= L4_BUDGET_GIB,
+            # Collectives are free under the fake group: this is the rank's compute rate.
+            "step_time_s": summary["step_time_s"],
+            "tokens_per_s_per_gpu": summary["tokens_per_s_per_gpu"],
         }
         report["memory_at_world_size_8"].append(result)
         emit(result)
@@ -351,8 +602,8 @@ def main() -> None:
         dist.destroy_process_group()
     print(f"\n{'variant':32} {'tokens/s':>10} {'MFU':>7} {'step s':>8} {'peak GiB':>9}")
     for row in report["variants"]:
-        if row.get("oom"):
-            print(f"{row['name']:32} out of memory")
+        if row.get("oom") or row.get("error"):
+            print(f"{row['name']:32} {'out of memory' if row.get('oom') else row['error'][:60]}")
             continue
         mfu_text = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
         memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
@@ -364,7 +615,8 @@ def main() -> None:
             print(f"{row['name']:32} out of memory under a {row['oom_under_cap_gib']} GiB cap")
             continue
         print(
-            f"{row['name']:32} per-rank peak at world size 8 ({row['mesh']}): {row['peak_mem_gib']:.1f} GiB"
+            f"{row['name']:32} per-rank peak at world size 8: {row['peak_mem_gib']:.1f} GiB,"
+            f" {row['tokens_per_s_per_gpu']:,.0f} tok/s per rank"
         )
 
 

@@ -24,8 +24,15 @@ from training.config import (
     parse_args,
 )
 from training.data import local_corpus_batches, pack_documents, read_documents, synthetic_batches
-from training.loss import IGNORE_INDEX, fused_linear_cross_entropy
-from training.model import learning_rate, replica_groups
+from training.loss import (
+    IGNORE_INDEX,
+    chunk_loss_and_logit_grad,
+    chunk_loss_and_logit_grad_fusable,
+    fused_linear_cross_entropy,
+    global_normalizer,
+)
+from training.optim import learning_rate
+from training.parallelize import replica_groups
 from training.tokenizer import ByteTokenizer
 
 REPO_ROOT = PACKAGE_DIR.parent
@@ -54,14 +61,14 @@ def summary(**overrides):
     return values
 
 
-# --- FLOPs and MFU (SPEC §3) -------------------------------------------------------------
+# --- FLOPs and MFU (PaLM / torchtitan: 6·N + 12·L·H·S) -----------------------------------
 
 
-def test_qwen_parameter_count_matches_spec():
+def test_qwen_parameter_count_matches_the_published_count():
     assert flops.num_params(QWEN) == 1_543_714_304
 
 
-def test_qwen_flops_per_token_match_spec():
+def test_qwen_flops_per_token():
     assert round(flops.flops_per_token(QWEN, 2048) / 1e9, 2) == 10.32
     assert round(flops.flops_per_token(QWEN, 4096) / 1e9, 2) == 11.38
 
@@ -81,6 +88,23 @@ def test_untied_embeddings_count_twice():
     assert flops.num_params(untied) - flops.num_params(QWEN) == QWEN["vocab_size"] * QWEN["hidden_size"]
 
 
+def test_untied_input_embedding_does_no_matmul():
+    """Untying adds a lookup table, not FLOPs: the lm_head is the one vocab matmul either way."""
+    untied = {**QWEN, "tie_word_embeddings": False}
+    assert flops.flops_per_token(untied, 4096) == flops.flops_per_token(QWEN, 4096)
+
+
+def test_attention_term_uses_heads_times_head_dim():
+    wide_heads = {**QWEN, "head_dim": 256}  # 12 heads x 256 = 3072, twice hidden_size
+    growth = flops.flops_per_token(wide_heads, 4096) - flops.flops_per_token(wide_heads, 2048)
+    assert growth == 12 * QWEN["num_hidden_layers"] * 12 * 256 * 2048
+
+
+def test_causal_figure_halves_the_attention_term():
+    full, causal = flops.flops_per_token(QWEN, 4096), flops.flops_per_token(QWEN, 4096, causal=True)
+    assert full - causal == 6 * QWEN["num_hidden_layers"] * QWEN["hidden_size"] * 4096
+
+
 @pytest.mark.parametrize(
     "device_name, tflops",
     [
@@ -92,13 +116,28 @@ def test_untied_embeddings_count_twice():
         ("NVIDIA A100-SXM4-80GB", 312),
         ("NVIDIA A10G", 70),
         ("NVIDIA A10", 125),
+        ("NVIDIA H800 PCIe", 756),
+        ("NVIDIA H800", 989),
+        ("NVIDIA A40", 149.7),
+        ("NVIDIA RTX 6000 Ada Generation", 364.2),
     ],
 )
 def test_peak_flops_per_gpu(device_name, tflops):
     assert flops.peak_flops(device_name) == tflops * 1e12
 
 
-@pytest.mark.parametrize("device_name", [None, "", "cpu", "Some Unknown Accelerator"])
+@pytest.mark.parametrize(
+    "device_name",
+    [
+        None,
+        "",
+        "cpu",
+        "Some Unknown Accelerator",
+        "NVIDIA RTX A4000",  # not an A40
+        "NVIDIA A100-SXM4-40GB MIG 1g.5gb",  # a seventh of an A100: its peak is not the GPU's
+        "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+    ],
+)
 def test_peak_flops_unknown_is_none(device_name):
     assert flops.peak_flops(device_name) is None
 
@@ -212,12 +251,37 @@ def test_fused_loss_matches_full_logits(tokens, chunk):
 
     expected = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=IGNORE_INDEX)
     expected_grads = torch.autograd.grad(expected * 3, (hidden, weight))
-    fused = fused_linear_cross_entropy(hidden, weight, labels, chunk)
-    fused_grads = torch.autograd.grad(fused * 3, (hidden, weight))
+    for chunk_fn in (chunk_loss_and_logit_grad, chunk_loss_and_logit_grad_fusable):
+        fused = fused_linear_cross_entropy(hidden, weight, labels, global_normalizer(labels), chunk, chunk_fn)
+        fused_grads = torch.autograd.grad(fused * 3, (hidden, weight))
 
-    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6)
-    for got, want in zip(fused_grads, expected_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6)
+        for got, want in zip(fused_grads, expected_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_gradients_carry_an_unrounded_scale():
+    """1/3 is 0.3340 in bf16 (+0.2%): applied to the bf16 hidden-state gradient it would bias
+    every element by that much. Scaled in fp32 before the cast, only unbiased rounding is left."""
+    assert abs(torch.tensor(1 / 3).to(torch.bfloat16).item() * 3 - 1) > 1e-3
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(48, 256, generator=generator).to(torch.bfloat16).requires_grad_()
+    weight = (torch.randn(64, 256, generator=generator) * 0.1).to(torch.bfloat16).requires_grad_()
+    labels = torch.full((48,), IGNORE_INDEX)
+    labels[:3] = torch.tensor([5, 17, 40])  # three valid labels: the loss divides by 3
+
+    fused = fused_linear_cross_entropy(hidden, weight, labels, global_normalizer(labels), 16)
+    hidden64, weight64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    expected = F.cross_entropy(hidden64 @ weight64.t(), labels, ignore_index=IGNORE_INDEX)
+    for got, want in zip(
+        torch.autograd.grad(fused, (hidden, weight)),
+        torch.autograd.grad(expected, (hidden64, weight64)),
+        strict=True,
+    ):
+        got = got.double()
+        # The least-squares ratio of got to want: 1 up to rounding noise, not 1.002.
+        ratio = (got * want).sum() / (want * want).sum()
+        assert abs(ratio.item() - 1) < 5e-4
 
 
 # --- data ------------------------------------------------------------------------------------

@@ -47,7 +47,10 @@ def render_picture(summary: dict[str, Any], history: list[dict[str, Any]]) -> by
 
 
 def write_run_files(
-    write: Callable[[str, bytes], None], run_dir: str, summary: dict[str, Any], history: list[dict[str, Any]]
+    write: Callable[[str, bytes], object],
+    run_dir: str,
+    summary: dict[str, Any],
+    history: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """Write summary.json (and run.png) through `write(name, data)`; returns the completed summary."""
     summary = {**summary, "run_dir": run_dir, "summary_path": f"{run_dir.rstrip('/')}/{SUMMARY_FILE}"}

@@ -25,6 +25,8 @@ from torch.optim import Optimizer
 from training.config import TRAIN_STATE_FILE
 
 HF_EXPORT_DIR = "hf"
+# Newest complete checkpoints a run keeps, under either launcher; older ones are deleted.
+CHECKPOINTS_KEPT = 2
 
 
 def save_checkpoint(
@@ -43,7 +45,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer) -> dict[s
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # dcp.load fills the state dicts in place.
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
     with open(os.path.join(path, TRAIN_STATE_FILE)) as handle:
         return json.load(handle)
 
@@ -53,7 +56,7 @@ def is_complete(path: str) -> bool:
 
 
 def export_hugging_face(
-    path: str, model: nn.Module, causal_lm: nn.Module, prefix: str, tokenizer: Any, rank: int
+    path: str, model: nn.Module, causal_lm: Any, prefix: str, tokenizer: Any, rank: int
 ) -> None:
     """Collective: gathers full weights to rank 0's CPU, which writes a `from_pretrained` folder."""
     full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -22,7 +22,10 @@ SHIPPED_CORPUS = PACKAGE_DIR / "corpus"
 SYNTHETIC = "synthetic"
 BYTE_TOKENIZER = "bytes"
 QWEN_1_5B = "Qwen/Qwen2.5-1.5B"
-CORPUS_SUFFIXES = (".txt", ".md", ".jsonl", ".json", ".parquet")
+# A corpus file's suffix says how it is read: a whole text document, JSON lines, or Parquet
+# rows, each row's document in its "text" column.
+CORPUS_FORMATS = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+CORPUS_SUFFIXES = tuple(CORPUS_FORMATS)
 TRAIN_STATE_FILE = "train_state.json"
 DEFAULT_PRESET = "tiny"
 DEFAULT_STORAGE_PATH = "runs"
@@ -133,11 +136,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 1,
         "max_grad_norm": 0.0,
     },
-    # Tuned for 2 x g6.12xlarge (8 x L4, 24 GB): shard inside a node, replicate across
-    # nodes, compiled layers, fused loss. Activation checkpointing buys two 4096-token
-    # sequences per GPU (12.4 GiB per rank, bench/results), because each step's
-    # cross-node gradient all-reduce over the shared 40 Gbps link needs that much
-    # compute to hide behind; without it two sequences need 27.4 GiB.
+    # Tuned for 2 x g6.12xlarge (8 x L4, 22.5 GiB usable each): shard inside a node,
+    # replicate across nodes, compiled layers, fused loss, two 4096-token sequences per GPU
+    # with activation checkpointing. Measured at world size 8 (bench/results/h200.json,
+    # fake process group): 10.1 GiB per rank and the fastest per-rank rate of the HSDP
+    # candidates that fit (22.1k tokens/s on an H200, against 17.7k for one sequence without
+    # checkpointing at 16.9 GiB); two sequences without checkpointing need 25.1 GiB. HSDP
+    # rather than FSDP over all 8: only the gradient all-reduce crosses the shared 40 Gbps
+    # link between the nodes, not every layer's all-gather and reduce-scatter.
     "throughput": {
         **_BASE,
         "steps": 50,
@@ -358,6 +364,20 @@ def corpus_files(data: str) -> list[str]:
     return files
 
 
+def corpus_format(path: str) -> str:
+    """'text', 'json' or 'parquet', from the file's suffix."""
+    suffix = Path(path).suffix
+    if suffix not in CORPUS_FORMATS:
+        raise ValueError(f"unsupported corpus file {path}: use {'/'.join(CORPUS_SUFFIXES)}")
+    return CORPUS_FORMATS[suffix]
+
+
+def check_hsdp_replicas(workers: int, replicas: int) -> None:
+    """HSDP shards inside each replica group, so the workers must split evenly into the groups."""
+    if replicas and workers % replicas:
+        raise ValueError(f"{workers} workers are not a multiple of --hsdp-replicas {replicas}")
+
+
 def _validate(config: TrainConfig) -> None:
     if config.launcher == "torchrun":
         if config.local:
@@ -383,10 +403,8 @@ def _validate(config: TrainConfig) -> None:
             )
     if config.max_failures < -1:
         raise ValueError(f"--max-failures {config.max_failures}: use -1 (unlimited) or a count >= 0")
-    if config.workers is not None and config.hsdp_replicas and config.workers % config.hsdp_replicas:
-        raise ValueError(
-            f"--workers {config.workers} is not a multiple of --hsdp-replicas {config.hsdp_replicas}"
-        )
+    if config.workers is not None:
+        check_hsdp_replicas(config.workers, config.hsdp_replicas)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

@@ -17,10 +17,11 @@ import io
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
+from training.config import corpus_format
 from training.tokenizer import load_tokenizer
 
 TOKENS_COLUMN = "tokens"
@@ -42,18 +43,16 @@ def synthetic_batches(
 def parse_documents(path: str, raw: bytes) -> list[str]:
     """The documents in one corpus file's bytes: a text file is one document, each
     jsonl line or parquet row is one. `path` may be a URI; only its suffix is used."""
-    suffix = PurePosixPath(path).suffix
-    if suffix in (".txt", ".md"):
+    kind = corpus_format(path)
+    if kind == "text":
         return [raw.decode("utf-8", errors="replace")]
-    if suffix in (".jsonl", ".json"):
+    if kind == "json":
         lines = raw.decode("utf-8", errors="replace").splitlines()
         return [json.loads(line)[TEXT_COLUMN] for line in lines if line.strip()]
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
+    import pyarrow.parquet as pq
 
-        table = pq.read_table(io.BytesIO(raw), columns=[TEXT_COLUMN])
-        return [str(text) for text in table.column(TEXT_COLUMN).to_pylist()]
-    raise ValueError(f"unsupported corpus file {path}")
+    table = pq.read_table(io.BytesIO(raw), columns=[TEXT_COLUMN])
+    return [str(text) for text in table.column(TEXT_COLUMN).to_pylist()]
 
 
 def read_documents(path: str) -> list[str]:

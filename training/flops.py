@@ -1,19 +1,25 @@
 """Parameter count, FLOPs per token and MFU, without torch.
 
-FLOPs follow the torchtitan convention used by SPEC §3: `6·N + 12·L·H·S` per
-token, N counting the (tied) embedding once. Peaks are dense bf16 tensor-core
-rates from the vendors' datasheets (no sparsity).
+Model FLOPs per token follow the PaLM paper (Chowdhery et al. 2022, appendix B)
+and torchtitan: 6·N + 12·L·H·S, where N counts the parameters that take part
+in a matmul (an untied input embedding is a lookup and is left out; a tied one
+is counted once, as the lm_head), L is the number of layers, H the attention
+width heads × head_dim and S the sequence length. The attention term is not
+halved for causal masking; `causal=True` gives the halved figure. Peaks are
+dense bf16 tensor-core rates (FP32 accumulate, no sparsity) from the vendors'
+datasheets.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 TFLOPS = 1e12
 
-# Longest key that occurs in torch.cuda.get_device_name() wins, so "L40S" beats "L4"
-# and "H100 PCIe" beats "H100".
+# The longest key that occurs as a whole word in torch.cuda.get_device_name() wins, so
+# "H100 PCIe" beats "H100".
 PEAK_BF16_FLOPS = {
     "B200": 2250 * TFLOPS,
     "GB200": 2500 * TFLOPS,
@@ -23,6 +29,7 @@ PEAK_BF16_FLOPS = {
     "H100 NVL": 835 * TFLOPS,
     "H100 PCIe": 756 * TFLOPS,
     "H100": 989 * TFLOPS,
+    "H800 PCIe": 756 * TFLOPS,
     "H800": 989 * TFLOPS,
     "H20": 148 * TFLOPS,
     "A100": 312 * TFLOPS,
@@ -32,8 +39,16 @@ PEAK_BF16_FLOPS = {
     "L4": 121 * TFLOPS,
     "A10G": 70 * TFLOPS,  # AWS's variant of the A10, lower clocks; approximate
     "A10": 125 * TFLOPS,
+    "A40": 149.7 * TFLOPS,
     "A6000": 155 * TFLOPS,
+    # 142 SMs x 2.505 GHz x 1024 dense bf16 FLOP per SM per clock; the datasheet's
+    # 1,457 FP8 TFLOPS with sparsity is four times this.
+    "RTX 6000 Ada": 364.2 * TFLOPS,
 }
+# A MIG instance is a slice of the GPU; CUDA names it after the GPU with "MIG" and the
+# profile appended (e.g. "NVIDIA A100-SXM4-40GB MIG 1g.5gb"), and the whole GPU's peak
+# would understate its MFU several times over.
+MIG_MARKER = "MIG"
 
 
 def _field(config: Any, name: str, default: Any = None) -> Any:
@@ -64,18 +79,33 @@ def num_params(config: Any) -> int:
     return layers * per_layer + embeddings + hidden
 
 
-def flops_per_token(config: Any, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N for the weights plus 12·L·H·S for attention scores."""
-    hidden = _field(config, "hidden_size")
+def matmul_params(config: Any) -> int:
+    """Parameters that take part in a matmul: all but an untied input embedding."""
+    tied = _field(config, "tie_word_embeddings", False)
+    lookup = 0 if tied else _field(config, "vocab_size") * _field(config, "hidden_size")
+    return num_params(config) - lookup
+
+
+def flops_per_token(config: Any, seq_len: int, causal: bool = False) -> float:
+    """Training FLOPs per token: 6·N for the weights plus 12·L·H·S for attention scores
+    (6·L·H·S with `causal`, counting only the unmasked half of the score matrix)."""
     layers = _field(config, "num_hidden_layers")
-    return 6 * num_params(config) + 12 * layers * hidden * seq_len
+    heads = _field(config, "num_attention_heads")
+    head_dim = _field(config, "head_dim") or _field(config, "hidden_size") // heads
+    attention = 12 * layers * heads * head_dim * seq_len
+    return 6 * matmul_params(config) + (attention / 2 if causal else attention)
+
+
+def _names(gpu_name: str, key: str) -> bool:
+    """Whether the device name holds the key as a whole word: "A40" is not in "RTX A4000"."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", gpu_name, re.IGNORECASE) is not None
 
 
 def peak_flops(gpu_name: str | None) -> float | None:
-    """Dense bf16 peak FLOP/s for a device name; None on CPU or an unknown device."""
-    if not gpu_name:
+    """Dense bf16 peak FLOP/s for a device name; None on CPU, a MIG slice or an unknown device."""
+    if not gpu_name or MIG_MARKER in gpu_name.split():
         return None
-    matches = [key for key in PEAK_BF16_FLOPS if key.lower() in gpu_name.lower()]
+    matches = [key for key in PEAK_BF16_FLOPS if _names(gpu_name, key)]
     if not matches:
         return None
     return PEAK_BF16_FLOPS[max(matches, key=len)]

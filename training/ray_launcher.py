@@ -38,7 +38,8 @@ from ray.train.v2.api.result import Result
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.artifacts import write_run_files
-from training.config import CORPUS_SUFFIXES, TrainConfig, corpus_files, is_uri
+from training.checkpoint import CHECKPOINTS_KEPT
+from training.config import CORPUS_SUFFIXES, TrainConfig, check_hsdp_replicas, corpus_files, is_uri
 from training.data import (
     TOKENS_COLUMN,
     batches_per_epoch,
@@ -51,7 +52,6 @@ from training.errors import RunFailedError, UsageError
 from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.tokenizer import load_tokenizer
 
-CHECKPOINTS_KEPT = 2
 # Ray Train's controller takes each worker's report off a one-slot queue when it
 # polls, by default every 2 s; until then ray.train.report blocks. Reporting every
 # step would cap training at one step per poll, so the driver (whose environment
@@ -244,10 +244,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
     _start_ray(config)
     try:
         workers = _worker_count(config)
-        if config.hsdp_replicas and workers % config.hsdp_replicas:
-            raise UsageError(
-                f"{workers} workers are not a multiple of --hsdp-replicas {config.hsdp_replicas}"
-            )
+        try:
+            check_hsdp_replicas(workers, config.hsdp_replicas)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         resources = {"CPU": config.cpus_per_worker}
         if config.use_gpu:
             resources["GPU"] = config.gpus_per_worker

@@ -1,28 +1,86 @@
-"""Formatting and parsing of the job's log lines, free of third-party imports.
+"""The run's metrics as typed records, and their log lines, free of third-party imports.
 
 The training job prints one machine-readable line per step and ends the driver's
 stdout with one JSON summary. The Pulumi side reads both out of `ray job logs`
 without torch or ray installed, so everything here is plain Python.
+
+MFU follows the PaLM / torchtitan convention: model FLOPs per token are
+6·N + 12·L·H·S (N the parameters that take part in a matmul, L layers, H the
+attention width heads × head_dim, S the sequence length), and the attention
+term is NOT halved for causal masking; `mfu_causal` gives the halved figure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 STEP_MARKER = "TRAIN_STEP"
-STEP_KEYS = (
-    "step",
-    "steps",
-    "loss",
-    "step_time_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "peak_mem_gib",
-)
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One optimizer step, as printed on its TRAIN_STEP line."""
+
+    step: int
+    steps: int
+    loss: float
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float | None
+    peak_mem_gib: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A finished run: the JSON line the driver prints last and the run folder's summary.json."""
+
+    world_size: int
+    steps: int
+    start_step: int
+    steps_run: int
+    tokens_per_s: float | None
+    tokens_per_s_per_gpu: float | None
+    steps_per_s: float | None
+    mfu: float | None
+    mfu_causal: float | None
+    loss_first: float | None
+    loss_last: float | None
+    peak_mem_gib: float
+    step_time_s: float | None
+    duration_s: float
+    gpu_name: str | None
+    device: str
+    model: str
+    init: str
+    parameters: int
+    flops_per_token: float
+    preset: str
+    data: str
+    seq_len: int
+    batch_size: int
+    tokens_per_step: int
+    hsdp_replicas: int
+    compile: bool
+    activation_checkpointing: bool
+    run_name: str
+    run_dir: str | None = None
+    summary_path: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+STEP_KEYS = tuple(field.name for field in dataclasses.fields(StepMetrics))
+# What a summary must hold to be recognised in a log (older summaries lack the newer fields).
 SUMMARY_KEYS = (
     "world_size",
     "steps",
@@ -47,8 +105,13 @@ def _json_number(value: Any) -> Any:
     return value
 
 
-def format_step_line(metrics: Mapping[str, Any]) -> str:
+def _mapping(record: StepMetrics | RunSummary | Mapping[str, Any]) -> Mapping[str, Any]:
+    return record.as_dict() if isinstance(record, StepMetrics | RunSummary) else record
+
+
+def format_step_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
     """One line per step: the marker, then the step metrics as compact JSON."""
+    metrics = _mapping(metrics)
     missing = [key for key in STEP_KEYS if key not in metrics]
     if missing:
         raise KeyError(f"step metrics lack {missing}")
@@ -70,8 +133,9 @@ def parse_step_line(line: str) -> dict | None:
     return payload
 
 
-def format_progress_line(metrics: Mapping[str, Any]) -> str:
+def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
     """The human-readable console line for a step."""
+    metrics = _mapping(metrics)
     mfu = metrics.get("mfu")
     mfu_text = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
     width = len(str(metrics["steps"]))
@@ -88,8 +152,9 @@ def format_progress_line(metrics: Mapping[str, Any]) -> str:
     )
 
 
-def format_summary(summary: Mapping[str, Any]) -> str:
+def format_summary(summary: RunSummary | Mapping[str, Any]) -> str:
     """The run summary as one JSON line (the last line the driver prints)."""
+    summary = _mapping(summary)
     missing = [key for key in SUMMARY_KEYS if key not in summary]
     if missing:
         raise KeyError(f"summary lacks {missing}")

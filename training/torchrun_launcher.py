@@ -18,14 +18,13 @@ import torch
 import torch.distributed as dist
 
 from training.artifacts import write_run_files
-from training.checkpoint import is_complete
+from training.checkpoint import CHECKPOINTS_KEPT, is_complete
 from training.config import TrainConfig, corpus_files
 from training.data import local_corpus_batches
 from training.errors import UsageError
 from training.report import format_summary
 
 CHECKPOINT_PREFIX = "checkpoint_"
-CHECKPOINTS_KEPT = 2
 
 
 class TorchrunSession:

@@ -1,0 +1,109 @@
+"""Step and run metrics: time, tokens/s, MFU and peak memory, as report.py's typed records."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.config import TrainConfig
+from training.flops import flops_per_token, mfu, num_params, peak_flops
+from training.report import RunSummary, StepMetrics
+
+GIB = 2**30
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak allocated GPU memory, or the process's peak resident memory on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / GIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def mean_across_ranks(loss: torch.Tensor, world_size: int) -> float:
+    """The global batch's loss; the .item() is the step's one host synchronisation."""
+    total = loss.detach().float().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG
+    return total.item() / world_size
+
+
+def _max_across_ranks(value: float, device: torch.device) -> float:
+    tensor = torch.tensor([value], dtype=torch.float32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.item()
+
+
+class RunMetrics:
+    """Collects each step's time and loss; makes the step records and the run summary."""
+
+    def __init__(
+        self, config: TrainConfig, architecture: Any, device: torch.device, world_size: int, start_step: int
+    ) -> None:
+        self.config, self.architecture, self.device = config, architecture, device
+        self.world_size, self.start_step = world_size, start_step
+        self.started = time.perf_counter()
+        self.gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        self.peak = peak_flops(self.gpu_name)
+        self.flops_per_token = flops_per_token(architecture, config.seq_len)
+        self.flops_per_token_causal = flops_per_token(architecture, config.seq_len, causal=True)
+        self.tokens_per_step = config.batch_size * config.seq_len * world_size
+        self.step_times: list[float] = []
+        self.losses: list[float] = []
+
+    def step(self, step: int, loss: float, step_time: float) -> StepMetrics:
+        self.step_times.append(step_time)
+        self.losses.append(loss)
+        tokens_per_s = self.tokens_per_step / step_time
+        return StepMetrics(
+            step=step,
+            steps=self.config.steps,
+            loss=loss,
+            step_time_s=step_time,
+            tokens_per_s=tokens_per_s,
+            tokens_per_s_per_gpu=tokens_per_s / self.world_size,
+            mfu=mfu(tokens_per_s / self.world_size, self.flops_per_token, self.peak),
+            peak_mem_gib=peak_memory_gib(self.device),
+        )
+
+    def summary(self, replicas: int) -> RunSummary:
+        """Collective (the peak memory is the largest over the ranks)."""
+        # Step one pays for compilation and allocator warm-up; it would skew the rate.
+        measured = self.step_times[1:] or self.step_times
+        step_time = statistics.median(measured) if measured else None
+        per_gpu = self.tokens_per_step / step_time / self.world_size if step_time else None
+        config = self.config
+        return RunSummary(
+            world_size=self.world_size,
+            steps=config.steps,
+            start_step=self.start_step,
+            steps_run=len(self.step_times),
+            tokens_per_s=per_gpu * self.world_size if per_gpu else None,
+            tokens_per_s_per_gpu=per_gpu,
+            steps_per_s=1 / step_time if step_time else None,
+            mfu=mfu(per_gpu, self.flops_per_token, self.peak) if per_gpu else None,
+            mfu_causal=mfu(per_gpu, self.flops_per_token_causal, self.peak) if per_gpu else None,
+            loss_first=self.losses[0] if self.losses else None,
+            loss_last=self.losses[-1] if self.losses else None,
+            peak_mem_gib=_max_across_ranks(peak_memory_gib(self.device), self.device),
+            step_time_s=step_time,
+            duration_s=time.perf_counter() - self.started,
+            gpu_name=self.gpu_name,
+            device=self.device.type,
+            model=config.model_id,
+            init=config.init,
+            parameters=num_params(self.architecture),
+            flops_per_token=self.flops_per_token,
+            preset=config.preset,
+            data="synthetic" if config.synthetic_data else "corpus",
+            seq_len=config.seq_len,
+            batch_size=config.batch_size,
+            tokens_per_step=self.tokens_per_step,
+            hsdp_replicas=replicas,
+            compile=config.compile,
+            activation_checkpointing=config.activation_checkpointing,
+            run_name=config.run_name,
+        )
