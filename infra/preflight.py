@@ -52,6 +52,8 @@ class Placement:
 
     gpu_az: str
     cluster_azs: list[str]
+    # Zones that get subnets whatever the GPU zone: the first three (by name) offering the system type.
+    home_azs: list[str]
     gpu_node: InstanceFacts
     system_node: InstanceFacts
     capacity_reservation_id: str | None
@@ -90,6 +92,7 @@ def plan_placement(settings: StackSettings) -> Placement:
     return Placement(
         gpu_az=gpu_az,
         cluster_azs=zones.cluster_zones(gpu_az),
+        home_azs=zones.system_zones[:3],
         gpu_node=gpu_node,
         system_node=system_node,
         capacity_reservation_id=settings.capacity_reservation_id,
