@@ -15,6 +15,7 @@ from typing import Any
 
 import pulumi
 import yaml
+from google.protobuf import struct_pb2
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.proto import provider_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
@@ -103,8 +104,11 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def Call(self, request):
         _ensure_event_loop()
-        args = pulumi.runtime.rpc.deserialize_properties(request.args, keep_unknowns=True)
-        self_urn = request.args.fields["__self__"].struct_value.fields["urn"].string_value
+        # `__self__` is a resource reference; read its URN rather than rebuild the resource.
+        call_args = struct_pb2.Struct()
+        call_args.CopyFrom(request.args)
+        self_urn = call_args.fields.pop("__self__").struct_value.fields["urn"].string_value
+        args = pulumi.runtime.rpc.deserialize_properties(call_args, keep_unknowns=True)
         args["__self__"] = self.plan.by_urn(self_urn)
         result = self.mocks.call(pulumi.runtime.MockCallArgs(request.tok, args, request.provider))
         return provider_pb2.CallResponse(
