@@ -41,6 +41,7 @@ network = Network(
     cidr=settings.vpc_cidr,
     home_zones=placement.home_azs,
     gpu_zone=placement.gpu_az,
+    positional_zones=placement.cluster_azs,
     cluster_name=settings.cluster_name,
 )
 cluster = Cluster(

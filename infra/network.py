@@ -20,9 +20,10 @@ import ipaddress
 import pulumi
 import pulumi_aws as aws
 
-# The VPC is cut in eight: slices 0-6 hold the private subnet of the zone with that letter (a-g),
-# slice 7 is cut in eight again for the public subnets, in the same letter order.
-_SLICES = 8
+# The address plan: private subnets of zones a-c take the first three quarters of the VPC, zones d-g
+# an eighth of the last quarter each (its upper half); public subnets take a 64th of the VPC each, in
+# zone-letter order, from the start of the last quarter. Zones a-c keep the blocks of the positional
+# plan this replaces, so stacks first deployed in zones a and b keep their subnets.
 _ZONE_LETTERS = "abcdefg"
 
 
@@ -32,9 +33,11 @@ def zone_cidrs(vpc_cidr: str, zone: str) -> tuple[str, str]:
     if letter not in _ZONE_LETTERS:
         raise ValueError(f"zone {zone}: the address plan holds zones a to g")
     index = _ZONE_LETTERS.index(letter)
-    slices = list(ipaddress.ip_network(vpc_cidr).subnets(prefixlen_diff=3))
-    public = list(slices[_SLICES - 1].subnets(prefixlen_diff=3))
-    return str(slices[index]), str(public[index])
+    quarters = list(ipaddress.ip_network(vpc_cidr).subnets(prefixlen_diff=2))
+    last = quarters[3]
+    private = quarters[index] if index < 3 else list(last.subnets(prefixlen_diff=3))[index + 1]
+    public = list(last.subnets(prefixlen_diff=4))[index]
+    return str(private), str(public)
 
 
 class Network(pulumi.ComponentResource):
@@ -47,9 +50,13 @@ class Network(pulumi.ComponentResource):
         cidr: str,
         home_zones: list[str],
         gpu_zone: str,
+        positional_zones: list[str],
         cluster_name: str,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """`positional_zones`: the zones in the order the earlier plan named subnets `<tier>-<position>`
+        (the GPU zone first); a subnet there takes its old name as an alias, so stacks deployed with that
+        plan keep their subnets and route table associations."""
         super().__init__("eks-ray-train:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster_tag = {f"kubernetes.io/cluster/{cluster_name}": "shared"}
@@ -76,6 +83,12 @@ class Network(pulumi.ComponentResource):
         def subnet(tier: str, zone: str, elb_role: str, routes: aws.ec2.RouteTable) -> aws.ec2.Subnet:
             """The tier's subnet in `zone`, associated with the tier's route table."""
             private_block, public_block = zone_cidrs(cidr, zone)
+            aliases = (
+                [pulumi.Alias(name=f"{name}-{tier}-{positional_zones.index(zone)}")]
+                if zone in positional_zones
+                else []
+            )
+            named = pulumi.ResourceOptions(parent=self, aliases=aliases)
             created = aws.ec2.Subnet(
                 f"{name}-{tier}-{zone}",
                 vpc_id=self.vpc.id,
@@ -83,10 +96,10 @@ class Network(pulumi.ComponentResource):
                 availability_zone=zone,
                 map_public_ip_on_launch=False,
                 tags={"Name": f"{name}-{tier}-{zone}", elb_role: "1", **cluster_tag},
-                opts=child,
+                opts=named,
             )
             aws.ec2.RouteTableAssociation(
-                f"{name}-{tier}-{zone}", subnet_id=created.id, route_table_id=routes.id, opts=child
+                f"{name}-{tier}-{zone}", subnet_id=created.id, route_table_id=routes.id, opts=named
             )
             return created
 

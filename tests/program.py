@@ -38,6 +38,7 @@ class Registration:
     dependencies: list[str]
     inputs: dict[str, Any]
     secret_inputs: set[str]
+    alias_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +129,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     dependencies=list(request.dependencies),
                     inputs=inputs,
                     secret_inputs=_secret_paths(request.object),
+                    alias_names=[a.spec.name for a in request.aliases if a.HasField("spec")],
                 )
             )
         return response

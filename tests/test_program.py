@@ -466,12 +466,33 @@ def plan_cluster_subnets(plan: Plan) -> tuple[list, list]:
     return cluster["privateSubnetIds"], system.inputs["subnetIds"]
 
 
-def test_subnet_blocks_follow_the_zone_letter():
-    assert zone_cidrs("10.0.0.0/16", "us-east-2a") == ("10.0.0.0/19", "10.0.224.0/22")
-    assert zone_cidrs("10.0.0.0/16", "us-east-1f") == ("10.0.160.0/19", "10.0.244.0/22")
-    assert zone_cidrs("10.20.0.0/20", "us-west-2d") == ("10.20.6.0/23", "10.20.14.192/26")
-    blocks = [ipaddress.ip_network(b) for zone in "abcdefg" for b in zone_cidrs("10.0.0.0/16", f"x-1{zone}")]
+@pytest.mark.parametrize("vpc", ["10.0.0.0/16", "10.20.0.0/20"])
+def test_subnet_blocks_follow_the_zone_letter_and_never_overlap(vpc):
+    blocks = [ipaddress.ip_network(b) for zone in "abcdefg" for b in zone_cidrs(vpc, f"x-1{zone}")]
+    assert all(block.subnet_of(ipaddress.ip_network(vpc)) for block in blocks)
     assert not any(a.overlaps(b) for i, a in enumerate(blocks) for b in blocks[i + 1 :])
+    assert all(block.num_addresses >= 64 for block in blocks)
+
+
+def test_zones_a_to_c_keep_the_blocks_of_the_positional_plan():
+    """The earlier plan: private quarters by position, public /22s from the last quarter, GPU zone first.
+
+    A stack deployed in zones a (GPU) and b, the default of every stack file, keeps its blocks and,
+    through aliases of the old names, its subnets and route table associations.
+    """
+    assert zone_cidrs("10.0.0.0/16", "us-east-2a") == ("10.0.0.0/18", "10.0.192.0/22")
+    assert zone_cidrs("10.0.0.0/16", "us-east-2b") == ("10.0.64.0/18", "10.0.196.0/22")
+    assert zone_cidrs("10.0.0.0/16", "us-east-1d") == ("10.0.224.0/21", "10.0.204.0/22")
+    plan = run_program(dev_config(), FakeAws(region="us-east-2"))
+    aliases = {
+        r.name: r.alias_names
+        for r in plan.resources
+        if r.type in (SUBNET, "aws:ec2/routeTableAssociation:RouteTableAssociation")
+    }
+    for tier in ("private", "public"):
+        assert aliases[f"eks-ray-train-{tier}-us-east-2a"] == [f"eks-ray-train-{tier}-0"]
+        assert aliases[f"eks-ray-train-{tier}-us-east-2b"] == [f"eks-ray-train-{tier}-1"]
+        assert aliases[f"eks-ray-train-{tier}-us-east-2c"] == []
 
 
 # --- credentials: the stack's AWS identity reaches the Kubernetes provider ----------------------------
