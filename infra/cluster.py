@@ -114,9 +114,9 @@ class Cluster(pulumi.ComponentResource):
         # `pulumi destroy` removes node groups and add-ons before the control plane.
         self.cluster_name = self.eks.cluster_security_group_id.apply(lambda _: settings.cluster_name)
         # For people: no profile in it, so each user's own AWS credentials apply.
-        self.kubeconfig = pulumi.Output.secret(self.eks.kubeconfig_json)
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(self.eks.kubeconfig_json)
         # For this program's Kubernetes provider: the identity Pulumi itself runs as.
-        self.provider_kubeconfig = pulumi.Output.secret(
+        self.provider_kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
             self.eks.get_kubeconfig(profile_name=identity.profile, role_arn=identity.role_arn)
         )
         self.security_group_id = self.eks.cluster_security_group_id

@@ -33,7 +33,7 @@ def zone_cidrs(vpc_cidr: str, zone: str) -> tuple[str, str]:
     if letter not in _ZONE_LETTERS:
         raise ValueError(f"zone {zone}: the address plan holds zones a to g")
     index = _ZONE_LETTERS.index(letter)
-    quarters = list(ipaddress.ip_network(vpc_cidr).subnets(prefixlen_diff=2))
+    quarters = list(ipaddress.IPv4Network(vpc_cidr).subnets(prefixlen_diff=2))
     last = quarters[3]
     private = quarters[index] if index < 3 else list(last.subnets(prefixlen_diff=3))[index + 1]
     public = list(last.subnets(prefixlen_diff=4))[index]

@@ -22,13 +22,17 @@ GPU_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
 # pods cannot take the node role's credentials (EKS best practices, "Restrict access to the instance
 # profile"). Pods get AWS credentials and the region from IRSA; host-network pods (VPC CNI,
 # kube-proxy, device plugins) still reach the metadata service.
-METADATA_OPTIONS = {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1}
+METADATA_OPTIONS: aws.ec2.LaunchTemplateMetadataOptionsArgsDict = {
+    "http_endpoint": "enabled",
+    "http_tokens": "required",
+    "http_put_response_hop_limit": 1,
+}
 # Root volumes: the system nodes hold the Ray head's image (about 20 GB), the GPU nodes the workers'.
 SYSTEM_ROOT_VOLUME_GIB = 80
 GPU_ROOT_VOLUME_GIB = 200
 
 
-def root_volume(size_gib: int) -> list[dict]:
+def root_volume(size_gib: int) -> list[aws.ec2.LaunchTemplateBlockDeviceMappingArgsDict]:
     """Encrypted gp3 root volume of the AL2023 AMIs (device /dev/xvda)."""
     return [
         {

@@ -28,18 +28,18 @@ CODE = {"training/__init__.py": "", "training/loop.py": "print('hi')\n", "traini
 
 
 def spec(**overrides) -> manifests.RayClusterSpec:
-    fields = dict(
-        name="ray-train",
-        namespace="ray-train",
-        image=manifests_image(),
-        ray_version="2.58.0",
-        region="us-east-2",
-        worker_replicas=2,
-        worker=WORKER,
-        service_account="ray-train",
-        code_configmap="training-code",
-        code_files=CODE,
-    )
+    fields = {
+        "name": "ray-train",
+        "namespace": "ray-train",
+        "image": manifests_image(),
+        "ray_version": "2.58.0",
+        "region": "us-east-2",
+        "worker_replicas": 2,
+        "worker": WORKER,
+        "service_account": "ray-train",
+        "code_configmap": "training-code",
+        "code_files": CODE,
+    }
     return manifests.RayClusterSpec(**{**fields, **overrides})
 
 
