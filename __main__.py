@@ -13,7 +13,13 @@ import pulumi_kubernetes as k8s
 from infra.cluster import Cluster
 from infra.config import hf_token, load_settings
 from infra.network import Network
-from infra.node_groups import GpuNodeGroup, NodeGroupSpec, SystemNodeGroup
+from infra.node_groups import (
+    GPU_ROOT_VOLUME_GIB,
+    SYSTEM_ROOT_VOLUME_GIB,
+    GpuNodeGroup,
+    NodeGroupSpec,
+    SystemNodeGroup,
+)
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
 from infra.storage import RAY_SERVICE_ACCOUNT, CheckpointStore, checkpoint_bucket_name
@@ -33,7 +39,9 @@ worker = size_workers(settings, placement.gpu_node)
 network = Network(
     settings.cluster_name,
     cidr=settings.vpc_cidr,
-    zones=placement.cluster_azs,
+    home_zones=placement.home_azs,
+    gpu_zone=placement.gpu_az,
+    positional_zones=placement.cluster_azs,
     cluster_name=settings.cluster_name,
 )
 cluster = Cluster(
@@ -50,7 +58,7 @@ system_nodes = SystemNodeGroup(
     cluster_name=cluster.cluster_name,
     node_role_arn=cluster.node_role.arn,
     subnet_ids=network.private_subnet_ids,
-    spec=NodeGroupSpec(placement.system_node, settings.system_node_count, root_volume_gib=50),
+    spec=NodeGroupSpec(placement.system_node, settings.system_node_count, SYSTEM_ROOT_VOLUME_GIB),
     after=cluster.node_role_policies,
 )
 gpu_nodes = GpuNodeGroup(
@@ -60,7 +68,7 @@ gpu_nodes = GpuNodeGroup(
     cluster_security_group_id=cluster.security_group_id,
     node_role_arn=cluster.node_role.arn,
     subnet_id=network.gpu_subnet_id,
-    spec=NodeGroupSpec(placement.gpu_node, settings.gpu_node_count, root_volume_gib=200),
+    spec=NodeGroupSpec(placement.gpu_node, settings.gpu_node_count, GPU_ROOT_VOLUME_GIB),
     reservation=placement.reservation,
     after=cluster.node_role_policies,
 )
@@ -74,7 +82,11 @@ checkpoints = CheckpointStore(
 )
 
 # 5. GPU and EFA device plugins, KubeRay operator.
-kubernetes = k8s.Provider("eks", kubeconfig=cluster.kubeconfig, opts=pulumi.ResourceOptions(parent=cluster))
+kubernetes = k8s.Provider(
+    "eks",
+    kubeconfig=cluster.provider_kubeconfig,
+    opts=pulumi.ResourceOptions(parent=cluster, depends_on=[cluster.eks]),
+)
 addons = Addons(
     "addons",
     provider=kubernetes,
@@ -92,6 +104,7 @@ ray = RayCluster(
         namespace=settings.namespace,
         image=settings.image,
         ray_version=settings.ray_version,
+        region=settings.region,
         worker_replicas=settings.gpu_node_count,
         worker=worker,
         service_account=RAY_SERVICE_ACCOUNT,

@@ -11,6 +11,38 @@ import pulumi_eks as eks
 from infra.config import StackSettings
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+# The EKS managed policy that makes an access entry a cluster administrator, for the whole cluster.
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """The log group EKS writes control-plane logs to (EKS user guide, "Send control plane logs to CloudWatch")."""
+    return f"/aws/eks/{cluster_name}/cluster"
+
+
+def access_entry_name(principal_arn: str) -> str:
+    """A resource name for a principal's access entry: its account, kind and name, stable across runs."""
+    account, resource = principal_arn.split(":")[4], principal_arn.split(":", 5)[5]
+    kind, _, path_and_name = resource.partition("/")
+    return f"admin-{account}-{kind}-{path_and_name.replace('/', '-')}"
+
+
+def names_same_principal(caller_arn: str, principal_arn: str) -> bool:
+    """Whether the caller (an IAM user, or an STS session of a role) is the IAM principal `principal_arn`.
+
+    A session ARN (`arn:aws:sts::<account>:assumed-role/<role>/<session>`) carries the role's name
+    but not its path, so a role is matched by account and name.
+    """
+    if caller_arn == principal_arn:
+        return True
+    caller, principal = caller_arn.split(":", 5), principal_arn.split(":", 5)
+    if caller[2] != "sts" or not caller[5].startswith("assumed-role/"):
+        return False
+    return (
+        caller[4] == principal[4]
+        and principal[5].startswith("role/")
+        and caller[5].split("/")[1] == principal[5].rsplit("/", 1)[-1]
+    )
 
 
 class Cluster(pulumi.ComponentResource):
@@ -34,7 +66,15 @@ class Cluster(pulumi.ComponentResource):
         super().__init__("eks-ray-train:infra:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.name = settings.cluster_name
+        identity = settings.aws_identity
 
+        # Created before the cluster, with a retention: EKS would otherwise create it, keeping logs forever.
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-control-plane",
+            name=control_plane_log_group(settings.cluster_name),
+            retention_in_days=settings.log_retention_days,
+            opts=child,
+        )
         self.secrets_key = aws.kms.Key(
             f"{name}-secrets",
             description=f"Envelope encryption of Kubernetes secrets in EKS cluster {settings.cluster_name}",
@@ -58,16 +98,27 @@ class Cluster(pulumi.ComponentResource):
             public_access_cidrs=list(settings.endpoint_public_access_cidrs) or None,
             encryption_config_key_arn=self.secrets_key.arn,
             create_oidc_provider=True,
-            enabled_cluster_log_types=CONTROL_PLANE_LOGS,
+            # Through the log group, so the control plane inside pulumi-eks waits for it too.
+            enabled_cluster_log_types=self.log_group.name.apply(lambda _: CONTROL_PLANE_LOGS),
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(enabled=True),
+            provider_credential_opts=eks.KubeconfigOptionsArgs(
+                profile_name=identity.profile, role_arn=identity.role_arn
+            )
+            if identity.profile or identity.role_arn
+            else None,
             tags={"project": "eks-ray-train"},
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group]),
         )
         # The name as an Output of the cluster: whatever uses it depends on the cluster, so
         # `pulumi destroy` removes node groups and add-ons before the control plane.
         self.cluster_name = self.eks.cluster_security_group_id.apply(lambda _: settings.cluster_name)
-        self.kubeconfig = pulumi.Output.secret(self.eks.kubeconfig_json)
+        # For people: no profile in it, so each user's own AWS credentials apply.
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(self.eks.kubeconfig_json)
+        # For this program's Kubernetes provider: the identity Pulumi itself runs as.
+        self.provider_kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
+            self.eks.get_kubeconfig(profile_name=identity.profile, role_arn=identity.role_arn)
+        )
         self.security_group_id = self.eks.cluster_security_group_id
         self.oidc_provider_arn = self.eks.oidc_provider_arn
         self.oidc_provider_url = self.eks.oidc_provider_url
@@ -98,7 +149,36 @@ class Cluster(pulumi.ComponentResource):
             )
             for policy in NODE_POLICIES
         ]
+        # Admins besides the cluster's creator, who gets an access entry from EKS at creation.
+        caller = aws.get_caller_identity().arn if settings.admin_principal_arns else ""
+        for principal in settings.admin_principal_arns:
+            if names_same_principal(caller, principal):
+                pulumi.log.warn(
+                    f"config key 'adminPrincipalArns' lists {principal}, the identity running Pulumi: if it "
+                    "creates the cluster, EKS already gives it an access entry and this one fails "
+                    "(ResourceInUseException); leave the cluster's creator out of adminPrincipalArns"
+                )
+        self.admin_access = [self._admin(principal) for principal in settings.admin_principal_arns]
         self.register_outputs({"clusterName": self.name, "securityGroupId": self.security_group_id})
+
+    def _admin(self, principal_arn: str) -> aws.eks.AccessPolicyAssociation:
+        """An access entry for the principal with the cluster-admin access policy, cluster-wide."""
+        name = access_entry_name(principal_arn)
+        entry = aws.eks.AccessEntry(
+            name,
+            cluster_name=self.cluster_name,
+            principal_arn=principal_arn,
+            type="STANDARD",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return aws.eks.AccessPolicyAssociation(
+            name,
+            cluster_name=self.cluster_name,
+            principal_arn=entry.principal_arn,
+            policy_arn=CLUSTER_ADMIN_POLICY,
+            access_scope={"type": "cluster"},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def install_coredns(self, after: list[pulumi.Resource]) -> aws.eks.Addon:
         """The CoreDNS managed add-on, created once nodes exist to run it."""

@@ -13,7 +13,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pulumi
@@ -25,6 +25,41 @@ DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 DEFAULT_RAY_VERSION = "2.58.0"
 # What a run may be expected to use; "unknown" is a verdict, never an expectation.
 EXPECTABLE_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "unknown")
+
+# IAM role names stop at 64 characters (IAM quotas), and Pulumi autonames a role by appending "-"
+# and 7 random characters to its resource name. Two roles are named after the cluster: pulumi-eks's
+# control-plane role "<clusterName>-eksRole-role" (its ServiceRole "<name>-eksRole" names the role
+# "<name>-role") and the program's node role "<clusterName>-node". Every other name derived from the
+# cluster name has more room (EKS cluster 100, log group 512, tag key 128; the bucket name is cut).
+IAM_ROLE_NAME_LIMIT = 64
+AUTONAME_SUFFIX_LENGTH = 8
+CLUSTER_ROLE_SUFFIXES = ("-eksRole-role", "-node")
+CLUSTER_NAME_MAX = IAM_ROLE_NAME_LIMIT - AUTONAME_SUFFIX_LENGTH - max(map(len, CLUSTER_ROLE_SUFFIXES))
+# The retention periods CloudWatch Logs accepts (PutRetentionPolicy), in days.
+LOG_RETENTION_DAYS = (
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+)
 
 
 class ConfigError(pulumi.RunError):
@@ -50,6 +85,14 @@ class TrainingSettings:
     hsdp: bool = False
     expect_transport: str = "efa"
     timeout_minutes: int = 60
+
+
+@dataclass(frozen=True)
+class AwsIdentity:
+    """Who Pulumi acts as (`aws:profile`, `aws:assumeRoles`): everything that talks to the cluster uses it too."""
+
+    profile: str | None = None
+    role_arn: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,10 +123,13 @@ class StackSettings:
     worker_memory: str = "160Gi"
     endpoint_public_access: bool = True
     endpoint_public_access_cidrs: tuple[str, ...] = ()
+    admin_principal_arns: tuple[str, ...] = ()
+    log_retention_days: int = 30
     train: bool = True
     benchmark: bool = False
     has_hf_token: bool = False
     training: TrainingSettings = field(default_factory=TrainingSettings)
+    aws_identity: AwsIdentity = field(default_factory=AwsIdentity)
 
     @property
     def worker_memory_mib(self) -> int:
@@ -93,7 +139,9 @@ class StackSettings:
 # --- small parsers: each returns the typed value or raises ValueError with the reason ------------
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
+_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]*$")
+_IAM_PRINCIPAL = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(user|role)/[\w+=,.@/-]{1,512}$")
+_STS_SESSION = re.compile(r"^arn:aws(-[a-z]+)*:sts::(\d{12}):assumed-role/([\w+=,.@-]+)/")
 _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
@@ -198,6 +246,46 @@ def _cidr_list(value: Any) -> tuple[str, ...]:
     return blocks
 
 
+def _cluster_name(value: Any) -> str:
+    name = _matching(_CLUSTER_NAME, "eks-ray-train")(value)
+    if len(name) > CLUSTER_NAME_MAX:
+        raise ValueError(
+            f"at most {CLUSTER_NAME_MAX} characters ({len(name)} given): pulumi-eks names the cluster's IAM role "
+            f"'<clusterName>-eksRole-role' plus 8 random characters, and IAM role names stop at {IAM_ROLE_NAME_LIMIT}"
+        )
+    return name
+
+
+def _principal_arns(value: Any) -> tuple[str, ...]:
+    """IAM users and roles for EKS access entries (a role ARN may carry a path; STS sessions may not)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError('expected a non-empty list of IAM ARNs, e.g. ["arn:aws:iam::123456789012:role/ci"]')
+    for arn in value:
+        session = _STS_SESSION.match(str(arn))
+        if session:
+            raise ValueError(
+                f"{arn} is an STS session, which EKS access entries refuse: "
+                f"give the role's own ARN, arn:aws:iam::{session.group(2)}:role/{session.group(3)}"
+            )
+        if not isinstance(arn, str) or not _IAM_PRINCIPAL.match(arn):
+            raise ValueError(
+                f"{arn!r} is not the ARN of an IAM user or role, e.g. arn:aws:iam::123456789012:role/ci"
+            )
+    repeated = sorted({arn for arn in value if value.count(arn) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} listed twice (EKS allows one access entry per principal)")
+    return tuple(value)
+
+
+def _log_retention(value: Any) -> int:
+    days = _as_int(1)(value)
+    if days not in LOG_RETENTION_DAYS:
+        raise ValueError(
+            f"CloudWatch Logs keeps logs for one of {', '.join(map(str, LOG_RETENTION_DAYS))} days"
+        )
+    return days
+
+
 def _image(value: Any) -> str:
     if not isinstance(value, str) or not value or " " in value:
         raise ValueError("expected a container image reference")
@@ -223,7 +311,7 @@ _TRAINING_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 
 _STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "clusterName": ("cluster_name", _matching(_CLUSTER_NAME, "eks-ray-train")),
+    "clusterName": ("cluster_name", _cluster_name),
     "kubernetesVersion": ("kubernetes_version", _matching(_K8S_VERSION, '"1.36" (quote it in YAML)')),
     "vpcCidr": ("vpc_cidr", _vpc_cidr),
     "systemNodeType": ("system_node_type", _matching(_INSTANCE_TYPE, "m7i.xlarge")),
@@ -239,6 +327,8 @@ _STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "workerMemory": ("worker_memory", lambda v: (quantity_to_mib(str(v)), str(v))[1]),
     "endpointPublicAccess": ("endpoint_public_access", _as_bool),
     "endpointPublicAccessCidrs": ("endpoint_public_access_cidrs", _cidr_list),
+    "adminPrincipalArns": ("admin_principal_arns", _principal_arns),
+    "logRetentionDays": ("log_retention_days", _log_retention),
     "train": ("train", _as_bool),
     "benchmark": ("benchmark", _as_bool),
     # Only its presence is kept here; the value stays a Pulumi secret (see `hf_token`).
@@ -276,8 +366,28 @@ def _parse_fields(raw: Mapping[str, Any], table: dict, prefix: str) -> dict[str,
     return fields
 
 
-def parse_settings(raw: Mapping[str, Any], region: str | None) -> StackSettings:
-    """Validate the stack's `eks-ray-train:*` values (keys without the namespace) for `region`."""
+def _aws_identity(aws: Mapping[str, Any]) -> AwsIdentity:
+    """The profile and the role Pulumi's AWS provider uses (pulumi-aws's `profile` and `assumeRoles`)."""
+    profile = aws.get("profile") or None
+    roles = _decode(aws.get("assumeRoles") or [])
+    if not isinstance(roles, list) or not all(isinstance(r, dict) and r.get("roleArn") for r in roles):
+        raise ConfigError("config key 'aws:assumeRoles' must be a list of objects with a roleArn")
+    if len(roles) > 1:
+        raise ConfigError(
+            f"config key 'aws:assumeRoles' chains {len(roles)} roles, and the cluster's kubeconfig "
+            "(`aws eks get-token --role-arn`) assumes one: put the chain's first roles in an AWS CLI profile "
+            "(role_arn, source_profile), set aws:profile to it, and keep only the last role in aws:assumeRoles"
+        )
+    return AwsIdentity(profile=profile, role_arn=roles[0]["roleArn"] if roles else None)
+
+
+def parse_settings(
+    raw: Mapping[str, Any], region: str | None, aws: Mapping[str, Any] | None = None
+) -> StackSettings:
+    """Validate the stack's `eks-ray-train:*` values (keys without the namespace) for `region`.
+
+    `aws` holds the `aws:*` values that decide the identity (keys without the namespace).
+    """
     if not region:
         raise ConfigError("config key 'aws:region' is not set: run `pulumi config set aws:region us-east-2`")
     if not _REGION.match(region):
@@ -291,6 +401,7 @@ def parse_settings(raw: Mapping[str, Any], region: str | None) -> StackSettings:
     settings = StackSettings(
         region=region,
         training=TrainingSettings(**_parse_fields(training_raw, _TRAINING_KEYS, "training.")),
+        aws_identity=_aws_identity(aws or {}),
         **_parse_fields(values, _STACK_KEYS, ""),
     )
     if settings.gpu_az and not settings.gpu_az.startswith(region):
@@ -304,6 +415,9 @@ def parse_settings(raw: Mapping[str, Any], region: str | None) -> StackSettings:
             "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`, "
             "or set endpointPublicAccess: false to reach the cluster only from inside the VPC"
         )
+    if not settings.endpoint_public_access:
+        # EKS (and pulumi-eks) refuse publicAccessCidrs on a private endpoint; the list means nothing there.
+        settings = replace(settings, endpoint_public_access_cidrs=())
     return settings
 
 
@@ -321,4 +435,9 @@ def hf_token() -> pulumi.Output[str] | None:
 
 def load_settings() -> StackSettings:
     """Read and validate the current stack's configuration."""
-    return parse_settings(stack_config_values(), pulumi.Config("aws").get("region"))
+    aws = pulumi.Config("aws")
+    return parse_settings(
+        stack_config_values(),
+        aws.get("region"),
+        {"profile": aws.get("profile"), "assumeRoles": aws.get("assumeRoles")},
+    )

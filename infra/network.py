@@ -1,9 +1,16 @@
-"""The VPC: private subnets for nodes in two AZs (the first is the GPU AZ), public subnets for NAT.
+"""The VPC: private subnets for nodes, public subnets for NAT, each named and addressed by its zone.
 
-EFA traffic cannot leave an AZ, so the GPU node group later takes exactly one private subnet:
-`gpu_subnet_id`, the one in the GPU AZ. The second AZ exists because the EKS control plane
-needs subnets in two zones. One NAT gateway keeps cost down; nodes reach the image registry and
-Hugging Face through it, and have no public IP.
+A subnet's resource name and CIDR block depend on its zone alone (the zone's letter picks its
+slice of the VPC), never on which zone holds the GPU nodes. Moving the GPU zone (`gpuAz`, a
+capacity reservation) therefore leaves every existing subnet as it is: Pulumi replaces a subnet
+whose zone or block changes by creating the new one first, and EC2 refuses a block that overlaps
+a subnet still in the VPC (`InvalidSubnet.Conflict`).
+
+The home zones (up to three, chosen without regard to the GPU zone) get a private and a public
+subnet each; they carry the EKS control plane and the system nodes. The GPU node group takes one
+private subnet, `gpu_subnet_id`: a home zone's, or one of its own when the GPU zone is elsewhere
+(EFA traffic cannot leave a zone). One NAT gateway keeps cost down; nodes reach the image
+registry and Hugging Face through it, and have no public IP.
 """
 
 from __future__ import annotations
@@ -13,16 +20,24 @@ import ipaddress
 import pulumi
 import pulumi_aws as aws
 
+# The address plan: private subnets of zones a-c take the first three quarters of the VPC, zones d-g
+# an eighth of the last quarter each (its upper half); public subnets take a 64th of the VPC each, in
+# zone-letter order, from the start of the last quarter. Zones a-c keep the blocks of the positional
+# plan this replaces, so stacks first deployed in zones a and b keep their subnets.
+_ZONE_LETTERS = "abcdefg"
 
-def subnet_cidrs(vpc_cidr: str, zones: int) -> tuple[list[str], list[str]]:
-    """Split the VPC into /4-of-the-VPC private subnets (pods need many IPs) and small public ones."""
-    network = ipaddress.ip_network(vpc_cidr)
-    quarters = list(network.subnets(prefixlen_diff=2))
-    if zones > 3:
-        raise ValueError("the address plan holds three zones at most")
-    private = [str(block) for block in quarters[:zones]]
-    public = [str(block) for block in list(quarters[3].subnets(prefixlen_diff=4))[:zones]]
-    return private, public
+
+def zone_cidrs(vpc_cidr: str, zone: str) -> tuple[str, str]:
+    """(private, public) CIDR blocks of `zone` in the VPC, fixed by the zone's letter."""
+    letter = zone[-1]
+    if letter not in _ZONE_LETTERS:
+        raise ValueError(f"zone {zone}: the address plan holds zones a to g")
+    index = _ZONE_LETTERS.index(letter)
+    quarters = list(ipaddress.IPv4Network(vpc_cidr).subnets(prefixlen_diff=2))
+    last = quarters[3]
+    private = quarters[index] if index < 3 else list(last.subnets(prefixlen_diff=3))[index + 1]
+    public = list(last.subnets(prefixlen_diff=4))[index]
+    return str(private), str(public)
 
 
 class Network(pulumi.ComponentResource):
@@ -33,14 +48,18 @@ class Network(pulumi.ComponentResource):
         name: str,
         *,
         cidr: str,
-        zones: list[str],
+        home_zones: list[str],
+        gpu_zone: str,
+        positional_zones: list[str],
         cluster_name: str,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """`positional_zones`: the zones in the order the earlier plan named subnets `<tier>-<position>`
+        (the GPU zone first); a subnet there takes its old name as an alias, so stacks deployed with that
+        plan keep their subnets and route table associations."""
         super().__init__("eks-ray-train:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster_tag = {f"kubernetes.io/cluster/{cluster_name}": "shared"}
-        private_cidrs, public_cidrs = subnet_cidrs(cidr, len(zones))
 
         self.vpc = aws.ec2.Vpc(
             name,
@@ -61,31 +80,34 @@ class Network(pulumi.ComponentResource):
                 opts=child,
             )
 
-        def subnets(
-            tier: str, cidrs: list[str], elb_role: str, routes: aws.ec2.RouteTable
-        ) -> list[aws.ec2.Subnet]:
-            """One subnet of the tier per zone, associated with the tier's route table."""
-            created = []
-            for index, (zone, block) in enumerate(zip(zones, cidrs)):
-                subnet = aws.ec2.Subnet(
-                    f"{name}-{tier}-{index}",
-                    vpc_id=self.vpc.id,
-                    cidr_block=block,
-                    availability_zone=zone,
-                    map_public_ip_on_launch=False,
-                    tags={"Name": f"{name}-{tier}-{index}", elb_role: "1", **cluster_tag},
-                    opts=child,
-                )
-                aws.ec2.RouteTableAssociation(
-                    f"{name}-{tier}-{index}", subnet_id=subnet.id, route_table_id=routes.id, opts=child
-                )
-                created.append(subnet)
+        def subnet(tier: str, zone: str, elb_role: str, routes: aws.ec2.RouteTable) -> aws.ec2.Subnet:
+            """The tier's subnet in `zone`, associated with the tier's route table."""
+            private_block, public_block = zone_cidrs(cidr, zone)
+            aliases = (
+                [pulumi.Alias(name=f"{name}-{tier}-{positional_zones.index(zone)}")]
+                if zone in positional_zones
+                else []
+            )
+            named = pulumi.ResourceOptions(parent=self, aliases=aliases)
+            created = aws.ec2.Subnet(
+                f"{name}-{tier}-{zone}",
+                vpc_id=self.vpc.id,
+                cidr_block=private_block if tier == "private" else public_block,
+                availability_zone=zone,
+                map_public_ip_on_launch=False,
+                tags={"Name": f"{name}-{tier}-{zone}", elb_role: "1", **cluster_tag},
+                opts=named,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-{tier}-{zone}", subnet_id=created.id, route_table_id=routes.id, opts=named
+            )
             return created
 
         internet = aws.ec2.InternetGateway(name, vpc_id=self.vpc.id, tags={"Name": name}, opts=child)
-        self.public_subnets = subnets(
-            "public", public_cidrs, "kubernetes.io/role/elb", routes_to("public", {"gateway_id": internet.id})
-        )
+        public_routes = routes_to("public", {"gateway_id": internet.id})
+        self.public_subnets = [
+            subnet("public", zone, "kubernetes.io/role/elb", public_routes) for zone in home_zones
+        ]
         nat_address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags={"Name": f"{name}-nat"}, opts=child)
         nat = aws.ec2.NatGateway(
             name,
@@ -94,17 +116,17 @@ class Network(pulumi.ComponentResource):
             tags={"Name": name},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[internet]),
         )
-        self.private_subnets = subnets(
-            "private",
-            private_cidrs,
-            "kubernetes.io/role/internal-elb",
-            routes_to("private", {"nat_gateway_id": nat.id}),
-        )
+        private_routes = routes_to("private", {"nat_gateway_id": nat.id})
+        private = {
+            zone: subnet("private", zone, "kubernetes.io/role/internal-elb", private_routes)
+            for zone in dict.fromkeys([*home_zones, gpu_zone])
+        }
+        self.private_subnets = [private[zone] for zone in home_zones]
 
         self.vpc_id = self.vpc.id
-        self.private_subnet_ids = [subnet.id for subnet in self.private_subnets]
-        self.public_subnet_ids = [subnet.id for subnet in self.public_subnets]
-        self.gpu_subnet_id = self.private_subnets[0].id
+        self.private_subnet_ids = [s.id for s in self.private_subnets]
+        self.public_subnet_ids = [s.id for s in self.public_subnets]
+        self.gpu_subnet_id = private[gpu_zone].id
         self.register_outputs(
             {
                 "vpcId": self.vpc_id,

@@ -30,12 +30,18 @@ SYSTEM_LABELS = {"role": "system"}
 GPU_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
 # GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.
 GPU_MAX_UNAVAILABLE = 1
-# IMDSv2 only; hop limit 2 so containers that legitimately need instance metadata still reach it.
+# IMDSv2 only, and a hop limit of 1: the metadata response dies at the pod network's extra hop, so
+# pods cannot take the node role's credentials (EKS best practices, "Restrict access to the instance
+# profile"). Pods get AWS credentials and the region from IRSA; host-network pods (VPC CNI,
+# kube-proxy, device plugins) still reach the metadata service.
 METADATA_OPTIONS: aws.ec2.LaunchTemplateMetadataOptionsArgsDict = {
     "http_endpoint": "enabled",
     "http_tokens": "required",
-    "http_put_response_hop_limit": 2,
+    "http_put_response_hop_limit": 1,
 }
+# Root volumes: the system nodes hold the Ray head's image (about 20 GB), the GPU nodes the workers'.
+SYSTEM_ROOT_VOLUME_GIB = 80
+GPU_ROOT_VOLUME_GIB = 200
 
 
 def root_volume(size_gib: int) -> list[aws.ec2.LaunchTemplateBlockDeviceMappingArgsDict]:

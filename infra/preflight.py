@@ -74,6 +74,8 @@ class Placement:
 
     gpu_az: str
     cluster_azs: list[str]
+    # Zones that get subnets whatever the GPU zone: the first three (by name) offering the system type.
+    home_azs: list[str]
     gpu_node: InstanceFacts
     system_node: InstanceFacts
     reservation: ReservationFacts | None = None
@@ -118,6 +120,7 @@ def plan_placement(settings: StackSettings) -> Placement:
     return Placement(
         gpu_az=gpu_az,
         cluster_azs=zones.cluster_zones(gpu_az),
+        home_azs=zones.system_zones[:3],
         gpu_node=gpu_node,
         system_node=system_node,
         reservation=reservation,

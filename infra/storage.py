@@ -72,6 +72,28 @@ def bucket_access_policy(bucket_arn: str) -> str:
     )
 
 
+def tls_only_policy(bucket_arn: str) -> str:
+    """Deny every request to the bucket and its objects that does not come over TLS.
+
+    The S3 user guide's recommended form: `aws:SecureTransport` is "false" on plain HTTP requests.
+    """
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "DenyRequestsWithoutTls",
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:*",
+                    "Resource": [bucket_arn, f"{bucket_arn}/*"],
+                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                }
+            ],
+        }
+    )
+
+
 class CheckpointStore(pulumi.ComponentResource):
     """The bucket, its guards, and the role the Ray pods' service account assumes."""
 
@@ -89,7 +111,7 @@ class CheckpointStore(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         # force_destroy: `pulumi destroy` would otherwise stop at a bucket that still holds checkpoints.
         self.bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=True, opts=child)
-        aws.s3.BucketPublicAccessBlock(
+        public_access = aws.s3.BucketPublicAccessBlock(
             name,
             bucket=self.bucket.id,
             block_public_acls=True,
@@ -108,6 +130,13 @@ class CheckpointStore(pulumi.ComponentResource):
                 }
             ],
             opts=child,
+        )
+        # After the public access block: S3 judges a new policy against the block in force.
+        aws.s3.BucketPolicy(
+            name,
+            bucket=self.bucket.id,
+            policy=self.bucket.arn.apply(tls_only_policy),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access]),
         )
         aws.s3.BucketOwnershipControls(
             name, bucket=self.bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child

@@ -6,6 +6,7 @@ top-level module. The rules themselves live there as plain functions; this file 
 
 from pulumi_policy import PolicyPack
 from rules import (
+    BUCKETS_TLS_ONLY,
     CONTAINER_IMAGES_PINNED,
     CONTROL_PLANE_LOGGING,
     DELETION_PROTECTION,
@@ -14,6 +15,8 @@ from rules import (
     GPU_NODE_GROUP_EFA,
     GPU_NODE_GROUP_SINGLE_SUBNET,
     IMDSV2_REQUIRED,
+    LOG_RETENTION,
+    METADATA_HOP_LIMIT,
     NODES_WITHOUT_PUBLIC_IPS,
     RAY_PORTS_NOT_EXPOSED,
     RAY_WORKERS_GUARANTEED,
@@ -27,6 +30,7 @@ PolicyPack(
         for rule in (
             NODES_WITHOUT_PUBLIC_IPS,
             IMDSV2_REQUIRED,
+            METADATA_HOP_LIMIT,
             EKS_SECRETS_ENCRYPTED,
             EKS_API_NOT_OPEN,
             GPU_NODE_GROUP_SINGLE_SUBNET,
@@ -34,6 +38,8 @@ PolicyPack(
             RAY_PORTS_NOT_EXPOSED,
             RAY_WORKERS_GUARANTEED,
             CONTAINER_IMAGES_PINNED,
+            BUCKETS_TLS_ONLY,
+            LOG_RETENTION,
             CONTROL_PLANE_LOGGING,
             DELETION_PROTECTION,
         )

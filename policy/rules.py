@@ -14,6 +14,7 @@ Stack rules: `check([StackResource, ...]) -> [(urn, violation message), ...]`.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 AWS_EKS_CLUSTER = "aws:eks/cluster:Cluster"
 PULUMI_EKS_CLUSTER = "eks:index:Cluster"
 SERVICE = "kubernetes:core/v1:Service"
+BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
+BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 
 # Ports of the Ray head that must stay inside the cluster: GCS, dashboard (job submission), client.
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
@@ -46,6 +50,15 @@ EXTERNAL_SERVICE_TYPES = {"LoadBalancer", "NodePort"}
 # The GPU node group is the EFA one: the program labels it so, and only NVIDIA AMIs carry the drivers.
 GPU_NODE_LABEL = ("role", "gpu-worker")
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+# The hop limit that keeps instance metadata (and the node role's credentials) from pods.
+POD_SAFE_HOP_LIMIT = 1
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """Where EKS sends a cluster's control-plane logs; EKS creates it, without retention, if it is missing."""
+    return f"/aws/eks/{cluster_name}/cluster"
+
+
 # During preview the engine replaces values it cannot know yet by these strings (one per kind of value).
 UNKNOWN_SENTINELS = frozenset(
     {
@@ -95,7 +108,7 @@ def _is_false(value: Any) -> bool:
 
 def _type_kind(resource_type: str) -> tuple[str, str]:
     """(API group with version, kind) of a Kubernetes type token, e.g. ("ray.io/v1", "RayCluster")."""
-    _, module, kind = (resource_type.split(":") + ["", ""])[:3]
+    _, module, kind = ([*resource_type.split(":"), "", ""])[:3]
     return module, kind
 
 
@@ -141,11 +154,8 @@ def check_nodes_without_public_ips(resource_type: str, props: Mapping[str, Any],
             violations.append(
                 "mapPublicIpOnLaunch is true: every instance launched in this subnet gets a public IP; set it to false"
             )
-    elif resource_type.startswith("eks:index:"):
-        if _is_true(props.get("nodeAssociatePublicIpAddress")):
-            violations.append(
-                "nodeAssociatePublicIpAddress is true: set it to false so nodes get no public IP"
-            )
+    elif resource_type.startswith("eks:index:") and _is_true(props.get("nodeAssociatePublicIpAddress")):
+        violations.append("nodeAssociatePublicIpAddress is true: set it to false so nodes get no public IP")
     return violations
 
 
@@ -174,6 +184,27 @@ def check_imdsv2_required(resource_type: str, props: Mapping[str, Any], stack: s
     return []
 
 
+def check_metadata_hop_limit(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Instance metadata answers the node only: with a hop limit of 1 the response dies at a pod's extra hop.
+
+    Unset, the AMI decides, and AMIs registered for IMDSv2 (the EKS AL2023 ones) default to 2,
+    which lets every pod read the node role's credentials.
+    """
+    if resource_type != LAUNCH_TEMPLATE:
+        return []
+    options = props.get("metadataOptions")
+    if is_unknown(options) or _dig(options, "httpEndpoint") == "disabled":
+        return []
+    limit = _dig(options, "httpPutResponseHopLimit")
+    if is_unknown(limit) or (isinstance(limit, (int, float, str)) and str(limit) in ("1", "1.0")):
+        return []
+    current = "not set (the AMI's default, 2 on EKS AL2023 AMIs)" if limit is None else f"{limit}"
+    return [
+        f"metadataOptions.httpPutResponseHopLimit is {current}: set it to {POD_SAFE_HOP_LIMIT} so pods cannot read "
+        "the node role's credentials (pods get theirs from IRSA)"
+    ]
+
+
 def check_eks_secrets_encrypted(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
     """Kubernetes secrets of the cluster are envelope-encrypted with a KMS key."""
     if resource_type == PULUMI_EKS_CLUSTER:
@@ -198,22 +229,25 @@ def check_eks_secrets_encrypted(resource_type: str, props: Mapping[str, Any], st
 
 def _internet_wide(cidrs: Any) -> list[str]:
     """ "0.0.0.0/0" and/or "::/0" when the known blocks of the list, together, admit every address."""
-    networks = []
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
     for block in _items(cidrs):
         if is_unknown(block):
             continue
         try:
-            networks.append(ipaddress.ip_network(str(block), strict=False))
+            network = ipaddress.ip_network(str(block), strict=False)
         except ValueError:
             continue
-    return [
-        everything
-        for version, everything in ((4, "0.0.0.0/0"), (6, "::/0"))
-        if any(
-            merged.prefixlen == 0
-            for merged in ipaddress.collapse_addresses(n for n in networks if n.version == version)
-        )
-    ]
+        if isinstance(network, ipaddress.IPv4Network):
+            v4.append(network)
+        else:
+            v6.append(network)
+    everything = []
+    if any(merged.prefixlen == 0 for merged in ipaddress.collapse_addresses(v4)):
+        everything.append("0.0.0.0/0")
+    if any(merged.prefixlen == 0 for merged in ipaddress.collapse_addresses(v6)):
+        everything.append("::/0")
+    return everything
 
 
 def check_eks_api_not_open(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
@@ -545,6 +579,106 @@ def check_gpu_node_group_efa(resources: Sequence[StackResource]) -> list[tuple[s
     return violations
 
 
+def _linked(
+    resource: StackResource, name_key: str, others: Sequence[StackResource], reference_key: str
+) -> list:
+    """`others` that point at `resource`: by its known name or id, else by depending on it (first preview)."""
+    names = {
+        value
+        for value in (resource.props.get(name_key), resource.props.get("id"))
+        if isinstance(value, str) and value and not is_unknown(value)
+    }
+    return [
+        other
+        for other in others
+        if resource.urn in other.dependencies or other.props.get(reference_key) in names
+    ]
+
+
+def denies_plain_http(policy: Any) -> bool | None:
+    """Whether a bucket policy denies every S3 action on the bucket and its objects without TLS; None if unknown.
+
+    The S3 user guide's form: Deny, any principal, `s3:*`, the bucket and `bucket/*`, when
+    `aws:SecureTransport` is "false".
+    """
+    if is_unknown(policy):
+        return None
+    try:
+        document = json.loads(policy) if isinstance(policy, str) else policy
+    except ValueError:
+        return False
+    statements = _dig(document, "Statement")
+    for statement in [statements] if isinstance(statements, Mapping) else _items(statements):
+        actions = _dig(statement, "Action")
+        resources = _dig(statement, "Resource")
+        resources = [resources] if isinstance(resources, str) else _items(resources)
+        principal = _dig(statement, "Principal")
+        secure = _dig(statement, "Condition", "Bool", "aws:SecureTransport")
+        if (
+            _dig(statement, "Effect") == "Deny"
+            and principal in ("*", {"AWS": "*"})
+            and {"s3:*", "*"} & set([actions] if isinstance(actions, str) else _items(actions))
+            and any(str(r).endswith("/*") for r in resources)
+            and any(not str(r).endswith("/*") for r in resources)
+            and (_is_false(secure) or _items(secure) in (["false"], [False]))
+        ):
+            return True
+    return False
+
+
+def check_buckets_tls_only(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """Every bucket has a policy that refuses requests without TLS (`aws:SecureTransport` false)."""
+    policies = [r for r in resources if r.type == BUCKET_POLICY]
+    violations = []
+    for bucket in (r for r in resources if r.type in BUCKETS):
+        verdicts = [
+            denies_plain_http(p.props.get("policy")) for p in _linked(bucket, "bucket", policies, "bucket")
+        ]
+        if True in verdicts or None in verdicts:
+            continue
+        problem = (
+            "has no bucket policy" if not verdicts else "has a bucket policy that does not deny plain HTTP"
+        )
+        violations.append(
+            (
+                bucket.urn,
+                f"the bucket {problem}: add a statement denying s3:* on the bucket and bucket/* when "
+                "aws:SecureTransport is false",
+            )
+        )
+    return violations
+
+
+def check_log_retention(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """Logs do not pile up forever: every log group has a retention, including the EKS control plane's.
+
+    EKS writes control-plane logs to `/aws/eks/<cluster>/cluster` and creates that group, with no
+    retention, when the stack does not; so a cluster with logs on needs the group in the stack.
+    """
+    violations = []
+    groups = [r for r in resources if r.type == LOG_GROUP]
+    for group in groups:
+        retention = group.props.get("retentionInDays")
+        if retention is None or (not is_unknown(retention) and not retention):
+            violations.append(
+                (group.urn, "the log group has no retentionInDays, so CloudWatch keeps its logs forever")
+            )
+    names = {g.props.get("name") for g in groups}
+    for cluster in (r for r in resources if r.type in (PULUMI_EKS_CLUSTER, AWS_EKS_CLUSTER)):
+        name, logs = cluster.props.get("name"), cluster.props.get("enabledClusterLogTypes")
+        if not isinstance(name, str) or is_unknown(name) or is_unknown(logs) or not _items(logs):
+            continue
+        if control_plane_log_group(name) not in names and not any(is_unknown(n) for n in names):
+            violations.append(
+                (
+                    cluster.urn,
+                    f"control-plane logs go to {control_plane_log_group(name)}, which is not in the stack: EKS "
+                    "would create it without retention; create it with retentionInDays before the cluster",
+                )
+            )
+    return violations
+
+
 # --- metadata and pulumi-policy adapters -------------------------------------------------------------
 
 
@@ -623,6 +757,24 @@ IMDSV2_REQUIRED = ResourceRule(
     "Every launch template requires IMDSv2 (httpTokens: required); every managed node group has one.",
     MANDATORY,
     check_imdsv2_required,
+)
+METADATA_HOP_LIMIT = ResourceRule(
+    "metadata-hop-limit-1",
+    "Every launch template sets the instance metadata hop limit to 1, keeping node credentials from pods.",
+    MANDATORY,
+    check_metadata_hop_limit,
+)
+BUCKETS_TLS_ONLY = StackRule(
+    "s3-buckets-tls-only",
+    "Every S3 bucket has a policy denying requests without TLS (aws:SecureTransport false).",
+    MANDATORY,
+    check_buckets_tls_only,
+)
+LOG_RETENTION = StackRule(
+    "log-retention-set",
+    "Every CloudWatch log group, the EKS control plane's included, has a retention.",
+    MANDATORY,
+    check_log_retention,
 )
 EKS_SECRETS_ENCRYPTED = ResourceRule(
     "eks-secrets-kms-encrypted",

@@ -7,6 +7,7 @@ record of each registration with its parent and dependencies, so tests can asser
 
 from __future__ import annotations
 
+import json
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,10 @@ from typing import Any
 
 import pulumi
 import yaml
+from google.protobuf import struct_pb2
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime.proto import provider_pb2
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from tests.fake_aws import FakeAws, FakeAwsMocks
 
@@ -34,6 +38,7 @@ class Registration:
     dependencies: list[str]
     inputs: dict[str, Any]
     secret_inputs: set[str]
+    alias_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -88,11 +93,28 @@ def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[st
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):
-    """The mock monitor, plus each registration's parent, dependencies and secret inputs."""
+    """The mock monitor, plus each registration's parent, dependencies and secret inputs.
+
+    It also answers method calls on resources (`monitor.Call`, which Pulumi's mock monitor lacks):
+    the resource the method is called on arrives as `__self__`, here as its registration.
+    """
 
     def __init__(self, mocks: ProgramMocks) -> None:
         super().__init__(mocks)
         self.plan = Plan()
+
+    def Call(self, request):
+        _ensure_event_loop()
+        # `__self__` is a resource reference; read its URN rather than rebuild the resource.
+        call_args = struct_pb2.Struct()
+        call_args.CopyFrom(request.args)
+        self_urn = call_args.fields.pop("__self__").struct_value.fields["urn"].string_value
+        args = pulumi.runtime.rpc.deserialize_properties(call_args, keep_unknowns=True)
+        args["__self__"] = self.plan.by_urn(self_urn)
+        result = self.mocks.call(pulumi.runtime.MockCallArgs(request.tok, args, request.provider))
+        return provider_pb2.CallResponse(
+            **{"return": _sync_await(pulumi.runtime.rpc.serialize_properties(result, {}))}
+        )
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
@@ -107,6 +129,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     dependencies=list(request.dependencies),
                     inputs=inputs,
                     secret_inputs=_secret_paths(request.object),
+                    alias_names=[a.spec.name for a in request.aliases if a.HasField("spec")],
                 )
             )
         return response
@@ -124,8 +147,53 @@ def _secret_paths(struct) -> set[str]:
     return found
 
 
+def eks_kubeconfig(cluster: Registration, region: str, profile: str | None, role_arn: str | None) -> str:
+    """What pulumi-eks's `Cluster.getKubeconfig` returns: a kubeconfig whose user runs `aws eks get-token`.
+
+    As pulumi-eks's `generateKubeconfig` (nodejs/eks/cluster/cluster.ts) builds it: `--role` when a
+    role is given, `--profile` when a profile is (this method always includes the profile).
+    """
+    token_args = ["--region", region, "eks", "get-token", "--cluster-name", cluster.inputs["name"]]
+    token_args += ["--output", "json"]
+    if role_arn:
+        token_args += ["--role", role_arn]
+    if profile:
+        token_args += ["--profile", profile]
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "aws",
+            "args": token_args,
+            "env": [
+                {
+                    "name": "KUBERNETES_EXEC_INFO",
+                    "value": '{"apiVersion": "client.authentication.k8s.io/v1beta1"}',
+                }
+            ],
+        }
+    }
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"cluster": {"server": "https://example.eks.amazonaws.com"}, "name": "kubernetes"}],
+            "contexts": [{"context": {"cluster": "kubernetes", "user": "aws"}, "name": "aws"}],
+            "current-context": "aws",
+            "users": [{"name": "aws", "user": user}],
+        }
+    )
+
+
 class ProgramMocks(FakeAwsMocks):
-    """The fake account's invokes, plus outputs for the resources the program creates."""
+    """The fake account's invokes and pulumi-eks's method calls, plus outputs for the resources the program creates."""
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        if args.token == "eks:index:Cluster/getKubeconfig":
+            kubeconfig = eks_kubeconfig(
+                args.args["__self__"], self.aws.region, args.args.get("profileName"), args.args.get("roleArn")
+            )
+            return {"result": kubeconfig}
+        return super().call(args)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
@@ -133,8 +201,6 @@ class ProgramMocks(FakeAwsMocks):
 
 def stack_config(stack_file: Path) -> dict[str, str]:
     """A stack file's config as the engine hands it to the program (objects as JSON text)."""
-    import json
-
     config = yaml.safe_load(stack_file.read_text())["config"]
     return {key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()}
 

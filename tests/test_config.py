@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
-from infra.config import ConfigError, parse_settings, quantity_to_mib
+from infra.config import AwsIdentity, ConfigError, parse_settings, quantity_to_mib
 from infra.sizing import InstanceFacts, size_workers
 
 CIDRS = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
@@ -64,6 +67,34 @@ def test_values_arrive_as_engine_text():
         ({"training": '{"preset": "fast"}'}, "'training.preset' = 'fast': expected one of smoke, throughput"),
         ({"training": '{"expectTransport": "tcp"}'}, "'training.expectTransport'"),
         ({"training": "[1, 2]"}, "'training' must be an object"),
+        ({"clusterName": "c" * 44}, f"'clusterName' = '{'c' * 44}': at most 43 characters"),
+        ({"clusterName": "-leading-dash"}, "'clusterName'"),
+        (
+            {"adminPrincipalArns": '"arn:aws:iam::123456789012:role/ci"'},
+            "expected a non-empty list of IAM ARNs",
+        ),
+        ({"adminPrincipalArns": "[]"}, "expected a non-empty list"),
+        ({"adminPrincipalArns": '["ci-role"]'}, "'ci-role' is not the ARN of an IAM user or role"),
+        (
+            {"adminPrincipalArns": '["arn:aws:iam::123456789012:group/admins"]'},
+            "not the ARN of an IAM user or role",
+        ),
+        (
+            {"adminPrincipalArns": '["arn:aws:sts::123456789012:assumed-role/ci/run-1"]'},
+            "give the role's own ARN, arn:aws:iam::123456789012:role/ci",
+        ),
+        (
+            {
+                "adminPrincipalArns": '["arn:aws:iam::123456789012:user/a", "arn:aws:iam::123456789012:user/a"]'
+            },
+            "arn:aws:iam::123456789012:user/a listed twice",
+        ),
+        (
+            {"logRetentionDays": "31"},
+            "'logRetentionDays' = '31': CloudWatch Logs keeps logs for one of 1, 3, 5",
+        ),
+        ({"logRetentionDays": "0"}, "'logRetentionDays' = '0': must be at least 1"),
+        ({"logRetentionDays": "forever"}, "expected a whole number"),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(values, message):
@@ -82,7 +113,7 @@ def test_misspelt_keys_get_the_closest_known_key(key, suggestion):
 
 
 def test_misspelt_training_key_is_named_with_its_object():
-    with pytest.raises(ConfigError, match="unknown config key 'training.setps': did you mean 'steps'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'training\.setps': did you mean 'steps'"):
         parse(training='{"setps": 3}')
 
 
@@ -90,6 +121,45 @@ def test_public_endpoint_needs_cidrs():
     with pytest.raises(ConfigError, match="'endpointPublicAccessCidrs' is required"):
         parse_settings({}, "us-east-2")
     assert parse_settings({"endpointPublicAccess": "false"}, "us-east-2").endpoint_public_access_cidrs == ()
+
+
+def test_private_endpoint_drops_the_public_cidrs():
+    """pulumi-eks refuses publicAccessCidrs with a private endpoint; the list means nothing there."""
+    settings = parse(endpointPublicAccess="false")
+    assert settings.endpoint_public_access is False and settings.endpoint_public_access_cidrs == ()
+
+
+def test_new_keys_defaults_and_values():
+    settings = parse()
+    assert settings.admin_principal_arns == () and settings.log_retention_days == 30
+    assert parse(clusterName="c" * 43).cluster_name == "c" * 43
+    admins = ["arn:aws:iam::123456789012:role/platform/ci", "arn:aws-us-gov:iam::123456789012:user/alice"]
+    settings = parse(adminPrincipalArns=json.dumps(admins), logRetentionDays="365")
+    assert settings.admin_principal_arns == tuple(admins) and settings.log_retention_days == 365
+
+
+def test_aws_identity_comes_from_the_aws_namespace():
+    assert parse_settings(CIDRS, "us-east-2").aws_identity == AwsIdentity()
+    role = "arn:aws:iam::123456789012:role/deployer"
+    identity = parse_settings(
+        CIDRS, "us-east-2", {"profile": "team", "assumeRoles": json.dumps([{"roleArn": role}])}
+    ).aws_identity
+    assert identity == AwsIdentity(profile="team", role_arn=role)
+
+
+@pytest.mark.parametrize(
+    "assume_roles, message",
+    [
+        (
+            [{"roleArn": "arn:aws:iam::1:role/a"}, {"roleArn": "arn:aws:iam::1:role/b"}],
+            "'aws:assumeRoles' chains 2 roles",
+        ),
+        ([{"sessionName": "x"}], "'aws:assumeRoles' must be a list of objects with a roleArn"),
+    ],
+)
+def test_aws_role_chains_the_kubeconfig_cannot_follow_are_refused(assume_roles, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_settings(CIDRS, "us-east-2", {"assumeRoles": json.dumps(assume_roles)})
 
 
 def test_region_is_required():
@@ -127,7 +197,7 @@ def test_worker_memory_above_the_node_fails_with_the_numbers():
 
 def test_gpu_type_without_efa_or_gpus_fails():
     no_efa = InstanceFacts("g6.xlarge", 4, 16_384, 1, "NVIDIA L4", 22_888, False, 0, 1, 58)
-    with pytest.raises(ConfigError, match="'gpuNodeType' = 'g6.xlarge' does not support EFA"):
+    with pytest.raises(ConfigError, match=r"'gpuNodeType' = 'g6\.xlarge' does not support EFA"):
         size_workers(parse(), no_efa)
     no_gpu = InstanceFacts("c5n.18xlarge", 72, 196_608, 0, None, 0, True, 1, 1, 737)
     with pytest.raises(ConfigError, match="has no GPU"):

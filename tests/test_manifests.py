@@ -28,17 +28,18 @@ CODE = {"training/__init__.py": "", "training/loop.py": "print('hi')\n", "traini
 
 
 def spec(**overrides) -> manifests.RayClusterSpec:
-    fields = dict(
-        name="ray-train",
-        namespace="ray-train",
-        image=manifests_image(),
-        ray_version="2.58.0",
-        worker_replicas=2,
-        worker=WORKER,
-        service_account="ray-train",
-        code_configmap="training-code",
-        code_files=CODE,
-    )
+    fields = {
+        "name": "ray-train",
+        "namespace": "ray-train",
+        "image": manifests_image(),
+        "ray_version": "2.58.0",
+        "region": "us-east-2",
+        "worker_replicas": 2,
+        "worker": WORKER,
+        "service_account": "ray-train",
+        "code_configmap": "training-code",
+        "code_files": CODE,
+    }
     return manifests.RayClusterSpec(**{**fields, **overrides})
 
 
@@ -107,6 +108,8 @@ def test_worker_pods_match_the_reference_sizes():
         "NCCL_NET_PLUGIN": "ofi",
         "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_DEBUG": "INFO",
+        "AWS_REGION": "us-east-2",
+        "AWS_DEFAULT_REGION": "us-east-2",
         "HF_TOKEN": None,
     }
     pod = worker_group["template"]["spec"]
@@ -138,6 +141,8 @@ def test_head_has_no_gpu_and_no_external_service():
     assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0"}
     container = head["template"]["spec"]["containers"][0]
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    # Pods cannot ask the instance metadata service (hop limit 1): the region comes in the environment.
+    assert {"name": "AWS_REGION", "value": "us-east-2"} in container["env"]
     assert sorted(p["containerPort"] for p in container["ports"]) == [6379, 8265, 10001]
     assert head["template"]["spec"]["nodeSelector"] == {"role": "system"}
     assert "nvidia.com/gpu" not in container["resources"]["requests"]

@@ -4,6 +4,7 @@ argument types, and on every resource the program registers for each stack (all 
 from __future__ import annotations
 
 import copy
+import json
 import runpy
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ from pulumi_policy.proxy import (
     unknown_checking_proxy,
 )
 
-from infra.node_groups import GPU_LABELS
+from infra.cluster import control_plane_log_group
+from infra.node_groups import GPU_LABELS, METADATA_OPTIONS
 from policy import rules
 from policy.rules import StackResource
 from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
@@ -53,7 +55,7 @@ def efa_template(**overrides) -> dict:
         "metadataOptions": {
             "httpEndpoint": "enabled",
             "httpTokens": "required",
-            "httpPutResponseHopLimit": 2,
+            "httpPutResponseHopLimit": 1,
         },
         "networkInterfaces": [
             {
@@ -153,6 +155,26 @@ CASES = [
     ),
     (rules.IMDSV2_REQUIRED, LT, {"description": "no metadata options"}, "dev", "httpTokens is not set"),
     (rules.IMDSV2_REQUIRED, NG, {"subnetIds": ["subnet-1"]}, "dev", "no launch template"),
+    # metadata-hop-limit-1
+    (rules.METADATA_HOP_LIMIT, LT, efa_template(), "dev", None),
+    # Numbers reach a policy as floats (JSON through protobuf).
+    (rules.METADATA_HOP_LIMIT, LT, {"metadataOptions": {"httpPutResponseHopLimit": 1.0}}, "dev", None),
+    (rules.METADATA_HOP_LIMIT, LT, {"metadataOptions": {"httpEndpoint": "disabled"}}, "dev", None),
+    (rules.METADATA_HOP_LIMIT, LT, {"metadataOptions": UNKNOWN_OBJECT_VALUE}, "dev", None),
+    (
+        rules.METADATA_HOP_LIMIT,
+        LT,
+        {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 2.0}},
+        "dev",
+        "httpPutResponseHopLimit is 2.0",
+    ),
+    (
+        rules.METADATA_HOP_LIMIT,
+        LT,
+        {"metadataOptions": {"httpTokens": "required"}},
+        "dev",
+        "httpPutResponseHopLimit is not set",
+    ),
     # eks-secrets-kms-encrypted
     (
         rules.EKS_SECRETS_ENCRYPTED,
@@ -525,6 +547,93 @@ def test_gpu_node_group_efa(resources, expected):
         )
 
 
+# --- stack rules: TLS-only buckets, log retention -------------------------------------------------
+
+BUCKET = "aws:s3/bucket:Bucket"
+ARN = "arn:aws:s3:::ckpt"
+TLS_ONLY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:*",
+            "Resource": [ARN, f"{ARN}/*"],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+        }
+    ],
+}
+
+
+def bucket_policy(document, dependencies=("urn:bucket",), **props) -> StackResource:
+    policy = document if isinstance(document, str) else json.dumps(document)
+    return StackResource(
+        rules.BUCKET_POLICY, "urn:policy", {"bucket": UNKNOWN, "policy": policy, **props}, dependencies
+    )
+
+
+def tls_statement(**changes) -> dict:
+    return {**TLS_ONLY, "Statement": [{**TLS_ONLY["Statement"][0], **changes}]}
+
+
+CKPT_BUCKET = StackResource(BUCKET, "urn:bucket", {"bucket": "ckpt"}, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([CKPT_BUCKET, bucket_policy(TLS_ONLY)], None),
+        ([CKPT_BUCKET, bucket_policy(UNKNOWN)], None),
+        # An update's preview: linked by the known bucket name.
+        ([CKPT_BUCKET, bucket_policy(TLS_ONLY, dependencies=(), bucket="ckpt")], None),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Action=["s3:GetObject", "*"]))], None),
+        ([CKPT_BUCKET], "has no bucket policy"),
+        ([CKPT_BUCKET, bucket_policy(TLS_ONLY, dependencies=("urn:other",))], "has no bucket policy"),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Effect="Allow"))], "does not deny plain HTTP"),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Resource=[ARN]))], "does not deny plain HTTP"),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Action="s3:GetObject"))], "does not deny plain HTTP"),
+        (
+            [CKPT_BUCKET, bucket_policy(tls_statement(Condition={"Bool": {"aws:SecureTransport": "true"}}))],
+            "does not deny plain HTTP",
+        ),
+    ],
+)
+def test_buckets_tls_only(resources, expected):
+    violations = rules.check_buckets_tls_only(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1]
+
+
+def log_group(name="/aws/eks/c/cluster", **props) -> StackResource:
+    return StackResource(rules.LOG_GROUP, f"urn:lg-{name}", {"name": name, **props}, ())
+
+
+LOGGING_CLUSTER = StackResource(EKS, "urn:eks", {"name": "c", "enabledClusterLogTypes": ALL_LOGS}, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([LOGGING_CLUSTER, log_group(retentionInDays=30.0)], None),
+        ([LOGGING_CLUSTER, log_group(retentionInDays=UNKNOWN)], None),
+        ([StackResource(EKS, "urn:eks", {"name": "c"}, ())], None),
+        ([StackResource(AWS_EKS, "urn:eks", {"name": UNKNOWN, "enabledClusterLogTypes": ["api"]}, ())], None),
+        ([LOGGING_CLUSTER, log_group()], "no retentionInDays"),
+        ([LOGGING_CLUSTER, log_group(retentionInDays=0)], "no retentionInDays"),
+        ([LOGGING_CLUSTER, log_group("/aws/eks/other/cluster", retentionInDays=7)], "/aws/eks/c/cluster"),
+        ([LOGGING_CLUSTER], "which is not in the stack"),
+    ],
+)
+def test_log_retention(resources, expected):
+    violations = rules.check_log_retention(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0][1], violations
+
+
 # --- through pulumi-policy: unknown-checking proxies, stack name from the URN, reported URNs -------
 
 
@@ -610,6 +719,8 @@ def test_entry_point_lists_every_rule_with_its_enforcement(monkeypatch):
 
 def test_pack_constants_match_the_program():
     assert rules.RAY_PORTS == RAY_PORTS
+    assert METADATA_OPTIONS["http_put_response_hop_limit"] == rules.POD_SAFE_HOP_LIMIT
+    assert rules.control_plane_log_group("c") == control_plane_log_group("c")
     key, value = rules.GPU_NODE_LABEL
     assert GPU_LABELS[key] == value
 
@@ -666,6 +777,8 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
     gpu_template = next(r for r in plan.of_type(LT) if r.urn in gpu_group_.dependencies)
     cluster = plan.one(EKS)
     ray = plan.one(RAY)
+    tls_policy = plan.one(rules.BUCKET_POLICY)
+    control_plane_logs = plan.one(rules.LOG_GROUP)
 
     def broken(registration, change) -> list[str]:
         original = registration.inputs
@@ -704,6 +817,15 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
             lambda p: worker(p)["resources"]["requests"].update(cpu="1"),
         ),
         "container-images-pinned": (ray, lambda p: worker(p).update(image="rayproject/ray:latest")),
+        "metadata-hop-limit-1": (
+            gpu_template,
+            lambda p: p["metadataOptions"].update(httpPutResponseHopLimit=2),
+        ),
+        "s3-buckets-tls-only": (
+            tls_policy,
+            lambda p: p.update(policy=p["policy"].replace('"Deny"', '"Allow"')),
+        ),
+        "log-retention-set": (control_plane_logs, lambda p: p.pop("retentionInDays")),
     }
     mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}
     assert set(breakages) == mandatory

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
+
 import pulumi
 import pytest
 
+from infra.cluster import names_same_principal
+from infra.config import CLUSTER_NAME_MAX
+from infra.network import zone_cidrs
+from infra.node_groups import SYSTEM_LABELS
 from tests.fake_aws import FakeAws, capacity_reservation
-from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
+from tests.program import STACK_FILES, USER_SETTINGS, Plan, Registration, run_program, stack_config
 
 COMPONENTS = {
     "eks-ray-train:infra:Network",
@@ -46,7 +53,8 @@ def test_every_stack_file_is_complete_for_its_region(stack_plan):
     region = config["aws:region"]
     subnets = [r for r in plan.of_type("aws:ec2/subnet:Subnet") if "private" in r.name]
     zones = [s.inputs["availabilityZone"] for s in subnets]
-    assert len(zones) == 2 and len(set(zones)) == 2 and all(z.startswith(region) for z in zones)
+    # The first three zones (by name) offering the system type; the GPU zone is one of them here.
+    assert sorted(zones) == [f"{region}a", f"{region}b", f"{region}c"]
 
 
 def test_cluster_settings(stack_plan):
@@ -85,6 +93,11 @@ def test_network_has_nat_and_private_nodes(stack_plan):
     assert "natGatewayId" in private_routes.inputs["routes"][0]
 
 
+def subnet_with_id(plan: Plan, subnet_id: str):
+    """The subnet registration behind an id (the mocks give each resource the id `<name>-id`)."""
+    return next(r for r in plan.of_type("aws:ec2/subnet:Subnet") if f"{r.name}-id" == subnet_id)
+
+
 def gpu_group(plan: Plan):
     return next(
         r
@@ -97,7 +110,8 @@ def test_gpu_node_group_is_one_subnet_in_the_gpu_az(stack_plan):
     config, plan = stack_plan
     group = gpu_group(plan).inputs
     assert len(group["subnetIds"]) == 1
-    gpu_subnet = plan.one("aws:ec2/subnet:Subnet", f"{config['eks-ray-train:clusterName']}-private-0")
+    region = config["aws:region"]
+    gpu_subnet = plan.one("aws:ec2/subnet:Subnet", f"{config['eks-ray-train:clusterName']}-private-{region}a")
     assert group["subnetIds"] == [f"{gpu_subnet.name}-id"]
     assert group["amiType"] == "AL2023_x86_64_NVIDIA"
     assert group["instanceTypes"] == ["g6.12xlarge"]
@@ -147,7 +161,7 @@ def test_system_node_group(stack_plan):
     )
     assert group.inputs["instanceTypes"] == ["m7i.xlarge"]
     assert group.inputs["scalingConfig"]["desiredSize"] == 1
-    assert len(group.inputs["subnetIds"]) == 2
+    assert len(group.inputs["subnetIds"]) == 3
     assert "taints" not in group.inputs
 
 
@@ -207,7 +221,8 @@ def test_capacity_reservation_is_targeted():
     template = plan.one("aws:ec2/launchTemplate:LaunchTemplate", "gpu").inputs
     target = template["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target["capacityReservationId"] == reservation
-    gpu_subnet = next(r for r in plan.of_type("aws:ec2/subnet:Subnet") if r.name.endswith("private-0"))
+    gpu_subnet = subnet_with_id(plan, gpu_group(plan).inputs["subnetIds"][0])
+    assert gpu_subnet.name == "eks-ray-train-private-us-east-2b"
     assert gpu_subnet.inputs["availabilityZone"] == "us-east-2b"
 
 
@@ -450,3 +465,273 @@ def test_gpu_group_without_a_reservation_keeps_the_default_update(stack_plan):
     _, plan = stack_plan
     assert plan.one(NODE_GROUP, "gpu").inputs["updateConfig"] == {"maxUnavailable": 1}
     assert plan.one(NODE_GROUP, "gpu").inputs["capacityType"] == "ON_DEMAND"
+
+
+# --- a second `pulumi up`: the GPU zone moves, every other zone's subnets stay ----------------------
+
+SUBNET = "aws:ec2/subnet:Subnet"
+# Inputs of aws.ec2.Subnet whose change makes Pulumi replace the subnet (ForceNew in the AWS provider).
+SUBNET_REPLACE_KEYS = ("vpcId", "availabilityZone", "cidrBlock")
+
+
+def subnets_by_name(plan: Plan) -> dict[str, dict]:
+    return {r.name: r.inputs for r in plan.of_type(SUBNET)}
+
+
+def subnet_conflicts(before: Plan, after: Plan) -> list[str]:
+    """Subnets the update would create whose block overlaps a subnet still in the VPC.
+
+    Pulumi replaces a resource by creating the new one before deleting the old, and creates new
+    resources before deleting removed ones; EC2's CreateSubnet refuses a block that overlaps any
+    subnet of the VPC (InvalidSubnet.Conflict). So every subnet created by the update meets every
+    subnet of the first deploy.
+    """
+    old, new = subnets_by_name(before), subnets_by_name(after)
+    created = {
+        name: inputs
+        for name, inputs in new.items()
+        if name not in old or any(old[name].get(k) != inputs.get(k) for k in SUBNET_REPLACE_KEYS)
+    }
+    return [
+        f"{name} ({inputs['cidrBlock']}) overlaps {other} ({existing['cidrBlock']})"
+        for name, inputs in created.items()
+        for other, existing in old.items()
+        if ipaddress.ip_network(inputs["cidrBlock"]).overlaps(ipaddress.ip_network(existing["cidrBlock"]))
+    ]
+
+
+def test_subnet_conflict_check_catches_positional_subnets():
+    """The check itself: subnets named by position swap zones when the GPU zone moves, and collide."""
+
+    def plan_of(*subnets: tuple[str, str, str]) -> Plan:
+        plan = Plan()
+        for name, zone, block in subnets:
+            inputs = {"vpcId": "vpc-1", "availabilityZone": zone, "cidrBlock": block}
+            plan.resources.append(Registration(SUBNET, name, f"urn:{name}", "", [], inputs, set()))
+        return plan
+
+    first = plan_of(("private-0", "us-east-2a", "10.0.0.0/18"), ("private-1", "us-east-2b", "10.0.64.0/18"))
+    moved = plan_of(("private-0", "us-east-2b", "10.0.0.0/18"), ("private-1", "us-east-2a", "10.0.64.0/18"))
+    assert len(subnet_conflicts(first, moved)) == 2
+    assert subnet_conflicts(first, first) == []
+
+
+@pytest.mark.parametrize(
+    "region, move, new_gpu_zone",
+    [
+        ("us-east-2", {"gpuAz": "us-east-2b"}, "us-east-2b"),
+        ("us-east-2", {"capacityReservationId": "cr-0123456789abcdef0"}, "us-east-2c"),
+        # Outside the home zones (us-east-1a-c): the GPU zone gets a private subnet of its own.
+        ("us-east-1", {"gpuAz": "us-east-1d"}, "us-east-1d"),
+    ],
+    ids=["gpuAz", "reservation", "gpuAz-outside-home-zones"],
+)
+def test_moving_the_gpu_zone_keeps_every_other_zones_subnets(region, move, new_gpu_zone):
+    stack_file = next(f for f in STACK_FILES if stack_config(f)["aws:region"] == region)
+    fake = FakeAws(region=region, reservations={"cr-0123456789abcdef0": capacity_reservation("us-east-2c")})
+    first = run_program(config_of(stack_file), fake)
+    second = run_program(config_of(stack_file, **move), fake)
+
+    before, after = subnets_by_name(first), subnets_by_name(second)
+    for name, inputs in before.items():
+        assert name in after, f"{name} would be deleted"
+        assert {k: after[name][k] for k in SUBNET_REPLACE_KEYS} == {k: inputs[k] for k in SUBNET_REPLACE_KEYS}
+    assert subnet_conflicts(first, second) == []
+    gpu_subnet = subnet_with_id(second, gpu_group(second).inputs["subnetIds"][0])
+    assert gpu_subnet.inputs["availabilityZone"] == new_gpu_zone
+    # The control plane and the system nodes keep their subnets.
+    assert plan_cluster_subnets(first) == plan_cluster_subnets(second)
+
+
+def plan_cluster_subnets(plan: Plan) -> tuple[list, list]:
+    cluster = plan.one("eks:index:Cluster").inputs
+    system = next(
+        r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs["labels"] == SYSTEM_LABELS
+    )
+    return cluster["privateSubnetIds"], system.inputs["subnetIds"]
+
+
+@pytest.mark.parametrize("vpc", ["10.0.0.0/16", "10.20.0.0/20"])
+def test_subnet_blocks_follow_the_zone_letter_and_never_overlap(vpc):
+    blocks = [ipaddress.ip_network(b) for zone in "abcdefg" for b in zone_cidrs(vpc, f"x-1{zone}")]
+    assert all(block.subnet_of(ipaddress.ip_network(vpc)) for block in blocks)
+    assert not any(a.overlaps(b) for i, a in enumerate(blocks) for b in blocks[i + 1 :])
+    assert all(block.num_addresses >= 64 for block in blocks)
+
+
+def test_zones_a_to_c_keep_the_blocks_of_the_positional_plan():
+    """The earlier plan: private quarters by position, public /22s from the last quarter, GPU zone first.
+
+    A stack deployed in zones a (GPU) and b, the default of every stack file, keeps its blocks and,
+    through aliases of the old names, its subnets and route table associations.
+    """
+    assert zone_cidrs("10.0.0.0/16", "us-east-2a") == ("10.0.0.0/18", "10.0.192.0/22")
+    assert zone_cidrs("10.0.0.0/16", "us-east-2b") == ("10.0.64.0/18", "10.0.196.0/22")
+    assert zone_cidrs("10.0.0.0/16", "us-east-1d") == ("10.0.224.0/21", "10.0.204.0/22")
+    plan = run_program(dev_config(), FakeAws(region="us-east-2"))
+    aliases = {
+        r.name: r.alias_names
+        for r in plan.resources
+        if r.type in (SUBNET, "aws:ec2/routeTableAssociation:RouteTableAssociation")
+    }
+    for tier in ("private", "public"):
+        assert aliases[f"eks-ray-train-{tier}-us-east-2a"] == [f"eks-ray-train-{tier}-0"]
+        assert aliases[f"eks-ray-train-{tier}-us-east-2b"] == [f"eks-ray-train-{tier}-1"]
+        assert aliases[f"eks-ray-train-{tier}-us-east-2c"] == []
+
+
+# --- credentials: the stack's AWS identity reaches the Kubernetes provider ----------------------------
+
+
+def kubeconfig_token_args(plan: Plan) -> list[str]:
+    provider = plan.one("pulumi:providers:kubernetes")
+    assert "kubeconfig" in provider.secret_inputs
+    kubeconfig = json.loads(pulumi.runtime.rpc.unwrap_rpc_secret(provider.inputs["kubeconfig"]))
+    return kubeconfig["users"][0]["user"]["exec"]["args"]
+
+
+def test_aws_profile_and_role_reach_the_kubernetes_provider():
+    role = "arn:aws:iam::123456789012:role/deployer"
+    config = {
+        **dev_config(),
+        "aws:profile": "team-gpu",
+        "aws:assumeRoles": json.dumps([{"roleArn": role, "sessionName": "pulumi"}]),
+    }
+    plan = run_program(config, FakeAws(region="us-east-2"))
+    args = kubeconfig_token_args(plan)
+    assert args[args.index("--profile") + 1] == "team-gpu"
+    assert args[args.index("--role") + 1] == role
+    assert args[args.index("--cluster-name") + 1] == "eks-ray-train"
+    opts = plan.one("eks:index:Cluster").inputs["providerCredentialOpts"]
+    assert opts == {"profileName": "team-gpu", "roleArn": role}
+
+
+def test_without_a_profile_the_kubeconfig_uses_the_default_credentials():
+    plan = run_program(dev_config(), FakeAws(region="us-east-2"))
+    args = kubeconfig_token_args(plan)
+    assert "--profile" not in args and "--role" not in args
+    assert "providerCredentialOpts" not in plan.one("eks:index:Cluster").inputs
+
+
+# --- items that must hold on every stack file ---------------------------------------------------------
+
+ADMINS = ["arn:aws:iam::123456789012:role/platform/ci-deployer", "arn:aws:iam::210987654321:user/alice"]
+
+
+@pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
+def test_admin_principals_become_cluster_admin_access_entries(stack_file):
+    config = config_of(stack_file, adminPrincipalArns=json.dumps(ADMINS))
+    plan = run_program(config, FakeAws(region=config["aws:region"]))
+    cluster = plan.one("eks:index:Cluster").urn
+    entries = plan.of_type("aws:eks/accessEntry:AccessEntry")
+    assert sorted(e.inputs["principalArn"] for e in entries) == sorted(ADMINS)
+    for entry in entries:
+        assert entry.inputs["clusterName"] == config["eks-ray-train:clusterName"]
+        assert entry.inputs["type"] == "STANDARD" and cluster in entry.dependencies
+    associations = plan.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert sorted(a.inputs["principalArn"] for a in associations) == sorted(ADMINS)
+    for association in associations:
+        assert association.inputs["policyArn"] == (
+            "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+        )
+        assert association.inputs["accessScope"] == {"type": "cluster"}
+    assert len({e.name for e in entries}) == len(ADMINS)
+
+
+def test_no_access_entries_without_admin_principals(stack_plan):
+    _, plan = stack_plan
+    assert plan.of_type("aws:eks/accessEntry:AccessEntry") == []
+
+
+@pytest.mark.parametrize(
+    "caller, principal, same",
+    [
+        ("arn:aws:iam::123456789012:user/alice", "arn:aws:iam::123456789012:user/alice", True),
+        (
+            "arn:aws:sts::123456789012:assumed-role/ci-deployer/gh-run-7",
+            "arn:aws:iam::123456789012:role/platform/ci-deployer",
+            True,
+        ),
+        (
+            "arn:aws:sts::123456789012:assumed-role/ci-deployer/gh-run-7",
+            "arn:aws:iam::210987654321:role/ci-deployer",
+            False,
+        ),
+        ("arn:aws:iam::123456789012:user/alice", "arn:aws:iam::123456789012:role/alice", False),
+    ],
+)
+def test_the_caller_is_matched_to_a_listed_principal(caller, principal, same):
+    assert names_same_principal(caller, principal) is same
+
+
+@pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
+def test_private_endpoint_drops_the_public_cidrs(stack_file):
+    """pulumi-eks refuses publicAccessCidrs when endpointPublicAccess is false."""
+    config = config_of(stack_file, endpointPublicAccess="false")
+    assert config["eks-ray-train:endpointPublicAccessCidrs"]
+    cluster = run_program(config, FakeAws(region=config["aws:region"])).one("eks:index:Cluster").inputs
+    assert cluster["endpointPublicAccess"] is False
+    assert "publicAccessCidrs" not in cluster
+
+
+@pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
+def test_longest_cluster_name_fits_every_derived_name(stack_file):
+    name = "c" * CLUSTER_NAME_MAX
+    config = config_of(stack_file, clusterName=name)
+    plan = run_program(config, FakeAws(region=config["aws:region"]))
+    # Pulumi autonames a role "<resource name>-<7 random characters>"; IAM role names stop at 64.
+    role_names = [r.name for r in plan.of_type("aws:iam/role:Role")] + [f"{name}-eksRole-role"]
+    assert all(len(role) + 8 <= 64 for role in role_names), role_names
+    assert max(len(role) + 8 for role in role_names) == 64
+    with pytest.raises(
+        pulumi.RunError, match=f"'clusterName' = '{name}c': at most {CLUSTER_NAME_MAX} characters"
+    ):
+        run_program(config_of(stack_file, clusterName=name + "c"), FakeAws(region=config["aws:region"]))
+
+
+def test_launch_templates_keep_pods_off_instance_metadata(stack_plan):
+    """Hop limit 1: the metadata response does not reach a pod's network namespace."""
+    _, plan = stack_plan
+    templates = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    assert len(templates) == 2
+    assert all(t.inputs["metadataOptions"]["httpPutResponseHopLimit"] == 1 for t in templates)
+    ray = plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]
+    region = stack_plan[0]["aws:region"]
+    pods = [ray["headGroupSpec"]["template"], ray["workerGroupSpecs"][0]["template"]]
+    for pod in pods:
+        assert "hostNetwork" not in pod["spec"]
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["AWS_REGION"] == env["AWS_DEFAULT_REGION"] == region
+
+
+def test_checkpoint_bucket_refuses_requests_without_tls(stack_plan):
+    _, plan = stack_plan
+    bucket = plan.one("aws:s3/bucket:Bucket")
+    policy = plan.one("aws:s3/bucketPolicy:BucketPolicy")
+    assert policy.inputs["bucket"] == f"{bucket.name}-id"
+    [statement] = json.loads(policy.inputs["policy"])["Statement"]
+    arn = f"arn:aws:s3:::{bucket.inputs['bucket']}"
+    assert statement["Effect"] == "Deny" and statement["Principal"] == "*" and statement["Action"] == "s3:*"
+    assert statement["Resource"] == [arn, f"{arn}/*"]
+    assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    public_access = plan.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").urn
+    assert public_access in policy.dependencies
+
+
+def test_control_plane_log_group_exists_before_the_cluster_with_a_retention(stack_plan):
+    config, plan = stack_plan
+    group = plan.one("aws:cloudwatch/logGroup:LogGroup")
+    assert group.inputs["name"] == f"/aws/eks/{config['eks-ray-train:clusterName']}/cluster"
+    assert group.inputs["retentionInDays"] == 30
+    assert group.urn in plan.one("eks:index:Cluster").dependencies
+
+
+def test_log_retention_is_configurable():
+    plan = run_program(dev_config(logRetentionDays="90"), FakeAws(region="us-east-2"))
+    assert plan.one("aws:cloudwatch/logGroup:LogGroup").inputs["retentionInDays"] == 90
+
+
+def test_system_nodes_have_room_for_the_ray_head_image(stack_plan):
+    _, plan = stack_plan
+    template = plan.one("aws:ec2/launchTemplate:LaunchTemplate", "system").inputs
+    assert template["blockDeviceMappings"][0]["ebs"]["volumeSize"] >= 80

@@ -179,6 +179,7 @@ class RayClusterSpec:
     namespace: str
     image: str
     ray_version: str
+    region: str
     worker_replicas: int
     worker: WorkerSizing
     service_account: str
@@ -195,6 +196,9 @@ def _env(values: dict[str, str]) -> list[dict]:
 
 def ray_cluster(spec: RayClusterSpec) -> dict:
     """Head on the system node (no GPU, no external Service), one GPU worker pod per GPU node."""
+    # The region given outright: nodes answer instance-metadata calls from the host only (hop limit 1),
+    # so an AWS SDK in a pod (S3 checkpoints) must not have to ask the metadata service for it.
+    region_env = _env({"AWS_REGION": spec.region, "AWS_DEFAULT_REGION": spec.region})
     worker_resources = {
         "cpu": str(spec.worker.cpu),
         "memory": spec.worker.memory,
@@ -214,7 +218,7 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                         "image": spec.image,
                         "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
                         # The GPU image's NVML hook fails on a node without GPUs unless told there are none.
-                        "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), HF_TOKEN_ENV],
+                        "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), *region_env, HF_TOKEN_ENV],
                         "resources": {
                             "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
                             "limits": {"memory": spec.head_memory},
@@ -244,7 +248,7 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                     {
                         "name": "ray-worker",
                         "image": spec.image,
-                        "env": [*_env(EFA_NCCL_ENV), HF_TOKEN_ENV],
+                        "env": [*_env(EFA_NCCL_ENV), *region_env, HF_TOKEN_ENV],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
                         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
