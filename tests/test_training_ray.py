@@ -81,6 +81,7 @@ def resumed_run(storage, full_run) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow
 def test_last_stdout_line_is_the_run_summary(full_run):
     summary = last_line_summary(full_run.stdout)
     assert set(SUMMARY_KEYS) <= set(summary)
@@ -93,6 +94,7 @@ def test_last_stdout_line_is_the_run_summary(full_run):
     assert summary["peak_mem_gib"] > 0 and summary["step_time_s"] > 0
 
 
+@pytest.mark.slow
 def test_every_step_prints_a_progress_line_and_a_parseable_line(full_run):
     steps = step_lines(full_run.stdout)
     assert [entry["step"] for entry in steps] == list(range(1, STEPS + 1))
@@ -101,12 +103,14 @@ def test_every_step_prints_a_progress_line_and_a_parseable_line(full_run):
     assert len(progress) == STEPS
 
 
+@pytest.mark.slow
 def test_loss_decreases_on_the_shipped_corpus(full_run):
     summary = last_line_summary(full_run.stdout)
     assert summary["data"] == "corpus"
     assert summary["loss_last"] < 0.8 * summary["loss_first"]
 
 
+@pytest.mark.slow
 def test_run_folder_holds_summary_picture_and_checkpoints(full_run, storage):
     run_dir = storage / "full"
     printed = last_line_summary(full_run.stdout)
@@ -123,6 +127,7 @@ def test_run_folder_holds_summary_picture_and_checkpoints(full_run, storage):
         assert json.loads((checkpoint / "train_state.json").read_text())["step"] == step
 
 
+@pytest.mark.slow
 def test_resume_continues_the_step_count_and_matches_the_uninterrupted_run(full_run, resumed_run, storage):
     uninterrupted = {entry["step"]: entry["loss"] for entry in step_lines(full_run.stdout)}
     resumed = {entry["step"]: entry["loss"] for entry in step_lines(resumed_run.stdout)}
@@ -156,6 +161,7 @@ def torchrun_run(storage) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow
 def test_torchrun_launcher_runs_the_same_loop_and_exports_a_hugging_face_model(torchrun_run, storage):
     from transformers import AutoModelForCausalLM
 
@@ -167,6 +173,7 @@ def test_torchrun_launcher_runs_the_same_loop_and_exports_a_hugging_face_model(t
     assert sum(p.numel() for p in exported.parameters()) == summary["parameters"]
 
 
+@pytest.mark.slow
 def test_hsdp_and_activation_checkpointing_keep_the_math_of_plain_fsdp(torchrun_run, storage):
     """Replicating across 2 groups (HSDP) and recomputing layers change where work happens,
     not the result: losses match plain FSDP step for step."""
@@ -186,6 +193,7 @@ def test_hsdp_and_activation_checkpointing_keep_the_math_of_plain_fsdp(torchrun_
     assert hsdp == pytest.approx(fsdp, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage):
     """SIGKILL rank 0 after step 8 (from outside, as a node failure would); --max-failures 1
     restarts the worker group, which resumes from the newest checkpoint and finishes."""

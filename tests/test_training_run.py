@@ -1174,6 +1174,7 @@ def ray_jobs(ray: LocalRay) -> list[dict]:
         return json.load(reply)
 
 
+@pytest.mark.slow
 def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_ray):
     code_dir, code_hash = shipped_code(local_ray.root)
     job_args = (
@@ -1214,6 +1215,7 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
     ] == [outs["job_id"]]
 
 
+@pytest.mark.slow
 def test_local_ray_failed_job_fails_with_its_log(local_ray):
     code_dir, code_hash = shipped_code(local_ray.root)
     inputs = run_inputs(code_hash=code_hash, job_args=("--preset", "tiny", "--steps", "0"), timeout_minutes=1)
