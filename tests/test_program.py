@@ -342,6 +342,7 @@ def test_least_privilege_for_nodes_and_checkpoints(stack_plan):
     assert service_account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
 
 
+@pytest.mark.slow
 def test_the_program_needs_neither_torch_nor_ray():
     """`pulumi up` installs requirements.txt only: the program must not import the training stack."""
     import subprocess
