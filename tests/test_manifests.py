@@ -10,11 +10,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from infra.config import StackSettings
 from infra.sizing import WorkerSizing
 from workloads import manifests
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT.parent / "shared" / "reference"
+SCHEMAS = Path(__file__).resolve().parent / "fixtures" / "schemas"
 KUBERNETES_VERSION = "1.36.0"
 WORKER = WorkerSizing(
     gpus=4,
@@ -78,7 +79,9 @@ def closed(schema: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def ray_cluster_schema() -> dict:
-    crd = yaml.safe_load((REFERENCE / "kuberay-v1.7.0" / "ray.io_rayclusters.yaml").read_text())
+    crd = yaml.safe_load(
+        (SCHEMAS / f"kuberay-v{manifests.KUBERAY_OPERATOR.version}-ray.io_rayclusters.yaml").read_text()
+    )
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     return closed(version["schema"]["openAPIV3Schema"])
 
@@ -218,26 +221,36 @@ def _keys_exist(values: dict, reference: dict, path: str = "") -> list[str]:
     return missing
 
 
+def chart_values(chart: manifests.Chart) -> dict:
+    """The default values.yaml of exactly the chart version the program deploys."""
+    return yaml.safe_load(
+        (SCHEMAS / f"{chart.name}-v{chart.version.removeprefix('v')}.values.yaml").read_text()
+    )
+
+
 @pytest.mark.parametrize(
-    "values, reference_file",
+    "values, chart",
     [
-        (manifests.nvidia_device_plugin_values(), "nvidia-device-plugin-v0.20.0.values.yaml"),
-        (manifests.efa_device_plugin_values(), "aws-efa-k8s-device-plugin-v0.5.30.values.yaml"),
-        (manifests.kuberay_operator_values(), "kuberay-operator-v1.7.0.values.yaml"),
+        (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
+        (manifests.efa_device_plugin_values(), manifests.EFA_DEVICE_PLUGIN),
+        (manifests.kuberay_operator_values(), manifests.KUBERAY_OPERATOR),
     ],
     ids=["nvidia", "efa", "kuberay"],
 )
-def test_helm_values_keys_exist_in_the_chart(values, reference_file):
+def test_helm_values_keys_exist_in_the_chart(values, chart):
     """Helm ignores unknown keys silently, so a typo would pass unnoticed anywhere but here."""
-    reference = yaml.safe_load((REFERENCE / "charts" / reference_file).read_text())
-    assert _keys_exist(values, reference) == []
+    assert _keys_exist(values, chart_values(chart)) == []
 
 
 def test_values_check_catches_a_typo():
-    reference = yaml.safe_load(
-        (REFERENCE / "charts" / "nvidia-device-plugin-v0.20.0.values.yaml").read_text()
-    )
+    reference = chart_values(manifests.NVIDIA_DEVICE_PLUGIN)
     assert _keys_exist({"mofedEnable": False}, reference) == ["mofedEnable"]
+
+
+def test_efa_device_plugin_chart_schedules_on_the_gpu_type():
+    """The chart's node affinity allowlists instance types; a type missing there gets no EFA device."""
+    supported = chart_values(manifests.EFA_DEVICE_PLUGIN)["supportedInstanceLabels"]["values"]
+    assert StackSettings(region="us-east-2").gpu_node_type in supported
 
 
 def test_device_plugins_tolerate_the_gpu_taint_and_mofed_is_off():

@@ -230,6 +230,7 @@ def test_log_parsing_modules_import_neither_torch_nor_ray():
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 
+@pytest.mark.slow
 def test_torchrun_path_never_imports_ray():
     code = (
         "import sys, training.cli, training.loop, training.torchrun_launcher, training.artifacts; "

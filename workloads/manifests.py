@@ -50,8 +50,10 @@ class Chart:
 NVIDIA_DEVICE_PLUGIN = Chart(
     "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", "kube-system"
 )
+# v0.5.30 is the newest release in the chart index of aws/eks-charts (checked 2026-08) and lists
+# g6.12xlarge as supported; AWS's Ray Train sample names v0.5.32, which that index does not hold.
 EFA_DEVICE_PLUGIN = Chart(
-    "aws-efa-k8s-device-plugin", "v0.5.32", "https://aws.github.io/eks-charts", "kube-system"
+    "aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts", "kube-system"
 )
 KUBERAY_OPERATOR = Chart(
     "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"

@@ -1,0 +1,149 @@
+"""The documentation stays true to the code: links resolve, tables match what the program does."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+
+from infra import config as stack_config_module
+from infra.config import KNOWN_KEYS, StackSettings, TrainingSettings
+from tests.fake_aws import FakeAws
+from tests.program import ROOT, USER_SETTINGS, run_program, stack_config
+
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+README_MAX_BYTES = 12 * 1024
+# Markdown links and images: [text](target) and ![alt](target).
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+CODE_SPAN = re.compile(r"^`(.*)`$")
+
+
+def relative_links(document: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", document.read_text(), flags=re.DOTALL)  # code holds no links
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [target for target in LINK.findall(text) if not re.match(r"^[a-z]+:", target)]
+
+
+def anchors(document: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", document.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_every_relative_link_resolves(document):
+    broken = []
+    for target in relative_links(document):
+        path, _, fragment = target.partition("#")
+        resolved = (document.parent / path).resolve() if path else document
+        if (
+            not resolved.exists()
+            or not resolved.is_relative_to(ROOT)
+            or (fragment and resolved.suffix == ".md" and fragment not in anchors(resolved))
+        ):
+            broken.append(target)
+    assert broken == []
+
+
+def test_link_check_catches_a_missing_file(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[gone](missing.md) and [web](https://example.com) and `[code](nowhere.md)`\n")
+    assert relative_links(page) == ["missing.md"]
+
+
+def test_readme_stays_short():
+    assert (ROOT / "README.md").stat().st_size < README_MAX_BYTES
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_no_document_cites_a_file_the_repository_lacks(document):
+    assert not re.search(r"\bSPEC\b|the spec's", document.read_text())
+
+
+def table(document: Path, heading: str) -> list[list[str]]:
+    """Rows of the first table under `heading`, as lists of cell texts (header and rule dropped)."""
+    lines = document.read_text().split(f"\n{heading}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[cell.strip() for cell in line.strip().split("|")[1:-1]] for line in lines[start + 2 : end]]
+
+
+def code(cell: str) -> str | None:
+    match = CODE_SPAN.match(cell)
+    return match.group(1) if match else None
+
+
+def rendered(value: object) -> str:
+    """A default as the docs write it: YAML spelling for booleans, plain text otherwise."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def check_defaults(rows: list[list[str]], keys: dict, settings: object) -> list[str]:
+    """Rows whose default differs from the code's; a cell in words means 'no value of its own'."""
+    wrong = []
+    for key_cell, default_cell, _ in rows:
+        key = code(key_cell)
+        if key not in keys:
+            continue
+        default = getattr(settings, keys[key][0])
+        written = code(default_cell)
+        if (written is None and default not in (None, False, ())) or (
+            written is not None and written != rendered(default)
+        ):
+            wrong.append(f"{key}: docs say {default_cell}, code has {default!r}")
+    return wrong
+
+
+def test_config_table_lists_every_key_the_code_knows():
+    documented = [code(row[0]) for row in table(CONFIGURATION, "## Stack keys")]
+    assert sorted(documented) == sorted({*KNOWN_KEYS, "aws:region"})
+
+
+def test_config_table_defaults_are_the_code_defaults():
+    rows = table(CONFIGURATION, "## Stack keys")
+    assert check_defaults(rows, stack_config_module._STACK_KEYS, StackSettings(region="us-east-2")) == []
+
+
+def test_training_table_matches_the_training_keys():
+    rows = table(CONFIGURATION, "## `training` keys")
+    assert sorted(code(row[0]) for row in rows) == sorted(stack_config_module._TRAINING_KEYS)
+    assert check_defaults(rows, stack_config_module._TRAINING_KEYS, TrainingSettings()) == []
+
+
+def test_default_check_catches_a_stale_default():
+    rows = [["`workerCpu`", "`48`", "CPU"], ["`gpuAz`", "`us-east-2a`", "zone"]]
+    assert len(check_defaults(rows, stack_config_module._STACK_KEYS, StackSettings(region="x-y-1"))) == 2
+
+
+# Inputs of the bad-input table that are not config keys: the fake account they describe.
+ACCOUNTS = {"a vCPU quota of 48 for `L-DB2E81BA`": {"quotas": {"L-DB2E81BA": 48}}}
+
+
+def bad_input_cases() -> list[tuple[str, str]]:
+    return [(row[0], row[1]) for row in table(CONFIGURATION, "## Bad input")]
+
+
+@pytest.mark.parametrize(("given", "message"), bad_input_cases(), ids=[row[0] for row in bad_input_cases()])
+def test_bad_input_table_shows_the_real_message(given, message):
+    """Each row, set on top of Pulumi.dev.yaml, fails with the message the table shows."""
+    config = {**stack_config(ROOT / "Pulumi.dev.yaml"), **USER_SETTINGS}
+    account: dict = ACCOUNTS.get(given, {})
+    if given not in ACCOUNTS:
+        assert code(given), f"input {given!r} is neither a `key: value` nor a known account"
+        for key, value in yaml.safe_load(code(given)).items():
+            name = key if ":" in key else f"eks-ray-train:{key}"
+            config[name] = value if isinstance(value, str) else json.dumps(value)
+    expected = code(message)
+    assert expected, f"message {message!r} is not a code span"
+    pattern = ".*".join(re.escape(part) for part in expected.split("..."))
+    region = config["aws:region"] if re.match(r"^[a-z]{2}-[a-z]+-\d$", config["aws:region"]) else "us-east-2"
+    with pytest.raises(pulumi.RunError) as failure:
+        run_program(config, FakeAws(region=region, **account))
+    assert re.search(pattern, str(failure.value), flags=re.DOTALL), str(failure.value)
