@@ -57,12 +57,14 @@ Directories are walked for *.log, *.out and *.err (a Ray session `logs/` folder)
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 TRANSPORTS = ("efa", "socket", "ib", "intra-node", "unknown")
 NETWORK_TRANSPORTS = frozenset({"efa", "socket", "ib"})
@@ -418,7 +420,8 @@ def _refuse_folder(error: OSError) -> None:
 
 def _iter_log_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
     """Expand the arguments: files as given, folders walked (sorted) for *.log/*.out/*.err."""
-    for path in map(os.fspath, paths):
+    for given in paths:
+        path = os.fspath(given)
         if path == "-" or not os.path.isdir(path):
             yield path
             continue
@@ -436,7 +439,10 @@ def _iter_log_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
 def _read_lines(path: str) -> Iterator[str]:
     """Yield the text lines of a file (or stdin for `-`); carriage returns split lines too."""
     try:
-        stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+        stream = cast(
+            io.BufferedReader,
+            sys.stdin.buffer if path == "-" else open(path, "rb"),  # noqa: SIM115 (closed by the with below)
+        )
     except OSError as error:
         raise UnreadableLogError(f"cannot read {path}: {error.strerror}") from error
     with stream:
