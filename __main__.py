@@ -22,7 +22,8 @@ from infra.node_groups import (
 )
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
-from infra.storage import RAY_SERVICE_ACCOUNT, CheckpointStore, checkpoint_bucket_name
+from infra.storage import CheckpointStore, checkpoint_bucket_name
+from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
 from workloads.ray_cluster import RayCluster
@@ -169,8 +170,9 @@ pulumi.export("gpuAz", placement.gpu_az)
 pulumi.export("gpuSubnetId", network.gpu_subnet_id)
 pulumi.export("checkpoints", checkpoints.storage_path)
 pulumi.export("codeHash", ray.code_hash)
+dashboard_port = RAY_PORTS["dashboard"]
 pulumi.export(
     "rayDashboard",
     f"aws eks update-kubeconfig --region {settings.region} --name {settings.cluster_name} && "
-    f"kubectl -n {settings.namespace} port-forward service/{ray.name}-head-svc 8265:8265  # then open http://localhost:8265",
+    f"kubectl -n {settings.namespace} port-forward service/{ray.name}-head-svc {dashboard_port}:{dashboard_port}  # then open http://localhost:{dashboard_port}",
 )

@@ -48,6 +48,7 @@ from botocore.exceptions import (
 )
 
 from infra.capacity_rules import eks_zones, has_efa, usable_zones, vcpu_shortfall
+from platform_facts import INSTANCE_TYPE, REGION
 
 CAPACITY_CAVEAT = (
     "No read-only AWS API can promise that capacity is free right now: an offering says the zone sells the type, "
@@ -331,10 +332,6 @@ def format_table(ranked: Sequence[ZoneReport]) -> str:
     return "\n".join([*lines, "", *notes, "", CAPACITY_CAVEAT])
 
 
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
-_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
-
-
 def _matching(pattern: re.Pattern[str], example: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if not pattern.match(text):
@@ -359,14 +356,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--regions",
         nargs="+",
         required=True,
-        type=_matching(_REGION, "us-east-2"),
+        type=_matching(REGION, "us-east-2"),
         metavar="REGION",
         help="regions to survey, e.g. us-east-2 us-west-2",
     )
     parser.add_argument(
         "--instance-type",
         default="g6.12xlarge",
-        type=_matching(_INSTANCE_TYPE, "g6.12xlarge"),
+        type=_matching(INSTANCE_TYPE, "g6.12xlarge"),
         help="GPU node type (default g6.12xlarge)",
     )
     parser.add_argument("--count", default=2, type=_positive, help="GPU nodes wanted (default 2)")

@@ -18,13 +18,18 @@ from typing import Any
 
 import pulumi
 
-from workloads.nccl_transport import TRANSPORTS
+from platform_facts import (
+    AVAILABILITY_ZONE,
+    EXPECTABLE_TRANSPORTS,
+    INSTANCE_TYPE,
+    REGION,
+    image_pin_problem,
+    memory_mib,
+)
 
 PROJECT = "eks-ray-train"
 DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 DEFAULT_RAY_VERSION = "2.58.0"
-# What a run may be expected to use; "unknown" is a verdict, never an expectation.
-EXPECTABLE_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "unknown")
 
 # IAM role names stop at 64 characters (IAM quotas), and Pulumi autonames a role by appending "-"
 # and 7 random characters to its resource name. Two roles are named after the cluster: pulumi-eks's
@@ -133,7 +138,7 @@ class StackSettings:
 
     @property
     def worker_memory_mib(self) -> int:
-        return quantity_to_mib(self.worker_memory)
+        return memory_mib(self.worker_memory)
 
 
 # --- small parsers: each returns the typed value or raises ValueError with the reason ------------
@@ -142,31 +147,8 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]*$")
 _IAM_PRINCIPAL = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(user|role)/[\w+=,.@/-]{1,512}$")
 _STS_SESSION = re.compile(r"^arn:aws(-[a-z]+)*:sts::(\d{12}):assumed-role/([\w+=,.@-]+)/")
-_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
-_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _K8S_VERSION = re.compile(r"^1\.\d{2}$")
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
-_UNITS_IN_MIB = {
-    None: 1 / 2**20,
-    "Ki": 1 / 1024,
-    "Mi": 1,
-    "Gi": 1024,
-    "Ti": 1024**2,
-    "K": 1e3 / 2**20,
-    "M": 1e6 / 2**20,
-    "G": 1e9 / 2**20,
-    "T": 1e12 / 2**20,
-}
-
-
-def quantity_to_mib(text: str) -> int:
-    """Kubernetes memory quantity (e.g. `160Gi`) in MiB, rounded down."""
-    match = _QUANTITY.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a Kubernetes memory quantity such as 160Gi or 163840Mi")
-    return int(float(match.group(1)) * _UNITS_IN_MIB[match.group(2)])
 
 
 def _as_bool(value: Any) -> bool:
@@ -289,10 +271,18 @@ def _log_retention(value: Any) -> int:
 def _image(value: Any) -> str:
     if not isinstance(value, str) or not value or " " in value:
         raise ValueError("expected a container image reference")
-    last = value.rsplit("/", 1)[-1]
-    if "@sha256:" not in value and (":" not in last or last.endswith(":latest")):
-        raise ValueError("pin the image to a tag or digest (not latest), e.g. repo/ray:train-ml-cuda-v1.1")
+    problem = image_pin_problem(value)
+    if problem:
+        raise ValueError(
+            f"the image {problem}: pin the image to a tag or digest (not latest), e.g. repo/ray:train-ml-cuda-v1.1"
+        )
     return value
+
+
+def _memory_quantity(value: Any) -> str:
+    """Kept as written (it goes into the pod spec), once it is known to parse."""
+    memory_mib(str(value))
+    return str(value)
 
 
 _TRAINING_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
@@ -314,17 +304,17 @@ _STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "clusterName": ("cluster_name", _cluster_name),
     "kubernetesVersion": ("kubernetes_version", _matching(_K8S_VERSION, '"1.36" (quote it in YAML)')),
     "vpcCidr": ("vpc_cidr", _vpc_cidr),
-    "systemNodeType": ("system_node_type", _matching(_INSTANCE_TYPE, "m7i.xlarge")),
+    "systemNodeType": ("system_node_type", _matching(INSTANCE_TYPE, "m7i.xlarge")),
     "systemNodeCount": ("system_node_count", _as_int(1)),
-    "gpuNodeType": ("gpu_node_type", _matching(_INSTANCE_TYPE, "g6.12xlarge")),
+    "gpuNodeType": ("gpu_node_type", _matching(INSTANCE_TYPE, "g6.12xlarge")),
     "gpuNodeCount": ("gpu_node_count", _as_int(1)),
-    "gpuAz": ("gpu_az", _matching(_AZ, "us-east-2a")),
+    "gpuAz": ("gpu_az", _matching(AVAILABILITY_ZONE, "us-east-2a")),
     "capacityReservationId": ("capacity_reservation_id", _matching(_RESERVATION, "cr-0123456789abcdef0")),
     "image": ("image", _image),
     "rayVersion": ("ray_version", _matching(re.compile(r"^\d+\.\d+\.\d+$"), "2.58.0")),
     "namespace": ("namespace", _matching(_NAME, "ray-train")),
     "workerCpu": ("worker_cpu", _as_int(1)),
-    "workerMemory": ("worker_memory", lambda v: (quantity_to_mib(str(v)), str(v))[1]),
+    "workerMemory": ("worker_memory", _memory_quantity),
     "endpointPublicAccess": ("endpoint_public_access", _as_bool),
     "endpointPublicAccessCidrs": ("endpoint_public_access_cidrs", _cidr_list),
     "adminPrincipalArns": ("admin_principal_arns", _principal_arns),
@@ -390,7 +380,7 @@ def parse_settings(
     """
     if not region:
         raise ConfigError("config key 'aws:region' is not set: run `pulumi config set aws:region us-east-2`")
-    if not _REGION.match(region):
+    if not REGION.match(region):
         raise ConfigError(f"config key 'aws:region' = {region!r}: expected a region name such as us-east-2")
     values = dict(raw)
     training_raw = _decode(values.pop("training", {}))

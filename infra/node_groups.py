@@ -24,10 +24,8 @@ import pulumi_aws as aws
 
 from infra.capacity_rules import ReservationFacts
 from infra.sizing import InstanceFacts
+from platform_facts import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
 
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
-SYSTEM_LABELS = {"role": "system"}
-GPU_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
 # GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.
 GPU_MAX_UNAVAILABLE = 1
 # IMDSv2 only, and a hop limit of 1: the metadata response dies at the pod network's extra hop, so

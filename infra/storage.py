@@ -11,7 +11,8 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-RAY_SERVICE_ACCOUNT = "ray-train"
+from platform_facts import RAY_SERVICE_ACCOUNT
+
 BUCKET_NAME_LIMIT = 63
 
 

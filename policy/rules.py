@@ -44,6 +44,9 @@ BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 
+# RAY_PORTS, GPU_NODE_LABEL, `image_pin_problem` and `_quantity` copy the program's `platform_facts`
+# and the Kubernetes client's `parse_quantity`: the pack runs in its own virtualenv and cannot import
+# them. tests/test_policy.py checks each copy equals the original.
 # Ports of the Ray head that must stay inside the cluster: GCS, dashboard (job submission), client.
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
 EXTERNAL_SERVICE_TYPES = {"LoadBalancer", "NodePort"}
@@ -444,14 +447,16 @@ def _pod_specs_containers(value: Any) -> list[Mapping[str, Any]]:
     return found
 
 
-_DIGEST = re.compile(r"@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}$")
+# What follows `@` in a digest reference: `<algorithm>:<hex>` (OCI image spec, descriptor digests).
+_DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}")
 
 
 def image_pin_problem(image: str) -> str | None:
     """Why an image reference is not pinned (no tag, or `latest`), or None when it has a tag or digest."""
-    if _DIGEST.search(image):
-        return None
-    last_segment = image.rsplit("/", 1)[-1]
+    name, at, digest = image.partition("@")
+    if at:
+        return None if _DIGEST.fullmatch(digest) else "has a malformed digest"
+    last_segment = name.rsplit("/", 1)[-1]
     if ":" not in last_segment:
         return "has no tag (so it means latest)"
     if last_segment.rsplit(":", 1)[1] == "latest":

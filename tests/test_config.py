@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from infra.config import AwsIdentity, ConfigError, parse_settings, quantity_to_mib
+from infra.config import AwsIdentity, ConfigError, parse_settings
 from infra.sizing import InstanceFacts, size_workers
 
 CIDRS = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
@@ -63,6 +63,12 @@ def test_values_arrive_as_engine_text():
         ({"image": "rayproject/ray"}, "pin the image"),
         ({"capacityReservationId": "reservation-1"}, "'capacityReservationId'"),
         ({"workerMemory": "lots"}, "'workerMemory' = 'lots'"),
+        (
+            {"workerMemory": "160 Gi"},
+            "'workerMemory' = '160 Gi': '160 Gi' is not a Kubernetes memory quantity",
+        ),
+        ({"workerMemory": "-1Gi"}, "'workerMemory' = '-1Gi': '-1Gi' is not a Kubernetes memory quantity"),
+        ({"image": "rayproject/ray@sha256:abc"}, "pin the image"),
         ({"train": "yes"}, "'train' = 'yes': expected true or false"),
         ({"training": '{"preset": "fast"}'}, "'training.preset' = 'fast': expected one of smoke, throughput"),
         ({"training": '{"expectTransport": "tcp"}'}, "'training.expectTransport'"),
@@ -165,12 +171,6 @@ def test_aws_role_chains_the_kubeconfig_cannot_follow_are_refused(assume_roles, 
 def test_region_is_required():
     with pytest.raises(ConfigError, match="aws:region"):
         parse_settings(CIDRS, None)
-
-
-def test_quantities():
-    assert quantity_to_mib("160Gi") == 163_840
-    assert quantity_to_mib("512Mi") == 512
-    assert quantity_to_mib("1G") == 953
 
 
 def test_worker_sizes_come_from_the_instance():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pulumi_policy
 import pytest
+from kubernetes.utils import parse_quantity
 from pulumi_policy import (
     EnforcementLevel,
     PolicyResource,
@@ -25,12 +26,12 @@ from pulumi_policy.proxy import (
     unknown_checking_proxy,
 )
 
+import platform_facts
 from infra.cluster import control_plane_log_group
-from infra.node_groups import GPU_LABELS, METADATA_OPTIONS
+from infra.node_groups import METADATA_OPTIONS
 from policy import rules
 from policy.rules import StackResource
 from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
-from workloads.manifests import RAY_PORTS
 
 POLICY_DIR = Path(__file__).resolve().parents[1] / "policy"
 UNKNOWN = UNKNOWN_STRING_VALUE
@@ -718,11 +719,39 @@ def test_entry_point_lists_every_rule_with_its_enforcement(monkeypatch):
 
 
 def test_pack_constants_match_the_program():
-    assert rules.RAY_PORTS == RAY_PORTS
+    assert rules.RAY_PORTS == platform_facts.RAY_PORTS
     assert METADATA_OPTIONS["http_put_response_hop_limit"] == rules.POD_SAFE_HOP_LIMIT
     assert rules.control_plane_log_group("c") == control_plane_log_group("c")
     key, value = rules.GPU_NODE_LABEL
-    assert GPU_LABELS[key] == value
+    assert platform_facts.GPU_LABELS[key] == value
+    assert {key: value} == platform_facts.GPU_NODE_SELECTOR
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "rayproject/ray:2.58.0",
+        "rayproject/ray",
+        "rayproject/ray:latest",
+        "localhost:5000/ray",
+        "localhost:5000/ray:2.58.0",
+        "repo/ray@sha256:" + "0" * 64,
+        "repo/ray:latest@sha256:" + "0" * 64,
+        "repo/ray@sha256:abc",
+        "repo/ray@",
+    ],
+)
+def test_pack_image_rule_is_the_programs(image):
+    assert rules.image_pin_problem(image) == platform_facts.image_pin_problem(image)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["40", "1Gi", "1024Mi", "160Gi", "100m", "1.5", "0.5Gi", "2k", "3M", "1e3", "1Ei", "7n", "40 ", "+2"],
+)
+def test_pack_reads_quantities_as_the_kubernetes_client_does(text):
+    """The pack's own parser (its virtualenv has no kubernetes client) against `parse_quantity`."""
+    assert rules._quantity(text) == parse_quantity(text)
 
 
 # --- every resource of every stack's mocks run ------------------------------------------------------

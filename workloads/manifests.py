@@ -11,16 +11,18 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.node_groups import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
 from infra.sizing import WorkerSizing
+from platform_facts import (
+    EFA_RESOURCE,
+    GPU_NODE_SELECTOR,
+    GPU_RESOURCE,
+    GPU_TOLERATION,
+    RAY_PORTS,
+    SYSTEM_NODE_SELECTOR,
+)
 
-# Scheduling follows the node groups' own labels and taint, so the two cannot drift apart.
-GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
-SYSTEM_NODE_SELECTOR = dict(SYSTEM_LABELS)
-GPU_NODE_SELECTOR = {"role": GPU_LABELS["role"]}
 CODE_MOUNT = "/opt/eks-ray-train"
 CODE_HASH_FILE = ".code-hash"
-RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
 # NCCL through libfabric's EFA provider; INFO logs are what the transport check reads.
 EFA_NCCL_ENV = {
     "FI_PROVIDER": "efa",
@@ -204,8 +206,8 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
     worker_resources = {
         "cpu": str(spec.worker.cpu),
         "memory": spec.worker.memory,
-        "nvidia.com/gpu": str(spec.worker.gpus),
-        "vpc.amazonaws.com/efa": str(spec.worker.efa_interfaces),
+        GPU_RESOURCE: str(spec.worker.gpus),
+        EFA_RESOURCE: str(spec.worker.efa_interfaces),
     }
     head = {
         "serviceType": "ClusterIP",

@@ -66,7 +66,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import cast
 
-TRANSPORTS = ("efa", "socket", "ib", "intra-node", "unknown")
+from platform_facts import TRANSPORTS
+
 NETWORK_TRANSPORTS = frozenset({"efa", "socket", "ib"})
 LOG_SUFFIXES = (".log", ".out", ".err")
 EVIDENCE_PER_HOST = 6

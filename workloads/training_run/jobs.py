@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from platform_facts import RAY_PORTS
 from workloads.training_run import head_jobs_api
 from workloads.training_run.errors import ExecStreamCut, TrainingRunError
 from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor
 
 T = TypeVar("T")
-DASHBOARD_ADDRESS = "http://localhost:8265"
+DASHBOARD_ADDRESS = f"http://localhost:{RAY_PORTS['dashboard']}"
 JOB_ID_PREFIX = "eks-ray-train"
 SUBMIT_TIMEOUT_S = 600  # `ray job submit` zips and uploads the working directory first
 READ_ATTEMPTS = 3  # list and poll only read: a cut stream is simply asked again

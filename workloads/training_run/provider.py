@@ -40,7 +40,7 @@ import pulumi
 import pulumi.dynamic
 from pulumi.runtime import rpc
 
-from workloads.nccl_transport import TRANSPORTS
+from platform_facts import TRANSPORTS
 from workloads.training_run import engine_host
 from workloads.training_run.aws_credentials import (
     REFUSED,

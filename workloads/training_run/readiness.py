@@ -21,14 +21,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from platform_facts import EFA_RESOURCE, GPU_NODE_SELECTOR, GPU_PRESENT_LABEL, GPU_RESOURCE
 from workloads import manifests
 from workloads.training_run.errors import TrainingRunError
 from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, ClusterApi, Executor, NodeFacts, PodFacts
 
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
-GPU_NODE_LABEL_SELECTOR = ",".join(f"{key}={value}" for key, value in manifests.GPU_NODE_SELECTOR.items())
+GPU_NODE_LABEL_SELECTOR = ",".join(f"{key}={value}" for key, value in GPU_NODE_SELECTOR.items())
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,100 @@
+"""Facts that the infrastructure (`infra`) and the workloads (`workloads`) must agree on, each declared once.
+
+Node labels and taints, extended resource names, Kubernetes object names, Ray's ports, the NCCL
+transport vocabulary, and the shape rules for regions, zones, instance types, memory quantities and
+image references. Both sides import them from here, so `infra` never imports `workloads`.
+Standard library and the `kubernetes` client only: no Pulumi, torch or Ray. The policy pack runs in
+its own virtualenv and keeps copies; `tests/test_policy.py` checks they equal these.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from kubernetes.utils import parse_quantity
+
+# --- node labels, taints and extended resources ------------------------------------------------
+
+# Extended resources registered by the NVIDIA device plugin and the AWS EFA device plugin.
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# Set on GPU nodes by the EKS NVIDIA AMI (and by the program's node group labels).
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+# The program's own node role label: the system node group and the EFA GPU node group.
+ROLE_LABEL = "role"
+SYSTEM_LABELS = {ROLE_LABEL: "system"}
+GPU_LABELS = {ROLE_LABEL: "gpu-worker", GPU_PRESENT_LABEL: "true"}
+SYSTEM_NODE_SELECTOR = {ROLE_LABEL: SYSTEM_LABELS[ROLE_LABEL]}
+GPU_NODE_SELECTOR = {ROLE_LABEL: GPU_LABELS[ROLE_LABEL]}
+# GPU nodes are tainted with the resource name, the key the NVIDIA device plugin tolerates by default.
+# The EKS API spells the effect NO_SCHEDULE (nodegroup Taint); Kubernetes spells it NoSchedule.
+GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NO_SCHEDULE"}
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+# --- Kubernetes object names and paths ----------------------------------------------------------
+
+# The Ray pods' service account; the checkpoint bucket's IRSA role trusts exactly this name.
+RAY_SERVICE_ACCOUNT = "ray-train"
+
+# --- Ray ---------------------------------------------------------------------------------------
+
+# Ports of the Ray head (Ray's defaults, named as KubeRay names them): GCS, dashboard/Jobs API, client.
+RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+
+# --- NCCL transports ---------------------------------------------------------------------------
+
+# What `workloads.nccl_transport` can conclude from NCCL's INFO log.
+TRANSPORTS = ("efa", "socket", "ib", "intra-node", "unknown")
+# What a run may be expected to use; "unknown" is a verdict, never an expectation.
+EXPECTABLE_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "unknown")
+
+# --- shapes of AWS names ------------------------------------------------------------------------
+
+# Region names of every AWS partition (botocore's endpoints.json `regionRegex`: e.g. us-east-2,
+# us-gov-west-1, cn-north-1, eusc-de-east-1).
+_REGION_SHAPE = r"[a-z]+(-[a-z]+)+-\d+"
+REGION = re.compile(rf"^{_REGION_SHAPE}$")
+# An Availability Zone name is its region's name plus one letter (us-east-2a).
+AVAILABILITY_ZONE = re.compile(rf"^{_REGION_SHAPE}[a-z]$")
+# Instance types are `<family>.<size>` (g6.12xlarge, p5.48xlarge, u-6tb1.metal).
+INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+
+# --- values --------------------------------------------------------------------------------------
+
+_MIB = Decimal(2**20)
+
+
+def memory_mib(text: str) -> int:
+    """A Kubernetes memory quantity (e.g. `160Gi`, `163840Mi`, `171798691840`) in MiB, rounded down.
+
+    Parsed by the Kubernetes client's `parse_quantity`; the blanks and non-positive values it would
+    take are refused here, as the API server refuses them in a memory request.
+    """
+    try:
+        number = parse_quantity(text) if text == text.strip() and " " not in text else None
+    except ValueError:
+        number = None
+    if number is None or not number.is_finite() or number < _MIB:
+        raise ValueError(f"{text!r} is not a Kubernetes memory quantity such as 160Gi or 163840Mi")
+    return int(number / _MIB)
+
+
+# What follows `@` in a digest reference: `<algorithm>:<hex>` (OCI image spec, descriptor digests).
+_DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}")
+
+
+def image_pin_problem(image: str) -> str | None:
+    """Why an image reference is not pinned (no tag, or `latest`), or None when it has a tag or digest.
+
+    Pinned images make every node run the same bits; an untagged reference means `latest`.
+    """
+    name, at, digest = image.partition("@")
+    if at:
+        return None if _DIGEST.fullmatch(digest) else "has a malformed digest"
+    last_segment = name.rsplit("/", 1)[-1]
+    if ":" not in last_segment:
+        return "has no tag (so it means latest)"
+    if last_segment.rsplit(":", 1)[1] == "latest":
+        return "is tagged latest"
+    return None

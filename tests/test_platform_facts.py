@@ -1,0 +1,175 @@
+"""The shared facts: their rules against the real sources, and who may import whom."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import botocore
+import pytest
+from kubernetes.utils import parse_quantity
+
+import platform_facts
+from infra.config import ConfigError, parse_settings
+from platform_facts import AVAILABILITY_ZONE, INSTANCE_TYPE, REGION, image_pin_problem, memory_mib
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM_PACKAGES = {"platform_facts", "infra", "workloads", "training", "policy", "bench", "tests"}
+
+
+def botocore_regions() -> list[str]:
+    """Every region of every partition in the endpoints file of the installed botocore."""
+    endpoints = json.loads((Path(botocore.__file__).parent / "data" / "endpoints.json").read_text())
+    return [region for partition in endpoints["partitions"] for region in partition["regions"]]
+
+
+def test_every_aws_region_and_its_zones_match_the_patterns():
+    regions = botocore_regions()
+    assert {"us-east-2", "us-gov-west-1", "cn-north-1", "ap-southeast-7"} <= set(regions)
+    assert [region for region in regions if not REGION.match(region)] == []
+    assert [region for region in regions if not AVAILABILITY_ZONE.match(f"{region}a")] == []
+
+
+@pytest.mark.parametrize("name", ["us-east-2a", "US-EAST-2", "us-east", "useast2", "us-east-2 ", "us_east_2"])
+def test_what_is_no_region(name):
+    assert not REGION.match(name)
+
+
+@pytest.mark.parametrize("name", ["us-east-2", "us-east-2ab", "us-east-2A", "use2-az1"])
+def test_what_is_no_zone_name(name):
+    assert not AVAILABILITY_ZONE.match(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["g6.12xlarge", "p5.48xlarge", "m7i.xlarge", "u-6tb1.metal", "trn1n.32xlarge"]
+)
+def test_instance_types(name):
+    assert INSTANCE_TYPE.match(name)
+
+
+@pytest.mark.parametrize("name", ["G6.12xlarge", "g6", "g6.12xlarge.big", "g6 12xlarge", ".xlarge"])
+def test_what_is_no_instance_type(name):
+    assert not INSTANCE_TYPE.match(name)
+
+
+def test_config_and_the_capacity_survey_share_the_region_rule():
+    """A region of the newest partition passes the stack's check (the old pattern wanted two letters)."""
+    settings = parse_settings({"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}, "eusc-de-east-1")
+    assert settings.region == "eusc-de-east-1"
+    with pytest.raises(ConfigError, match=r"'aws:region' = 'us-east-2a': expected a region name"):
+        parse_settings({}, "us-east-2a")
+
+
+@pytest.mark.parametrize(
+    "text, mib",
+    [("160Gi", 163_840), ("512Mi", 512), ("1G", 953), ("1Ti", 2**20), ("1.5Gi", 1536), ("2e9", 1907)],
+)
+def test_memory_quantities_in_mib(text, mib):
+    assert memory_mib(text) == mib
+    assert mib == int(parse_quantity(text) / 2**20)  # the Kubernetes client's reading, rounded down
+
+
+@pytest.mark.parametrize(
+    "text", ["lots", "", "160 Gi", " 160Gi", "160gi", "-1Gi", "0", "100m", "1Ki", "NaN", "Inf"]
+)
+def test_what_is_no_memory_quantity(text):
+    with pytest.raises(ValueError, match=r"is not a Kubernetes memory quantity such as 160Gi or 163840Mi"):
+        memory_mib(text)
+
+
+@pytest.mark.parametrize(
+    "image, problem",
+    [
+        ("public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1", None),
+        ("rayproject/ray:2.58.0-py311-gpu", None),
+        ("localhost:5000/ray:2.58.0", None),
+        ("rayproject/ray@sha256:" + "a" * 64, None),
+        ("rayproject/ray:latest@sha256:" + "a" * 64, None),
+        ("rayproject/ray", "has no tag (so it means latest)"),
+        ("localhost:5000/ray", "has no tag (so it means latest)"),
+        ("rayproject/ray:latest", "is tagged latest"),
+        ("rayproject/ray@sha256:abc", "has a malformed digest"),
+        ("rayproject/ray:latest@sha256:" + "a" * 63 + "g", "has a malformed digest"),
+    ],
+)
+def test_image_pin_rule(image, problem):
+    assert image_pin_problem(image) == problem
+
+
+def test_gpu_scheduling_follows_the_node_labels_and_taint():
+    facts = platform_facts
+    assert facts.GPU_NODE_SELECTOR.items() <= facts.GPU_LABELS.items()
+    assert facts.SYSTEM_NODE_SELECTOR.items() <= facts.SYSTEM_LABELS.items()
+    assert facts.GPU_TOLERATION["key"] == facts.GPU_TAINT["key"] == facts.GPU_RESOURCE
+    # EKS's NO_SCHEDULE is Kubernetes' NoSchedule (EKS API reference, Taint).
+    assert (facts.GPU_TAINT["effect"], facts.GPU_TOLERATION["effect"]) == ("NO_SCHEDULE", "NoSchedule")
+    assert set(facts.EXPECTABLE_TRANSPORTS) == set(facts.TRANSPORTS) - {"unknown"}
+
+
+# --- the import graph ---------------------------------------------------------------------------
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module a file imports, at any depth (functions, TYPE_CHECKING too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            names.add(node.module or "")
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def imports_of(package: str) -> dict[str, set[str]]:
+    """First-party modules imported by each file of `package` (a folder, or a module file)."""
+    files = sorted((ROOT / package).rglob("*.py")) if (ROOT / package).is_dir() else [ROOT / f"{package}.py"]
+    assert files, package
+    return {
+        str(path.relative_to(ROOT)): {
+            name for name in imported_modules(path) if name.split(".")[0] in PROGRAM_PACKAGES
+        }
+        for path in files
+    }
+
+
+def crossings(package: str, forbidden: set[str], allowed: frozenset[str] = frozenset()) -> list[str]:
+    found = []
+    for path, names in imports_of(package).items():
+        for name in sorted(names):
+            if name.split(".")[0] in forbidden and not any(
+                name == ok or name.startswith(f"{ok}.") for ok in allowed
+            ):
+                found.append(f"{path} imports {name}")
+    return found
+
+
+def test_infra_does_not_import_the_workloads():
+    """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
+
+    It may read the training job's settings contract (`training.config`, standard library only),
+    never the training code itself.
+    """
+    assert crossings("infra", {"workloads", "training"}, allowed=frozenset({"training.config"})) == []
+
+
+def test_training_imports_nothing_of_the_program():
+    """Only the `training` package is shipped to the Ray pods, so it cannot import the rest."""
+    assert crossings("training", PROGRAM_PACKAGES - {"training"}) == []
+
+
+def test_policy_pack_imports_nothing_of_the_program():
+    """The pack runs in its own virtualenv from policy/; it keeps copies (checked in test_policy.py)."""
+    assert crossings("policy", PROGRAM_PACKAGES - {"policy"}) == []
+
+
+def test_shared_facts_need_only_the_standard_library_and_the_kubernetes_client():
+    third_party = {
+        name.split(".")[0]
+        for name in imported_modules(ROOT / "platform_facts.py")
+        if name.split(".")[0] not in sys.stdlib_module_names
+    }
+    assert third_party == {"kubernetes"}
