@@ -3,16 +3,16 @@
 Node labels and taints, extended resource names, Kubernetes object names, Ray's ports, the NCCL
 transport vocabulary, and the shape rules for regions, zones, instance types, memory quantities and
 image references. Both sides import them from here, so `infra` never imports `workloads`.
-Standard library and the `kubernetes` client only: no Pulumi, torch or Ray. The policy pack runs in
-its own virtualenv and keeps copies; `tests/test_policy.py` checks they equal these.
+Importing it needs only the standard library (the NCCL log check, which imports the transports,
+runs anywhere); reading a quantity also needs the `kubernetes` client. No Pulumi, torch or Ray.
+The policy pack runs in its own virtualenv and keeps copies; `tests/test_policy.py` checks they
+equal these.
 """
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal
-
-from kubernetes.utils import parse_quantity
 
 # --- node labels, taints and extended resources ------------------------------------------------
 
@@ -68,9 +68,11 @@ _MIB = Decimal(2**20)
 def memory_mib(text: str) -> int:
     """A Kubernetes memory quantity (e.g. `160Gi`, `163840Mi`, `171798691840`) in MiB, rounded down.
 
-    Parsed by the Kubernetes client's `parse_quantity`; the blanks and non-positive values it would
-    take are refused here, as the API server refuses them in a memory request.
+    Parsed by the Kubernetes client's `parse_quantity`. It also takes blanks, which the API server
+    refuses, and values under 1 MiB, in which no pod runs: both are refused here.
     """
+    from kubernetes.utils import parse_quantity  # here, so that importing the facts needs no client
+
     try:
         number = parse_quantity(text) if text == text.strip() and " " not in text else None
     except ValueError:

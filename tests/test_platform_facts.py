@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -166,7 +167,11 @@ def test_policy_pack_imports_nothing_of_the_program():
     assert crossings("policy", PROGRAM_PACKAGES - {"policy"}) == []
 
 
-def test_shared_facts_need_only_the_standard_library_and_the_kubernetes_client():
+def test_shared_facts_import_with_the_standard_library_alone():
+    """Nothing but the standard library at import (-S hides site-packages); the client only to read a quantity."""
+    probe = "import sys; sys.path.insert(0, '.'); import platform_facts"
+    result = subprocess.run([sys.executable, "-S", "-c", probe], cwd=ROOT, capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr
     third_party = {
         name.split(".")[0]
         for name in imported_modules(ROOT / "platform_facts.py")
