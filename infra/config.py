@@ -274,7 +274,7 @@ def _image(value: Any) -> str:
     problem = image_pin_problem(value)
     if problem:
         raise ValueError(
-            f"the image {problem}: pin the image to a tag or digest (not latest), e.g. repo/ray:train-ml-cuda-v1.1"
+            f"pin the image to a tag or digest (not latest), e.g. repo/ray:train-ml-cuda-v1.1; this one {problem}"
         )
     return value
 
