@@ -14,6 +14,11 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
+# The Pulumi project's name (Pulumi.yaml), which is also the namespace of its stack config keys.
+PROJECT = "eks-ray-train"
+# On every Kubernetes object the program makes (the recommended `app.kubernetes.io/part-of` label).
+PART_OF_LABELS = {"app.kubernetes.io/part-of": PROJECT}
+
 # --- node labels, taints and extended resources ------------------------------------------------
 
 # Extended resources registered by the NVIDIA device plugin and the AWS EFA device plugin.

@@ -9,6 +9,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 
 from infra.config import StackSettings
+from platform_facts import PROJECT
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 # The EKS managed policy that makes an access entry a cluster administrator, for the whole cluster.
@@ -107,7 +108,7 @@ class Cluster(pulumi.ComponentResource):
             )
             if identity.profile or identity.role_arn
             else None,
-            tags={"project": "eks-ray-train"},
+            tags={"project": PROJECT},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group]),
         )
         # The name as an Output of the cluster: whatever uses it depends on the cluster, so

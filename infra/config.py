@@ -22,12 +22,12 @@ from platform_facts import (
     AVAILABILITY_ZONE,
     EXPECTABLE_TRANSPORTS,
     INSTANCE_TYPE,
+    PROJECT,
     REGION,
     image_pin_problem,
     memory_mib,
 )
 
-PROJECT = "eks-ray-train"
 DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 DEFAULT_RAY_VERSION = "2.58.0"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import botocore
 import pytest
+import yaml
 from kubernetes.utils import parse_quantity
 
 import platform_facts
@@ -97,6 +98,10 @@ def test_what_is_no_memory_quantity(text):
 )
 def test_image_pin_rule(image, problem):
     assert image_pin_problem(image) == problem
+
+
+def test_project_is_the_pulumi_projects_name():
+    assert yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"] == platform_facts.PROJECT
 
 
 def test_gpu_scheduling_follows_the_node_labels_and_taint():

@@ -17,6 +17,7 @@ from platform_facts import (
     GPU_NODE_SELECTOR,
     GPU_RESOURCE,
     GPU_TOLERATION,
+    PART_OF_LABELS,
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
 )
@@ -84,7 +85,7 @@ def namespace(name: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "eks-ray-train"}},
+        "metadata": {"name": name, "labels": dict(PART_OF_LABELS)},
     }
 
 
@@ -154,7 +155,7 @@ def training_code_configmap(name: str, namespace_name: str, files: dict[str, str
         "metadata": {
             "name": name,
             "namespace": namespace_name,
-            "labels": {"app.kubernetes.io/part-of": "eks-ray-train"},
+            "labels": dict(PART_OF_LABELS),
         },
         "data": data,
     }
@@ -269,7 +270,7 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
         "metadata": {
             "name": spec.name,
             "namespace": spec.namespace,
-            "labels": {"app.kubernetes.io/part-of": "eks-ray-train"},
+            "labels": dict(PART_OF_LABELS),
         },
         "spec": {
             "rayVersion": spec.ray_version,
