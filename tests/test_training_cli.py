@@ -110,7 +110,7 @@ def test_flags_for_another_machine_leave_its_paths_alone():
         "runs/earlier",
         "runs",
     )
-    with pytest.raises(ArgumentsError, match="--resume-from .*runs/earlier': not a checkpoint folder"):
+    with pytest.raises(ArgumentsError, match=r"--resume-from .*runs/earlier': not a checkpoint folder"):
         parse_flags(argv)
     with pytest.raises(ArgumentsError, match="--data '/no/such/corpus': no such file or folder"):
         parse_flags(argv[:2])
