@@ -45,6 +45,10 @@ PROGRAM_FLAGS = {
     "--local": "the job runs on the cluster's Ray",
     "--launcher": "the job is submitted to the cluster's Ray",
 }
+# `ray job submit` joins the job's command line with `subprocess.list2cmdline` and Ray runs it
+# with `shell=True` (ray/dashboard/modules/job/cli.py, job_supervisor.py), so a stack value must be
+# a word the shell leaves as it is.
+_SHELL_WORD = re.compile(r"^[A-Za-z0-9._/:@=+,-]+$")
 # Former `training` keys, with what replaced them.
 RENAMED_TRAINING_KEYS = {
     "hsdp": "use hsdpReplicas: auto (shard inside a node, replicate across nodes) or hsdpReplicas: 1 (plain FSDP)",
@@ -302,6 +306,11 @@ def _training_flags(raw: Mapping[str, Any]) -> tuple[str, ...]:
             chosen[flag] = (key, setting_flags(key, value))
         except ArgumentsError as err:
             raise ConfigError(f"config key 'training.{key}' = {value!r}: {err.reason}") from None
+        if not all(_SHELL_WORD.match(token) for token in chosen[flag][1]):
+            raise ConfigError(
+                f"config key 'training.{key}' = {value!r}: use letters, digits and . _ / : @ = + , - only "
+                "(the job's command line passes through a shell on the cluster)"
+            )
     chosen.setdefault("--preset", ("preset", ["--preset", DEFAULT_TRAINING_PRESET]))
     flags = tuple(
         token for flag in dict.fromkeys(keys.values()) if flag in chosen for token in chosen[flag][1]

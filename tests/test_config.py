@@ -11,7 +11,6 @@ from infra.config import PROGRAM_FLAGS, ConfigError, parse_settings, quantity_to
 from infra.sizing import InstanceFacts, size_workers
 from training.config import (
     PRESETS,
-    ArgumentsError,
     build_parser,
     key_of_flag,
     parse_flags,
@@ -104,6 +103,11 @@ def test_values_arrive_as_engine_text():
             {"training": '{"lr": 1e-4, "learningRate": 2e-4}'},
             "'training.lr' and 'training.learningRate' both set",
         ),
+        (
+            {"training": '{"runName": "run $(date)"}'},
+            "'training.runName' = 'run $(date)': use letters, digits",
+        ),
+        ({"training": '{"data": "s3://b/my corpus"}'}, "passes through a shell on the cluster"),
         ({"training": '{"expectTransport": "tcp"}'}, "'training.expectTransport'"),
         ({"training": "[1, 2]"}, "'training' must be an object"),
     ],
@@ -159,8 +163,9 @@ def test_flags_the_program_sets_are_refused(key):
 
 
 def example_values(key: str, flag: str) -> list:
-    """Values `flag` accepts, as a stack would write them: its presets' values that the flag
-    accepts (a preset may hold a value in its internal form), else a plain word."""
+    """Values `flag` accepts, as a stack would write them: its presets' values that the stack
+    accepts (a preset may hold a value in its internal form, a path may hold a space), else a
+    plain word."""
     action = next(action for action in build_parser()._actions if flag in action.option_strings)
     if action.nargs == 0:
         return [True, False]
@@ -172,8 +177,8 @@ def example_values(key: str, flag: str) -> list:
 
 def accepted(key: str, value) -> bool:
     try:
-        setting_flags(key, value)
-    except ArgumentsError:
+        parse(training=json.dumps({key: value}))
+    except ConfigError:
         return False
     return True
 
