@@ -18,6 +18,7 @@ from typing import Any
 
 import pulumi
 
+from infra.aws_identity import AwsCredentialSettings, AwsSettingsError
 from training.config import ArgumentsError, TrainConfig, key_of_flag, parse_flags, setting_flags, setting_keys
 from workloads.nccl_transport import TRANSPORTS
 
@@ -418,18 +419,15 @@ def _parse_training(raw: Mapping[str, Any]) -> TrainingSettings:
 
 
 def _aws_identity(aws: Mapping[str, Any]) -> AwsIdentity:
-    """The profile and the role Pulumi's AWS provider uses (pulumi-aws's `profile` and `assumeRoles`)."""
-    profile = aws.get("profile") or None
-    roles = _decode(aws.get("assumeRoles") or [])
-    if not isinstance(roles, list) or not all(isinstance(r, dict) and r.get("roleArn") for r in roles):
-        raise ConfigError("config key 'aws:assumeRoles' must be a list of objects with a roleArn")
-    if len(roles) > 1:
-        raise ConfigError(
-            f"config key 'aws:assumeRoles' chains {len(roles)} roles, and the cluster's kubeconfig "
-            "(`aws eks get-token --role-arn`) assumes one: put the chain's first roles in an AWS CLI profile "
-            "(role_arn, source_profile), set aws:profile to it, and keep only the last role in aws:assumeRoles"
-        )
-    return AwsIdentity(profile=profile, role_arn=roles[0]["roleArn"] if roles else None)
+    """The profile and role the AWS provider uses (`aws:` keys without the namespace), as the
+    cluster's kubeconfig can use them; the one parser of those keys is `infra.aws_identity`."""
+    try:
+        profile, role_arn = AwsCredentialSettings.from_config(
+            {f"aws:{key}": value for key, value in aws.items()}
+        ).kubeconfig_identity()
+    except AwsSettingsError as err:
+        raise ConfigError(f"config key '{err.key}': {err.reason}") from None
+    return AwsIdentity(profile=profile, role_arn=role_arn)
 
 
 def parse_settings(
@@ -486,9 +484,6 @@ def hf_token() -> pulumi.Output[str] | None:
 
 def load_settings() -> StackSettings:
     """Read and validate the current stack's configuration."""
-    aws = pulumi.Config("aws")
     return parse_settings(
-        stack_config_values(),
-        aws.get("region"),
-        {"profile": aws.get("profile"), "assumeRoles": aws.get("assumeRoles")},
+        stack_config_values(), pulumi.Config("aws").get("region"), stack_config_values("aws")
     )

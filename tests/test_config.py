@@ -268,14 +268,39 @@ def test_aws_identity_comes_from_the_aws_namespace():
     [
         (
             [{"roleArn": "arn:aws:iam::1:role/a"}, {"roleArn": "arn:aws:iam::1:role/b"}],
-            "'aws:assumeRoles' chains 2 roles",
+            "config key 'aws:assumeRoles': chains 2 roles",
         ),
-        ([{"sessionName": "x"}], "'aws:assumeRoles' must be a list of objects with a roleArn"),
+        ([{"sessionName": "x"}], "config key 'aws:assumeRoles[0]': needs a roleArn"),
     ],
 )
 def test_aws_role_chains_the_kubeconfig_cannot_follow_are_refused(assume_roles, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_settings(CIDRS, "us-east-2", {"assumeRoles": json.dumps(assume_roles)})
+
+
+def test_the_single_assume_role_key_reaches_the_kubeconfig_too():
+    role = "arn:aws:iam::123456789012:role/deployer"
+    identity = parse_settings(CIDRS, "us-east-2", {"assumeRole": json.dumps({"roleArn": role})}).aws_identity
+    assert identity == AwsIdentity(profile=None, role_arn=role)
+
+
+@pytest.mark.parametrize(
+    "aws, key",
+    [
+        ({"accessKey": "AKIAEXAMPLE", "secretKey": "secret"}, "aws:accessKey"),
+        ({"sharedCredentialsFiles": '["/x"]'}, "aws:sharedCredentialsFiles"),
+        (
+            {"assumeRoleWithWebIdentity": '{"roleArn": "arn:aws:iam::1:role/w"}'},
+            "aws:assumeRoleWithWebIdentity",
+        ),
+    ],
+)
+def test_aws_settings_the_kubeconfig_cannot_use_are_refused_at_preview(aws, key):
+    """The program's Kubernetes provider and the training run act as one identity; what the
+    kubeconfig's `aws eks get-token` cannot use fails the preview, naming the key."""
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}': ")) as raised:
+        parse_settings(CIDRS, "us-east-2", aws)
+    assert "\n" not in str(raised.value) and "secret" not in str(raised.value)
 
 
 def test_region_is_required():

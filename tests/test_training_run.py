@@ -41,6 +41,7 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
+from infra.aws_identity import AwsCredentialSettings
 from infra.config import PROGRAM_FLAGS, ConfigError, TrainingSettings, parse_settings
 from tests.program import STACK_FILES, USER_SETTINGS, stack_config
 from training.config import parse_args
@@ -56,7 +57,6 @@ from workloads.training_run import (
     readiness,
     runner,
 )
-from workloads.training_run.aws_credentials import AwsCredentialSettings
 from workloads.training_run.kube_access import ExecResult, KubernetesCluster, LocalExecutor, _exec_status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "training_run"
@@ -1423,7 +1423,7 @@ def test_aws_settings_are_read_as_the_aws_provider_writes_them():
     ],
 )
 def test_aws_settings_that_cannot_be_honoured_are_refused_naming_the_key(config, key, reason):
-    from workloads.training_run.aws_credentials import AwsSettingsError
+    from infra.aws_identity import AwsSettingsError
 
     with pytest.raises(AwsSettingsError) as caught:
         AwsCredentialSettings.from_config(config)
