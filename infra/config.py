@@ -12,12 +12,13 @@ import difflib
 import ipaddress
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pulumi
 
+from infra.aws_identity import AwsCredentialSettings, AwsSettingsError
 from platform_facts import (
     AVAILABILITY_ZONE,
     EXPECTABLE_TRANSPORTS,
@@ -27,6 +28,7 @@ from platform_facts import (
     image_pin_problem,
     memory_mib,
 )
+from training.config import ArgumentsError, TrainConfig, key_of_flag, parse_flags, setting_flags, setting_keys
 
 DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 DEFAULT_RAY_VERSION = "2.58.0"
@@ -74,20 +76,35 @@ class ConfigError(pulumi.RunError):
     """
 
 
+# What `pulumi up` trains unless the stack's `training.preset` says otherwise: AWS's reference job.
+DEFAULT_TRAINING_PRESET = "smoke"
+# Flags of `python -m training` that the program sets itself, and why the stack may not.
+PROGRAM_FLAGS = {
+    "--storage-path": "checkpoints go to the stack's S3 bucket",
+    "--use-gpu": "every worker trains on a GPU of the GPU nodes",
+    "--gpus-per-worker": "the program runs one worker per GPU",
+    "--local": "the job runs on the cluster's Ray",
+    "--launcher": "the job is submitted to the cluster's Ray",
+}
+# `ray job submit` joins the job's command line with `subprocess.list2cmdline` and Ray runs it
+# with `shell=True` (ray/dashboard/modules/job/cli.py, job_supervisor.py), so a stack value must be
+# a word the shell leaves as it is.
+_SHELL_WORD = re.compile(r"^[A-Za-z0-9._/:@=+,-]+$")
+# Former `training` keys, with what replaced them.
+RENAMED_TRAINING_KEYS = {
+    "hsdp": "use hsdpReplicas: auto (shard inside a node, replicate across nodes) or hsdpReplicas: 1 (plain FSDP)",
+}
+
+
 @dataclass(frozen=True)
 class TrainingSettings:
-    """Arguments of the training job run by `pulumi up` (the `training` object)."""
+    """The training job run by `pulumi up` (the `training` object).
 
-    preset: str = "smoke"
-    model_id: str = "Qwen/Qwen2.5-1.5B"
-    init: str = "pretrained"
-    steps: int | None = None
-    seq_len: int | None = None
-    batch_size: int | None = None
-    learning_rate: float | None = None
-    workers: int | None = None
-    checkpoint_every: int | None = None
-    hsdp: bool = False
+    `flags` are the stack's training settings as flags of `python -m training`, checked by that
+    program's own parser; the other fields say how the program judges the run.
+    """
+
+    flags: tuple[str, ...] = ("--preset", DEFAULT_TRAINING_PRESET)
     expect_transport: str = "efa"
     timeout_minutes: int = 60
 
@@ -172,16 +189,6 @@ def _as_int(minimum: int) -> Callable[[Any], int]:
         return number
 
     return parse
-
-
-def _as_positive_float(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number such as 2e-5") from None
-    if not number > 0:
-        raise ValueError("must be greater than 0")
-    return number
 
 
 def _matching(pattern: re.Pattern[str], example: str) -> Callable[[Any], str]:
@@ -285,17 +292,8 @@ def _memory_quantity(value: Any) -> str:
     return str(value)
 
 
-_TRAINING_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "preset": ("preset", _one_of("smoke", "throughput")),
-    "modelId": ("model_id", _matching(re.compile(r"^[\w.\-]+/[\w.\-]+$"), "Qwen/Qwen2.5-1.5B")),
-    "init": ("init", _one_of("pretrained", "random")),
-    "steps": ("steps", _as_int(1)),
-    "seqLen": ("seq_len", _as_int(8)),
-    "batchSize": ("batch_size", _as_int(1)),
-    "learningRate": ("learning_rate", _as_positive_float),
-    "workers": ("workers", _as_int(1)),
-    "checkpointEvery": ("checkpoint_every", _as_int(0)),
-    "hsdp": ("hsdp", _as_bool),
+# The `training` keys that are no flag of `python -m training` but say how the program judges the run.
+_TRAINING_RUN_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "expectTransport": ("expect_transport", _one_of(*EXPECTABLE_TRANSPORTS)),
     "timeoutMinutes": ("timeout_minutes", _as_int(1)),
 }
@@ -356,19 +354,70 @@ def _parse_fields(raw: Mapping[str, Any], table: dict, prefix: str) -> dict[str,
     return fields
 
 
+def training_config(flags: Sequence[str]) -> TrainConfig:
+    """The job's flags parsed as `python -m training` parses them on the cluster (whose paths are
+    not looked up here); a `ConfigError` in the stack's key names otherwise."""
+    try:
+        return parse_flags(flags, paths_here=False)
+    except ArgumentsError as err:
+        named = re.sub(r"--[a-z][a-z0-9-]*", lambda flag: key_of_flag(flag.group(0)), err.reason)
+        raise ConfigError(f"config key 'training': {named}") from None
+
+
+def _training_flags(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each key is the flag of the same name (`seqLen` is `--seq-len`), in the parser's order."""
+    keys = setting_keys()
+    stack_keys = [key for key, flag in keys.items() if flag not in PROGRAM_FLAGS]
+    chosen: dict[str, tuple[str, list[str]]] = {}
+    for key, value in raw.items():
+        if key in RENAMED_TRAINING_KEYS:
+            raise ConfigError(f"config key 'training.{key}' is no longer read: {RENAMED_TRAINING_KEYS[key]}")
+        if key not in keys:
+            raise _unknown_key_error("training.", key, [*stack_keys, *_TRAINING_RUN_KEYS])
+        flag = keys[key]
+        if flag in PROGRAM_FLAGS:
+            raise ConfigError(
+                f"config key 'training.{key}' is set by the program ({PROGRAM_FLAGS[flag]}): remove it"
+            )
+        if flag in chosen:
+            raise ConfigError(
+                f"config keys 'training.{chosen[flag][0]}' and 'training.{key}' both set {flag}: keep one"
+            )
+        try:
+            chosen[flag] = (key, setting_flags(key, value))
+        except ArgumentsError as err:
+            raise ConfigError(f"config key 'training.{key}' = {value!r}: {err.reason}") from None
+        if not all(_SHELL_WORD.match(token) for token in chosen[flag][1]):
+            raise ConfigError(
+                f"config key 'training.{key}' = {value!r}: use letters, digits and . _ / : @ = + , - only "
+                "(the job's command line passes through a shell on the cluster)"
+            )
+    chosen.setdefault("--preset", ("preset", ["--preset", DEFAULT_TRAINING_PRESET]))
+    flags = tuple(
+        token for flag in dict.fromkeys(keys.values()) if flag in chosen for token in chosen[flag][1]
+    )
+    training_config(flags)
+    return flags
+
+
+def _parse_training(raw: Mapping[str, Any]) -> TrainingSettings:
+    run_keys = {key: value for key, value in raw.items() if key in _TRAINING_RUN_KEYS}
+    knobs = {key: value for key, value in raw.items() if key not in _TRAINING_RUN_KEYS}
+    return TrainingSettings(
+        flags=_training_flags(knobs), **_parse_fields(run_keys, _TRAINING_RUN_KEYS, "training.")
+    )
+
+
 def _aws_identity(aws: Mapping[str, Any]) -> AwsIdentity:
-    """The profile and the role Pulumi's AWS provider uses (pulumi-aws's `profile` and `assumeRoles`)."""
-    profile = aws.get("profile") or None
-    roles = _decode(aws.get("assumeRoles") or [])
-    if not isinstance(roles, list) or not all(isinstance(r, dict) and r.get("roleArn") for r in roles):
-        raise ConfigError("config key 'aws:assumeRoles' must be a list of objects with a roleArn")
-    if len(roles) > 1:
-        raise ConfigError(
-            f"config key 'aws:assumeRoles' chains {len(roles)} roles, and the cluster's kubeconfig "
-            "(`aws eks get-token --role-arn`) assumes one: put the chain's first roles in an AWS CLI profile "
-            "(role_arn, source_profile), set aws:profile to it, and keep only the last role in aws:assumeRoles"
-        )
-    return AwsIdentity(profile=profile, role_arn=roles[0]["roleArn"] if roles else None)
+    """The profile and role the AWS provider uses (`aws:` keys without the namespace), as the
+    cluster's kubeconfig can use them; the one parser of those keys is `infra.aws_identity`."""
+    try:
+        profile, role_arn = AwsCredentialSettings.from_config(
+            {f"aws:{key}": value for key, value in aws.items()}
+        ).kubeconfig_identity()
+    except AwsSettingsError as err:
+        raise ConfigError(f"config key '{err.key}': {err.reason}") from None
+    return AwsIdentity(profile=profile, role_arn=role_arn)
 
 
 def parse_settings(
@@ -390,7 +439,7 @@ def parse_settings(
         )
     settings = StackSettings(
         region=region,
-        training=TrainingSettings(**_parse_fields(training_raw, _TRAINING_KEYS, "training.")),
+        training=_parse_training(training_raw),
         aws_identity=_aws_identity(aws or {}),
         **_parse_fields(values, _STACK_KEYS, ""),
     )
@@ -425,9 +474,6 @@ def hf_token() -> pulumi.Output[str] | None:
 
 def load_settings() -> StackSettings:
     """Read and validate the current stack's configuration."""
-    aws = pulumi.Config("aws")
     return parse_settings(
-        stack_config_values(),
-        aws.get("region"),
-        {"profile": aws.get("profile"), "assumeRoles": aws.get("assumeRoles")},
+        stack_config_values(), pulumi.Config("aws").get("region"), stack_config_values("aws")
     )

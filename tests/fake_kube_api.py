@@ -183,6 +183,30 @@ def _valid_eks_token(header: str, cluster_name: str) -> bool:
 # --- exec ---------------------------------------------------------------------------------------------
 
 
+def serve_on_loopback(
+    handlers: dict[str, Callable[[BaseHTTPRequestHandler], None]], tls: ssl.SSLContext | None = None
+) -> ThreadingHTTPServer:
+    """An HTTP/1.1 server on 127.0.0.1 (a free port) that answers each method with its handler,
+    serving from a daemon thread until `stop_server`."""
+    methods = {f"do_{method}": (lambda self, serve=serve: serve(self)) for method, serve in handlers.items()}
+    handler = type(
+        "Handler",
+        (BaseHTTPRequestHandler,),
+        {"protocol_version": "HTTP/1.1", "log_message": lambda self, *args: None, **methods},
+    )
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def stop_server(server: ThreadingHTTPServer) -> None:
+    server.shutdown()
+    server.server_close()
+
+
 @dataclass
 class ExecReply:
     """What a command in a pod produced."""
@@ -240,31 +264,14 @@ class FakeKubeApi:
 
     def start(self) -> FakeKubeApi:
         cert_file, key_file, self.ca_pem = self_signed_certificate(self.folder)
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                api._serve(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert_file, key_file)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.server = serve_on_loopback({"GET": self._serve}, tls=context)
         self.endpoint = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        stop_server(self.server)
 
     def _json(self, handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -387,31 +394,12 @@ class FakeAwsApis:
     assumed: list[str] = field(default_factory=list)
 
     def start(self) -> FakeAwsApis:
-        apis = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                apis._eks(self)
-
-            def do_POST(self) -> None:
-                apis._sts(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = serve_on_loopback({"GET": self._eks, "POST": self._sts})
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        stop_server(self.server)
 
     def _record_key(self, handler: BaseHTTPRequestHandler) -> None:
         authorization = handler.headers.get("Authorization", "")
@@ -510,28 +498,12 @@ class FakeRayDashboard:
     jobs: dict[str, ScriptedJob] = field(default_factory=dict)
 
     def start(self) -> FakeRayDashboard:
-        dashboard = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                dashboard._serve(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = serve_on_loopback({"GET": self._serve})
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        stop_server(self.server)
 
     def _record(self, submission_id: str, job: ScriptedJob) -> dict:
         status = job.status()

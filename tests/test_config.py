@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
-from infra.config import AwsIdentity, ConfigError, parse_settings
+from infra.config import PROGRAM_FLAGS, AwsIdentity, ConfigError, parse_settings
 from infra.sizing import InstanceFacts, size_workers
+from training.config import (
+    PRESETS,
+    build_parser,
+    key_of_flag,
+    parse_flags,
+    setting_flags,
+    setting_keys,
+)
 
 CIDRS = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
 G6_12XLARGE = InstanceFacts(
@@ -43,10 +52,15 @@ def test_defaults_are_the_reference_setup():
 
 def test_values_arrive_as_engine_text():
     settings = parse(
-        gpuNodeCount="3", train="false", training='{"steps": 7, "learningRate": 1e-4, "hsdp": true}'
+        gpuNodeCount="3",
+        train="false",
+        training='{"steps": 7, "learningRate": 1e-4, "hsdpReplicas": "auto", "compile": "false"}',
     )
     assert settings.gpu_node_count == 3 and settings.train is False
-    assert settings.training.steps == 7 and settings.training.learning_rate == 1e-4 and settings.training.hsdp
+    assert settings.training.flags == (
+        *("--preset", "smoke", "--steps", "7", "--lr", "0.0001"),
+        *("--hsdp-replicas", "auto", "--no-compile"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -70,7 +84,37 @@ def test_values_arrive_as_engine_text():
         ({"workerMemory": "-1Gi"}, "'workerMemory' = '-1Gi': '-1Gi' is not a Kubernetes memory quantity"),
         ({"image": "rayproject/ray@sha256:abc"}, "pin the image"),
         ({"train": "yes"}, "'train' = 'yes': expected true or false"),
-        ({"training": '{"preset": "fast"}'}, "'training.preset' = 'fast': expected one of smoke, throughput"),
+        (
+            {"training": '{"preset": "fast"}'},
+            "'training.preset' = 'fast': invalid choice: 'fast' (choose from 'smoke', 'throughput', 'tiny')",
+        ),
+        ({"training": '{"seqLen": 0}'}, "'training.seqLen' = 0: must be >= 1, got 0"),
+        (
+            {"training": '{"seqLen": "long"}'},
+            "'training.seqLen' = 'long': expected a whole number >= 1, got 'long'",
+        ),
+        ({"training": '{"learningRate": -1}'}, "'training.learningRate' = -1: must be > 0, got -1"),
+        ({"training": '{"compile": "yes"}'}, "'training.compile' = 'yes': expected true or false, got 'yes'"),
+        ({"training": '{"steps": true}'}, "'training.steps' = True: expected a single value, got True"),
+        ({"training": '{"steps": [1, 2]}'}, "'training.steps' = [1, 2]: expected a single value"),
+        ({"training": '{"steps": null}'}, "'training.steps' = None: expected a single value"),
+        (
+            {"training": '{"workers": 6, "hsdpReplicas": 4}'},
+            "config key 'training': 6 workers are not a multiple of hsdpReplicas 4",
+        ),
+        (
+            {"training": '{"init": "random", "modelConfig": "tiny", "seqLen": 100000}'},
+            "config key 'training': seqLen 100000 exceeds the model's max_position_embeddings",
+        ),
+        (
+            {"training": '{"lr": 1e-4, "learningRate": 2e-4}'},
+            "'training.lr' and 'training.learningRate' both set",
+        ),
+        (
+            {"training": '{"runName": "run $(date)"}'},
+            "'training.runName' = 'run $(date)': use letters, digits",
+        ),
+        ({"training": '{"data": "s3://b/my corpus"}'}, "passes through a shell on the cluster"),
         ({"training": '{"expectTransport": "tcp"}'}, "'training.expectTransport'"),
         ({"training": "[1, 2]"}, "'training' must be an object"),
         ({"clusterName": "c" * 44}, f"'clusterName' = '{'c' * 44}': at most 43 characters"),
@@ -118,9 +162,81 @@ def test_misspelt_keys_get_the_closest_known_key(key, suggestion):
         parse(**{key: "1"})
 
 
-def test_misspelt_training_key_is_named_with_its_object():
-    with pytest.raises(ConfigError, match=r"unknown config key 'training\.setps': did you mean 'steps'"):
-        parse(training='{"setps": 3}')
+@pytest.mark.parametrize(
+    "key, suggestion",
+    [
+        ("setps", "steps"),
+        ("seq_len", "seqLen"),
+        ("learningrate", "learningRate"),
+        ("hsdpReplica", "hsdpReplicas"),
+        ("timeoutMinute", "timeoutMinutes"),
+    ],
+)
+def test_misspelt_training_key_is_named_with_its_object(key, suggestion):
+    with pytest.raises(
+        ConfigError, match=f"unknown config key 'training.{key}': did you mean '{suggestion}'"
+    ):
+        parse(training=json.dumps({key: 3}))
+
+
+def test_the_former_hsdp_key_points_to_hsdp_replicas():
+    with pytest.raises(ConfigError) as raised:
+        parse(training='{"hsdp": true}')
+    message = str(raised.value)
+    assert message.startswith("config key 'training.hsdp' is no longer read: ")
+    assert "hsdpReplicas: auto" in message and "hsdpReplicas: 1" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("key", [*(key_of_flag(flag) for flag in PROGRAM_FLAGS), "gpu"])
+def test_flags_the_program_sets_are_refused(key):
+    flag = setting_keys()[key]
+    value = True if flag in ("--use-gpu", "--local") else "1"
+    with pytest.raises(
+        ConfigError, match=rf"config key 'training\.{key}' is set by the program \(.+\): remove it"
+    ):
+        parse(training=json.dumps({key: value}))
+
+
+def example_values(key: str, flag: str) -> list:
+    """Values `flag` accepts, as a stack would write them: its presets' values that the stack
+    accepts (a preset may hold a value in its internal form, a path may hold a space), else a
+    plain word."""
+    action = next(action for action in build_parser()._actions if flag in action.option_strings)
+    if action.nargs == 0:
+        return [True, False]
+    if action.choices:
+        return list(action.choices)
+    in_presets = dict.fromkeys(preset.get(action.dest) for preset in PRESETS.values())
+    return [value for value in in_presets if value is not None and accepted(key, value)] or ["example"]
+
+
+def accepted(key: str, value) -> bool:
+    try:
+        parse(training=json.dumps({key: value}))
+    except ConfigError:
+        return False
+    return True
+
+
+def test_every_training_flag_is_a_stack_key():
+    """Adding a flag to `python -m training` makes it a `training:` key with no other edit: each
+    flag the program does not set, written as its camelCase key, gives the job what the flag
+    gives on the command line."""
+    stack_flags = {flag for flag in setting_keys().values() if flag not in PROGRAM_FLAGS}
+    assert {"--steps", "--seq-len", "--hsdp-replicas", "--compile", "--data", "--model-id"} <= stack_flags
+    for key, flag in setting_keys().items():
+        if flag in PROGRAM_FLAGS:
+            continue
+        assert key_of_flag(flag) == key or flag == "--lr"  # --lr also answers to --learning-rate
+        for value in example_values(key, flag):
+            training = parse(training=json.dumps({key: value})).training
+            cli = setting_flags(key, value)
+            on_the_command_line = parse_flags(["--preset", "smoke", *cli], paths_here=False)
+            from_the_stack = parse_flags(training.flags, paths_here=False)
+            assert replace(from_the_stack, run_name="") == replace(on_the_command_line, run_name=""), key
+            dest = next(a.dest for a in build_parser()._actions if flag in a.option_strings)
+            if dest != "preset":
+                assert getattr(from_the_stack, dest) == getattr(parse_flags(cli, paths_here=False), dest), key
 
 
 def test_public_endpoint_needs_cidrs():
@@ -158,14 +274,39 @@ def test_aws_identity_comes_from_the_aws_namespace():
     [
         (
             [{"roleArn": "arn:aws:iam::1:role/a"}, {"roleArn": "arn:aws:iam::1:role/b"}],
-            "'aws:assumeRoles' chains 2 roles",
+            "config key 'aws:assumeRoles': chains 2 roles",
         ),
-        ([{"sessionName": "x"}], "'aws:assumeRoles' must be a list of objects with a roleArn"),
+        ([{"sessionName": "x"}], "config key 'aws:assumeRoles[0]': needs a roleArn"),
     ],
 )
 def test_aws_role_chains_the_kubeconfig_cannot_follow_are_refused(assume_roles, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_settings(CIDRS, "us-east-2", {"assumeRoles": json.dumps(assume_roles)})
+
+
+def test_the_single_assume_role_key_reaches_the_kubeconfig_too():
+    role = "arn:aws:iam::123456789012:role/deployer"
+    identity = parse_settings(CIDRS, "us-east-2", {"assumeRole": json.dumps({"roleArn": role})}).aws_identity
+    assert identity == AwsIdentity(profile=None, role_arn=role)
+
+
+@pytest.mark.parametrize(
+    "aws, key",
+    [
+        ({"accessKey": "AKIAEXAMPLE", "secretKey": "secret"}, "aws:accessKey"),
+        ({"sharedCredentialsFiles": '["/x"]'}, "aws:sharedCredentialsFiles"),
+        (
+            {"assumeRoleWithWebIdentity": '{"roleArn": "arn:aws:iam::1:role/w"}'},
+            "aws:assumeRoleWithWebIdentity",
+        ),
+    ],
+)
+def test_aws_settings_the_kubeconfig_cannot_use_are_refused_at_preview(aws, key):
+    """The program's Kubernetes provider and the training run act as one identity; what the
+    kubeconfig's `aws eks get-token` cannot use fails the preview, naming the key."""
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}': ")) as raised:
+        parse_settings(CIDRS, "us-east-2", aws)
+    assert "\n" not in str(raised.value) and "secret" not in str(raised.value)
 
 
 def test_region_is_required():

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from infra import config as stack_config_module
-from infra.config import KNOWN_KEYS, StackSettings, TrainingSettings
+from infra.config import KNOWN_KEYS, PROGRAM_FLAGS, StackSettings, TrainingSettings
 from tests.fake_aws import FakeAws
 from tests.program import ROOT, USER_SETTINGS, run_program, stack_config
+from training.config import setting_keys
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -65,11 +66,15 @@ def test_no_document_cites_a_file_the_repository_lacks(document):
     assert not re.search(r"\bSPEC\b|the spec's", document.read_text())
 
 
-def table(document: Path, heading: str) -> list[list[str]]:
-    """Rows of the first table under `heading`, as lists of cell texts (header and rule dropped)."""
-    lines = document.read_text().split(f"\n{heading}\n", 1)[1].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+def table(document: Path, heading: str, index: int = 0) -> list[list[str]]:
+    """Rows of the `index`-th table under `heading` (before the next heading), as lists of cell
+    texts (header and rule dropped)."""
+    section = document.read_text().split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
+    end = 0
+    for _ in range(index + 1):
+        start = next(i for i in range(end, len(lines)) if lines[i].startswith("|"))
+        end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     return [[cell.strip() for cell in line.strip().split("|")[1:-1]] for line in lines[start + 2 : end]]
 
 
@@ -111,10 +116,16 @@ def test_config_table_defaults_are_the_code_defaults():
     assert check_defaults(rows, stack_config_module._STACK_KEYS, StackSettings(region="us-east-2")) == []
 
 
-def test_training_table_matches_the_training_keys():
-    rows = table(CONFIGURATION, "## `training` keys")
-    assert sorted(code(row[0]) for row in rows) == sorted(stack_config_module._TRAINING_KEYS)
-    assert check_defaults(rows, stack_config_module._TRAINING_KEYS, TrainingSettings()) == []
+def test_training_tables_match_the_training_keys():
+    """The often-set keys are flags of the job; the judging keys and the program's keys are exactly
+    the code's, with the code's defaults and reasons."""
+    often, judging, program = (table(CONFIGURATION, "## `training` keys", index) for index in range(3))
+    stack_keys = setting_keys()
+    assert [code(row[0]) for row in often if code(row[0]) not in stack_keys] == []
+    assert sorted(code(row[0]) for row in judging) == sorted(stack_config_module._TRAINING_RUN_KEYS)
+    assert check_defaults(judging, stack_config_module._TRAINING_RUN_KEYS, TrainingSettings()) == []
+    documented = {stack_keys[code(row[0])]: row[1] for row in program}
+    assert documented == PROGRAM_FLAGS
 
 
 def test_default_check_catches_a_stale_default():

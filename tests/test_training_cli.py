@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from training.config import PRESETS, build_parser, parse_args
+from training.config import (
+    PRESETS,
+    ArgumentsError,
+    build_parser,
+    key_of_flag,
+    parse_args,
+    parse_flags,
+    setting_flags,
+    setting_keys,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120
@@ -62,7 +71,7 @@ def test_help_shows_each_flags_effective_default_not_none():
     [
         (["--seq-len", "abc"], "argument --seq-len: expected a whole number >= 1, got 'abc'"),
         (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
-        (["--lr", "fast"], "argument --lr: expected a number > 0, got 'fast'"),
+        (["--lr", "fast"], "argument --lr/--learning-rate: expected a number > 0, got 'fast'"),
         (["--seed", "x"], "argument --seed: expected a whole number, got 'x'"),
         (["--hsdp-replicas", "two"], "argument --hsdp-replicas: expected 'auto' or a count >= 1, got 'two'"),
     ],
@@ -72,6 +81,87 @@ def test_a_bad_value_names_the_flag_and_what_it_expects(argv, message, capsys):
         parse_args(argv)
     error = capsys.readouterr().err
     assert message in error and "invalid" not in error
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--steps", "0"],
+        ["--unknown-flag"],
+        ["--data", "/no/such/corpus"],
+        ["--workers", "6", "--hsdp-replicas", "4"],
+    ],
+)
+def test_parse_flags_raises_what_the_cli_prints(argv, capsys):
+    """The Pulumi program checks a job's flags with `parse_flags`: the same message, no exit."""
+    with pytest.raises(ArgumentsError) as raised:
+        parse_flags(argv)
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert f"python -m training: error: {raised.value}" in capsys.readouterr().err
+
+
+def test_flags_for_another_machine_leave_its_paths_alone():
+    """At preview the corpus and the checkpoint are the cluster's paths: not looked up here."""
+    argv = ["--data", "/no/such/corpus", "--resume-from", "runs/earlier", "--storage-path", "runs"]
+    config = parse_flags(argv, paths_here=False)
+    assert (config.data, config.resume_from, config.storage_path) == (
+        "/no/such/corpus",
+        "runs/earlier",
+        "runs",
+    )
+    with pytest.raises(ArgumentsError, match=r"--resume-from .*runs/earlier': not a checkpoint folder"):
+        parse_flags(argv)
+    with pytest.raises(ArgumentsError, match="--data '/no/such/corpus': no such file or folder"):
+        parse_flags(argv[:2])
+    # A shipped architecture travels with the code, so its limits are checked anywhere.
+    with pytest.raises(ArgumentsError, match="exceeds the model's max_position_embeddings"):
+        parse_flags(["--init", "random", "--model-config", "tiny", "--seq-len", "100000"], paths_here=False)
+
+
+def test_every_flag_has_a_camel_case_key():
+    keys = setting_keys()
+    assert (keys["seqLen"], keys["hsdpReplicas"], keys["exportHf"]) == (
+        "--seq-len",
+        "--hsdp-replicas",
+        "--export-hf",
+    )
+    assert keys["learningRate"] == keys["lr"] == "--lr" and keys["gpu"] == keys["useGpu"] == "--use-gpu"
+    assert "help" not in keys and "noCompile" not in keys
+    flags = {flag for action in build_parser()._actions for flag in action.option_strings}
+    long_flags = {flag for flag in flags if flag.startswith("--") and flag != "--help"}
+    assert {key_of_flag(flag) for flag in long_flags if not flag.startswith("--no-")} == set(keys)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "flags"),
+    [
+        ("seqLen", 256, ["--seq-len", "256"]),
+        ("learningRate", 1e-4, ["--lr", "0.0001"]),
+        ("hsdpReplicas", "auto", ["--hsdp-replicas", "auto"]),
+        ("compile", True, ["--compile"]),
+        ("compile", "false", ["--no-compile"]),
+        ("maxFailures", -1, ["--max-failures", "-1"]),
+        ("local", False, []),
+    ],
+)
+def test_a_setting_becomes_its_flags(key, value, flags):
+    assert setting_flags(key, value) == flags
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("seqLen", 0, "must be >= 1, got 0"),
+        ("compile", 1, "expected true or false, got 1"),
+        ("steps", False, "expected a single value, got False"),
+        ("init", "zeros", "invalid choice: 'zeros'"),
+    ],
+)
+def test_a_bad_setting_names_what_its_flag_expects(key, value, reason):
+    with pytest.raises(ArgumentsError) as raised:
+        setting_flags(key, value)
+    assert raised.value.reason.startswith(reason)
 
 
 def ray_cluster_running() -> bool:

@@ -41,7 +41,10 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
-from infra.config import ConfigError, TrainingSettings
+from infra.aws_identity import AwsCredentialSettings
+from infra.config import PROGRAM_FLAGS, ConfigError, TrainingSettings, parse_settings
+from tests.program import STACK_FILES, USER_SETTINGS, stack_config
+from training.config import parse_args
 from workloads import manifests
 from workloads.training_run import (
     arguments,
@@ -54,7 +57,6 @@ from workloads.training_run import (
     readiness,
     runner,
 )
-from workloads.training_run.aws_credentials import AwsCredentialSettings
 from workloads.training_run.kube_access import ExecResult, KubernetesCluster, LocalExecutor, _exec_status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "training_run"
@@ -377,53 +379,62 @@ def main_and_tcp_head(**main_changes) -> FakeRayHead:
 # --- job arguments ------------------------------------------------------------------------------------
 
 
-def test_job_arguments_map_every_setting_to_its_flag():
-    training = TrainingSettings(
-        preset="throughput",
-        model_id="Qwen/Qwen2.5-0.5B",
-        init="random",
-        steps=20,
-        seq_len=4096,
-        batch_size=2,
-        learning_rate=3e-5,
-        workers=4,
-        checkpoint_every=10,
-        hsdp=True,
+def stack_training(block: dict) -> TrainingSettings:
+    """A stack's `training:` block as the program reads it."""
+    raw = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]', "training": json.dumps(block)}
+    return parse_settings(raw, "us-east-2").training
+
+
+def test_job_arguments_are_the_stack_flags_and_the_program_flags():
+    training = stack_training(
+        {
+            "preset": "throughput",
+            "modelId": "Qwen/Qwen2.5-0.5B",
+            "init": "random",
+            "steps": 20,
+            "seqLen": 4096,
+            "batchSize": 2,
+            "learningRate": 3e-5,
+            "workers": 4,
+            "checkpointEvery": 10,
+            "hsdpReplicas": "auto",
+            "compile": False,
+            "expectTransport": "socket",
+        }
     )
     args = arguments.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
-    assert "--use-gpu" in args
-    args.remove("--use-gpu")
-    assert dict(zip(args[::2], args[1::2], strict=True)) == {
-        "--preset": "throughput",
-        "--model-id": "Qwen/Qwen2.5-0.5B",
-        "--init": "random",
-        "--workers": "4",
-        "--gpus-per-worker": "1",
-        "--hsdp-replicas": "auto",
-        "--storage-path": "s3://bucket/runs",
-        "--steps": "20",
-        "--seq-len": "4096",
-        "--batch-size": "2",
-        "--lr": "3e-05",
-        "--checkpoint-every": "10",
-    }
+    assert args == [
+        *("--preset", "throughput", "--steps", "20", "--seq-len", "4096", "--batch-size", "2"),
+        *("--lr", "3e-05", "--workers", "4", "--model-id", "Qwen/Qwen2.5-0.5B", "--init", "random"),
+        *("--checkpoint-every", "10", "--hsdp-replicas", "auto", "--no-compile"),
+        *("--use-gpu", "--gpus-per-worker", "1", "--storage-path", "s3://bucket/runs"),
+    ]
 
 
 def test_job_arguments_default_to_every_gpu_and_leave_unset_settings_to_the_preset():
-    args = arguments.job_arguments(
-        TrainingSettings(), world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"
-    )
-    assert args[args.index("--workers") + 1] == "8"
-    assert args[args.index("--hsdp-replicas") + 1] == "1"  # hsdp: false means plain FSDP, whatever the preset
-    for flag in ("--steps", "--seq-len", "--batch-size", "--lr", "--checkpoint-every"):
-        assert flag not in args
+    for preset, hsdp_replicas in (("smoke", 1), ("throughput", 0)):
+        args = arguments.job_arguments(
+            stack_training({"preset": preset}), world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"
+        )
+        assert args[args.index("--workers") + 1] == "8"
+        for flag in ("--steps", "--seq-len", "--batch-size", "--lr", "--checkpoint-every", "--hsdp-replicas"):
+            assert flag not in args
+        assert parse_args(args).hsdp_replicas == hsdp_replicas
 
 
 def test_job_arguments_parse_with_the_training_cli():
-    """Every flag exists in `python -m training` and the values survive its validation."""
-    from training.config import parse_args
-
-    training = TrainingSettings(steps=7, seq_len=256, batch_size=2, learning_rate=1e-4, workers=6, hsdp=True)
+    """Every flag exists in `python -m training`, the values survive its validation, and the flags
+    the program owns have the values the cluster needs."""
+    training = stack_training(
+        {
+            "steps": 7,
+            "seqLen": 256,
+            "batchSize": 2,
+            "learningRate": 1e-4,
+            "workers": 6,
+            "hsdpReplicas": "auto",
+        }
+    )
     config = parse_args(
         arguments.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
     )
@@ -436,13 +447,54 @@ def test_job_arguments_parse_with_the_training_cli():
     )
     assert (config.workers, config.use_gpu, config.gpus_per_worker, config.hsdp_replicas) == (6, True, 1.0, 0)
     assert config.storage_path == "s3://b/runs"
+    assert (config.local, config.launcher) == (False, "ray")
+    assert set(PROGRAM_FLAGS) == {"--storage-path", "--use-gpu", "--gpus-per-worker", "--local", "--launcher"}
+
+
+@pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
+def test_stack_files_run_the_job_they_ran_before(stack_file):
+    """The flags the program passed before the stack's `training:` keys became flags of the
+    training parser (preset smoke, 20 steps, 2 x g6.12xlarge) give the same job."""
+    before = [
+        *("--preset", "smoke", "--model-id", "Qwen/Qwen2.5-1.5B", "--init", "pretrained", "--workers", "8"),
+        *("--use-gpu", "--gpus-per-worker", "1", "--hsdp-replicas", "1", "--storage-path", "s3://b/runs"),
+        *("--steps", "20"),
+    ]
+    config = stack_config(stack_file)
+    settings = parse_settings(
+        {
+            key.split(":", 1)[1]: value
+            for key, value in {**config, **USER_SETTINGS}.items()
+            if key.startswith("eks-ray-train:")
+        },
+        config["aws:region"],
+    )
+    now = arguments.job_arguments(
+        settings.training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"
+    )
+    assert now == [
+        *("--preset", "smoke", "--steps", "20", "--workers", "8"),
+        *("--use-gpu", "--gpus-per-worker", "1", "--storage-path", "s3://b/runs"),
+    ]
+    assert replace(parse_args(now), run_name="") == replace(parse_args(before), run_name="")
 
 
 def test_job_arguments_refuse_more_workers_than_gpus():
     with pytest.raises(ConfigError, match=r"'training.workers' = 9.*hold 8 workers"):
         arguments.job_arguments(
-            TrainingSettings(workers=9), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
+            stack_training({"workers": 9}), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
         )
+
+
+def test_job_arguments_check_the_worker_count_against_the_stack_settings():
+    with pytest.raises(ConfigError) as raised:
+        arguments.job_arguments(
+            stack_training({"hsdpReplicas": 3}), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
+        )
+    assert str(raised.value) == (
+        "config key 'training': 8 workers are not a multiple of hsdpReplicas 3 "
+        "(workers is the GPU count of the GPU nodes, 8)"
+    )
 
 
 # --- inputs, diff, identity ---------------------------------------------------------------------
@@ -1371,7 +1423,7 @@ def test_aws_settings_are_read_as_the_aws_provider_writes_them():
     ],
 )
 def test_aws_settings_that_cannot_be_honoured_are_refused_naming_the_key(config, key, reason):
-    from workloads.training_run.aws_credentials import AwsSettingsError
+    from infra.aws_identity import AwsSettingsError
 
     with pytest.raises(AwsSettingsError) as caught:
         AwsCredentialSettings.from_config(config)

@@ -3,6 +3,11 @@
 A preset fills every field; flags given on the command line override it. Bad
 values are reported through argparse, so the CLI exits 2 with its usage text
 instead of failing later inside a Ray worker.
+
+This parser is the one declaration of every training setting. The Pulumi program validates
+the stack's `training:` block with it at preview: each camelCase key is the flag of the same
+name (`seqLen: 256` is `--seq-len 256`, `compile: false` is `--no-compile`), so a flag added
+here is a stack key with no other edit.
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ import argparse
 import dataclasses
 import json
 import os
+import re
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "configs"
@@ -234,8 +242,25 @@ def preset_default(key: str) -> str:
     return "(default: " + "; ".join([_shown(key, default), *others]) + ")"
 
 
+class ArgumentsError(ValueError):
+    """A flag or its value is wrong; the message is argparse's, e.g. 'argument --steps: must be >= 1'."""
+
+    @property
+    def reason(self) -> str:
+        """The message without argparse's 'argument --flag: ' prefix."""
+        return re.sub(r"^argument [^ ]+: ", "", str(self))
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises `ArgumentsError` instead of printing usage and exiting, so the Pulumi program can
+    check a job's flags at preview; `parse_args` turns it back into argparse's exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentsError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m training",
         description=(
             "Train Qwen2.5 with FSDP2 in bf16 on Ray Train (or torchrun). A preset sets every "
@@ -268,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=_positive_int, help="optimizer step to stop at")
     add("--seq-len", type=_positive_int, help="tokens per sequence")
     add("--batch-size", type=_positive_int, help="sequences per worker per step")
-    add("--lr", type=_positive_float, help="peak learning rate (AdamW)")
+    add("--lr", "--learning-rate", dest="lr", type=_positive_float, help="peak learning rate (AdamW)")
     add("--warmup-steps", type=_non_negative_int, help="linear warm-up steps, constant after")
     add("--weight-decay", type=_non_negative_float, help="AdamW weight decay")
     add("--max-grad-norm", type=_non_negative_float, help="gradient clipping norm; 0 disables")
@@ -378,23 +403,27 @@ def check_hsdp_replicas(workers: int, replicas: int) -> None:
         raise ValueError(f"{workers} workers are not a multiple of --hsdp-replicas {replicas}")
 
 
-def _validate(config: TrainConfig) -> None:
+def _validate(config: TrainConfig, paths_here: bool) -> None:
+    """Raises ValueError naming the flag. `paths_here=False`: the paths are another machine's
+    (the cluster's, checked at preview), so only what the shipped code itself holds is checked."""
     if config.launcher == "torchrun":
         if config.local:
             raise ValueError("--local starts an embedded Ray; it does not combine with --launcher torchrun")
         if is_uri(config.storage_path):
             raise ValueError("--launcher torchrun writes checkpoints to a local --storage-path only")
     if (
-        config.resume_from
+        paths_here
+        and config.resume_from
         and not is_uri(config.resume_from)
         and not Path(config.resume_from, TRAIN_STATE_FILE).is_file()
     ):
         raise ValueError(
             f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})"
         )
-    if not config.synthetic_data and not is_uri(config.data):
+    if paths_here and not config.synthetic_data and not is_uri(config.data):
         corpus_files(config.data)
-    if config.init == "random":
+    shipped_config = (CONFIG_DIR / f"{config.model_config}.json").is_file()
+    if config.init == "random" and (paths_here or shipped_config):
         model = load_model_config(config.model_config)
         if config.seq_len > model.get("max_position_embeddings", config.seq_len):
             raise ValueError(
@@ -407,10 +436,14 @@ def _validate(config: TrainConfig) -> None:
         check_hsdp_replicas(config.workers, config.hsdp_replicas)
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Flags over the chosen preset; exits 2 with the usage text on any bad value."""
+def parse_flags(argv: Sequence[str], *, paths_here: bool = True) -> TrainConfig:
+    """Flags over the chosen preset; raises `ArgumentsError` naming the flag on any bad value.
+
+    `paths_here=False` checks flags meant for another machine: their paths are left as given
+    and not looked up here (the run there checks them again with `paths_here=True`).
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(list(argv))
     values = dict(PRESETS[args.preset])
     for field in dataclasses.fields(TrainConfig):
         flag_value = getattr(args, field.name, None)
@@ -423,14 +456,70 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     values["storage_path"] = values.get("storage_path") or DEFAULT_STORAGE_PATH
     # Absolute, because Ray workers run in a different working directory.
     for key in ("storage_path", "resume_from", "data"):
-        if values[key] and values[key] != SYNTHETIC and not is_uri(values[key]):
+        if paths_here and values[key] and values[key] != SYNTHETIC and not is_uri(values[key]):
             values[key] = str(Path(values[key]).expanduser().resolve())
     values["run_name"] = (
         values.get("run_name") or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     )
     config = TrainConfig(**values)
     try:
-        _validate(config)
+        _validate(config, paths_here)
     except ValueError as error:
-        parser.error(str(error))
+        raise ArgumentsError(str(error)) from None
     return config
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Flags over the chosen preset; exits 2 with the usage text on any bad value."""
+    try:
+        return parse_flags(sys.argv[1:] if argv is None else argv)
+    except ArgumentsError as error:
+        parser = build_parser()
+        parser.print_usage(sys.stderr)
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+
+
+# --- the same flags as camelCase keys (the Pulumi stack's `training:` block) ----------------------
+
+
+def key_of_flag(flag: str) -> str:
+    """`--seq-len` -> `seqLen`."""
+    head, *rest = flag.lstrip("-").split("-")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def setting_keys() -> dict[str, str]:
+    """Every camelCase key a flag of the parser answers to, with the flag's first spelling
+    (`learningRate` and `lr` -> `--lr`); the `--no-` forms of on/off flags are no keys."""
+    keys: dict[str, str] = {}
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        for flag in action.option_strings:
+            negation = isinstance(action, argparse.BooleanOptionalAction) and flag.startswith("--no-")
+            if flag.startswith("--") and not negation:
+                keys[key_of_flag(flag)] = action.option_strings[0]
+    return keys
+
+
+def setting_flags(key: str, value: object) -> list[str]:
+    """The flags of one setting, checked by the parser: (`seqLen`, 256) -> [`--seq-len`, `256`],
+    (`compile`, False) -> [`--no-compile`]. Raises `KeyError` for a key that is no flag and
+    `ArgumentsError` for a value its flag refuses."""
+    flag = setting_keys()[key]
+    action = next(action for action in build_parser()._actions if flag in action.option_strings)
+    if action.nargs == 0:  # on/off: true or false
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ArgumentsError(f"argument {flag}: expected true or false, got {value!r}")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            flags = [flag if value else f"--no-{flag[2:]}"]
+        else:
+            flags = [flag] if value else []
+    else:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ArgumentsError(f"argument {flag}: expected a single value, got {value!r}")
+        flags = [flag, str(value)]
+    build_parser().parse_args(flags)
+    return flags

@@ -8,7 +8,7 @@ One file per concern:
   `head_jobs_api` is the program it runs in the head pod;
 - `evidence`: the job's logs, the NCCL lines in them, and how the transport verdict is reached;
 - `runner`: one run, in order: readiness, job(s), verdict(s);
-- `kube_access`, `eks_auth`, `aws_credentials`: the cluster and AWS, with bounded calls;
+- `kube_access`, `eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.aws_identity`, shared with the program);
 - `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors);
 - `arguments`: the stack's `training` settings as flags of `python -m training`.
 """

@@ -16,7 +16,7 @@ RayCluster.
 Credentials. The provider is serialized into the state with dill; it holds no client and no
 secret. Inputs are the cluster name and region; inside `create` the provider asks EKS for the
 endpoint and signs its own Kubernetes token (`eks_auth`) as the identity of the stack's AWS
-settings (`aws_credentials`). Neither a token nor a kubeconfig reaches inputs or outputs.
+settings (`infra.aws_identity`). Neither a token nor a kubeconfig reaches inputs or outputs.
 
 Progress and failures. The dynamic provider runs without an engine connection, so
 `pulumi.log.info` writes `info: ...` on the provider's stderr, which the CLI shows as diagnostics.
@@ -40,14 +40,14 @@ import pulumi
 import pulumi.dynamic
 from pulumi.runtime import rpc
 
-from platform_facts import TRANSPORTS
-from workloads.training_run import engine_host
-from workloads.training_run.aws_credentials import (
+from infra.aws_identity import (
     REFUSED,
     AwsCredentialSettings,
     AwsSettingsError,
     caller_identity,
 )
+from platform_facts import TRANSPORTS
+from workloads.training_run import engine_host
 from workloads.training_run.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.errors import ApiUnauthorized, ApiUnreachable, TrainingRunError
 from workloads.training_run.evidence import JobResult

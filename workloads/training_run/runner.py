@@ -17,6 +17,7 @@ from typing import Any
 
 import pulumi
 
+from platform_facts import EFA_RESOURCE, GPU_RESOURCE
 from training.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
@@ -195,8 +196,8 @@ class TrainingRunner:
             worker_pods,
         )
         env.log(
-            f"training run: {len(nodes)} GPU nodes ready ({request.gpus_per_node} {readiness.GPU_RESOURCE}, "
-            f">= {request.efa_per_node} {readiness.EFA_RESOURCE} each)"
+            f"training run: {len(nodes)} GPU nodes ready ({request.gpus_per_node} {GPU_RESOURCE}, "
+            f">= {request.efa_per_node} {EFA_RESOURCE} each)"
         )
         pods = readiness.wait_for_pods(
             env.cluster,

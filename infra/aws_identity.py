@@ -1,9 +1,11 @@
-"""The AWS identity of the training run: the stack's AWS provider settings, honoured or refused.
+"""The stack's AWS identity: the AWS provider's `aws:` settings, parsed once, honoured or refused.
 
-The provider talks to EKS itself (it signs its own Kubernetes token), so it must act as the same
-identity the AWS provider uses for the rest of the stack. The engine hands it the stack config;
-these `aws:` keys are honoured the way the AWS provider reads them (pulumi-aws provider
-configuration, https://www.pulumi.com/registry/packages/aws/installation-configuration/):
+Everything that talks to the cluster acts as the identity the AWS provider uses for the rest of
+the stack: the program's Kubernetes provider (its kubeconfig runs `aws eks get-token` with the
+profile and role, `infra.config`) and the TrainingRun's dynamic provider (which signs its own
+Kubernetes token and gets the stack config from the engine). These `aws:` keys are read the way
+the AWS provider reads them (pulumi-aws provider configuration,
+https://www.pulumi.com/registry/packages/aws/installation-configuration/):
 
 - `aws:profile`: a named profile of the shared config files;
 - `aws:accessKey`, `aws:secretKey`, `aws:token`: static keys (they win over the profile);
@@ -105,6 +107,24 @@ class AwsCredentialSettings:
             token=config.get("aws:token") or None,
             roles=tuple(roles),
         )
+
+    def kubeconfig_identity(self) -> tuple[str | None, str | None]:
+        """The profile and role for the cluster's kubeconfig (`aws eks get-token --profile
+        --role-arn`), which takes one role and reads keys only from the environment."""
+        if self.access_key:
+            raise AwsSettingsError(
+                "aws:accessKey",
+                "the cluster's kubeconfig (`aws eks get-token`) cannot read keys from stack config: "
+                "export AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) instead",
+            )
+        if len(self.roles) > 1:
+            raise AwsSettingsError(
+                "aws:assumeRoles",
+                f"chains {len(self.roles)} roles, and the cluster's kubeconfig (`aws eks get-token "
+                "--role-arn`) assumes one: put the chain's first roles in an AWS CLI profile (role_arn, "
+                "source_profile), set aws:profile to it, and keep only the last role",
+            )
+        return self.profile, self.roles[0].role_arn if self.roles else None
 
     def describe(self) -> str:
         """Where the identity comes from, for messages (no secret)."""
