@@ -153,6 +153,13 @@ def crossings(package: str, forbidden: set[str], allowed: frozenset[str] = froze
     return found
 
 
+def test_the_graph_check_sees_a_crossing():
+    """Workloads may use infra (sizes, settings): the check must see those imports, at any depth."""
+    found = crossings("workloads", {"infra"})
+    assert "workloads/manifests.py imports infra.sizing.WorkerSizing" in found
+    assert "workloads/training_run/provider.py imports infra.aws_identity" in found
+
+
 def test_infra_does_not_import_the_workloads():
     """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
 
