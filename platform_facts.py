@@ -32,12 +32,13 @@ SYSTEM_LABELS = {ROLE_LABEL: "system"}
 GPU_LABELS = {ROLE_LABEL: "gpu-worker", GPU_PRESENT_LABEL: "true"}
 SYSTEM_NODE_SELECTOR = {ROLE_LABEL: SYSTEM_LABELS[ROLE_LABEL]}
 GPU_NODE_SELECTOR = {ROLE_LABEL: GPU_LABELS[ROLE_LABEL]}
-# GPU nodes are tainted with the resource name, the key the NVIDIA device plugin tolerates by default.
+# GPU nodes are tainted with the resource name, the key the NVIDIA device plugin chart tolerates by
+# default (its values.yaml `tolerations`).
 # The EKS API spells the effect NO_SCHEDULE (nodegroup Taint); Kubernetes spells it NoSchedule.
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NO_SCHEDULE"}
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
-# --- Kubernetes object names and paths ----------------------------------------------------------
+# --- Kubernetes object names ------------------------------------------------------------------
 
 # The Ray pods' service account; the checkpoint bucket's IRSA role trusts exactly this name.
 RAY_SERVICE_ACCOUNT = "ray-train"
