@@ -32,10 +32,11 @@ from typing import Any
 
 from google.protobuf import empty_pb2
 
+from platform_facts import PROJECT
 from workloads.training_run.errors import Interrupted, TrainingRunError
 
 CANCELLED = threading.Event()
-LOG_FILE = Path(tempfile.gettempdir()) / "eks-ray-train" / "training-run.log"
+LOG_FILE = Path(tempfile.gettempdir()) / PROJECT / "training-run.log"
 _eks_ray_train_cancelled = CANCELLED  # the name the host's Cancel looks up once installed
 _installed = threading.Lock()
 

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from platform_facts import RAY_PORTS
+from platform_facts import PROJECT, RAY_PORTS
 from workloads.training_run import head_jobs_api
 from workloads.training_run.errors import ExecStreamCut, TrainingRunError
 from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor
 
 T = TypeVar("T")
 DASHBOARD_ADDRESS = f"http://localhost:{RAY_PORTS['dashboard']}"
-JOB_ID_PREFIX = "eks-ray-train"
+JOB_ID_PREFIX = PROJECT
 SUBMIT_TIMEOUT_S = 600  # `ray job submit` zips and uploads the working directory first
 READ_ATTEMPTS = 3  # list and poll only read: a cut stream is simply asked again
 HEAD_JOBS_API_SOURCE = Path(head_jobs_api.__file__).read_text()
