@@ -100,5 +100,9 @@ def run(config: TrainConfig) -> None:
         dist.init_process_group("gloo")
     try:
         train(config, TorchrunSession(config, device))
+        # Every rank's collectives done before any rank tears its groups down: a gloo worker
+        # thread still holding async work at interpreter exit aborts the process (SIGABRT,
+        # "terminate called without an active exception"; seen once here under load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
