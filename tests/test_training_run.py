@@ -265,11 +265,24 @@ class FakeRayHead:
         raise AssertionError(f"the head pod got an unexpected command: {argv[:4]}")
 
 
+def stamp_write_order(logs: Path) -> None:
+    """Give the fixture logs the modification times Ray's writes would leave: `.out` files first,
+    then each worker's `.err`, where a dying worker writes its traceback last; by pid (Ray's start
+    order) within each. A checkout stamps files in whatever order it writes them, and the tail
+    command orders by time (`ls -tr`), so the fixture's order is set here, not left to git."""
+    files = sorted(
+        logs.glob("worker-*"), key=lambda path: (path.suffix == ".err", int(path.stem.rsplit("-", 1)[1]))
+    )
+    for second, path in enumerate(files):
+        os.utime(path, (1_700_000_000 + second, 1_700_000_000 + second))
+
+
 class FixturePod:
     """A worker pod whose Ray session log folder is a fixture folder; commands really run, here."""
 
     def __init__(self, name: str):
         self.logs = POD_LOGS / name / "logs"
+        stamp_write_order(self.logs)
         self.commands: list[list[str]] = []
 
     def run(self, argv, timeout_s):
