@@ -474,7 +474,8 @@ class FakeAwsApis:
 
 @dataclass
 class ScriptedJob:
-    """A Ray job of the fake dashboard: each look moves one status on and reveals that share of the log."""
+    """A scripted Ray job (of the fake dashboard, or the in-process fake head): each look moves one
+    status on and reveals that share of the log."""
 
     ray_job_id: str
     driver_log: str

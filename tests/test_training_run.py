@@ -43,6 +43,7 @@ from pulumi.runtime import rpc
 
 from infra.aws_identity import AwsCredentialSettings
 from infra.config import PROGRAM_FLAGS, ConfigError, TrainingSettings, parse_settings
+from tests.fake_kube_api import ScriptedJob
 from tests.program import STACK_FILES, USER_SETTINGS, stack_config
 from training.config import parse_args
 from workloads import manifests
@@ -189,24 +190,6 @@ class FakeCustomObjects:
 # --- fakes of the pods --------------------------------------------------------------------------
 
 
-@dataclass
-class ScriptedJob:
-    """A Ray job of the fake head: each poll moves one status on and reveals the matching share of the log."""
-
-    ray_job_id: str
-    driver_log: str
-    statuses: list[str]
-    message: str | None = None
-    polls: int = 0
-
-    def poll(self) -> tuple[str, str]:
-        index = min(self.polls, len(self.statuses) - 1)
-        self.polls += 1
-        lines = self.driver_log.splitlines(keepends=True)
-        shown = len(lines) * (index + 1) // len(self.statuses)
-        return self.statuses[index], "".join(lines[:shown])
-
-
 class FakeRayHead:
     """The head pod: answers `cat .code-hash`, `ray job submit` and the Jobs API script like a Ray head would."""
 
@@ -241,7 +224,7 @@ class FakeRayHead:
                     {
                         "submission_id": sid,
                         "job_id": job.ray_job_id,
-                        "status": job.statuses[min(job.polls, len(job.statuses) - 1)],
+                        "status": job.status(),
                         "message": None,
                     }
                     for sid, job in self.jobs.items()
@@ -251,7 +234,8 @@ class FakeRayHead:
             job = self.jobs.get(subject)
             if job is None:
                 return ExecResult(0, json.dumps({"job": None, "logs": "", "offset": 0}) + "\n")
-            status, logs = job.poll()
+            status, logs = job.status(), job.logs()
+            job.looks += 1
             offset = int(argv[6])
             record = {
                 "submission_id": subject,
@@ -902,7 +886,7 @@ def test_a_failed_earlier_attempt_is_retried_under_the_next_id():
     head = main_and_tcp_head()
     base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
     head.jobs[base] = scripted(OOM_JOB, "driver_failed.log", final="FAILED")
-    head.jobs[base].polls = 99
+    head.jobs[base].looks = 99
     outs = FakeCluster(head).provider().create(props(run_inputs())).outs
     assert outs["job_id"] == f"{base}-2" and len(head.submissions) == 1
 
