@@ -14,6 +14,7 @@ import argparse
 import collections
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -80,33 +81,100 @@ def kernel_table(prof: Any, steps: int) -> dict[str, Any]:
     }
 
 
-def profile_steps(
-    step: Callable[[], object], warmup: int, steps: int, out: str, label: str
-) -> dict[str, Any]:
-    """Run `step` warmup times, then `steps` times under the profiler; the wall time per step too."""
-    for _ in range(warmup):
-        step()
+def idle_gaps(trace_path: str, steps: int, top: int = 12) -> dict[str, Any]:
+    """The GPU's idle time from a Chrome trace: the gaps between busy intervals (kernels,
+    copies, fills on any stream), and for the largest gaps the kernels on either side and
+    the Python frames the host was in at the gap's middle (what kept it from launching)."""
+    with open(trace_path) as handle:
+        events = json.load(handle)["traceEvents"]
+    device = sorted(
+        (event["ts"], event["ts"] + event["dur"], event["name"])
+        for event in events
+        if event.get("ph") == "X" and event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    frames = [
+        (event["ts"], event["ts"] + event["dur"], event["name"])
+        for event in events
+        if event.get("ph") == "X" and event.get("cat") == "python_function"
+    ]
+    gaps = []
+    busy_until, last_name = device[0][1], device[0][2]
+    for start, end, name in device[1:]:
+        if start > busy_until:
+            gaps.append((start - busy_until, busy_until, last_name, name))
+        if end > busy_until:
+            busy_until, last_name = end, name
+    idle_us = sum(gap[0] for gap in gaps)
+
+    def host_frames(moment: float) -> list[str]:
+        around = [f for f in frames if f[0] <= moment <= f[1]]
+        # Innermost last; keep the frames of this project, torch's optimizer, clipping and FSDP.
+        wanted = ("training/", "bench/", "torch/optim", "torch/nn/utils", "torch/distributed", "_dynamo")
+        names = [f[2] for f in sorted(around, key=lambda f: f[1] - f[0], reverse=True)]
+        return [name[:120] for name in names if any(w in name for w in wanted)][-4:]
+
+    largest = sorted(gaps, reverse=True)[:top]
+    return {
+        "gpu_idle_ms_per_step": idle_us / 1e3 / steps,
+        "gaps_over_100us_per_step": sum(1 for gap in gaps if gap[0] > 100) / steps,
+        "largest_gaps": [
+            {
+                "ms": duration / 1e3,
+                "after_kernel": before[:100],
+                "before_kernel": after[:100],
+                "host_in": host_frames(at + duration / 2),
+            }
+            for duration, at, before, after in largest
+        ],
+    }
+
+
+def wall_ms_per_step(step: Callable[[], torch.Tensor], steps: int, read_each_loss: bool) -> float:
+    """Wall time per step, reading each step's loss (as the loop does) or only the last."""
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+        if read_each_loss:
+            loss.item()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
+def profile_steps(
+    step: Callable[[], torch.Tensor], warmup: int, steps: int, out: str, label: str
+) -> dict[str, Any]:
+    """Run `step` warmup times, time it with and without reading each loss, then run it
+    `steps` times under the profiler."""
+    for _ in range(warmup):
+        step().item()
+    synced = wall_ms_per_step(step, steps, read_each_loss=True)
+    unsynced = wall_ms_per_step(step, steps, read_each_loss=False)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         start.record()
         for _ in range(steps):
-            step()
+            step().item()
         end.record()
         torch.cuda.synchronize()
-    result = {
+    trace_path = os.path.join(out, f"{label}.trace.json")
+    prof.export_chrome_trace(trace_path)
+    return {
         "label": label,
-        "wall_ms_per_step": start.elapsed_time(end) / steps,
+        "wall_ms_per_step": synced,
+        "wall_ms_per_step_loss_read_once": unsynced,
+        "profiled_wall_ms_per_step": start.elapsed_time(end) / steps,
         **kernel_table(prof, steps),
+        **idle_gaps(trace_path, steps),
     }
-    prof.export_chrome_trace(os.path.join(out, f"{label}.trace.json"))
-    return result
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(
-        f"\n== {result['label']}: {result['wall_ms_per_step']:.1f} ms/step wall, "
-        f"{result['gpu_ms_per_step']:.1f} ms/step of kernels"
+        f"\n== {result['label']}: {result['wall_ms_per_step']:.1f} ms/step wall "
+        f"({result['wall_ms_per_step_loss_read_once']:.1f} reading only the last loss), "
+        f"{result['gpu_ms_per_step']:.1f} ms/step of kernels, GPU idle "
+        f"{result['gpu_idle_ms_per_step']:.1f} ms/step under the profiler"
     )
     for name, ms in result["families_ms_per_step"].items():
         print(f"  {name:20} {ms:8.1f} ms")
@@ -114,6 +182,8 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"  {row['ms_per_step']:7.2f} ms x{row['calls_per_step']:<6.0f} {row['kernel'][:90]}")
         for origin in row["launched_from"][:1]:
             print(f"        from {origin['origin'][:200]}")
+    for gap in result["largest_gaps"][:6]:
+        print(f"  idle {gap['ms']:.2f} ms after {gap['after_kernel'][:50]}; host in {gap['host_in'][-2:]}")
 
 
 def main() -> None:

@@ -77,6 +77,25 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-compiled-liger-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "liger": LIGER_LAYER},
     "tuned-compiled-autotune-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "autotune": True},
     "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
+    "tuned-compiled-4096x14": {"seq_len": 4096, "batch_size": 14, "compile": True},
+    "tuned-compiled-4096x16": {"seq_len": 4096, "batch_size": 16, "compile": True},
+    "tuned-compiled-cdtune-4096x12": {
+        "seq_len": 4096,
+        "batch_size": 12,
+        "compile": True,
+        "coordinate_descent": True,
+    },
+    "tuned-compiled-cublaslt-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "cublaslt": True},
+    **{
+        f"tuned-compiled-float8-{recipe}-4096x{batch}": {
+            "seq_len": 4096,
+            "batch_size": batch,
+            "compile": True,
+            "float8": recipe,
+        }
+        for recipe in ("tensorwise", "rowwise")
+        for batch in (4, 12)
+    },
 }
 # Run unless --variants names others: the rest need Liger Kernel installed or take minutes to
 # compile (autotuning), and none of them was faster (bench/results/h200-experiments-*.json).
@@ -89,7 +108,7 @@ DEFAULT_VARIANTS = [
     "tuned-compiled-chunk16384-4096x4",
 ]
 # Keys of a variant that are not TrainConfig fields but switches of the benchmark.
-SWITCHES = ("liger", "no_cudnn_attention", "autotune")
+SWITCHES = ("liger", "no_cudnn_attention", "autotune", "coordinate_descent", "cublaslt", "float8")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
@@ -301,21 +320,54 @@ def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainCo
 
 
 @contextlib.contextmanager
+def float8_linears(recipe: str | None) -> Iterator[None]:
+    """torchao's float8 training (GPU only) on the decoder's linear layers, converted before
+    the loop's parallelize() compiles and shards them; the lm_head stays bf16 (the fused loss
+    uses its weight directly)."""
+    if not recipe:
+        yield
+        return
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    import training.loop
+
+    original = training.loop.parallelize
+
+    def parallelize_float8(model: Any, mesh: Any, **options: Any) -> None:
+        convert_to_float8_training(model.causal_lm.model, config=Float8LinearConfig.from_recipe_name(recipe))
+        original(model, mesh, **options)
+
+    training.loop.parallelize = parallelize_float8
+    try:
+        yield
+    finally:
+        training.loop.parallelize = original
+
+
+@contextlib.contextmanager
 def switches(spec: dict[str, Any]) -> Iterator[None]:
     """The benchmark's switches of a variant: Liger modules, no cuDNN attention, Inductor's
-    GEMM autotuning (Triton templates with fused epilogues, as mode="max-autotune-no-cudagraphs")."""
+    GEMM autotuning (Triton templates with fused epilogues, as mode="max-autotune-no-cudagraphs"),
+    Inductor's coordinate-descent tuning of its Triton kernels' launch parameters, cuBLASLt as
+    the BLAS library, float8 linear layers."""
     import torch._inductor.config as inductor
 
     cudnn, autotune = torch.backends.cuda.cudnn_sdp_enabled(), inductor.max_autotune
+    descent, blas = inductor.coordinate_descent_tuning, torch.backends.cuda.preferred_blas_library()
     if spec.get("no_cudnn_attention"):
         torch.backends.cuda.enable_cudnn_sdp(False)
     inductor.max_autotune = spec.get("autotune", False)
+    inductor.coordinate_descent_tuning = spec.get("coordinate_descent", False)
+    if spec.get("cublaslt"):
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     try:
-        with liger_kernels(spec.get("liger", ())):
+        with liger_kernels(spec.get("liger", ())), float8_linears(spec.get("float8")):
             yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
         inductor.max_autotune = autotune
+        inductor.coordinate_descent_tuning = descent
+        torch.backends.cuda.preferred_blas_library(blas)
 
 
 def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> dict[str, Any]:
@@ -329,7 +381,7 @@ def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) 
 
 def naive_step(
     architecture: Any, device: torch.device, seq_len: int, batch_size: int, compile_layers: bool
-) -> Callable[[], float]:
+) -> Callable[[], torch.Tensor]:
     """What a first FSDP2 loop looks like: fp32 weights with bf16 mixed precision, per-layer
     fully_shard, the Hugging Face loss, default AdamW, clipping; each layer compiled or not."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -350,7 +402,7 @@ def naive_step(
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
     generator = torch.Generator(device=device).manual_seed(0)
 
-    def step() -> float:
+    def step() -> torch.Tensor:
         ids = torch.randint(
             0, architecture.vocab_size, (batch_size, seq_len), device=device, generator=generator
         )
@@ -359,12 +411,12 @@ def naive_step(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.detach()
 
     return step
 
 
-def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) -> Callable[[], float]:
+def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) -> Callable[[], torch.Tensor]:
     """One step of the tuned loop (training.loop's own build and step) on a fixed batch."""
     config = tuned_config(model_config, 1, spec)
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
@@ -372,8 +424,8 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
         model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
     rows = torch.randint(0, architecture.vocab_size, (config.batch_size, config.seq_len + 1), device=device)
 
-    def step() -> float:
-        return train_step(model, optimizer, rows, config.lr, config.max_grad_norm).item()
+    def step() -> torch.Tensor:
+        return train_step(model, optimizer, rows, config.lr, config.max_grad_norm)
 
     return step
 
@@ -389,8 +441,9 @@ PROFILED_LOOPS: dict[str, dict[str, Any]] = {
 
 def make_step(
     label: str, seq_len: int, batch_size: int, model_config: str = "qwen2.5-1.5b"
-) -> Callable[[], float]:
-    """A step closure of one of PROFILED_LOOPS, on GPU 0, for bench.profile_step."""
+) -> Callable[[], torch.Tensor]:
+    """A step closure of one of PROFILED_LOOPS, on GPU 0, for bench.profile_step; it returns
+    the loss without reading it, so the caller chooses where the host waits for the GPU."""
     from training.model import load_architecture
 
     device = torch.device("cuda", 0)
@@ -402,12 +455,13 @@ def make_step(
     return tuned_step(model_config, device, spec)
 
 
-def timed_steps(step: Callable[[], float], steps: int) -> tuple[float, list[float]]:
-    """Median step time after one untimed step, and the losses."""
-    losses, times = [step()], []
+def timed_steps(step: Callable[[], torch.Tensor], steps: int) -> tuple[float, list[float]]:
+    """Median step time after one untimed step, and the losses (read every step, as a loop
+    that logs each step's loss does)."""
+    losses, times = [step().item()], []
     for _ in range(steps - 1):
         start = time.perf_counter()
-        losses.append(step())
+        losses.append(step().item())
         times.append(time.perf_counter() - start)
     return statistics.median(times), losses
 
