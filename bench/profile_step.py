@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import json
 import os
+import platform
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -204,15 +208,25 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    results = []
+    import transformers
+
+    report: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "bench.profile_step", *sys.argv[1:]]),
+        "gpu_name": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "results": [],
+    }
     for label in args.loops:
         step = make_step(label, args.seq_len, args.batch_size)
-        results.append(profile_steps(step, args.warmup, args.steps, args.out, label))
-        print_table(results[-1])
+        report["results"].append(profile_steps(step, args.warmup, args.steps, args.out, label))
+        print_table(report["results"][-1])
         del step
         release_memory()
         with open(os.path.join(args.out, "profile.json"), "w") as handle:
-            json.dump(results, handle, indent=2)
+            json.dump(report, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from training.config import PRESETS, TrainConfig
+from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig, corpus_files
+from training.data import local_corpus_batches
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
@@ -86,16 +87,8 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         "coordinate_descent": True,
     },
     "tuned-compiled-cublaslt-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "cublaslt": True},
-    **{
-        f"tuned-compiled-float8-{recipe}-4096x{batch}": {
-            "seq_len": 4096,
-            "batch_size": batch,
-            "compile": True,
-            "float8": recipe,
-        }
-        for recipe in ("tensorwise", "rowwise")
-        for batch in (4, 12)
-    },
+    "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},
+    "tuned-compiled-float8-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "float8": True},
 }
 # Run unless --variants names others: the rest need Liger Kernel installed or take minutes to
 # compile (autotuning), and none of them was faster (bench/results/h200-experiments-*.json).
@@ -108,7 +101,7 @@ DEFAULT_VARIANTS = [
     "tuned-compiled-chunk16384-4096x4",
 ]
 # Keys of a variant that are not TrainConfig fields but switches of the benchmark.
-SWITCHES = ("liger", "no_cudnn_attention", "autotune", "coordinate_descent", "cublaslt", "float8")
+SWITCHES = ("liger", "no_cudnn_attention", "autotune", "coordinate_descent", "cublaslt")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
@@ -141,19 +134,29 @@ class BenchSession:
         self.local_world_size = local_world_size
         self.device = device
         self.summary: dict[str, Any] | None = None
+        self.history: list[dict[str, Any]] = []
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[None]:
         yield None
 
     def corpus_batches(self, config: TrainConfig) -> Iterator[Any]:
-        raise ValueError("the benchmark trains on synthetic tokens only")
+        """Rows of a local corpus read in this process, as under torchrun."""
+        return local_corpus_batches(
+            corpus_files(config.data),
+            tokenizer=config.tokenizer,
+            seq_len=config.seq_len,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Nothing to publish: the loop's own step lines are the log."""
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        self.summary = summary
+        self.summary, self.history = summary, history
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -320,36 +323,11 @@ def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainCo
 
 
 @contextlib.contextmanager
-def float8_linears(recipe: str | None) -> Iterator[None]:
-    """torchao's float8 training (GPU only) on the decoder's linear layers, converted before
-    the loop's parallelize() compiles and shards them; the lm_head stays bf16 (the fused loss
-    uses its weight directly)."""
-    if not recipe:
-        yield
-        return
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    import training.loop
-
-    original = training.loop.parallelize
-
-    def parallelize_float8(model: Any, mesh: Any, **options: Any) -> None:
-        convert_to_float8_training(model.causal_lm.model, config=Float8LinearConfig.from_recipe_name(recipe))
-        original(model, mesh, **options)
-
-    training.loop.parallelize = parallelize_float8
-    try:
-        yield
-    finally:
-        training.loop.parallelize = original
-
-
-@contextlib.contextmanager
 def switches(spec: dict[str, Any]) -> Iterator[None]:
     """The benchmark's switches of a variant: Liger modules, no cuDNN attention, Inductor's
     GEMM autotuning (Triton templates with fused epilogues, as mode="max-autotune-no-cudagraphs"),
     Inductor's coordinate-descent tuning of its Triton kernels' launch parameters, cuBLASLt as
-    the BLAS library, float8 linear layers."""
+    the BLAS library."""
     import torch._inductor.config as inductor
 
     cudnn, autotune = torch.backends.cuda.cudnn_sdp_enabled(), inductor.max_autotune
@@ -361,7 +339,7 @@ def switches(spec: dict[str, Any]) -> Iterator[None]:
     if spec.get("cublaslt"):
         torch.backends.cuda.preferred_blas_library("cublaslt")
     try:
-        with liger_kernels(spec.get("liger", ())), float8_linears(spec.get("float8")):
+        with liger_kernels(spec.get("liger", ())):
             yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
@@ -377,6 +355,51 @@ def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) 
         train(config, session)
     assert session.summary is not None
     return session.summary
+
+
+def float8_parity(
+    model_config: str, device: torch.device, data: str, steps: int, spec: dict[str, Any]
+) -> dict[str, Any]:
+    """The same run (weights, rows, order) in bf16 and with --float8, on a real-text corpus read
+    as bytes: both loss curves, and how far apart they are over the last steps."""
+    curves: dict[str, list[float]] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    for label, float8 in (("bf16", False), ("float8", True)):
+        config = tuned_config(
+            model_config,
+            steps,
+            {
+                **spec,
+                "float8": float8,
+                "data": data,
+                "tokenizer": BYTE_TOKENIZER,
+                "lr": 3e-4,
+                "warmup_steps": 20,
+            },
+        )
+        start_process_group("nccl", 1, device)
+        session = BenchSession(1, 1, device)
+        train(config, session)
+        assert session.summary is not None
+        curves[label] = [row["loss"] for row in session.history]
+        summaries[label] = {key: session.summary[key] for key in ("tokens_per_s", "mfu", "peak_mem_gib")}
+        release_memory()
+    tail = max(1, steps // 5)
+    last = {label: statistics.mean(curve[-tail:]) for label, curve in curves.items()}
+    return {
+        "name": "float8-parity",
+        **spec,
+        "data": data,
+        "tokenizer": BYTE_TOKENIZER,
+        "steps": steps,
+        "lr": 3e-4,
+        "warmup_steps": 20,
+        "summaries": summaries,
+        f"mean_loss_last_{tail}_steps": last,
+        "relative_difference_last_steps": (last["float8"] - last["bf16"]) / last["bf16"],
+        "max_abs_difference": max(abs(a - b) for a, b in zip(curves["bf16"], curves["float8"], strict=True)),
+        "losses": curves,
+    }
 
 
 def naive_step(
@@ -527,6 +550,13 @@ def main() -> None:
     parser.add_argument("--memory-cases", nargs="*", default=list(MEMORY_CASES), choices=list(MEMORY_CASES))
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument(
+        "--float8-parity-steps",
+        type=int,
+        default=0,
+        help="train this many steps in bf16 and with --float8 on --parity-data and compare the losses",
+    )
+    parser.add_argument("--parity-data", help="a real-text corpus folder for the float8 parity run")
+    parser.add_argument(
         "--memory-cap-gib",
         type=float,
         help="cap this process's GPU memory for the memory cases, as an L4 would (22.5 GiB usable of its 24 GB)",
@@ -556,6 +586,7 @@ def main() -> None:
         "variants": [],
         "memory_cap_gib": args.memory_cap_gib,
         "memory_at_world_size_8": [],
+        "float8_parity": None,
     }
 
     def save() -> None:
@@ -617,6 +648,18 @@ def main() -> None:
         save()
         release_memory()
 
+    if args.float8_parity_steps:
+        report["float8_parity"] = float8_parity(
+            args.model_config,
+            device,
+            args.parity_data,
+            args.float8_parity_steps,
+            {"seq_len": 4096, "batch_size": 4, "compile": True},
+        )
+        parity = report["float8_parity"]
+        emit({key: value for key, value in parity.items() if key != "losses"})
+        save()
+
     if args.memory_cap_gib and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(args.memory_cap_gib * GIB / total, device)
@@ -663,6 +706,14 @@ def main() -> None:
         memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
         print(
             f"{row['name']:32} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {row['step_time_s']:>8.3f} {memory:>9}"
+        )
+    parity = report["float8_parity"]
+    if parity:
+        tail = next(key for key in parity if key.startswith("mean_loss_last_"))
+        print(
+            f"float8 parity over {parity['steps']} steps: {tail.replace('_', ' ')} "
+            f"bf16 {parity[tail]['bf16']:.4f}, float8 {parity[tail]['float8']:.4f} "
+            f"({100 * parity['relative_difference_last_steps']:+.2f}%)"
         )
     for row in report["memory_at_world_size_8"]:
         if "oom_under_cap_gib" in row:

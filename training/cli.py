@@ -11,7 +11,7 @@ import sys
 
 from training.config import parse_args
 from training.errors import RunFailedError, UsageError
-from training.preflight import check_model_files
+from training.preflight import check_model_files, check_packages
 from training.report import format_summary
 
 PROGRAM = "python -m training"
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     try:
         check_model_files(config)
+        check_packages(config)
         if config.launcher == "torchrun":
             from training.torchrun_launcher import run as run_torchrun
 

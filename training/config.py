@@ -71,6 +71,7 @@ class TrainConfig:
     hsdp_replicas: int
     compile: bool
     activation_checkpointing: bool
+    float8: bool
     loss_chunk_tokens: int
     reshard_after_forward: bool
     export_hf: bool
@@ -110,6 +111,7 @@ _BASE: dict[str, Any] = {
     "hsdp_replicas": 1,
     "compile": False,
     "activation_checkpointing": False,
+    "float8": False,
     "loss_chunk_tokens": 4096,
     "reshard_after_forward": True,
     "export_hf": False,
@@ -338,6 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--activation-checkpointing", action=argparse.BooleanOptionalAction, help="recompute decoder layers")
     add(
+        "--float8",
+        action=argparse.BooleanOptionalAction,
+        help="float8 matmuls in the decoder's linear layers (torchao; GPUs with FP8 tensor cores: "
+        "L4, H100, H200)",
+    )
+    add(
         "--loss-chunk-tokens",
         type=_positive_int,
         help="tokens per chunk of the fused lm_head + cross-entropy",
@@ -430,6 +438,8 @@ def _validate(config: TrainConfig, paths_here: bool) -> None:
                 f"--seq-len {config.seq_len} exceeds the model's max_position_embeddings "
                 f"{model['max_position_embeddings']}"
             )
+    if config.float8 and not config.use_gpu:
+        raise ValueError("--float8 needs GPUs with FP8 tensor cores; it does not combine with --no-gpu")
     if config.max_failures < -1:
         raise ValueError(f"--max-failures {config.max_failures}: use -1 (unlimited) or a count >= 0")
     if config.workers is not None:

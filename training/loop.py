@@ -22,7 +22,7 @@ from training.data import synthetic_batches
 from training.metrics import RunMetrics, mean_across_ranks
 from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
 from training.optim import build_optimizer, learning_rate, set_learning_rate
-from training.parallelize import build_mesh, parallelize, replica_groups
+from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.report import RunSummary, format_progress_line, format_step_line
 from training.tokenizer import load_tokenizer
 
@@ -98,6 +98,8 @@ def build(
     model = CausalLMWithFusedLoss(
         build_causal_lm(config, architecture, session.device), config.loss_chunk_tokens
     )
+    if config.float8:
+        convert_to_float8(model, session.device)
     parallelize(
         model,
         mesh,

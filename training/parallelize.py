@@ -1,4 +1,5 @@
-"""FSDP2 sharding (HSDP across nodes), activation checkpointing and per-layer compilation.
+"""FSDP2 sharding (HSDP across nodes), activation checkpointing, float8 linears and per-layer
+compilation.
 
 Decoder layers are sharded one by one, then the root, which holds the tied
 embedding / lm_head and the final norm in a single unit (sharding the tied
@@ -12,11 +13,19 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from training.config import check_hsdp_replicas
+from training.errors import UsageError
 from training.loss import chunk_loss_and_logit_grad_fusable
 from training.model import CausalLMWithFusedLoss
 
 # bf16 compute, fp32 gradient reduction and fp32 master weights (torchtitan's default).
 MIXED_PRECISION = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+# FP8 tensor cores: compute capability 8.9 (Ada: L4) and 9.0 (Hopper: H100, H200), per
+# torch._scaled_mm, which torchao's float8 linears call.
+FLOAT8_MIN_CAPABILITY = (8, 9)
+# torchao's tensorwise recipe: one dynamic scale per tensor for inputs, weights and output
+# gradients. Its rowwise recipe was slower on an H200 (bench/results/h200-float8.json).
+FLOAT8_RECIPE = "tensorwise"
 
 
 def replica_groups(world_size: int, local_world_size: int, hsdp_replicas: int) -> int:
@@ -35,6 +44,23 @@ def build_mesh(device_type: str, world_size: int, replicas: int) -> DeviceMesh:
     )
 
 
+def convert_to_float8(model: CausalLMWithFusedLoss, device: torch.device) -> None:
+    """Swap the decoder's nn.Linear layers for torchao's float8 training linears (the weights
+    stay fp32 masters; each matmul casts its operands to float8 with dynamic scales). The
+    lm_head stays bf16: the fused loss multiplies by its weight directly."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < FLOAT8_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "a CPU"
+        raise UsageError(
+            f"--float8 needs FP8 tensor cores (compute capability 8.9+: L4, H100, H200); this is {name}: "
+            "pass --no-float8"
+        )
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    convert_to_float8_training(
+        model.causal_lm.model, config=Float8LinearConfig.from_recipe_name(FLOAT8_RECIPE)
+    )
+
+
 def parallelize(
     model: CausalLMWithFusedLoss,
     mesh: DeviceMesh,
@@ -43,7 +69,8 @@ def parallelize(
     activation_checkpointing: bool,
     reshard_after_forward: bool,
 ) -> None:
-    """Checkpointing and compilation inside each layer, then FSDP2 per layer and at the root."""
+    """Checkpointing and compilation inside each layer, then FSDP2 per layer and at the root
+    (after `convert_to_float8`, when float8 is on)."""
     if activation_checkpointing:
         model.causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     layers = model.decoder_layers

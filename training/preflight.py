@@ -1,5 +1,6 @@
 """Checks on the launching process before any worker starts, so that a model or tokenizer
-the Hugging Face Hub cannot deliver is one line instead of a traceback from every worker."""
+the Hugging Face Hub cannot deliver, or a package a flag needs, is one line instead of a
+traceback from every worker."""
 
 from __future__ import annotations
 
@@ -35,3 +36,15 @@ def check_model_files(config: TrainConfig) -> None:
             raise UsageError(
                 f"--tokenizer {config.tokenizer}: {_first_line(error)} To fix: {FIX.format(name=config.tokenizer)}"
             ) from error
+
+
+def check_packages(config: TrainConfig) -> None:
+    """torchao for --float8: the workers run the same image as this process."""
+    if not config.float8:
+        return
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as error:
+        raise UsageError(
+            f"--float8 needs torchao ({_first_line(error)}): pip install torchao==0.18.0, or pass --no-float8"
+        ) from error
