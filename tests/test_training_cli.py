@@ -209,3 +209,26 @@ def test_a_gpu_preset_without_a_gpu_under_torchrun_is_one_line():
     result = run_training("--launcher", "torchrun", "--preset", "smoke", "--init", "random", env=rank)
     line = one_line_error(result)
     assert "--preset smoke trains on GPUs" in line and "--no-gpu" in line
+
+
+def test_float8_without_gpus_is_refused_at_parse(capsys):
+    """The default preset trains on CPU workers, which have no FP8 tensor cores."""
+    with pytest.raises(SystemExit):
+        parse_args(["--float8"])
+    assert (
+        "--float8 needs GPUs with FP8 tensor cores; it does not combine with --no-gpu"
+        in capsys.readouterr().err
+    )
+    assert parse_flags(["--preset", "throughput", "--float8"]).float8
+
+
+def test_float8_without_torchao_is_one_line_before_any_worker(monkeypatch):
+    """A None entry in sys.modules makes `import` raise ImportError, as a missing package does."""
+    from training.errors import UsageError
+    from training.preflight import check_packages
+
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    check_packages(parse_flags(["--preset", "throughput"]))  # not asked for: not needed
+    with pytest.raises(UsageError, match=r"--float8 needs torchao .*pip install torchao==0\.18\.0"):
+        check_packages(parse_flags(["--preset", "throughput", "--float8"]))
