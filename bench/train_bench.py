@@ -417,15 +417,19 @@ def naive_step(
 
 
 def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) -> Callable[[], torch.Tensor]:
-    """One step of the tuned loop (training.loop's own build and step) on a fixed batch."""
+    """One step of the tuned loop (training.loop's own build and step) on fixed micro-batches."""
     config = tuned_config(model_config, 1, spec)
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
     with switches(spec):
         model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
-    rows = torch.randint(0, architecture.vocab_size, (config.batch_size, config.seq_len + 1), device=device)
+    shape = (config.batch_size, config.seq_len + 1)
+    micro_batches = [
+        torch.randint(0, architecture.vocab_size, shape, device=device)
+        for _ in range(config.grad_accum_steps)
+    ]
 
     def step() -> torch.Tensor:
-        return train_step(model, optimizer, rows, config.lr, config.max_grad_norm)
+        return train_step(model, optimizer, micro_batches, config.lr, config.max_grad_norm)
 
     return step
 
