@@ -86,6 +86,16 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         "coordinate_descent": True,
     },
     "tuned-compiled-cublaslt-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "cublaslt": True},
+    # Gradient accumulation: 2 or 4 micro-batches of 12 sequences per optimizer step.
+    **{
+        f"tuned-compiled-accum{steps}-4096x12": {
+            "seq_len": 4096,
+            "batch_size": 12,
+            "compile": True,
+            "grad_accum_steps": steps,
+        }
+        for steps in (2, 4)
+    },
     **{
         f"tuned-compiled-float8-{recipe}-4096x{batch}": {
             "seq_len": 4096,
