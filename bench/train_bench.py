@@ -87,6 +87,16 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         "coordinate_descent": True,
     },
     "tuned-compiled-cublaslt-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "cublaslt": True},
+    # Gradient accumulation: 2 or 4 micro-batches of 12 sequences per optimizer step.
+    **{
+        f"tuned-compiled-accum{steps}-4096x12": {
+            "seq_len": 4096,
+            "batch_size": 12,
+            "compile": True,
+            "grad_accum_steps": steps,
+        }
+        for steps in (2, 4)
+    },
     "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},
     "tuned-compiled-float8-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "float8": True},
 }
@@ -440,15 +450,19 @@ def naive_step(
 
 
 def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) -> Callable[[], torch.Tensor]:
-    """One step of the tuned loop (training.loop's own build and step) on a fixed batch."""
+    """One step of the tuned loop (training.loop's own build and step) on fixed micro-batches."""
     config = tuned_config(model_config, 1, spec)
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
     with switches(spec):
         model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
-    rows = torch.randint(0, architecture.vocab_size, (config.batch_size, config.seq_len + 1), device=device)
+    shape = (config.batch_size, config.seq_len + 1)
+    micro_batches = [
+        torch.randint(0, architecture.vocab_size, shape, device=device)
+        for _ in range(config.grad_accum_steps)
+    ]
 
     def step() -> torch.Tensor:
-        return train_step(model, optimizer, rows, config.lr, config.max_grad_norm)
+        return train_step(model, optimizer, micro_batches, config.lr, config.max_grad_norm)
 
     return step
 

@@ -1,12 +1,17 @@
-"""The loss is the mean over the global batch's valid labels, on any number of ranks.
+"""The loss is the mean over the global batch's valid labels, on any number of ranks and
+micro-batches.
 
 Two gloo ranks on CPU whose batches hold very different numbers of valid labels must
 produce the loss and the gradients of one process training on both batches at once.
 FSDP2 averages gradients over the ranks (torch.distributed.fsdp: the reduce-scatter
 divides by the data-parallel size), which is what the normaliser must compensate.
+Likewise a step accumulated over micro-batches of uneven valid-label counts must give
+the loss, gradients and updated weights of one step over all its rows as one batch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,7 +21,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import training.parallelize
 from training.config import parse_args
-from training.loss import IGNORE_INDEX
+from training.loop import build, train_step
+from training.loss import IGNORE_INDEX, global_normalizer
 from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
 from training.parallelize import build_mesh, parallelize
 
@@ -56,6 +62,13 @@ def _train_step(rank: int, world_size: int, init_file: str, out: str) -> None:
     grads = {name: param.grad.full_tensor() for name, param in model.named_parameters()}
     if rank == 0:
         torch.save({"loss": total.item() / world_size, "grads": grads}, out)
+    _tear_down()
+
+
+def _tear_down() -> None:
+    """A barrier first, as the torchrun launcher does: a gloo thread still holding async work
+    when the process exits aborts it (SIGABRT, "terminate called without an active exception")."""
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -72,3 +85,130 @@ def test_two_ranks_with_uneven_valid_labels_match_one_process(tmp_path):
     assert single["grads"].keys() == split["grads"].keys()
     for name, want in single["grads"].items():
         torch.testing.assert_close(split["grads"][name], want, rtol=1e-4, atol=1e-7, msg=name)
+
+
+# --- gradient accumulation ------------------------------------------------------------------------
+
+
+def _token_rows() -> torch.Tensor:
+    """Eight rows of SEQ_LEN + 1 tokens as the loop trains on them (inputs row[:-1], labels
+    row[1:]). Rows 0 and 5 end in an ignored label: a row's last token is only ever a label."""
+    generator = torch.Generator().manual_seed(11)
+    rows = torch.randint(0, 256, (8, SEQ_LEN + 1), generator=generator)
+    rows[[0, 5], -1] = IGNORE_INDEX
+    return rows
+
+
+# Micro-batches of uneven row counts, hence uneven valid-label counts (31 vs 96, and so on):
+# a mean of micro-batch means would weigh them equally.
+ONE_RANK_MICRO_BATCHES = [[slice(0, 1), slice(1, 4)]]
+TWO_RANK_MICRO_BATCHES = [[slice(0, 1), slice(1, 4)], [slice(4, 7), slice(7, 8)]]
+
+
+@dataclass
+class _Session:
+    """What `training.loop.build` reads of a launcher's session."""
+
+    rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+
+
+def _accumulated_step(rank: int, world_size: int, micro_batches: list[slice]) -> dict:
+    """One `train_step` of the tiny model (fp32) on this rank's micro-batches of `_token_rows`:
+    the step loss (mean over the ranks), the gradients the optimizer stepped with and the
+    weights after the step, all as full tensors."""
+    config = parse_args(["--preset", "tiny"])
+    model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
+    rows = _token_rows()
+    grads: dict[str, torch.Tensor] = {}
+
+    def keep_grads(*_: object) -> None:
+        grads.update({name: param.grad.full_tensor() for name, param in model.named_parameters()})
+
+    optimizer.register_step_pre_hook(keep_grads)
+    loss = train_step(
+        model, optimizer, [rows[part] for part in micro_batches], config.lr, config.max_grad_norm
+    )
+    total = loss.clone()
+    dist.all_reduce(total)
+    params = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
+    return {"loss": total.item() / world_size, "grads": grads, "params": params}
+
+
+def _accumulation_worker(rank: int, world_size: int, init_file: str, out: str, split: bool) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    training.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
+    micro_batches = TWO_RANK_MICRO_BATCHES[rank] if split else [slice(0, len(_token_rows()))]
+    result = _accumulated_step(rank, world_size, micro_batches)
+    if rank == 0:
+        torch.save(result, out)
+    _tear_down()
+
+
+def _assert_same_step(got: dict, want: dict) -> None:
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert got["grads"].keys() == want["grads"].keys() == want["params"].keys()
+    for name, grad in want["grads"].items():
+        torch.testing.assert_close(got["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=name)
+    # AdamW's first update is lr * g / (|g| + eps): where |g| is near eps (1e-8) it magnifies
+    # rounding, so the weights agree to a small fraction of the step (lr 3e-3), not to fp32
+    # rounding. A second optimizer step, or none, would be off by about lr.
+    for name, param in want["params"].items():
+        torch.testing.assert_close(got["params"][name], param, rtol=0, atol=1e-4, msg=name)
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    """A one-rank gloo group in this process, and fp32 FSDP (exact to rounding)."""
+    monkeypatch.setattr(training.parallelize, "MIXED_PRECISION", MixedPrecisionPolicy())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_micro_batch_losses_over_the_step_normaliser_add_up_to_the_batch_loss(one_process):
+    """At the model: two micro-batches of 3 and 32 valid labels, each divided by the step's
+    count of 35, give the loss and gradients of one forward over both rows."""
+    config = parse_args(["--preset", "tiny"])
+    model, _, _, _ = build(config, _Session(0, 1, 1, torch.device("cpu")))
+    inputs, labels = _rows()
+
+    whole = model(inputs, labels)
+    whole.backward()
+    want = {name: param.grad.full_tensor().clone() for name, param in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    normalizer = global_normalizer(labels[:1], labels[1:])
+    assert normalizer.item() == 35
+    parts = [model(inputs[i : i + 1], labels[i : i + 1], normalizer) for i in (0, 1)]
+    for part in parts:
+        part.backward()
+    torch.testing.assert_close(sum(part.detach() for part in parts), whole.detach(), rtol=1e-5, atol=0)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad.full_tensor(), want[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_an_accumulated_step_matches_one_step_over_all_its_rows(one_process):
+    """Through the loop's train_step: micro-batches of 1 and 3 rows against one batch of 4."""
+    accumulated = _accumulated_step(0, 1, ONE_RANK_MICRO_BATCHES[0])
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    whole = _accumulated_step(0, 1, [slice(0, 4)])
+    _assert_same_step(accumulated, whole)
+
+
+def _run_accumulation(world_size: int, split: bool, tmp_path) -> dict:
+    name = f"accum-world{world_size}-{'split' if split else 'whole'}"
+    out = str(tmp_path / f"{name}.pt")
+    init_file = str(tmp_path / f"pg-{name}")
+    mp.spawn(_accumulation_worker, args=(world_size, init_file, out, split), nprocs=world_size)
+    return torch.load(out)
+
+
+@pytest.mark.slow
+def test_two_ranks_of_two_uneven_micro_batches_match_one_process_with_one_batch(tmp_path):
+    """2 gloo ranks x 2 micro-batches (1 + 3 and 3 + 1 rows) against 1 process stepping on all
+    8 rows at once: the normaliser spans both the micro-batches and the ranks."""
+    _assert_same_step(_run_accumulation(2, True, tmp_path), _run_accumulation(1, False, tmp_path))

@@ -74,6 +74,11 @@ def test_help_shows_each_flags_effective_default_not_none():
         (["--lr", "fast"], "argument --lr/--learning-rate: expected a number > 0, got 'fast'"),
         (["--seed", "x"], "argument --seed: expected a whole number, got 'x'"),
         (["--hsdp-replicas", "two"], "argument --hsdp-replicas: expected 'auto' or a count >= 1, got 'two'"),
+        (["--grad-accum-steps", "0"], "argument --grad-accum-steps: must be >= 1, got 0"),
+        (
+            ["--grad-accum-steps", "abc"],
+            "argument --grad-accum-steps: expected a whole number >= 1, got 'abc'",
+        ),
     ],
 )
 def test_a_bad_value_names_the_flag_and_what_it_expects(argv, message, capsys):
@@ -81,6 +86,10 @@ def test_a_bad_value_names_the_flag_and_what_it_expects(argv, message, capsys):
         parse_args(argv)
     error = capsys.readouterr().err
     assert message in error and "invalid" not in error
+    # The usage text, then one line that says what is wrong.
+    assert [line for line in error.splitlines() if "error:" in line] == [
+        f"python -m training: error: {message}"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -127,6 +136,7 @@ def test_every_flag_has_a_camel_case_key():
         "--export-hf",
     )
     assert keys["learningRate"] == keys["lr"] == "--lr" and keys["gpu"] == keys["useGpu"] == "--use-gpu"
+    assert keys["gradAccumSteps"] == "--grad-accum-steps"
     assert "help" not in keys and "noCompile" not in keys
     flags = {flag for action in build_parser()._actions for flag in action.option_strings}
     long_flags = {flag for flag in flags if flag.startswith("--") and flag != "--help"}
@@ -142,6 +152,7 @@ def test_every_flag_has_a_camel_case_key():
         ("compile", True, ["--compile"]),
         ("compile", "false", ["--no-compile"]),
         ("maxFailures", -1, ["--max-failures", "-1"]),
+        ("gradAccumSteps", 4, ["--grad-accum-steps", "4"]),
         ("local", False, []),
     ],
 )
@@ -153,6 +164,8 @@ def test_a_setting_becomes_its_flags(key, value, flags):
     ("key", "value", "reason"),
     [
         ("seqLen", 0, "must be >= 1, got 0"),
+        ("gradAccumSteps", 0, "must be >= 1, got 0"),
+        ("gradAccumSteps", "abc", "expected a whole number >= 1, got 'abc'"),
         ("compile", 1, "expected true or false, got 1"),
         ("steps", False, "expected a single value, got False"),
         ("init", "zeros", "invalid choice: 'zeros'"),

@@ -164,6 +164,32 @@ def test_torchrun_trains_on_the_same_corpus_rows_as_ray(full_run, storage):
     assert on_torchrun == pytest.approx(on_ray, abs=1e-5)
 
 
+def test_a_resume_with_gradient_accumulation_matches_the_uninterrupted_run(storage):
+    """Two micro-batches per step on the shipped corpus (8 batches per rank and epoch): the run
+    resumed from step 2 skips the 4 batches steps 1 and 2 consumed, so steps 3 and 4 train on
+    the rows, and give the losses, of the uninterrupted run."""
+    flags = ("--launcher", "torchrun", "--steps", "4", "--checkpoint-every", "2", "--grad-accum-steps", "2")
+    full = run_cli(*flags, "--storage-path", str(storage), "--run-name", "accum", launcher=TORCHRUN)
+    assert full.returncode == 0, full.stderr[-4000:]
+    resumed = run_cli(
+        *flags,
+        "--storage-path", str(storage),
+        "--run-name", "accum-resumed",
+        "--resume-from", str(storage / "accum" / "checkpoint_000002"),
+        launcher=TORCHRUN,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed from step 2" in resumed.stdout
+    uninterrupted = {entry["step"]: entry["loss"] for entry in step_lines(full.stdout)}
+    replayed = {entry["step"]: entry["loss"] for entry in step_lines(resumed.stdout)}
+    assert sorted(replayed) == [3, 4]
+    for step, loss in replayed.items():
+        assert loss == pytest.approx(uninterrupted[step], abs=1e-5), step
+    summary = last_line_summary(full.stdout)
+    assert summary["grad_accum_steps"] == 2
+    assert summary["tokens_per_step"] == 2 * 8 * 128 * 2  # workers x batch x seq x micro-batches
+
+
 def test_a_corpus_of_hundreds_of_short_documents_trains(tmp_path):
     """Each document is far below seq_len tokens: only packing across documents makes rows."""
     corpus = tmp_path / "notes"

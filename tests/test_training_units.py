@@ -306,6 +306,84 @@ def test_synthetic_batches_depend_only_on_seed_rank_and_step():
     assert first_three[0].shape == (2, 6) and first_three[0].max() < 11
 
 
+def test_synthetic_rows_without_accumulation_are_those_of_earlier_runs():
+    """Step k of rank r is still keyed (seed, rank, k), so resuming a run that started before
+    accumulation existed replays the rows it trained on."""
+    batches = synthetic_batches(
+        seed=7, rank=1, start_step=4, batch_size=2, seq_len=5, vocab_size=11, grad_accum_steps=1
+    )
+    for step in (5, 6, 7):
+        earlier = np.random.default_rng([7, 1, step]).integers(0, 11, size=(2, 6), dtype=np.int64)
+        np.testing.assert_array_equal(next(batches), earlier)
+
+
+def test_synthetic_micro_batches_are_distinct_and_keyed_by_step_and_micro_batch():
+    def batches(start_step, grad_accum_steps):
+        return synthetic_batches(
+            seed=7,
+            rank=0,
+            start_step=start_step,
+            batch_size=2,
+            seq_len=5,
+            vocab_size=11,
+            grad_accum_steps=grad_accum_steps,
+        )
+
+    from_start = batches(0, 3)
+    steps = [[next(from_start) for _ in range(3)] for _ in range(3)]
+    rows = [batch.tobytes() for step in steps for batch in step]
+    assert len(set(rows)) == len(rows), "a micro-batch repeats another"
+    # A resume from step 2 draws step 3's micro-batches, in order.
+    resumed = batches(2, 3)
+    for micro, expected in enumerate(steps[2]):
+        np.testing.assert_array_equal(next(resumed), expected, err_msg=str(micro))
+    # Micro-batch 0 of a step is that step's rows without accumulation.
+    without = batches(0, 1)
+    for step in steps:
+        np.testing.assert_array_equal(next(without), step[0])
+
+
+class _CorpusSession:
+    """The part of a launcher's session `_batches` reads: rank and corpus stream."""
+
+    rank = 0
+    world_size = 1
+
+    def corpus_batches(self, config):
+        files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
+        return local_corpus_batches(
+            files, tokenizer="bytes", seq_len=32, batch_size=3, seed=0, rank=0, world_size=1
+        )
+
+
+@pytest.mark.parametrize("data", ["corpus", SYNTHETIC])
+def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(data):
+    """A run resumed after step 3 of 2 micro-batches each continues with batch 7 of the stream,
+    the first batch the uninterrupted run would have trained on after step 3."""
+    from training.loop import _batches
+
+    argv = ["--seq-len", "32", "--batch-size", "3", "--grad-accum-steps", "2"]
+    config = parse_args(argv + (["--data", SYNTHETIC] if data == SYNTHETIC else []))
+    uninterrupted = _batches(config, _CorpusSession(), 257, start_step=0)
+    per_step = [[next(uninterrupted) for _ in range(2)] for _ in range(6)]
+    resumed = _batches(config, _CorpusSession(), 257, start_step=3)
+    for step in per_step[3:]:
+        for expected in step:
+            np.testing.assert_array_equal(next(resumed), expected)
+    assert not np.array_equal(per_step[0][0], per_step[0][1])
+
+
+def test_tokens_per_step_count_every_micro_batch():
+    from training.metrics import RunMetrics
+    from training.model import load_architecture
+
+    config = parse_args(["--grad-accum-steps", "4"])
+    metrics = RunMetrics(config, load_architecture(config), torch.device("cpu"), 2, 0)
+    assert metrics.tokens_per_step == 8 * 128 * 2 * 4
+    record = metrics.step(1, 2.0, 0.5)
+    assert record.tokens_per_s == 8 * 128 * 2 * 4 / 0.5 and record.tokens_per_s_per_gpu == 8 * 128 * 4 / 0.5
+
+
 def test_local_corpus_splits_rows_between_ranks():
     files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
     per_rank = [
@@ -385,6 +463,11 @@ def test_flags_override_the_preset():
     assert parse_args(["--preset", "throughput", "--hsdp-replicas", "auto"]).hsdp_replicas == 0
 
 
+def test_grad_accum_steps_is_one_in_every_preset_and_a_flag():
+    assert {name: preset["grad_accum_steps"] for name, preset in PRESETS.items()} == dict.fromkeys(PRESETS, 1)
+    assert parse_args(["--preset", "throughput", "--grad-accum-steps", "4"]).grad_accum_steps == 4
+
+
 def test_gpu_flags_take_both_spellings():
     assert not parse_args(["--preset", "smoke", "--no-gpu"]).use_gpu
     assert not parse_args(["--preset", "smoke", "--no-use-gpu"]).use_gpu
@@ -403,6 +486,7 @@ def test_gpu_flags_take_both_spellings():
         ["--seq-len", "100000"],
         ["--model-config", "no-such-model"],
         ["--max-failures", "-2"],
+        ["--grad-accum-steps", "0"],
         ["--unknown-flag"],
     ],
 )

@@ -54,6 +54,7 @@ class TrainConfig:
     steps: int
     seq_len: int
     batch_size: int
+    grad_accum_steps: int
     lr: float
     warmup_steps: int
     weight_decay: float
@@ -96,6 +97,7 @@ _BASE: dict[str, Any] = {
     "init": "pretrained",
     "tokenizer": QWEN_1_5B,
     "data": SYNTHETIC,
+    "grad_accum_steps": 1,
     "lr": 2e-5,
     "warmup_steps": 0,
     "weight_decay": 0.01,
@@ -294,7 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--steps", type=_positive_int, help="optimizer step to stop at")
     add("--seq-len", type=_positive_int, help="tokens per sequence")
-    add("--batch-size", type=_positive_int, help="sequences per worker per step")
+    add("--batch-size", type=_positive_int, help="sequences per worker per micro-batch")
+    add(
+        "--grad-accum-steps",
+        type=_positive_int,
+        help="micro-batches per optimizer step, their gradients summed (gradient accumulation)",
+    )
     add("--lr", "--learning-rate", dest="lr", type=_positive_float, help="peak learning rate (AdamW)")
     add("--warmup-steps", type=_non_negative_int, help="linear warm-up steps, constant after")
     add("--weight-decay", type=_non_negative_float, help="AdamW weight decay")

@@ -32,12 +32,24 @@ ROW_DTYPE = np.int32
 
 
 def synthetic_batches(
-    *, seed: int, rank: int, start_step: int, batch_size: int, seq_len: int, vocab_size: int
+    *,
+    seed: int,
+    rank: int,
+    start_step: int,
+    batch_size: int,
+    seq_len: int,
+    vocab_size: int,
+    grad_accum_steps: int = 1,
 ) -> Iterator[np.ndarray]:
-    """Random token rows; step k of rank r is the same on every run, so resumed runs match."""
+    """Random token rows, `grad_accum_steps` batches per step from step `start_step + 1` on;
+    micro-batch m of step k of rank r is the same on every run, so resumed runs match.
+    Micro-batch 0 keeps the key of the rows before accumulation existed, (seed, rank, step),
+    so runs without accumulation (and their resumes) see the same rows as before."""
     for step in itertools.count(start_step + 1):
-        generator = np.random.default_rng([seed, rank, step])
-        yield generator.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int64)
+        for micro in range(grad_accum_steps):
+            key = [seed, rank, step] if micro == 0 else [seed, rank, step, micro]
+            generator = np.random.default_rng(key)
+            yield generator.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int64)
 
 
 def parse_documents(path: str, raw: bytes) -> list[str]:

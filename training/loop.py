@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ import torch
 from training.checkpoint import export_hugging_face, load_checkpoint, save_checkpoint
 from training.config import BYTE_TOKENIZER, TrainConfig
 from training.data import synthetic_batches
+from training.loss import global_normalizer
 from training.metrics import RunMetrics, mean_across_ranks
 from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
 from training.optim import build_optimizer, learning_rate, set_learning_rate
@@ -72,9 +73,12 @@ def _batches(config: TrainConfig, session: Session, vocab_size: int, start_step:
             batch_size=config.batch_size,
             seq_len=config.seq_len,
             vocab_size=vocab_size,
+            grad_accum_steps=config.grad_accum_steps,
         )
-    # Replaying the consumed rows keeps a resumed run on the exact data it would have seen.
-    return itertools.islice(session.corpus_batches(config), start_step, None)
+    # Replaying the consumed rows keeps a resumed run on the exact data it would have seen:
+    # each step consumed grad_accum_steps batches.
+    consumed = start_step * config.grad_accum_steps
+    return itertools.islice(session.corpus_batches(config), consumed, None)
 
 
 def _check_fits(config: TrainConfig, architecture: Any) -> None:
@@ -114,19 +118,30 @@ def build(
 def train_step(
     model: CausalLMWithFusedLoss,
     optimizer: torch.optim.Optimizer,
-    rows: torch.Tensor,
+    micro_batches: Sequence[torch.Tensor],
     lr: float,
     max_grad_norm: float,
 ) -> torch.Tensor:
-    """One optimizer step on [batch, seq_len + 1] token rows; returns the (unsynchronised) loss."""
+    """One optimizer step on micro-batches of [batch, seq_len + 1] token rows (forward and
+    backward each in turn, then one clip and one optimizer step); returns the step's
+    (unsynchronised) loss, the sum of the micro-batch losses."""
     set_learning_rate(optimizer, lr)
-    loss = model(rows[:, :-1], rows[:, 1:])
-    loss.backward()
+    # One normaliser for the whole step: each micro-batch's summed loss over the step's
+    # valid-label count, so the accumulated gradient is that of the step's token mean.
+    normalizer = global_normalizer(*(rows[:, 1:] for rows in micro_batches))
+    losses = []
+    for rows in micro_batches:
+        # FSDP2 reduce-scatters after every micro-batch's backward and sums into the sharded
+        # fp32 .grad. Deferring the reduce (set_requires_gradient_sync(False)) would keep
+        # unsharded fp32 gradients instead: 6 GB for a 1.5B model, too much for an L4.
+        loss = model(rows[:, :-1], rows[:, 1:], normalizer)
+        loss.backward()
+        losses.append(loss.detach())
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    return torch.stack(losses).sum()
 
 
 def _prepare_device(device: torch.device) -> None:
@@ -163,8 +178,10 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     for step in range(start_step + 1, config.steps + 1):
         step_start = time.perf_counter()
         # A copy: Ray Data hands out read-only arrays, which torch cannot wrap.
-        rows = torch.tensor(next(batches), device=session.device)
-        loss = train_step(model, optimizer, rows, learning_rate(config, step), config.max_grad_norm)
+        micro_batches = [
+            torch.tensor(next(batches), device=session.device) for _ in range(config.grad_accum_steps)
+        ]
+        loss = train_step(model, optimizer, micro_batches, learning_rate(config, step), config.max_grad_norm)
         record = metrics.step(
             step, mean_across_ranks(loss, session.world_size), time.perf_counter() - step_start
         )

@@ -9,7 +9,10 @@ recomputed (the FLOPs stay those of the plain loss).
 
 The loss is the mean over every valid label of the global batch, not the mean
 of per-rank means: the valid-label count is summed over the data-parallel
-ranks before dividing, so ranks with more padding weigh less.
+ranks before dividing, so ranks with more padding weigh less. With gradient
+accumulation the count also spans the step's micro-batches: each micro-batch's
+summed loss is divided by the whole step's count, so the micro-batch losses
+(and their gradients) add up to those of the step's token mean.
 """
 
 from __future__ import annotations
@@ -62,14 +65,15 @@ def chunk_loss_and_logit_grad_fusable(
     return loss_sum, grad.to(logits.dtype)
 
 
-def global_normalizer(labels: torch.Tensor) -> torch.Tensor:
-    """What each rank divides its summed loss by: the global valid-label count over the ranks.
+def global_normalizer(*labels: torch.Tensor) -> torch.Tensor:
+    """What each rank divides its summed loss by: the valid-label count of `labels` (one
+    tensor per micro-batch of the step) summed over the ranks.
 
     FSDP averages gradients over the data-parallel ranks (it divides their sum by the world
     size), so dividing each rank's sum by count/world_size makes the averaged gradient that of
-    the global token mean. The all-reduce stays on the device: no host synchronisation.
+    the global token mean. One all-reduce per step, on the device: no host synchronisation.
     """
-    count = (labels != IGNORE_INDEX).sum().to(torch.float32)
+    count = torch.stack([(part != IGNORE_INDEX).sum() for part in labels]).sum().to(torch.float32)
     world_size = 1
     if dist.is_available() and dist.is_initialized():
         world_size = dist.get_world_size()

@@ -50,7 +50,7 @@ class RunMetrics:
         self.peak = peak_flops(self.gpu_name)
         self.flops_per_token = flops_per_token(architecture, config.seq_len)
         self.flops_per_token_causal = flops_per_token(architecture, config.seq_len, causal=True)
-        self.tokens_per_step = config.batch_size * config.seq_len * world_size
+        self.tokens_per_step = config.batch_size * config.seq_len * world_size * config.grad_accum_steps
         self.step_times: list[float] = []
         self.losses: list[float] = []
 
@@ -101,6 +101,7 @@ class RunMetrics:
             data="synthetic" if config.synthetic_data else "corpus",
             seq_len=config.seq_len,
             batch_size=config.batch_size,
+            grad_accum_steps=config.grad_accum_steps,
             tokens_per_step=self.tokens_per_step,
             hsdp_replicas=replicas,
             compile=config.compile,

@@ -48,9 +48,14 @@ class CausalLMWithFusedLoss(nn.Module):
     def decoder_layers(self) -> nn.ModuleList:
         return self.causal_lm.model.layers
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor, normalizer: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The summed loss over `normalizer`: the step's `global_normalizer` over all its
+        micro-batches' labels, or, when None, over these labels alone (a step of one batch)."""
         labels = labels.flatten()
-        normalizer = global_normalizer(labels)
+        if normalizer is None:
+            normalizer = global_normalizer(labels)
         hidden = self.causal_lm.model(input_ids=input_ids, use_cache=False).last_hidden_state
         return fused_linear_cross_entropy(
             hidden.flatten(0, 1),

@@ -67,6 +67,7 @@ class RunSummary:
     data: str
     seq_len: int
     batch_size: int
+    grad_accum_steps: int
     tokens_per_step: int
     hsdp_replicas: int
     compile: bool
