@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import logging
+
 import torch
 from torch import nn
 
 from training.config import TrainConfig, load_model_config
 from training.loss import ChunkFn, chunk_loss_and_logit_grad, fused_linear_cross_entropy, global_normalizer
+
+
+# Transformers imports torchao whenever it is installed (for its quantizers), and torchao then
+# warns that its C++ extensions do not load on a CPU build of torch or one it was not built
+# against. The float8 training linears (--float8) are plain PyTorch and need none of them.
+logging.getLogger("torchao").setLevel(logging.ERROR)
 
 
 def load_architecture(config: TrainConfig) -> Any:
