@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import logging
+from typing import Any
 
 import torch
 from torch import nn
 
 from training.config import TrainConfig, load_model_config
 from training.loss import ChunkFn, chunk_loss_and_logit_grad, fused_linear_cross_entropy, global_normalizer
-
 
 # Transformers imports torchao whenever it is installed (for its quantizers), and torchao then
 # warns that its C++ extensions do not load on a CPU build of torch or one it was not built
