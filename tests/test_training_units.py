@@ -569,3 +569,21 @@ def test_float8_on_hardware_without_fp8_tensor_cores_is_one_line(
         UsageError, match=f"--float8 needs FP8 tensor cores .*this is {shown}: pass --no-float8"
     ):
         convert_to_float8(_tiny_lm(), torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
+
+
+def test_a_resume_with_another_accumulation_or_batch_size_is_refused():
+    from training.errors import UsageError
+    from training.loop import check_resume_shape
+
+    config = parse_args(["--batch-size", "3", "--grad-accum-steps", "2"])
+    check_resume_shape({"step": 4, "batch_size": 3, "grad_accum_steps": 2}, config, "ckpt")
+    with pytest.raises(
+        UsageError, match=r"^ckpt was written with --grad-accum-steps 4: resume with the same"
+    ):
+        check_resume_shape({"step": 4, "batch_size": 3, "grad_accum_steps": 4}, config, "ckpt")
+    with pytest.raises(UsageError, match=r"--batch-size 8 --grad-accum-steps 1"):
+        check_resume_shape({"step": 4, "batch_size": 8, "grad_accum_steps": 1}, config, "ckpt")
+    # A checkpoint from before accumulation existed: one micro-batch, batch size not recorded.
+    with pytest.raises(UsageError, match=r"--grad-accum-steps 1:"):
+        check_resume_shape({"step": 4}, config, "ckpt")
+    check_resume_shape({"step": 4}, parse_args(["--batch-size", "3"]), "ckpt")

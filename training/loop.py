@@ -19,6 +19,7 @@ import torch
 from training.checkpoint import export_hugging_face, load_checkpoint, save_checkpoint
 from training.config import BYTE_TOKENIZER, TrainConfig
 from training.data import synthetic_batches
+from training.errors import UsageError
 from training.loss import global_normalizer
 from training.metrics import RunMetrics, mean_across_ranks
 from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
@@ -115,6 +116,24 @@ def build(
     return model, build_optimizer(model, config, session.device), architecture, replicas
 
 
+def _shape(config: TrainConfig) -> dict[str, int]:
+    """What decides how many batches a step consumes, saved with each checkpoint."""
+    return {"batch_size": config.batch_size, "grad_accum_steps": config.grad_accum_steps}
+
+
+def check_resume_shape(state: dict[str, Any], config: TrainConfig, checkpoint: str) -> None:
+    """A resume replays `step x grad_accum_steps` batches of `batch_size` rows; with other values
+    than the checkpoint's it would continue on rows the interrupted run never reached or already
+    trained on. Checkpoints older than these keys had neither flag set: batch size unknown, 1."""
+    saved = {key: state.get(key, 1 if key == "grad_accum_steps" else None) for key in _shape(config)}
+    differ = [key for key, value in saved.items() if value is not None and value != getattr(config, key)]
+    if differ:
+        flags = " ".join(f"--{key.replace('_', '-')} {saved[key]}" for key in differ)
+        raise UsageError(
+            f"{checkpoint} was written with {flags}: resume with the same, or start a new --run-name"
+        )
+
+
 def train_step(
     model: CausalLMWithFusedLoss,
     optimizer: torch.optim.Optimizer,
@@ -160,13 +179,16 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     with session.latest_checkpoint() as checkpoint_path:
         if checkpoint_path is not None:
             state = load_checkpoint(checkpoint_path, model, optimizer)
+            check_resume_shape(state, config, checkpoint_path)
             start_step, history = state["step"], state["history"]
             if session.rank == 0:
                 emit(f"resumed from step {start_step} ({checkpoint_path})")
 
     def saver(step: int) -> Callable[[str], None]:
         def write(path: str) -> None:
-            save_checkpoint(path, model, optimizer, {"step": step, "history": history}, session.rank)
+            save_checkpoint(
+                path, model, optimizer, {"step": step, "history": history, **_shape(config)}, session.rank
+            )
             if config.export_hf and step == config.steps:
                 tokenizer = None if config.tokenizer == BYTE_TOKENIZER else load_tokenizer(config.tokenizer)
                 export_hugging_face(path, model, model.causal_lm, "causal_lm.", tokenizer, session.rank)
