@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig, corpus_files
-from training.data import local_corpus_batches
+from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
+from training.data import in_process_corpus_batches
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
@@ -154,15 +154,7 @@ class BenchSession:
 
     def corpus_batches(self, config: TrainConfig) -> Iterator[Any]:
         """Rows of a local corpus read in this process, as under torchrun."""
-        return local_corpus_batches(
-            corpus_files(config.data),
-            tokenizer=config.tokenizer,
-            seq_len=config.seq_len,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+        return in_process_corpus_batches(config, rank=self.rank, world_size=self.world_size)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Nothing to publish: the loop's own step lines are the log."""

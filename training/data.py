@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.config import corpus_format
+from training.config import TrainConfig, corpus_files, corpus_format
 from training.tokenizer import load_tokenizer
 
 TOKENS_COLUMN = "tokens"
@@ -155,3 +155,17 @@ def local_corpus_batches(
     """Endless epochs over a corpus read in-process (torchrun)."""
     rows = corpus_rows(files, tokenizer=tokenizer, seq_len=seq_len)
     return epoch_batches(rows, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+
+
+def in_process_corpus_batches(config: TrainConfig, *, rank: int, world_size: int) -> Iterator[np.ndarray]:
+    """This rank's batches of the local corpus `config.data`, read in this process (the
+    torchrun launcher and the benchmark; under Ray, Ray Data reads it)."""
+    return local_corpus_batches(
+        corpus_files(config.data),
+        tokenizer=config.tokenizer,
+        seq_len=config.seq_len,
+        batch_size=config.batch_size,
+        seed=config.seed,
+        rank=rank,
+        world_size=world_size,
+    )

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT, is_complete
-from training.config import TrainConfig, corpus_files
-from training.data import local_corpus_batches
+from training.config import TrainConfig
+from training.data import in_process_corpus_batches
 from training.errors import UsageError
 from training.report import format_summary
 
@@ -48,15 +48,7 @@ class TorchrunSession:
         yield str(checkpoints[-1]) if checkpoints else self.resume_from
 
     def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
-        return local_corpus_batches(
-            corpus_files(config.data),
-            tokenizer=config.tokenizer,
-            seq_len=config.seq_len,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+        return in_process_corpus_batches(config, rank=self.rank, world_size=self.world_size)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
