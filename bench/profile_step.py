@@ -39,6 +39,11 @@ FAMILIES = (
 )
 
 
+# Python frames worth naming as a kernel's origin: this project, the model, FSDP's hooks and
+# collectives, and the Inductor-generated modules of compiled layers (innermost first).
+ORIGIN_FRAMES = ("training/", "transformers/", "bench/", "torch/distributed/", "torchinductor", "_functorch/")
+
+
 def family(kernel: str) -> str:
     name = kernel.lower()
     for label, needles in FAMILIES:
@@ -56,12 +61,11 @@ def kernel_table(prof: Any, steps: int) -> dict[str, Any]:
         for kernel in getattr(event, "kernels", []):
             by_kernel[kernel.name] += kernel.duration
             calls[kernel.name] += 1
-            frames = [
-                frame
-                for frame in (event.stack or [])
-                if ("training" in frame or "transformers" in frame or "bench" in frame)
-            ]
-            origins[kernel.name][f"{event.name} <- {' <- '.join(frames[:4])}"] += kernel.duration
+            frames = [frame for frame in (event.stack or []) if any(part in frame for part in ORIGIN_FRAMES)]
+            # Shapes tell which tensor a copy or cast moves (FSDP's buffers, an activation).
+            shapes = f" {event.input_shapes}" if family(kernel.name) == "copy" else ""
+            origin = f"{event.name}{shapes} <- {' <- '.join(frames[:4])}"
+            origins[kernel.name][origin] += kernel.duration
     families: collections.Counter[str] = collections.Counter()
     for name, micros in by_kernel.items():
         families[family(name)] += micros
@@ -77,7 +81,7 @@ def kernel_table(prof: Any, steps: int) -> dict[str, Any]:
                 "calls_per_step": calls[name] / steps,
                 "launched_from": [
                     {"origin": origin[:400], "ms_per_step": us / 1e3 / steps}
-                    for origin, us in origins[name].most_common(3)
+                    for origin, us in origins[name].most_common(5)
                 ],
             }
             for name, micros in top
@@ -155,7 +159,9 @@ def profile_steps(
     synced = wall_ms_per_step(step, steps, read_each_loss=True)
     unsynced = wall_ms_per_step(step, steps, read_each_loss=False)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True, record_shapes=True
+    ) as prof:
         start.record()
         for _ in range(steps):
             step().item()

@@ -97,6 +97,17 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         }
         for steps in (2, 4)
     },
+    **{
+        f"tuned-compiled-accum{steps}-deferred-4096x{batch}": {
+            "seq_len": 4096,
+            "batch_size": batch,
+            "compile": True,
+            "grad_accum_steps": steps,
+            "defer_grad_sync": True,
+        }
+        for steps in (2, 4)
+        for batch in (10, 12)
+    },
     "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},
     "tuned-compiled-float8-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "float8": True},
 }
@@ -456,7 +467,9 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
     ]
 
     def step() -> torch.Tensor:
-        return train_step(model, optimizer, micro_batches, config.lr, config.max_grad_norm)
+        return train_step(
+            model, optimizer, micro_batches, config.lr, config.max_grad_norm, config.defer_grad_sync
+        )
 
     return step
 

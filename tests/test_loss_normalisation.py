@@ -115,10 +115,12 @@ class _Session:
     device: torch.device
 
 
-def _accumulated_step(rank: int, world_size: int, micro_batches: list[slice]) -> dict:
-    """One `train_step` of the tiny model (fp32) on this rank's micro-batches of `_token_rows`:
-    the step loss (mean over the ranks), the gradients the optimizer stepped with and the
-    weights after the step, all as full tensors."""
+def _accumulated_step(
+    rank: int, world_size: int, micro_batches: list[slice], defer_grad_sync: bool = False
+) -> dict:
+    """One `train_step` of the tiny model on this rank's micro-batches of `_token_rows`: the
+    step loss (mean over the ranks), the gradients the optimizer stepped with and the weights
+    after the step, all as full tensors."""
     config = parse_args(["--preset", "tiny"])
     model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
     rows = _token_rows()
@@ -129,7 +131,12 @@ def _accumulated_step(rank: int, world_size: int, micro_batches: list[slice]) ->
 
     optimizer.register_step_pre_hook(keep_grads)
     loss = train_step(
-        model, optimizer, [rows[part] for part in micro_batches], config.lr, config.max_grad_norm
+        model,
+        optimizer,
+        [rows[part] for part in micro_batches],
+        config.lr,
+        config.max_grad_norm,
+        defer_grad_sync,
     )
     total = loss.clone()
     dist.all_reduce(total)
@@ -137,11 +144,13 @@ def _accumulated_step(rank: int, world_size: int, micro_batches: list[slice]) ->
     return {"loss": total.item() / world_size, "grads": grads, "params": params}
 
 
-def _accumulation_worker(rank: int, world_size: int, init_file: str, out: str, split: bool) -> None:
+def _accumulation_worker(
+    rank: int, world_size: int, init_file: str, out: str, split: bool, defer_grad_sync: bool
+) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     training.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
     micro_batches = TWO_RANK_MICRO_BATCHES[rank] if split else [slice(0, len(_token_rows()))]
-    result = _accumulated_step(rank, world_size, micro_batches)
+    result = _accumulated_step(rank, world_size, micro_batches, defer_grad_sync)
     if rank == 0:
         torch.save(result, out)
     _tear_down()
@@ -190,25 +199,48 @@ def test_micro_batch_losses_over_the_step_normaliser_add_up_to_the_batch_loss(on
         torch.testing.assert_close(param.grad.full_tensor(), want[name], rtol=1e-4, atol=1e-7, msg=name)
 
 
-def test_an_accumulated_step_matches_one_step_over_all_its_rows(one_process):
-    """Through the loop's train_step: micro-batches of 1 and 3 rows against one batch of 4."""
-    accumulated = _accumulated_step(0, 1, ONE_RANK_MICRO_BATCHES[0])
+@pytest.mark.parametrize("defer_grad_sync", [False, True], ids=["sync-per-micro-batch", "deferred-sync"])
+def test_an_accumulated_step_matches_one_step_over_all_its_rows(one_process, defer_grad_sync):
+    """Through the loop's train_step: micro-batches of 1 and 3 rows against one batch of 4,
+    reducing after each micro-batch or once per step."""
+    accumulated = _accumulated_step(0, 1, ONE_RANK_MICRO_BATCHES[0], defer_grad_sync)
     dist.destroy_process_group()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     whole = _accumulated_step(0, 1, [slice(0, 4)])
     _assert_same_step(accumulated, whole)
 
 
-def _run_accumulation(world_size: int, split: bool, tmp_path) -> dict:
-    name = f"accum-world{world_size}-{'split' if split else 'whole'}"
+def _run_accumulation(world_size: int, split: bool, tmp_path, defer_grad_sync: bool = False) -> dict:
+    name = f"accum-world{world_size}-{'split' if split else 'whole'}-{defer_grad_sync}"
     out = str(tmp_path / f"{name}.pt")
     init_file = str(tmp_path / f"pg-{name}")
-    mp.spawn(_accumulation_worker, args=(world_size, init_file, out, split), nprocs=world_size)
+    mp.spawn(
+        _accumulation_worker,
+        args=(world_size, init_file, out, split, defer_grad_sync),
+        nprocs=world_size,
+    )
     return torch.load(out)
 
 
 @pytest.mark.slow
-def test_two_ranks_of_two_uneven_micro_batches_match_one_process_with_one_batch(tmp_path):
+@pytest.mark.parametrize("defer_grad_sync", [False, True], ids=["sync-per-micro-batch", "deferred-sync"])
+def test_two_ranks_of_two_uneven_micro_batches_match_one_process_with_one_batch(tmp_path, defer_grad_sync):
     """2 gloo ranks x 2 micro-batches (1 + 3 and 3 + 1 rows) against 1 process stepping on all
-    8 rows at once: the normaliser spans both the micro-batches and the ranks."""
-    _assert_same_step(_run_accumulation(2, True, tmp_path), _run_accumulation(1, False, tmp_path))
+    8 rows at once: the normaliser spans both the micro-batches and the ranks, whether the
+    gradients are reduced after each micro-batch or once per step."""
+    _assert_same_step(
+        _run_accumulation(2, True, tmp_path, defer_grad_sync), _run_accumulation(1, False, tmp_path)
+    )
+
+
+def test_deferred_sync_under_bf16_mixed_precision_matches_the_per_micro_batch_reduce():
+    """With the loop's real policy (bf16 compute, fp32 reduce), FSDP2 keeps the deferred
+    micro-batches' gradients in fp32 too, so both ways sum the same fp32 gradients."""
+    results = []
+    for defer_grad_sync in (False, True):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            results.append(_accumulated_step(0, 1, ONE_RANK_MICRO_BATCHES[0], defer_grad_sync))
+        finally:
+            dist.destroy_process_group()
+    _assert_same_step(results[1], results[0])

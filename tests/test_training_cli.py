@@ -235,6 +235,15 @@ def test_float8_without_gpus_is_refused_at_parse(capsys):
     assert parse_flags(["--preset", "throughput", "--float8"]).float8
 
 
+def test_deferred_grad_sync_without_accumulation_is_refused_at_parse():
+    """With one micro-batch per step there is no reduce to defer: the flag would do nothing."""
+    with pytest.raises(ArgumentsError, match=r"--defer-grad-sync .*set --grad-accum-steps > 1"):
+        parse_flags(["--defer-grad-sync"])
+    config = parse_flags(["--grad-accum-steps", "4", "--defer-grad-sync"])
+    assert (config.grad_accum_steps, config.defer_grad_sync) == (4, True)
+    assert setting_flags("deferGradSync", True) == ["--defer-grad-sync"]
+
+
 def test_float8_without_torchao_is_one_line_before_any_worker(monkeypatch):
     """A None entry in sys.modules makes `import` raise ImportError, as a missing package does."""
     from training.errors import UsageError

@@ -55,6 +55,7 @@ class TrainConfig:
     seq_len: int
     batch_size: int
     grad_accum_steps: int
+    defer_grad_sync: bool
     lr: float
     warmup_steps: int
     weight_decay: float
@@ -98,6 +99,7 @@ _BASE: dict[str, Any] = {
     "tokenizer": QWEN_1_5B,
     "data": SYNTHETIC,
     "grad_accum_steps": 1,
+    "defer_grad_sync": False,
     "lr": 2e-5,
     "warmup_steps": 0,
     "weight_decay": 0.01,
@@ -302,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="micro-batches per optimizer step, their gradients summed (gradient accumulation)",
     )
+    add(
+        "--defer-grad-sync",
+        action=argparse.BooleanOptionalAction,
+        help="with --grad-accum-steps > 1, reduce gradients once per step instead of per "
+        "micro-batch (keeps the whole model's fp32 gradients on every rank)",
+    )
     add("--lr", "--learning-rate", dest="lr", type=_positive_float, help="peak learning rate (AdamW)")
     add("--warmup-steps", type=_non_negative_int, help="linear warm-up steps, constant after")
     add("--weight-decay", type=_non_negative_float, help="AdamW weight decay")
@@ -447,6 +455,10 @@ def _validate(config: TrainConfig, paths_here: bool) -> None:
             )
     if config.float8 and not config.use_gpu:
         raise ValueError("--float8 needs GPUs with FP8 tensor cores; it does not combine with --no-gpu")
+    if config.defer_grad_sync and config.grad_accum_steps == 1:
+        raise ValueError(
+            "--defer-grad-sync defers the reduce to a step's last micro-batch: set --grad-accum-steps > 1"
+        )
     if config.max_failures < -1:
         raise ValueError(f"--max-failures {config.max_failures}: use -1 (unlimited) or a count >= 0")
     if config.workers is not None:

@@ -11,10 +11,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from training.checkpoint import export_hugging_face, load_checkpoint, save_checkpoint
 from training.config import BYTE_TOKENIZER, TrainConfig
@@ -140,6 +141,7 @@ def train_step(
     micro_batches: Sequence[torch.Tensor],
     lr: float,
     max_grad_norm: float,
+    defer_grad_sync: bool = False,
 ) -> torch.Tensor:
     """One optimizer step on micro-batches of [batch, seq_len + 1] token rows (forward and
     backward each in turn, then one clip and one optimizer step); returns the step's
@@ -149,10 +151,16 @@ def train_step(
     # valid-label count, so the accumulated gradient is that of the step's token mean.
     normalizer = global_normalizer(*(rows[:, 1:] for rows in micro_batches))
     losses = []
-    for rows in micro_batches:
-        # FSDP2 reduce-scatters after every micro-batch's backward and sums into the sharded
-        # fp32 .grad. Deferring the reduce (set_requires_gradient_sync(False)) would keep
-        # unsharded fp32 gradients instead: 6 GB for a 1.5B model, too much for an L4.
+    for index, rows in enumerate(micro_batches):
+        # By default FSDP2 reduce-scatters after every micro-batch's backward and sums into the
+        # sharded fp32 .grad. With defer_grad_sync the micro-batches before the last keep their
+        # gradients unsharded (fp32, the whole model's size on every rank) and the layers stay
+        # gathered from one backward into the next forward: one reduce-scatter per step.
+        last = index == len(micro_batches) - 1
+        if defer_grad_sync and len(micro_batches) > 1:
+            sharded = cast(FSDPModule, model)  # what `parallelize`'s fully_shard made of it
+            sharded.set_requires_gradient_sync(last)
+            sharded.set_reshard_after_backward(last)
         loss = model(rows[:, :-1], rows[:, 1:], normalizer)
         loss.backward()
         losses.append(loss.detach())
@@ -203,7 +211,14 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         micro_batches = [
             torch.tensor(next(batches), device=session.device) for _ in range(config.grad_accum_steps)
         ]
-        loss = train_step(model, optimizer, micro_batches, learning_rate(config, step), config.max_grad_norm)
+        loss = train_step(
+            model,
+            optimizer,
+            micro_batches,
+            learning_rate(config, step),
+            config.max_grad_norm,
+            config.defer_grad_sync,
+        )
         record = metrics.step(
             step, mean_across_ranks(loss, session.world_size), time.perf_counter() - step_start
         )
