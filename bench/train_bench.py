@@ -87,7 +87,8 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         "coordinate_descent": True,
     },
     "tuned-compiled-cublaslt-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "cublaslt": True},
-    # Gradient accumulation: 2 or 4 micro-batches of 12 sequences per optimizer step.
+    # Gradient accumulation: 2 or 4 micro-batches of 12 sequences per optimizer step, and 2, 4
+    # or 8 micro-batches of 10 or 12 with the reduce deferred to the last (--defer-grad-sync).
     **{
         f"tuned-compiled-accum{steps}-4096x12": {
             "seq_len": 4096,
@@ -105,7 +106,7 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
             "grad_accum_steps": steps,
             "defer_grad_sync": True,
         }
-        for steps in (2, 4)
+        for steps in (2, 4, 8)
         for batch in (10, 12)
     },
     "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},
@@ -120,6 +121,9 @@ DEFAULT_VARIANTS = [
     "tuned-compiled-4096x12",
     "tuned-compiled-accum2-4096x12",
     "tuned-compiled-accum4-4096x12",
+    "tuned-compiled-accum4-deferred-4096x10",
+    "tuned-compiled-accum4-deferred-4096x12",
+    "tuned-compiled-accum8-deferred-4096x10",
     "tuned-compiled-float8-4096x4",
     "tuned-compiled-float8-4096x12",
 ]
@@ -143,6 +147,20 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], int]] = {
     )
     for batch in (1, 2)
     for ac in (True, False)
+    for mesh in ("hsdp-2x4", "fsdp-8")
+} | {
+    # The preset's shape with 2 micro-batches and --defer-grad-sync: what keeping the whole
+    # model's fp32 gradients and gathered layers on every rank costs an L4.
+    f"seq4096x2-ac-{mesh}-accum2-deferred": (
+        {
+            "batch_size": 2,
+            "activation_checkpointing": True,
+            "hsdp_replicas": 0 if mesh == "hsdp-2x4" else 1,
+            "grad_accum_steps": 2,
+            "defer_grad_sync": True,
+        },
+        4 if mesh == "hsdp-2x4" else 8,
+    )
     for mesh in ("hsdp-2x4", "fsdp-8")
 }
 L4_BUDGET_GIB = 20.0
@@ -703,7 +721,14 @@ def main() -> None:
             else f"hsdp-{summary['hsdp_replicas']}x{8 // summary['hsdp_replicas']}",
             **{
                 key: dataclasses.asdict(config)[key]
-                for key in ("seq_len", "batch_size", "compile", "activation_checkpointing")
+                for key in (
+                    "seq_len",
+                    "batch_size",
+                    "grad_accum_steps",
+                    "defer_grad_sync",
+                    "compile",
+                    "activation_checkpointing",
+                )
             },
             "peak_mem_gib": summary["peak_mem_gib"],
             "fits_l4_budget": summary["peak_mem_gib"] <= L4_BUDGET_GIB,
