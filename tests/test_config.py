@@ -197,6 +197,10 @@ def test_flags_the_program_sets_are_refused(key):
         parse(training=json.dumps({key: value}))
 
 
+# Keys whose values are only valid beside another key's (the job refuses them alone).
+COMPANIONS = {"deferGradSync": {"gradAccumSteps": 2}}
+
+
 def example_values(key: str, flag: str) -> list:
     """Values `flag` accepts, as a stack would write them: its presets' values that the stack
     accepts (a preset may hold a value in its internal form, a path may hold a space), else a
@@ -212,7 +216,7 @@ def example_values(key: str, flag: str) -> list:
 
 def accepted(key: str, value) -> bool:
     try:
-        parse(training=json.dumps({key: value}))
+        parse(training=json.dumps({key: value, **COMPANIONS.get(key, {})}))
     except ConfigError:
         return False
     return True
@@ -228,9 +232,13 @@ def test_every_training_flag_is_a_stack_key():
         if flag in PROGRAM_FLAGS:
             continue
         assert key_of_flag(flag) == key or flag == "--lr"  # --lr also answers to --learning-rate
+        companions = COMPANIONS.get(key, {})
         for value in example_values(key, flag):
-            training = parse(training=json.dumps({key: value})).training
-            cli = setting_flags(key, value)
+            training = parse(training=json.dumps({key: value, **companions})).training
+            cli = [
+                *setting_flags(key, value),
+                *(flag for other, given in companions.items() for flag in setting_flags(other, given)),
+            ]
             on_the_command_line = parse_flags(["--preset", "smoke", *cli], paths_here=False)
             from_the_stack = parse_flags(training.flags, paths_here=False)
             assert replace(from_the_stack, run_name="") == replace(on_the_command_line, run_name=""), key
@@ -239,6 +247,11 @@ def test_every_training_flag_is_a_stack_key():
                 # On a GPU preset: the default (tiny) is CPU-only, which --float8 refuses.
                 alone = parse_flags(["--preset", "throughput", *cli], paths_here=False)
                 assert getattr(from_the_stack, dest) == getattr(alone, dest), key
+
+
+def test_deferred_grad_sync_alone_fails_preview_naming_both_keys():
+    with pytest.raises(ConfigError, match="deferGradSync defers .*: set gradAccumSteps > 1"):
+        parse(training=json.dumps({"deferGradSync": True}))
 
 
 def test_public_endpoint_needs_cidrs():
