@@ -250,7 +250,7 @@ def test_every_training_flag_is_a_stack_key():
 
 
 def test_deferred_grad_sync_alone_fails_preview_naming_both_keys():
-    with pytest.raises(ConfigError, match="deferGradSync defers .*: set gradAccumSteps > 1"):
+    with pytest.raises(ConfigError, match=r"deferGradSync defers .*: set gradAccumSteps > 1"):
         parse(training=json.dumps({"deferGradSync": True}))
 
 
