@@ -222,15 +222,21 @@ def _run_accumulation(world_size: int, split: bool, tmp_path, defer_grad_sync: b
     return torch.load(out)
 
 
+@pytest.fixture(scope="module")
+def one_process_step_on_all_rows(tmp_path_factory) -> dict:
+    """The reference of the 2-rank accumulation tests, spawned once for both of them."""
+    return _run_accumulation(1, False, tmp_path_factory.mktemp("one-process"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("defer_grad_sync", [False, True], ids=["sync-per-micro-batch", "deferred-sync"])
-def test_two_ranks_of_two_uneven_micro_batches_match_one_process_with_one_batch(tmp_path, defer_grad_sync):
+def test_two_ranks_of_two_uneven_micro_batches_match_one_process_with_one_batch(
+    tmp_path, defer_grad_sync, one_process_step_on_all_rows
+):
     """2 gloo ranks x 2 micro-batches (1 + 3 and 3 + 1 rows) against 1 process stepping on all
     8 rows at once: the normaliser spans both the micro-batches and the ranks, whether the
     gradients are reduced after each micro-batch or once per step."""
-    _assert_same_step(
-        _run_accumulation(2, True, tmp_path, defer_grad_sync), _run_accumulation(1, False, tmp_path)
-    )
+    _assert_same_step(_run_accumulation(2, True, tmp_path, defer_grad_sync), one_process_step_on_all_rows)
 
 
 def test_deferred_sync_under_bf16_mixed_precision_matches_the_per_micro_batch_reduce():
