@@ -381,13 +381,21 @@ def switches(spec: dict[str, Any]) -> Iterator[None]:
         torch.backends.cuda.preferred_blas_library(blas)
 
 
-def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> dict[str, Any]:
+def tuned_run(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> BenchSession:
+    """`training.loop.train` on a 1-rank group under the variant's switches; the session holds
+    its summary and per-step history."""
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
     session = BenchSession(1, 1, device)
     with switches(spec):
         train(config, session)
     assert session.summary is not None
-    return session.summary
+    return session
+
+
+def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> dict[str, Any]:
+    summary = tuned_run(config, device, spec).summary
+    assert summary is not None
+    return summary
 
 
 def float8_parity(
@@ -395,24 +403,12 @@ def float8_parity(
 ) -> dict[str, Any]:
     """The same run (weights, rows, order) in bf16 and with --float8, on a real-text corpus read
     as bytes: both loss curves, and how far apart they are over the last steps."""
+    run = {**spec, "data": data, "tokenizer": BYTE_TOKENIZER, "lr": 3e-4, "warmup_steps": 20}
     curves: dict[str, list[float]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     for label, float8 in (("bf16", False), ("float8", True)):
-        config = tuned_config(
-            model_config,
-            steps,
-            {
-                **spec,
-                "float8": float8,
-                "data": data,
-                "tokenizer": BYTE_TOKENIZER,
-                "lr": 3e-4,
-                "warmup_steps": 20,
-            },
-        )
-        start_process_group("nccl", 1, device)
-        session = BenchSession(1, 1, device)
-        train(config, session)
+        run_spec = {**run, "float8": float8}
+        session = tuned_run(tuned_config(model_config, steps, run_spec), device, run_spec)
         assert session.summary is not None
         curves[label] = [row["loss"] for row in session.history]
         summaries[label] = {key: session.summary[key] for key in ("tokens_per_s", "mfu", "peak_mem_gib")}
@@ -421,12 +417,8 @@ def float8_parity(
     last = {label: statistics.mean(curve[-tail:]) for label, curve in curves.items()}
     return {
         "name": "float8-parity",
-        **spec,
-        "data": data,
-        "tokenizer": BYTE_TOKENIZER,
+        **run,
         "steps": steps,
-        "lr": 3e-4,
-        "warmup_steps": 20,
         "summaries": summaries,
         f"mean_loss_last_{tail}_steps": last,
         "relative_difference_last_steps": (last["float8"] - last["bf16"]) / last["bf16"],

@@ -237,7 +237,7 @@ def test_every_training_flag_is_a_stack_key():
             training = parse(training=json.dumps({key: value, **companions})).training
             cli = [
                 *setting_flags(key, value),
-                *(flag for other, given in companions.items() for flag in setting_flags(other, given)),
+                *(extra for other, given in companions.items() for extra in setting_flags(other, given)),
             ]
             on_the_command_line = parse_flags(["--preset", "smoke", *cli], paths_here=False)
             from_the_stack = parse_flags(training.flags, paths_here=False)

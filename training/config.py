@@ -156,9 +156,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # bench/results/h200-deferred-and-memory.json): 10.1 GiB per rank and the fastest per-rank
     # rate of the HSDP candidates that fit (31.6k tokens/s on an H200, against 16.2k for one
     # sequence without checkpointing at 16.1 GiB); two sequences without checkpointing need
-    # 25.1 GiB. HSDP
-    # rather than FSDP over all 8: only the gradient all-reduce crosses the shared 40 Gbps
-    # link between the nodes, not every layer's all-gather and reduce-scatter.
+    # 25.1 GiB. HSDP rather than FSDP over all 8: only the gradient all-reduce crosses the
+    # shared 40 Gbps link between the nodes, not every layer's all-gather and reduce-scatter.
     "throughput": {
         **_BASE,
         "steps": 50,

@@ -157,7 +157,7 @@ def train_step(
         # gradients unsharded (fp32, the whole model's size on every rank) and the layers stay
         # gathered from one backward into the next forward: one reduce-scatter per step.
         last = index == len(micro_batches) - 1
-        if defer_grad_sync and len(micro_batches) > 1:
+        if defer_grad_sync:
             sharded = cast(FSDPModule, model)  # what `parallelize`'s fully_shard made of it
             sharded.set_requires_gradient_sync(last)
             sharded.set_reshard_after_backward(last)
