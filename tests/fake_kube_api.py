@@ -259,6 +259,10 @@ class FakeKubeApi:
     unauthorized: bool = False
     cut_exec: Callable[[str, list[str]], int | None] = lambda pod_name, argv: None  # stdout bytes kept
     cut_closes_cleanly: bool = False  # a websocket close frame ends the cut stream, else the TCP connection
+    # A command that is still running in the pod: the stream is open, no frame comes until `stop()`
+    # (as a Jobs API call behind a dashboard that does not answer would be).
+    stall_exec: Callable[[str, list[str]], bool] = lambda pod_name, argv: False
+    stalled: threading.Event = field(default_factory=threading.Event)  # set once a stalled exec began
     requests: list[str] = field(default_factory=list)
     execs: list[tuple[str, list[str]]] = field(default_factory=list)
 
@@ -266,11 +270,13 @@ class FakeKubeApi:
         cert_file, key_file, self.ca_pem = self_signed_certificate(self.folder)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert_file, key_file)
+        self._released = threading.Event()
         self.server = serve_on_loopback({"GET": self._serve}, tls=context)
         self.endpoint = f"https://127.0.0.1:{self.server.server_address[1]}"
         return self
 
     def stop(self) -> None:
+        self._released.set()
         stop_server(self.server)
 
     def _json(self, handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
@@ -343,6 +349,11 @@ class FakeKubeApi:
         handler.send_header("Sec-WebSocket-Protocol", self.subprotocol)
         handler.end_headers()
         self.execs.append((pod_name, argv))
+        if self.stall_exec(pod_name, argv):
+            handler.wfile.flush()
+            self.stalled.set()
+            self._released.wait()
+            return
         reply = self.exec_handler(pod_name, container, argv)
         out = handler.wfile
         keep = self.cut_exec(pod_name, argv)

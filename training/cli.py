@@ -2,14 +2,14 @@
 
 Expected failures (no cluster, no GPU, a model that cannot be fetched, a corpus too
 small) end in one line naming the fix and exit status 2; a run that fails after its
-retries exits 1.
+retries exits 1. A torchrun rank ends through `training.rank_exit`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from training.config import parse_args
+from training.config import TrainConfig, parse_args
 from training.errors import RunFailedError, UsageError
 from training.preflight import check_model_files, check_packages
 from training.report import format_summary
@@ -19,6 +19,15 @@ PROGRAM = "python -m training"
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
+    exit_code = _run(config)
+    if config.launcher == "torchrun":
+        from training.rank_exit import end_rank_process
+
+        end_rank_process(exit_code)  # a torchrun rank ends here (the module says why)
+    return exit_code
+
+
+def _run(config: TrainConfig) -> int:
     try:
         check_model_files(config)
         check_packages(config)

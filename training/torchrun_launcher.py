@@ -22,6 +22,7 @@ from training.checkpoint import CHECKPOINTS_KEPT, is_complete
 from training.config import TrainConfig
 from training.data import in_process_corpus_batches
 from training.errors import UsageError
+from training.rank_exit import tear_down_process_group
 from training.report import format_summary
 
 CHECKPOINT_PREFIX = "checkpoint_"
@@ -90,11 +91,5 @@ def run(config: TrainConfig) -> None:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
-    try:
-        train(config, TorchrunSession(config, device))
-        # Every rank's collectives done before any rank tears its groups down: a gloo worker
-        # thread still holding async work at interpreter exit aborts the process (SIGABRT,
-        # "terminate called without an active exception"; seen once here under load).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    train(config, TorchrunSession(config, device))
+    tear_down_process_group()

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -34,12 +36,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL
 
-from workloads.training_run.errors import ApiUnauthorized, ApiUnreachable, ExecStreamCut
+from workloads.training_run.errors import ApiUnauthorized, ApiUnreachable, ExecStreamCut, Interrupted
 
 T = TypeVar("T")
 
 
 COMMAND_TIMEOUT_S = 120  # a short command in a pod (a `cat`, a log grep, a Jobs API call)
+CANCEL_CHECK_S = 0.1  # how often a running exec looks whether `pulumi up` was interrupted
 
 
 class CommandTimeout(Exception):
@@ -137,12 +140,18 @@ class KubernetesCluster:
     EVENTS_PER_POD = 5
 
     def __init__(
-        self, core_api, custom_objects_api, endpoint: str = "", timeouts: ApiTimeouts = DEFAULT_TIMEOUTS
+        self,
+        core_api,
+        custom_objects_api,
+        endpoint: str = "",
+        timeouts: ApiTimeouts = DEFAULT_TIMEOUTS,
+        cancelled: threading.Event | None = None,
     ) -> None:
         self._core = core_api
         self._custom = custom_objects_api
         self.endpoint = endpoint
         self.timeouts = timeouts
+        self.cancelled = cancelled or threading.Event()
 
     def _call(self, what: str, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """One REST call, bounded by `timeouts` (the client's urllib3 retries do the attempts)."""
@@ -203,7 +212,9 @@ class KubernetesCluster:
         return sum(int(group.get("replicas", 0)) * int(group.get("numOfHosts", 1)) for group in groups)
 
     def executor(self, namespace: str, pod: PodFacts) -> PodExecutor:
-        return PodExecutor(self._core, namespace, pod.name, pod.container, self.endpoint, self.timeouts)
+        return PodExecutor(
+            self._core, namespace, pod.name, pod.container, self.endpoint, self.timeouts, self.cancelled
+        )
 
 
 def _short(*parts: object, limit: int = 300) -> str:
@@ -262,6 +273,8 @@ class PodExecutor:
     `NonZeroExitCode` with the status as its cause); a command that cannot start reports 126
     with the API's message. A stream that closes without that Status raises `ExecStreamCut`.
     Opening the stream is retried (the command has not started yet); a cut stream is not.
+    The wait for the command ends within `CANCEL_CHECK_S` once `cancelled` is set (`pulumi up`
+    interrupted), raising `Interrupted`: a long command never holds the provider host's exit.
     """
 
     _HANDSHAKE_STATUS = re.compile(r"Handshake status (\d{3})")
@@ -274,6 +287,7 @@ class PodExecutor:
         container: str,
         endpoint: str = "",
         timeouts: ApiTimeouts = DEFAULT_TIMEOUTS,
+        cancelled: threading.Event | None = None,
     ) -> None:
         self._core = core_api
         self.namespace = namespace
@@ -281,6 +295,7 @@ class PodExecutor:
         self.container = container
         self.endpoint = endpoint
         self.timeouts = timeouts
+        self.cancelled = cancelled or threading.Event()
 
     def _open(self, argv: Sequence[str]):
         # The kubernetes client opens its websocket without a timeout; websocket-client's default
@@ -321,17 +336,18 @@ class PodExecutor:
         response = self._open(argv)
         lost, stdout, stderr, status = "", "", "", ""
         try:
-            response.run_forever(timeout=timeout_s)
-            if response.is_open():
-                raise CommandTimeout(f"`{argv[0]}` in pod {self.pod} did not finish within {timeout_s:.0f} s")
+            self._wait(response, argv, timeout_s)
             stdout = response.read_stdout(timeout=0) or ""
             stderr = response.read_stderr(timeout=0) or ""
             status = response.read_channel(ERROR_CHANNEL)
         except (websocket.WebSocketException, OSError) as error:  # the connection dropped mid-stream
             lost = f": {error}"
         finally:
+            # The close handshake waits for the peer's close frame (websocket-client: 3 s by
+            # default); a stream closed by an interrupt or a timeout need not wait for a command
+            # that is still running.
             with contextlib.suppress(websocket.WebSocketException, OSError):
-                response.close()
+                response.close(timeout=CANCEL_CHECK_S)
         if lost or not status:
             raise ExecStreamCut(
                 f"the exec stream of `{argv[0]}` in pod {self.pod} ended without an exit status after "
@@ -339,6 +355,17 @@ class PodExecutor:
                 "and was not used"
             )
         return ExecResult(_exec_status(status), stdout, stderr)
+
+    def _wait(self, response, argv: Sequence[str], timeout_s: float) -> None:
+        """The client's `run_forever(timeout)`, in slices that look at `cancelled` between them."""
+        deadline = time.monotonic() + timeout_s
+        while response.is_open():
+            if self.cancelled.is_set():
+                raise Interrupted(f"pulumi up was interrupted while `{argv[0]}` ran in pod {self.pod}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(f"`{argv[0]}` in pod {self.pod} did not finish within {timeout_s:.0f} s")
+            response.update(timeout=min(remaining, CANCEL_CHECK_S))
 
 
 def _exec_status(error_channel: str) -> int:

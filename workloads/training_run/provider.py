@@ -334,6 +334,7 @@ def connect_to_eks(
                 kubernetes.client.CustomObjectsApi(api_client),
                 api_client.configuration.host,
                 timings.api,
+                engine_host.CANCELLED,
             )
             yield RunEnvironment(
                 cluster,

@@ -116,39 +116,41 @@ class TrainingRunner:
         """Poll until the job ends, logging each step; bounded by `timeout_minutes` and Ctrl-C."""
         log = JobLog()
         offset, status = 0, None
+        seen = "not polled yet"
         deadline = self.env.clock() + self.request.timeout_minutes * 60
-        while True:
-            answer = jobs.poll(submission_id, offset)
-            if answer.job is None:
-                raise TrainingRunError(
-                    f"job {submission_id} no longer exists on the Ray cluster (was the head pod replaced?)"
-                )
-            job, offset = answer.job, answer.offset
-            steps = log.feed(answer.logs)
-            if job.status.is_terminal:
-                steps += log.close()
-            for step in steps:
-                self.env.log(f"training run {submission_id}: {format_progress_line(step)}")
-            if job.status != status:
-                status = job.status
-                self.env.log(f"training run: job {submission_id} is {status}")
-            if job.status.is_terminal:
-                return job, log
-            last = format_progress_line(log.steps[-1]) if log.steps else "no step finished yet"
-            if self.env.clock() >= deadline:
-                raise TrainingRunError(
-                    f"job {submission_id} still {job.status} after timeout_minutes={self.request.timeout_minutes} "
-                    f"({last}). It keeps running: the next `pulumi up` waits for it; raise timeout_minutes, or stop "
-                    f"it with `ray job stop {submission_id}` in the head pod."
-                )
-            try:
+        try:
+            while True:
+                answer = jobs.poll(submission_id, offset)
+                if answer.job is None:
+                    raise TrainingRunError(
+                        f"job {submission_id} no longer exists on the Ray cluster (was the head pod replaced?)"
+                    )
+                job, offset = answer.job, answer.offset
+                steps = log.feed(answer.logs)
+                if job.status.is_terminal:
+                    steps += log.close()
+                for step in steps:
+                    self.env.log(f"training run {submission_id}: {format_progress_line(step)}")
+                if job.status != status:
+                    status = job.status
+                    self.env.log(f"training run: job {submission_id} is {status}")
+                if job.status.is_terminal:
+                    return job, log
+                last = format_progress_line(log.steps[-1]) if log.steps else "no step finished yet"
+                seen = f"{job.status}, {last}"
+                if self.env.clock() >= deadline:
+                    raise TrainingRunError(
+                        f"job {submission_id} still {job.status} after timeout_minutes={self.request.timeout_minutes} "
+                        f"({last}). It keeps running: the next `pulumi up` waits for it; raise timeout_minutes, or stop "
+                        f"it with `ray job stop {submission_id}` in the head pod."
+                    )
                 self.env.sleep(self.env.poll_interval_s)
-            except Interrupted:
-                raise Interrupted(
-                    f"interrupted: stopped waiting for job {submission_id} ({job.status}, {last}). The job keeps "
-                    "running on the Ray cluster and the next `pulumi up` follows it to its end; to stop it, run "
-                    f"`ray job stop {submission_id}` in the head pod."
-                ) from None
+        except Interrupted:
+            raise Interrupted(
+                f"interrupted: stopped waiting for job {submission_id} ({seen}). The job keeps "
+                "running on the Ray cluster and the next `pulumi up` follows it to its end; to stop it, run "
+                f"`ray job stop {submission_id}` in the head pod."
+            ) from None
 
     def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
         jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
