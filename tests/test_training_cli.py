@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,8 @@ TIMEOUT_S = 120
 
 
 def run_training(*args: str, env: dict[str, str] | None = None, launcher: list[str] | None = None):
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    environment.pop("RAY_ADDRESS", None)
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    environment.update({"OMP_NUM_THREADS": "1", **(env or {})})
     return subprocess.run(
         [*(launcher or [sys.executable]), "-m", "training", *args],
         cwd=REPO_ROOT,
@@ -177,23 +178,20 @@ def test_a_bad_setting_names_what_its_flag_expects(key, value, reason):
     assert raised.value.reason.startswith(reason)
 
 
-def ray_cluster_running() -> bool:
-    """Ray's address "auto" also joins any Ray found running on this machine (its GCS process)."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if b"gcs_server" in cmdline.read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
+def test_without_local_or_ray_address_is_one_line_and_joins_no_ray_on_the_machine(tmp_path):
+    """Whatever Ray runs on this machine (another user's embedded one), no address means no join,
+    and no run folder is left behind."""
+    line = one_line_error(run_training("--steps", "1", "--storage-path", str(tmp_path / "runs")))
+    assert "no Ray cluster given" in line and "RAY_ADDRESS" in line and "--local" in line
+    assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
-def test_no_ray_cluster_is_one_line_that_suggests_local():
-    if ray_cluster_running():
-        pytest.skip("a Ray cluster runs on this machine; `auto` would join it")
-    line = one_line_error(run_training("--steps", "1"))
-    assert "no running Ray cluster found" in line and "--local" in line
+def test_a_ray_address_nobody_answers_is_one_line_naming_it():
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"  # bound, not listening: refused at once
+        line = one_line_error(run_training("--steps", "1", env={"RAY_ADDRESS": address}))
+    assert f"RAY_ADDRESS={address}: no Ray cluster answers there" in line and "--local" in line
 
 
 @pytest.mark.slow

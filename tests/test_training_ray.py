@@ -83,6 +83,34 @@ def resumed_run(storage, full_run) -> subprocess.CompletedProcess:
     return result
 
 
+# Where the README and the training guide quote the default run's losses.
+QUOTED_LOSSES = re.compile(r"`?(loss_first|loss_last)`?\W{1,3}(\d+\.\d+)")
+DOCUMENTS_QUOTING_THE_MAIN_JOB = [REPO_ROOT / "README.md", REPO_ROOT / "docs" / "training.md"]
+
+
+@pytest.mark.slow
+def test_the_main_job_gives_the_losses_the_docs_quote(tmp_path):
+    """The README's first command as a new user runs it (its run folder aside), against every
+    loss figure the README and the training guide quote for it, to the digits they quote."""
+    result = run_cli("--local", "--storage-path", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = last_line_summary(result.stdout)
+    quoted = [
+        (document.name, key, figure)
+        for document in DOCUMENTS_QUOTING_THE_MAIN_JOB
+        for key, figure in QUOTED_LOSSES.findall(document.read_text())
+    ]
+    assert {key for _, key, _ in quoted} == {"loss_first", "loss_last"}
+    for document, key, figure in quoted:
+        digits = len(figure.split(".")[1])
+        assert f"{summary[key]:.{digits}f}" == figure, (
+            f"{document} quotes {key} {figure}: the run gave {summary[key]}"
+        )
+    # Two lines per step (the readable one and TRAIN_STEP), as both documents say.
+    assert len(step_lines(result.stdout)) == summary["steps"]
+    assert sum(" | loss " in line for line in result.stdout.splitlines()) == summary["steps"]
+
+
 def test_last_stdout_line_is_the_run_summary(full_run):
     summary = last_line_summary(full_run.stdout)
     assert set(SUMMARY_KEYS) <= set(summary)

@@ -25,7 +25,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field, replace
@@ -1031,12 +1033,18 @@ def test_the_token_is_signed_again_once_it_is_old(aws_session):
 class FakeExecStream:
     """The parts of `kubernetes.stream.ws_client.WSClient` that `PodExecutor` uses."""
 
+    clock = 0.0  # what `time.monotonic` reads in kube_access while these streams are used
+
     def __init__(self, stdout: str, stderr: str, status: str, finishes: bool = True):
         self.stdout, self.stderr, self.status, self.finishes = stdout, stderr, status, finishes
         self.closed = False
+        self.waits: list[float] = []
+        self.close_timeout: float | None = None
 
-    def run_forever(self, timeout):
-        self.timeout = timeout
+    def update(self, timeout):
+        """Wait for frames: a command that does not finish sends none, so the wait takes its timeout."""
+        self.waits.append(timeout)
+        FakeExecStream.clock += timeout
 
     def is_open(self):
         return not self.finishes
@@ -1051,11 +1059,19 @@ class FakeExecStream:
         assert channel == 3  # the exec error channel: the command's exit status
         return self.status
 
-    def close(self):
+    def close(self, **kwargs):
         self.closed = True
+        self.close_timeout = kwargs.get("timeout")
 
 
-def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch):
+@pytest.fixture
+def exec_clock(monkeypatch):
+    """kube_access's clock is the fake streams' clock: a stalled command's wait takes no real time."""
+    monkeypatch.setattr(FakeExecStream, "clock", 0.0)
+    monkeypatch.setattr(kube_access, "time", types.SimpleNamespace(monotonic=lambda: FakeExecStream.clock))
+
+
+def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch, exec_clock):
     calls = []
     replies = [
         FakeExecStream("42\n", "", '{"status":"Success"}'),
@@ -1095,6 +1111,29 @@ def test_pod_executor_runs_the_command_in_the_first_container(monkeypatch):
     with pytest.raises(errors.ExecStreamCut, match="ended without an exit status after 13 characters"):
         executor.run(["sh", "-c", "grep NCCL"], 30)
     assert all(reply.closed for reply in replies)
+    stalled = replies[2]
+    assert sum(stalled.waits) == pytest.approx(5) and max(stalled.waits) == kube_access.CANCEL_CHECK_S
+    assert stalled.close_timeout == kube_access.CANCEL_CHECK_S  # no 3 s wait for a close frame
+
+
+def test_an_interrupt_ends_a_running_exec_within_one_check(monkeypatch, exec_clock):
+    """`pulumi up` interrupted while a command runs in the pod: the wait ends at the next look."""
+    cancelled = threading.Event()
+    stream = FakeExecStream("", "", "", finishes=False)
+    original_update = stream.update
+
+    def update(timeout):
+        original_update(timeout)
+        if len(stream.waits) == 3:
+            cancelled.set()
+
+    stream.update = update
+    monkeypatch.setattr(kube_access, "stream", lambda *args, **kwargs: stream)
+    core = types.SimpleNamespace(connect_get_namespaced_pod_exec=object())
+    executor = kube_access.PodExecutor(core, "ray-train", HEAD_POD, "ray-head", cancelled=cancelled)
+    with pytest.raises(errors.Interrupted, match=f"interrupted while `python` ran in pod {HEAD_POD}"):
+        executor.run(["python", "-c", "..."], 120)
+    assert len(stream.waits) == 3 and stream.closed
 
 
 def test_exec_status_comes_from_the_error_channel():

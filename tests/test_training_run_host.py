@@ -281,11 +281,13 @@ def _wait_until_polled(world: World, looks: int = 3) -> None:
 # Where the Create is when the user interrupts: asleep between two polls, or waiting on a poll's
 # exec whose command does not finish (the fake keeps that stream open and silent until teardown).
 INTERRUPTED_WHERE = ["between-polls", "in-a-stalled-exec"]
-# The provider looks at the cancel flag every CANCEL_CHECK_S (0.1 s) inside an exec and at once in
-# its sleeps; the host then stops its gRPC server and the interpreter exits. Measured on a 2-core
-# machine with one core busy: Cancel 0.1-0.3 s, SIGINT 0.3-0.6 s. The bound is about 5 times the
-# worst of those, and a tenth of what a stalled exec held the host before (COMMAND_TIMEOUT_S).
-PROMPT_S = 3
+# What "promptly" must tell apart: an interrupt that waits for the job (which never ends here) or
+# for the stalled command (COMMAND_TIMEOUT_S, 120 s), as before the fix. The provider looks at the
+# cancel flag every CANCEL_CHECK_S (0.1 s) inside an exec and at once in its sleeps; then the host
+# stops its gRPC server and its interpreter exits. Measured on the 2-core machine with one core
+# busy: Cancel 0.01-0.15 s, SIGINT 0.3-0.6 s; in one full-suite run with more work beside it, both
+# SIGINT cases took over 3 s. 15 s is 25 times the worst measured and an eighth of 120 s.
+PROMPT_S = 15
 
 
 def _interrupt_when_running(world: World, where: str) -> grpc.Future:
@@ -315,7 +317,7 @@ def test_cancel_stops_waiting_and_says_the_job_keeps_running(world: World, where
     assert "interrupted: stopped waiting for job eks-ray-train-main-" in details
     assert "keeps running on the Ray cluster and the next `pulumi up` follows it" in details
     assert_one_clear_message(details)
-    assert elapsed < PROMPT_S
+    assert elapsed < PROMPT_S, f"the Create took {elapsed:.2f} s to end after Cancel"
     print(f"\nCancel ({where}): Create ended {elapsed:.2f} s after it")
 
 

@@ -230,6 +230,8 @@ def _shown(key: str, value: Any) -> str:
         return "on" if value else "off"
     if key == "hsdp_replicas" and value == 0:
         return "auto"
+    if key == "model_id" and (CONFIG_DIR / f"{value}.json").is_file():
+        return f"{value}, a shipped architecture with random weights, not a Hub id"
     if key == "data" and value == str(SHIPPED_CORPUS):
         return str(SHIPPED_CORPUS.relative_to(PACKAGE_DIR.parent))
     return str(value)

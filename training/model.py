@@ -17,6 +17,16 @@ from training.loss import ChunkFn, chunk_loss_and_logit_grad, fused_linear_cross
 logging.getLogger("torchao").setLevel(logging.ERROR)
 
 
+def _not_torchao_enum_registration(record: logging.LogRecord) -> bool:
+    """Drop the warning torch (2.13) logs each time torchao, at import, registers one of its Enums
+    as a pytree constant (torch/utils/_pytree.py: "is an Enum subclass and is now natively
+    supported"); torchao's to fix, nothing a user of this job can act on."""
+    return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+logging.getLogger("torch.utils._pytree").addFilter(_not_torchao_enum_registration)
+
+
 def load_architecture(config: TrainConfig) -> Any:
     """The transformers config of the model to train (shipped JSON for random init)."""
     from transformers import AutoConfig

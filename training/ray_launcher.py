@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -58,6 +59,7 @@ from training.tokenizer import load_tokenizer
 # Ray hands to the controller) asks for a shorter poll.
 CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
+JOIN_TIMEOUT_S = 10  # to reach RAY_ADDRESS before `ray.init`, which would wait minutes
 
 
 class RaySession:
@@ -188,16 +190,34 @@ def packed_corpus(config: TrainConfig, workers: int) -> np.ndarray:
     return rows
 
 
+def _cluster_address() -> str:
+    """The Ray cluster the user meant: RAY_ADDRESS, which Ray's job supervisor sets for every job
+    driver on a cluster (ray/dashboard/modules/job/job_supervisor.py, `_get_driver_env_vars`).
+    Never `auto`, which joins whatever Ray runs on this machine, another user's embedded one
+    included. A `host:port` that does not accept a TCP connection within JOIN_TIMEOUT_S is a
+    usage error: `ray.init` would wait for its GCS for minutes."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if not address:
+        raise UsageError(
+            "no Ray cluster given: set RAY_ADDRESS to the head's host:port (Ray jobs on a cluster "
+            "have it set), or pass --local to start one in this process"
+        )
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=JOIN_TIMEOUT_S).close()
+        except OSError as error:
+            raise UsageError(
+                f"RAY_ADDRESS={address}: no Ray cluster answers there ({error}); start one, fix the "
+                "address, or pass --local to start one in this process"
+            ) from error
+    return address
+
+
 def _start_ray(config: TrainConfig) -> None:
     plain_prefixes_unless_terminal()
     if not config.local:
-        try:
-            ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
-        except ConnectionError as error:
-            raise UsageError(
-                "no running Ray cluster found (none on this machine and RAY_ADDRESS is not set): "
-                "pass --local to start one in this process"
-            ) from error
+        ray.init(address=_cluster_address())
         quiet_driver_logs()
         return
     workers = config.workers or 1
