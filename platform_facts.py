@@ -56,15 +56,17 @@ TRANSPORTS = ("efa", "socket", "ib", "intra-node", "unknown")
 EXPECTABLE_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "unknown")
 
 # --- shapes of AWS names ------------------------------------------------------------------------
+# Checked with `fullmatch`, never `match`: `$` also matches before a trailing newline, and a value
+# with a newline in it reaches shell command lines and Kubernetes names.
 
 # Region names of every AWS partition (botocore's endpoints.json `regionRegex`: e.g. us-east-2,
 # us-gov-west-1, cn-north-1, eusc-de-east-1).
 _REGION_SHAPE = r"[a-z]+(-[a-z]+)+-\d+"
-REGION = re.compile(rf"^{_REGION_SHAPE}$")
+REGION = re.compile(_REGION_SHAPE)
 # An Availability Zone name is its region's name plus one letter (us-east-2a).
-AVAILABILITY_ZONE = re.compile(rf"^{_REGION_SHAPE}[a-z]$")
+AVAILABILITY_ZONE = re.compile(rf"{_REGION_SHAPE}[a-z]")
 # Instance types are `<family>.<size>` (g6.12xlarge, p5.48xlarge, u-6tb1.metal).
-INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
 
 # --- values --------------------------------------------------------------------------------------
 

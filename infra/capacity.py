@@ -334,7 +334,7 @@ def format_table(ranked: Sequence[ZoneReport]) -> str:
 
 def _matching(pattern: re.Pattern[str], example: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
-        if not pattern.match(text):
+        if not pattern.fullmatch(text):
             raise argparse.ArgumentTypeError(f"{text!r} does not look like {example}")
         return text
 

@@ -89,7 +89,7 @@ PROGRAM_FLAGS = {
 # `ray job submit` joins the job's command line with `subprocess.list2cmdline` and Ray runs it
 # with `shell=True` (ray/dashboard/modules/job/cli.py, job_supervisor.py), so a stack value must be
 # a word the shell leaves as it is.
-_SHELL_WORD = re.compile(r"^[A-Za-z0-9._/:@=+,-]+$")
+_SHELL_WORD = re.compile(r"[A-Za-z0-9._/:@=+,-]+")  # fullmatch: no newline
 # Former `training` keys, with what replaced them.
 RENAMED_TRAINING_KEYS = {
     "hsdp": "use hsdpReplicas: auto (shard inside a node, replicate across nodes) or hsdpReplicas: 1 (plain FSDP)",
@@ -160,12 +160,13 @@ class StackSettings:
 
 # --- small parsers: each returns the typed value or raises ValueError with the reason ------------
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]*$")
-_IAM_PRINCIPAL = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(user|role)/[\w+=,.@/-]{1,512}$")
-_STS_SESSION = re.compile(r"^arn:aws(-[a-z]+)*:sts::(\d{12}):assumed-role/([\w+=,.@-]+)/")
-_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
-_K8S_VERSION = re.compile(r"^1\.\d{2}$")
+# Each shape is checked with `fullmatch` (see platform_facts); _STS_SESSION is a prefix.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label: 63 at most
+_CLUSTER_NAME = re.compile(r"[0-9A-Za-z][A-Za-z0-9\-_]*")
+_IAM_PRINCIPAL = re.compile(r"arn:aws(-[a-z]+)*:iam::\d{12}:(user|role)/[\w+=,.@/-]{1,512}")
+_STS_SESSION = re.compile(r"arn:aws(-[a-z]+)*:sts::(\d{12}):assumed-role/([\w+=,.@-]+)/")
+_RESERVATION = re.compile(r"cr-[0-9a-f]{8,17}")
+_K8S_VERSION = re.compile(r"1\.\d{2}")
 
 
 def _as_bool(value: Any) -> bool:
@@ -193,7 +194,7 @@ def _as_int(minimum: int) -> Callable[[Any], int]:
 
 def _matching(pattern: re.Pattern[str], example: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
-        if not isinstance(value, str) or not pattern.match(value):
+        if not isinstance(value, str) or not pattern.fullmatch(value):
             raise ValueError(f"expected something like {example}")
         return value
 
@@ -256,7 +257,7 @@ def _principal_arns(value: Any) -> tuple[str, ...]:
                 f"{arn} is an STS session, which EKS access entries refuse: "
                 f"give the role's own ARN, arn:aws:iam::{session.group(2)}:role/{session.group(3)}"
             )
-        if not isinstance(arn, str) or not _IAM_PRINCIPAL.match(arn):
+        if not isinstance(arn, str) or not _IAM_PRINCIPAL.fullmatch(arn):
             raise ValueError(
                 f"{arn!r} is not the ARN of an IAM user or role, e.g. arn:aws:iam::123456789012:role/ci"
             )
@@ -276,14 +277,29 @@ def _log_retention(value: Any) -> int:
 
 
 def _image(value: Any) -> str:
-    if not isinstance(value, str) or not value or " " in value:
-        raise ValueError("expected a container image reference")
+    if not isinstance(value, str) or not value or any(character.isspace() for character in value):
+        raise ValueError("expected a container image reference (no spaces, tabs or newlines)")
+    repository = _image_repository(value)
+    if repository != repository.lower():
+        raise ValueError(
+            f"the repository {repository!r} must be lowercase (OCI distribution spec); the registry host may not be"
+        )
     problem = image_pin_problem(value)
     if problem:
         raise ValueError(
             f"pin the image to a tag or digest (not latest), e.g. repo/ray:train-ml-cuda-v1.1; this one {problem}"
         )
     return value
+
+
+def _image_repository(reference: str) -> str:
+    """The repository path of an image reference: no registry host, tag or digest."""
+    name = reference.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    name = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+    first, _, rest = name.partition("/")
+    is_host = rest and ("." in first or ":" in first or first == "localhost")
+    return rest if is_host else name
 
 
 def _memory_quantity(value: Any) -> str:
@@ -309,7 +325,7 @@ _STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "gpuAz": ("gpu_az", _matching(AVAILABILITY_ZONE, "us-east-2a")),
     "capacityReservationId": ("capacity_reservation_id", _matching(_RESERVATION, "cr-0123456789abcdef0")),
     "image": ("image", _image),
-    "rayVersion": ("ray_version", _matching(re.compile(r"^\d+\.\d+\.\d+$"), "2.58.0")),
+    "rayVersion": ("ray_version", _matching(re.compile(r"\d+\.\d+\.\d+"), "2.58.0")),
     "namespace": ("namespace", _matching(_NAME, "ray-train")),
     "workerCpu": ("worker_cpu", _as_int(1)),
     "workerMemory": ("worker_memory", _memory_quantity),
@@ -387,7 +403,7 @@ def _training_flags(raw: Mapping[str, Any]) -> tuple[str, ...]:
             chosen[flag] = (key, setting_flags(key, value))
         except ArgumentsError as err:
             raise ConfigError(f"config key 'training.{key}' = {value!r}: {err.reason}") from None
-        if not all(_SHELL_WORD.match(token) for token in chosen[flag][1]):
+        if not all(_SHELL_WORD.fullmatch(token) for token in chosen[flag][1]):
             raise ConfigError(
                 f"config key 'training.{key}' = {value!r}: use letters, digits and . _ / : @ = + , - only "
                 "(the job's command line passes through a shell on the cluster)"
@@ -429,7 +445,7 @@ def parse_settings(
     """
     if not region:
         raise ConfigError("config key 'aws:region' is not set: run `pulumi config set aws:region us-east-2`")
-    if not REGION.match(region):
+    if not REGION.fullmatch(region):
         raise ConfigError(f"config key 'aws:region' = {region!r}: expected a region name such as us-east-2")
     values = dict(raw)
     training_raw = _decode(values.pop("training", {}))

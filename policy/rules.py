@@ -352,7 +352,7 @@ def check_ray_ports_not_exposed(resource_type: str, props: Mapping[str, Any], st
     return violations
 
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?")
 _QUANTITY_FACTORS = {
     None: Decimal(1),
     "n": Decimal("1e-9"),
@@ -376,7 +376,7 @@ _QUANTITY_FACTORS = {
 def _quantity(value: Any) -> Decimal | str:
     """A Kubernetes quantity as a number (so "40" equals 40 and "1Gi" equals "1024Mi"); else its text."""
     text = str(value).strip()
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     if match:
         return Decimal(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
     try:

@@ -111,8 +111,8 @@ def test_values_arrive_as_engine_text():
             "'training.lr' and 'training.learningRate' both set",
         ),
         (
-            {"training": '{"runName": "run $(date)"}'},
-            "'training.runName' = 'run $(date)': use letters, digits",
+            {"training": '{"modelId": "org/model $(date)"}'},
+            "'training.modelId' = 'org/model $(date)': use letters, digits",
         ),
         ({"training": '{"data": "s3://b/my corpus"}'}, "passes through a shell on the cluster"),
         ({"training": '{"expectTransport": "tcp"}'}, "'training.expectTransport'"),
@@ -358,3 +358,75 @@ def test_gpu_type_without_efa_or_gpus_fails():
     no_gpu = InstanceFacts("c5n.18xlarge", 72, 196_608, 0, None, 0, True, 1, 1, 737)
     with pytest.raises(ConfigError, match="has no GPU"):
         size_workers(parse(), no_gpu)
+
+
+# --- shapes: whole values only ---------------------------------------------------------------------
+
+# A good value of each key a shape check guards. `$` in a pattern also matches before a trailing
+# newline, so each shape must match the whole value: `training.runName: "exp1\n"` would otherwise
+# put a second line into the job's command, which Ray runs through a shell on the head pod.
+SHAPED_KEYS = {
+    "clusterName": "eks-ray-train",
+    "kubernetesVersion": "1.36",
+    "systemNodeType": "m7i.xlarge",
+    "gpuNodeType": "g6.12xlarge",
+    "gpuAz": "us-east-2a",
+    "capacityReservationId": "cr-0123456789abcdef0",
+    "image": "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+    "rayVersion": "2.58.0",
+    "namespace": "ray-train",
+}
+TRAILING = ["\n", "\t", " "]
+
+
+def test_the_shaped_keys_take_their_good_values():
+    parse(**SHAPED_KEYS, adminPrincipalArns=json.dumps(["arn:aws:iam::123456789012:role/ci"]))
+    parse(training={"runName": "exp1", "expectTransport": "efa"})
+
+
+@pytest.mark.parametrize("suffix", TRAILING, ids=["newline", "tab", "space"])
+@pytest.mark.parametrize("key", sorted(SHAPED_KEYS))
+def test_a_shaped_key_with_trailing_whitespace_is_refused_naming_it(key, suffix):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        parse(**{key: SHAPED_KEYS[key] + suffix})
+
+
+@pytest.mark.parametrize("suffix", TRAILING, ids=["newline", "tab", "space"])
+def test_whitespace_after_a_principal_region_or_run_name_is_refused(suffix):
+    with pytest.raises(ConfigError, match="'adminPrincipalArns'"):
+        parse(adminPrincipalArns=json.dumps([f"arn:aws:iam::123456789012:role/ci{suffix}"]))
+    with pytest.raises(ConfigError, match="'aws:region'"):
+        parse_settings(CIDRS, f"us-east-2{suffix}")
+    with pytest.raises(ConfigError, match=r"'training\.runName'"):
+        parse(training={"runName": f"exp1{suffix}"})
+    with pytest.raises(ConfigError, match=r"'training\.runName'"):
+        parse(training={"runName": f"exp1{suffix}rm -rf /"})
+
+
+@pytest.mark.parametrize("name", ["../other-run", "..", ".", "runs/exp1", "-exp1", "e" * 129])
+def test_a_run_name_that_is_not_one_folder_is_refused(name):
+    with pytest.raises(ConfigError, match=r"'training\.runName'"):
+        parse(training={"runName": name})
+
+
+@pytest.mark.parametrize(
+    "image, reason",
+    [
+        ("public.ecr.aws/deep-learning-containers/Ray:train-ml-cuda-v1.1", "must be lowercase"),
+        ("RayProject/ray:2.58.0", "must be lowercase"),
+        ("rayproject/ray:2.58.0\tx", "no spaces, tabs or newlines"),
+    ],
+)
+def test_an_image_reference_oci_refuses_is_refused(image, reason):
+    with pytest.raises(ConfigError, match=reason):
+        parse(image=image)
+
+
+def test_a_registry_host_may_have_capitals():
+    assert parse(image="Registry.example.com:5000/team/ray:2.58.0").image.startswith("Registry")
+
+
+def test_a_namespace_longer_than_a_kubernetes_label_is_refused():
+    parse(namespace="n" * 63)
+    with pytest.raises(ConfigError, match="'namespace'"):
+        parse(namespace="n" * 64)

@@ -30,30 +30,30 @@ def botocore_regions() -> list[str]:
 def test_every_aws_region_and_its_zones_match_the_patterns():
     regions = botocore_regions()
     assert {"us-east-2", "us-gov-west-1", "cn-north-1", "ap-southeast-7"} <= set(regions)
-    assert [region for region in regions if not REGION.match(region)] == []
-    assert [region for region in regions if not AVAILABILITY_ZONE.match(f"{region}a")] == []
+    assert [region for region in regions if not REGION.fullmatch(region)] == []
+    assert [region for region in regions if not AVAILABILITY_ZONE.fullmatch(f"{region}a")] == []
 
 
 @pytest.mark.parametrize("name", ["us-east-2a", "US-EAST-2", "us-east", "useast2", "us-east-2 ", "us_east_2"])
 def test_what_is_no_region(name):
-    assert not REGION.match(name)
+    assert not REGION.fullmatch(name)
 
 
 @pytest.mark.parametrize("name", ["us-east-2", "us-east-2ab", "us-east-2A", "use2-az1"])
 def test_what_is_no_zone_name(name):
-    assert not AVAILABILITY_ZONE.match(name)
+    assert not AVAILABILITY_ZONE.fullmatch(name)
 
 
 @pytest.mark.parametrize(
     "name", ["g6.12xlarge", "p5.48xlarge", "m7i.xlarge", "u-6tb1.metal", "trn1n.32xlarge"]
 )
 def test_instance_types(name):
-    assert INSTANCE_TYPE.match(name)
+    assert INSTANCE_TYPE.fullmatch(name)
 
 
 @pytest.mark.parametrize("name", ["G6.12xlarge", "g6", "g6.12xlarge.big", "g6 12xlarge", ".xlarge"])
 def test_what_is_no_instance_type(name):
-    assert not INSTANCE_TYPE.match(name)
+    assert not INSTANCE_TYPE.fullmatch(name)
 
 
 def test_config_and_the_capacity_survey_share_the_region_rule():

@@ -170,6 +170,10 @@ def test_a_setting_becomes_its_flags(key, value, flags):
         ("compile", 1, "expected true or false, got 1"),
         ("steps", False, "expected a single value, got False"),
         ("init", "zeros", "invalid choice: 'zeros'"),
+        ("lr", "inf", "expected a finite number, got 'inf'"),
+        ("lr", "nan", "expected a finite number, got 'nan'"),
+        ("maxGradNorm", "1e999", "expected a finite number, got '1e999'"),
+        ("runName", "../other", "expected a folder name of letters, digits and . _ -"),
     ],
 )
 def test_a_bad_setting_names_what_its_flag_expects(key, value, reason):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -176,9 +177,25 @@ def _number(text: str, kind: type[int] | type[float], expected: str) -> Any:
     """The value of `text`, or an argparse error that says what was expected (argparse
     prefixes it with the flag's name)."""
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not math.isfinite(value):  # float("inf"), float("nan") parse; no setting wants them
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+# A run's folder under --storage-path: one path segment (no `/`, not `.` or `..`), nothing a shell
+# or a URL would read differently.
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _run_name(text: str) -> str:
+    if not _RUN_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"expected a folder name of letters, digits and . _ - (at most 128, no '/'), got {text!r}"
+        )
+    return text
 
 
 def _integer(text: str) -> int:
@@ -337,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--run-name",
+        type=_run_name,
         help="run folder name; reusing one resumes from its latest checkpoint "
         "(default: <preset>-<YYYYmmdd-HHMMSS>-<process id>)",
     )

@@ -41,8 +41,8 @@ echo "log files: $(printf '%s\\n' $files | grep -c .)"
 """
 NCCL_LINES_SCRIPT = _JOB_LOG_FILES + 'grep -h -F NCCL $files | head -n "$3"\n'
 LOG_TAIL_SCRIPT = _JOB_LOG_FILES + 'tail -q -n "$3" $(ls -1tr $files) | tail -n "$3"\n'
-_LOG_FILES_LINE = re.compile(r"^log files: (\d+)$")
-RAY_JOB_ID = re.compile(r"^[0-9a-f]+$")
+_LOG_FILES_LINE = re.compile(r"log files: (\d+)")
+RAY_JOB_ID = re.compile(r"[0-9a-f]+")  # fullmatch: it goes into a shell command
 
 
 def nccl_lines_command(log_dir: str, ray_job_id: str) -> list[str]:
@@ -56,7 +56,7 @@ def log_tail_command(log_dir: str, ray_job_id: str) -> list[str]:
 def split_log_listing(stdout: str) -> tuple[int, list[str]]:
     """(number of log files, their lines) from the output of the log scripts."""
     lines = stdout.splitlines()
-    if lines and (match := _LOG_FILES_LINE.match(lines[0])):
+    if lines and (match := _LOG_FILES_LINE.fullmatch(lines[0])):
         return int(match.group(1)), lines[1:]
     return 0, lines
 
@@ -143,7 +143,7 @@ def failure_report(
     reason = job.message.strip().splitlines()[0] if job.message and job.message.strip() else None
     parts = [f"job {job.submission_id} {job.status}" + (f": {reason}" if reason else "")]
     parts.append("last lines of the driver log:\n" + _indent(log.last_lines()))
-    ray_job_id = job.ray_job_id if job.ray_job_id and RAY_JOB_ID.match(job.ray_job_id) else None
+    ray_job_id = job.ray_job_id if job.ray_job_id and RAY_JOB_ID.fullmatch(job.ray_job_id) else None
     if ray_job_id:
         # The job's failure is the news: a worker pod that cannot be read must not hide it.
         with contextlib.suppress(TrainingRunError, CommandTimeout):

@@ -166,7 +166,9 @@ class TrainingRunner:
                 f"job {submission_id} succeeded but its log ends without the run summary (a JSON line with "
                 f"world_size, steps, tokens_per_s, ...); last lines:\n" + "\n".join(log.last_lines())
             )
-        ray_job_id = job.ray_job_id if job.ray_job_id and evidence.RAY_JOB_ID.match(job.ray_job_id) else None
+        ray_job_id = (
+            job.ray_job_id if job.ray_job_id and evidence.RAY_JOB_ID.fullmatch(job.ray_job_id) else None
+        )
         worker_logs = (
             evidence.worker_logs(
                 pods.workers,
