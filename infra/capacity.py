@@ -17,7 +17,8 @@ servicequotas:GetAWSDefaultServiceQuota.
 
 No read-only AWS API can promise that capacity is free right now (see `CAPACITY_CAVEAT`).
 
-Exit status: 0 when the survey was printed, 1 when AWS could not be called at all (credentials),
+Exit status: 0 when the survey was printed and at least one region answered; 1 when AWS could not
+be called at all (credentials) or no region answered (the table still says why, region by region);
 2 for bad arguments.
 
 The instance-family to quota table lives here, without Pulumi, and `infra.preflight` uses it too;
@@ -401,7 +402,7 @@ def main(argv: Sequence[str] | None = None, client: ClientFactory = aws_client) 
         )
     else:
         print(format_table(ranked))
-    return 0
+    return 1 if all(report.verdict == "error" for report in ranked) else 0
 
 
 if __name__ == "__main__":

@@ -300,3 +300,17 @@ def test_advice_puts_the_reservation_in_a_cluster_placement_group_the_stack_then
     """EC2 launches into a targeted reservation only where the placement matches, so the group is the reservation's."""
     assert "create-capacity-reservation --placement-group-arn" in capacity.CAPACITY_CAVEAT
     assert "creates no placement group of its own" in capacity.CAPACITY_CAVEAT
+
+
+def test_no_region_answering_exits_1_with_the_table(capsys):
+    """Every region unreachable (an endpoint that refuses, say): the survey is printed, and the
+    exit status says that nothing was learned."""
+    failing = boto3.client("ec2", region_name="us-east-2", aws_access_key_id="a", aws_secret_access_key="b")
+    stubber = Stubber(failing)
+    for _ in range(2):
+        stubber.add_client_error("describe_availability_zones", "InternalError", "We encountered an internal error")
+    stubber.activate()
+    status = capacity.main(["--regions", "us-east-2", "us-west-2"], client=lambda service, region: failing)
+    output = capsys.readouterr().out
+    assert status == 1
+    assert output.count("InternalError") >= 2 and "us-west-2" in output
