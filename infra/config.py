@@ -225,14 +225,58 @@ def _vpc_cidr(value: Any) -> str:
     return str(network)
 
 
+# EKS service quota "Public endpoint access CIDR ranges per cluster": 40, not adjustable
+# (https://docs.aws.amazon.com/eks/latest/userguide/service-quotas.html).
+PUBLIC_ACCESS_CIDRS_MAX = 40
+# Addresses the public endpoint never sees a caller come from: RFC 1918, carrier-grade NAT (RFC
+# 6598), loopback, link-local, "this network". The documentation ranges (RFC 5737) stay allowed.
+_NOT_PUBLIC = tuple(
+    ipaddress.ip_network(block)
+    for block in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "0.0.0.0/8",
+        "fc00::/7",
+        "fe80::/10",
+        "::1/128",
+    )
+)
+
+
 def _cidr_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [part.strip() for part in value.split(",") if part.strip()]
     if not isinstance(value, list) or not value:
         raise ValueError('expected a non-empty list of CIDR blocks, e.g. ["203.0.113.7/32"]')
     blocks = tuple(_cidr(item) for item in value)
-    if any(ipaddress.ip_network(block).prefixlen == 0 for block in blocks):
-        raise ValueError("0.0.0.0/0 opens the Kubernetes API to the whole internet; list your own addresses")
+    if len(blocks) > PUBLIC_ACCESS_CIDRS_MAX:
+        raise ValueError(
+            f"{len(blocks)} blocks: EKS takes at most {PUBLIC_ACCESS_CIDRS_MAX} per cluster (a quota that "
+            "cannot be raised); merge neighbouring addresses into wider blocks"
+        )
+    networks = [ipaddress.ip_network(block) for block in blocks]
+    v4 = [network for network in networks if isinstance(network, ipaddress.IPv4Network)]
+    v6 = [network for network in networks if isinstance(network, ipaddress.IPv6Network)]
+    prefixes = [block.prefixlen for block in ipaddress.collapse_addresses(v4)]
+    prefixes += [block.prefixlen for block in ipaddress.collapse_addresses(v6)]
+    if 0 in prefixes:
+        raise ValueError(
+            "the blocks cover every address (0.0.0.0/0, or halves of it): that opens the Kubernetes API "
+            "to the whole internet; list your own addresses"
+        )
+    for network in networks:
+        private = next(
+            (p for p in _NOT_PUBLIC if p.version == network.version and network.subnet_of(p)), None
+        )  # type: ignore[arg-type]
+        if private is not None:
+            raise ValueError(
+                f"{network} is within {private}, which the public endpoint never sees a caller come from: "
+                "list your public address (curl -s https://checkip.amazonaws.com)"
+            )
     return blocks
 
 

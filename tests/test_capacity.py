@@ -308,7 +308,9 @@ def test_no_region_answering_exits_1_with_the_table(capsys):
     failing = boto3.client("ec2", region_name="us-east-2", aws_access_key_id="a", aws_secret_access_key="b")
     stubber = Stubber(failing)
     for _ in range(2):
-        stubber.add_client_error("describe_availability_zones", "InternalError", "We encountered an internal error")
+        stubber.add_client_error(
+            "describe_availability_zones", "InternalError", "We encountered an internal error"
+        )
     stubber.activate()
     status = capacity.main(["--regions", "us-east-2", "us-west-2"], client=lambda service, region: failing)
     output = capsys.readouterr().out

@@ -430,3 +430,29 @@ def test_a_namespace_longer_than_a_kubernetes_label_is_refused():
     parse(namespace="n" * 63)
     with pytest.raises(ConfigError, match="'namespace'"):
         parse(namespace="n" * 64)
+
+
+# --- who may reach the API ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cidrs, reason",
+    [
+        (["0.0.0.0/0"], "cover every address"),
+        (["0.0.0.0/1", "128.0.0.0/1"], "cover every address"),
+        (["::/1", "8000::/1"], "cover every address"),
+        (["10.0.0.0/16"], "10.0.0.0/16 is within 10.0.0.0/8"),
+        (["203.0.113.7/32", "192.168.1.0/24"], "192.168.1.0/24 is within 192.168.0.0/16"),
+        (["100.64.0.1/32"], "within 100.64.0.0/10"),
+        ([f"198.51.100.{i}/32" for i in range(41)], "41 blocks: EKS takes at most 40"),
+    ],
+)
+def test_public_access_cidrs_eks_would_refuse_or_that_open_everything_are_refused(cidrs, reason):
+    with pytest.raises(ConfigError, match="'endpointPublicAccessCidrs'") as raised:
+        parse(endpointPublicAccessCidrs=json.dumps(cidrs))
+    assert reason in str(raised.value)
+
+
+def test_forty_public_blocks_are_the_most_eks_takes():
+    cidrs = [f"198.51.100.{i}/32" for i in range(40)]
+    assert len(parse(endpointPublicAccessCidrs=json.dumps(cidrs)).endpoint_public_access_cidrs) == 40
