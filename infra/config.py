@@ -385,7 +385,16 @@ _STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 KNOWN_KEYS = (*_STACK_KEYS, "training")
 
 
+# Settings of the AWS provider (pulumi-aws's config schema) that people set in the project's namespace.
+_AWS_PROVIDER_KEYS = ("region", "profile", "accessKey", "secretKey", "token", "assumeRole", "assumeRoles")
+
+
 def _unknown_key_error(where: str, key: str, known: list[str]) -> ConfigError:
+    if not where and key in _AWS_PROVIDER_KEYS:
+        return ConfigError(
+            f"config key '{PROJECT}:{key}' is a setting of the AWS provider: set 'aws:{key}' instead "
+            f"(`pulumi config rm {key}`, then `pulumi config set aws:{key} ...`)"
+        )
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
     return ConfigError(f"unknown config key '{where}{key}': {hint}")
@@ -507,6 +516,11 @@ def parse_settings(
         raise ConfigError(
             f"config key 'gpuAz' = {settings.gpu_az!r} is not in region {region}: "
             f"pick one of the region's zones (e.g. {region}a) or remove the key to choose automatically"
+        )
+    if settings.benchmark and not settings.train:
+        raise ConfigError(
+            "config key 'benchmark' = true needs train: true (the comparison runs the training job over "
+            "EFA, then over TCP): set train: true, or remove benchmark"
         )
     if settings.endpoint_public_access and not settings.endpoint_public_access_cidrs:
         raise ConfigError(

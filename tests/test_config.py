@@ -456,3 +456,15 @@ def test_public_access_cidrs_eks_would_refuse_or_that_open_everything_are_refuse
 def test_forty_public_blocks_are_the_most_eks_takes():
     cidrs = [f"198.51.100.{i}/32" for i in range(40)]
     assert len(parse(endpointPublicAccessCidrs=json.dumps(cidrs)).endpoint_public_access_cidrs) == 40
+
+
+@pytest.mark.parametrize("key", ["region", "profile", "assumeRole"])
+def test_an_aws_setting_in_the_project_namespace_points_to_aws(key):
+    with pytest.raises(ConfigError, match=f"'eks-ray-train:{key}' is a setting of the AWS provider: set 'aws:{key}'"):
+        parse(**{key: "x"})
+
+
+def test_a_benchmark_without_training_is_refused():
+    assert parse(benchmark="true").benchmark
+    with pytest.raises(ConfigError, match="'benchmark' = true needs train: true"):
+        parse(benchmark="true", train="false")
