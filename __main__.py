@@ -22,7 +22,7 @@ from infra.node_groups import (
 )
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
-from infra.storage import CheckpointStore, checkpoint_bucket_name
+from infra.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
 from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
@@ -35,6 +35,11 @@ settings = load_settings()
 # 2. Capacity check: offering, EFA, vCPU quota, capacity reservation, and the GPU AZ.
 placement = plan_placement(settings)
 worker = size_workers(settings, placement.gpu_node)
+# The job's command line, one Ray worker per GPU, checked here: a training value that does not fit
+# the cluster (say hsdpReplicas that does not divide the world size) stops before any resource.
+world_size = settings.gpu_node_count * worker.gpus
+bucket_name = checkpoint_bucket_name(settings.cluster_name, settings.region)
+job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_path(bucket_name))
 
 # 3. Network and cluster.
 network = Network(
@@ -76,7 +81,7 @@ gpu_nodes = GpuNodeGroup(
 coredns = cluster.install_coredns(after=[system_nodes.node_group])
 checkpoints = CheckpointStore(
     "checkpoints",
-    bucket_name=checkpoint_bucket_name(settings.cluster_name, settings.region),
+    bucket_name=bucket_name,
     namespace=settings.namespace,
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
@@ -95,8 +100,6 @@ addons = Addons(
 )
 
 # 6. The RayCluster, with the training code shipped beside it; one Ray worker per GPU.
-world_size = settings.gpu_node_count * worker.gpus
-job_args = job_arguments(settings.training, world_size, 1, checkpoints.storage_path)
 code_files = manifests.collect_code(Path(__file__).parent)
 ray = RayCluster(
     "ray",

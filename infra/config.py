@@ -269,9 +269,8 @@ def _cidr_list(value: Any) -> tuple[str, ...]:
             "to the whole internet; list your own addresses"
         )
     for network in networks:
-        private = next(
-            (p for p in _NOT_PUBLIC if p.version == network.version and network.subnet_of(p)), None
-        )  # type: ignore[arg-type]
+        within = [block for block in _NOT_PUBLIC if block.version == network.version]
+        private = next((block for block in within if network.subnet_of(block)), None)  # type: ignore[arg-type]
         if private is not None:
             raise ValueError(
                 f"{network} is within {private}, which the public endpoint never sees a caller come from: "

@@ -16,6 +16,11 @@ from platform_facts import RAY_SERVICE_ACCOUNT
 BUCKET_NAME_LIMIT = 63
 
 
+def checkpoint_storage_path(bucket_name: str) -> str:
+    """Where the training job keeps its runs: `--storage-path` of the job."""
+    return f"s3://{bucket_name}/runs"
+
+
 def checkpoint_bucket_name(cluster_name: str, region: str) -> str:
     """A name known at preview, unique per account, region and cluster (S3 names are global).
 
@@ -155,5 +160,5 @@ class CheckpointStore(pulumi.ComponentResource):
             policy=self.bucket.arn.apply(bucket_access_policy),
             opts=child,
         )
-        self.storage_path = f"s3://{bucket_name}/runs"
+        self.storage_path = checkpoint_storage_path(bucket_name)
         self.register_outputs({"bucket": self.bucket.bucket, "roleArn": self.role.arn})

@@ -460,7 +460,9 @@ def test_forty_public_blocks_are_the_most_eks_takes():
 
 @pytest.mark.parametrize("key", ["region", "profile", "assumeRole"])
 def test_an_aws_setting_in_the_project_namespace_points_to_aws(key):
-    with pytest.raises(ConfigError, match=f"'eks-ray-train:{key}' is a setting of the AWS provider: set 'aws:{key}'"):
+    with pytest.raises(
+        ConfigError, match=f"'eks-ray-train:{key}' is a setting of the AWS provider: set 'aws:{key}'"
+    ):
         parse(**{key: "x"})
 
 

@@ -235,6 +235,9 @@ def test_capacity_reservation_is_targeted():
         ({"workerCpu": "64"}, "'workerCpu' = 64 does not fit a g6.12xlarge node"),
         ({"gpuAz": "us-west-2a"}, "'gpuAz' = 'us-west-2a' is not in region us-east-2"),
         ({"gpuNodeCont": "2"}, "did you mean 'gpuNodeCount'"),
+        ({"training": '{"hsdpReplicas": 3}'}, "8 workers are not a multiple of hsdpReplicas 3"),
+        ({"training": '{"workers": 9}'}, "'training.workers' = 9: the GPU nodes hold 8 workers"),
+        ({"region": "us-east-2"}, "'eks-ray-train:region' is a setting of the AWS provider"),
     ],
 )
 def test_bad_config_stops_the_program_before_any_resource(overrides, message):
