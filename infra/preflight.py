@@ -387,6 +387,10 @@ def _warn_about_updates(settings: StackSettings, reservation: ReservationFacts) 
         )
 
 
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
 def _read_reservation(reservation_id: str, region: str) -> dict:
     """The reservation's CloudFormation properties (`InstanceType`, `AvailableInstanceCount`, ...) via Cloud Control."""
     try:
@@ -394,9 +398,16 @@ def _read_reservation(reservation_id: str, region: str) -> dict:
             type_name="AWS::EC2::CapacityReservation", identifier=reservation_id
         )
     except Exception as err:  # the provider reports a missing reservation and AccessDenied as an invoke error
+        where = f"config key 'capacityReservationId' = {reservation_id}"
+        listing = f"`aws ec2 describe-capacity-reservations --region {region}` lists them"
+        if "ResourceNotFoundException" in str(err):
+            raise PreflightError(
+                f"{where}: could not read capacity reservation {reservation_id} in {region}: it does not exist "
+                f"there (Cloud Control: ResourceNotFoundException); check the id and the region ({listing})"
+            ) from None
         raise PreflightError(
-            f"could not read capacity reservation {reservation_id} in {region} ({err}): check the id and the region "
-            f"(`aws ec2 describe-capacity-reservations --region {region}` lists them), and allow "
-            "cloudcontrol:GetResource and ec2:DescribeCapacityReservations to the identity running Pulumi"
+            f"{where}: could not read capacity reservation {reservation_id} in {region} "
+            f"({_first_line(str(err))}): allow cloudcontrol:GetResource and ec2:DescribeCapacityReservations "
+            f"to the identity running Pulumi, and check the id and the region ({listing})"
         ) from None
     return json.loads(result.properties)

@@ -258,11 +258,12 @@ def test_reservation_without_a_state_property_is_judged_by_its_available_count()
 
 
 @pytest.mark.parametrize("run", [refusal, program_refusal], ids=["preflight", "program"])
-def test_missing_reservation_names_it_the_region_and_the_permissions(run):
+def test_missing_reservation_names_the_key_the_id_and_the_region(run):
     message = run(FakeAws(), capacityReservationId=RESERVATION)
-    assert f"could not read capacity reservation {RESERVATION} in us-east-2" in message
-    assert "ResourceNotFoundException" in message
-    assert "cloudcontrol:GetResource and ec2:DescribeCapacityReservations" in message
+    assert f"config key 'capacityReservationId' = {RESERVATION}: could not read" in message
+    assert f"capacity reservation {RESERVATION} in us-east-2: it does not exist there" in message
+    assert "ResourceNotFoundException" in message and "describe-capacity-reservations" in message
+    assert "\n" not in message.strip()  # one line, not the nested invoke error
 
 
 @pytest.mark.parametrize("state", ["pending", "expired", "cancelled"])
