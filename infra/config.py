@@ -547,6 +547,12 @@ def hf_token() -> pulumi.Output[str] | None:
 
 def load_settings() -> StackSettings:
     """Read and validate the current stack's configuration."""
-    return parse_settings(
+    settings = parse_settings(
         stack_config_values(), pulumi.Config("aws").get("region"), stack_config_values("aws")
     )
+    if settings.has_hf_token and not pulumi.runtime.is_config_secret(f"{PROJECT}:hfToken"):
+        raise ConfigError(
+            "config key 'hfToken' is stored in plain text in the stack file: run "
+            "`pulumi config set --secret hfToken <token>` (and revoke the token if the file was shared)"
+        )
+    return settings

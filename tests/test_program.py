@@ -238,6 +238,7 @@ def test_capacity_reservation_is_targeted():
         ({"training": '{"hsdpReplicas": 3}'}, "8 workers are not a multiple of hsdpReplicas 3"),
         ({"training": '{"workers": 9}'}, "'training.workers' = 9: the GPU nodes hold 8 workers"),
         ({"region": "us-east-2"}, "'eks-ray-train:region' is a setting of the AWS provider"),
+        ({"hfToken": "hf_plain"}, "'hfToken' is stored in plain text in the stack file"),
     ],
 )
 def test_bad_config_stops_the_program_before_any_resource(overrides, message):
