@@ -256,3 +256,9 @@ def test_float8_without_torchao_is_one_line_before_any_worker(monkeypatch):
     check_packages(parse_flags(["--preset", "throughput"]))  # not asked for: not needed
     with pytest.raises(UsageError, match=r"--float8 needs torchao .*pip install torchao==0\.18\.0"):
         check_packages(parse_flags(["--preset", "throughput", "--float8"]))
+
+
+def test_more_local_cpu_workers_than_cpus_is_one_line(tmp_path):
+    workers = (os.cpu_count() or 1) + 1
+    line = one_line_error(run_training("--local", "--workers", str(workers), "--storage-path", str(tmp_path)))
+    assert f"--local --workers {workers}: this machine has {workers - 1} CPUs" in line

@@ -214,6 +214,17 @@ def _cluster_address() -> str:
     return address
 
 
+def _check_local_fit(config: TrainConfig) -> None:
+    """An embedded Ray on CPU gives each worker a process and its share of the cores: more workers
+    than this machine has CPUs only thrash (each gloo step waits for the slowest)."""
+    cpus = os.cpu_count() or 1
+    if config.local and not config.use_gpu and config.workers is not None and config.workers > cpus:
+        raise UsageError(
+            f"--local --workers {config.workers}: this machine has {cpus} CPUs; "
+            f"a local CPU run takes at most one worker per CPU (--workers {cpus} or fewer)"
+        )
+
+
 def _start_ray(config: TrainConfig) -> None:
     plain_prefixes_unless_terminal()
     if not config.local:
@@ -261,6 +272,7 @@ def _worker_count(config: TrainConfig) -> int:
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train on Ray and return the summary (also written to the run folder)."""
     os.environ.setdefault(CONTROLLER_POLL_ENV, CONTROLLER_POLL_S)
+    _check_local_fit(config)
     _start_ray(config)
     try:
         workers = _worker_count(config)
