@@ -262,3 +262,13 @@ def test_more_local_cpu_workers_than_cpus_is_one_line(tmp_path):
     workers = (os.cpu_count() or 1) + 1
     line = one_line_error(run_training("--local", "--workers", str(workers), "--storage-path", str(tmp_path)))
     assert f"--local --workers {workers}: this machine has {workers - 1} CPUs" in line
+
+
+@pytest.mark.parametrize("text", ["{bad", "[1, 2]"])
+def test_a_model_config_file_that_is_no_json_object_is_one_line_naming_flag_and_file(tmp_path, text):
+    bad = tmp_path / "model.json"
+    bad.write_text(text)
+    result = run_training("--local", "--model-config", str(bad), "--storage-path", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # after the usage text, as for every bad flag
+    assert last.startswith(f"python -m training: error: --model-config {bad}: {bad}")

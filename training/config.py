@@ -414,7 +414,18 @@ def resolve_model_config(name_or_path: str) -> Path:
 
 
 def load_model_config(name_or_path: str) -> dict[str, Any]:
-    return json.loads(resolve_model_config(name_or_path).read_text())
+    path = resolve_model_config(name_or_path)
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"--model-config {name_or_path}: {path} is not a readable JSON file ({error})"
+        ) from None
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"--model-config {name_or_path}: {path} holds no JSON object (a transformers config)"
+        )
+    return values
 
 
 def corpus_files(data: str) -> list[str]:
