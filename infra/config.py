@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import botocore.exceptions
+import botocore.session
 import pulumi
 
 from infra.aws_identity import AwsCredentialSettings, AwsSettingsError
@@ -388,6 +390,14 @@ KNOWN_KEYS = (*_STACK_KEYS, "training")
 _AWS_PROVIDER_KEYS = ("region", "profile", "accessKey", "secretKey", "token", "assumeRole", "assumeRoles")
 
 
+def _partition(region: str) -> str | None:
+    """The AWS partition of a region, from botocore's endpoint data; None for a region it does not know."""
+    try:
+        return botocore.session.get_session().get_partition_for_region(region)
+    except botocore.exceptions.UnknownRegionError:
+        return None
+
+
 def _unknown_key_error(where: str, key: str, known: list[str]) -> ConfigError:
     if not where and key in _AWS_PROVIDER_KEYS:
         return ConfigError(
@@ -499,6 +509,13 @@ def parse_settings(
         raise ConfigError("config key 'aws:region' is not set: run `pulumi config set aws:region us-east-2`")
     if not REGION.fullmatch(region):
         raise ConfigError(f"config key 'aws:region' = {region!r}: expected a region name such as us-east-2")
+    partition = _partition(region)
+    if partition not in (None, "aws"):
+        raise ConfigError(
+            f"config key 'aws:region' = {region!r} is in the {partition} partition: the program's IAM policy "
+            "ARNs (arn:aws:iam::aws:policy/...), EKS access policy and default image (public.ecr.aws) are "
+            "those of the aws partition; pick a region of the aws partition"
+        )
     values = dict(raw)
     training_raw = _decode(values.pop("training", {}))
     if not isinstance(training_raw, dict):

@@ -470,3 +470,9 @@ def test_a_benchmark_without_training_is_refused():
     assert parse(benchmark="true").benchmark
     with pytest.raises(ConfigError, match="'benchmark' = true needs train: true"):
         parse(benchmark="true", train="false")
+
+
+@pytest.mark.parametrize("region, partition", [("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov")])
+def test_a_region_outside_the_aws_partition_is_refused_with_the_reason(region, partition):
+    with pytest.raises(ConfigError, match=f"'aws:region' = '{region}' is in the {partition} partition"):
+        parse_settings(CIDRS, region)

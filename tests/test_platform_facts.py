@@ -57,9 +57,11 @@ def test_what_is_no_instance_type(name):
 
 
 def test_config_and_the_capacity_survey_share_the_region_rule():
-    """A region of the newest partition passes the stack's check (the old pattern wanted two letters)."""
-    settings = parse_settings({"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}, "eusc-de-east-1")
-    assert settings.region == "eusc-de-east-1"
+    """A region of the newest partition has the shape (the old pattern wanted two letters); the
+    stack then refuses it for its partition, not for its name."""
+    assert REGION.fullmatch("eusc-de-east-1")
+    with pytest.raises(ConfigError, match=r"'aws:region' = 'eusc-de-east-1' is in the aws-eusc partition"):
+        parse_settings({"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}, "eusc-de-east-1")
     with pytest.raises(ConfigError, match=r"'aws:region' = 'us-east-2a': expected a region name"):
         parse_settings({}, "us-east-2a")
 
