@@ -220,10 +220,22 @@ def _cidr(value: Any) -> str:
     return str(network)
 
 
+# VPC ranges AWS warns against: 172.17.0.0/16 is Docker's default bridge network, whose routes shadow
+# VPC addresses on any host that runs Docker; 169.254.0.0/16 is link-local (instance metadata, the
+# Amazon DNS server).
+_VPC_CIDRS_TO_AVOID = {
+    ipaddress.ip_network("172.17.0.0/16"): "the Docker bridge network",
+    ipaddress.ip_network("169.254.0.0/16"): "link-local (instance metadata, DNS)",
+}
+
+
 def _vpc_cidr(value: Any) -> str:
     network = ipaddress.ip_network(_cidr(value))
-    if network.version != 4 or not 16 <= network.prefixlen <= 20:
+    if not isinstance(network, ipaddress.IPv4Network) or not 16 <= network.prefixlen <= 20:
         raise ValueError("expected an IPv4 block between /16 and /20, e.g. 10.0.0.0/16")
+    for avoided, why in _VPC_CIDRS_TO_AVOID.items():
+        if network.overlaps(avoided):
+            raise ValueError(f"overlaps {avoided}, {why}: use another private block, e.g. 10.0.0.0/16")
     return str(network)
 
 

@@ -476,3 +476,11 @@ def test_a_benchmark_without_training_is_refused():
 def test_a_region_outside_the_aws_partition_is_refused_with_the_reason(region, partition):
     with pytest.raises(ConfigError, match=f"'aws:region' = '{region}' is in the {partition} partition"):
         parse_settings(CIDRS, region)
+
+
+@pytest.mark.parametrize(
+    "cidr, reason", [("172.17.0.0/16", "the Docker bridge"), ("169.254.0.0/16", "link-local")]
+)
+def test_a_vpc_block_aws_warns_against_is_refused(cidr, reason):
+    with pytest.raises(ConfigError, match=f"'vpcCidr' = '{cidr}': overlaps {cidr}, {reason}"):
+        parse(vpcCidr=cidr)
