@@ -53,6 +53,14 @@ def plain(message: struct_pb2.Struct) -> dict[str, Any]:
     return json_format.MessageToDict(message)
 
 
+def _default_sigint() -> None:
+    """SIGINT at its default in the host, as under an engine run from a terminal. A test run started
+    in the background (`nohup`, `&` in a script) ignores SIGINT, and a child inherits an ignored
+    signal across exec (POSIX); Python then installs no KeyboardInterrupt handler and SIGINT does
+    nothing to the host."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class ProviderHost:
     """One `python -m pulumi.dynamic` process and a gRPC stub to it."""
@@ -71,6 +79,7 @@ class ProviderHost:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             start_new_session=True,  # the engine gives each plugin its own process group
+            preexec_fn=_default_sigint,
         )
         assert self.process.stdout is not None
         port = int(self.process.stdout.readline().decode().strip())

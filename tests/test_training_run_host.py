@@ -323,11 +323,23 @@ def test_cancel_stops_waiting_and_says_the_job_keeps_running(world: World, where
     print(f"\nCancel ({where}): Create ended {elapsed:.2f} s after it")
 
 
+def _catches_sigint(pid: int) -> bool:
+    """Whether the process has a handler for SIGINT, unblocked (Linux: /proc/PID/status masks)."""
+    masks = {
+        key: int(value, 16)
+        for key, value in (line.split(":\t") for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        if key in ("SigCgt", "SigBlk", "SigIgn")
+    }
+    bit = 1 << (signal.SIGINT - 1)
+    return bool(masks["SigCgt"] & bit) and not masks["SigBlk"] & bit and not masks["SigIgn"] & bit
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where", INTERRUPTED_WHERE)
 def test_sigint_ends_the_host_promptly_while_a_job_runs(world: World, where: str):
     """SIGINT (the engine interrupts a plugin's process group when it shuts plugins down) ends the host."""
     pending = _interrupt_when_running(world, where)
+    assert _catches_sigint(world.host.process.pid), "the host does not handle SIGINT (ignored or blocked)"
     interrupted = time.monotonic()
     os.kill(world.host.process.pid, signal.SIGINT)
     world.host.process.wait(timeout=GRPC_DEADLINE_S)
