@@ -9,9 +9,10 @@ must take the GIL; CPython ends a thread that asks for the GIL during finalizati
 `pthread_exit`, whose forced unwind through a `noexcept` destructor calls `std::terminate`. The
 rank dies with SIGABRT, "terminate called without an active exception", after its work is done,
 when that thread is scheduled late (seen in this project's 2-rank tests on a loaded 2-core
-machine; pytorch/pytorch#179291 describes the same race for gloo). Measured on torch 2.13.0+cpu: after a 2-rank FSDP2 step, barrier,
-`destroy_process_group()` and `gc.collect()`, four `pt_gloo_runloop` threads and a
-`gloo_tcp_loop` thread are still alive (`tests/test_loss_normalisation.py` holds that fact).
+machine; pytorch/pytorch#179291 describes the same race for gloo). Measured on torch 2.13.0+cpu:
+after a 2-rank FSDP2 step, a barrier, `destroy_process_group()` and `gc.collect()`, four
+`pt_gloo_runloop` threads and a `gloo_tcp_loop` thread are still alive
+(`tests/test_loss_normalisation.py` checks that they outlive the teardown).
 
 So a rank ends with `os._exit` once its collectives are done, its group destroyed and its
 output flushed: nothing is left to finalize that a rank needs (its files are closed, the

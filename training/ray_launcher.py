@@ -214,14 +214,18 @@ def _cluster_address() -> str:
     return address
 
 
-def _check_local_fit(config: TrainConfig) -> None:
+def _local_cpu_workers_max() -> int:
     """An embedded Ray on CPU gives each worker a process and its share of the cores: more workers
-    than this machine has CPUs only thrash (each gloo step waits for the slowest)."""
-    cpus = os.cpu_count() or 1
-    if config.local and not config.use_gpu and config.workers is not None and config.workers > cpus:
+    than CPUs only thrash (each gloo step waits for the slowest). Two, the default run's, always go."""
+    return max(os.cpu_count() or 1, 2)
+
+
+def _check_local_fit(config: TrainConfig) -> None:
+    most = _local_cpu_workers_max()
+    if config.local and not config.use_gpu and config.workers is not None and config.workers > most:
         raise UsageError(
-            f"--local --workers {config.workers}: this machine has {cpus} CPUs; "
-            f"a local CPU run takes at most one worker per CPU (--workers {cpus} or fewer)"
+            f"--local --workers {config.workers}: this machine has {os.cpu_count()} CPUs; a local CPU "
+            f"run takes at most one worker per CPU (--workers {most} or fewer)"
         )
 
 
