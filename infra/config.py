@@ -9,6 +9,7 @@ exercise it without a Pulumi engine; `load_settings` only gathers that dict from
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import json
 import re
@@ -402,6 +403,7 @@ KNOWN_KEYS = (*_STACK_KEYS, "training")
 _AWS_PROVIDER_KEYS = ("region", "profile", "accessKey", "secretKey", "token", "assumeRole", "assumeRoles")
 
 
+@functools.cache  # a botocore session loads its endpoint data: about 0.1 s a call otherwise
 def _partition(region: str) -> str | None:
     """The AWS partition of a region, from botocore's endpoint data; None for a region it does not know."""
     try:
