@@ -23,11 +23,12 @@ from infra.node_groups import (
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
 from infra.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
+from infra.training_settings import job_arguments
 from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
 from workloads.ray_cluster import RayCluster
-from workloads.training_run import RunInputs, TrainingRun, job_arguments
+from workloads.training_run import RunInputs, TrainingRun
 
 # 1. Configuration: every key validated, instance facts from AWS, pod sizes derived once.
 settings = load_settings()

@@ -8,30 +8,41 @@ exercise it without a Pulumi engine; `load_settings` only gathers that dict from
 
 from __future__ import annotations
 
-import difflib
 import functools
 import ipaddress
-import json
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import botocore.exceptions
 import botocore.session
 import pulumi
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from infra.aws_identity import AwsCredentialSettings, AwsSettingsError
+from infra.parsing import (
+    ConfigError,
+    as_bool,
+    as_int,
+    cidr,
+    did_you_mean,
+    key_names,
+    matching,
+    validated,
+)
+from infra.training_settings import TrainingSettings, parse_training
 from platform_facts import (
     AVAILABILITY_ZONE,
-    EXPECTABLE_TRANSPORTS,
     INSTANCE_TYPE,
     PROJECT,
     REGION,
     image_pin_problem,
     memory_mib,
 )
-from training.config import ArgumentsError, TrainConfig, key_of_flag, parse_flags, setting_flags, setting_keys
+
+__all__ = ["ConfigError", "StackSettings", "load_settings", "parse_settings"]
 
 DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 DEFAULT_RAY_VERSION = "2.58.0"
@@ -72,44 +83,10 @@ LOG_RETENTION_DAYS = (
 )
 
 
-class ConfigError(pulumi.RunError):
-    """A stack setting is wrong; the message says which key, what value, and how to fix it.
-
-    Subclassing `pulumi.RunError` makes the Pulumi CLI print the message without a traceback.
-    """
-
-
-# What `pulumi up` trains unless the stack's `training.preset` says otherwise: AWS's reference job.
-DEFAULT_TRAINING_PRESET = "smoke"
-# Flags of `python -m training` that the program sets itself, and why the stack may not.
-PROGRAM_FLAGS = {
-    "--storage-path": "checkpoints go to the stack's S3 bucket",
-    "--use-gpu": "every worker trains on a GPU of the GPU nodes",
-    "--gpus-per-worker": "the program runs one worker per GPU",
-    "--local": "the job runs on the cluster's Ray",
-    "--launcher": "the job is submitted to the cluster's Ray",
-}
-# `ray job submit` joins the job's command line with `subprocess.list2cmdline` and Ray runs it
-# with `shell=True` (ray/dashboard/modules/job/cli.py, job_supervisor.py), so a stack value must be
-# a word the shell leaves as it is.
-_SHELL_WORD = re.compile(r"[A-Za-z0-9._/:@=+,-]+")  # fullmatch: no newline
-# Former `training` keys, with what replaced them.
-RENAMED_TRAINING_KEYS = {
-    "hsdp": "use hsdpReplicas: auto (shard inside a node, replicate across nodes) or hsdpReplicas: 1 (plain FSDP)",
-}
-
-
-@dataclass(frozen=True)
-class TrainingSettings:
-    """The training job run by `pulumi up` (the `training` object).
-
-    `flags` are the stack's training settings as flags of `python -m training`, checked by that
-    program's own parser; the other fields say how the program judges the run.
-    """
-
-    flags: tuple[str, ...] = ("--preset", DEFAULT_TRAINING_PRESET)
-    expect_transport: str = "efa"
-    timeout_minutes: int = 60
+# EKS service quota "Nodes per managed node group": 450 by default
+# (https://docs.aws.amazon.com/eks/latest/userguide/service-quotas.html). Adjustable, but a count
+# beyond it is a typo far more often than a raised quota.
+NODES_PER_NODE_GROUP_MAX = 450
 
 
 @dataclass(frozen=True)
@@ -120,48 +97,7 @@ class AwsIdentity:
     role_arn: str | None = None
 
 
-@dataclass(frozen=True)
-class StackSettings:
-    """Every setting of one stack, validated; derived sizes live in `infra.sizing`."""
-
-    region: str
-    cluster_name: str = "eks-ray-train"
-    kubernetes_version: str = "1.36"
-    vpc_cidr: str = "10.0.0.0/16"
-    system_node_type: str = "m7i.xlarge"
-    system_node_count: int = 1
-    gpu_node_type: str = "g6.12xlarge"
-    gpu_node_count: int = 2
-    gpu_az: str | None = None
-    # `capacityReservationId`: an On-Demand Capacity Reservation or a Capacity Block for ML that the
-    # GPU nodes launch into; it decides the GPU zone. The stack then makes no placement group (EC2
-    # launches into a targeted reservation only where the placement matches): create the reservation
-    # in a cluster placement group and the nodes join that group. An EKS node group update launches
-    # new nodes before it removes old ones (up to twice the zone count), which a reservation sized to
-    # the group cannot hold, so the GPU group updates with the MINIMAL strategy, one node replaced at
-    # a time. AWS updates a Capacity Block's node group only at desired size 0.
-    capacity_reservation_id: str | None = None
-    image: str = DEFAULT_IMAGE
-    ray_version: str = DEFAULT_RAY_VERSION
-    namespace: str = "ray-train"
-    worker_cpu: int = 40
-    worker_memory: str = "160Gi"
-    endpoint_public_access: bool = True
-    endpoint_public_access_cidrs: tuple[str, ...] = ()
-    admin_principal_arns: tuple[str, ...] = ()
-    log_retention_days: int = 30
-    train: bool = True
-    benchmark: bool = False
-    has_hf_token: bool = False
-    training: TrainingSettings = field(default_factory=TrainingSettings)
-    aws_identity: AwsIdentity = field(default_factory=AwsIdentity)
-
-    @property
-    def worker_memory_mib(self) -> int:
-        return memory_mib(self.worker_memory)
-
-
-# --- small parsers: each returns the typed value or raises ValueError with the reason ------------
+# --- the parsers of single keys: each returns the typed value or raises ValueError with the reason --
 
 # Each shape is checked with `fullmatch` (see platform_facts); _STS_SESSION is a prefix.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label: 63 at most
@@ -170,55 +106,6 @@ _IAM_PRINCIPAL = re.compile(r"arn:aws(-[a-z]+)*:iam::\d{12}:(user|role)/[\w+=,.@
 _STS_SESSION = re.compile(r"arn:aws(-[a-z]+)*:sts::(\d{12}):assumed-role/([\w+=,.@-]+)/")
 _RESERVATION = re.compile(r"cr-[0-9a-f]{8,17}")
 _K8S_VERSION = re.compile(r"1\.\d{2}")
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ValueError("expected true or false")
-
-
-def _as_int(minimum: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError("expected a whole number")
-        try:
-            number = int(str(value), 10)
-        except ValueError:
-            raise ValueError("expected a whole number") from None
-        if number < minimum:
-            raise ValueError(f"must be at least {minimum}")
-        return number
-
-    return parse
-
-
-def _matching(pattern: re.Pattern[str], example: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            raise ValueError(f"expected something like {example}")
-        return value
-
-    return parse
-
-
-def _one_of(*choices: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def _cidr(value: Any) -> str:
-    try:
-        network = ipaddress.ip_network(str(value), strict=True)
-    except ValueError as err:
-        raise ValueError(f"not a CIDR block ({err})") from None
-    return str(network)
 
 
 # VPC ranges AWS warns against: 172.17.0.0/16 is Docker's default bridge network, whose routes shadow
@@ -231,7 +118,7 @@ _VPC_CIDRS_TO_AVOID = {
 
 
 def _vpc_cidr(value: Any) -> str:
-    network = ipaddress.ip_network(_cidr(value))
+    network = ipaddress.ip_network(cidr(value))
     if not isinstance(network, ipaddress.IPv4Network) or not 16 <= network.prefixlen <= 20:
         raise ValueError("expected an IPv4 block between /16 and /20, e.g. 10.0.0.0/16")
     for avoided, why in _VPC_CIDRS_TO_AVOID.items():
@@ -267,7 +154,7 @@ def _cidr_list(value: Any) -> tuple[str, ...]:
         value = [part.strip() for part in value.split(",") if part.strip()]
     if not isinstance(value, list) or not value:
         raise ValueError('expected a non-empty list of CIDR blocks, e.g. ["203.0.113.7/32"]')
-    blocks = tuple(_cidr(item) for item in value)
+    blocks = tuple(cidr(item) for item in value)
     if len(blocks) > PUBLIC_ACCESS_CIDRS_MAX:
         raise ValueError(
             f"{len(blocks)} blocks: EKS takes at most {PUBLIC_ACCESS_CIDRS_MAX} per cluster (a quota that "
@@ -295,7 +182,7 @@ def _cidr_list(value: Any) -> tuple[str, ...]:
 
 
 def _cluster_name(value: Any) -> str:
-    name = _matching(_CLUSTER_NAME, "eks-ray-train")(value)
+    name = matching(_CLUSTER_NAME, "eks-ray-train")(value)
     if len(name) > CLUSTER_NAME_MAX:
         raise ValueError(
             f"at most {CLUSTER_NAME_MAX} characters ({len(name)} given): pulumi-eks names the cluster's IAM role "
@@ -326,7 +213,7 @@ def _principal_arns(value: Any) -> tuple[str, ...]:
 
 
 def _log_retention(value: Any) -> int:
-    days = _as_int(1)(value)
+    days = as_int(1)(value)
     if days not in LOG_RETENTION_DAYS:
         raise ValueError(
             f"CloudWatch Logs keeps logs for one of {', '.join(map(str, LOG_RETENTION_DAYS))} days"
@@ -360,43 +247,133 @@ def _image_repository(reference: str) -> str:
     return rest if is_host else name
 
 
+_node_count = as_int(
+    1,
+    NODES_PER_NODE_GROUP_MAX,
+    "EKS's default quota of nodes per managed node group; the quota can be raised",
+)
+
+
 def _memory_quantity(value: Any) -> str:
     """Kept as written (it goes into the pod spec), once it is known to parse."""
     memory_mib(str(value))
     return str(value)
 
 
-# The `training` keys that are no flag of `python -m training` but say how the program judges the run.
-_TRAINING_RUN_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "expectTransport": ("expect_transport", _one_of(*EXPECTABLE_TRANSPORTS)),
-    "timeoutMinutes": ("timeout_minutes", _as_int(1)),
-}
+_STRICT_KEYS = ConfigDict(
+    frozen=True, strict=True, alias_generator=to_camel, validate_by_name=True, validate_by_alias=True
+)
 
-_STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "clusterName": ("cluster_name", _cluster_name),
-    "kubernetesVersion": ("kubernetes_version", _matching(_K8S_VERSION, '"1.36" (quote it in YAML)')),
-    "vpcCidr": ("vpc_cidr", _vpc_cidr),
-    "systemNodeType": ("system_node_type", _matching(INSTANCE_TYPE, "m7i.xlarge")),
-    "systemNodeCount": ("system_node_count", _as_int(1)),
-    "gpuNodeType": ("gpu_node_type", _matching(INSTANCE_TYPE, "g6.12xlarge")),
-    "gpuNodeCount": ("gpu_node_count", _as_int(1)),
-    "gpuAz": ("gpu_az", _matching(AVAILABILITY_ZONE, "us-east-2a")),
-    "capacityReservationId": ("capacity_reservation_id", _matching(_RESERVATION, "cr-0123456789abcdef0")),
-    "image": ("image", _image),
-    "rayVersion": ("ray_version", _matching(re.compile(r"\d+\.\d+\.\d+"), "2.58.0")),
-    "namespace": ("namespace", _matching(_NAME, "ray-train")),
-    "workerCpu": ("worker_cpu", _as_int(1)),
-    "workerMemory": ("worker_memory", _memory_quantity),
-    "endpointPublicAccess": ("endpoint_public_access", _as_bool),
-    "endpointPublicAccessCidrs": ("endpoint_public_access_cidrs", _cidr_list),
-    "adminPrincipalArns": ("admin_principal_arns", _principal_arns),
-    "logRetentionDays": ("log_retention_days", _log_retention),
-    "train": ("train", _as_bool),
-    "benchmark": ("benchmark", _as_bool),
+
+class StackKeys(BaseModel):
+    """Every key of the project's namespace, declared once: its camelCase name (the alias), type,
+    default, the parser whose `ValueError` names the reason, and the description the docs' key
+    table is generated from (`python -m infra.config_table`)."""
+
+    model_config = _STRICT_KEYS
+
+    cluster_name: Annotated[str, BeforeValidator(_cluster_name)] = Field(
+        default="eks-ray-train",
+        description="EKS cluster name; at most 43 characters (IAM role names stop at 64, and pulumi-eks names the cluster's role `<clusterName>-eksRole-role` plus an 8-character random suffix)",
+    )
+    kubernetes_version: Annotated[
+        str, BeforeValidator(matching(_K8S_VERSION, '"1.36" (quote it in YAML)'))
+    ] = Field(
+        default="1.36", description='EKS version; quote it in YAML (`"1.36"`), or it becomes the number 1.36'
+    )
+    vpc_cidr: Annotated[str, BeforeValidator(_vpc_cidr)] = Field(
+        default="10.0.0.0/16",
+        description="VPC range, /16 to /20; not overlapping 172.17.0.0/16 (Docker's bridge) or 169.254.0.0/16 (link-local)",
+    )
+    system_node_type: Annotated[str, BeforeValidator(matching(INSTANCE_TYPE, "m7i.xlarge"))] = Field(
+        default="m7i.xlarge",
+        description="instance type of the system node group (KubeRay operator, CoreDNS, Ray head)",
+    )
+    system_node_count: Annotated[int, BeforeValidator(_node_count)] = Field(
+        default=1, description="system nodes"
+    )
+    gpu_node_type: Annotated[str, BeforeValidator(matching(INSTANCE_TYPE, "g6.12xlarge"))] = Field(
+        default="g6.12xlarge", description="GPU instance type; must support EFA"
+    )
+    gpu_node_count: Annotated[int, BeforeValidator(_node_count)] = Field(
+        default=2, description="GPU nodes, one Ray worker pod each"
+    )
+    gpu_az: Annotated[str | None, BeforeValidator(matching(AVAILABILITY_ZONE, "us-east-2a"))] = Field(
+        default=None,
+        description="the one zone of the GPU nodes; when unset: the capacity reservation's zone, else the first zone (by name) offering both node types",
+    )
+    capacity_reservation_id: Annotated[
+        str | None, BeforeValidator(matching(_RESERVATION, "cr-0123456789abcdef0"))
+    ] = Field(
+        default=None,
+        description="launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block for ML (told apart by its `ReservationType`); it decides the GPU zone. The stack then creates no placement group: create the reservation in a cluster placement group and the nodes launch into that group. The GPU node group then updates with the MINIMAL strategy (each node is terminated before its replacement launches); see [operations](operations.md#capacity-reservations-and-capacity-blocks)",
+    )
+    image: Annotated[str, BeforeValidator(_image)] = Field(
+        default=DEFAULT_IMAGE,
+        description="image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray 2.58.0, PyTorch 2.13.0, NCCL with aws-ofi-nccl)",
+    )
+    ray_version: Annotated[str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), "2.58.0"))] = Field(
+        default=DEFAULT_RAY_VERSION, description="Ray version of the image (KubeRay needs it)"
+    )
+    namespace: Annotated[str, BeforeValidator(matching(_NAME, "ray-train"))] = Field(
+        default="ray-train", description="Kubernetes namespace of the RayCluster"
+    )
+    worker_cpu: Annotated[int, BeforeValidator(as_int(1))] = Field(
+        default=40, description="CPU of a worker pod (requests = limits); must fit the node"
+    )
+    worker_memory: Annotated[str, BeforeValidator(_memory_quantity)] = Field(
+        default="160Gi", description="memory of a worker pod (requests = limits); must fit the node"
+    )
+    endpoint_public_access: Annotated[bool, BeforeValidator(as_bool)] = Field(
+        default=True,
+        description="public Kubernetes API endpoint (the private one is always on); with `false`, run Pulumi from inside the VPC (VPN, bastion), since it talks to the API server, and `endpointPublicAccessCidrs` is ignored (dropped: EKS refuses public CIDRs on a private endpoint)",
+    )
+    endpoint_public_access_cidrs: Annotated[tuple[str, ...], BeforeValidator(_cidr_list)] = Field(
+        default=(),
+        description="who may reach the public API endpoint; required while it is public; refused: blocks that together cover every address (`0.0.0.0/0`, its halves), private and other non-public ranges (RFC 1918, 100.64.0.0/10, loopback, link-local), more than 40 blocks (EKS's limit per cluster)",
+    )
+    admin_principal_arns: Annotated[tuple[str, ...], BeforeValidator(_principal_arns)] = Field(
+        default=(),
+        description="IAM user or role ARNs that get cluster-admin access (an EKS access entry with `AmazonEKSClusterAdminPolicy`, cluster scope), e.g. `pulumi config set --path 'adminPrincipalArns[0]' arn:aws:iam::<account>:role/<name>`. Leave out the identity that creates the cluster: it already has an entry, and listing it fails with `ResourceInUseException` (the preview warns). STS session ARNs are refused: give the role's own ARN",
+    )
+    log_retention_days: Annotated[int, BeforeValidator(_log_retention)] = Field(
+        default=30,
+        description="days CloudWatch keeps the control-plane logs; one of CloudWatch's values: 1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653. The program creates the log group `/aws/eks/<clusterName>/cluster` itself, before the cluster",
+    )
+    train: Annotated[bool, BeforeValidator(as_bool)] = Field(
+        default=True, description="run the training job during `pulumi up`"
+    )
+    benchmark: Annotated[bool, BeforeValidator(as_bool)] = Field(
+        default=False,
+        description="also run the EFA-vs-TCP comparison after the training job (needs `train: true`)",
+    )
     # Only its presence is kept here; the value stays a Pulumi secret (see `hf_token`).
-    "hfToken": ("has_hf_token", lambda value: bool(value)),
-}
-KNOWN_KEYS = (*_STACK_KEYS, "training")
+    has_hf_token: Annotated[bool, BeforeValidator(bool)] = Field(
+        default=False,
+        alias="hfToken",
+        description="Hugging Face token for gated models; set it with `pulumi config set --secret hfToken ...` (a plain-text value is refused): it becomes a Kubernetes Secret read by the Ray pods as `HF_TOKEN`, never plain text in the state",
+        json_schema_extra={"shown_default": "none"},
+    )
+    training: Annotated[TrainingSettings, BeforeValidator(parse_training)] = Field(
+        default=TrainingSettings(),
+        description="arguments of the training job, below",
+        json_schema_extra={"shown_default": "`{preset: smoke}`"},
+    )
+
+
+class StackSettings(StackKeys):
+    """Every setting of one stack, validated; derived sizes live in `infra.sizing`."""
+
+    region: str
+    aws_identity: AwsIdentity = AwsIdentity()
+
+    @property
+    def worker_memory_mib(self) -> int:
+        return memory_mib(self.worker_memory)
+
+
+# `aws:region` is the AWS provider's key, read with the project's keys; the docs list it first.
+REGION_KEY_DESCRIPTION = "region of the stack (the `aws` provider's own key); a region of the `aws` partition: `aws-cn`, `aws-us-gov` and other partitions are refused (the IAM policy ARNs and the default image are the `aws` partition's)"
 
 
 # Settings of the AWS provider (pulumi-aws's config schema) that people set in the project's namespace.
@@ -412,92 +389,18 @@ def _partition(region: str) -> str | None:
         return None
 
 
-def _unknown_key_error(where: str, key: str, known: list[str]) -> ConfigError:
-    if not where and key in _AWS_PROVIDER_KEYS:
-        return ConfigError(
-            f"config key '{PROJECT}:{key}' is a setting of the AWS provider: set 'aws:{key}' instead "
-            f"(`pulumi config rm {key}`, then `pulumi config set aws:{key} ...`)"
-        )
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
-    return ConfigError(f"unknown config key '{where}{key}': {hint}")
-
-
-def _decode(value: Any) -> Any:
-    """Pulumi hands object and list values over as JSON text; scalars stay strings."""
-    if isinstance(value, str) and value[:1] in ("{", "["):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
-def _parse_fields(raw: Mapping[str, Any], table: dict, prefix: str) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in table:
-            raise _unknown_key_error(prefix, key, list(table) + (["training"] if not prefix else []))
-        attribute, parse = table[key]
-        try:
-            fields[attribute] = parse(_decode(value))
-        except ValueError as err:
-            raise ConfigError(f"config key '{prefix}{key}' = {value!r}: {err}") from None
-    return fields
-
-
-def training_config(flags: Sequence[str]) -> TrainConfig:
-    """The job's flags parsed as `python -m training` parses them on the cluster (whose paths are
-    not looked up here); a `ConfigError` in the stack's key names otherwise."""
-    try:
-        return parse_flags(flags, paths_here=False)
-    except ArgumentsError as err:
-        named = re.sub(r"--[a-z][a-z0-9-]*", lambda flag: key_of_flag(flag.group(0)), err.reason)
-        raise ConfigError(f"config key 'training': {named}") from None
-
-
-def _training_flags(raw: Mapping[str, Any]) -> tuple[str, ...]:
-    """Each key is the flag of the same name (`seqLen` is `--seq-len`), in the parser's order."""
-    keys = setting_keys()
-    stack_keys = [key for key, flag in keys.items() if flag not in PROGRAM_FLAGS]
-    chosen: dict[str, tuple[str, list[str]]] = {}
-    for key, value in raw.items():
-        if key in RENAMED_TRAINING_KEYS:
-            raise ConfigError(f"config key 'training.{key}' is no longer read: {RENAMED_TRAINING_KEYS[key]}")
-        if key not in keys:
-            raise _unknown_key_error("training.", key, [*stack_keys, *_TRAINING_RUN_KEYS])
-        flag = keys[key]
-        if flag in PROGRAM_FLAGS:
+def _check_keys(raw: Mapping[str, Any]) -> None:
+    """Unknown keys stop the preview with the closest known one (or the AWS provider's key)."""
+    known = key_names(StackKeys)
+    for key in raw:
+        if key in known:
+            continue
+        if key in _AWS_PROVIDER_KEYS:
             raise ConfigError(
-                f"config key 'training.{key}' is set by the program ({PROGRAM_FLAGS[flag]}): remove it"
+                f"config key '{PROJECT}:{key}' is a setting of the AWS provider: set 'aws:{key}' instead "
+                f"(`pulumi config rm {key}`, then `pulumi config set aws:{key} ...`)"
             )
-        if flag in chosen:
-            raise ConfigError(
-                f"config keys 'training.{chosen[flag][0]}' and 'training.{key}' both set {flag}: keep one"
-            )
-        try:
-            chosen[flag] = (key, setting_flags(key, value))
-        except ArgumentsError as err:
-            raise ConfigError(f"config key 'training.{key}' = {value!r}: {err.reason}") from None
-        if not all(_SHELL_WORD.fullmatch(token) for token in chosen[flag][1]):
-            raise ConfigError(
-                f"config key 'training.{key}' = {value!r}: use letters, digits and . _ / : @ = + , - only "
-                "(the job's command line passes through a shell on the cluster)"
-            )
-    chosen.setdefault("--preset", ("preset", ["--preset", DEFAULT_TRAINING_PRESET]))
-    flags = tuple(
-        token for flag in dict.fromkeys(keys.values()) if flag in chosen for token in chosen[flag][1]
-    )
-    training_config(flags)
-    return flags
-
-
-def _parse_training(raw: Mapping[str, Any]) -> TrainingSettings:
-    run_keys = {key: value for key, value in raw.items() if key in _TRAINING_RUN_KEYS}
-    knobs = {key: value for key, value in raw.items() if key not in _TRAINING_RUN_KEYS}
-    return TrainingSettings(
-        flags=_training_flags(knobs), **_parse_fields(run_keys, _TRAINING_RUN_KEYS, "training.")
-    )
+        raise ConfigError(f"unknown config key '{key}': {did_you_mean(key, known)}")
 
 
 def _aws_identity(aws: Mapping[str, Any]) -> AwsIdentity:
@@ -512,13 +415,7 @@ def _aws_identity(aws: Mapping[str, Any]) -> AwsIdentity:
     return AwsIdentity(profile=profile, role_arn=role_arn)
 
 
-def parse_settings(
-    raw: Mapping[str, Any], region: str | None, aws: Mapping[str, Any] | None = None
-) -> StackSettings:
-    """Validate the stack's `eks-ray-train:*` values (keys without the namespace) for `region`.
-
-    `aws` holds the `aws:*` values that decide the identity (keys without the namespace).
-    """
+def _region(region: str | None) -> str:
     if not region:
         raise ConfigError("config key 'aws:region' is not set: run `pulumi config set aws:region us-east-2`")
     if not REGION.fullmatch(region):
@@ -530,18 +427,25 @@ def parse_settings(
             "ARNs (arn:aws:iam::aws:policy/...), EKS access policy and default image (public.ecr.aws) are "
             "those of the aws partition; pick a region of the aws partition"
         )
-    values = dict(raw)
-    training_raw = _decode(values.pop("training", {}))
-    if not isinstance(training_raw, dict):
-        raise ConfigError(
-            "config key 'training' must be an object, e.g. training: {steps: 20, preset: smoke}"
-        )
-    settings = StackSettings(
-        region=region,
-        training=_parse_training(training_raw),
-        aws_identity=_aws_identity(aws or {}),
-        **_parse_fields(values, _STACK_KEYS, ""),
-    )
+    return region
+
+
+def parse_settings(
+    raw: Mapping[str, Any], region: str | None, aws: Mapping[str, Any] | None = None
+) -> StackSettings:
+    """Validate the stack's `eks-ray-train:*` values (keys without the namespace) for `region`.
+
+    `aws` holds the `aws:*` values that decide the identity (keys without the namespace).
+    """
+    region = _region(region)
+    _check_keys(raw)
+    settings = validated(StackSettings, raw, region=region, aws_identity=_aws_identity(aws or {}))
+    return _across_keys(settings)
+
+
+def _across_keys(settings: StackSettings) -> StackSettings:
+    """What no single key decides: values that contradict each other."""
+    region = settings.region
     if settings.gpu_az and not settings.gpu_az.startswith(region):
         raise ConfigError(
             f"config key 'gpuAz' = {settings.gpu_az!r} is not in region {region}: "
@@ -560,7 +464,7 @@ def parse_settings(
         )
     if not settings.endpoint_public_access:
         # EKS (and pulumi-eks) refuse publicAccessCidrs on a private endpoint; the list means nothing there.
-        settings = replace(settings, endpoint_public_access_cidrs=())
+        settings = settings.model_copy(update={"endpoint_public_access_cidrs": ()})
     return settings
 
 

@@ -8,16 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from infra.config import PROGRAM_FLAGS, AwsIdentity, ConfigError, parse_settings
+from infra.config import AwsIdentity, ConfigError, parse_settings
 from infra.sizing import InstanceFacts, size_workers
-from training.config import (
-    PRESETS,
-    build_parser,
-    key_of_flag,
-    parse_flags,
-    setting_flags,
-    setting_keys,
-)
+from infra.training_settings import PROGRAM_FLAGS, key_of_flag, setting_flags, setting_keys
+from training.config import PRESETS, build_parser, parse_flags
 
 CIDRS = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
 G6_12XLARGE = InstanceFacts(

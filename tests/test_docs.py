@@ -10,11 +10,12 @@ import pulumi
 import pytest
 import yaml
 
-from infra import config as stack_config_module
-from infra.config import KNOWN_KEYS, PROGRAM_FLAGS, StackSettings, TrainingSettings
+from infra.config import StackKeys
+from infra.config_table import rewritten
+from infra.parsing import key_names
+from infra.training_settings import setting_keys
 from tests.fake_aws import FakeAws
 from tests.program import ROOT, USER_SETTINGS, run_program, stack_config
-from training.config import setting_keys
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -83,54 +84,28 @@ def code(cell: str) -> str | None:
     return match.group(1) if match else None
 
 
-def rendered(value: object) -> str:
-    """A default as the docs write it: YAML spelling for booleans, plain text otherwise."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+def test_key_tables_are_generated_from_the_declaration():
+    """The stack keys, the judging keys and the program's flags, as `python -m infra.config_table`
+    writes them from the code (run it after changing a key)."""
+    document = CONFIGURATION.read_text()
+    assert document == rewritten(document)
 
 
-def check_defaults(rows: list[list[str]], keys: dict, settings: object) -> list[str]:
-    """Rows whose default differs from the code's; a cell in words means 'no value of its own'."""
-    wrong = []
-    for key_cell, default_cell, _ in rows:
-        key = code(key_cell)
-        if key not in keys:
-            continue
-        default = getattr(settings, keys[key][0])
-        written = code(default_cell)
-        if (written is None and default not in (None, False, ())) or (
-            written is not None and written != rendered(default)
-        ):
-            wrong.append(f"{key}: docs say {default_cell}, code has {default!r}")
-    return wrong
+def test_the_table_generator_replaces_a_stale_row():
+    document = CONFIGURATION.read_text()
+    stale = document.replace("| `workerCpu` | `40` |", "| `workerCpu` | `48` |")
+    assert stale != document
+    assert rewritten(stale) == document
 
 
-def test_config_table_lists_every_key_the_code_knows():
+def test_every_key_of_the_declaration_is_in_the_table():
     documented = [code(row[0]) for row in table(CONFIGURATION, "## Stack keys")]
-    assert sorted(documented) == sorted({*KNOWN_KEYS, "aws:region"})
+    assert documented == ["aws:region", *key_names(StackKeys)]
 
 
-def test_config_table_defaults_are_the_code_defaults():
-    rows = table(CONFIGURATION, "## Stack keys")
-    assert check_defaults(rows, stack_config_module._STACK_KEYS, StackSettings(region="us-east-2")) == []
-
-
-def test_training_tables_match_the_training_keys():
-    """The often-set keys are flags of the job; the judging keys and the program's keys are exactly
-    the code's, with the code's defaults and reasons."""
-    often, judging, program = (table(CONFIGURATION, "## `training` keys", index) for index in range(3))
-    stack_keys = setting_keys()
-    assert [code(row[0]) for row in often if code(row[0]) not in stack_keys] == []
-    assert sorted(code(row[0]) for row in judging) == sorted(stack_config_module._TRAINING_RUN_KEYS)
-    assert check_defaults(judging, stack_config_module._TRAINING_RUN_KEYS, TrainingSettings()) == []
-    documented = {stack_keys[code(row[0])]: row[1] for row in program}
-    assert documented == PROGRAM_FLAGS
-
-
-def test_default_check_catches_a_stale_default():
-    rows = [["`workerCpu`", "`48`", "CPU"], ["`gpuAz`", "`us-east-2a`", "zone"]]
-    assert len(check_defaults(rows, stack_config_module._STACK_KEYS, StackSettings(region="x-y-1"))) == 2
+def test_often_set_training_keys_are_flags_of_the_job():
+    often = table(CONFIGURATION, "## `training` keys")
+    assert [code(row[0]) for row in often if code(row[0]) not in setting_keys()] == []
 
 
 # Inputs of the bad-input table that are not config keys: the fake account they describe.

@@ -11,16 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from training.config import (
-    PRESETS,
-    ArgumentsError,
-    build_parser,
-    key_of_flag,
-    parse_args,
-    parse_flags,
-    setting_flags,
-    setting_keys,
-)
+from infra.training_settings import key_of_flag, setting_flags, setting_keys
+from training.config import PRESETS, ArgumentsError, build_parser, parse_args, parse_flags
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120

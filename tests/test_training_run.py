@@ -44,13 +44,13 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
 from infra.aws_identity import AwsCredentialSettings
-from infra.config import PROGRAM_FLAGS, ConfigError, TrainingSettings, parse_settings
+from infra.config import ConfigError, parse_settings
+from infra.training_settings import PROGRAM_FLAGS, TrainingSettings, job_arguments
 from tests.fake_kube_api import ScriptedJob
 from tests.program import STACK_FILES, USER_SETTINGS, stack_config
 from training.config import parse_args
 from workloads import manifests
 from workloads.training_run import (
-    arguments,
     eks_auth,
     errors,
     evidence,
@@ -401,7 +401,7 @@ def test_job_arguments_are_the_stack_flags_and_the_program_flags():
             "expectTransport": "socket",
         }
     )
-    args = arguments.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
+    args = job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
     assert args == [
         *("--preset", "throughput", "--steps", "20", "--seq-len", "4096", "--batch-size", "2"),
         *("--lr", "3e-05", "--workers", "4", "--model-id", "Qwen/Qwen2.5-0.5B", "--init", "random"),
@@ -412,7 +412,7 @@ def test_job_arguments_are_the_stack_flags_and_the_program_flags():
 
 def test_job_arguments_default_to_every_gpu_and_leave_unset_settings_to_the_preset():
     for preset, hsdp_replicas in (("smoke", 1), ("throughput", 0)):
-        args = arguments.job_arguments(
+        args = job_arguments(
             stack_training({"preset": preset}), world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"
         )
         assert args[args.index("--workers") + 1] == "8"
@@ -434,9 +434,7 @@ def test_job_arguments_parse_with_the_training_cli():
             "hsdpReplicas": "auto",
         }
     )
-    config = parse_args(
-        arguments.job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
-    )
+    config = parse_args(job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"))
     assert (config.preset, config.steps, config.seq_len, config.batch_size, config.lr) == (
         "smoke",
         7,
@@ -468,9 +466,7 @@ def test_stack_files_run_the_job_they_ran_before(stack_file):
         },
         config["aws:region"],
     )
-    now = arguments.job_arguments(
-        settings.training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"
-    )
+    now = job_arguments(settings.training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
     assert now == [
         *("--preset", "smoke", "--steps", "20", "--workers", "8"),
         *("--use-gpu", "--gpus-per-worker", "1", "--storage-path", "s3://b/runs"),
@@ -480,14 +476,14 @@ def test_stack_files_run_the_job_they_ran_before(stack_file):
 
 def test_job_arguments_refuse_more_workers_than_gpus():
     with pytest.raises(ConfigError, match=r"'training.workers' = 9.*hold 8 workers"):
-        arguments.job_arguments(
+        job_arguments(
             stack_training({"workers": 9}), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
         )
 
 
 def test_job_arguments_check_the_worker_count_against_the_stack_settings():
     with pytest.raises(ConfigError) as raised:
-        arguments.job_arguments(
+        job_arguments(
             stack_training({"hsdpReplicas": 3}), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
         )
     assert str(raised.value) == (

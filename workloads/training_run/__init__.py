@@ -9,11 +9,11 @@ One file per concern:
 - `evidence`: the job's logs, the NCCL lines in them, and how the transport verdict is reached;
 - `runner`: one run, in order: readiness, job(s), verdict(s);
 - `kube_access`, `eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.aws_identity`, shared with the program);
-- `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors);
-- `arguments`: the stack's `training` settings as flags of `python -m training`.
+- `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors).
+
+The job's command line comes from the stack's `training` settings (`infra.training_settings`).
 """
 
-from workloads.training_run.arguments import job_arguments
 from workloads.training_run.provider import RunInputs, TrainingRun
 
-__all__ = ["RunInputs", "TrainingRun", "job_arguments"]
+__all__ = ["RunInputs", "TrainingRun"]
