@@ -40,7 +40,8 @@ worker = size_workers(settings, placement.gpu_node)
 # the cluster (say hsdpReplicas that does not divide the world size) stops before any resource.
 world_size = settings.gpu_node_count * worker.gpus
 bucket_name = checkpoint_bucket_name(settings.cluster_name, settings.region)
-job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_path(bucket_name))
+code_files = manifests.collect_code(Path(__file__).parent)
+job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files)
 
 # 3. Network and cluster.
 network = Network(
@@ -101,7 +102,6 @@ addons = Addons(
 )
 
 # 6. The RayCluster, with the training code shipped beside it; one Ray worker per GPU.
-code_files = manifests.collect_code(Path(__file__).parent)
 ray = RayCluster(
     "ray",
     spec=manifests.RayClusterSpec(

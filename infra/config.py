@@ -254,6 +254,24 @@ _node_count = as_int(
 )
 
 
+# Ray's own images carry the Ray version in the tag (rayproject/ray:2.58.0-py311-gpu); KubeRay
+# starts the pods for `rayVersion`, and a Ray that differs from it fails at the head's start.
+_RAY_IMAGE_TAG = re.compile(r"(?:.*/)?ray(?:-ml)?:(\d+\.\d+\.\d+)(?:[-.].*)?")
+
+
+def _ray_version_problem(image: str, ray_version: str) -> str | None:
+    """Why `rayVersion` cannot be the image's Ray, where the image says which Ray it has."""
+    if image == DEFAULT_IMAGE and ray_version != DEFAULT_RAY_VERSION:
+        return (
+            f"the default image carries Ray {DEFAULT_RAY_VERSION}: remove rayVersion, or set image to an "
+            f"image with Ray {ray_version}"
+        )
+    tagged = _RAY_IMAGE_TAG.fullmatch(image.split("@", 1)[0])
+    if tagged and tagged.group(1) != ray_version:
+        return f"the image {image} carries Ray {tagged.group(1)}: set rayVersion to {tagged.group(1)}"
+    return None
+
+
 def _memory_quantity(value: Any) -> str:
     """Kept as written (it goes into the pod spec), once it is known to parse."""
     memory_mib(str(value))
@@ -279,7 +297,8 @@ class StackKeys(BaseModel):
     kubernetes_version: Annotated[
         str, BeforeValidator(matching(_K8S_VERSION, '"1.36" (quote it in YAML)'))
     ] = Field(
-        default="1.36", description='EKS version; quote it in YAML (`"1.36"`), or it becomes the number 1.36'
+        default="1.36",
+        description='EKS version; quote it in YAML (`"1.36"`), or it becomes the number 1.36. The preview asks EKS which versions it offers in the region (`eks:DescribeClusterVersions`), refuses any other, and warns about one in extended support (billed at a higher rate)',
     )
     vpc_cidr: Annotated[str, BeforeValidator(_vpc_cidr)] = Field(
         default="10.0.0.0/16",
@@ -287,16 +306,19 @@ class StackKeys(BaseModel):
     )
     system_node_type: Annotated[str, BeforeValidator(matching(INSTANCE_TYPE, "m7i.xlarge"))] = Field(
         default="m7i.xlarge",
-        description="instance type of the system node group (KubeRay operator, CoreDNS, Ray head)",
+        description="instance type of the system node group (KubeRay operator, CoreDNS, Ray head); x86_64, as its AMI (`AL2023_x86_64_STANDARD`)",
     )
     system_node_count: Annotated[int, BeforeValidator(_node_count)] = Field(
-        default=1, description="system nodes"
+        default=1,
+        description="system nodes; at most 450 (EKS's default quota of nodes per managed node group)",
     )
     gpu_node_type: Annotated[str, BeforeValidator(matching(INSTANCE_TYPE, "g6.12xlarge"))] = Field(
-        default="g6.12xlarge", description="GPU instance type; must support EFA"
+        default="g6.12xlarge",
+        description="GPU instance type; must support EFA and be x86_64, as its AMI (`AL2023_x86_64_NVIDIA`)",
     )
     gpu_node_count: Annotated[int, BeforeValidator(_node_count)] = Field(
-        default=2, description="GPU nodes, one Ray worker pod each"
+        default=2,
+        description="GPU nodes, one Ray worker pod each; at most 450 (EKS's default quota of nodes per managed node group). One node reaches no network transport, so with `1` the run must expect `intra-node`",
     )
     gpu_az: Annotated[str | None, BeforeValidator(matching(AVAILABILITY_ZONE, "us-east-2a"))] = Field(
         default=None,
@@ -313,7 +335,8 @@ class StackKeys(BaseModel):
         description="image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray 2.58.0, PyTorch 2.13.0, NCCL with aws-ofi-nccl)",
     )
     ray_version: Annotated[str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), "2.58.0"))] = Field(
-        default=DEFAULT_RAY_VERSION, description="Ray version of the image (KubeRay needs it)"
+        default=DEFAULT_RAY_VERSION,
+        description="Ray version of the image (KubeRay needs it); refused when the image says another: the default image carries Ray 2.58.0, and Ray's own images name theirs in the tag (`rayproject/ray:2.58.0-py311-gpu`)",
     )
     namespace: Annotated[str, BeforeValidator(matching(_NAME, "ray-train"))] = Field(
         default="ray-train", description="Kubernetes namespace of the RayCluster"
@@ -461,6 +484,16 @@ def _across_keys(settings: StackSettings) -> StackSettings:
             "config key 'endpointPublicAccessCidrs' is required while the API endpoint is public: "
             "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`, "
             "or set endpointPublicAccess: false to reach the cluster only from inside the VPC"
+        )
+    ray_problem = _ray_version_problem(settings.image, settings.ray_version)
+    if ray_problem:
+        raise ConfigError(f"config key 'rayVersion' = {settings.ray_version!r}: {ray_problem}")
+    if settings.gpu_node_count == 1 and settings.train and settings.training.expect_transport != "intra-node":
+        raise ConfigError(
+            f"config keys 'gpuNodeCount' = 1 and 'training.expectTransport' = "
+            f"{settings.training.expect_transport!r}: the workers of one node reach each other over "
+            "NVLink or PCIe, never the network, so the run could only fail its transport check: "
+            "set gpuNodeCount to 2 or more, or training.expectTransport: intra-node"
         )
     if not settings.endpoint_public_access:
         # EKS (and pulumi-eks) refuse publicAccessCidrs on a private endpoint; the list means nothing there.

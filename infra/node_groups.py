@@ -37,6 +37,11 @@ METADATA_OPTIONS: aws.ec2.LaunchTemplateMetadataOptionsArgsDict = {
     "http_tokens": "required",
     "http_put_response_hop_limit": 1,
 }
+# EKS AMI types of the node groups (EKS API `Nodegroup.amiType`) and the CPU architecture each
+# boots on: an instance type of another architecture (Graviton's arm64, a Mac) cannot run it.
+SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
+GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
+AMI_ARCHITECTURE = {SYSTEM_AMI_TYPE: "x86_64", GPU_AMI_TYPE: "x86_64"}
 # Root volumes: the system nodes hold the Ray head's image (about 20 GB), the GPU nodes the workers'.
 SYSTEM_ROOT_VOLUME_GIB = 80
 GPU_ROOT_VOLUME_GIB = 200
@@ -155,7 +160,7 @@ class SystemNodeGroup(pulumi.ComponentResource):
             subnet_ids=subnet_ids,
             spec=spec,
             template=template,
-            ami_type="AL2023_x86_64_STANDARD",
+            ami_type=SYSTEM_AMI_TYPE,
             labels=SYSTEM_LABELS,
             after=after,
         )
@@ -240,7 +245,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             subnet_ids=[subnet_id],
             spec=spec,
             template=self.launch_template,
-            ami_type="AL2023_x86_64_NVIDIA",
+            ami_type=GPU_AMI_TYPE,
             labels=GPU_LABELS,
             after=after,
             taints=[GPU_TAINT],

@@ -55,8 +55,8 @@ from infra.capacity_rules import (
     usable_zones,
     vcpu_shortfall,
 )
-from infra.config import StackSettings
-from infra.node_groups import GPU_MAX_UNAVAILABLE
+from infra.config import ConfigError, StackSettings
+from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, GPU_MAX_UNAVAILABLE, SYSTEM_AMI_TYPE
 from infra.sizing import InstanceFacts, describe_instance_type
 
 
@@ -95,13 +95,16 @@ def plan_placement(settings: StackSettings) -> Placement:
     system_zones = _offering_zones(settings.system_node_type, "systemNodeType", settings.region, zone_ids)
     if len(system_zones) < 2:
         raise PreflightError(
-            f"systemNodeType {settings.system_node_type} is offered in only one zone of {settings.region} that EKS can "
+            f"config key 'systemNodeType' = {settings.system_node_type!r} is offered in only one zone of {settings.region} that EKS can "
             f"use ({', '.join(system_zones)}), and the EKS control plane needs subnets in two zones: pick a "
             "systemNodeType offered in at least two zones (m7i.xlarge, m5.large, ...) or another region"
         )
     gpu_node = describe_instance_type(settings.gpu_node_type, "gpuNodeType", settings.region)
     system_node = describe_instance_type(settings.system_node_type, "systemNodeType", settings.region)
+    _require_architecture(gpu_node, "gpuNodeType", GPU_AMI_TYPE)
+    _require_architecture(system_node, "systemNodeType", SYSTEM_AMI_TYPE)
     _require_efa(gpu_node, settings.region)
+    _check_kubernetes_version(settings.kubernetes_version, settings.region)
     _check_vcpu_quotas(settings, gpu_node, system_node)
     zones = _Zones(settings, zone_ids, gpu_zones, system_zones)
 
@@ -151,7 +154,7 @@ def _offering_zones(instance_type: str, key: str, region: str, zone_ids: dict[st
     zones = usable_zones(offerings.locations, zone_ids)
     if not zones:
         raise PreflightError(
-            f"{key} {instance_type} is not offered in any zone of {region} that EKS can use (unknown name, or not "
+            f"config key '{key}' = {instance_type!r} is not offered in any zone of {region} that EKS can use (unknown name, or not "
             "sold there): find a region that offers it with "
             f"`python -m infra.capacity --regions {' '.join(_candidate_regions(region))} --instance-type {instance_type}`, "
             "or check the name with "
@@ -166,10 +169,54 @@ def _candidate_regions(region: str) -> list[str]:
     return list(dict.fromkeys([region, "us-east-2", "us-west-2", "us-east-1"]))
 
 
+def _require_architecture(node: InstanceFacts, key: str, ami_type: str) -> None:
+    architecture = AMI_ARCHITECTURE[ami_type]
+    if architecture not in node.architectures:
+        raise ConfigError(
+            f"config key '{key}' = {node.instance_type!r}: its CPU architecture is {', '.join(node.architectures)}, "
+            f"and the node group boots the EKS AMI {ami_type}, built for {architecture}: pick an {architecture} "
+            "instance type (g6.12xlarge for GPUs, m7i.xlarge for the system nodes)"
+        )
+
+
+def kubernetes_version_problem(version: str, offered: dict[str, str]) -> str | None:
+    """Why EKS will not create a cluster of `version`, from DescribeClusterVersions' answer
+    (version -> `versionStatus`: STANDARD_SUPPORT, EXTENDED_SUPPORT or UNSUPPORTED)."""
+    usable = sorted((v for v, status in offered.items() if status != "UNSUPPORTED"), key=_version_key)
+    if offered.get(version, "UNSUPPORTED") == "UNSUPPORTED":
+        return f"EKS offers {', '.join(usable)} here: pick one of them"
+    return None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _check_kubernetes_version(version: str, region: str) -> None:
+    """EKS creates clusters only of the versions DescribeClusterVersions lists; one in extended
+    support costs more per cluster-hour (EKS pricing), which the preview says."""
+    try:
+        answer = aws.eks.get_cluster_versions()
+    except Exception as err:  # e.g. no eks:DescribeClusterVersions permission: EKS judges at create
+        pulumi.log.warn(
+            f"kubernetesVersion {version} was not checked against EKS's versions in {region} ({err})"
+        )
+        return
+    offered = {item.cluster_version: item.version_status for item in answer.cluster_versions}
+    problem = kubernetes_version_problem(version, offered)
+    if problem:
+        raise ConfigError(f"config key 'kubernetesVersion' = {version!r}: {problem}")
+    if offered[version] == "EXTENDED_SUPPORT":
+        pulumi.log.warn(
+            f"kubernetesVersion {version} is in EKS extended support in {region}, billed at a higher rate per "
+            "cluster-hour than standard support: plan an upgrade"
+        )
+
+
 def _require_efa(gpu_node: InstanceFacts, region: str) -> None:
     if not has_efa(gpu_node.efa_supported, gpu_node.efa_interfaces):
         raise PreflightError(
-            f"gpuNodeType {gpu_node.instance_type} does not support EFA, so NCCL would fall back to TCP between the "
+            f"config key 'gpuNodeType' = {gpu_node.instance_type!r} does not support EFA, so NCCL would fall back to TCP between the "
             "nodes: pick an EFA-capable GPU type such as g6.12xlarge, g6e.12xlarge, g5.12xlarge, p4d.24xlarge or "
             f"p5.48xlarge (list them with `aws ec2 describe-instance-types --region {region} --filters "
             "Name=network-info.efa-supported,Values=true --query 'InstanceTypes[?GpuInfo].InstanceType'`)"

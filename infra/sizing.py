@@ -30,6 +30,8 @@ class InstanceFacts:
     efa_interfaces: int
     network_cards: int
     max_pods: int
+    # `ProcessorInfo.SupportedArchitectures`: x86_64, arm64 (Graviton), x86_64_mac, arm64_mac.
+    architectures: tuple[str, ...] = ("x86_64",)
 
 
 def eks_max_pods(network_interfaces: int, ipv4_per_interface: int) -> int:
@@ -60,6 +62,7 @@ def describe_instance_type(instance_type: str, key: str, region: str) -> Instanc
         max_pods=eks_max_pods(
             int(result.maximum_network_interfaces or 1), int(result.maximum_ipv4_addresses_per_interface or 2)
         ),
+        architectures=tuple(result.supported_architectures or ()),
     )
 
 

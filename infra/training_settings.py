@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -18,7 +19,15 @@ from pydantic.alias_generators import to_camel
 
 from infra.parsing import ConfigError, as_int, did_you_mean, key_names, one_of, validated
 from platform_facts import EXPECTABLE_TRANSPORTS
-from training.config import ArgumentsError, TrainConfig, build_parser, parse_flags
+from training.config import (
+    CORPUS_SUFFIXES,
+    SYNTHETIC,
+    ArgumentsError,
+    TrainConfig,
+    build_parser,
+    is_uri,
+    parse_flags,
+)
 
 # What `pulumi up` trains unless the stack's `training.preset` says otherwise: AWS's reference job.
 DEFAULT_TRAINING_PRESET = "smoke"
@@ -176,15 +185,37 @@ def parse_training(raw: Any) -> TrainingSettings:
     return TrainingSettings(flags=_training_flags(knobs), **judging.model_dump())
 
 
+def data_problem(data: str, shipped_files: Collection[str]) -> str | None:
+    """Why the pods cannot read `--data`: they hold the shipped code (the job's working directory)
+    and reach URIs, nothing of this machine's disk."""
+    if data == SYNTHETIC or is_uri(data):
+        return None
+    path = PurePosixPath(data)
+    if not path.is_absolute() and ".." not in path.parts:
+        inside = path.as_posix()
+        corpus = [name for name in shipped_files if name.endswith(CORPUS_SUFFIXES)]
+        if any(name == inside or name.startswith(f"{inside}/") for name in corpus):
+            return None
+    return (
+        "the pods hold only the shipped code (training/, e.g. training/corpus) and what they read from a URI; "
+        "upload the corpus (aws s3 cp --recursive DIR s3://BUCKET/PREFIX/) and set training.data to its s3:// URI"
+    )
+
+
 def job_arguments(
-    training: TrainingSettings, world_size: int, gpus_per_worker: int, storage_path: str
+    training: TrainingSettings,
+    world_size: int,
+    gpus_per_worker: int,
+    storage_path: str,
+    shipped_files: Collection[str],
 ) -> list[str]:
     """The stack's training flags plus the ones in `PROGRAM_FLAGS`.
 
     `world_size` is the number of training workers the GPU nodes hold (their GPUs divided by
     `gpus_per_worker`); the job uses them all unless the stack's `training.workers` asks for
     fewer. The whole command line is checked once more by the training parser, which now sees
-    the worker count.
+    the worker count. `shipped_files` are the paths of the code shipped to the pods, which a
+    `training.data` path must be among.
     """
     args = list(training.flags)
     workers_set = "--workers" in args
@@ -192,11 +223,15 @@ def job_arguments(
         args += ["--workers", str(world_size)]
     args += ["--use-gpu", "--gpus-per-worker", str(gpus_per_worker), "--storage-path", storage_path]
     try:
-        workers = training_config(args).workers
+        config = training_config(args)
     except ConfigError as error:
         if workers_set:
             raise
         raise ConfigError(f"{error} (workers is the GPU count of the GPU nodes, {world_size})") from None
+    workers = config.workers
+    problem = data_problem(config.data, shipped_files) if "--data" in args else None
+    if problem:
+        raise ConfigError(f"config key 'training.data' = {config.data!r}: {problem}")
     if workers is not None and workers > world_size:
         raise ConfigError(
             f"config key 'training.workers' = {workers}: the GPU nodes hold {world_size} workers of "

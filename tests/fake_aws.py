@@ -53,6 +53,18 @@ ZONE_IDS: dict[str, dict[str, str]] = {
 }
 REGION_AZS: dict[str, list[str]] = {region: list(zones) for region, zones in ZONE_IDS.items()}
 
+# `eks:DescribeClusterVersions` without filters: the versions EKS creates clusters of, each with its
+# `versionStatus`. EKS keeps a version in standard support for 14 months after its release and in
+# extended support 12 more (EKS user guide, "Understand the Kubernetes version lifecycle on EKS");
+# the statuses follow that calendar at the end of 2026, the shape is the API's.
+EKS_VERSIONS: dict[str, str] = {
+    "1.36": "STANDARD_SUPPORT",
+    "1.35": "STANDARD_SUPPORT",
+    "1.34": "STANDARD_SUPPORT",
+    "1.33": "EXTENDED_SUPPORT",
+    "1.32": "EXTENDED_SUPPORT",
+}
+
 REGION_DESCRIPTIONS = {
     "us-east-1": "US East (N. Virginia)",
     "us-east-2": "US East (Ohio)",
@@ -100,6 +112,15 @@ def _gpus(count: int, name: str, memory_mib: int) -> list[dict]:
 INSTANCE_TYPES: dict[str, dict[str, Any]] = {
     "m5.large": _instance_type(2, 1, 8192, [], 0, 1, 3, 10, "Up to 10 Gigabit"),
     "m7i.xlarge": _instance_type(4, 2, 16384, [], 0, 1, 4, 15, "Up to 12.5 Gigabit"),
+    # Graviton: arm64 only.
+    "m7g.xlarge": {
+        **_instance_type(4, 4, 16384, [], 0, 1, 4, 15, "Up to 12.5 Gigabit"),
+        "supportedArchitectures": ["arm64"],
+    },
+    "g5g.16xlarge": {
+        **_instance_type(64, 64, 131072, _gpus(2, "T4g", 16384), 0, 1, 8, 30, "25 Gigabit"),
+        "supportedArchitectures": ["arm64"],
+    },
     "g4dn.xlarge": _instance_type(4, 2, 16384, _gpus(1, "T4", 16384), 0, 1, 3, 10, "Up to 25 Gigabit"),
     "g6.xlarge": _instance_type(4, 2, 16384, _gpus(1, "L4", 22888), 0, 1, 4, 15, "Up to 10 Gigabit"),
     "g5.12xlarge": _instance_type(48, 24, 196608, _gpus(4, "A10G", 22888), 1, 1, 15, 50, "40 Gigabit"),
@@ -307,6 +328,7 @@ class FakeAws:
             "aws:index/getRegion:getRegion": self._region,
             "aws:cloudcontrol/getResource:getResource": self._cloudcontrol_resource,
             "aws:ec2/getInstances:getInstances": self._instances,
+            "aws:eks/getClusterVersions:getClusterVersions": self._cluster_versions,
         }.get(token)
         if answer is None:
             raise NotImplementedError(
@@ -476,6 +498,26 @@ class FakeAws:
             "privateIps": ["10.0.0.1" for _ in ids],
             "publicIps": [],
             "ipv6Addresses": [],
+        }
+
+    def _cluster_versions(self, args: dict) -> dict:
+        return {
+            "clusterVersions": [
+                {
+                    "clusterType": "eks",
+                    "clusterVersion": version,
+                    "versionStatus": status,
+                    "defaultVersion": version == "1.36",
+                    "defaultPlatformVersion": "eks.1",
+                    "kubernetesPatchVersion": f"{version}.0",
+                    "releaseDate": "",
+                    "endOfStandardSupportDate": "",
+                    "endOfExtendedSupportDate": "",
+                    "controlPlaneComponentConfigs": [],
+                    "controlPlaneScalingTiers": [],
+                }
+                for version, status in EKS_VERSIONS.items()
+            ]
         }
 
     def _caller_identity(self, args: dict) -> dict:

@@ -7,9 +7,10 @@ import logging
 import pulumi
 import pytest
 
+from infra import preflight
 from infra.config import ConfigError, parse_settings
-from infra.preflight import Placement, PreflightError, plan_placement
-from tests.fake_aws import ACCOUNT_ID, FakeAws, FakeAwsMocks, capacity_reservation
+from infra.preflight import Placement, PreflightError, kubernetes_version_problem, plan_placement
+from tests.fake_aws import ACCOUNT_ID, EKS_VERSIONS, FakeAws, FakeAwsMocks, capacity_reservation
 from tests.program import STACK_FILES, USER_SETTINGS, run_program, stack_config
 
 RESERVATION = "cr-0123456789abcdef0"
@@ -120,11 +121,17 @@ def test_reservation_agrees_with_a_configured_gpu_zone():
     assert gpu_az == "us-east-2b"
 
 
-def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog):
+def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog, monkeypatch):
+    """A family the quota table does not know yet (Mac types, the table's one family without a vCPU
+    quota, are refused earlier for their architecture): the preview warns and goes on."""
     caplog.set_level(logging.WARNING)
-    _, gpu_az, _ = plan(FakeAws(), systemNodeType="mac2.metal")
+    known = preflight.on_demand_vcpu_quota
+    monkeypatch.setattr(
+        preflight, "on_demand_vcpu_quota", lambda name: None if name == "m7i.xlarge" else known(name)
+    )
+    _, gpu_az, _ = plan(FakeAws())
     assert gpu_az == "us-east-2a"
-    assert "no On-Demand vCPU quota is known for mac2.metal" in caplog.text
+    assert "no On-Demand vCPU quota is known for m7i.xlarge" in caplog.text
 
 
 # --- offerings and zones --------------------------------------------------------------------------
@@ -132,13 +139,13 @@ def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog):
 
 def test_gpu_type_not_sold_in_the_region():
     message = refusal(FakeAws(region="eu-west-1"))
-    assert "gpuNodeType g6.12xlarge is not offered in any zone of eu-west-1" in message
+    assert "config key 'gpuNodeType' = 'g6.12xlarge' is not offered in any zone of eu-west-1" in message
     assert "python -m infra.capacity --regions eu-west-1" in message
 
 
 def test_unknown_gpu_type_is_not_offered_anywhere():
     message = refusal(FakeAws(), gpuNodeType="g6.13xlarge")
-    assert "gpuNodeType g6.13xlarge is not offered in any zone of us-east-2" in message
+    assert "config key 'gpuNodeType' = 'g6.13xlarge' is not offered in any zone of us-east-2" in message
     assert "check the name" in message
 
 
@@ -174,7 +181,7 @@ def test_configured_gpu_zone_without_the_system_type():
 
 def test_system_type_in_one_zone_leaves_the_control_plane_without_a_second():
     message = refusal(FakeAws(offerings={"m7i.xlarge": ["us-east-2b"]}))
-    assert "systemNodeType m7i.xlarge is offered in only one zone of us-east-2" in message
+    assert "config key 'systemNodeType' = 'm7i.xlarge' is offered in only one zone of us-east-2" in message
     assert "control plane needs subnets in two zones" in message
 
 
@@ -190,7 +197,7 @@ def test_no_zone_offers_both_node_types():
 
 def test_gpu_type_without_efa():
     message = refusal(FakeAws(), gpuNodeType="g6.xlarge")
-    assert "gpuNodeType g6.xlarge does not support EFA" in message
+    assert "config key 'gpuNodeType' = 'g6.xlarge' does not support EFA" in message
 
 
 def test_gpu_quota_too_small_gives_numbers_and_the_request_command():
@@ -455,3 +462,52 @@ def test_running_capacity_block_warns_that_aws_updates_it_only_at_size_zero(capl
         "is a Capacity Block, and AWS supports updating a managed node group of a Capacity Block only at desired size 0"
         in caplog.text
     )
+
+
+# --- architecture and Kubernetes version ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "instance_type", "architecture"),
+    [
+        ("systemNodeType", "m7g.xlarge", "arm64"),
+        ("gpuNodeType", "g5g.16xlarge", "arm64"),
+        ("systemNodeType", "mac2.metal", "arm64_mac"),
+    ],
+)
+def test_an_instance_type_the_ami_cannot_boot_is_refused_naming_the_key(key, instance_type, architecture):
+    message = refusal(FakeAws(), ConfigError, **{key: instance_type})
+    assert message.startswith(
+        f"config key '{key}' = {instance_type!r}: its CPU architecture is {architecture}"
+    )
+    assert "x86_64" in message
+
+
+def test_a_kubernetes_version_eks_does_not_offer_is_refused_with_the_offered_ones():
+    message = refusal(FakeAws(), ConfigError, kubernetesVersion="1.29")
+    assert message == (
+        "config key 'kubernetesVersion' = '1.29': EKS offers "
+        f"{', '.join(sorted(EKS_VERSIONS, key=lambda v: tuple(map(int, v.split('.')))))} here: pick one of them"
+    )
+
+
+def test_a_version_in_extended_support_is_planned_with_a_warning(monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
+    plan(FakeAws(), kubernetesVersion="1.33")
+    assert any("1.33 is in EKS extended support" in warning for warning in warnings)
+
+
+def test_the_version_check_is_skipped_with_a_warning_when_eks_refuses_to_answer(monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
+    plan(FakeAws(denied={"aws:eks/getClusterVersions:getClusterVersions"}))
+    assert any(warning.startswith("kubernetesVersion 1.36 was not checked") for warning in warnings)
+
+
+def test_kubernetes_version_judgement():
+    offered = {"1.36": "STANDARD_SUPPORT", "1.33": "EXTENDED_SUPPORT", "1.28": "UNSUPPORTED"}
+    assert kubernetes_version_problem("1.36", offered) is None
+    assert kubernetes_version_problem("1.33", offered) is None
+    assert kubernetes_version_problem("1.28", offered) == "EKS offers 1.33, 1.36 here: pick one of them"
+    assert kubernetes_version_problem("1.40", offered) == "EKS offers 1.33, 1.36 here: pick one of them"

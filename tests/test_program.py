@@ -12,7 +12,7 @@ from infra.cluster import names_same_principal
 from infra.config import CLUSTER_NAME_MAX
 from infra.network import zone_cidrs
 from infra.node_groups import SYSTEM_LABELS
-from tests.fake_aws import FakeAws, capacity_reservation
+from tests.fake_aws import ZONE_IDS, FakeAws, capacity_reservation
 from tests.program import STACK_FILES, USER_SETTINGS, Plan, Registration, run_program, stack_config
 
 COMPONENTS = {
@@ -226,25 +226,110 @@ def test_capacity_reservation_is_targeted():
     assert gpu_subnet.inputs["availabilityZone"] == "us-east-2b"
 
 
+# Bad stack values, each set on top of Pulumi.dev.yaml: (the value, the key the refusal must name,
+# a piece of the refusal). Keys without a namespace are the project's. Every one must stop the
+# program before it registers any resource: a refusal after the VPC exists costs a NAT gateway.
+NEWLINE_RUN_NAME = "exp1\nrm -rf /"
+BAD_CONFIGS = [
+    # Shapes: full matches, so a trailing newline, tab or space never slips through.
+    ({"training": json.dumps({"runName": NEWLINE_RUN_NAME})}, "training.runName", "expected a folder name"),
+    ({"training": '{"runName": "../escape"}'}, "training.runName", "no '/'"),
+    ({"clusterName": "eks-ray-train\n"}, "clusterName", "expected something like"),
+    ({"namespace": "ray-train\t"}, "namespace", "expected something like"),
+    ({"namespace": "n" * 64}, "namespace", "expected something like"),
+    ({"kubernetesVersion": "1.36 "}, "kubernetesVersion", "expected something like"),
+    ({"aws:region": "us-east-2\n"}, "aws:region", "expected a region name"),
+    ({"capacityReservationId": "cr-0123456789abcdef0\n"}, "capacityReservationId", "expected something like"),
+    (
+        {"adminPrincipalArns": json.dumps(["arn:aws:iam::123456789012:role/ci\n"])},
+        "adminPrincipalArns",
+        "is not the ARN of an IAM user or role",
+    ),
+    ({"image": "rayproject/ray:2.58.0\n"}, "image", "no spaces, tabs or newlines"),
+    ({"image": "rayproject/Ray:2.58.0"}, "image", "must be lowercase"),
+    ({"rayVersion": "2.58.0\n"}, "rayVersion", "expected something like"),
+    # Values EKS, AWS or the cluster would refuse later.
+    ({"kubernetesVersion": "1.29"}, "kubernetesVersion", "EKS offers"),
+    (
+        {"endpointPublicAccessCidrs": json.dumps([f"203.0.113.{n}/32" for n in range(41)])},
+        "endpointPublicAccessCidrs",
+        "at most 40",
+    ),
+    ({"endpointPublicAccessCidrs": '["10.1.0.0/16"]'}, "endpointPublicAccessCidrs", "within 10.0.0.0/8"),
+    (
+        {"endpointPublicAccessCidrs": '["0.0.0.0/1", "128.0.0.0/1"]'},
+        "endpointPublicAccessCidrs",
+        "halves of it",
+    ),
+    ({"vpcCidr": "172.17.0.0/16"}, "vpcCidr", "Docker bridge"),
+    ({"vpcCidr": "169.254.0.0/16"}, "vpcCidr", "link-local"),
+    ({"aws:region": "cn-north-1"}, "aws:region", "aws-cn partition"),
+    ({"aws:region": "us-gov-west-1"}, "aws:region", "aws-us-gov partition"),
+    ({"gpuNodeCount": "100000"}, "gpuNodeCount", "must be at most 450"),
+    ({"systemNodeCount": "1000"}, "systemNodeCount", "must be at most 450"),
+    ({"logRetentionDays": "10"}, "logRetentionDays", "CloudWatch Logs keeps logs"),
+    ({"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "cr-0123456789abcdef0"),
+    # Keys that contradict each other.
+    ({"systemNodeType": "m7g.xlarge"}, "systemNodeType", "its CPU architecture is arm64"),
+    ({"systemNodeType": "mac2.metal"}, "systemNodeType", "its CPU architecture is arm64_mac"),
+    ({"gpuNodeType": "g5g.16xlarge"}, "gpuNodeType", "its CPU architecture is arm64"),
+    ({"rayVersion": "2.41.0"}, "rayVersion", "the default image carries Ray 2.58.0"),
+    ({"image": "rayproject/ray:2.41.0-py311-gpu"}, "rayVersion", "carries Ray 2.41.0"),
+    ({"gpuNodeCount": "1"}, "gpuNodeCount", "never the network"),
+    ({"training": '{"hsdpReplicas": 3}'}, "training", "8 workers are not a multiple of hsdpReplicas 3"),
+    ({"training": '{"workers": 9}'}, "training.workers", "the GPU nodes hold 8 workers"),
+    ({"benchmark": "true", "train": "false"}, "benchmark", "needs train: true"),
+    (
+        {"training": '{"data": "/home/me/corpus.jsonl"}'},
+        "training.data",
+        "the pods hold only the shipped code",
+    ),
+    ({"training": '{"data": "../corpus"}'}, "training.data", "the pods hold only the shipped code"),
+    ({"workerCpu": "64"}, "workerCpu", "does not fit a g6.12xlarge node"),
+    ({"gpuAz": "us-west-2a"}, "gpuAz", "is not in region us-east-2"),
+    ({"gpuNodeType": "g6.xlarge"}, "gpuNodeType", "does not support EFA"),
+    ({"gpuNodeType": "g9.unknown"}, "gpuNodeType", "is not offered in any zone of us-east-2"),
+    # The training job's own parser.
+    ({"training": '{"steps": 100000000000000000000}'}, "training.steps", "must be <= 10_000_000"),
+    ({"training": '{"learningRate": "inf"}'}, "training.learningRate", "expected a finite number"),
+    ({"training": '{"learningRate": "nan"}'}, "training.learningRate", "expected a finite number"),
+    ({"training": '{"stepz": 5}'}, "training.stepz", "did you mean 'steps'"),
+    ({"training": '{"storagePath": "/tmp"}'}, "training.storagePath", "set by the program"),
+    ({"training": '{"modelId": "org/model $(date)"}'}, "training.modelId", "use letters, digits"),
+    # Keys in the wrong place, and secrets in plain text.
+    ({"gpuNodeCont": "2"}, "gpuNodeCont", "did you mean 'gpuNodeCount'"),
+    ({"region": "us-east-2"}, "eks-ray-train:region", "set 'aws:region' instead"),
+    ({"profile": "team"}, "eks-ray-train:profile", "set 'aws:profile' instead"),
+    ({"hfToken": "hf_plain"}, "hfToken", "stored in plain text in the stack file"),
+    (
+        {
+            "aws:assumeRoles": json.dumps(
+                [{"roleArn": f"arn:aws:iam::123456789012:role/r{n}"} for n in range(2)]
+            )
+        },
+        "aws:assumeRoles",
+        "chain",
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    "overrides, message",
-    [
-        ({"gpuNodeType": "g9.unknown"}, "g9.unknown is not offered in any zone of us-east-2"),
-        ({"gpuNodeType": "g6.xlarge"}, "does not support EFA"),
-        ({"gpuNodeCount": "0"}, "'gpuNodeCount' = '0': must be at least 1"),
-        ({"workerCpu": "64"}, "'workerCpu' = 64 does not fit a g6.12xlarge node"),
-        ({"gpuAz": "us-west-2a"}, "'gpuAz' = 'us-west-2a' is not in region us-east-2"),
-        ({"gpuNodeCont": "2"}, "did you mean 'gpuNodeCount'"),
-        ({"training": '{"hsdpReplicas": 3}'}, "8 workers are not a multiple of hsdpReplicas 3"),
-        ({"training": '{"workers": 9}'}, "'training.workers' = 9: the GPU nodes hold 8 workers"),
-        ({"region": "us-east-2"}, "'eks-ray-train:region' is a setting of the AWS provider"),
-        ({"hfToken": "hf_plain"}, "'hfToken' is stored in plain text in the stack file"),
-    ],
+    "overrides, key, message",
+    BAD_CONFIGS,
+    ids=[f"{key}-{index}" for index, (_, key, _) in enumerate(BAD_CONFIGS)],
 )
-def test_bad_config_stops_the_program_before_any_resource(overrides, message):
+def test_bad_config_stops_the_program_before_any_resource(overrides, key, message):
+    config = dev_config()
+    config.update(
+        {name if ":" in name else f"eks-ray-train:{name}": value for name, value in overrides.items()}
+    )
+    region = config["aws:region"].strip()
     with pytest.raises(pulumi.RunError) as raised:
-        run_program(dev_config(**overrides), FakeAws(region="us-east-2"))
-    assert message in str(raised.value)
+        run_program(config, FakeAws(region=region if region in ZONE_IDS else "us-east-2"))
+    refusal = str(raised.value)
+    assert f"'{key}'" in refusal, refusal
+    assert message in refusal, refusal
+    assert "\n" not in refusal.strip(), refusal  # one line
     assert raised.value.plan.resources == []
 
 

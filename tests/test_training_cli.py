@@ -64,6 +64,10 @@ def test_help_shows_each_flags_effective_default_not_none():
     [
         (["--seq-len", "abc"], "argument --seq-len: expected a whole number >= 1, got 'abc'"),
         (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+        (
+            ["--steps", "100000000000000000000"],
+            "argument --steps: must be <= 10_000_000, got 100000000000000000000",
+        ),
         (["--lr", "fast"], "argument --lr/--learning-rate: expected a number > 0, got 'fast'"),
         (["--seed", "x"], "argument --seed: expected a whole number, got 'x'"),
         (["--hsdp-replicas", "two"], "argument --hsdp-replicas: expected 'auto' or a count >= 1, got 'two'"),

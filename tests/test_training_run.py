@@ -378,6 +378,9 @@ def main_and_tcp_head(**main_changes) -> FakeRayHead:
 # --- job arguments ------------------------------------------------------------------------------------
 
 
+SHIPPED = tuple(manifests.collect_code(Path(__file__).resolve().parent.parent))
+
+
 def stack_training(block: dict) -> TrainingSettings:
     """A stack's `training:` block as the program reads it."""
     raw = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]', "training": json.dumps(block)}
@@ -401,7 +404,9 @@ def test_job_arguments_are_the_stack_flags_and_the_program_flags():
             "expectTransport": "socket",
         }
     )
-    args = job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs")
+    args = job_arguments(
+        training, world_size=8, gpus_per_worker=1, storage_path="s3://bucket/runs", shipped_files=SHIPPED
+    )
     assert args == [
         *("--preset", "throughput", "--steps", "20", "--seq-len", "4096", "--batch-size", "2"),
         *("--lr", "3e-05", "--workers", "4", "--model-id", "Qwen/Qwen2.5-0.5B", "--init", "random"),
@@ -413,7 +418,11 @@ def test_job_arguments_are_the_stack_flags_and_the_program_flags():
 def test_job_arguments_default_to_every_gpu_and_leave_unset_settings_to_the_preset():
     for preset, hsdp_replicas in (("smoke", 1), ("throughput", 0)):
         args = job_arguments(
-            stack_training({"preset": preset}), world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"
+            stack_training({"preset": preset}),
+            world_size=8,
+            gpus_per_worker=1,
+            storage_path="s3://b/runs",
+            shipped_files=SHIPPED,
         )
         assert args[args.index("--workers") + 1] == "8"
         for flag in ("--steps", "--seq-len", "--batch-size", "--lr", "--checkpoint-every", "--hsdp-replicas"):
@@ -434,7 +443,11 @@ def test_job_arguments_parse_with_the_training_cli():
             "hsdpReplicas": "auto",
         }
     )
-    config = parse_args(job_arguments(training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs"))
+    config = parse_args(
+        job_arguments(
+            training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs", shipped_files=SHIPPED
+        )
+    )
     assert (config.preset, config.steps, config.seq_len, config.batch_size, config.lr) == (
         "smoke",
         7,
@@ -466,7 +479,9 @@ def test_stack_files_run_the_job_they_ran_before(stack_file):
         },
         config["aws:region"],
     )
-    now = job_arguments(settings.training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs")
+    now = job_arguments(
+        settings.training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs", shipped_files=SHIPPED
+    )
     assert now == [
         *("--preset", "smoke", "--steps", "20", "--workers", "8"),
         *("--use-gpu", "--gpus-per-worker", "1", "--storage-path", "s3://b/runs"),
@@ -477,14 +492,22 @@ def test_stack_files_run_the_job_they_ran_before(stack_file):
 def test_job_arguments_refuse_more_workers_than_gpus():
     with pytest.raises(ConfigError, match=r"'training.workers' = 9.*hold 8 workers"):
         job_arguments(
-            stack_training({"workers": 9}), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
+            stack_training({"workers": 9}),
+            world_size=8,
+            gpus_per_worker=1,
+            storage_path="s3://b/r",
+            shipped_files=SHIPPED,
         )
 
 
 def test_job_arguments_check_the_worker_count_against_the_stack_settings():
     with pytest.raises(ConfigError) as raised:
         job_arguments(
-            stack_training({"hsdpReplicas": 3}), world_size=8, gpus_per_worker=1, storage_path="s3://b/r"
+            stack_training({"hsdpReplicas": 3}),
+            world_size=8,
+            gpus_per_worker=1,
+            storage_path="s3://b/r",
+            shipped_files=SHIPPED,
         )
     assert str(raised.value) == (
         "config key 'training': 8 workers are not a multiple of hsdpReplicas 3 "
