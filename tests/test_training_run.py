@@ -1509,3 +1509,36 @@ def test_run_timings_come_from_the_environment_and_refuse_nonsense():
         errors.TrainingRunError, match="EKS_RAY_TRAIN_API_READ_TIMEOUT_S='soon': must be a positive"
     ):
         provider.RunTimings.from_env({"EKS_RAY_TRAIN_API_READ_TIMEOUT_S": "soon"})
+
+
+@pytest.mark.parametrize(
+    "data",
+    ["synthetic", "s3://bucket/corpus/", "training/corpus", "./training/corpus/", "training/corpus/tiny.txt"],
+)
+def test_job_data_the_pods_can_read_is_accepted(data):
+    if data.endswith(".txt"):
+        data = next(name for name in SHIPPED if name.startswith("training/corpus/"))
+    args = job_arguments(
+        stack_training({"data": data}),
+        world_size=8,
+        gpus_per_worker=1,
+        storage_path="s3://b/r",
+        shipped_files=SHIPPED,
+    )
+    assert args[args.index("--data") + 1] == data
+
+
+@pytest.mark.parametrize(
+    "data", ["/home/me/corpus", "../corpus", "corpus", "training/config.py", "training/nowhere"]
+)
+def test_job_data_only_this_machine_has_is_refused(data):
+    with pytest.raises(
+        ConfigError, match=r"config key 'training\.data' = .*: the pods hold only the shipped code"
+    ):
+        job_arguments(
+            stack_training({"data": data}),
+            world_size=8,
+            gpus_per_worker=1,
+            storage_path="s3://b/r",
+            shipped_files=SHIPPED,
+        )

@@ -5,9 +5,9 @@ values are reported through argparse, so the CLI exits 2 with its usage text
 instead of failing later inside a Ray worker.
 
 This parser is the one declaration of every training setting. The Pulumi program validates
-the stack's `training:` block with it at preview: each camelCase key is the flag of the same
-name (`seqLen: 256` is `--seq-len 256`, `compile: false` is `--no-compile`), so a flag added
-here is a stack key with no other edit.
+the stack's `training:` block with it at preview (`infra.training_settings`): each camelCase key
+is the flag of the same name (`seqLen: 256` is `--seq-len 256`), so a flag added here is a stack
+key with no other edit.
 """
 
 from __future__ import annotations
