@@ -23,7 +23,7 @@ from infra.node_groups import (
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
 from infra.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
-from infra.training_settings import job_arguments
+from infra.training_settings import job_arguments, warn_if_the_run_outlasts_its_timeout
 from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
@@ -42,6 +42,8 @@ world_size = settings.gpu_node_count * worker.gpus
 bucket_name = checkpoint_bucket_name(settings.cluster_name, settings.region)
 code_files = manifests.collect_code(Path(__file__).parent)
 job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files)
+if settings.train:
+    warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
 
 # 3. Network and cluster.
 network = Network(

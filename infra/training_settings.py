@@ -14,20 +14,24 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
+import pulumi
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from infra.parsing import ConfigError, as_int, did_you_mean, key_names, one_of, validated
 from platform_facts import EXPECTABLE_TRANSPORTS
 from training.config import (
+    CONFIG_DIR,
     CORPUS_SUFFIXES,
     SYNTHETIC,
     ArgumentsError,
     TrainConfig,
     build_parser,
     is_uri,
+    load_model_config,
     parse_flags,
 )
+from training.flops import flops_per_token, peak_flops
 
 # What `pulumi up` trains unless the stack's `training.preset` says otherwise: AWS's reference job.
 DEFAULT_TRAINING_PRESET = "smoke"
@@ -64,7 +68,7 @@ class TrainingRunKeys(BaseModel):
     )
     timeout_minutes: Annotated[int, BeforeValidator(as_int(1, 7 * 24 * 60, "a week"))] = Field(
         default=60,
-        description="how long `pulumi up` follows the job before leaving it running for the next update",
+        description="how long `pulumi up` follows the job before leaving it running for the next update (at most a week); the preview warns when even a run at 70% MFU would take longer",
     )
 
 
@@ -238,3 +242,34 @@ def job_arguments(
             f"{gpus_per_worker} GPU each; set training.workers to {world_size} or less, or add GPU nodes"
         )
     return args
+
+
+# Above the best model FLOPs utilisation this loop has reached (60% in bf16 and 68% with float8 on
+# an H200, docs/benchmarks.md): a run can be no faster than its FLOPs at this share of the peak.
+MFU_CEILING = 0.7
+
+
+def shortest_run_minutes(job_args: Sequence[str], gpu_name: str | None) -> float | None:
+    """A lower bound on the job's training time: each worker's tokens times the causal FLOPs per
+    token, at `MFU_CEILING` of one GPU's bf16 peak. None for a model or GPU without known numbers."""
+    config = training_config(job_args)
+    peak = peak_flops(gpu_name)
+    if peak is None or not (CONFIG_DIR / f"{config.model_config}.json").is_file():
+        return None
+    model = load_model_config(config.model_config)
+    tokens = config.steps * config.grad_accum_steps * config.batch_size * config.seq_len
+    return tokens * flops_per_token(model, config.seq_len, causal=True) / (peak * MFU_CEILING) / 60
+
+
+def warn_if_the_run_outlasts_its_timeout(
+    training: TrainingSettings, job_args: Sequence[str], gpu_name: str | None
+) -> None:
+    """`pulumi up` follows the job for `timeoutMinutes`, then leaves it running; say so at preview
+    when even a perfect run takes longer."""
+    minutes = shortest_run_minutes(job_args, gpu_name)
+    if minutes is not None and minutes > training.timeout_minutes:
+        pulumi.log.warn(
+            f"config key 'training.timeoutMinutes' = {training.timeout_minutes}: the job needs at least "
+            f"{minutes:.0f} minutes on {gpu_name} GPUs (its FLOPs at {MFU_CEILING:.0%} MFU), so `pulumi up` "
+            "will stop following it and leave it running: raise timeoutMinutes or lower training.steps"
+        )

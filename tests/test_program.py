@@ -825,3 +825,19 @@ def test_system_nodes_have_room_for_the_ray_head_image(stack_plan):
     _, plan = stack_plan
     template = plan.one("aws:ec2/launchTemplate:LaunchTemplate", "system").inputs
     assert template["blockDeviceMappings"][0]["ebs"]["volumeSize"] >= 80
+
+
+def test_a_run_longer_than_its_timeout_is_warned_at_preview(monkeypatch):
+    """5000 throughput steps on 8 L4s need at least 83 minutes even at 70% MFU; pulumi up follows 60."""
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
+    run_program(dev_config(training='{"preset": "throughput", "steps": 5000}'), FakeAws(region="us-east-2"))
+    late = [
+        warning for warning in warnings if warning.startswith("config key 'training.timeoutMinutes' = 60")
+    ]
+    assert len(late) == 1 and "at least 83 minutes on NVIDIA L4 GPUs" in late[0], warnings
+    warnings.clear()
+    run_program(
+        dev_config(training='{"preset": "throughput", "steps": 5000, "timeoutMinutes": 120}'), FakeAws()
+    )
+    assert not [warning for warning in warnings if "timeoutMinutes" in warning]
