@@ -150,6 +150,9 @@ class StackSettings:
     endpoint_public_access_cidrs: tuple[str, ...] = ()
     admin_principal_arns: tuple[str, ...] = ()
     log_retention_days: int = 30
+    # `pulumi destroy` empties the checkpoint bucket (every object version) only when asked to.
+    checkpoints_force_destroy: bool = False
+    vpc_flow_logs: bool = False
     train: bool = True
     benchmark: bool = False
     has_hf_token: bool = False
@@ -391,6 +394,8 @@ _STACK_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "endpointPublicAccessCidrs": ("endpoint_public_access_cidrs", _cidr_list),
     "adminPrincipalArns": ("admin_principal_arns", _principal_arns),
     "logRetentionDays": ("log_retention_days", _log_retention),
+    "checkpointsForceDestroy": ("checkpoints_force_destroy", _as_bool),
+    "vpcFlowLogs": ("vpc_flow_logs", _as_bool),
     "train": ("train", _as_bool),
     "benchmark": ("benchmark", _as_bool),
     # Only its presence is kept here; the value stays a Pulumi secret (see `hf_token`).
