@@ -53,6 +53,7 @@ network = Network(
     gpu_zone=placement.gpu_az,
     positional_zones=placement.cluster_azs,
     cluster_name=settings.cluster_name,
+    flow_log_retention_days=settings.log_retention_days if settings.vpc_flow_logs else None,
 )
 cluster = Cluster(
     settings.cluster_name,
@@ -89,6 +90,7 @@ checkpoints = CheckpointStore(
     namespace=settings.namespace,
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
+    force_destroy=settings.checkpoints_force_destroy,
 )
 
 # 5. GPU and EFA device plugins, KubeRay operator.

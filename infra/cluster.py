@@ -21,6 +21,46 @@ def control_plane_log_group(cluster_name: str) -> str:
     return f"/aws/eks/{cluster_name}/cluster"
 
 
+def cluster_key_policy(account_id: str, region: str, log_group_name: str) -> str:
+    """The cluster key's policy: the account manages it (the default key policy), and CloudWatch Logs
+    may use it for the control-plane log group, and no other ("Encrypt log data in CloudWatch Logs
+    using AWS KMS": the service principal of the region, bound by the log group's encryption context)."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "AccountManagesTheKey",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
+                    "Action": "kms:*",
+                    "Resource": "*",
+                },
+                {
+                    "Sid": "ControlPlaneLogGroup",
+                    "Effect": "Allow",
+                    "Principal": {"Service": f"logs.{region}.amazonaws.com"},
+                    "Action": [
+                        "kms:Encrypt*",
+                        "kms:Decrypt*",
+                        "kms:ReEncrypt*",
+                        "kms:GenerateDataKey*",
+                        "kms:Describe*",
+                    ],
+                    "Resource": "*",
+                    "Condition": {
+                        "ArnLike": {
+                            "kms:EncryptionContext:aws:logs:arn": (
+                                f"arn:aws:logs:{region}:{account_id}:log-group:{log_group_name}"
+                            )
+                        }
+                    },
+                },
+            ],
+        }
+    )
+
+
 def access_entry_name(principal_arn: str) -> str:
     """A resource name for a principal's access entry: its account, kind and name, stable across runs."""
     account, resource = principal_arn.split(":")[4], principal_arn.split(":", 5)[5]
@@ -69,18 +109,23 @@ class Cluster(pulumi.ComponentResource):
         self.name = settings.cluster_name
         identity = settings.aws_identity
 
-        # Created before the cluster, with a retention: EKS would otherwise create it, keeping logs forever.
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-control-plane",
-            name=control_plane_log_group(settings.cluster_name),
-            retention_in_days=settings.log_retention_days,
-            opts=child,
-        )
+        log_group_name = control_plane_log_group(settings.cluster_name)
+        # One key for Kubernetes secrets and the control-plane logs; its policy names the log group.
         self.secrets_key = aws.kms.Key(
             f"{name}-secrets",
-            description=f"Envelope encryption of Kubernetes secrets in EKS cluster {settings.cluster_name}",
+            description=f"Envelope encryption of Kubernetes secrets and control-plane logs of EKS cluster {settings.cluster_name}",
             enable_key_rotation=True,
             deletion_window_in_days=7,
+            policy=cluster_key_policy(aws.get_caller_identity().account_id, settings.region, log_group_name),
+            opts=child,
+        )
+        # Created before the cluster, with a retention: EKS would otherwise create it, keeping logs
+        # forever. After the key: CloudWatch checks the key policy when the key is associated.
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-control-plane",
+            name=log_group_name,
+            retention_in_days=settings.log_retention_days,
+            kms_key_id=self.secrets_key.arn,
             opts=child,
         )
         self.eks = eks.Cluster(
@@ -103,6 +148,9 @@ class Cluster(pulumi.ComponentResource):
             enabled_cluster_log_types=self.log_group.name.apply(lambda _: CONTROL_PLANE_LOGS),
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(enabled=True),
+            # The VPC CNI's network policy agent, without which NetworkPolicy objects are not enforced
+            # (pulumi-eks sets the vpc-cni add-on's `enableNetworkPolicy: "true"`).
+            vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
             provider_credential_opts=eks.KubeconfigOptionsArgs(
                 profile_name=identity.profile, role_arn=identity.role_arn
             )

@@ -363,6 +363,15 @@ class StackKeys(BaseModel):
         default=30,
         description="days CloudWatch keeps the control-plane logs; one of CloudWatch's values: 1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653. The program creates the log group `/aws/eks/<clusterName>/cluster` itself, before the cluster",
     )
+    # `pulumi destroy` empties the checkpoint bucket (every object version) only when asked to.
+    checkpoints_force_destroy: Annotated[bool, BeforeValidator(as_bool)] = Field(
+        default=False,
+        description="let `pulumi destroy` delete the checkpoint bucket with everything in it, every object version included; off, the destroy stops at a bucket that still holds checkpoints. Destroy reads the value recorded by the last `pulumi up`: set it, run `pulumi up`, then `pulumi destroy` ([operations](operations.md#tearing-down-and-a-cluster-that-is-already-gone))",
+    )
+    vpc_flow_logs: Annotated[bool, BeforeValidator(as_bool)] = Field(
+        default=False,
+        description="record the VPC's flow logs (all traffic, accepted and rejected) in the CloudWatch log group `/aws/vpc-flow-logs/<clusterName>`, kept `logRetentionDays`, delivered through an IAM role of their own",
+    )
     train: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True, description="run the training job during `pulumi up`"
     )

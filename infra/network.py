@@ -16,6 +16,7 @@ registry and Hugging Face through it, and have no public IP.
 from __future__ import annotations
 
 import ipaddress
+import json
 
 import pulumi
 import pulumi_aws as aws
@@ -25,6 +26,50 @@ import pulumi_aws as aws
 # zone-letter order, from the start of the last quarter. Zones a-c keep the blocks of the positional
 # plan this replaces, so stacks first deployed in zones a and b keep their subnets.
 _ZONE_LETTERS = "abcdefg"
+
+
+def flow_log_group(cluster_name: str) -> str:
+    """Where the VPC's flow logs go, when they are on."""
+    return f"/aws/vpc-flow-logs/{cluster_name}"
+
+
+def flow_log_trust_policy(account_id: str) -> str:
+    """VPC Flow Logs may assume the delivery role, for flow logs of this account only (VPC user
+    guide, "IAM role for publishing flow logs to CloudWatch Logs")."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": "vpc-flow-logs.amazonaws.com"},
+                    "Action": "sts:AssumeRole",
+                    "Condition": {"StringEquals": {"aws:SourceAccount": account_id}},
+                }
+            ],
+        }
+    )
+
+
+def flow_log_delivery_policy(log_group_arn: str) -> str:
+    """Write log streams and events into the flow-log group, nothing else."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": [
+                        "logs:CreateLogStream",
+                        "logs:PutLogEvents",
+                        "logs:DescribeLogGroups",
+                        "logs:DescribeLogStreams",
+                    ],
+                    "Resource": [log_group_arn, f"{log_group_arn}:*"],
+                }
+            ],
+        }
+    )
 
 
 def zone_cidrs(vpc_cidr: str, zone: str) -> tuple[str, str]:
@@ -52,9 +97,12 @@ class Network(pulumi.ComponentResource):
         gpu_zone: str,
         positional_zones: list[str],
         cluster_name: str,
+        flow_log_retention_days: int | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        """`positional_zones`: the zones in the order the earlier plan named subnets `<tier>-<position>`
+        """`flow_log_retention_days`: record flow logs, kept that many days; None: no flow logs.
+
+        `positional_zones`: the zones in the order the earlier plan named subnets `<tier>-<position>`
         (the GPU zone first); a subnet there takes its old name as an alias, so stacks deployed with that
         plan keep their subnets and route table associations."""
         super().__init__("eks-ray-train:infra:Network", name, None, opts)
@@ -69,6 +117,14 @@ class Network(pulumi.ComponentResource):
             tags={"Name": name, **cluster_tag},
             opts=child,
         )
+
+        # The VPC's default security group, which admits all traffic among its members and out, with
+        # every rule removed: nothing here uses it, and anything placed in it by mistake stays cut off.
+        self.default_security_group = aws.ec2.DefaultSecurityGroup(
+            name, vpc_id=self.vpc.id, tags={"Name": f"{name}-default-closed"}, opts=child
+        )
+        if flow_log_retention_days is not None:
+            self._flow_logs(name, flow_log_retention_days, cluster_name)
 
         def routes_to(tier: str, target: dict) -> aws.ec2.RouteTable:
             """The tier's route table, its default route going to `target`."""
@@ -134,4 +190,35 @@ class Network(pulumi.ComponentResource):
                 "publicSubnetIds": self.public_subnet_ids,
                 "gpuSubnetId": self.gpu_subnet_id,
             }
+        )
+
+    def _flow_logs(self, name: str, retention_days: int, cluster_name: str) -> None:
+        """All of the VPC's traffic, accepted and rejected, to a CloudWatch log group with a retention."""
+        child = pulumi.ResourceOptions(parent=self)
+        group = aws.cloudwatch.LogGroup(
+            f"{name}-flow-logs",
+            name=flow_log_group(cluster_name),
+            retention_in_days=retention_days,
+            opts=child,
+        )
+        role = aws.iam.Role(
+            f"{name}-flow-logs",
+            assume_role_policy=flow_log_trust_policy(aws.get_caller_identity().account_id),
+            opts=child,
+        )
+        delivery = aws.iam.RolePolicy(
+            f"{name}-flow-logs",
+            role=role.id,
+            policy=group.arn.apply(flow_log_delivery_policy),
+            opts=child,
+        )
+        aws.ec2.FlowLog(
+            name,
+            vpc_id=self.vpc.id,
+            traffic_type="ALL",
+            log_destination_type="cloud-watch-logs",
+            log_destination=group.arn,
+            iam_role_arn=role.arn,
+            tags={"Name": name},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[delivery]),
         )

@@ -14,6 +14,9 @@ import pulumi_aws as aws
 from platform_facts import RAY_SERVICE_ACCOUNT
 
 BUCKET_NAME_LIMIT = 63
+# Overwritten or deleted checkpoints stay recoverable this long; uploads cut short are cleaned up.
+NONCURRENT_VERSION_DAYS = 30
+INCOMPLETE_UPLOAD_DAYS = 7
 
 
 def checkpoint_storage_path(bucket_name: str) -> str:
@@ -111,12 +114,32 @@ class CheckpointStore(pulumi.ComponentResource):
         namespace: str,
         oidc_provider_arn: pulumi.Input[str],
         oidc_provider_url: pulumi.Input[str],
+        force_destroy: bool,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """`force_destroy`: `pulumi destroy` deletes every object version with the bucket; otherwise
+        it stops at a bucket that still holds checkpoints, so none is lost by accident."""
         super().__init__("eks-ray-train:infra:CheckpointStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        # force_destroy: `pulumi destroy` would otherwise stop at a bucket that still holds checkpoints.
-        self.bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=True, opts=child)
+        self.bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=force_destroy, opts=child)
+        versioning = aws.s3.BucketVersioning(
+            name, bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
+        )
+        # Its rules are about noncurrent versions, so it follows versioning.
+        aws.s3.BucketLifecycleConfiguration(
+            name,
+            bucket=self.bucket.id,
+            rules=[
+                {
+                    "id": "expire-old-versions-and-abandoned-uploads",
+                    "status": "Enabled",
+                    "filter": {"prefix": ""},
+                    "noncurrent_version_expiration": {"noncurrent_days": NONCURRENT_VERSION_DAYS},
+                    "abort_incomplete_multipart_upload": {"days_after_initiation": INCOMPLETE_UPLOAD_DAYS},
+                }
+            ],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]),
+        )
         public_access = aws.s3.BucketPublicAccessBlock(
             name,
             bucket=self.bucket.id,

@@ -43,8 +43,17 @@ SERVICE = "kubernetes:core/v1:Service"
 BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+BUCKET_VERSIONING = (
+    "aws:s3/bucketVersioning:BucketVersioning",
+    "aws:s3/bucketVersioningV2:BucketVersioningV2",
+)
+VPC = "aws:ec2/vpc:Vpc"
+DEFAULT_SECURITY_GROUP = "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 
-# RAY_PORTS, GPU_NODE_LABEL, `image_pin_problem` and `_quantity` copy the program's `platform_facts`
+# RAY_PORTS, GPU_NODE_LABEL, the Ray pod labels, `image_pin_problem` and `_quantity` copy the program's `platform_facts`
 # and the Kubernetes client's `parse_quantity`: the pack runs in its own virtualenv and cannot import
 # them. tests/test_policy.py checks each copy equals the original.
 # Ports of the Ray head that must stay inside the cluster: GCS, dashboard (job submission), client.
@@ -52,6 +61,12 @@ RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
 EXTERNAL_SERVICE_TYPES = {"LoadBalancer", "NodePort"}
 # The GPU node group is the EFA one: the program labels it so, and only NVIDIA AMIs carry the drivers.
 GPU_NODE_LABEL = ("role", "gpu-worker")
+# The labels KubeRay puts on a RayCluster's pods (the program's `workloads.manifests`).
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+# The Pod Security admission label that refuses pods, and the levels that refuse privileged ones.
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+ENFORCED_LEVELS = ("baseline", "restricted")
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # The hop limit that keeps instance metadata (and the node role's credentials) from pods.
 POD_SAFE_HOP_LIMIT = 1
@@ -481,7 +496,34 @@ def check_container_images_pinned(resource_type: str, props: Mapping[str, Any], 
     return violations
 
 
+def check_namespace_pod_security(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Every namespace the stack creates refuses privileged pods (Pod Security `baseline` or stricter)."""
+    if resource_type != NAMESPACE:
+        return []
+    labels = _dig(props, "metadata", "labels")
+    if is_unknown(labels):
+        return []
+    level = _dig(labels, POD_SECURITY_ENFORCE)
+    if is_unknown(level) or level in ENFORCED_LEVELS:
+        return []
+    current = "not set" if level is None else repr(level)
+    return [
+        f"label {POD_SECURITY_ENFORCE} is {current}: set it to baseline or restricted so the namespace "
+        "refuses privileged pods, host namespaces and host paths"
+    ]
+
+
 # --- advisory resource rules -------------------------------------------------------------------------
+
+
+def check_log_groups_kms_encrypted(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Log groups are encrypted with a customer-managed KMS key, so reading them needs that key too."""
+    if resource_type != LOG_GROUP:
+        return []
+    key = props.get("kmsKeyId")
+    if is_unknown(key) or (isinstance(key, str) and key):
+        return []
+    return ["the log group has no kmsKeyId: encrypt it with a KMS key whose policy admits CloudWatch Logs"]
 
 
 def check_control_plane_logging(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
@@ -684,6 +726,88 @@ def check_log_retention(resources: Sequence[StackResource]) -> list[tuple[str, s
     return violations
 
 
+def check_buckets_versioned(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """Every bucket keeps object versions, so an overwritten or deleted object can be recovered."""
+    configs = [r for r in resources if r.type in BUCKET_VERSIONING]
+    violations = []
+    for bucket in (r for r in resources if r.type in BUCKETS):
+        statuses = [
+            _dig(c.props, "versioningConfiguration", "status")
+            for c in _linked(bucket, "bucket", configs, "bucket")
+        ]
+        if _is_true(_dig(bucket.props, "versioning", "enabled")):
+            continue
+        if "Enabled" in statuses or any(is_unknown(status) for status in statuses):
+            continue
+        violations.append(
+            (bucket.urn, "the bucket does not keep versions: add a BucketVersioning with status Enabled")
+        )
+    return violations
+
+
+def check_default_security_group_closed(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """Each VPC's default security group is taken over and emptied of rules (AWS's default admits all
+    traffic among its members and out)."""
+    groups = [r for r in resources if r.type == DEFAULT_SECURITY_GROUP]
+    violations = []
+    for vpc in (r for r in resources if r.type == VPC):
+        linked = _linked(vpc, "id", groups, "vpcId")
+        if not linked:
+            violations.append(
+                (
+                    vpc.urn,
+                    "the VPC's default security group keeps AWS's rules: manage it with a "
+                    "DefaultSecurityGroup without ingress or egress",
+                )
+            )
+        for group in linked:
+            rules = [key for key in ("ingress", "egress") if _items(group.props.get(key))]
+            if rules:
+                violations.append(
+                    (group.urn, f"the default security group has {' and '.join(rules)} rules: remove them")
+                )
+    return violations
+
+
+def _selects_head(policy: StackResource, cluster_name: str, namespace: Any) -> bool | None:
+    """Whether a NetworkPolicy isolates a RayCluster's head pods for ingress; None while unknown."""
+    spec = policy.props.get("spec")
+    where = _dig(policy.props, "metadata", "namespace")
+    match = _dig(spec, "podSelector", "matchLabels")
+    types = _dig(spec, "policyTypes")
+    if any(is_unknown(value) for value in (spec, where, match, types)):
+        return None
+    head = {RAY_CLUSTER_LABEL: cluster_name, RAY_NODE_TYPE_LABEL: "head"}
+    match = match if isinstance(match, Mapping) else {}
+    open_rule = any(_dig(rule, "from") is None for rule in _items(_dig(spec, "ingress")))
+    return (
+        where == namespace and match.items() <= head.items() and "Ingress" in _items(types) and not open_rule
+    )
+
+
+def check_ray_head_network_policy(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """A RayCluster's head, whose GCS, dashboard and client ports take jobs without authentication, is
+    isolated for ingress by a NetworkPolicy in its namespace that admits only listed peers."""
+    policies = [r for r in resources if r.type == NETWORK_POLICY]
+    violations = []
+    for cluster in (r for r in resources if r.type == RAY_CLUSTER):
+        name, namespace = (_dig(cluster.props, "metadata", key) for key in ("name", "namespace"))
+        if not isinstance(name, str) or is_unknown(name) or is_unknown(namespace):
+            continue
+        verdicts = [_selects_head(policy, name, namespace) for policy in policies]
+        if True in verdicts or None in verdicts:
+            continue
+        violations.append(
+            (
+                cluster.urn,
+                f"no NetworkPolicy in namespace {namespace} isolates the head of RayCluster {name} "
+                f"({RAY_CLUSTER_LABEL}={name}, {RAY_NODE_TYPE_LABEL}=head) for ingress with rules that name "
+                "their peers: any pod of the cluster can reach Ray's ports",
+            )
+        )
+    return violations
+
+
 # --- metadata and pulumi-policy adapters -------------------------------------------------------------
 
 
@@ -822,6 +946,36 @@ CONTAINER_IMAGES_PINNED = ResourceRule(
     "Container images are pinned to a tag (not latest) or a digest.",
     MANDATORY,
     check_container_images_pinned,
+)
+NAMESPACE_POD_SECURITY = ResourceRule(
+    "namespace-pod-security-enforced",
+    "Every namespace enforces the baseline or restricted Pod Security Standard.",
+    MANDATORY,
+    check_namespace_pod_security,
+)
+BUCKETS_VERSIONED = StackRule(
+    "s3-buckets-versioned",
+    "Every S3 bucket keeps object versions.",
+    MANDATORY,
+    check_buckets_versioned,
+)
+DEFAULT_SECURITY_GROUP_CLOSED = StackRule(
+    "vpc-default-security-group-closed",
+    "Every VPC's default security group is managed by the stack and has no rules.",
+    MANDATORY,
+    check_default_security_group_closed,
+)
+RAY_HEAD_NETWORK_POLICY = StackRule(
+    "ray-head-network-policy",
+    "Every RayCluster's head is isolated for ingress by a NetworkPolicy naming its peers.",
+    MANDATORY,
+    check_ray_head_network_policy,
+)
+LOG_GROUPS_KMS_ENCRYPTED = ResourceRule(
+    "log-groups-kms-encrypted",
+    "CloudWatch log groups are encrypted with a customer-managed KMS key.",
+    ADVISORY,
+    check_log_groups_kms_encrypted,
 )
 CONTROL_PLANE_LOGGING = ResourceRule(
     "eks-control-plane-logging",

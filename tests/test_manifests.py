@@ -12,6 +12,7 @@ import yaml
 
 from infra.config import StackSettings
 from infra.sizing import WorkerSizing
+from platform_facts import RAY_PORTS
 from workloads import manifests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +159,7 @@ def test_head_has_no_gpu_and_no_external_service():
         manifests.service_account("ray-train", "ray-train", "arn:aws:iam::123456789012:role/ray"),
         manifests.training_code_configmap("training-code", "ray-train", CODE),
         manifests.hf_token_secret("ray-train", "hf_example"),
+        manifests.head_network_policy("ray-train", "ray-train"),
     ],
     ids=lambda m: m["kind"],
 )
@@ -276,3 +278,129 @@ def test_hf_token_reaches_every_ray_pod_from_the_secret():
         env = {item["name"]: item for item in template["spec"]["containers"][0]["env"]}
         reference = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
         assert reference["name"] == manifests.HF_TOKEN_SECRET and reference["optional"] is True
+
+
+# --- network policy and pod security ----------------------------------------------------------
+
+
+def admits(policy: dict, policy_namespace: str, pod_labels: dict, source_namespace: str, port: int) -> bool:
+    """Whether a NetworkPolicy lets a pod of `source_namespace` open `port` on a pod with `pod_labels`.
+
+    Models the Kubernetes NetworkPolicy rules for ingress (networking.k8s.io/v1), as far as this
+    program's policy uses them: a pod the policy selects is isolated for ingress, and a connection is
+    admitted when one rule's `from` peers (missing: anyone) and `ports` (missing: all) both match; a
+    peer with a `podSelector` and no `namespaceSelector` matches pods of the policy's own namespace.
+    """
+    selected = policy["spec"]["podSelector"].get("matchLabels", {}).items() <= pod_labels.items()
+    if not selected or "Ingress" not in policy["spec"]["policyTypes"]:
+        return True
+    for rule in policy["spec"].get("ingress", []):
+        peers = rule.get("from")
+        from_ok = peers is None or any(
+            "namespaceSelector" not in peer and source_namespace == policy_namespace for peer in peers
+        )
+        ports = rule.get("ports")
+        port_ok = ports is None or any(p.get("port") == port for p in ports)
+        if from_ok and port_ok:
+            return True
+    return False
+
+
+def test_ray_head_ports_are_closed_to_other_namespaces():
+    policy = manifests.head_network_policy("ray-train", "ray-train")
+    head = manifests.head_pod_labels("ray-train")
+    assert manifests.head_pod_selector("ray-train") == "ray.io/cluster=ray-train,ray.io/node-type=head"
+    for port in RAY_PORTS.values():
+        assert not admits(policy, "ray-train", head, "default", port)
+        assert not admits(policy, "ray-train", head, manifests.KUBERAY_OPERATOR.namespace, port)
+        assert admits(policy, "ray-train", head, "ray-train", port)
+    # Workers reach the head on Ray's other ports too (object manager, raylet, worker ports).
+    assert admits(policy, "ray-train", head, "ray-train", 12345)
+    # Workers are not selected: the policy leaves them as they were.
+    worker = {manifests.RAY_CLUSTER_LABEL: "ray-train", manifests.RAY_NODE_TYPE_LABEL: "worker"}
+    assert admits(policy, "ray-train", worker, "default", RAY_PORTS["dashboard"])
+
+
+def test_policy_model_catches_an_open_rule():
+    policy = manifests.head_network_policy("ray-train", "ray-train")
+    policy["spec"]["ingress"] = [{}]
+    assert admits(policy, "ray-train", manifests.head_pod_labels("ray-train"), "default", 8265)
+
+
+def test_network_policy_schema_check_catches_a_bad_field():
+    policy = manifests.head_network_policy("ray-train", "ray-train")
+    policy["spec"]["podSelectors"] = policy["spec"].pop("podSelector")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(policy, KUBERNETES_VERSION, strict=True)
+
+
+def test_ray_namespace_enforces_baseline_and_reports_restricted():
+    labels = manifests.namespace("ray-train")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert (
+        labels["pod-security.kubernetes.io/warn"]
+        == labels["pod-security.kubernetes.io/audit"]
+        == "restricted"
+    )
+    assert labels["app.kubernetes.io/part-of"] == "eks-ray-train"
+
+
+def ray_pod_specs() -> list[dict]:
+    cluster = manifests.ray_cluster(spec())
+    templates = [cluster["spec"]["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["spec"]["workerGroupSpecs"]]
+    return [template["spec"] for template in templates]
+
+
+def baseline_problems(pod: dict) -> list[str]:
+    """Controls of the Pod Security Standards' `baseline` profile a pod spec fails (the ones a pod spec
+    like ours could touch: host namespaces and paths, privilege, added capabilities beyond the
+    runtime's defaults, an unconfined seccomp profile)."""
+    allowed_adds = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD"}
+    allowed_adds |= {"NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+    problems = [f"{key} set" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
+    problems += [f"hostPath volume {v['name']}" for v in pod.get("volumes", []) if "hostPath" in v]
+    if pod.get("securityContext", {}).get("seccompProfile", {}).get("type") == "Unconfined":
+        problems.append("pod seccomp Unconfined")
+    for container in pod["containers"]:
+        context = container.get("securityContext", {})
+        if context.get("privileged"):
+            problems.append(f"{container['name']} privileged")
+        problems += [
+            f"{container['name']} adds {cap}"
+            for cap in context.get("capabilities", {}).get("add", [])
+            if cap not in allowed_adds
+        ]
+        problems += [f"{container['name']} hostPort" for p in container.get("ports", []) if p.get("hostPort")]
+    return problems
+
+
+def restricted_gaps(pod: dict) -> list[str]:
+    """What `restricted` asks beyond `baseline` that a pod spec lacks."""
+    gaps = []
+    if pod.get("securityContext", {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        gaps.append("seccompProfile")
+    for container in pod["containers"]:
+        context = container.get("securityContext", {})
+        if context.get("allowPrivilegeEscalation") is not False:
+            gaps.append("allowPrivilegeEscalation")
+        if "ALL" not in context.get("capabilities", {}).get("drop", []):
+            gaps.append("drop ALL")
+        if set(context.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            gaps.append("capabilities added")
+        if not (context.get("runAsNonRoot") or pod.get("securityContext", {}).get("runAsNonRoot")):
+            gaps.append("runAsNonRoot")
+    return gaps
+
+
+def test_ray_pods_meet_baseline_and_miss_restricted_only_by_running_as_root():
+    for pod in ray_pod_specs():
+        assert baseline_problems(pod) == []
+        assert set(restricted_gaps(pod)) == {"runAsNonRoot"}
+
+
+def test_pod_security_checks_catch_a_privileged_container():
+    pod = ray_pod_specs()[1]
+    pod["containers"][0]["securityContext"] = {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}}
+    assert baseline_problems(pod) == ["ray-worker privileged", "ray-worker adds IPC_LOCK"]
+    assert "drop ALL" in restricted_gaps(pod)

@@ -165,10 +165,15 @@ def test_the_graph_check_sees_a_crossing():
 def test_infra_does_not_import_the_workloads():
     """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
 
-    It may read the training job's settings contract (`training.config`, standard library only),
-    never the training code itself.
+    It may read the training job's settings contract (`training.config`) and its FLOP arithmetic
+    (`training.flops`, the preview's run-time bound), both standard library only, never the
+    training code itself.
     """
-    assert crossings("infra", {"workloads", "training"}, allowed=frozenset({"training.config"})) == []
+    allowed = frozenset({"training.config", "training.flops"})
+    assert crossings("infra", {"workloads", "training"}, allowed=allowed) == []
+    for module in allowed:
+        imported = {name.split(".")[0] for name in imported_modules(ROOT / f"{module.replace('.', '/')}.py")}
+        assert imported <= {*sys.stdlib_module_names, "__future__", "training"}, module
 
 
 def test_training_imports_nothing_of_the_program():

@@ -32,6 +32,7 @@ from infra.node_groups import METADATA_OPTIONS
 from policy import rules
 from policy.rules import StackResource
 from tests.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
+from workloads import manifests
 
 POLICY_DIR = Path(__file__).resolve().parents[1] / "policy"
 UNKNOWN = UNKNOWN_STRING_VALUE
@@ -48,6 +49,11 @@ AWS_EKS = rules.AWS_EKS_CLUSTER
 SVC = rules.SERVICE
 RAY = "kubernetes:ray.io/v1:RayCluster"
 ALL_LOGS = list(rules.CONTROL_PLANE_LOG_TYPES)
+NS = rules.NAMESPACE
+
+
+def namespace(labels) -> dict:
+    return {"metadata": {"name": "ray-train", "labels": labels}}
 
 
 def efa_template(**overrides) -> dict:
@@ -452,6 +458,35 @@ CASES = [
     (rules.DELETION_PROTECTION, EKS, {"deletionProtection": True}, "us-east-1", None),
     (rules.DELETION_PROTECTION, EKS, {"name": "c"}, "us-east-1", "stack us-east-1 is not a dev stack"),
     (rules.DELETION_PROTECTION, AWS_EKS, {"deletionProtection": False}, "prod", "deletionProtection"),
+    # namespace-pod-security-enforced
+    (rules.NAMESPACE_POD_SECURITY, NS, namespace({rules.POD_SECURITY_ENFORCE: "baseline"}), "dev", None),
+    (rules.NAMESPACE_POD_SECURITY, NS, namespace({rules.POD_SECURITY_ENFORCE: "restricted"}), "dev", None),
+    (rules.NAMESPACE_POD_SECURITY, NS, namespace(UNKNOWN_OBJECT_VALUE), "dev", None),
+    (
+        rules.NAMESPACE_POD_SECURITY,
+        NS,
+        namespace({"pod-security.kubernetes.io/warn": "restricted"}),
+        "dev",
+        "not set",
+    ),
+    (
+        rules.NAMESPACE_POD_SECURITY,
+        NS,
+        namespace({rules.POD_SECURITY_ENFORCE: "privileged"}),
+        "dev",
+        "'privileged'",
+    ),
+    (rules.NAMESPACE_POD_SECURITY, NS, {"metadata": {"name": "n"}}, "dev", "not set"),
+    # log-groups-kms-encrypted (advisory)
+    (
+        rules.LOG_GROUPS_KMS_ENCRYPTED,
+        rules.LOG_GROUP,
+        {"kmsKeyId": "arn:aws:kms:us-east-2:1:key/k"},
+        "dev",
+        None,
+    ),
+    (rules.LOG_GROUPS_KMS_ENCRYPTED, rules.LOG_GROUP, {"kmsKeyId": UNKNOWN}, "dev", None),
+    (rules.LOG_GROUPS_KMS_ENCRYPTED, rules.LOG_GROUP, {"retentionInDays": 30}, "dev", "no kmsKeyId"),
 ]
 
 
@@ -635,6 +670,136 @@ def test_log_retention(resources, expected):
         assert len(violations) == 1 and expected in violations[0][1], violations
 
 
+VERSIONING = rules.BUCKET_VERSIONING[0]
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING, "urn:v", {"versioningConfiguration": {"status": "Enabled"}}, ("urn:bucket",)
+                ),
+            ],
+            None,
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING,
+                    "urn:v",
+                    {"bucket": "ckpt", "versioningConfiguration": {"status": "Enabled"}},
+                    (),
+                ),
+            ],
+            None,
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING, "urn:v", {"versioningConfiguration": {"status": UNKNOWN}}, ("urn:bucket",)
+                ),
+            ],
+            None,
+        ),
+        ([StackResource(BUCKET, "urn:bucket", {"versioning": {"enabled": "true"}}, ())], None),
+        ([CKPT_BUCKET], "does not keep versions"),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING, "urn:v", {"versioningConfiguration": {"status": "Suspended"}}, ("urn:bucket",)
+                ),
+            ],
+            "does not keep versions",
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING,
+                    "urn:v",
+                    {"bucket": "other", "versioningConfiguration": {"status": "Enabled"}},
+                    (),
+                ),
+            ],
+            "does not keep versions",
+        ),
+    ],
+)
+def test_buckets_versioned(resources, expected):
+    violations = rules.check_buckets_versioned(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1]
+
+
+VPC_ = StackResource(rules.VPC, "urn:vpc", {"cidrBlock": "10.0.0.0/16"}, ())
+
+
+def default_group(**props) -> StackResource:
+    return StackResource(rules.DEFAULT_SECURITY_GROUP, "urn:dsg", {"vpcId": "vpc-1", **props}, ("urn:vpc",))
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([VPC_, default_group()], None),
+        ([VPC_, default_group(ingress=[], egress=[])], None),
+        ([VPC_], "keeps AWS's rules"),
+        ([VPC_, default_group(egress=[{"protocol": "-1", "cidrBlocks": ["0.0.0.0/0"]}])], "has egress rules"),
+        ([VPC_, default_group(ingress=[{"protocol": "-1", "self": True}])], "has ingress rules"),
+    ],
+)
+def test_default_security_group_closed(resources, expected):
+    violations = rules.check_default_security_group_closed(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0][1], violations
+
+
+RAY_CR = StackResource(RAY, "urn:ray", {"metadata": {"name": "ray-train", "namespace": "ray-train"}}, ())
+
+
+def network_policy(namespace_name="ray-train", **spec) -> StackResource:
+    body = manifests.head_network_policy("ray-train", namespace_name)
+    body["spec"].update(spec)
+    return StackResource(rules.NETWORK_POLICY, "urn:np", body, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([RAY_CR, network_policy()], None),
+        ([RAY_CR, network_policy(podSelector={"matchLabels": {"ray.io/cluster": "ray-train"}})], None),
+        ([RAY_CR, network_policy(podSelector={})], None),
+        ([RAY_CR, network_policy(policyTypes=UNKNOWN_ARRAY_VALUE)], None),
+        ([RAY_CR], "no NetworkPolicy in namespace ray-train"),
+        ([RAY_CR, network_policy("default")], "no NetworkPolicy"),
+        ([RAY_CR, network_policy(policyTypes=["Egress"])], "no NetworkPolicy"),
+        ([RAY_CR, network_policy(ingress=[{}])], "no NetworkPolicy"),
+        (
+            [RAY_CR, network_policy(podSelector={"matchLabels": {"ray.io/node-type": "worker"}})],
+            "no NetworkPolicy",
+        ),
+    ],
+)
+def test_ray_head_network_policy(resources, expected):
+    violations = rules.check_ray_head_network_policy(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:ray" and expected in violations[0][1], (
+            violations
+        )
+
+
 # --- through pulumi-policy: unknown-checking proxies, stack name from the URN, reported URNs -------
 
 
@@ -715,11 +880,15 @@ def test_entry_point_lists_every_rule_with_its_enforcement(monkeypatch):
     assert {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.ADVISORY} == {
         "eks-control-plane-logging",
         "eks-deletion-protection",
+        "log-groups-kms-encrypted",
     }
 
 
 def test_pack_constants_match_the_program():
     assert rules.RAY_PORTS == platform_facts.RAY_PORTS
+    assert rules.RAY_CLUSTER_LABEL == manifests.RAY_CLUSTER_LABEL
+    assert rules.RAY_NODE_TYPE_LABEL == manifests.RAY_NODE_TYPE_LABEL
+    assert manifests.POD_SECURITY_LABELS[rules.POD_SECURITY_ENFORCE] in rules.ENFORCED_LEVELS
     assert METADATA_OPTIONS["http_put_response_hop_limit"] == rules.POD_SAFE_HOP_LIMIT
     assert rules.control_plane_log_group("c") == control_plane_log_group("c")
     key, value = rules.GPU_NODE_LABEL
@@ -797,6 +966,8 @@ def test_every_stack_sends_all_control_plane_logs(stack_plan):
     stack, plan = stack_plan
     cluster = plan.one(EKS)
     assert rules.CONTROL_PLANE_LOGGING.check(cluster.type, cluster.inputs, stack) == []
+    group = plan.one(rules.LOG_GROUP)
+    assert rules.LOG_GROUPS_KMS_ENCRYPTED.check(group.type, group.inputs, stack) == []
 
 
 def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan):
@@ -808,6 +979,10 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
     ray = plan.one(RAY)
     tls_policy = plan.one(rules.BUCKET_POLICY)
     control_plane_logs = plan.one(rules.LOG_GROUP)
+    versioning = plan.one(VERSIONING)
+    default_sg = plan.one(rules.DEFAULT_SECURITY_GROUP)
+    ray_namespace = plan.one(NS)
+    head_policy = plan.one(rules.NETWORK_POLICY)
 
     def broken(registration, change) -> list[str]:
         original = registration.inputs
@@ -855,6 +1030,19 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
             lambda p: p.update(policy=p["policy"].replace('"Deny"', '"Allow"')),
         ),
         "log-retention-set": (control_plane_logs, lambda p: p.pop("retentionInDays")),
+        "s3-buckets-versioned": (
+            versioning,
+            lambda p: p["versioningConfiguration"].update(status="Suspended"),
+        ),
+        "vpc-default-security-group-closed": (
+            default_sg,
+            lambda p: p.update(egress=[{"protocol": "-1", "cidrBlocks": ["0.0.0.0/0"]}]),
+        ),
+        "namespace-pod-security-enforced": (
+            ray_namespace,
+            lambda p: p["metadata"]["labels"].pop(rules.POD_SECURITY_ENFORCE),
+        ),
+        "ray-head-network-policy": (head_policy, lambda p: p["spec"].update(ingress=[{}])),
     }
     mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}
     assert set(breakages) == mandatory

@@ -13,7 +13,7 @@ from infra.config import CLUSTER_NAME_MAX
 from infra.network import zone_cidrs
 from infra.node_groups import SYSTEM_LABELS
 from tests.fake_aws import ZONE_IDS, FakeAws, capacity_reservation
-from tests.program import STACK_FILES, USER_SETTINGS, Plan, Registration, run_program, stack_config
+from tests.program import ACCOUNT, STACK_FILES, USER_SETTINGS, Plan, Registration, run_program, stack_config
 
 COMPONENTS = {
     "eks-ray-train:infra:Network",
@@ -460,7 +460,7 @@ def test_the_program_needs_neither_torch_nor_ray():
     script = (
         "import sys\n"
         "from tests.fake_aws import FakeAws\n"
-        "from tests.program import STACK_FILES, USER_SETTINGS, run_program, stack_config\n"
+        "from tests.program import ACCOUNT, STACK_FILES, USER_SETTINGS, run_program, stack_config\n"
         "config = {**stack_config(STACK_FILES[0]), **USER_SETTINGS}\n"
         "run_program(config, FakeAws(region=config['aws:region']))\n"
         "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))\n"
@@ -841,3 +841,86 @@ def test_a_run_longer_than_its_timeout_is_warned_at_preview(monkeypatch):
         dev_config(training='{"preset": "throughput", "steps": 5000, "timeoutMinutes": 120}'), FakeAws()
     )
     assert not [warning for warning in warnings if "timeoutMinutes" in warning]
+
+
+def test_ray_head_is_closed_to_other_namespaces_before_it_starts(stack_plan):
+    config, plan = stack_plan
+    namespace = config.get("eks-ray-train:namespace", "ray-train")
+    policy = plan.one("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+    assert plan.ancestors(policy)[0] == "eks-ray-train:workloads:RayCluster"
+    assert policy.inputs["metadata"]["namespace"] == namespace
+    assert policy.inputs["spec"]["podSelector"]["matchLabels"] == {
+        "ray.io/cluster": "ray-train",
+        "ray.io/node-type": "head",
+    }
+    assert policy.inputs["spec"]["ingress"] == [{"from": [{"podSelector": {}}]}]
+    assert policy.urn in plan.one("kubernetes:ray.io/v1:RayCluster").dependencies
+    # Enforced only with the VPC CNI's network policy agent on.
+    assert plan.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+    labels = plan.one("kubernetes:core/v1:Namespace").inputs["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_control_plane_logs_are_encrypted_with_the_cluster_key(stack_plan):
+    config, plan = stack_plan
+    region, cluster_name = config["aws:region"], config["eks-ray-train:clusterName"]
+    key = plan.one("aws:kms/key:Key")
+    group = plan.one("aws:cloudwatch/logGroup:LogGroup")
+    assert group.inputs["kmsKeyId"] == f"arn:aws:service:{region}:{ACCOUNT}:key/{key.name}"
+    assert key.urn in group.dependencies and group.urn in plan.one("eks:index:Cluster").dependencies
+    root, logs = json.loads(key.inputs["policy"])["Statement"]
+    assert root["Principal"] == {"AWS": f"arn:aws:iam::{ACCOUNT}:root"} and root["Action"] == "kms:*"
+    assert logs["Principal"] == {"Service": f"logs.{region}.amazonaws.com"}
+    assert "kms:Decrypt" not in logs["Action"] and "kms:GenerateDataKey*" in logs["Action"]
+    assert logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"] == (
+        f"arn:aws:logs:{region}:{ACCOUNT}:log-group:/aws/eks/{cluster_name}/cluster"
+    )
+
+
+def test_checkpoint_bucket_keeps_versions_and_survives_destroy_unless_asked(stack_plan):
+    _, plan = stack_plan
+    bucket = plan.one("aws:s3/bucket:Bucket")
+    assert bucket.inputs["forceDestroy"] is False
+    versioning = plan.one("aws:s3/bucketVersioning:BucketVersioning")
+    assert versioning.inputs["bucket"] == f"{bucket.name}-id"
+    assert versioning.inputs["versioningConfiguration"] == {"status": "Enabled"}
+    lifecycle = plan.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    [rule] = lifecycle.inputs["rules"]
+    assert rule["status"] == "Enabled" and rule["filter"] == {"prefix": ""}
+    assert rule["noncurrentVersionExpiration"] == {"noncurrentDays": 30}
+    assert rule["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 7}
+    assert versioning.urn in lifecycle.dependencies
+
+
+def test_force_destroy_is_the_users_choice():
+    plan = run_program(dev_config(checkpointsForceDestroy="true"), FakeAws(region="us-east-2"))
+    assert plan.one("aws:s3/bucket:Bucket").inputs["forceDestroy"] is True
+
+
+def test_default_security_group_has_no_rules_and_flow_logs_are_off(stack_plan):
+    _, plan = stack_plan
+    vpc = plan.one("aws:ec2/vpc:Vpc")
+    default_group = plan.one("aws:ec2/defaultSecurityGroup:DefaultSecurityGroup")
+    assert default_group.inputs["vpcId"] == f"{vpc.name}-id"
+    assert not default_group.inputs.get("ingress") and not default_group.inputs.get("egress")
+    assert plan.of_type("aws:ec2/flowLog:FlowLog") == []
+
+
+def test_vpc_flow_logs_go_to_a_log_group_with_the_stacks_retention():
+    plan = run_program(dev_config(vpcFlowLogs="true", logRetentionDays="90"), FakeAws(region="us-east-2"))
+    flow_log = plan.one("aws:ec2/flowLog:FlowLog").inputs
+    group = plan.one("aws:cloudwatch/logGroup:LogGroup", "eks-ray-train-flow-logs")
+    assert group.inputs["name"] == "/aws/vpc-flow-logs/eks-ray-train"
+    assert group.inputs["retentionInDays"] == 90
+    # The mocks' ARN of the log group (tests/program.py gives each resource one from its type and name).
+    assert flow_log["logDestination"] == f"arn:aws:service:us-east-2:{ACCOUNT}:loggroup/{group.name}"
+    assert (flow_log["trafficType"], flow_log["logDestinationType"]) == ("ALL", "cloud-watch-logs")
+    assert flow_log["vpcId"] == f"{plan.one('aws:ec2/vpc:Vpc').name}-id"
+    role = plan.one("aws:iam/role:Role", "eks-ray-train-flow-logs")
+    [trust] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert trust["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"}
+    assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": ACCOUNT}}
+    delivery = json.loads(
+        plan.one("aws:iam/rolePolicy:RolePolicy", "eks-ray-train-flow-logs").inputs["policy"]
+    )
+    assert delivery["Statement"][0]["Resource"][0] == flow_log["logDestination"]

@@ -1513,7 +1513,13 @@ def test_run_timings_come_from_the_environment_and_refuse_nonsense():
 
 @pytest.mark.parametrize(
     "data",
-    ["synthetic", "s3://bucket/corpus/", "training/corpus", "./training/corpus/", "training/corpus/bread.txt"],
+    [
+        "synthetic",
+        "s3://bucket/corpus/",
+        "training/corpus",
+        "./training/corpus/",
+        "training/corpus/bread.txt",
+    ],
 )
 def test_job_data_the_pods_can_read_is_accepted(data):
     args = job_arguments(

@@ -7,6 +7,7 @@ schemas (Kubernetes core, the KubeRay CRD, the charts' values.yaml). The Pulumi 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,29 @@ EFA_NCCL_ENV = {
 }
 CONFIGMAP_LIMIT_BYTES = 1_000_000
 HF_TOKEN_SECRET = "hf-token"
+# Labels KubeRay puts on every pod of a RayCluster (its utils.RayClusterLabelKey, RayNodeTypeLabelKey).
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+# Pod Security Standards of the Ray namespace. The Ray pods meet `baseline` (no privilege, no host
+# namespaces or paths; GPUs and EFA come as device-plugin resources). They miss `restricted` only by
+# running as root, as AWS's Ray image does: `restricted` is enforced nowhere, but each pod that misses
+# it is reported to whoever applies it (warn) and in the audit log (audit).
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "baseline",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/audit": "restricted",
+}
+# What every Ray pod runs with: the runtime's default seccomp filter, no setuid escalation, and no
+# capability at all. EFA needs none: the device plugin hands the device over, and the memory libfabric
+# registers is bounded by the locked-memory limit containers inherit from the node's runtime, which
+# CAP_IPC_LOCK would only lift; that capability is not in the runtime's default set, so the workers
+# never had it (and `baseline` refuses to add it). (KubeRay copies the Ray container's context to the init container it injects.)
+RAY_POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
+RAY_CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 # Gated models need a Hugging Face token; optional, so pods start the same without one.
 HF_TOKEN_ENV = {
     "name": "HF_TOKEN",
@@ -82,10 +106,11 @@ def kuberay_operator_values() -> dict:
 
 
 def namespace(name: str) -> dict:
+    """The Ray namespace, admitting pods that meet the `baseline` Pod Security Standard."""
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": dict(PART_OF_LABELS)},
+        "metadata": {"name": name, "labels": {**PART_OF_LABELS, **POD_SECURITY_LABELS}},
     }
 
 
@@ -217,10 +242,12 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
             "spec": {
                 "serviceAccountName": spec.service_account,
                 "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+                "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
                 "containers": [
                     {
                         "name": "ray-head",
                         "image": spec.image,
+                        "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
                         "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
                         # The GPU image's NVML hook fails on a node without GPUs unless told there are none.
                         "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), *region_env, HF_TOKEN_ENV],
@@ -249,10 +276,12 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                 "serviceAccountName": spec.service_account,
                 "nodeSelector": dict(GPU_NODE_SELECTOR),
                 "tolerations": [GPU_TOLERATION],
+                "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
                 "containers": [
                     {
                         "name": "ray-worker",
                         "image": spec.image,
+                        "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
                         "env": [*_env(EFA_NCCL_ENV), *region_env, HF_TOKEN_ENV],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
@@ -281,10 +310,44 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
     }
 
 
+def head_pod_labels(cluster_name: str) -> dict[str, str]:
+    """Labels KubeRay puts on the head pod."""
+    return {RAY_CLUSTER_LABEL: cluster_name, RAY_NODE_TYPE_LABEL: "head"}
+
+
 def head_pod_selector(cluster_name: str) -> str:
-    """Label selector KubeRay puts on the head pod."""
-    return f"ray.io/cluster={cluster_name},ray.io/node-type=head"
+    """Label selector of the head pod."""
+    return ",".join(f"{key}={value}" for key, value in head_pod_labels(cluster_name).items())
 
 
 def worker_pod_selector(cluster_name: str) -> str:
-    return f"ray.io/cluster={cluster_name},ray.io/node-type=worker"
+    return f"{RAY_CLUSTER_LABEL}={cluster_name},{RAY_NODE_TYPE_LABEL}=worker"
+
+
+def head_network_policy(cluster_name: str, namespace_name: str) -> dict:
+    """The Ray head admits connections from pods of its own namespace only.
+
+    Its GCS, dashboard/Jobs API and client ports (`RAY_PORTS`) take jobs without authentication.
+    Every port stays open to the namespace, since workers reach the head on many more (object and
+    node managers, worker ports, the dashboard agent). Nothing outside it needs the head:
+    - the KubeRay operator (namespace `kuberay`) queries the dashboard only for RayJobs and
+      RayServices, never for a plain RayCluster (kuberay v1.7.0, ray-operator/controllers/ray);
+    - kubelet probes come from the node, which the VPC CNI's policy agent always admits;
+    - the training run reaches the head by `kubectl exec` (API server to kubelet), which network
+      policies do not see, as does `kubectl port-forward` to the dashboard.
+    """
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{cluster_name}-head",
+            "namespace": namespace_name,
+            "labels": dict(PART_OF_LABELS),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": head_pod_labels(cluster_name)},
+            "policyTypes": ["Ingress"],
+            # An empty pod selector without a namespace selector: every pod of this namespace.
+            "ingress": [{"from": [{"podSelector": {}}]}],
+        },
+    }

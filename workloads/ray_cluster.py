@@ -1,4 +1,4 @@
-"""The Ray side of the cluster: namespace, service account, shipped code, and the RayCluster CR."""
+"""The Ray side of the cluster: namespace, service account, shipped code, head network policy, the RayCluster CR."""
 
 from __future__ import annotations
 
@@ -56,6 +56,12 @@ class RayCluster(pulumi.ComponentResource):
             **_body(manifests.training_code_configmap(spec.code_configmap, spec.namespace, spec.code_files)),
             opts=in_namespace,
         )
+        # Before the RayCluster, so the head pod never runs open to other namespaces.
+        head_policy = k8s.networking.v1.NetworkPolicy(
+            f"{spec.name}-head",
+            **_body(manifests.head_network_policy(spec.name, spec.namespace)),
+            opts=in_namespace,
+        )
         ray_cluster = manifests.ray_cluster(spec)
         self.spec_hash = spec_hash(ray_cluster)
         self.resource = k8s.apiextensions.CustomResource(
@@ -67,7 +73,7 @@ class RayCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,
-                depends_on=[namespace, service_account, code, *secrets, *after],
+                depends_on=[namespace, service_account, code, head_policy, *secrets, *after],
             ),
         )
         self.name = spec.name
