@@ -147,11 +147,10 @@ def _accumulated_step(
         config.lr,
         config.max_grad_norm,
         defer_grad_sync,
+        step=1,
     )
-    total = loss.clone()
-    dist.all_reduce(total)
     params = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
-    return {"loss": total.item() / world_size, "grads": grads, "params": params}
+    return {"loss": loss, "grads": grads, "params": params}
 
 
 def _accumulation_worker(

@@ -49,7 +49,7 @@ from training.data import (
     parse_files_batch,
     tokenize_batch,
 )
-from training.errors import RunFailedError, UsageError
+from training.errors import DivergedError, RunFailedError, UsageError
 from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.tokenizer import load_tokenizer
 
@@ -60,6 +60,7 @@ from training.tokenizer import load_tokenizer
 CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
 JOIN_TIMEOUT_S = 10  # to reach RAY_ADDRESS before `ray.init`, which would wait minutes
+DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
 
 
 class RaySession:
@@ -124,7 +125,13 @@ def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | Non
 
     config = TrainConfig.from_dict(worker_config["config"])
     session = RaySession(config.resume_from, worker_config["corpus"])
-    train(config, session)
+    try:
+        train(config, session)
+    except DivergedError as error:
+        # Returned, not raised: every rank stops at the same step, so none waits in a collective,
+        # and a raised error would print each worker's traceback and be retried (--max-failures)
+        # from the last checkpoint, to diverge again.
+        return {DIVERGED_KEY: str(error)}
     return session.outcome
 
 
@@ -312,6 +319,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
         outcome = result.return_value
         if outcome is None:
             raise RunFailedError("rank 0 returned no summary")
+        if DIVERGED_KEY in outcome:
+            raise DivergedError(outcome[DIVERGED_KEY])
         filesystem, run_path = result.filesystem, result.path
 
         def write(name: str, data: bytes) -> None:
