@@ -300,3 +300,29 @@ def test_a_run_whose_gradients_go_non_finite_exits_1_in_one_line_without_that_st
     assert lines[0].startswith("training failed: step 2: the gradient norm is nan;")
     assert "Lower --lr (this step's: 1e+30)" in lines[0]
     assert sorted(path.name for path in (storage / "diverged").iterdir()) == ["checkpoint_000001"]
+
+
+@pytest.mark.parametrize("launcher", [pytest.param("ray", marks=pytest.mark.slow), "torchrun"])
+def test_a_corpus_row_without_text_is_one_line_naming_file_line_and_columns(launcher, tmp_path):
+    """Read by a Ray Data task (ray) or by the rank itself (torchrun): the same line, exit 2."""
+    corpus = tmp_path / "rows.jsonl"
+    corpus.write_text('{"text": "a good document"}\n{"id": 7, "body": "no text"}\n')
+    args = ["--data", str(corpus), "--steps", "1", "--storage-path", str(tmp_path / "runs")]
+    if launcher == "ray":
+        result = run_training("--local", *args)
+    else:  # one rank, as torchrun would start it
+        rank = {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "0",
+        }
+        result = run_training("--launcher", "torchrun", *args, env=rank)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [
+        line for line in result.stderr.splitlines() if line.strip() and "Started a local Ray" not in line
+    ]
+    assert lines == [
+        f"python -m training: error: corpus file {corpus} line 2: no 'text' column; the row's columns: 'id', 'body'"
+    ]

@@ -14,7 +14,7 @@ import functools
 import os
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,7 +42,7 @@ from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT
 from training.config import CORPUS_SUFFIXES, TrainConfig, check_hsdp_replicas, corpus_files, is_uri
 from training.data import (
-    TOKENS_COLUMN,
+    batch_tokens,
     batches_per_epoch,
     epoch_batches,
     pack_documents,
@@ -171,11 +171,14 @@ def tokenized_documents(config: TrainConfig) -> ray.data.Dataset:
 
 def pack_dataset(documents: ray.data.Dataset, *, seq_len: int, eos_id: int) -> np.ndarray:
     """Pack a dataset of token arrays, in its order, into rows: one pass on the driver,
-    so rows cross block boundaries and only the last partial row is dropped."""
-    batches = documents.iter_batches(batch_format="numpy")
-    return pack_documents(
-        (tokens for batch in batches for tokens in batch[TOKENS_COLUMN]), seq_len=seq_len, eos_id=eos_id
-    )
+    so rows cross block boundaries and only the last partial row is dropped. Ray Data's batch
+    generator is closed here, even when a batch holds a bad corpus file: its clean-up calls Ray,
+    and the error's traceback would keep it alive until after `ray.shutdown`."""
+    batches = cast(Generator[dict[str, np.ndarray]], iter(documents.iter_batches(batch_format="numpy")))
+    with contextlib.closing(batches):
+        return pack_documents(
+            (tokens for batch in batches for tokens in batch_tokens(batch)), seq_len=seq_len, eos_id=eos_id
+        )
 
 
 def _configure_ray_data() -> None:
