@@ -54,8 +54,8 @@ def synthetic_batches(
             yield generator.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int64)
 
 
-def text_problem(value: object) -> str | None:
-    """Why a row's text column is no document (missing, null, not a string, empty), or None."""
+def _text_problem(value: object) -> str | None:
+    """Why a row's text value is no document (null, not a string, empty), or None."""
     if isinstance(value, str):
         return None if value else "is empty"
     return f"is {json.dumps(value)[:40]}, not a string"
@@ -80,7 +80,7 @@ def _jsonl_documents(path: str, raw: bytes) -> list[str]:
         if TEXT_COLUMN not in row:
             columns = ", ".join(map(repr, row)) or "none"
             raise UsageError(f"{where}: no {TEXT_COLUMN!r} column; the row's columns: {columns}")
-        problem = text_problem(row[TEXT_COLUMN])
+        problem = _text_problem(row[TEXT_COLUMN])
         if problem:
             raise UsageError(f"{where}: {TEXT_COLUMN!r} {problem}")
         documents.append(row[TEXT_COLUMN])
@@ -103,7 +103,7 @@ def _parquet_documents(path: str, raw: bytes) -> list[str]:
         raise UsageError(f"{where}: column {TEXT_COLUMN!r} holds {column.type}, not strings")
     texts = column.to_pylist()
     for index, text in enumerate(texts):
-        problem = text_problem(text)
+        problem = _text_problem(text)
         if problem:
             raise UsageError(f"{where} row index {index}: {TEXT_COLUMN!r} {problem}")
     return texts

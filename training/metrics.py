@@ -29,7 +29,7 @@ def loss_and_grad_norm(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[flo
     (the same on every rank), through one all-reduce and one read: the step's one host
     synchronisation. Both values are then the same on every rank. Summed in float64, so
     that no sum of finite fp32 values overflows into a spurious inf."""
-    values = torch.stack([loss.detach(), grad_norm.detach()]).double()
+    values = torch.stack([loss.detach().double(), grad_norm.detach().double()])
     dist.all_reduce(values, op=dist.ReduceOp.SUM)  # gloo has no AVG
     world_size = dist.get_world_size()
     loss_sum, norm_sum = values.tolist()
