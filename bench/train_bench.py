@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import itertools
 import json
 import platform
 import shlex
@@ -476,10 +477,21 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
         for _ in range(config.grad_accum_steps)
     ]
 
+    numbers = itertools.count(1)
+
     def step() -> torch.Tensor:
-        return train_step(
-            model, optimizer, micro_batches, config.lr, config.max_grad_norm, config.defer_grad_sync
+        # The loop's step reads its loss itself, before the optimizer step (its one host sync), so
+        # here `wall_ms_per_step_loss_read_once` syncs every step too.
+        loss = train_step(
+            model,
+            optimizer,
+            micro_batches,
+            config.lr,
+            config.max_grad_norm,
+            config.defer_grad_sync,
+            step=next(numbers),
         )
+        return torch.tensor(loss)
 
     return step
 

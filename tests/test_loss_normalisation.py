@@ -12,6 +12,7 @@ the loss, gradients and updated weights of one step over all its rows as one bat
 from __future__ import annotations
 
 import gc
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import training.parallelize
 from training.config import parse_args
+from training.errors import DivergedError
 from training.loop import build, train_step
 from training.loss import IGNORE_INDEX, global_normalizer
 from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
@@ -147,11 +149,10 @@ def _accumulated_step(
         config.lr,
         config.max_grad_norm,
         defer_grad_sync,
+        step=1,
     )
-    total = loss.clone()
-    dist.all_reduce(total)
     params = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
-    return {"loss": total.item() / world_size, "grads": grads, "params": params}
+    return {"loss": loss, "grads": grads, "params": params}
 
 
 def _accumulation_worker(
@@ -267,3 +268,37 @@ def test_deferred_sync_under_bf16_mixed_precision_matches_the_per_micro_batch_re
         finally:
             dist.destroy_process_group()
     _assert_same_step(results[1], results[0])
+
+
+# --- a non-finite step ---------------------------------------------------------------------------
+
+
+def _nan_loss_on_rank_1_worker(rank: int, world_size: int, init_file: str, out: str) -> None:
+    """One train_step of the tiny model whose loss is NaN on rank 1 alone: the error each rank
+    raised and whether its weights are those from before the step."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    config = parse_args(["--preset", "tiny"])
+    model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
+    if rank == 1:
+        model.register_forward_hook(lambda module, args, loss: loss * math.nan)
+    before = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
+    rows = _token_rows()[rank * 4 : rank * 4 + 4]
+    with pytest.raises(DivergedError) as raised:
+        train_step(model, optimizer, [rows], config.lr, config.max_grad_norm, step=1)
+    after = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
+    unchanged = all(torch.equal(before[name], after[name]) for name in before)
+    torch.save({"message": str(raised.value), "unchanged": unchanged}, f"{out}.{rank}")
+    tear_down_process_group()
+    end_rank_process(0)
+
+
+@pytest.mark.slow
+def test_a_loss_that_is_nan_on_one_rank_stops_every_rank_before_the_optimizer_step(tmp_path):
+    """Rank 0's own loss is finite: it stops on the all-reduced loss, as rank 1 does, and neither
+    is left waiting in a collective."""
+    out = str(tmp_path / "nan")
+    mp.spawn(_nan_loss_on_rank_1_worker, args=(2, str(tmp_path / "pg-nan"), out), nprocs=2)
+    for rank in (0, 1):
+        result = torch.load(f"{out}.{rank}")
+        assert result["message"].startswith("step 1: the loss is nan;"), rank
+        assert result["unchanged"], rank

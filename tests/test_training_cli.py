@@ -268,3 +268,57 @@ def test_a_model_config_file_that_is_no_json_object_is_one_line_naming_flag_and_
     assert result.returncode == 2 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]  # after the usage text, as for every bad flag
     assert last.startswith(f"python -m training: error: --model-config {bad}: {bad}")
+
+
+def test_a_run_whose_gradients_go_non_finite_exits_1_in_one_line_without_that_steps_checkpoint(tmp_path):
+    """One torchrun rank at --lr 1e30: step 1's update blows the weights up, step 2's gradient
+    norm is NaN. The run stops there, before step 2's checkpoint, instead of ending with rc 0."""
+    rank = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
+    flags = [
+        "--data",
+        "synthetic",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--lr",
+        "1e30",
+        "--warmup-steps",
+        "0",
+    ]
+    storage = tmp_path / "runs"
+    result = run_training(
+        "--launcher", "torchrun", *flags, "--steps", "4", "--checkpoint-every", "1",
+        "--storage-path", str(storage), "--run-name", "diverged", env=rank,
+    )  # fmt: skip
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("training failed: step 2: the gradient norm is nan;")
+    assert "Lower --lr (this step's: 1e+30)" in lines[0]
+    assert sorted(path.name for path in (storage / "diverged").iterdir()) == ["checkpoint_000001"]
+
+
+@pytest.mark.parametrize("launcher", [pytest.param("ray", marks=pytest.mark.slow), "torchrun"])
+def test_a_corpus_row_without_text_is_one_line_naming_file_line_and_columns(launcher, tmp_path):
+    """Read by a Ray Data task (ray) or by the rank itself (torchrun): the same line, exit 2."""
+    corpus = tmp_path / "rows.jsonl"
+    corpus.write_text('{"text": "a good document"}\n{"id": 7, "body": "no text"}\n')
+    args = ["--data", str(corpus), "--steps", "1", "--storage-path", str(tmp_path / "runs")]
+    if launcher == "ray":
+        result = run_training("--local", *args)
+    else:  # one rank, as torchrun would start it
+        rank = {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "0",
+        }
+        result = run_training("--launcher", "torchrun", *args, env=rank)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [
+        line for line in result.stderr.splitlines() if line.strip() and "Started a local Ray" not in line
+    ]
+    assert lines == [
+        f"python -m training: error: corpus file {corpus} line 2: no 'text' column; the row's columns: 'id', 'body'"
+    ]

@@ -19,6 +19,7 @@ import pytest
 
 from training.config import SHIPPED_CORPUS, corpus_files, parse_args
 from training.data import local_corpus_batches, pack_documents, read_documents
+from training.errors import UsageError
 from training.tokenizer import ByteTokenizer
 
 SEQ_LEN = 32
@@ -182,3 +183,65 @@ def test_hundreds_of_short_documents_each_in_its_own_block_pack_exactly(short_no
     rows = ray_rows(short_notes, blocks=len(files))
     assert_exact_packing(rows, files, SEQ_LEN)
     assert (rows == EOS).sum() >= len(files) - 1
+
+
+# --- rows without a usable text column ----------------------------------------------------------
+
+GOOD_ROW = json.dumps({"text": "a good document"})
+BAD_ROWS = [
+    ('{"id": 7, "body": "no text here"}', "no 'text' column; the row's columns: 'id', 'body'"),
+    ("{}", "no 'text' column; the row's columns: none"),
+    ('{"text": 42}', "'text' is 42, not a string"),
+    ('{"text": null}', "'text' is null, not a string"),
+    ('{"text": ""}', "'text' is empty"),
+    ("[1, 2]", "[1, 2] is not a JSON object with a 'text' column"),
+    ('{"text": "cut', "not JSON at column 10: Unterminated string starting at"),
+]
+
+
+def bad_jsonl(root: Path, row: str) -> Path:
+    """A corpus file whose bad row is line 4, after a good row and a blank line."""
+    path = root / "rows.jsonl"
+    path.write_text(f"{GOOD_ROW}\n\n{GOOD_ROW}\n{row}\n{GOOD_ROW}\n")
+    return path
+
+
+@pytest.mark.parametrize(("row", "problem"), BAD_ROWS)
+def test_a_bad_jsonl_row_is_one_line_naming_file_line_and_column(tmp_path, row, problem):
+    path = bad_jsonl(tmp_path, row)
+    with pytest.raises(UsageError) as raised:
+        read_documents(str(path))
+    assert str(raised.value) == f"corpus file {path} line 4: {problem}"
+
+
+def test_jsonl_lines_are_split_at_newlines_only(tmp_path):
+    """U+2028 is a line break to str.splitlines, but JSON allows it raw inside a string."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"text": "one\u2028two"}, ensure_ascii=False) + "\n")
+    assert read_documents(str(path)) == ["one\u2028two"]
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        (pa.table({"body": ["x"], "id": [1]}), ": no 'text' column; its columns: 'body', 'id'"),
+        (pa.table({"text": [1, 2]}), ": column 'text' holds int64, not strings"),
+        (pa.table({"text": ["fine", None]}), " row index 1: 'text' is null, not a string"),
+        (pa.table({"text": ["fine", "also", ""]}), " row index 2: 'text' is empty"),
+    ],
+)
+def test_a_bad_parquet_row_or_column_is_one_line_naming_file_row_and_column(tmp_path, table, problem):
+    path = tmp_path / "rows.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(UsageError) as raised:
+        read_documents(str(path))
+    assert str(raised.value) == f"corpus file {path}{problem}"
+
+
+@pytest.mark.slow
+def test_ray_data_raises_a_bad_row_on_the_driver_as_the_same_usage_error(tmp_path, local_ray):
+    """The row is parsed in a Ray Data task; raised there, the driver would get Ray's traceback."""
+    path = bad_jsonl(tmp_path, BAD_ROWS[0][0])
+    with pytest.raises(UsageError) as raised:
+        ray_rows(tmp_path)
+    assert str(raised.value) == f"corpus file {path} line 4: {BAD_ROWS[0][1]}"

@@ -341,3 +341,24 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage):
         assert entry["loss"] == pytest.approx(before[entry["step"]], abs=1e-3), entry["step"]
     summary = json.loads(lines[-1])
     assert (summary["steps"], summary["start_step"]) == (steps, resumed_from)
+
+
+def test_a_diverging_run_exits_1_in_one_line_and_is_not_retried(tmp_path):
+    """At --lr 1e30 step 2's gradient norm is NaN on both workers: one line, exit 1, no step-2
+    checkpoint, and no retry from step 1's checkpoint despite --max-failures (it would diverge again)."""
+    result = run_cli(
+        "--local",
+        "--data", "synthetic",
+        "--lr", "1e30",
+        "--warmup-steps", "0",
+        "--steps", "3",
+        "--checkpoint-every", "1",
+        "--max-failures", "1",
+        "--storage-path", str(tmp_path),
+        "--run-name", "diverged",
+    )  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("training failed: step 2: the gradient norm is nan;"), result.stderr[-4000:]
+    assert [step["step"] for step in step_lines(result.stdout)] == [1]
+    assert [path.name for path in (tmp_path / "diverged").glob("checkpoint_0*")] == ["checkpoint_000001"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import math
 import subprocess
@@ -587,3 +589,110 @@ def test_a_resume_with_another_accumulation_or_batch_size_is_refused():
     with pytest.raises(UsageError, match=r"--grad-accum-steps 1:"):
         check_resume_shape({"step": 4}, config, "ckpt")
     check_resume_shape({"step": 4}, parse_args(["--batch-size", "3"]), "ckpt")
+
+
+@pytest.mark.parametrize(
+    ("loss", "grad_norm", "quantity", "value"),
+    [
+        (math.nan, 1.0, "loss", "nan"),
+        (math.inf, math.nan, "loss", "inf"),
+        (2.5, -math.inf, "gradient norm", "-inf"),
+    ],
+)
+def test_divergence_names_the_step_the_quantity_its_value_and_the_fix(loss, grad_norm, quantity, value):
+    from training.loop import divergence
+
+    message = divergence(7, loss=loss, grad_norm=grad_norm, lr=3e-3)
+    assert message is not None and "\n" not in message
+    assert message.startswith(f"step 7: the {quantity} is {value};")
+    assert "--lr (this step's: 0.003)" in message and "data" in message and "bf16" in message
+    assert divergence(7, loss=2.5, grad_norm=1e30, lr=3e-3) is None
+
+
+class _RecordingSession:
+    """A one-rank launcher session that records the steps it was asked to checkpoint."""
+
+    rank, world_size, local_world_size, device = 0, 1, 1, torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.checkpointed: list[int] = []
+        self.finished = False
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self):
+        yield None
+
+    def corpus_batches(self, config):
+        raise AssertionError("the test trains on synthetic data")
+
+    def report(self, metrics, step, save):
+        assert math.isfinite(metrics["loss"])
+        if save is not None:
+            self.checkpointed.append(step)
+
+    def finish(self, summary, history):
+        self.finished = True
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _train_until_it_stops(monkeypatch, argv: list[str], hook=None) -> tuple[str, _RecordingSession, dict]:
+    """Train the tiny model on synthetic rows, checkpointing every step; the DivergedError's
+    message, the session and the weights the loop was left with (as full tensors)."""
+    import training.loop
+    from training.errors import DivergedError
+
+    built = []
+
+    def build_and_keep(config, session):
+        parts = original_build(config, session)
+        if hook is not None:
+            parts[0].register_forward_hook(hook)
+        built.append(parts[0])
+        return parts
+
+    original_build = training.loop.build
+    monkeypatch.setattr(training.loop, "build", build_and_keep)
+    config = parse_args(
+        ["--data", SYNTHETIC, "--seq-len", "32", "--batch-size", "2", "--checkpoint-every", "1", *argv]
+    )
+    session = _RecordingSession()
+    with pytest.raises(DivergedError) as raised:
+        training.loop.train(config, session)
+    weights = {name: param.detach().full_tensor() for name, param in built[0].named_parameters()}
+    return str(raised.value), session, weights
+
+
+def test_a_non_finite_gradient_norm_stops_the_run_before_the_optimizer_step(monkeypatch, one_rank_group):
+    """At --lr 1e30 the first update blows the weights up; step 2's gradients overflow."""
+    message, session, weights = _train_until_it_stops(monkeypatch, ["--lr", "1e30", "--warmup-steps", "0"])
+    assert (
+        message.startswith("step 2: the gradient norm is nan;")
+        and "Lower --lr (this step's: 1e+30)" in message
+    )
+    assert all(weight.isfinite().all() for weight in weights.values()), (
+        "a non-finite update reached the weights"
+    )
+    assert session.checkpointed == [1] and not session.finished
+
+
+def test_a_non_finite_loss_stops_the_run_before_the_optimizer_step(monkeypatch, one_rank_group):
+    """From the third forward on, the loss is NaN (and so are its gradients)."""
+    forwards = itertools.count(1)
+
+    def poison(module, args, loss):
+        return loss * math.nan if next(forwards) >= 3 else loss
+
+    message, session, weights = _train_until_it_stops(monkeypatch, ["--steps", "5"], poison)
+    assert message.startswith("step 3: the loss is nan;")
+    assert all(weight.isfinite().all() for weight in weights.values()), (
+        "a non-finite update reached the weights"
+    )
+    assert session.checkpointed == [1, 2] and not session.finished

@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from training.config import TrainConfig, corpus_files, corpus_format
+from training.errors import UsageError
 from training.tokenizer import load_tokenizer
 
 TOKENS_COLUMN = "tokens"
 TEXT_COLUMN = "text"
+PROBLEM_COLUMN = "problem"  # between Ray Data's tasks: why a corpus file has no documents
 # Token ids as stored between packing and training: every vocabulary fits, at half
 # the memory of int64. Batches leave as int64, which the loss needs for labels.
 ROW_DTYPE = np.int32
@@ -52,19 +54,71 @@ def synthetic_batches(
             yield generator.integers(0, vocab_size, size=(batch_size, seq_len + 1), dtype=np.int64)
 
 
+def _text_problem(value: object) -> str | None:
+    """Why a row's text value is no document (null, not a string, empty), or None."""
+    if isinstance(value, str):
+        return None if value else "is empty"
+    return f"is {json.dumps(value)[:40]}, not a string"
+
+
+def _jsonl_documents(path: str, raw: bytes) -> list[str]:
+    """One document per non-blank line. Lines are split at "\n" only, as JSON Lines defines
+    them: a document may hold other line separators (U+2028), and the numbers match an editor's."""
+    documents = []
+    for number, line in enumerate(raw.decode("utf-8", errors="replace").split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"corpus file {path} line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"{where}: not JSON at column {error.colno}: {error.msg}") from None
+        if not isinstance(row, dict):
+            raise UsageError(
+                f"{where}: {json.dumps(row)[:40]} is not a JSON object with a {TEXT_COLUMN!r} column"
+            )
+        if TEXT_COLUMN not in row:
+            columns = ", ".join(map(repr, row)) or "none"
+            raise UsageError(f"{where}: no {TEXT_COLUMN!r} column; the row's columns: {columns}")
+        problem = _text_problem(row[TEXT_COLUMN])
+        if problem:
+            raise UsageError(f"{where}: {TEXT_COLUMN!r} {problem}")
+        documents.append(row[TEXT_COLUMN])
+    return documents
+
+
+def _parquet_documents(path: str, raw: bytes) -> list[str]:
+    """One document per row of the text column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(io.BytesIO(raw))
+    where = f"corpus file {path}"
+    names = parquet.schema_arrow.names
+    if TEXT_COLUMN not in names:
+        columns = ", ".join(map(repr, names)) or "none"
+        raise UsageError(f"{where}: no {TEXT_COLUMN!r} column; its columns: {columns}")
+    column = parquet.read(columns=[TEXT_COLUMN]).column(TEXT_COLUMN)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise UsageError(f"{where}: column {TEXT_COLUMN!r} holds {column.type}, not strings")
+    texts = column.to_pylist()
+    for index, text in enumerate(texts):
+        problem = _text_problem(text)
+        if problem:
+            raise UsageError(f"{where} row index {index}: {TEXT_COLUMN!r} {problem}")
+    return texts
+
+
 def parse_documents(path: str, raw: bytes) -> list[str]:
     """The documents in one corpus file's bytes: a text file is one document, each
-    jsonl line or parquet row is one. `path` may be a URI; only its suffix is used."""
+    jsonl line or parquet row is one. `path` may be a URI; only its suffix is used.
+    A row without a usable text column is a usage error naming file, row and column."""
     kind = corpus_format(path)
     if kind == "text":
         return [raw.decode("utf-8", errors="replace")]
     if kind == "json":
-        lines = raw.decode("utf-8", errors="replace").splitlines()
-        return [json.loads(line)[TEXT_COLUMN] for line in lines if line.strip()]
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(io.BytesIO(raw), columns=[TEXT_COLUMN])
-    return [str(text) for text in table.column(TEXT_COLUMN).to_pylist()]
+        return _jsonl_documents(path, raw)
+    return _parquet_documents(path, raw)
 
 
 def read_documents(path: str) -> list[str]:
@@ -82,19 +136,36 @@ def tokenize(texts: Iterable[str], tokenizer: str) -> Iterator[np.ndarray]:
 def parse_files_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Ray Data `map_batches` function: corpus files' bytes (`read_binary_files` with
     paths) to their documents, in order. Here, not in the launcher, so Ray Data's task
-    processes import numpy only, not torch."""
-    paths, contents = batch["path"], batch["bytes"]
-    texts = [text for path, raw in zip(paths, contents, strict=True) for text in parse_documents(path, raw)]
-    return {TEXT_COLUMN: np.asarray(texts, dtype=object)}
+    processes import numpy only, not torch. A file with a bad row becomes one row whose
+    problem column names it, which the driver raises: raised here, it would reach the
+    driver as Ray Data's traceback of its task, without the error's type."""
+    texts: list[str] = []
+    problems: list[str] = []
+    for path, raw in zip(batch["path"], batch["bytes"], strict=True):
+        try:
+            documents, problem = parse_documents(path, raw), ""
+        except UsageError as error:
+            documents, problem = [""], str(error)
+        texts.extend(documents)
+        problems.extend([problem] * len(documents))
+    return {TEXT_COLUMN: np.asarray(texts, dtype=object), PROBLEM_COLUMN: np.asarray(problems, dtype=object)}
 
 
 def tokenize_batch(batch: dict[str, np.ndarray], *, tokenizer: str) -> dict[str, np.ndarray]:
-    """Ray Data `map_batches` function: one token array per document."""
+    """Ray Data `map_batches` function: one token array per document; problems pass through."""
     column = np.empty(len(batch[TEXT_COLUMN]), dtype=object)
     # Element by element: equal-length arrays would otherwise become one 2-D array.
     for index, tokens in enumerate(tokenize(batch[TEXT_COLUMN], tokenizer)):
         column[index] = tokens
-    return {TOKENS_COLUMN: column}
+    return {TOKENS_COLUMN: column, PROBLEM_COLUMN: batch[PROBLEM_COLUMN]}
+
+
+def batch_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """A tokenized batch's token arrays; the usage error of its first bad file, if any."""
+    problem = next((problem for problem in batch[PROBLEM_COLUMN] if problem), None)
+    if problem:
+        raise UsageError(str(problem))
+    return batch[TOKENS_COLUMN]
 
 
 def pack_documents(token_lists: Iterable[np.ndarray | list[int]], seq_len: int, eos_id: int) -> np.ndarray:

@@ -7,6 +7,7 @@ corpus shard, reporting), so it never needs to know which launcher it runs in.
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,13 +17,14 @@ from typing import Any, Protocol, cast
 import numpy as np
 import torch
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from training.checkpoint import export_hugging_face, load_checkpoint, save_checkpoint
 from training.config import BYTE_TOKENIZER, TrainConfig
 from training.data import synthetic_batches
-from training.errors import UsageError
+from training.errors import DivergedError, UsageError
 from training.loss import global_normalizer
-from training.metrics import RunMetrics, mean_across_ranks
+from training.metrics import RunMetrics, loss_and_grad_norm
 from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
 from training.optim import build_optimizer, learning_rate, set_learning_rate
 from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
@@ -135,6 +137,17 @@ def check_resume_shape(state: dict[str, Any], config: TrainConfig, checkpoint: s
         )
 
 
+def divergence(step: int, *, loss: float, grad_norm: float, lr: float) -> str | None:
+    """Why the run must stop at `step` (its loss or gradient norm is not finite), or None."""
+    for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+        if not math.isfinite(value):
+            return (
+                f"step {step}: the {name} is {value}; stopped before this step's optimizer step and "
+                f"checkpoint. Lower --lr (this step's: {lr:g}), or check the data and for bf16 overflow"
+            )
+    return None
+
+
 def train_step(
     model: CausalLMWithFusedLoss,
     optimizer: torch.optim.Optimizer,
@@ -142,10 +155,13 @@ def train_step(
     lr: float,
     max_grad_norm: float,
     defer_grad_sync: bool = False,
-) -> torch.Tensor:
-    """One optimizer step on micro-batches of [batch, seq_len + 1] token rows (forward and
-    backward each in turn, then one clip and one optimizer step); returns the step's
-    (unsynchronised) loss, the sum of the micro-batch losses."""
+    *,
+    step: int,
+) -> float:
+    """Optimizer step `step` on micro-batches of [batch, seq_len + 1] token rows (forward and
+    backward each in turn, then one clip and one optimizer step); returns the step's loss,
+    the sum of the micro-batch losses, averaged over the ranks. A non-finite loss or gradient
+    norm raises `DivergedError` on every rank before the optimizer step touches the weights."""
     set_learning_rate(optimizer, lr)
     # One normaliser for the whole step: each micro-batch's summed loss over the step's
     # valid-label count, so the accumulated gradient is that of the step's token mean.
@@ -164,11 +180,25 @@ def train_step(
         loss = model(rows[:, :-1], rows[:, 1:], normalizer)
         loss.backward()
         losses.append(loss.detach())
+    # The total norm of FSDP2's sharded gradients is a replicated DTensor: one global value.
+    # Without clipping it is computed for the check alone (a pass over the gradients and an
+    # all-reduce of one number, queued on the device: no host sync).
     if max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    # The host reads the loss here, before the optimizer step, where it used to read it after:
+    # still the step's one sync, not a second one. The host now waits for the backward rather
+    # than for the optimizer step, then queues the optimizer step and builds the next batch
+    # while the device runs it. Both values are all-reduced, so every rank decides alike and
+    # none is left waiting in a collective.
+    step_loss, norm = loss_and_grad_norm(torch.stack(losses).sum(), cast(DTensor, grad_norm).full_tensor())
+    problem = divergence(step, loss=step_loss, grad_norm=norm, lr=lr)
+    if problem:
+        raise DivergedError(problem)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return torch.stack(losses).sum()
+    return step_loss
 
 
 def _prepare_device(device: torch.device) -> None:
@@ -218,10 +248,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             learning_rate(config, step),
             config.max_grad_norm,
             config.defer_grad_sync,
+            step=step,
         )
-        record = metrics.step(
-            step, mean_across_ranks(loss, session.world_size), time.perf_counter() - step_start
-        )
+        record = metrics.step(step, loss, time.perf_counter() - step_start)
         history.append({key: getattr(record, key) for key in HISTORY_KEYS})
         if session.rank == 0:
             emit(format_progress_line(record))

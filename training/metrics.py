@@ -24,11 +24,16 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
-def mean_across_ranks(loss: torch.Tensor, world_size: int) -> float:
-    """The global batch's loss; the .item() is the step's one host synchronisation."""
-    total = loss.detach().float().clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG
-    return total.item() / world_size
+def loss_and_grad_norm(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+    """The global batch's loss (this rank's, averaged over the ranks) and the gradient norm
+    (the same on every rank), through one all-reduce and one read: the step's one host
+    synchronisation. Both values are then the same on every rank. Summed in float64, so
+    that no sum of finite fp32 values overflows into a spurious inf."""
+    values = torch.stack([loss.detach().double(), grad_norm.detach().double()])
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)  # gloo has no AVG
+    world_size = dist.get_world_size()
+    loss_sum, norm_sum = values.tolist()
+    return loss_sum / world_size, norm_sum / world_size
 
 
 def _max_across_ranks(value: float, device: torch.device) -> float:

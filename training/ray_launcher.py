@@ -14,7 +14,7 @@ import functools
 import os
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,14 +42,14 @@ from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT
 from training.config import CORPUS_SUFFIXES, TrainConfig, check_hsdp_replicas, corpus_files, is_uri
 from training.data import (
-    TOKENS_COLUMN,
+    batch_tokens,
     batches_per_epoch,
     epoch_batches,
     pack_documents,
     parse_files_batch,
     tokenize_batch,
 )
-from training.errors import RunFailedError, UsageError
+from training.errors import DivergedError, RunFailedError, UsageError
 from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.tokenizer import load_tokenizer
 
@@ -60,6 +60,7 @@ from training.tokenizer import load_tokenizer
 CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
 JOIN_TIMEOUT_S = 10  # to reach RAY_ADDRESS before `ray.init`, which would wait minutes
+DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
 
 
 class RaySession:
@@ -124,7 +125,13 @@ def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | Non
 
     config = TrainConfig.from_dict(worker_config["config"])
     session = RaySession(config.resume_from, worker_config["corpus"])
-    train(config, session)
+    try:
+        train(config, session)
+    except DivergedError as error:
+        # Returned, not raised: every rank stops at the same step, so none waits in a collective,
+        # and a raised error would print each worker's traceback and be retried (--max-failures)
+        # from the last checkpoint, to diverge again.
+        return {DIVERGED_KEY: str(error)}
     return session.outcome
 
 
@@ -164,11 +171,14 @@ def tokenized_documents(config: TrainConfig) -> ray.data.Dataset:
 
 def pack_dataset(documents: ray.data.Dataset, *, seq_len: int, eos_id: int) -> np.ndarray:
     """Pack a dataset of token arrays, in its order, into rows: one pass on the driver,
-    so rows cross block boundaries and only the last partial row is dropped."""
-    batches = documents.iter_batches(batch_format="numpy")
-    return pack_documents(
-        (tokens for batch in batches for tokens in batch[TOKENS_COLUMN]), seq_len=seq_len, eos_id=eos_id
-    )
+    so rows cross block boundaries and only the last partial row is dropped. Ray Data's batch
+    generator is closed here, even when a batch holds a bad corpus file: its clean-up calls Ray,
+    and the error's traceback would keep it alive until after `ray.shutdown`."""
+    batches = cast(Generator[dict[str, np.ndarray]], iter(documents.iter_batches(batch_format="numpy")))
+    with contextlib.closing(batches):
+        return pack_documents(
+            (tokens for batch in batches for tokens in batch_tokens(batch)), seq_len=seq_len, eos_id=eos_id
+        )
 
 
 def _configure_ray_data() -> None:
@@ -312,6 +322,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
         outcome = result.return_value
         if outcome is None:
             raise RunFailedError("rank 0 returned no summary")
+        if DIVERGED_KEY in outcome:
+            raise DivergedError(outcome[DIVERGED_KEY])
         filesystem, run_path = result.filesystem, result.path
 
         def write(name: str, data: bytes) -> None:
