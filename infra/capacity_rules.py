@@ -103,17 +103,3 @@ def reservation_misfit(
     if reservation.usable < count:
         return ReservationMisfit.TOO_FEW
     return None
-
-
-def update_surge(zone_count: int, max_unavailable: int) -> int:
-    """Nodes an EKS managed node group launches before it removes any in a DEFAULT-strategy update.
-
-    EKS user guide, "Understand each phase of node updates", scale up phase: the Auto Scaling
-    group grows by the larger of twice the number of its Availability Zones and maxUnavailable.
-    """
-    return max(2 * zone_count, max_unavailable)
-
-
-def surge_blocked(reservation: ReservationFacts, count: int, surge: int) -> bool:
-    """A DEFAULT-strategy update of `count` nodes could not launch its surge nodes inside the reservation."""
-    return reservation.usable - count < surge

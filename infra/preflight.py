@@ -50,13 +50,11 @@ from infra.capacity_rules import (
     ReservationMisfit,
     has_efa,
     reservation_misfit,
-    surge_blocked,
-    update_surge,
     usable_zones,
     vcpu_shortfall,
 )
 from infra.config import ConfigError, StackSettings
-from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, GPU_MAX_UNAVAILABLE, SYSTEM_AMI_TYPE
+from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 from infra.sizing import InstanceFacts, describe_instance_type
 
 
@@ -360,6 +358,12 @@ def _reservation_gpu_zone(settings: StackSettings, reservation: ReservationFacts
     reservation_id = reservation.reservation_id
     describe_command = f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
     misfit = reservation_misfit(reservation, settings.gpu_node_type, settings.gpu_node_count)
+    if misfit is ReservationMisfit.NOT_ACTIVE and reservation.is_capacity_block:
+        raise PreflightError(
+            f"config key 'capacityReservationId' = {reservation_id!r}: the Capacity Block is {reservation.state}; "
+            "at its end EC2 reclaims the instances and the GPU node group keeps no nodes: buy a new block and set "
+            "capacityReservationId to it, or remove the key to run On-Demand"
+        )
     if misfit is ReservationMisfit.NOT_ACTIVE:
         raise PreflightError(
             f"capacity reservation {reservation_id} is {reservation.state}, and only an active reservation holds "
@@ -388,7 +392,8 @@ def _reservation_gpu_zone(settings: StackSettings, reservation: ReservationFacts
             f"config key 'gpuAz' = {settings.gpu_az!r}, and capacity reservation {reservation_id} is in "
             f"{reservation.zone}: remove gpuAz (the reservation decides the GPU zone) or set it to {reservation.zone}"
         )
-    _warn_about_updates(settings, reservation)
+    _warn_about_updates(reservation)
+    _warn_about_billing(reservation, settings.region)
     return zones.check_gpu_zone(
         reservation.zone,
         f"capacity reservation {reservation_id}",
@@ -413,25 +418,29 @@ def _too_few_message(settings: StackSettings, reservation: ReservationFacts, des
     )
 
 
-def _warn_about_updates(settings: StackSettings, reservation: ReservationFacts) -> None:
-    """Say in the preview what an update of the GPU node group will do in this reservation."""
-    if not reservation.own_instances:
-        return  # the group does not exist yet: this run creates it, nothing rolls
-    surge = update_surge(zone_count=1, max_unavailable=GPU_MAX_UNAVAILABLE)  # the GPU group spans one zone
-    if reservation.is_capacity_block:
+def _warn_about_updates(reservation: ReservationFacts) -> None:
+    """Say in the preview what an update of the GPU node group will do in this Capacity Block."""
+    if reservation.own_instances and reservation.is_capacity_block:
         pulumi.log.warn(
             f"capacity reservation {reservation.reservation_id} is a Capacity Block, and AWS supports updating a "
             "managed node group of a Capacity Block only at desired size 0: a change that rolls the GPU nodes "
             "(launch template, AMI release) fails while they run; `pulumi destroy` the stack or wait for the "
             "block to end before such a change"
         )
-    elif surge_blocked(reservation, settings.gpu_node_count, surge):
-        pulumi.log.warn(
-            f"capacity reservation {reservation.reservation_id} has no room for the {surge} extra node(s) an EKS "
-            "node group update launches first, so the GPU group updates with the MINIMAL strategy: a change that "
-            "rolls the GPU nodes (launch template, AMI release) terminates each node before its replacement "
-            "launches, and a training job running then loses that worker"
+
+
+def _warn_about_billing(reservation: ReservationFacts, region: str) -> None:
+    """The stack launches into the reservation but does not own it: `pulumi destroy` ends no billing."""
+    if reservation.is_capacity_block:
+        ending = "a Capacity Block is paid up front and ends at its end date; it cannot be cancelled"
+    else:
+        ending = (
+            "it bills every reserved instance-hour, used or not, until you cancel it: "
+            f"`aws ec2 cancel-capacity-reservation --capacity-reservation-id {reservation.reservation_id} --region {region}`"
         )
+    pulumi.log.warn(
+        f"capacity reservation {reservation.reservation_id} is not part of this stack and outlives `pulumi destroy`: {ending}"
+    )
 
 
 def _first_line(text: str) -> str:

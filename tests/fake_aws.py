@@ -65,6 +65,17 @@ EKS_VERSIONS: dict[str, str] = {
     "1.32": "EXTENDED_SUPPORT",
 }
 
+# `eks:DescribeAddonVersions` for coredns, newest first per Kubernetes version: each CoreDNS
+# build EKS ships is compatible with a range of cluster versions (the names follow EKS's
+# `v<coredns>-eksbuild.<n>` scheme; the numbers are illustrative).
+COREDNS_VERSIONS: dict[str, str] = {
+    "1.36": "v1.13.2-eksbuild.1",
+    "1.35": "v1.13.2-eksbuild.1",
+    "1.34": "v1.12.4-eksbuild.3",
+    "1.33": "v1.12.4-eksbuild.3",
+    "1.32": "v1.11.4-eksbuild.14",
+}
+
 REGION_DESCRIPTIONS = {
     "us-east-1": "US East (N. Virginia)",
     "us-east-2": "US East (Ohio)",
@@ -329,6 +340,7 @@ class FakeAws:
             "aws:cloudcontrol/getResource:getResource": self._cloudcontrol_resource,
             "aws:ec2/getInstances:getInstances": self._instances,
             "aws:eks/getClusterVersions:getClusterVersions": self._cluster_versions,
+            "aws:eks/getAddonVersion:getAddonVersion": self._addon_version,
         }.get(token)
         if answer is None:
             raise NotImplementedError(
@@ -499,6 +511,16 @@ class FakeAws:
             "publicIps": [],
             "ipv6Addresses": [],
         }
+
+    def _addon_version(self, args: dict) -> dict:
+        if args["addonName"] != "coredns" or args["kubernetesVersion"] not in COREDNS_VERSIONS:
+            raise AwsApiError(
+                "EKS: DescribeAddonVersions",
+                "NotFound",
+                f"no {args['addonName']} for {args['kubernetesVersion']}",
+            )
+        version = COREDNS_VERSIONS[args["kubernetesVersion"]]
+        return {**args, "id": args["addonName"], "version": version, "region": self.region}
 
     def _cluster_versions(self, args: dict) -> dict:
         return {

@@ -39,6 +39,7 @@ class Registration:
     inputs: dict[str, Any]
     secret_inputs: set[str]
     alias_names: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
 
 
 @dataclass
@@ -130,6 +131,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     inputs=inputs,
                     secret_inputs=_secret_paths(request.object),
                     alias_names=[a.spec.name for a in request.aliases if a.HasField("spec")],
+                    delete_before_replace=request.deleteBeforeReplace,
                 )
             )
         return response

@@ -433,23 +433,33 @@ def test_schema_without_reservation_type_is_taken_as_an_on_demand_reservation():
     assert not placement.reservation.is_capacity_block
 
 
-def test_full_reservation_warns_that_updates_replace_nodes_without_a_surge(caplog):
+def test_a_reservation_warns_that_it_bills_after_destroy_with_the_cancel_command(caplog):
     caplog.set_level(logging.WARNING)
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
     plan(fake, capacityReservationId=RESERVATION)
-    assert "MINIMAL" not in caplog.text  # first deploy: there is no group to update yet
-    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
-    plan(fake, capacityReservationId=RESERVATION)
-    assert f"capacity reservation {RESERVATION} has no room for the 2 extra node(s)" in caplog.text
-    assert "MINIMAL strategy" in caplog.text
+    assert (
+        f"capacity reservation {RESERVATION} is not part of this stack and outlives `pulumi destroy`"
+        in caplog.text
+    )
+    assert (
+        f"aws ec2 cancel-capacity-reservation --capacity-reservation-id {RESERVATION} --region us-east-2"
+        in caplog.text
+    )
 
 
-def test_reservation_with_room_for_the_surge_does_not_warn(caplog):
-    caplog.set_level(logging.WARNING)
-    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_count=4)})
-    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
-    plan(fake, capacityReservationId=RESERVATION)
-    assert "has no room" not in caplog.text
+def test_an_ended_capacity_block_says_it_ended():
+    """EC2 reclaims a Capacity Block's instances at its end and the reservation's state leaves active."""
+    block = capacity_reservation(
+        "us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block", state="expired"
+    )
+    message = refusal(
+        FakeAws(reservations={RESERVATION: block}),
+        capacityReservationId=RESERVATION,
+        gpuNodeType="p5.48xlarge",
+    )
+    assert message.startswith(
+        f"config key 'capacityReservationId' = '{RESERVATION}': the Capacity Block is expired"
+    )
 
 
 def test_running_capacity_block_warns_that_aws_updates_it_only_at_size_zero(caplog):
