@@ -9,6 +9,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 
 from infra.config import StackSettings
+from infra.live_stack import OWNER_TAG, owner
 from platform_facts import PROJECT
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
@@ -126,6 +127,8 @@ class Cluster(pulumi.ComponentResource):
             name=log_group_name,
             retention_in_days=settings.log_retention_days,
             kms_key_id=self.secrets_key.arn,
+            # Tells this stack's group from one a destroyed cluster left behind (`infra.live_stack`).
+            tags={OWNER_TAG: owner()},
             opts=child,
         )
         self.eks = eks.Cluster(

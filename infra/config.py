@@ -272,6 +272,16 @@ def _ray_version_problem(image: str, ray_version: str) -> str | None:
     return None
 
 
+def _public_endpoint(value: Any) -> bool:
+    if not as_bool(value):
+        raise ValueError(
+            "the stack creates its own VPC, and after the cluster `pulumi up` calls the Kubernetes API from this "
+            "machine (Helm releases, RayCluster, training run), which a private endpoint refuses from outside that "
+            "VPC: keep the endpoint public and limit it with endpointPublicAccessCidrs"
+        )
+    return True
+
+
 def _memory_quantity(value: Any) -> str:
     """Kept as written (it goes into the pod spec), once it is known to parse."""
     memory_mib(str(value))
@@ -347,9 +357,9 @@ class StackKeys(BaseModel):
     worker_memory: Annotated[str, BeforeValidator(_memory_quantity)] = Field(
         default="160Gi", description="memory of a worker pod (requests = limits); must fit the node"
     )
-    endpoint_public_access: Annotated[bool, BeforeValidator(as_bool)] = Field(
+    endpoint_public_access: Annotated[bool, BeforeValidator(_public_endpoint)] = Field(
         default=True,
-        description="public Kubernetes API endpoint (the private one is always on); with `false`, run Pulumi from inside the VPC (VPN, bastion), since it talks to the API server, and `endpointPublicAccessCidrs` is ignored (dropped: EKS refuses public CIDRs on a private endpoint)",
+        description="public Kubernetes API endpoint, limited to `endpointPublicAccessCidrs` (the private one is always on). `false` is refused: after the cluster, `pulumi up` installs the Helm releases, the RayCluster and the training run through the API from the machine it runs on, and a private endpoint admits only callers inside the VPC this stack creates",
     )
     endpoint_public_access_cidrs: Annotated[tuple[str, ...], BeforeValidator(_cidr_list)] = Field(
         default=(),
@@ -491,8 +501,7 @@ def _across_keys(settings: StackSettings) -> StackSettings:
     if settings.endpoint_public_access and not settings.endpoint_public_access_cidrs:
         raise ConfigError(
             "config key 'endpointPublicAccessCidrs' is required while the API endpoint is public: "
-            "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`, "
-            "or set endpointPublicAccess: false to reach the cluster only from inside the VPC"
+            "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`"
         )
     ray_problem = _ray_version_problem(settings.image, settings.ray_version)
     if ray_problem:
@@ -504,9 +513,6 @@ def _across_keys(settings: StackSettings) -> StackSettings:
             "NVLink or PCIe, never the network, so the run could only fail its transport check: "
             "set gpuNodeCount to 2 or more, or training.expectTransport: intra-node"
         )
-    if not settings.endpoint_public_access:
-        # EKS (and pulumi-eks) refuse publicAccessCidrs on a private endpoint; the list means nothing there.
-        settings = settings.model_copy(update={"endpoint_public_access_cidrs": ()})
     return settings
 
 

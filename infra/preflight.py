@@ -53,7 +53,15 @@ from infra.capacity_rules import (
     usable_zones,
     vcpu_shortfall,
 )
+from infra.cluster import control_plane_log_group
 from infra.config import ConfigError, StackSettings
+from infra.live_stack import (
+    LiveCluster,
+    orphaned_log_group,
+    read_live_cluster,
+    version_change_problem,
+    vpc_change_problem,
+)
 from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 from infra.sizing import InstanceFacts, describe_instance_type
 
@@ -97,6 +105,7 @@ def plan_placement(settings: StackSettings) -> Placement:
             f"use ({', '.join(system_zones)}), and the EKS control plane needs subnets in two zones: pick a "
             "systemNodeType offered in at least two zones (m7i.xlarge, m5.large, ...) or another region"
         )
+    live = _live_cluster(settings)
     gpu_node = describe_instance_type(settings.gpu_node_type, "gpuNodeType", settings.region)
     system_node = describe_instance_type(settings.system_node_type, "systemNodeType", settings.region)
     _require_architecture(gpu_node, "gpuNodeType", GPU_AMI_TYPE)
@@ -116,16 +125,46 @@ def plan_placement(settings: StackSettings) -> Placement:
             f"config key 'gpuAz' = {settings.gpu_az!r}",
             "set gpuAz to one of them, or remove it to choose automatically",
         )
+    elif live and live.gpu_zone:
+        # Kept: a zone that AWS starts offering the types in would otherwise move the GPU nodes.
+        gpu_az = zones.check_gpu_zone(
+            live.gpu_zone,
+            f"the GPU nodes of cluster {settings.cluster_name} run in {live.gpu_zone}, which",
+            "set gpuAz to move them (the GPU node group is replaced)",
+        )
     else:
         gpu_az = zones.first_gpu_zone()
     return Placement(
         gpu_az=gpu_az,
         cluster_azs=zones.cluster_zones(gpu_az),
-        home_azs=zones.system_zones[:3],
+        # A live cluster keeps the zones of its subnets: EKS refuses subnets in other zones.
+        home_azs=list(live.zones) if live else zones.system_zones[:3],
         gpu_node=gpu_node,
         system_node=system_node,
         reservation=reservation,
     )
+
+
+def _live_cluster(settings: StackSettings) -> LiveCluster | None:
+    """The cluster this stack already runs, checked against the settings that it cannot change."""
+    live = read_live_cluster(settings.cluster_name)
+    if live is None:
+        log_group = control_plane_log_group(settings.cluster_name)
+        if orphaned_log_group(log_group):
+            raise PreflightError(
+                f"config key 'clusterName' = {settings.cluster_name!r}: no cluster of that name runs, and its log "
+                f"group {log_group} is left from one that was destroyed (EKS writes its last logs after the group "
+                f"is deleted): delete it with `aws logs delete-log-group --log-group-name {log_group} --region "
+                f"{settings.region}`, then run `pulumi up` again"
+            )
+        return None
+    problem = vpc_change_problem(live, settings.vpc_cidr)
+    if problem:
+        raise ConfigError(f"config key 'vpcCidr' = {settings.vpc_cidr!r}: {problem}")
+    problem = version_change_problem(live.version, settings.kubernetes_version)
+    if problem:
+        raise ConfigError(f"config key 'kubernetesVersion' = {settings.kubernetes_version!r}: {problem}")
+    return live
 
 
 def _available_zones() -> dict[str, str]:

@@ -201,6 +201,31 @@ class ProgramMocks(FakeAwsMocks):
         return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
 
 
+def deployed(plan: Plan, fake_aws: FakeAws) -> FakeAws:
+    """The account after `pulumi up` applied `plan`: its EKS cluster, VPC, subnets and control-plane
+    log group exist as AWS then reports them (mocked ids are `<resource name>-id`)."""
+    vpc = plan.one("aws:ec2/vpc:Vpc")
+    cluster = plan.one("eks:index:Cluster").inputs
+    subnets = {f"{s.name}-id": s.inputs["availabilityZone"] for s in plan.of_type("aws:ec2/subnet:Subnet")}
+    log_group = plan.one("aws:cloudwatch/logGroup:LogGroup", f"{cluster['name']}-control-plane")
+    fake_aws.vpcs[f"{vpc.name}-id"] = vpc.inputs["cidrBlock"]
+    fake_aws.subnets.update(subnets)
+    fake_aws.clusters[cluster["name"]] = {
+        "version": cluster["version"],
+        "vpcId": f"{vpc.name}-id",
+        "subnetIds": [*cluster["privateSubnetIds"], *cluster["publicSubnetIds"]],
+    }
+    fake_aws.log_groups[log_group.inputs["name"]] = dict(log_group.inputs["tags"])
+    fake_aws.node_groups[cluster["name"]] = {
+        f"{group.name}-{index:07x}": {
+            "labels": group.inputs["labels"],
+            "subnetIds": group.inputs["subnetIds"],
+        }
+        for index, group in enumerate(plan.of_type("aws:eks/nodeGroup:NodeGroup"))
+    }
+    return fake_aws
+
+
 def stack_config(stack_file: Path) -> dict[str, str]:
     """A stack file's config as the engine hands it to the program (objects as JSON text)."""
     config = yaml.safe_load(stack_file.read_text())["config"]

@@ -251,13 +251,12 @@ def test_deferred_grad_sync_alone_fails_preview_naming_both_keys():
 def test_public_endpoint_needs_cidrs():
     with pytest.raises(ConfigError, match="'endpointPublicAccessCidrs' is required"):
         parse_settings({}, "us-east-2")
-    assert parse_settings({"endpointPublicAccess": "false"}, "us-east-2").endpoint_public_access_cidrs == ()
 
 
-def test_private_endpoint_drops_the_public_cidrs():
-    """pulumi-eks refuses publicAccessCidrs with a private endpoint; the list means nothing there."""
-    settings = parse(endpointPublicAccess="false")
-    assert settings.endpoint_public_access is False and settings.endpoint_public_access_cidrs == ()
+def test_a_private_endpoint_is_refused_since_the_program_calls_the_api_from_outside_the_vpc():
+    with pytest.raises(ConfigError, match=r"'endpointPublicAccess' = 'false': the stack creates its own VPC"):
+        parse(endpointPublicAccess="false")
+    assert parse(endpointPublicAccess="true").endpoint_public_access
 
 
 def test_new_keys_defaults_and_values():

@@ -264,6 +264,7 @@ BAD_CONFIGS = [
         "halves of it",
     ),
     ({"vpcCidr": "172.17.0.0/16"}, "vpcCidr", "Docker bridge"),
+    ({"endpointPublicAccess": "false"}, "endpointPublicAccess", "a private endpoint refuses"),
     ({"vpcCidr": "169.254.0.0/16"}, "vpcCidr", "link-local"),
     ({"aws:region": "cn-north-1"}, "aws:region", "aws-cn partition"),
     ({"aws:region": "us-gov-west-1"}, "aws:region", "aws-us-gov partition"),
@@ -816,16 +817,6 @@ def test_no_access_entries_without_admin_principals(stack_plan):
 )
 def test_the_caller_is_matched_to_a_listed_principal(caller, principal, same):
     assert names_same_principal(caller, principal) is same
-
-
-@pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
-def test_private_endpoint_drops_the_public_cidrs(stack_file):
-    """pulumi-eks refuses publicAccessCidrs when endpointPublicAccess is false."""
-    config = config_of(stack_file, endpointPublicAccess="false")
-    assert config["eks-ray-train:endpointPublicAccessCidrs"]
-    cluster = run_program(config, FakeAws(region=config["aws:region"])).one("eks:index:Cluster").inputs
-    assert cluster["endpointPublicAccess"] is False
-    assert "publicAccessCidrs" not in cluster
 
 
 @pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
