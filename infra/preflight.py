@@ -37,6 +37,7 @@ stable for one account, not across accounts.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ from infra.live_stack import (
     version_change_problem,
     vpc_change_problem,
 )
+from infra.network import zone_cidrs
 from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 from infra.sizing import InstanceFacts, describe_instance_type
 
@@ -134,6 +136,7 @@ def plan_placement(settings: StackSettings) -> Placement:
         )
     else:
         gpu_az = zones.first_gpu_zone()
+    _check_gpu_subnet_room(settings, gpu_node, gpu_az)
     return Placement(
         gpu_az=gpu_az,
         cluster_azs=zones.cluster_zones(gpu_az),
@@ -247,6 +250,31 @@ def _check_kubernetes_version(version: str, region: str) -> None:
         pulumi.log.warn(
             f"kubernetesVersion {version} is in EKS extended support in {region}, billed at a higher rate per "
             "cluster-hour than standard support: plan an upgrade"
+        )
+
+
+# AWS reserves five addresses of every subnet (VPC user guide, "Subnet CIDR blocks").
+SUBNET_RESERVED_ADDRESSES = 5
+# ENIs whose addresses the VPC CNI holds on a node: the one its pods use and, by default
+# (WARM_ENI_TARGET=1), a warm one beside it, each with every secondary address it can take.
+ENIS_HELD_PER_NODE = 2
+
+
+def gpu_subnet_shortfall(block: str, nodes: int, ipv4_per_interface: int) -> int:
+    """Addresses the GPU nodes can hold beyond what their subnet has; 0 when they fit."""
+    usable = ipaddress.ip_network(block).num_addresses - SUBNET_RESERVED_ADDRESSES
+    return max(0, nodes * ENIS_HELD_PER_NODE * ipv4_per_interface - usable)
+
+
+def _check_gpu_subnet_room(settings: StackSettings, gpu_node: InstanceFacts, gpu_az: str) -> None:
+    block = zone_cidrs(settings.vpc_cidr, gpu_az)[0]
+    if gpu_subnet_shortfall(block, settings.gpu_node_count, gpu_node.ipv4_per_interface):
+        held = settings.gpu_node_count * ENIS_HELD_PER_NODE * gpu_node.ipv4_per_interface
+        raise ConfigError(
+            f"config key 'vpcCidr' = {settings.vpc_cidr!r}: the GPU subnet in {gpu_az} is {block}, and "
+            f"{settings.gpu_node_count} {gpu_node.instance_type} nodes can hold {held} of its addresses (the VPC CNI "
+            f"keeps {ENIS_HELD_PER_NODE} interfaces of {gpu_node.ipv4_per_interface} per node): use a larger vpcCidr "
+            "(a /16 gives every zone room), or a GPU zone whose letter is a to c (gpuAz), which get a quarter of the VPC"
         )
 
 

@@ -32,6 +32,7 @@ class InstanceFacts:
     max_pods: int
     # `ProcessorInfo.SupportedArchitectures`: x86_64, arm64 (Graviton), x86_64_mac, arm64_mac.
     architectures: tuple[str, ...] = ("x86_64",)
+    ipv4_per_interface: int = 30
 
 
 def eks_max_pods(network_interfaces: int, ipv4_per_interface: int) -> int:
@@ -63,6 +64,7 @@ def describe_instance_type(instance_type: str, key: str, region: str) -> Instanc
             int(result.maximum_network_interfaces or 1), int(result.maximum_ipv4_addresses_per_interface or 2)
         ),
         architectures=tuple(result.supported_architectures or ()),
+        ipv4_per_interface=int(result.maximum_ipv4_addresses_per_interface or 2),
     )
 
 

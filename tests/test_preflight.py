@@ -9,7 +9,13 @@ import pytest
 
 from infra import preflight
 from infra.config import ConfigError, parse_settings
-from infra.preflight import Placement, PreflightError, kubernetes_version_problem, plan_placement
+from infra.preflight import (
+    Placement,
+    PreflightError,
+    gpu_subnet_shortfall,
+    kubernetes_version_problem,
+    plan_placement,
+)
 from tests.fake_aws import ACCOUNT_ID, EKS_VERSIONS, FakeAws, FakeAwsMocks, capacity_reservation
 from tests.program import STACK_FILES, USER_SETTINGS, run_program, stack_config
 
@@ -521,3 +527,29 @@ def test_kubernetes_version_judgement():
     assert kubernetes_version_problem("1.33", offered) is None
     assert kubernetes_version_problem("1.28", offered) == "EKS offers 1.33, 1.36 here: pick one of them"
     assert kubernetes_version_problem("1.40", offered) == "EKS offers 1.33, 1.36 here: pick one of them"
+
+
+# --- the GPU subnet's addresses ---------------------------------------------------------------------
+
+
+def test_gpu_subnet_shortfall_counts_two_full_interfaces_a_node():
+    """The VPC CNI holds the interface its pods use and a warm one (WARM_ENI_TARGET=1), each with
+    all its addresses; AWS reserves five addresses of a subnet. A /25 has 123 usable."""
+    assert gpu_subnet_shortfall("10.0.14.0/25", 2, 30) == 0
+    assert gpu_subnet_shortfall("10.0.14.0/25", 3, 30) == 57
+
+
+def test_a_gpu_subnet_too_small_for_its_nodes_is_refused_naming_vpc_cidr():
+    fake = FakeAws(
+        region="us-east-1",
+        offerings={
+            "g6.12xlarge": ["us-east-1d"],
+            "m7i.xlarge": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"],
+        },
+    )
+    message = refusal(fake, ConfigError, vpcCidr="10.0.0.0/20", gpuNodeCount=3)
+    assert message.startswith(
+        "config key 'vpcCidr' = '10.0.0.0/20': the GPU subnet in us-east-1d is 10.0.14.0/25"
+    )
+    _, gpu_az, _ = plan(fake, vpcCidr="10.0.0.0/16", gpuNodeCount=3)
+    assert gpu_az == "us-east-1d"
