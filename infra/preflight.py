@@ -9,7 +9,7 @@ names the cause and the fix:
 - the GPU type supports EFA (its EFA interface and network card counts travel in `Placement.gpu_node`);
 - the On-Demand vCPU quota of each instance class covers the node groups (`gpuNodeCount x vCPU`,
   96 for 2 x g6.12xlarge). The invoke returns the quota, not what already runs against it, so
-  instances running in the region can still take the room: `python -m infra.capacity` shows usage;
+  instances running in the region can still take the room: `python -m infra.region_survey` shows usage;
 - a capacity reservation (`capacityReservationId`) exists, is `active`, reserves the GPU type for
   Linux/UNIX with default tenancy, can hold `gpuNodeCount` instances, and decides the GPU zone.
   It can hold its available instances plus the ones this cluster already runs in it: EC2 counts
@@ -44,12 +44,14 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.capacity import VcpuQuota, on_demand_vcpu_quota, quota_increase_command
 from infra.capacity_rules import (
     EKS_UNSUPPORTED_ZONE_IDS,
     ReservationFacts,
     ReservationMisfit,
+    VcpuQuota,
     has_efa,
+    on_demand_vcpu_quota,
+    quota_increase_command,
     reservation_misfit,
     usable_zones,
     vcpu_shortfall,
@@ -196,7 +198,7 @@ def _offering_zones(instance_type: str, key: str, region: str, zone_ids: dict[st
         raise PreflightError(
             f"config key '{key}' = {instance_type!r} is not offered in any zone of {region} that EKS can use (unknown name, or not "
             "sold there): find a region that offers it with "
-            f"`python -m infra.capacity --regions {' '.join(_candidate_regions(region))} --instance-type {instance_type}`, "
+            f"`python -m infra.region_survey --regions {' '.join(_candidate_regions(region))} --instance-type {instance_type}`, "
             "or check the name with "
             f"`aws ec2 describe-instance-type-offerings --region {region} --location-type availability-zone "
             f"--filters Name=instance-type,Values={instance_type}`"
@@ -309,9 +311,9 @@ def _check_vcpu_quotas(settings: StackSettings, gpu_node: InstanceFacts, system_
             raise PreflightError(
                 f"the vCPU quota '{quota.name}' ({quota.code}) in {settings.region} is {value:g}, and {wanted} "
                 f"need {needed}: request an increase with `{quota_increase_command(quota, needed, settings.region)}`, "
-                "or choose a region with room (`python -m infra.capacity`). This compares the quota itself; vCPUs of "
+                "or choose a region with room (`python -m infra.region_survey`). This compares the quota itself; vCPUs of "
                 "instances already running in the region count against it too, and "
-                f"`python -m infra.capacity --regions {settings.region} --instance-type {settings.gpu_node_type}` "
+                f"`python -m infra.region_survey --regions {settings.region} --instance-type {settings.gpu_node_type}` "
                 "shows them"
             )
 

@@ -344,10 +344,8 @@ def test_worker_memory_above_the_node_fails_with_the_numbers():
         size_workers(parse(workerMemory="190Gi"), G6_12XLARGE)
 
 
-def test_gpu_type_without_efa_or_gpus_fails():
-    no_efa = InstanceFacts("g6.xlarge", 4, 16_384, 1, "NVIDIA L4", 22_888, False, 0, 1, 58)
-    with pytest.raises(ConfigError, match=r"'gpuNodeType' = 'g6\.xlarge' does not support EFA"):
-        size_workers(parse(), no_efa)
+def test_gpu_type_without_gpus_fails():
+    """An EFA type without GPUs passes the preflight's EFA check (`infra.preflight`); sizing refuses it."""
     no_gpu = InstanceFacts("c5n.18xlarge", 72, 196_608, 0, None, 0, True, 1, 1, 737)
     with pytest.raises(ConfigError, match="has no GPU"):
         size_workers(parse(), no_gpu)

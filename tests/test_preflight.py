@@ -146,7 +146,7 @@ def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog, monkeyp
 def test_gpu_type_not_sold_in_the_region():
     message = refusal(FakeAws(region="eu-west-1"))
     assert "config key 'gpuNodeType' = 'g6.12xlarge' is not offered in any zone of eu-west-1" in message
-    assert "python -m infra.capacity --regions eu-west-1" in message
+    assert "python -m infra.region_survey --regions eu-west-1" in message
 
 
 def test_unknown_gpu_type_is_not_offered_anywhere():
