@@ -342,7 +342,7 @@ class StackKeys(BaseModel):
     )
     image: Annotated[str, BeforeValidator(_image)] = Field(
         default=DEFAULT_IMAGE,
-        description="image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray 2.58.0, PyTorch 2.13.0, NCCL with aws-ofi-nccl)",
+        description="image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray 2.58.0, PyTorch 2.13.0, NCCL with aws-ofi-nccl). A tag can move, so a node replaced later could run other bits than the head: the preview warns and prints how to pin the digest (`repo@sha256:...`)",
     )
     ray_version: Annotated[str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), "2.58.0"))] = Field(
         default=DEFAULT_RAY_VERSION,
@@ -528,6 +528,19 @@ def hf_token() -> pulumi.Output[str] | None:
     return pulumi.Config(PROJECT).get_secret("hfToken")
 
 
+def moving_tag_warning(image: str) -> str | None:
+    """A tag can be moved to other bits (AWS's `train-ml-cuda-v1.1` follows patch releases); a node
+    replaced later could pull another Ray than the head runs, which Ray does not survive."""
+    if "@" in image:
+        return None
+    repository = image.rsplit(":", 1)[0]
+    return (
+        f"config key 'image' = {image!r} is a tag, which its publisher can move: a node replaced later may run "
+        f"other bits than the head. Pin the digest: `docker buildx imagetools inspect {image}` (or `crane digest "
+        f"{image}`) prints it; then `pulumi config set image {repository}@sha256:<digest>`"
+    )
+
+
 def load_settings() -> StackSettings:
     """Read and validate the current stack's configuration."""
     settings = parse_settings(
@@ -538,4 +551,7 @@ def load_settings() -> StackSettings:
             "config key 'hfToken' is stored in plain text in the stack file: run "
             "`pulumi config set --secret hfToken <token>` (and revoke the token if the file was shared)"
         )
+    warning = moving_tag_warning(settings.image)
+    if warning:
+        pulumi.log.warn(warning)
     return settings

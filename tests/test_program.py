@@ -979,3 +979,22 @@ def test_vpc_flow_logs_go_to_a_log_group_with_the_stacks_retention():
         plan.one("aws:iam/rolePolicy:RolePolicy", "eks-ray-train-flow-logs").inputs["policy"]
     )
     assert delivery["Statement"][0]["Resource"][0] == flow_log["logDestination"]
+
+
+def test_an_image_tag_is_warned_with_how_to_pin_its_digest(monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
+    run_program(dev_config(), FakeAws(region="us-east-2"))
+    tagged = [warning for warning in warnings if warning.startswith("config key 'image'")]
+    assert len(tagged) == 1 and "docker buildx imagetools inspect" in tagged[0]
+    assert "pulumi config set image public.ecr.aws/deep-learning-containers/ray@sha256:<digest>" in tagged[0]
+    warnings.clear()
+    pinned = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "a" * 64
+    plan = run_program(dev_config(image=pinned), FakeAws(region="us-east-2"))
+    assert not [warning for warning in warnings if warning.startswith("config key 'image'")]
+    assert (
+        plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]["headGroupSpec"]["template"]["spec"][
+            "containers"
+        ][0]["image"]
+        == pinned
+    )
