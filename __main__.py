@@ -10,7 +10,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.cluster import Cluster
+from infra.cluster import Cluster, coredns_version
 from infra.config import hf_token, load_settings
 from infra.network import Network
 from infra.node_groups import (
@@ -63,14 +63,16 @@ cluster = Cluster(
     public_subnet_ids=network.public_subnet_ids,
 )
 
-# 4. Node groups: system nodes anywhere private, GPU nodes in the one subnet of the GPU AZ.
+# 4. Node groups: system nodes anywhere private, GPU nodes in the one subnet of the GPU AZ; both at
+# the control plane's version, once the role's policies and the NAT routes exist.
 system_nodes = SystemNodeGroup(
     "system",
     cluster_name=cluster.cluster_name,
     node_role_arn=cluster.node_role.arn,
     subnet_ids=network.private_subnet_ids,
     spec=NodeGroupSpec(placement.system_node, settings.system_node_count, SYSTEM_ROOT_VOLUME_GIB),
-    after=cluster.node_role_policies,
+    kubernetes_version=cluster.kubernetes_version,
+    after=[*cluster.node_role_policies, *network.private_egress],
 )
 gpu_nodes = GpuNodeGroup(
     "gpu",
@@ -79,11 +81,15 @@ gpu_nodes = GpuNodeGroup(
     cluster_security_group_id=cluster.security_group_id,
     node_role_arn=cluster.node_role.arn,
     subnet_id=network.gpu_subnet_id,
+    zone=placement.gpu_az,
     spec=NodeGroupSpec(placement.gpu_node, settings.gpu_node_count, GPU_ROOT_VOLUME_GIB),
     reservation=placement.reservation,
-    after=cluster.node_role_policies,
+    kubernetes_version=cluster.kubernetes_version,
+    after=[*cluster.node_role_policies, *network.private_egress],
 )
-coredns = cluster.install_coredns(after=[system_nodes.node_group])
+coredns = cluster.install_coredns(
+    coredns_version(settings.kubernetes_version), after=[system_nodes.node_group]
+)
 checkpoints = CheckpointStore(
     "checkpoints",
     bucket_name=bucket_name,

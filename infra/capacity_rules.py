@@ -1,12 +1,13 @@
 """The capacity judgements, pure functions over instance, zone, quota and reservation facts.
 
-`infra.preflight` (Pulumi invokes, in `pulumi preview`) and `infra.capacity` (boto3, before a
+`infra.preflight` (Pulumi invokes, in `pulumi preview`) and `infra.region_survey` (boto3, before a
 stack exists) each fetch these facts their own way and word the verdicts for their reader;
 what a verdict is lives only here. Nothing here calls AWS or imports Pulumi.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -105,15 +106,48 @@ def reservation_misfit(
     return None
 
 
-def update_surge(zone_count: int, max_unavailable: int) -> int:
-    """Nodes an EKS managed node group launches before it removes any in a DEFAULT-strategy update.
-
-    EKS user guide, "Understand each phase of node updates", scale up phase: the Auto Scaling
-    group grows by the larger of twice the number of its Availability Zones and maxUnavailable.
-    """
-    return max(2 * zone_count, max_unavailable)
+# --- On-Demand vCPU quotas: which Service Quotas code an instance type draws on ------------------
 
 
-def surge_blocked(reservation: ReservationFacts, count: int, surge: int) -> bool:
-    """A DEFAULT-strategy update of `count` nodes could not launch its surge nodes inside the reservation."""
-    return reservation.usable - count < surge
+@dataclass(frozen=True)
+class VcpuQuota:
+    """An EC2 On-Demand vCPU quota of Service Quotas, shared by every instance of its class in a region."""
+
+    code: str
+    name: str
+
+
+STANDARD_QUOTA = VcpuQuota("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances")
+_QUOTAS_BY_PREFIX = {
+    "g": VcpuQuota("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "p": VcpuQuota("L-417A185B", "Running On-Demand P instances"),
+    "inf": VcpuQuota("L-1945791B", "Running On-Demand Inf instances"),
+    "trn": VcpuQuota("L-2C3B7624", "Running On-Demand Trn instances"),
+    "dl": VcpuQuota("L-6E869C2A", "Running On-Demand DL instances"),
+    "f": VcpuQuota("L-74FC7D96", "Running On-Demand F instances"),
+    "x": VcpuQuota("L-7295265B", "Running On-Demand X instances"),
+    "u": VcpuQuota("L-43DA4232", "Running On-Demand High Memory instances"),
+    "hpc": VcpuQuota("L-F7808C92", "Running On-Demand HPC instances"),
+}
+_QUOTAS_BY_PREFIX["gr"] = _QUOTAS_BY_PREFIX["vt"] = _QUOTAS_BY_PREFIX["g"]
+_STANDARD_LETTERS = "acdhimrtz"
+# Mac instances run only on Dedicated Hosts, which have per-family host quotas instead.
+_NO_VCPU_QUOTA = ("mac",)
+
+
+def on_demand_vcpu_quota(instance_type: str) -> VcpuQuota | None:
+    """The On-Demand vCPU quota that running `instance_type` draws on, None for classes without one."""
+    letters = re.match(r"[a-z]+", instance_type)
+    prefix = letters.group() if letters else ""
+    if prefix in _QUOTAS_BY_PREFIX:
+        return _QUOTAS_BY_PREFIX[prefix]
+    if prefix and prefix not in _NO_VCPU_QUOTA and prefix[0] in _STANDARD_LETTERS:
+        return STANDARD_QUOTA
+    return None
+
+
+def quota_increase_command(quota: VcpuQuota, desired: int, region: str) -> str:
+    return (
+        f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {quota.code} "
+        f"--desired-value {desired} --region {region}"
+    )

@@ -9,6 +9,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 
 from infra.config import StackSettings
+from infra.live_stack import OWNER_TAG, owner
 from platform_facts import PROJECT
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
@@ -126,6 +127,8 @@ class Cluster(pulumi.ComponentResource):
             name=log_group_name,
             retention_in_days=settings.log_retention_days,
             kms_key_id=self.secrets_key.arn,
+            # Tells this stack's group from one a destroyed cluster left behind (`infra.live_stack`).
+            tags={OWNER_TAG: owner()},
             opts=child,
         )
         self.eks = eks.Cluster(
@@ -162,6 +165,9 @@ class Cluster(pulumi.ComponentResource):
         # The name as an Output of the cluster: whatever uses it depends on the cluster, so
         # `pulumi destroy` removes node groups and add-ons before the control plane.
         self.cluster_name = self.eks.cluster_security_group_id.apply(lambda _: settings.cluster_name)
+        # The control plane's version once it is applied: node groups and add-ons that take it update
+        # after the control plane, which EKS requires of an upgrade (nodes never newer than it).
+        self.kubernetes_version = self.eks.eks_cluster.version
         # For people: no profile in it, so each user's own AWS credentials apply.
         self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(self.eks.kubeconfig_json)
         # For this program's Kubernetes provider: the identity Pulumi itself runs as.
@@ -229,15 +235,29 @@ class Cluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def install_coredns(self, after: list[pulumi.Resource]) -> aws.eks.Addon:
-        """The CoreDNS managed add-on, created once nodes exist to run it."""
+    def install_coredns(self, version: str, after: list[pulumi.Resource]) -> aws.eks.Addon:
+        """The CoreDNS managed add-on at `version`, created once nodes exist to run it.
+
+        Pinned: an add-on left at the version it was created with is not upgraded with the control
+        plane, and EKS supports each CoreDNS version on a range of Kubernetes versions only
+        (`eks:DescribeAddonVersions`); `coredns_version` picks the newest for the cluster's.
+        """
         return aws.eks.Addon(
             "coredns",
             cluster_name=self.cluster_name,
             addon_name="coredns",
+            addon_version=version,
             resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
             opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )
+
+
+def coredns_version(kubernetes_version: str) -> str:
+    """The newest CoreDNS add-on version EKS offers for `kubernetes_version` (asked at preview)."""
+    return aws.eks.get_addon_version(
+        addon_name="coredns", kubernetes_version=kubernetes_version, most_recent=True
+    ).version
 
 
 NODE_POLICIES = [

@@ -272,6 +272,16 @@ def _ray_version_problem(image: str, ray_version: str) -> str | None:
     return None
 
 
+def _public_endpoint(value: Any) -> bool:
+    if not as_bool(value):
+        raise ValueError(
+            "the stack creates its own VPC, and after the cluster `pulumi up` calls the Kubernetes API from this "
+            "machine (Helm releases, RayCluster, training run), which a private endpoint refuses from outside that "
+            "VPC: keep the endpoint public and limit it with endpointPublicAccessCidrs"
+        )
+    return True
+
+
 def _memory_quantity(value: Any) -> str:
     """Kept as written (it goes into the pod spec), once it is known to parse."""
     memory_mib(str(value))
@@ -332,7 +342,7 @@ class StackKeys(BaseModel):
     )
     image: Annotated[str, BeforeValidator(_image)] = Field(
         default=DEFAULT_IMAGE,
-        description="image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray 2.58.0, PyTorch 2.13.0, NCCL with aws-ofi-nccl)",
+        description="image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray 2.58.0, PyTorch 2.13.0, NCCL with aws-ofi-nccl). A tag can move, so a node replaced later could run other bits than the head: the preview warns and prints how to pin the digest (`repo@sha256:...`)",
     )
     ray_version: Annotated[str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), "2.58.0"))] = Field(
         default=DEFAULT_RAY_VERSION,
@@ -347,9 +357,9 @@ class StackKeys(BaseModel):
     worker_memory: Annotated[str, BeforeValidator(_memory_quantity)] = Field(
         default="160Gi", description="memory of a worker pod (requests = limits); must fit the node"
     )
-    endpoint_public_access: Annotated[bool, BeforeValidator(as_bool)] = Field(
+    endpoint_public_access: Annotated[bool, BeforeValidator(_public_endpoint)] = Field(
         default=True,
-        description="public Kubernetes API endpoint (the private one is always on); with `false`, run Pulumi from inside the VPC (VPN, bastion), since it talks to the API server, and `endpointPublicAccessCidrs` is ignored (dropped: EKS refuses public CIDRs on a private endpoint)",
+        description="public Kubernetes API endpoint, limited to `endpointPublicAccessCidrs` (the private one is always on). `false` is refused: after the cluster, `pulumi up` installs the Helm releases, the RayCluster and the training run through the API from the machine it runs on, and a private endpoint admits only callers inside the VPC this stack creates",
     )
     endpoint_public_access_cidrs: Annotated[tuple[str, ...], BeforeValidator(_cidr_list)] = Field(
         default=(),
@@ -491,8 +501,7 @@ def _across_keys(settings: StackSettings) -> StackSettings:
     if settings.endpoint_public_access and not settings.endpoint_public_access_cidrs:
         raise ConfigError(
             "config key 'endpointPublicAccessCidrs' is required while the API endpoint is public: "
-            "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`, "
-            "or set endpointPublicAccess: false to reach the cluster only from inside the VPC"
+            "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`"
         )
     ray_problem = _ray_version_problem(settings.image, settings.ray_version)
     if ray_problem:
@@ -504,9 +513,6 @@ def _across_keys(settings: StackSettings) -> StackSettings:
             "NVLink or PCIe, never the network, so the run could only fail its transport check: "
             "set gpuNodeCount to 2 or more, or training.expectTransport: intra-node"
         )
-    if not settings.endpoint_public_access:
-        # EKS (and pulumi-eks) refuse publicAccessCidrs on a private endpoint; the list means nothing there.
-        settings = settings.model_copy(update={"endpoint_public_access_cidrs": ()})
     return settings
 
 
@@ -522,6 +528,19 @@ def hf_token() -> pulumi.Output[str] | None:
     return pulumi.Config(PROJECT).get_secret("hfToken")
 
 
+def moving_tag_warning(image: str) -> str | None:
+    """A tag can be moved to other bits (AWS's `train-ml-cuda-v1.1` follows patch releases); a node
+    replaced later could pull another Ray than the head runs, which Ray does not survive."""
+    if "@" in image:
+        return None
+    repository = image.rsplit(":", 1)[0]
+    return (
+        f"config key 'image' = {image!r} is a tag, which its publisher can move: a node replaced later may run "
+        f"other bits than the head. Pin the digest: `docker buildx imagetools inspect {image}` (or `crane digest "
+        f"{image}`) prints it; then `pulumi config set image {repository}@sha256:<digest>`"
+    )
+
+
 def load_settings() -> StackSettings:
     """Read and validate the current stack's configuration."""
     settings = parse_settings(
@@ -532,4 +551,7 @@ def load_settings() -> StackSettings:
             "config key 'hfToken' is stored in plain text in the stack file: run "
             "`pulumi config set --secret hfToken <token>` (and revoke the token if the file was shared)"
         )
+    warning = moving_tag_warning(settings.image)
+    if warning:
+        pulumi.log.warn(warning)
     return settings

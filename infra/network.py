@@ -154,10 +154,14 @@ class Network(pulumi.ComponentResource):
                 tags={"Name": f"{name}-{tier}-{zone}", elb_role: "1", **cluster_tag},
                 opts=named,
             )
-            aws.ec2.RouteTableAssociation(
-                f"{name}-{tier}-{zone}", subnet_id=created.id, route_table_id=routes.id, opts=named
+            associations.append(
+                aws.ec2.RouteTableAssociation(
+                    f"{name}-{tier}-{zone}", subnet_id=created.id, route_table_id=routes.id, opts=named
+                )
             )
             return created
+
+        associations: list[aws.ec2.RouteTableAssociation] = []
 
         internet = aws.ec2.InternetGateway(name, vpc_id=self.vpc.id, tags={"Name": name}, opts=child)
         public_routes = routes_to("public", {"gateway_id": internet.id})
@@ -177,6 +181,9 @@ class Network(pulumi.ComponentResource):
             zone: subnet("private", zone, "kubernetes.io/role/internal-elb", private_routes)
             for zone in dict.fromkeys([*home_zones, gpu_zone])
         }
+        # What nodes of the private subnets need to reach the internet (image registries, Hugging
+        # Face): node groups wait for it, or their first nodes fail to pull and never join.
+        self.private_egress: list[pulumi.Resource] = [nat, private_routes, *associations]
         self.private_subnets = [private[zone] for zone in home_zones]
 
         self.vpc_id = self.vpc.id

@@ -28,6 +28,14 @@ from platform_facts import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
 
 # GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.
 GPU_MAX_UNAVAILABLE = 1
+# How EKS replaces GPU nodes in an update (a new launch template or AMI release). The DEFAULT
+# strategy first launches max(2 x zones, maxUnavailable) extra nodes (EKS user guide, "Understand
+# each phase of node updates"): 2 more g6.12xlarge, 96 vCPUs of GPU quota beyond what the preflight
+# asks for, and room a reservation sized to the group does not have. MINIMAL terminates each old
+# node before its replacement launches, "useful in scenarios where you are constrained to resources
+# ... such as GPUs" (EKS API reference, NodegroupUpdateConfig.updateStrategy). A training job loses
+# the node either way; the GPU group always updates with MINIMAL, one node at a time.
+GPU_UPDATE_CONFIG = {"max_unavailable": GPU_MAX_UNAVAILABLE, "update_strategy": "MINIMAL"}
 # IMDSv2 only, and a hop limit of 1: the metadata response dies at the pod network's extra hop, so
 # pods cannot take the node role's credentials (EKS best practices, "Restrict access to the instance
 # profile"). Pods get AWS credentials and the region from IRSA; host-network pods (VPC CNI,
@@ -103,14 +111,20 @@ def managed_node_group(
     template: aws.ec2.LaunchTemplate,
     ami_type: str,
     labels: dict[str, str],
+    kubernetes_version: pulumi.Input[str],
     after: list[pulumi.Resource],
     capacity_block: bool = False,
+    replace_first: bool = False,
     **extra,
 ) -> aws.eks.NodeGroup:
     """A fixed-size managed node group on our launch template: On-Demand, or a Capacity Block's.
 
     A Capacity Block group names its instance type in the launch template, as the EKS guide asks,
     and so not here: CreateNodegroup fails when both name one (EKS API reference, instanceTypes).
+    `kubernetes_version` is the control plane's: a group keeps the version it was created with, and
+    EKS refuses the next control-plane upgrade while a group lags a minor version behind
+    ("Nodegroups must be updated to match cluster version"). `replace_first`: a replacement deletes
+    this group before it creates the new one (Pulumi's default creates first).
     """
     return aws.eks.NodeGroup(
         name,
@@ -123,8 +137,10 @@ def managed_node_group(
         scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
         labels=labels,
         launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-        # The role's policies must outlive the nodes, or they cannot leave the cluster cleanly.
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=after),
+        version=kubernetes_version,
+        # The role's policies must outlive the nodes, or they cannot leave the cluster cleanly; the
+        # nodes pull images through the NAT gateway, so its routes must be there first.
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=after, delete_before_replace=replace_first),
         **extra,
     )
 
@@ -140,6 +156,7 @@ class SystemNodeGroup(pulumi.ComponentResource):
         node_role_arn: pulumi.Input[str],
         subnet_ids: list[pulumi.Input[str]],
         spec: NodeGroupSpec,
+        kubernetes_version: pulumi.Input[str],
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -162,6 +179,7 @@ class SystemNodeGroup(pulumi.ComponentResource):
             template=template,
             ami_type=SYSTEM_AMI_TYPE,
             labels=SYSTEM_LABELS,
+            kubernetes_version=kubernetes_version,
             after=after,
         )
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
@@ -179,8 +197,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
         cluster_security_group_id: pulumi.Input[str],
         node_role_arn: pulumi.Input[str],
         subnet_id: pulumi.Input[str],
+        zone: str,
         spec: NodeGroupSpec,
         reservation: ReservationFacts | None,
+        kubernetes_version: pulumi.Input[str],
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -214,7 +234,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
         template_args: dict = {}
         self.placement_group: aws.ec2.PlacementGroup | None = None
         if reservation is None:
-            self.placement_group = aws.ec2.PlacementGroup(name, strategy="cluster", opts=child)
+            # One per zone: a cluster placement group holds instances of one zone, so a zone move
+            # gets a new group (the alias keeps the group of stacks deployed before this naming).
+            self.placement_group = aws.ec2.PlacementGroup(
+                f"{name}-{zone}",
+                strategy="cluster",
+                opts=pulumi.ResourceOptions(parent=self, aliases=[pulumi.Alias(name=name)]),
+            )
             template_args["placement"] = {"group_name": self.placement_group.name}
         else:
             template_args["capacity_reservation_specification"] = {
@@ -247,25 +273,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
             template=self.launch_template,
             ami_type=GPU_AMI_TYPE,
             labels=GPU_LABELS,
+            kubernetes_version=kubernetes_version,
             after=after,
             taints=[GPU_TAINT],
             capacity_block=bool(reservation and reservation.is_capacity_block),
-            update_config=gpu_update_config(reservation),
+            # A new zone, type or capacity type replaces the group. Created first, the new nodes
+            # would need twice the GPU quota and could not join the placement group the old ones
+            # hold in another zone (EC2 InvalidPlacementGroup.InUse): the old group goes first.
+            replace_first=True,
+            update_config=GPU_UPDATE_CONFIG,
         )
         placement = template_args.get("placement", {}).get("group_name")
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name, "placementGroup": placement})
-
-
-def gpu_update_config(reservation: ReservationFacts | None) -> dict:
-    """How EKS replaces GPU nodes in an update.
-
-    The DEFAULT strategy launches the new nodes first (up to twice the zone count, see
-    `capacity_rules.update_surge`), which a reservation sized to the group has no room for; the
-    MINIMAL strategy terminates each old node before launching its replacement, "useful in
-    scenarios where you are constrained to resources ... such as GPUs" (EKS API reference,
-    NodegroupUpdateConfig.updateStrategy). So a group in a reservation updates with MINIMAL.
-    """
-    config: dict = {"max_unavailable": GPU_MAX_UNAVAILABLE}
-    if reservation is not None:
-        config["update_strategy"] = "MINIMAL"
-    return config

@@ -9,7 +9,7 @@ names the cause and the fix:
 - the GPU type supports EFA (its EFA interface and network card counts travel in `Placement.gpu_node`);
 - the On-Demand vCPU quota of each instance class covers the node groups (`gpuNodeCount x vCPU`,
   96 for 2 x g6.12xlarge). The invoke returns the quota, not what already runs against it, so
-  instances running in the region can still take the room: `python -m infra.capacity` shows usage;
+  instances running in the region can still take the room: `python -m infra.region_survey` shows usage;
 - a capacity reservation (`capacityReservationId`) exists, is `active`, reserves the GPU type for
   Linux/UNIX with default tenancy, can hold `gpuNodeCount` instances, and decides the GPU zone.
   It can hold its available instances plus the ones this cluster already runs in it: EC2 counts
@@ -37,26 +37,36 @@ stable for one account, not across accounts.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.capacity import VcpuQuota, on_demand_vcpu_quota, quota_increase_command
 from infra.capacity_rules import (
     EKS_UNSUPPORTED_ZONE_IDS,
     ReservationFacts,
     ReservationMisfit,
+    VcpuQuota,
     has_efa,
+    on_demand_vcpu_quota,
+    quota_increase_command,
     reservation_misfit,
-    surge_blocked,
-    update_surge,
     usable_zones,
     vcpu_shortfall,
 )
+from infra.cluster import control_plane_log_group
 from infra.config import ConfigError, StackSettings
-from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, GPU_MAX_UNAVAILABLE, SYSTEM_AMI_TYPE
+from infra.live_stack import (
+    LiveCluster,
+    orphaned_log_group,
+    read_live_cluster,
+    version_change_problem,
+    vpc_change_problem,
+)
+from infra.network import zone_cidrs
+from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 from infra.sizing import InstanceFacts, describe_instance_type
 
 
@@ -99,6 +109,7 @@ def plan_placement(settings: StackSettings) -> Placement:
             f"use ({', '.join(system_zones)}), and the EKS control plane needs subnets in two zones: pick a "
             "systemNodeType offered in at least two zones (m7i.xlarge, m5.large, ...) or another region"
         )
+    live = _live_cluster(settings)
     gpu_node = describe_instance_type(settings.gpu_node_type, "gpuNodeType", settings.region)
     system_node = describe_instance_type(settings.system_node_type, "systemNodeType", settings.region)
     _require_architecture(gpu_node, "gpuNodeType", GPU_AMI_TYPE)
@@ -118,16 +129,47 @@ def plan_placement(settings: StackSettings) -> Placement:
             f"config key 'gpuAz' = {settings.gpu_az!r}",
             "set gpuAz to one of them, or remove it to choose automatically",
         )
+    elif live and live.gpu_zone:
+        # Kept: a zone that AWS starts offering the types in would otherwise move the GPU nodes.
+        gpu_az = zones.check_gpu_zone(
+            live.gpu_zone,
+            f"the GPU nodes of cluster {settings.cluster_name} run in {live.gpu_zone}, which",
+            "set gpuAz to move them (the GPU node group is replaced)",
+        )
     else:
         gpu_az = zones.first_gpu_zone()
+    _check_gpu_subnet_room(settings, gpu_node, gpu_az)
     return Placement(
         gpu_az=gpu_az,
         cluster_azs=zones.cluster_zones(gpu_az),
-        home_azs=zones.system_zones[:3],
+        # A live cluster keeps the zones of its subnets: EKS refuses subnets in other zones.
+        home_azs=list(live.zones) if live else zones.system_zones[:3],
         gpu_node=gpu_node,
         system_node=system_node,
         reservation=reservation,
     )
+
+
+def _live_cluster(settings: StackSettings) -> LiveCluster | None:
+    """The cluster this stack already runs, checked against the settings that it cannot change."""
+    live = read_live_cluster(settings.cluster_name)
+    if live is None:
+        log_group = control_plane_log_group(settings.cluster_name)
+        if orphaned_log_group(log_group):
+            raise PreflightError(
+                f"config key 'clusterName' = {settings.cluster_name!r}: no cluster of that name runs, and its log "
+                f"group {log_group} is left from one that was destroyed (EKS writes its last logs after the group "
+                f"is deleted): delete it with `aws logs delete-log-group --log-group-name {log_group} --region "
+                f"{settings.region}`, then run `pulumi up` again"
+            )
+        return None
+    problem = vpc_change_problem(live, settings.vpc_cidr)
+    if problem:
+        raise ConfigError(f"config key 'vpcCidr' = {settings.vpc_cidr!r}: {problem}")
+    problem = version_change_problem(live.version, settings.kubernetes_version)
+    if problem:
+        raise ConfigError(f"config key 'kubernetesVersion' = {settings.kubernetes_version!r}: {problem}")
+    return live
 
 
 def _available_zones() -> dict[str, str]:
@@ -156,7 +198,7 @@ def _offering_zones(instance_type: str, key: str, region: str, zone_ids: dict[st
         raise PreflightError(
             f"config key '{key}' = {instance_type!r} is not offered in any zone of {region} that EKS can use (unknown name, or not "
             "sold there): find a region that offers it with "
-            f"`python -m infra.capacity --regions {' '.join(_candidate_regions(region))} --instance-type {instance_type}`, "
+            f"`python -m infra.region_survey --regions {' '.join(_candidate_regions(region))} --instance-type {instance_type}`, "
             "or check the name with "
             f"`aws ec2 describe-instance-type-offerings --region {region} --location-type availability-zone "
             f"--filters Name=instance-type,Values={instance_type}`"
@@ -213,6 +255,31 @@ def _check_kubernetes_version(version: str, region: str) -> None:
         )
 
 
+# AWS reserves five addresses of every subnet (VPC user guide, "Subnet CIDR blocks").
+SUBNET_RESERVED_ADDRESSES = 5
+# ENIs whose addresses the VPC CNI holds on a node: the one its pods use and, by default
+# (WARM_ENI_TARGET=1), a warm one beside it, each with every secondary address it can take.
+ENIS_HELD_PER_NODE = 2
+
+
+def gpu_subnet_shortfall(block: str, nodes: int, ipv4_per_interface: int) -> int:
+    """Addresses the GPU nodes can hold beyond what their subnet has; 0 when they fit."""
+    usable = ipaddress.ip_network(block).num_addresses - SUBNET_RESERVED_ADDRESSES
+    return max(0, nodes * ENIS_HELD_PER_NODE * ipv4_per_interface - usable)
+
+
+def _check_gpu_subnet_room(settings: StackSettings, gpu_node: InstanceFacts, gpu_az: str) -> None:
+    block = zone_cidrs(settings.vpc_cidr, gpu_az)[0]
+    if gpu_subnet_shortfall(block, settings.gpu_node_count, gpu_node.ipv4_per_interface):
+        held = settings.gpu_node_count * ENIS_HELD_PER_NODE * gpu_node.ipv4_per_interface
+        raise ConfigError(
+            f"config key 'vpcCidr' = {settings.vpc_cidr!r}: the GPU subnet in {gpu_az} is {block}, and "
+            f"{settings.gpu_node_count} {gpu_node.instance_type} nodes can hold {held} of its addresses (the VPC CNI "
+            f"keeps {ENIS_HELD_PER_NODE} interfaces of {gpu_node.ipv4_per_interface} per node): use a larger vpcCidr "
+            "(a /16 gives every zone room), or a GPU zone whose letter is a to c (gpuAz), which get a quarter of the VPC"
+        )
+
+
 def _require_efa(gpu_node: InstanceFacts, region: str) -> None:
     if not has_efa(gpu_node.efa_supported, gpu_node.efa_interfaces):
         raise PreflightError(
@@ -244,9 +311,9 @@ def _check_vcpu_quotas(settings: StackSettings, gpu_node: InstanceFacts, system_
             raise PreflightError(
                 f"the vCPU quota '{quota.name}' ({quota.code}) in {settings.region} is {value:g}, and {wanted} "
                 f"need {needed}: request an increase with `{quota_increase_command(quota, needed, settings.region)}`, "
-                "or choose a region with room (`python -m infra.capacity`). This compares the quota itself; vCPUs of "
+                "or choose a region with room (`python -m infra.region_survey`). This compares the quota itself; vCPUs of "
                 "instances already running in the region count against it too, and "
-                f"`python -m infra.capacity --regions {settings.region} --instance-type {settings.gpu_node_type}` "
+                f"`python -m infra.region_survey --regions {settings.region} --instance-type {settings.gpu_node_type}` "
                 "shows them"
             )
 
@@ -360,6 +427,12 @@ def _reservation_gpu_zone(settings: StackSettings, reservation: ReservationFacts
     reservation_id = reservation.reservation_id
     describe_command = f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
     misfit = reservation_misfit(reservation, settings.gpu_node_type, settings.gpu_node_count)
+    if misfit is ReservationMisfit.NOT_ACTIVE and reservation.is_capacity_block:
+        raise PreflightError(
+            f"config key 'capacityReservationId' = {reservation_id!r}: the Capacity Block is {reservation.state}; "
+            "at its end EC2 reclaims the instances and the GPU node group keeps no nodes: buy a new block and set "
+            "capacityReservationId to it, or remove the key to run On-Demand"
+        )
     if misfit is ReservationMisfit.NOT_ACTIVE:
         raise PreflightError(
             f"capacity reservation {reservation_id} is {reservation.state}, and only an active reservation holds "
@@ -388,7 +461,8 @@ def _reservation_gpu_zone(settings: StackSettings, reservation: ReservationFacts
             f"config key 'gpuAz' = {settings.gpu_az!r}, and capacity reservation {reservation_id} is in "
             f"{reservation.zone}: remove gpuAz (the reservation decides the GPU zone) or set it to {reservation.zone}"
         )
-    _warn_about_updates(settings, reservation)
+    _warn_about_updates(reservation)
+    _warn_about_billing(reservation, settings.region)
     return zones.check_gpu_zone(
         reservation.zone,
         f"capacity reservation {reservation_id}",
@@ -413,25 +487,29 @@ def _too_few_message(settings: StackSettings, reservation: ReservationFacts, des
     )
 
 
-def _warn_about_updates(settings: StackSettings, reservation: ReservationFacts) -> None:
-    """Say in the preview what an update of the GPU node group will do in this reservation."""
-    if not reservation.own_instances:
-        return  # the group does not exist yet: this run creates it, nothing rolls
-    surge = update_surge(zone_count=1, max_unavailable=GPU_MAX_UNAVAILABLE)  # the GPU group spans one zone
-    if reservation.is_capacity_block:
+def _warn_about_updates(reservation: ReservationFacts) -> None:
+    """Say in the preview what an update of the GPU node group will do in this Capacity Block."""
+    if reservation.own_instances and reservation.is_capacity_block:
         pulumi.log.warn(
             f"capacity reservation {reservation.reservation_id} is a Capacity Block, and AWS supports updating a "
             "managed node group of a Capacity Block only at desired size 0: a change that rolls the GPU nodes "
             "(launch template, AMI release) fails while they run; `pulumi destroy` the stack or wait for the "
             "block to end before such a change"
         )
-    elif surge_blocked(reservation, settings.gpu_node_count, surge):
-        pulumi.log.warn(
-            f"capacity reservation {reservation.reservation_id} has no room for the {surge} extra node(s) an EKS "
-            "node group update launches first, so the GPU group updates with the MINIMAL strategy: a change that "
-            "rolls the GPU nodes (launch template, AMI release) terminates each node before its replacement "
-            "launches, and a training job running then loses that worker"
+
+
+def _warn_about_billing(reservation: ReservationFacts, region: str) -> None:
+    """The stack launches into the reservation but does not own it: `pulumi destroy` ends no billing."""
+    if reservation.is_capacity_block:
+        ending = "a Capacity Block is paid up front and ends at its end date; it cannot be cancelled"
+    else:
+        ending = (
+            "it bills every reserved instance-hour, used or not, until you cancel it: "
+            f"`aws ec2 cancel-capacity-reservation --capacity-reservation-id {reservation.reservation_id} --region {region}`"
         )
+    pulumi.log.warn(
+        f"capacity reservation {reservation.reservation_id} is not part of this stack and outlives `pulumi destroy`: {ending}"
+    )
 
 
 def _first_line(text: str) -> str:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import pulumi_aws as aws
 
-from infra.capacity_rules import has_efa
 from infra.config import ConfigError, StackSettings
 
 
@@ -32,6 +31,7 @@ class InstanceFacts:
     max_pods: int
     # `ProcessorInfo.SupportedArchitectures`: x86_64, arm64 (Graviton), x86_64_mac, arm64_mac.
     architectures: tuple[str, ...] = ("x86_64",)
+    ipv4_per_interface: int = 30
 
 
 def eks_max_pods(network_interfaces: int, ipv4_per_interface: int) -> int:
@@ -63,6 +63,7 @@ def describe_instance_type(instance_type: str, key: str, region: str) -> Instanc
             int(result.maximum_network_interfaces or 1), int(result.maximum_ipv4_addresses_per_interface or 2)
         ),
         architectures=tuple(result.supported_architectures or ()),
+        ipv4_per_interface=int(result.maximum_ipv4_addresses_per_interface or 2),
     )
 
 
@@ -107,11 +108,6 @@ def size_workers(settings: StackSettings, gpu_node: InstanceFacts) -> WorkerSizi
     if gpu_node.gpus < 1:
         raise ConfigError(
             f"config key 'gpuNodeType' = {gpu_node.instance_type!r} has no GPU: pick a GPU type such as g6.12xlarge"
-        )
-    if not has_efa(gpu_node.efa_supported, gpu_node.efa_interfaces):
-        raise ConfigError(
-            f"config key 'gpuNodeType' = {gpu_node.instance_type!r} does not support EFA: pick an EFA-capable GPU "
-            "type (g6.12xlarge, g6e.12xlarge, g5.48xlarge, p4d.24xlarge, p5.48xlarge, ...)"
         )
     cpu_millis = gpu_node.vcpus * 1000 - kubelet_reserved_cpu_millis(gpu_node.vcpus) - DAEMONSET_CPU_MILLIS
     memory_mib = gpu_node.memory_mib - kubelet_reserved_memory_mib(gpu_node.max_pods) - DAEMONSET_MEMORY_MIB

@@ -65,6 +65,17 @@ EKS_VERSIONS: dict[str, str] = {
     "1.32": "EXTENDED_SUPPORT",
 }
 
+# `eks:DescribeAddonVersions` for coredns, newest first per Kubernetes version: each CoreDNS
+# build EKS ships is compatible with a range of cluster versions (the names follow EKS's
+# `v<coredns>-eksbuild.<n>` scheme; the numbers are illustrative).
+COREDNS_VERSIONS: dict[str, str] = {
+    "1.36": "v1.13.2-eksbuild.1",
+    "1.35": "v1.13.2-eksbuild.1",
+    "1.34": "v1.12.4-eksbuild.3",
+    "1.33": "v1.12.4-eksbuild.3",
+    "1.32": "v1.11.4-eksbuild.14",
+}
+
 REGION_DESCRIPTIONS = {
     "us-east-1": "US East (N. Virginia)",
     "us-east-2": "US East (Ohio)",
@@ -279,6 +290,14 @@ class FakeAws:
     calls: list = field(default_factory=list)
     denied: set[str] = field(default_factory=set)
     instances: list[dict] = field(default_factory=list)
+    # What runs in the account already (a deployed stack, or what a destroy left): EKS clusters by
+    # name ({"version", "vpcId", "subnetIds"}), VPC blocks and subnet zones by id, log groups' tags.
+    clusters: dict[str, dict] = field(default_factory=dict)
+    # Managed node groups by cluster and name ({"labels", "subnetIds"}).
+    node_groups: dict[str, dict[str, dict]] = field(default_factory=dict)
+    vpcs: dict[str, str] = field(default_factory=dict)
+    subnets: dict[str, str] = field(default_factory=dict)
+    log_groups: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def launch_into_reservation(self, reservation_id: str, cluster_name: str, count: int) -> None:
         """`count` nodes of the EKS cluster `cluster_name` start in the reservation, as a deploy leaves them.
@@ -329,6 +348,13 @@ class FakeAws:
             "aws:cloudcontrol/getResource:getResource": self._cloudcontrol_resource,
             "aws:ec2/getInstances:getInstances": self._instances,
             "aws:eks/getClusterVersions:getClusterVersions": self._cluster_versions,
+            "aws:eks/getAddonVersion:getAddonVersion": self._addon_version,
+            "aws:eks/getCluster:getCluster": self._cluster,
+            "aws:eks/getNodeGroups:getNodeGroups": self._node_groups,
+            "aws:eks/getNodeGroup:getNodeGroup": self._node_group,
+            "aws:ec2/getVpc:getVpc": self._vpc,
+            "aws:ec2/getSubnet:getSubnet": self._subnet,
+            "aws:cloudwatch/getLogGroup:getLogGroup": self._log_group,
         }.get(token)
         if answer is None:
             raise NotImplementedError(
@@ -499,6 +525,56 @@ class FakeAws:
             "publicIps": [],
             "ipv6Addresses": [],
         }
+
+    def _missing(self, what: str, name: str) -> AwsApiError:
+        """How the AWS provider's data sources report an object that does not exist."""
+        return AwsApiError(f"reading {what} ({name})", "NotFound", "couldn't find resource")
+
+    def _cluster(self, args: dict) -> dict:
+        name = args["name"]
+        if name not in self.clusters:
+            raise self._missing("EKS Cluster", name)
+        cluster = self.clusters[name]
+        return {
+            "id": name,
+            "name": name,
+            "version": cluster["version"],
+            "vpcConfig": {"vpcId": cluster["vpcId"], "subnetIds": list(cluster["subnetIds"])},
+        }
+
+    def _node_groups(self, args: dict) -> dict:
+        cluster = args["clusterName"]
+        return {"id": cluster, "clusterName": cluster, "names": sorted(self.node_groups.get(cluster, {}))}
+
+    def _node_group(self, args: dict) -> dict:
+        group = self.node_groups[args["clusterName"]][args["nodeGroupName"]]
+        return {
+            **args,
+            "id": args["nodeGroupName"],
+            "labels": dict(group["labels"]),
+            "subnetIds": list(group["subnetIds"]),
+        }
+
+    def _vpc(self, args: dict) -> dict:
+        return {"id": args["id"], "cidrBlock": self.vpcs[args["id"]]}
+
+    def _subnet(self, args: dict) -> dict:
+        return {"id": args["id"], "availabilityZone": self.subnets[args["id"]]}
+
+    def _log_group(self, args: dict) -> dict:
+        if args["name"] not in self.log_groups:
+            raise self._missing("CloudWatch Logs Log Group", args["name"])
+        return {"id": args["name"], "name": args["name"], "tags": dict(self.log_groups[args["name"]])}
+
+    def _addon_version(self, args: dict) -> dict:
+        if args["addonName"] != "coredns" or args["kubernetesVersion"] not in COREDNS_VERSIONS:
+            raise AwsApiError(
+                "EKS: DescribeAddonVersions",
+                "NotFound",
+                f"no {args['addonName']} for {args['kubernetesVersion']}",
+            )
+        version = COREDNS_VERSIONS[args["kubernetesVersion"]]
+        return {**args, "id": args["addonName"], "version": version, "region": self.region}
 
     def _cluster_versions(self, args: dict) -> dict:
         return {

@@ -39,6 +39,7 @@ class Registration:
     inputs: dict[str, Any]
     secret_inputs: set[str]
     alias_names: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
 
 
 @dataclass
@@ -130,6 +131,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     inputs=inputs,
                     secret_inputs=_secret_paths(request.object),
                     alias_names=[a.spec.name for a in request.aliases if a.HasField("spec")],
+                    delete_before_replace=request.deleteBeforeReplace,
                 )
             )
         return response
@@ -197,6 +199,31 @@ class ProgramMocks(FakeAwsMocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
+
+
+def deployed(plan: Plan, fake_aws: FakeAws) -> FakeAws:
+    """The account after `pulumi up` applied `plan`: its EKS cluster, VPC, subnets and control-plane
+    log group exist as AWS then reports them (mocked ids are `<resource name>-id`)."""
+    vpc = plan.one("aws:ec2/vpc:Vpc")
+    cluster = plan.one("eks:index:Cluster").inputs
+    subnets = {f"{s.name}-id": s.inputs["availabilityZone"] for s in plan.of_type("aws:ec2/subnet:Subnet")}
+    log_group = plan.one("aws:cloudwatch/logGroup:LogGroup", f"{cluster['name']}-control-plane")
+    fake_aws.vpcs[f"{vpc.name}-id"] = vpc.inputs["cidrBlock"]
+    fake_aws.subnets.update(subnets)
+    fake_aws.clusters[cluster["name"]] = {
+        "version": cluster["version"],
+        "vpcId": f"{vpc.name}-id",
+        "subnetIds": [*cluster["privateSubnetIds"], *cluster["publicSubnetIds"]],
+    }
+    fake_aws.log_groups[log_group.inputs["name"]] = dict(log_group.inputs["tags"])
+    fake_aws.node_groups[cluster["name"]] = {
+        f"{group.name}-{index:07x}": {
+            "labels": group.inputs["labels"],
+            "subnetIds": group.inputs["subnetIds"],
+        }
+        for index, group in enumerate(plan.of_type("aws:eks/nodeGroup:NodeGroup"))
+    }
+    return fake_aws
 
 
 def stack_config(stack_file: Path) -> dict[str, str]:

@@ -11,8 +11,6 @@ from infra.capacity_rules import (
     ReservationMisfit,
     has_efa,
     reservation_misfit,
-    surge_blocked,
-    update_surge,
     usable_zones,
     vcpu_shortfall,
 )
@@ -47,20 +45,11 @@ def test_vcpu_shortfall_counts_what_already_runs():
     assert vcpu_shortfall(192, 100, 96) == 4
 
 
-def test_update_surge_follows_the_eks_example():
-    """EKS user guide: 5 zones and maxUnavailable 1 launch up to 10 nodes; maxUnavailable 20 launches 20."""
-    assert update_surge(5, 1) == 10
-    assert update_surge(5, 20) == 20
-    assert update_surge(1, 1) == 2
-
-
 def test_reservation_holds_what_is_available_plus_this_clusters_own_instances():
     full_of_ours = dataclasses.replace(RESERVATION, available=0, own_instances=2)
     assert reservation_misfit(full_of_ours, "g6.12xlarge", 2) is None
     full_of_others = dataclasses.replace(RESERVATION, available=0)
     assert reservation_misfit(full_of_others, "g6.12xlarge", 2) is ReservationMisfit.TOO_FEW
-    assert surge_blocked(full_of_ours, 2, update_surge(1, 1))
-    assert not surge_blocked(dataclasses.replace(full_of_ours, total=4, available=2), 2, 2)
 
 
 @pytest.mark.parametrize(

@@ -251,13 +251,12 @@ def test_deferred_grad_sync_alone_fails_preview_naming_both_keys():
 def test_public_endpoint_needs_cidrs():
     with pytest.raises(ConfigError, match="'endpointPublicAccessCidrs' is required"):
         parse_settings({}, "us-east-2")
-    assert parse_settings({"endpointPublicAccess": "false"}, "us-east-2").endpoint_public_access_cidrs == ()
 
 
-def test_private_endpoint_drops_the_public_cidrs():
-    """pulumi-eks refuses publicAccessCidrs with a private endpoint; the list means nothing there."""
-    settings = parse(endpointPublicAccess="false")
-    assert settings.endpoint_public_access is False and settings.endpoint_public_access_cidrs == ()
+def test_a_private_endpoint_is_refused_since_the_program_calls_the_api_from_outside_the_vpc():
+    with pytest.raises(ConfigError, match=r"'endpointPublicAccess' = 'false': the stack creates its own VPC"):
+        parse(endpointPublicAccess="false")
+    assert parse(endpointPublicAccess="true").endpoint_public_access
 
 
 def test_new_keys_defaults_and_values():
@@ -345,10 +344,8 @@ def test_worker_memory_above_the_node_fails_with_the_numbers():
         size_workers(parse(workerMemory="190Gi"), G6_12XLARGE)
 
 
-def test_gpu_type_without_efa_or_gpus_fails():
-    no_efa = InstanceFacts("g6.xlarge", 4, 16_384, 1, "NVIDIA L4", 22_888, False, 0, 1, 58)
-    with pytest.raises(ConfigError, match=r"'gpuNodeType' = 'g6\.xlarge' does not support EFA"):
-        size_workers(parse(), no_efa)
+def test_gpu_type_without_gpus_fails():
+    """An EFA type without GPUs passes the preflight's EFA check (`infra.preflight`); sizing refuses it."""
     no_gpu = InstanceFacts("c5n.18xlarge", 72, 196_608, 0, None, 0, True, 1, 1, 737)
     with pytest.raises(ConfigError, match="has no GPU"):
         size_workers(parse(), no_gpu)

@@ -9,7 +9,13 @@ import pytest
 
 from infra import preflight
 from infra.config import ConfigError, parse_settings
-from infra.preflight import Placement, PreflightError, kubernetes_version_problem, plan_placement
+from infra.preflight import (
+    Placement,
+    PreflightError,
+    gpu_subnet_shortfall,
+    kubernetes_version_problem,
+    plan_placement,
+)
 from tests.fake_aws import ACCOUNT_ID, EKS_VERSIONS, FakeAws, FakeAwsMocks, capacity_reservation
 from tests.program import STACK_FILES, USER_SETTINGS, run_program, stack_config
 
@@ -140,7 +146,7 @@ def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog, monkeyp
 def test_gpu_type_not_sold_in_the_region():
     message = refusal(FakeAws(region="eu-west-1"))
     assert "config key 'gpuNodeType' = 'g6.12xlarge' is not offered in any zone of eu-west-1" in message
-    assert "python -m infra.capacity --regions eu-west-1" in message
+    assert "python -m infra.region_survey --regions eu-west-1" in message
 
 
 def test_unknown_gpu_type_is_not_offered_anywhere():
@@ -433,23 +439,33 @@ def test_schema_without_reservation_type_is_taken_as_an_on_demand_reservation():
     assert not placement.reservation.is_capacity_block
 
 
-def test_full_reservation_warns_that_updates_replace_nodes_without_a_surge(caplog):
+def test_a_reservation_warns_that_it_bills_after_destroy_with_the_cancel_command(caplog):
     caplog.set_level(logging.WARNING)
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
     plan(fake, capacityReservationId=RESERVATION)
-    assert "MINIMAL" not in caplog.text  # first deploy: there is no group to update yet
-    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
-    plan(fake, capacityReservationId=RESERVATION)
-    assert f"capacity reservation {RESERVATION} has no room for the 2 extra node(s)" in caplog.text
-    assert "MINIMAL strategy" in caplog.text
+    assert (
+        f"capacity reservation {RESERVATION} is not part of this stack and outlives `pulumi destroy`"
+        in caplog.text
+    )
+    assert (
+        f"aws ec2 cancel-capacity-reservation --capacity-reservation-id {RESERVATION} --region us-east-2"
+        in caplog.text
+    )
 
 
-def test_reservation_with_room_for_the_surge_does_not_warn(caplog):
-    caplog.set_level(logging.WARNING)
-    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_count=4)})
-    fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
-    plan(fake, capacityReservationId=RESERVATION)
-    assert "has no room" not in caplog.text
+def test_an_ended_capacity_block_says_it_ended():
+    """EC2 reclaims a Capacity Block's instances at its end and the reservation's state leaves active."""
+    block = capacity_reservation(
+        "us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block", state="expired"
+    )
+    message = refusal(
+        FakeAws(reservations={RESERVATION: block}),
+        capacityReservationId=RESERVATION,
+        gpuNodeType="p5.48xlarge",
+    )
+    assert message.startswith(
+        f"config key 'capacityReservationId' = '{RESERVATION}': the Capacity Block is expired"
+    )
 
 
 def test_running_capacity_block_warns_that_aws_updates_it_only_at_size_zero(caplog):
@@ -511,3 +527,29 @@ def test_kubernetes_version_judgement():
     assert kubernetes_version_problem("1.33", offered) is None
     assert kubernetes_version_problem("1.28", offered) == "EKS offers 1.33, 1.36 here: pick one of them"
     assert kubernetes_version_problem("1.40", offered) == "EKS offers 1.33, 1.36 here: pick one of them"
+
+
+# --- the GPU subnet's addresses ---------------------------------------------------------------------
+
+
+def test_gpu_subnet_shortfall_counts_two_full_interfaces_a_node():
+    """The VPC CNI holds the interface its pods use and a warm one (WARM_ENI_TARGET=1), each with
+    all its addresses; AWS reserves five addresses of a subnet. A /25 has 123 usable."""
+    assert gpu_subnet_shortfall("10.0.14.0/25", 2, 30) == 0
+    assert gpu_subnet_shortfall("10.0.14.0/25", 3, 30) == 57
+
+
+def test_a_gpu_subnet_too_small_for_its_nodes_is_refused_naming_vpc_cidr():
+    fake = FakeAws(
+        region="us-east-1",
+        offerings={
+            "g6.12xlarge": ["us-east-1d"],
+            "m7i.xlarge": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"],
+        },
+    )
+    message = refusal(fake, ConfigError, vpcCidr="10.0.0.0/20", gpuNodeCount=3)
+    assert message.startswith(
+        "config key 'vpcCidr' = '10.0.0.0/20': the GPU subnet in us-east-1d is 10.0.14.0/25"
+    )
+    _, gpu_az, _ = plan(fake, vpcCidr="10.0.0.0/16", gpuNodeCount=3)
+    assert gpu_az == "us-east-1d"

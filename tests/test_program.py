@@ -7,12 +7,13 @@ import json
 
 import pulumi
 import pytest
+from pulumi.output import Unknown
 
 from infra.cluster import names_same_principal
 from infra.config import CLUSTER_NAME_MAX
 from infra.network import zone_cidrs
 from infra.node_groups import SYSTEM_LABELS
-from tests.fake_aws import ZONE_IDS, FakeAws, capacity_reservation
+from tests.fake_aws import COREDNS_VERSIONS, ZONE_IDS, FakeAws, capacity_reservation
 from tests.program import ACCOUNT, STACK_FILES, USER_SETTINGS, Plan, Registration, run_program, stack_config
 
 COMPONENTS = {
@@ -130,7 +131,8 @@ def test_gpu_launch_template_has_efa_placement_and_imdsv2(stack_plan):
     efa_group = plan.one("aws:ec2/securityGroup:SecurityGroup", "gpu-efa")
     assert interfaces[0]["securityGroups"] == ["sg-0eksclusterprimary", f"{efa_group.name}-id"]
     assert "vpcSecurityGroupIds" not in template and "subnetId" not in interfaces[0]
-    assert template["placement"]["groupName"] == "gpu"
+    gpu_zone = subnet_with_id(plan, gpu_group(plan).inputs["subnetIds"][0]).inputs["availabilityZone"]
+    assert template["placement"]["groupName"] == f"gpu-{gpu_zone}"  # one placement group per zone
     assert plan.one("aws:ec2/placementGroup:PlacementGroup").inputs["strategy"] == "cluster"
     volume = template["blockDeviceMappings"][0]["ebs"]
     assert (volume["volumeSize"], volume["volumeType"], volume["encrypted"]) == (200, "gp3", "true")
@@ -262,6 +264,7 @@ BAD_CONFIGS = [
         "halves of it",
     ),
     ({"vpcCidr": "172.17.0.0/16"}, "vpcCidr", "Docker bridge"),
+    ({"endpointPublicAccess": "false"}, "endpointPublicAccess", "a private endpoint refuses"),
     ({"vpcCidr": "169.254.0.0/16"}, "vpcCidr", "link-local"),
     ({"aws:region": "cn-north-1"}, "aws:region", "aws-cn partition"),
     ({"aws:region": "us-gov-west-1"}, "aws:region", "aws-us-gov partition"),
@@ -551,10 +554,72 @@ def test_gpu_group_in_a_reservation_replaces_nodes_before_launching_new_ones():
     assert update["updateConfig"] == {"maxUnavailable": 1, "updateStrategy": "MINIMAL"}
 
 
-def test_gpu_group_without_a_reservation_keeps_the_default_update(stack_plan):
+def test_gpu_group_rolls_one_node_at_a_time_without_a_surge(stack_plan):
+    """EKS's DEFAULT update launches max(2 x zones, maxUnavailable) nodes first: 2 more GPU nodes
+    than the quota the preflight asks for. MINIMAL replaces each node in place (EKS API reference)."""
     _, plan = stack_plan
-    assert plan.one(NODE_GROUP, "gpu").inputs["updateConfig"] == {"maxUnavailable": 1}
+    assert plan.one(NODE_GROUP, "gpu").inputs["updateConfig"] == {
+        "maxUnavailable": 1,
+        "updateStrategy": "MINIMAL",
+    }
     assert plan.one(NODE_GROUP, "gpu").inputs["capacityType"] == "ON_DEMAND"
+
+
+def test_a_replaced_gpu_group_is_deleted_before_its_successor_launches(stack_plan):
+    """A new gpuAz, gpuNodeType or capacity type replaces the group (EKS node group subnets and
+    instance types cannot change in place); created first, the new nodes would need twice the
+    quota and a placement group held in another zone (EC2 InvalidPlacementGroup.InUse)."""
+    _, plan = stack_plan
+    assert plan.one(NODE_GROUP, "gpu").delete_before_replace
+    assert not plan.one(NODE_GROUP, "system").delete_before_replace
+    group = plan.one("aws:ec2/placementGroup:PlacementGroup")
+    assert group.alias_names == ["gpu"]  # stacks deployed with the zone-less name keep their group
+
+
+def test_a_zone_move_gets_a_placement_group_of_its_own():
+    first = run_program(dev_config(), FakeAws(region="us-east-2"))
+    moved = run_program(dev_config(gpuAz="us-east-2b"), FakeAws(region="us-east-2"))
+    names = [plan.one("aws:ec2/placementGroup:PlacementGroup").name for plan in (first, moved)]
+    assert names == ["gpu-us-east-2a", "gpu-us-east-2b"]
+
+
+def test_node_groups_follow_the_control_plane_version(stack_plan):
+    """Managed node groups keep the version they were created with, and EKS refuses the next
+    control-plane upgrade while they lag ("Nodegroups must be updated to match cluster version"):
+    both take the cluster's applied version, so they update after the control plane."""
+    _, plan = stack_plan
+    cluster = plan.one("eks:index:Cluster")
+    for name in ("system", "gpu"):
+        group = plan.one(NODE_GROUP, name)
+        # The cluster's output: unknown in a first preview, the applied version afterwards.
+        assert (
+            isinstance(group.inputs["version"], Unknown)
+            or group.inputs["version"] == cluster.inputs["version"]
+        )
+        assert cluster.urn in group.dependencies, name
+
+
+def test_coredns_is_pinned_to_the_newest_build_for_the_cluster_version():
+    plan = run_program(dev_config(kubernetesVersion="1.34"), FakeAws(region="us-east-2"))
+    assert plan.one("aws:eks/addon:Addon").inputs["addonVersion"] == COREDNS_VERSIONS["1.34"]
+    upgraded = run_program(dev_config(kubernetesVersion="1.35"), FakeAws(region="us-east-2"))
+    assert upgraded.one("aws:eks/addon:Addon").inputs["addonVersion"] == COREDNS_VERSIONS["1.35"]
+
+
+def test_node_groups_wait_for_the_nat_routes(stack_plan):
+    """Nodes pull their images through the NAT gateway; a group created before the private routes
+    launches nodes that cannot pull and never join."""
+    _, plan = stack_plan
+    private_routes = [r for r in plan.of_type("aws:ec2/routeTable:RouteTable") if r.name.endswith("-private")]
+    assert len(private_routes) == 1
+    needed = {plan.one("aws:ec2/natGateway:NatGateway").urn, private_routes[0].urn}
+    needed |= {
+        r.urn
+        for r in plan.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+        if "-private-" in r.name
+    }
+    for name in ("system", "gpu"):
+        assert needed <= set(plan.one(NODE_GROUP, name).dependencies), name
 
 
 # --- a second `pulumi up`: the GPU zone moves, every other zone's subnets stay ----------------------
@@ -755,16 +820,6 @@ def test_the_caller_is_matched_to_a_listed_principal(caller, principal, same):
 
 
 @pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
-def test_private_endpoint_drops_the_public_cidrs(stack_file):
-    """pulumi-eks refuses publicAccessCidrs when endpointPublicAccess is false."""
-    config = config_of(stack_file, endpointPublicAccess="false")
-    assert config["eks-ray-train:endpointPublicAccessCidrs"]
-    cluster = run_program(config, FakeAws(region=config["aws:region"])).one("eks:index:Cluster").inputs
-    assert cluster["endpointPublicAccess"] is False
-    assert "publicAccessCidrs" not in cluster
-
-
-@pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
 def test_longest_cluster_name_fits_every_derived_name(stack_file):
     name = "c" * CLUSTER_NAME_MAX
     config = config_of(stack_file, clusterName=name)
@@ -924,3 +979,22 @@ def test_vpc_flow_logs_go_to_a_log_group_with_the_stacks_retention():
         plan.one("aws:iam/rolePolicy:RolePolicy", "eks-ray-train-flow-logs").inputs["policy"]
     )
     assert delivery["Statement"][0]["Resource"][0] == flow_log["logDestination"]
+
+
+def test_an_image_tag_is_warned_with_how_to_pin_its_digest(monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
+    run_program(dev_config(), FakeAws(region="us-east-2"))
+    tagged = [warning for warning in warnings if warning.startswith("config key 'image'")]
+    assert len(tagged) == 1 and "docker buildx imagetools inspect" in tagged[0]
+    assert "pulumi config set image public.ecr.aws/deep-learning-containers/ray@sha256:<digest>" in tagged[0]
+    warnings.clear()
+    pinned = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "a" * 64
+    plan = run_program(dev_config(image=pinned), FakeAws(region="us-east-2"))
+    assert not [warning for warning in warnings if warning.startswith("config key 'image'")]
+    assert (
+        plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]["headGroupSpec"]["template"]["spec"][
+            "containers"
+        ][0]["image"]
+        == pinned
+    )

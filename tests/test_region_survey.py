@@ -1,4 +1,4 @@
-"""The capacity finder against moto's EC2 (real offerings and instance facts) and stubbed Service Quotas."""
+"""The region survey (`python -m infra.region_survey`) against moto's EC2 (real offerings and instance facts) and stubbed Service Quotas."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from infra import capacity
-from infra.capacity import STANDARD_QUOTA, on_demand_vcpu_quota
+from infra import region_survey
+from infra.capacity_rules import STANDARD_QUOTA, on_demand_vcpu_quota
 
 G_QUOTA = "L-DB2E81BA"
 MOTO_IMAGE = "ami-12c6146b"  # one of moto's default images
@@ -64,7 +64,7 @@ def clients(quotas: dict[str, float | str], stubbed_ec2: dict | None = None, quo
 
 
 def survey(capsys, argv: list[str], client) -> dict:
-    assert capacity.main([*argv, "--json"], client=client) == 0
+    assert region_survey.main([*argv, "--json"], client=client) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -199,7 +199,7 @@ def test_a_region_that_fails_is_reported_and_the_others_still_surveyed(aws, caps
 
 def test_table_names_the_best_choice_and_the_caveat(aws, capsys):
     assert (
-        capacity.main(
+        region_survey.main(
             ["--regions", "us-east-2", "eu-west-1", "us-east-1"],
             client=clients({"us-east-2": 192, "us-east-1": 64}),
         )
@@ -232,7 +232,7 @@ def test_missing_credentials_exit_1_without_traceback(monkeypatch, tmp_path, cap
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    assert capacity.main(["--regions", "us-east-2"]) == 1
+    assert region_survey.main(["--regions", "us-east-2"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("error: no usable AWS credentials")
@@ -244,7 +244,7 @@ def test_expired_credentials_exit_1(capsys):
     stubber = Stubber(expired)
     stubber.add_client_error("describe_availability_zones", "ExpiredToken", "The security token is expired")
     stubber.activate()
-    assert capacity.main(["--regions", "us-east-2"], client=lambda service, region: expired) == 1
+    assert region_survey.main(["--regions", "us-east-2"], client=lambda service, region: expired) == 1
     assert "ExpiredToken" in capsys.readouterr().err
 
 
@@ -260,9 +260,9 @@ def test_expired_credentials_exit_1(capsys):
 )
 def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exited:
-        capacity.main(argv, client=lambda service, region: pytest.fail("no AWS call expected"))
+        region_survey.main(argv, client=lambda service, region: pytest.fail("no AWS call expected"))
     assert exited.value.code == 2
-    assert "usage: python -m infra.capacity" in capsys.readouterr().err
+    assert "usage: python -m infra.region_survey" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -298,8 +298,8 @@ def test_mac_instances_have_no_on_demand_vcpu_quota():
 
 def test_advice_puts_the_reservation_in_a_cluster_placement_group_the_stack_then_uses():
     """EC2 launches into a targeted reservation only where the placement matches, so the group is the reservation's."""
-    assert "create-capacity-reservation --placement-group-arn" in capacity.CAPACITY_CAVEAT
-    assert "creates no placement group of its own" in capacity.CAPACITY_CAVEAT
+    assert "create-capacity-reservation --placement-group-arn" in region_survey.CAPACITY_CAVEAT
+    assert "creates no placement group of its own" in region_survey.CAPACITY_CAVEAT
 
 
 def test_no_region_answering_exits_1_with_the_table(capsys):
@@ -312,7 +312,9 @@ def test_no_region_answering_exits_1_with_the_table(capsys):
             "describe_availability_zones", "InternalError", "We encountered an internal error"
         )
     stubber.activate()
-    status = capacity.main(["--regions", "us-east-2", "us-west-2"], client=lambda service, region: failing)
+    status = region_survey.main(
+        ["--regions", "us-east-2", "us-west-2"], client=lambda service, region: failing
+    )
     output = capsys.readouterr().out
     assert status == 1
     assert output.count("InternalError") >= 2 and "us-west-2" in output

@@ -1,6 +1,6 @@
 """Pick a region and zone for the GPU nodes before creating a stack: a read-only survey with boto3.
 
-    python -m infra.capacity --regions us-east-2 us-west-2 eu-central-1 \
+    python -m infra.region_survey --regions us-east-2 us-west-2 eu-central-1 \
         [--instance-type g6.12xlarge] [--count 2] [--json]
 
 For each region it asks EC2 which zones offer the instance type and whether the type supports
@@ -48,7 +48,15 @@ from botocore.exceptions import (
     TokenRetrievalError,
 )
 
-from infra.capacity_rules import eks_zones, has_efa, usable_zones, vcpu_shortfall
+from infra.capacity_rules import (
+    VcpuQuota,
+    eks_zones,
+    has_efa,
+    on_demand_vcpu_quota,
+    quota_increase_command,
+    usable_zones,
+    vcpu_shortfall,
+)
 from platform_facts import INSTANCE_TYPE, REGION
 
 CAPACITY_CAVEAT = (
@@ -59,50 +67,6 @@ CAPACITY_CAVEAT = (
     "`aws ec2 create-capacity-reservation --placement-group-arn ...`), and set capacityReservationId: the stack "
     "then creates no placement group of its own and launches into the reservation's."
 )
-
-
-@dataclass(frozen=True)
-class VcpuQuota:
-    """An EC2 On-Demand vCPU quota of Service Quotas, shared by every instance of its class in a region."""
-
-    code: str
-    name: str
-
-
-STANDARD_QUOTA = VcpuQuota("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances")
-_QUOTAS_BY_PREFIX = {
-    "g": VcpuQuota("L-DB2E81BA", "Running On-Demand G and VT instances"),
-    "p": VcpuQuota("L-417A185B", "Running On-Demand P instances"),
-    "inf": VcpuQuota("L-1945791B", "Running On-Demand Inf instances"),
-    "trn": VcpuQuota("L-2C3B7624", "Running On-Demand Trn instances"),
-    "dl": VcpuQuota("L-6E869C2A", "Running On-Demand DL instances"),
-    "f": VcpuQuota("L-74FC7D96", "Running On-Demand F instances"),
-    "x": VcpuQuota("L-7295265B", "Running On-Demand X instances"),
-    "u": VcpuQuota("L-43DA4232", "Running On-Demand High Memory instances"),
-    "hpc": VcpuQuota("L-F7808C92", "Running On-Demand HPC instances"),
-}
-_QUOTAS_BY_PREFIX["gr"] = _QUOTAS_BY_PREFIX["vt"] = _QUOTAS_BY_PREFIX["g"]
-_STANDARD_LETTERS = "acdhimrtz"
-# Mac instances run only on Dedicated Hosts, which have per-family host quotas instead.
-_NO_VCPU_QUOTA = ("mac",)
-
-
-def on_demand_vcpu_quota(instance_type: str) -> VcpuQuota | None:
-    """The On-Demand vCPU quota that running `instance_type` draws on, None for classes without one."""
-    letters = re.match(r"[a-z]+", instance_type)
-    prefix = letters.group() if letters else ""
-    if prefix in _QUOTAS_BY_PREFIX:
-        return _QUOTAS_BY_PREFIX[prefix]
-    if prefix and prefix not in _NO_VCPU_QUOTA and prefix[0] in _STANDARD_LETTERS:
-        return STANDARD_QUOTA
-    return None
-
-
-def quota_increase_command(quota: VcpuQuota, desired: int, region: str) -> str:
-    return (
-        f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {quota.code} "
-        f"--desired-value {desired} --region {region}"
-    )
 
 
 # Verdicts, best first: the ranking order.
@@ -350,7 +314,7 @@ def _positive(text: str) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.capacity",
+        prog="python -m infra.region_survey",
         description="Rank regions and zones for the GPU node group (read-only AWS calls). " + CAPACITY_CAVEAT,
     )
     parser.add_argument(

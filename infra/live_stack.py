@@ -1,0 +1,124 @@
+"""What already runs under the stack's names in AWS, read at preview, and what a later `pulumi up`
+may change of it.
+
+AWS keeps some choices for a cluster's life, and Pulumi's plan alone cannot tell: EKS never moves
+a cluster to another VPC, accepts new subnets only in the zones it was created with ("subnets must
+be in the same set of AZs as originally provided"), and upgrades the control plane one minor
+version at a time, never down (EKS user guide, "Update existing cluster to new Kubernetes
+version"). So the preview reads the cluster of `clusterName`, if there is one, and the program keeps
+its zones instead of choosing them anew from today's offerings; a change AWS would refuse after the
+VPC and NAT are updated is refused here, naming the key.
+
+A control-plane log group without this program's tag, while no cluster exists, was left by a
+destroyed cluster: EKS writes its last logs after the program deleted the group, which re-creates it
+(terraform-aws-eks#2763), and the next CreateLogGroup fails with ResourceAlreadyExistsException.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from platform_facts import GPU_LABELS
+
+# The tag the program puts on the control-plane log group, naming the stack that owns it.
+OWNER_TAG = "eks-ray-train:stack"
+
+
+@dataclass(frozen=True)
+class LiveCluster:
+    """The EKS cluster of `clusterName` as AWS reports it."""
+
+    version: str
+    vpc_cidr: str
+    zones: tuple[str, ...]  # the zones of its subnets, sorted
+    gpu_zone: str | None  # the zone of its GPU node group's subnet, if the group exists
+
+
+def owner() -> str:
+    """The value of `OWNER_TAG` for this stack."""
+    return f"{pulumi.get_project()}/{pulumi.get_stack()}"
+
+
+def _not_found(error: Exception) -> bool:
+    """How the AWS provider words a data source's missing object."""
+    text = str(error)
+    return "couldn't find resource" in text or "NotFound" in text
+
+
+def read_live_cluster(cluster_name: str) -> LiveCluster | None:
+    """The cluster, its VPC's block and its subnets' zones; None when EKS has no cluster of that name."""
+    try:
+        cluster = aws.eks.get_cluster(name=cluster_name)
+    except Exception as err:
+        if not _not_found(err):
+            pulumi.log.warn(
+                f"could not read EKS cluster {cluster_name} ({err}); its VPC and zones were not checked"
+            )
+        return None
+    vpc = aws.ec2.get_vpc(id=cluster.vpc_config.vpc_id)
+    zones = {_zone(subnet) for subnet in cluster.vpc_config.subnet_ids}
+    return LiveCluster(
+        version=cluster.version,
+        vpc_cidr=vpc.cidr_block,
+        zones=tuple(sorted(zones)),
+        gpu_zone=_gpu_zone(cluster_name),
+    )
+
+
+def _zone(subnet_id: str) -> str:
+    return aws.ec2.get_subnet(id=subnet_id).availability_zone
+
+
+def _gpu_zone(cluster_name: str) -> str | None:
+    """The zone of the node group carrying the GPU labels (autonamed, so found by its labels)."""
+    for name in aws.eks.get_node_groups(cluster_name=cluster_name).names:
+        group = aws.eks.get_node_group(cluster_name=cluster_name, node_group_name=name)
+        if GPU_LABELS.items() <= (group.labels or {}).items() and group.subnet_ids:
+            return _zone(group.subnet_ids[0])
+    return None
+
+
+def orphaned_log_group(name: str) -> bool:
+    """The log group exists without this program's tag (call only while no cluster exists)."""
+    try:
+        group = aws.cloudwatch.get_log_group(name=name)
+    except Exception as err:
+        if not _not_found(err):
+            pulumi.log.warn(
+                f"could not read log group {name} ({err}); a group left by a destroyed cluster was not looked for"
+            )
+        return False
+    return OWNER_TAG not in (group.tags or {})
+
+
+# --- judgements ------------------------------------------------------------------------------------
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def version_change_problem(live: str, wanted: str) -> str | None:
+    """Why EKS will not take the control plane from `live` to `wanted`."""
+    (live_major, live_minor), (major, minor) = _minor(live), _minor(wanted)
+    if (major, minor) < (live_major, live_minor):
+        return f"the cluster runs {live}, and EKS never downgrades a control plane: set {live} back"
+    if major == live_major and minor > live_minor + 1:
+        return (
+            f"the cluster runs {live}, and EKS upgrades one minor version at a time: set "
+            f"{live_major}.{live_minor + 1}, run `pulumi up`, then go on"
+        )
+    return None
+
+
+def vpc_change_problem(live: LiveCluster, vpc_cidr: str) -> str | None:
+    if live.vpc_cidr != vpc_cidr:
+        return (
+            f"the cluster runs in a VPC of {live.vpc_cidr}, and EKS keeps a cluster's VPC for life: set vpcCidr back "
+            f"to {live.vpc_cidr}, or `pulumi destroy` first"
+        )
+    return None
