@@ -37,6 +37,7 @@ import boto3
 import dill
 import pulumi
 import pytest
+import websocket
 from botocore.stub import Stubber
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -1546,3 +1547,82 @@ def test_job_data_only_this_machine_has_is_refused(data):
             storage_path="s3://b/r",
             shipped_files=SHIPPED,
         )
+
+
+# --- faults: retries and how their causes are told apart ----------------------------------------------
+
+
+def test_retry_delay_honours_retry_after_within_its_cap_else_backs_off():
+    assert kube_access.retry_delay(1, "2") == 2.0
+    assert kube_access.retry_delay(1, "3600") == kube_access.RETRY_AFTER_MAX_S
+    assert kube_access.retry_delay(1, None) == kube_access.BACKOFF_S
+    assert kube_access.retry_delay(2, "Wed, 21 Oct 2015 07:28:00 GMT") == 2 * kube_access.BACKOFF_S
+    assert kube_access.retry_delay(10, None) == kube_access.BACKOFF_MAX_S
+
+
+def _handshake_failure(status: int, message: str, body: bytes, headers: dict) -> ApiException:
+    """What kubernetes-client 37 raises for a refused exec (stream/ws_client.py, websocket_call)."""
+    try:
+        try:
+            raise websocket.WebSocketBadStatusException(
+                f"Handshake status {status} {message} -+-+- {headers} -+-+- {body!r}",
+                status,
+                message,
+                headers,
+                body,
+            )
+        except Exception as cause:
+            raise ApiException(status=0, reason=str(cause))  # noqa: B904 (the client's own wording)
+    except ApiException as error:
+        return error
+
+
+def test_a_refused_handshake_gives_its_status_retry_after_and_the_apis_message():
+    body = json.dumps({"kind": "Status", "message": "error dialing backend: dial tcp: i/o timeout"}).encode()
+    error = _handshake_failure(500, "Internal Server Error", body, {"retry-after": "3"})
+    assert kube_access.handshake_refusal(error) == (
+        500,
+        "3",
+        "Internal Server Error error dialing backend: dial tcp: i/o timeout",
+    )
+    assert (
+        kube_access.handshake_refusal(ApiException(status=0, reason="Handshake status 404 Not Found"))[0]
+        == 404
+    )
+    assert (
+        kube_access.handshake_refusal(ApiException(status=0, reason="[Errno 111] Connection refused")) is None
+    )
+
+
+def test_a_rest_answer_that_may_pass_is_asked_again_until_the_attempts_are_spent():
+    calls = []
+
+    def list_node(label_selector, **_):
+        calls.append(label_selector)
+        raise ApiException(status=429, reason="Too Many Requests")
+
+    core = types.SimpleNamespace(list_node=list_node)
+    cluster = KubernetesCluster(core, None, timeouts=kube_access.ApiTimeouts(attempts=3, backoff_s=0.001))
+    with pytest.raises(errors.ApiRefused, match=r"answered 429 to listing nodes.*3 attempts"):
+        cluster.list_nodes("role=gpu-worker")
+    assert len(calls) == 3 and not cluster.accepted
+    cancelled = threading.Event()
+    cancelled.set()
+    cluster = KubernetesCluster(core, None, cancelled=cancelled)
+    with pytest.raises(errors.Interrupted):
+        cluster.list_nodes("role=gpu-worker")
+
+
+@pytest.mark.parametrize(
+    ("sts_error", "accepted_before", "cause"),
+    [
+        ("ExpiredToken", True, "expired"),
+        ("ExpiredToken", False, "expired"),
+        ("InvalidClientTokenId", False, "invalid"),
+        (None, True, "revoked"),
+        (None, False, "no-access-entry"),
+        ("Throttling", False, "no-access-entry"),
+    ],
+)
+def test_a_401_is_explained_by_what_sts_says_of_the_credentials(sts_error, accepted_before, cause):
+    assert provider.unauthorized_cause(sts_error, accepted_before) == cause
