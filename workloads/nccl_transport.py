@@ -21,7 +21,8 @@ Lines are grouped per NCCL process, keyed `host:pid` from NCCL's `host:pid:tid [
    `/GDRDMA` or a PXN proxy rank do not matter). `via P2P/...` (IPC, CUMEM, direct pointer) and
    `via SHM/...` stay on the machine (so does P2P/MNNVL as far as this check goes: multi-node
    NVLink is no network transport).
-2. A process without NET channel lines is decided by its `Using network <name>` /
+2. A process whose communicators all have one rank (`nranks 1`) is intra-node: it moves no bytes,
+   whatever network it announces. A process without NET channel lines is decided by its `Using network <name>` /
    `Assigned NET plugin <name> to comm` line when its communicators span several nodes
    (`nNodes 2` in the `comm 0x.. rank .. nRanks .. nNodes ..` line), or when it shows neither a
    node count nor P2P/SHM channels; the verdict then has `low` confidence. Otherwise P2P/SHM
@@ -31,12 +32,14 @@ Lines are grouped per NCCL process, keyed `host:pid` from NCCL's `host:pid:tid [
    aws-ofi-nccl 1.13, `Selected provider is efa, fabric is efa|efa-direct` from 1.14). The
    provider comes from the process's own lines, else from its host, else from any host: a
    libfabric endpoint connects only to endpoints of the same provider. Provider tcp, sockets or
-   `tcp;ofi_rxm` is socket; none anywhere leaves the process unknown.
+   `tcp;ofi_rxm` is socket, even in a process without channel or network lines; none anywhere
+   leaves the process unknown.
 
 Then the run: any socket process makes the run `socket`, even when other hosts show EFA. Else
 the network transports of the remaining processes must agree (`efa` or `ib`); disagreement is
 `unknown`. With no network process at all the run is `intra-node`, unless some communicator
-spans several nodes (logs incomplete: `unknown`), and without NCCL lines it is `unknown`.
+spans several nodes or the processes sit on several hosts (logs incomplete: `unknown`), and
+without NCCL lines it is `unknown`.
 
 Fallback lines (`NET/OFI aws-ofi-nccl initialization failed`, `NET/IB : No device found.`,
 `NET/Socket : Using [0]eth0:...`, `NCCL_NET set by environment to Socket`) never decide alone;
@@ -48,10 +51,12 @@ processes can be missing there. A rank that fell back still shows, as its lines 
 
 CLI (exit 0 when the expectation holds, 1 when not, 2 on bad arguments or unreadable input):
 
-    python -m workloads.nccl_transport [--expect efa] LOGFILE|DIR|- ...
+    python -m workloads.nccl_transport [--expect efa] [--ranks N] [--hosts N] LOGFILE|DIR|- ...
 
-Directories are walked for *.log, *.out and *.err (a Ray session `logs/` folder). Without
---expect, `ok` means an inter-node network transport (efa, socket or ib) was identified.
+Directories are walked for *.log, *.out and *.err and their rotated parts (`.out.1`: a Ray
+session `logs/` folder). Without --expect, `ok` means an inter-node network transport (efa,
+socket or ib) was identified; `unknown` is no expectation. With --ranks/--hosts, a verdict other
+than socket must cover that many NCCL processes and hosts, else it is unknown (`Verdict.covering`).
 """
 
 from __future__ import annotations
