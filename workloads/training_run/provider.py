@@ -46,7 +46,7 @@ from infra.aws_identity import (
     AwsSettingsError,
     caller_identity,
 )
-from platform_facts import TRANSPORTS
+from platform_facts import EXPECTABLE_TRANSPORTS
 from workloads.training_run import engine_host
 from workloads.training_run.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.errors import (
@@ -221,8 +221,8 @@ def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         isinstance(props["job_args"], list) and all(isinstance(arg, str) for arg in props["job_args"])
     ):
         problems.append(("job_args", "must be a list of strings (flags of `python -m training`)"))
-    if known("expect_transport") and props["expect_transport"] not in TRANSPORTS:
-        problems.append(("expect_transport", f"must be one of {', '.join(TRANSPORTS)}"))
+    if known("expect_transport") and props["expect_transport"] not in EXPECTABLE_TRANSPORTS:
+        problems.append(("expect_transport", f"must be one of {', '.join(EXPECTABLE_TRANSPORTS)}"))
     if (
         known("expect_transport")
         and props["expect_transport"] == "efa"

@@ -224,7 +224,10 @@ class TrainingRunner:
             else {}
         )
         lines = [line for _, pod_lines in worker_logs.values() for line in pod_lines] + log.nccl_lines
-        verdict = classify_lines(lines)
+        ranks, hosts = evidence.expected_coverage(
+            self.request.job_args, self.request.gpus_per_node, len(pods.workers)
+        )
+        verdict = classify_lines(lines).covering(ranks, hosts)
         log_files = {pod: count for pod, (count, _) in worker_logs.items()}
         self.env.log(
             f"training run: job {submission_id}: {summary.get('tokens_per_s')} tokens/s, NCCL transport "
