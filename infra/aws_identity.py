@@ -28,6 +28,7 @@ from typing import Any
 
 import boto3
 import botocore.credentials
+import botocore.exceptions
 import botocore.session
 
 REFUSED = {
@@ -210,9 +211,14 @@ def _assume(base: boto3.session.Session, role: AssumedRole, region: str) -> boto
     return boto3.session.Session(botocore_session=core, region_name=region)
 
 
-def caller_identity(session: boto3.session.Session, region: str, config: Any) -> str | None:
-    """The ARN the session acts as (STS GetCallerIdentity), or None when STS cannot say."""
+def caller_identity(
+    session: boto3.session.Session, region: str, config: Any
+) -> tuple[str | None, str | None]:
+    """(the ARN the session acts as, STS's error code) from STS GetCallerIdentity; (None, None)
+    when STS cannot be asked (no credentials, unreachable)."""
     try:
-        return session.client("sts", region_name=region, config=config).get_caller_identity()["Arn"]
-    except Exception:  # only for a message: any failure means "unknown"
-        return None
+        return session.client("sts", region_name=region, config=config).get_caller_identity()["Arn"], None
+    except botocore.exceptions.ClientError as error:
+        return None, error.response.get("Error", {}).get("Code", "")
+    except botocore.exceptions.BotoCoreError:
+        return None, None

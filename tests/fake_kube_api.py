@@ -23,7 +23,14 @@ Each models the real behaviour the provider depends on, and where that is docume
   Ray docs "Ray Jobs REST API"): job records with `submission_id`, `job_id`, `status`, `message`.
 
 Fault switches model what went wrong in the field: `unauthorized` (401 for every request, as for an
-identity without an EKS access entry), `cut_exec` (the exec stream of matching commands ends after some
+identity without an EKS access entry), `expired_keys` (401 for a token signed with those access keys:
+EKS checks each token by calling STS, which refuses expired session credentials), `refuse` (an answer
+instead of the request's: `too_many_requests` is what API priority and fairness sends when it sheds load,
+apiserver/pkg/server/filters/priority-and-fairness.go: 429, `Retry-After`, a plain-text body from Go's
+`http.Error`; it exempts long-running requests such as exec, so it only ever refuses REST calls here;
+`status_reply` is a `metav1.Status` error as the API server writes it, e.g. 500 "error dialing backend"
+when it cannot reach the kubelet behind an exec, or 400 while the container is not running), an exec
+in a pod that is not in `pods` (404 `pods "<name>" not found`: the API server looks the pod up first), `cut_exec` (the exec stream of matching commands ends after some
 output without the Status frame: with a websocket close frame, or by the connection dropping), `SilentEndpoint` (accepts TCP connections and never answers, like an
 endpoint whose packets are dropped). Pods that never become Ready are just pod objects that say so.
 """
@@ -180,6 +187,17 @@ def _valid_eks_token(header: str, cluster_name: str) -> bool:
     )
 
 
+def _token_access_key(header: str) -> str:
+    """The access key id the token's presigned URL was signed with (`X-Amz-Credential`)."""
+    body = header.removeprefix("Bearer k8s-aws-v1.")
+    try:
+        url = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+    except ValueError:
+        return ""
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    return query.get("X-Amz-Credential", [""])[0].split("/")[0]
+
+
 # --- exec ---------------------------------------------------------------------------------------------
 
 
@@ -244,6 +262,34 @@ def exit_status(exit_code: int, argv: list[str]) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An HTTP answer given instead of the request's (a handshake refused before any upgrade)."""
+
+    code: int
+    body: bytes
+    content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def too_many_requests(retry_after: int = 1) -> Refusal:
+    """API priority and fairness rejecting a request (`tooManyRequests` in priority-and-fairness.go)."""
+    return Refusal(
+        429,
+        b"Too many requests, please try again later.\n",
+        "text/plain; charset=utf-8",
+        (("Retry-After", str(retry_after)), ("X-Content-Type-Options", "nosniff")),
+    )
+
+
+def status_reply(code: int, reason: str, message: str) -> Refusal:
+    """A `metav1.Status` error, as the API server answers a request it cannot serve."""
+    return Refusal(code, json.dumps(_status(code, reason, message)).encode(), "application/json")
+
+
+Refuse = Callable[[str, "list[str] | None"], Refusal | None]  # (URL path, exec argv or None) -> answer
+
+
 @dataclass
 class FakeKubeApi:
     """The API server; `start()` serves it over TLS on 127.0.0.1, `endpoint` is its https URL."""
@@ -257,6 +303,8 @@ class FakeKubeApi:
     ray_clusters: dict[str, dict] = field(default_factory=dict)
     subprotocol: str = "v5.channel.k8s.io"
     unauthorized: bool = False
+    expired_keys: set[str] = field(default_factory=set)
+    refuse: Refuse = lambda path, argv: None
     cut_exec: Callable[[str, list[str]], int | None] = lambda pod_name, argv: None  # stdout bytes kept
     cut_closes_cleanly: bool = False  # a websocket close frame ends the cut stream, else the TCP connection
     # A command that is still running in the pod: the stream is open, no frame comes until `stop()`
@@ -292,10 +340,17 @@ class FakeKubeApi:
         query = urllib.parse.parse_qs(url.query)
         parts = url.path.strip("/").split("/")
         self.requests.append(url.path)
-        if self.unauthorized or not _valid_eks_token(
-            handler.headers.get("Authorization", ""), self.cluster_name
+        authorization = handler.headers.get("Authorization", "")
+        if (
+            self.unauthorized
+            or not _valid_eks_token(authorization, self.cluster_name)
+            or _token_access_key(authorization) in self.expired_keys
         ):
             return self._json(handler, 401, _status(401, "Unauthorized", "Unauthorized"))
+        is_exec = len(parts) == 7 and parts[4] == "pods" and parts[6] == "exec"
+        refusal = self.refuse(url.path, query.get("command", []) if is_exec else None)
+        if refusal is not None:
+            return self._refuse(handler, refusal)
         selector = query.get("labelSelector", [""])[0]
         if parts == ["api", "v1", "nodes"]:
             items = [n for n in self.nodes if _selected(n["metadata"]["labels"], selector)]
@@ -335,7 +390,18 @@ class FakeKubeApi:
             handler, 404, _status(404, "NotFound", "the server could not find the requested resource")
         )
 
+    def _refuse(self, handler: BaseHTTPRequestHandler, refusal: Refusal) -> None:
+        handler.send_response(refusal.code)
+        handler.send_header("Content-Type", refusal.content_type)
+        handler.send_header("Content-Length", str(len(refusal.body)))
+        for key, value in refusal.headers:
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(refusal.body)
+
     def _exec(self, handler: BaseHTTPRequestHandler, pod_name: str, container: str, argv: list[str]) -> None:
+        if not any(p["metadata"]["name"] == pod_name for p in self.pods):
+            return self._refuse(handler, status_reply(404, "NotFound", f'pods "{pod_name}" not found'))
         offered = [p.strip() for p in handler.headers.get("Sec-WebSocket-Protocol", "").split(",")]
         if handler.headers.get("Upgrade", "").lower() != "websocket" or self.subprotocol not in offered:
             return self._json(handler, 400, _status(400, "BadRequest", "exec needs a websocket upgrade"))
@@ -403,6 +469,7 @@ class FakeAwsApis:
     caller_arn: str = "arn:aws:iam::123456789012:user/deployer"
     access_keys_seen: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)
+    expired_keys: set[str] = field(default_factory=set)  # session keys past their expiry
 
     def start(self) -> FakeAwsApis:
         self.server = serve_on_loopback({"GET": self._eks, "POST": self._sts})
@@ -453,6 +520,14 @@ class FakeAwsApis:
         )
         action = form.get("Action", [""])[0]
         ns = "https://sts.amazonaws.com/doc/2011-06-15/"
+        if self.access_keys_seen and self.access_keys_seen[-1] in self.expired_keys:
+            # STS's answer to a request signed with expired session credentials (query-protocol error).
+            error = (
+                f'<ErrorResponse xmlns="{ns}"><Error><Type>Sender</Type><Code>ExpiredToken</Code>'
+                "<Message>The security token included in the request is expired</Message></Error>"
+                "<RequestId>3</RequestId></ErrorResponse>"
+            )
+            return self._reply(handler, 403, error.encode(), "text/xml")
         if action == "GetCallerIdentity":
             arn = self.caller_arn
             if self.access_keys_seen and self.access_keys_seen[-1].startswith("ASIAFAKEROLE"):

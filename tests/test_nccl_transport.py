@@ -30,6 +30,7 @@ RECEIVE_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Libfabric/0"
 RECEIVE_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Socket/0"
 SEND_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Socket/0"
 EFA_DIRECT = "fabric is efa-direct (found 4 nics)"
+BUS = "cudaDev 0 nvmlDev 0 busId 65000 commId 0xbd10cc2bcb56e132"
 
 
 def _info(origin: str, message: str) -> str:
@@ -132,6 +133,25 @@ def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
         ),
         ("ib_infiniband.log", "ib", "high", ["via NET/IB/0/GDRDMA"]),
         ("no_nccl_lines.log", "unknown", "none", []),
+        # Logs posted in public issues; each file names its source.
+        (  # a communicator of one rank moves no bytes, whatever network it announces
+            "single_rank_comm_using_network_ib_nccl_2_18.log",
+            "intra-node",
+            "low",
+            ["rank 0 nranks 1 cudaDev 0"],
+        ),
+        (  # P2P lines from two hosts say nothing about how the hosts talk
+            "p2p_cumem_only_two_hosts_nccl_tests.log",
+            "unknown",
+            "none",
+            [],
+        ),
+        (  # libfabric's tcp provider under rxm is a TCP path, even before any channel line
+            "libfabric_tcp_ofi_rxm_provider_lines.log",
+            "socket",
+            "low",
+            ["NET/OFI Selected Provider is tcp;ofi_rxm"],
+        ),
     ],
 )
 def test_fixture_is_classified_with_its_deciding_lines(fixture, transport, confidence, deciding):
@@ -140,7 +160,7 @@ def test_fixture_is_classified_with_its_deciding_lines(fixture, transport, confi
     assert (verdict.transport, verdict.confidence) == (transport, confidence), verdict.reason
     for fragment in deciding:
         assert any(fragment in line for line in verdict.evidence), (fragment, verdict.evidence)
-    assert bool(verdict.evidence) == (transport != "unknown")
+    assert bool(verdict.evidence) == bool(verdict.processes)  # the lines of every process judged
     assert not any("\x1b" in line for line in verdict.evidence)
 
 
@@ -252,6 +272,22 @@ def test_classification_does_not_depend_on_which_file_comes_first():
         ([_comm(rank=0, nodes=1)], "intra-node"),
         (["Channel 00/0 : 3[3] -> 4[0] [send] via NET/GPUDirectTCPX/0", EFA_PROVIDER], "unknown"),
         (["NCCL version 2.29.7+cuda13.0", "cudaDriverVersion 13000"], "unknown"),
+        # One-rank communicators (2.18's `comm ..`, 2.21+'s `ncclCommInitRank comm ..`) move no bytes.
+        (["Using network Socket", f"comm 0x1 rank 0 nranks 1 {BUS} - Init COMPLETE"], "intra-node"),
+        (
+            ["Using network Socket", f"ncclCommInitRank comm 0x1 rank 0 nranks 1 {BUS} - Init START"],
+            "intra-node",
+        ),
+        (["Using network Socket", f"ncclCommInitRank comm 0x1 rank 0 nranks 2 {BUS} - Init START"], "socket"),
+        # aws-ofi-nccl on libfabric's tcp provider (FI_PROVIDER=tcp, 1.14+ wording), channels or not.
+        (["NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16 (found 1 nics)"], "socket"),
+        (
+            ["NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16 (found 1 nics)", SEND_LIBFABRIC],
+            "socket",
+        ),
+        # An efa provider line alone is no proof: NCCL initialises the plugin even when NCCL_NET
+        # then picks another network.
+        ([EFA_PROVIDER], "unknown"),
     ],
 )
 def test_line_formats(messages, transport):
@@ -419,6 +455,41 @@ def test_ok_and_json(transport, expect, ok):
     json.dumps(document)
 
 
+@pytest.mark.parametrize(
+    ("ranks", "hosts", "transport", "missing"),
+    [
+        (8, 2, "efa", None),
+        (16, 2, "unknown", "nothing tells it for 8 of 16 ranks"),
+        (8, 3, "unknown", "nothing tells it for 1 of 3 hosts"),
+    ],
+)
+def test_a_verdict_covers_every_rank_and_host_or_is_unknown(ranks, hosts, transport, missing):
+    verdict = classify_files([FIXTURES / "efa_ofi_1_20_ray_session"]).covering(ranks, hosts)
+
+    assert verdict.transport == transport
+    if missing:
+        assert verdict.confidence == "none"
+        assert verdict.reason.startswith(
+            "the lines of only 8 NCCL processes on 2 hosts tell their transport (efa: "
+        )
+        assert verdict.reason.endswith(missing)
+        assert verdict.evidence  # what was judged stays visible
+
+
+def test_one_process_over_tcp_is_socket_however_few_processes_were_read():
+    verdict = classify_lines([_info(ORIGIN_B, RECEIVE_SOCKET)]).covering(8, 2)
+
+    assert (verdict.transport, verdict.confidence) == ("socket", "high")
+
+
+def test_folder_walk_reads_ray_rotated_worker_logs(tmp_path):
+    """Ray 2.58 rotates `worker-<id>-<job>-<pid>.out` by size into `.out.1`, `.out.2`, ..."""
+    (tmp_path / "worker-01-02000000-4711.out").write_text("TRAIN_STEP {}\n")
+    (tmp_path / "worker-01-02000000-4711.out.1").write_text(_info(ORIGIN_B, RECEIVE_SOCKET) + "\n")
+
+    assert classify_files([tmp_path]).transport == "socket"
+
+
 def test_folder_walk_reads_only_log_suffixes(tmp_path):
     nested = tmp_path / "session_latest" / "logs"
     nested.mkdir(parents=True)
@@ -479,6 +550,25 @@ def test_cli_without_expect_is_ok_only_for_a_network_transport():
     assert (local.returncode, json.loads(local.stdout)["ok"]) == (1, False)
 
 
+def test_cli_rejects_unknown_as_an_expectation():
+    """A log without transport lines is `unknown`; no expectation is met by it."""
+    result = _cli("--expect", "unknown", str(FIXTURES / "no_nccl_lines.log"))
+
+    assert result.returncode == 2
+    assert b"invalid choice: 'unknown'" in result.stderr
+
+
+def test_cli_judges_coverage_of_ranks_and_hosts():
+    session = str(FIXTURES / "efa_ofi_1_20_ray_session")
+
+    covered = _cli("--expect", "efa", "--ranks", "8", "--hosts", "2", session)
+    short = _cli("--expect", "efa", "--ranks", "16", "--hosts", "2", session)
+
+    assert covered.returncode == 0, covered.stderr
+    assert short.returncode == 1
+    assert json.loads(short.stdout)["transport"] == "unknown"
+
+
 def test_cli_reads_stdin():
     log = (FIXTURES / "ib_infiniband.log").read_bytes()
 
@@ -509,7 +599,9 @@ def test_module_needs_only_the_standard_library():
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("args", [(), ("--expect", "tcp", "x.log"), ("--bogus", "x.log")])
+@pytest.mark.parametrize(
+    "args", [(), ("--expect", "tcp", "x.log"), ("--bogus", "x.log"), ("--ranks", "0", "x.log")]
+)
 def test_cli_exit_2_with_usage_on_bad_arguments(args):
     result = _cli(*args)
 

@@ -36,6 +36,7 @@ FAST = {
     "EKS_RAY_TRAIN_API_CONNECT_TIMEOUT_S": "0.5",
     "EKS_RAY_TRAIN_API_READ_TIMEOUT_S": "1",
     "EKS_RAY_TRAIN_API_ATTEMPTS": "2",
+    "EKS_RAY_TRAIN_API_BACKOFF_S": "0.05",
 }
 STACK_CONFIG = {"aws:region": "us-east-2"}
 GRPC_DEADLINE_S = 40  # the test's own bound: longer than any fault may take to fail
@@ -101,6 +102,7 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         },
     ).start()
     aws = fake.FakeAwsApis(clusters={registered["cluster_name"]: (kube.endpoint, kube.ca_pem)}).start()
+    kube.expired_keys = aws.expired_keys  # EKS asks STS about each token: both see the same expiry
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
@@ -348,3 +350,168 @@ def test_sigint_ends_the_host_promptly_while_a_job_runs(world: World, where: str
         pending.result()
     assert elapsed < PROMPT_S, f"the host took {elapsed:.2f} s to exit after SIGINT"
     print(f"\nSIGINT ({where}): host exited {elapsed:.2f} s after it")
+
+
+# --- faults: what the user sees, and how long it takes (docs/operations.md, "Fault matrix") -------------
+
+# The longest any fault may take to reach the user. The host tests run with FAST limits; with the
+# defaults (3 attempts, waits of 1 s and 2 s, Retry-After honoured up to 30 s) a call gives up within
+# about a minute, plus the connect and read timeouts of its attempts.
+FAULT_TO_MESSAGE_S = 180
+KEEPS_RUNNING = "keeps running on the Ray cluster; the next `pulumi up` follows it"
+
+
+def _fails_after_fault(world: World, inject) -> tuple[str, float]:
+    """Start a Create whose job keeps RUNNING, inject a fault once it is polled: (message, seconds
+    from the fault to the failure)."""
+    world.host.configure(STACK_CONFIG)
+    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log", ["RUNNING"])
+    pending = world.host.create_future(world.inputs, timeout_s=GRPC_DEADLINE_S)
+    _wait_until_polled(world)
+    injected = time.monotonic()
+    inject()
+    with pytest.raises(grpc.RpcError) as caught:
+        pending.result()
+    elapsed = time.monotonic() - injected
+    assert caught.value.code() == grpc.StatusCode.UNKNOWN, caught.value
+    details = caught.value.details()
+    assert_one_clear_message(details)
+    assert elapsed < FAULT_TO_MESSAGE_S
+    return details, elapsed
+
+
+def _first_handshake_refused(refusal: fake.Refusal):
+    """Refuse the first exec of each distinct command: every command needs its retry."""
+    seen: set[tuple[str, ...]] = set()
+
+    def refuse(path: str, argv: list[str] | None) -> fake.Refusal | None:
+        if argv is None or tuple(argv) in seen:
+            return None
+        seen.add(tuple(argv))
+        return refusal
+
+    return refuse
+
+
+DIALING_BACKEND = fake.status_reply(
+    500, "InternalError", "error dialing backend: dial tcp 10.0.12.34:10250: i/o timeout"
+)
+CONTAINER_NOT_RUNNING = fake.status_reply(400, "BadRequest", 'container "ray-head" is not running')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "refusal", [DIALING_BACKEND, CONTAINER_NOT_RUNNING], ids=["500-dialing-backend", "400-restarting"]
+)
+def test_a_refused_exec_handshake_is_asked_again_and_the_job_is_submitted_once(world: World, refusal):
+    world.host.configure(STACK_CONFIG)
+    world.kube.refuse = _first_handshake_refused(refusal)
+    started = time.monotonic()
+    outs = plain(world.create().properties)
+    assert outs["status"] == "SUCCEEDED" and outs["transport"] == "efa"
+    assert len(world.pods.submissions) == 1
+    submits = [argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
+    assert len(submits) == 1  # the refused handshake never reached the pod
+    print(
+        f"\nexec handshake {refusal.code} on every first attempt: run succeeded in {time.monotonic() - started:.2f} s"
+    )
+
+
+@pytest.mark.slow
+def test_an_exec_refused_until_the_attempts_are_spent_fails_in_one_line_leaving_the_job(world: World):
+    def inject():
+        world.kube.refuse = lambda path, argv: DIALING_BACKEND if argv is not None else None
+
+    details, elapsed = _fails_after_fault(world, inject)
+    assert "kept answering 500 to exec of `python` in pod" in details
+    assert "error dialing backend" in details and "endpointPublicAccessCidrs" not in details
+    assert KEEPS_RUNNING in details
+    print(f"\nexec 500 on every attempt: failed {elapsed:.2f} s after the fault")
+
+
+@pytest.mark.slow
+def test_a_head_pod_replaced_mid_job_is_found_and_the_lost_job_explained(world: World):
+    new_head = "ray-train-head-x7k2p"
+
+    def inject():
+        world.kube.pods[0] = fake.pod(new_head, "head", node_name="system-node")
+        world.pods.head_pod = new_head
+        world.dashboard.jobs.clear()  # a new Ray head starts with no job history
+
+    details, elapsed = _fails_after_fault(world, inject)
+    assert f"head pod {HEAD_POD} was replaced by {new_head} while job eks-ray-train-main-" in details
+    assert "Run `pulumi up` again: it submits the job afresh on the new head" in details
+    assert any(pod == new_head for pod, _ in world.kube.execs)  # it looked on the new head
+    print(f"\nhead pod replaced: failed {elapsed:.2f} s after the fault")
+
+
+@pytest.mark.slow
+def test_a_rest_500_is_asked_again(world: World):
+    world.host.configure(STACK_CONFIG)
+    answered: list[str] = []
+
+    def refuse(path: str, argv: list[str] | None) -> fake.Refusal | None:
+        if argv is None and path.endswith("/pods") and path not in answered:
+            answered.append(path)
+            return fake.status_reply(500, "InternalError", "etcdserver: request timed out")
+        return None
+
+    world.kube.refuse = refuse
+    assert plain(world.create().properties)["status"] == "SUCCEEDED"
+    assert answered  # the refusal was met
+
+
+def test_an_exhausted_429_says_the_api_sheds_load_not_the_cidrs(world: World):
+    world.host.configure(STACK_CONFIG)
+    world.kube.refuse = lambda path, argv: fake.too_many_requests(retry_after=1) if argv is None else None
+    details, elapsed = failure(world)
+    assert "kept answering 429 to reading the RayCluster" in details
+    assert "priority and fairness" in details and "endpointPublicAccessCidrs" not in details
+    assert_one_clear_message(details)
+    assert elapsed < FAULT_TO_MESSAGE_S
+    print(f"\nREST 429 on every attempt (Retry-After: 1): failed after {elapsed:.2f} s")
+
+
+def test_an_endpoint_name_that_does_not_resolve_says_dns_not_the_cidrs(world: World):
+    world.host.configure(STACK_CONFIG)
+    world.aws.clusters[world.inputs["cluster_name"]] = ("https://eks-ray-train.invalid", world.kube.ca_pem)
+    details, elapsed = failure(world)
+    assert "(https://eks-ray-train.invalid) does not resolve" in details and "DNS" in details
+    assert "endpointPublicAccessCidrs" not in details
+    assert_one_clear_message(details)
+    assert elapsed < FAULT_TO_MESSAGE_S
+    print(f"\nendpoint name does not resolve: failed after {elapsed:.2f} s")
+
+
+def test_a_missing_raycluster_fails_in_one_line_naming_the_log(world: World):
+    world.host.configure(STACK_CONFIG)
+    world.kube.ray_clusters.clear()
+    details, elapsed = failure(world)
+    assert "RayCluster ray-train/ray-train does not exist" in details and "pulumi refresh" in details
+    assert "training-run.log" in details
+    assert_one_clear_message(details)
+    print(f"\nRayCluster missing: failed after {elapsed:.2f} s")
+
+
+def test_an_unexpected_failure_is_one_line_naming_the_log(world: World):
+    """A proxy in the way answering HTML with 200: nothing the provider explains, still no traceback."""
+    world.host.configure(STACK_CONFIG)
+    page = fake.Refusal(200, b"<html><body>Access denied by proxy</body></html>", "text/html")
+    world.kube.refuse = lambda path, argv: page if argv is None else None
+    details, elapsed = failure(world)
+    assert "the training run failed unexpectedly (" in details and "training-run.log" in details
+    assert_one_clear_message(details)
+    log = (Path(world.host.env["TMPDIR"]) / "eks-ray-train" / "training-run.log").read_text()
+    assert "Traceback" in log
+    print(f"\nunexpected failure: failed after {elapsed:.2f} s")
+
+
+@pytest.mark.slow
+def test_credentials_expiring_mid_run_are_not_called_a_missing_access_entry(world: World):
+    def inject():
+        world.aws.expired_keys.add("AKIAFAKEAMBIENT")
+
+    details, elapsed = _fails_after_fault(world, inject)
+    assert "its AWS credentials have expired, STS refuses them too" in details
+    assert "create-access-entry" not in details and KEEPS_RUNNING in details
+    print(f"\ncredentials expired mid-run: failed {elapsed:.2f} s after the fault")

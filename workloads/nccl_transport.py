@@ -21,7 +21,8 @@ Lines are grouped per NCCL process, keyed `host:pid` from NCCL's `host:pid:tid [
    `/GDRDMA` or a PXN proxy rank do not matter). `via P2P/...` (IPC, CUMEM, direct pointer) and
    `via SHM/...` stay on the machine (so does P2P/MNNVL as far as this check goes: multi-node
    NVLink is no network transport).
-2. A process without NET channel lines is decided by its `Using network <name>` /
+2. A process whose communicators all have one rank (`nranks 1`) is intra-node: it moves no bytes,
+   whatever network it announces. A process without NET channel lines is decided by its `Using network <name>` /
    `Assigned NET plugin <name> to comm` line when its communicators span several nodes
    (`nNodes 2` in the `comm 0x.. rank .. nRanks .. nNodes ..` line), or when it shows neither a
    node count nor P2P/SHM channels; the verdict then has `low` confidence. Otherwise P2P/SHM
@@ -31,12 +32,14 @@ Lines are grouped per NCCL process, keyed `host:pid` from NCCL's `host:pid:tid [
    aws-ofi-nccl 1.13, `Selected provider is efa, fabric is efa|efa-direct` from 1.14). The
    provider comes from the process's own lines, else from its host, else from any host: a
    libfabric endpoint connects only to endpoints of the same provider. Provider tcp, sockets or
-   `tcp;ofi_rxm` is socket; none anywhere leaves the process unknown.
+   `tcp;ofi_rxm` is socket, even in a process without channel or network lines; none anywhere
+   leaves the process unknown.
 
 Then the run: any socket process makes the run `socket`, even when other hosts show EFA. Else
 the network transports of the remaining processes must agree (`efa` or `ib`); disagreement is
 `unknown`. With no network process at all the run is `intra-node`, unless some communicator
-spans several nodes (logs incomplete: `unknown`), and without NCCL lines it is `unknown`.
+spans several nodes or the processes sit on several hosts (logs incomplete: `unknown`), and
+without NCCL lines it is `unknown`.
 
 Fallback lines (`NET/OFI aws-ofi-nccl initialization failed`, `NET/IB : No device found.`,
 `NET/Socket : Using [0]eth0:...`, `NCCL_NET set by environment to Socket`) never decide alone;
@@ -48,10 +51,12 @@ processes can be missing there. A rank that fell back still shows, as its lines 
 
 CLI (exit 0 when the expectation holds, 1 when not, 2 on bad arguments or unreadable input):
 
-    python -m workloads.nccl_transport [--expect efa] LOGFILE|DIR|- ...
+    python -m workloads.nccl_transport [--expect efa] [--ranks N] [--hosts N] LOGFILE|DIR|- ...
 
-Directories are walked for *.log, *.out and *.err (a Ray session `logs/` folder). Without
---expect, `ok` means an inter-node network transport (efa, socket or ib) was identified.
+Directories are walked for *.log, *.out and *.err and their rotated parts (`.out.1`: a Ray
+session `logs/` folder). Without --expect, `ok` means an inter-node network transport (efa,
+socket or ib) was identified; `unknown` is no expectation. With --ranks/--hosts, a verdict other
+than socket must cover that many NCCL processes and hosts, else it is unknown (`Verdict.covering`).
 """
 
 from __future__ import annotations
@@ -63,13 +68,14 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
-from platform_facts import TRANSPORTS
+from platform_facts import EXPECTABLE_TRANSPORTS
 
 NETWORK_TRANSPORTS = frozenset({"efa", "socket", "ib"})
-LOG_SUFFIXES = (".log", ".out", ".err")
+# *.log, *.out, *.err, and their size-rotated parts (Ray's `worker-...-<pid>.out.1`).
+_LOG_NAME = re.compile(r"\.(?:log|out|err)(?:\.\d+)?$")
 EVIDENCE_PER_HOST = 6
 EVIDENCE_TOTAL = 24
 UNKNOWN_HOST = "unknown-host"
@@ -89,7 +95,11 @@ _ANNOUNCED_NETWORK = re.compile(
     r"^(?:Using network (?P<using>.+?)|Assigned NET plugin (?P<assigned>.+?) to comm)\s*$"
 )
 _PROVIDER = re.compile(r"^NET/OFI Selected [Pp]rovider is (?P<provider>[^\s,]+)")
-_NODE_COUNT = re.compile(r"\bnNodes (?P<nodes>\d+)\b")
+# `comm 0x.. rank R nranks N ... - Init START|COMPLETE` (every version, after the init function's
+# name from 2.21) and `comm 0x.. rank R nRanks N nNodes M ...` (from 2.20).
+_COMMUNICATOR = re.compile(
+    r"\bcomm 0x[0-9a-f]+ rank \d+ n[Rr]anks (?P<ranks>\d+)(?: nNodes (?P<nodes>\d+))?\b"
+)
 _FALLBACK_HINTS = (
     re.compile(r"^NET/OFI .*(?:initialization|Initializing plugin) failed"),
     re.compile(r"^NET/OFI (?:Only EFA provider is supported|No eligible providers)"),
@@ -124,10 +134,35 @@ class Verdict:
     processes: dict[str, str] = field(default_factory=dict)
 
     def ok(self, expect: str | None = None) -> bool:
-        """Whether the run meets `expect`; without one, whether a network transport was found."""
+        """Whether the run meets `expect`; without one, whether a network transport was found.
+
+        `unknown` is a verdict, never met: a log that tells nothing proves nothing.
+        """
         if expect is None:
             return self.transport in NETWORK_TRANSPORTS
-        return self.transport == expect
+        return expect in EXPECTABLE_TRANSPORTS and self.transport == expect
+
+    def covering(self, ranks: int, hosts: int) -> Verdict:
+        """This verdict if its processes cover the run's `ranks` processes on `hosts` hosts.
+
+        Else efa, ib or intra-node becomes `unknown`, naming what is missing: a process whose lines
+        were not read may have fallen back to TCP. `socket` stands, since one process over TCP
+        already makes the run socket.
+        """
+        judged = [key for key in self.processes if key != UNKNOWN_HOST]
+        judged_hosts = _hosts(judged)
+        missing = [
+            f"{expected - len(seen)} of {expected} {what}"
+            for what, expected, seen in (("ranks", ranks, judged), ("hosts", hosts, judged_hosts))
+            if len(seen) < expected
+        ]
+        if not missing or self.transport in {"socket", "unknown"}:
+            return self
+        reason = (
+            f"the lines of only {len(judged)} NCCL processes on {len(judged_hosts)} hosts tell their transport "
+            f"({self.transport}: {self.reason}); nothing tells it for {' and '.join(missing)}"
+        )
+        return replace(self, transport="unknown", reason=reason, confidence="none")
 
     def to_json(self, expect: str | None = None) -> dict:
         """The CLI's JSON object; `expect` only changes `ok`."""
@@ -168,6 +203,8 @@ class _Process:
     providers: dict[str, list[_Line]] = field(default_factory=dict)
     max_nodes: int | None = None
     node_count_line: _Line | None = None
+    max_ranks: int | None = None
+    rank_count_line: _Line | None = None
     fallback_hints: list[_Line] = field(default_factory=list)
 
     @property
@@ -266,11 +303,15 @@ class _LogReader:
             transport = _provider_transport(provider["provider"])
             _keep(process.providers.setdefault(transport, []), line)
             return
-        nodes = _NODE_COUNT.search(message)
-        if nodes is not None and message.startswith("comm "):
-            count = int(nodes["nodes"])
-            if process.max_nodes is None or count > process.max_nodes:
-                process.max_nodes, process.node_count_line = count, line
+        communicator = _COMMUNICATOR.search(message)
+        if communicator is not None:
+            ranks = int(communicator["ranks"])
+            if process.max_ranks is None or ranks > process.max_ranks:
+                process.max_ranks, process.rank_count_line = ranks, line
+            if communicator["nodes"] is not None:
+                nodes = int(communicator["nodes"])
+                if process.max_nodes is None or nodes > process.max_nodes:
+                    process.max_nodes, process.node_count_line = nodes, line
             return
         if any(hint.search(message) for hint in _FALLBACK_HINTS):
             _keep(process.fallback_hints, line)
@@ -326,9 +367,17 @@ class _LogReader:
         elif spans_nodes:
             transport, deciders = "unknown", decided
             reason = "only P2P/SHM channel lines, yet communicators span several nodes"
+        elif len(decided_hosts := _hosts(decided)) > 1:
+            transport, deciders = "unknown", decided
+            reason = (
+                f"NCCL processes on {len(decided_hosts)} hosts show only P2P/SHM channels: no line tells how "
+                "the hosts talk to each other"
+            )
         else:
             transport, deciders = "intra-node", decided
-            reason = "only P2P/SHM channels (or nNodes 1): no traffic left the machine"
+            reason = (
+                "only P2P/SHM channels, nNodes 1 or communicators of one rank: no traffic left the machine"
+            )
 
         if transport == "unknown":
             confidence = "none"
@@ -364,19 +413,34 @@ class _LogReader:
         }
 
 
+def _hosts(processes: Iterable[str]) -> set[str]:
+    """The hosts of processes keyed `host:pid`; lines without any host prefix name none."""
+    return {key.rsplit(":", 1)[0] for key in processes} - {UNKNOWN_HOST}
+
+
 def _judge(
     process: _Process,
     host_providers: dict[str, list[_Line]],
     run_providers: dict[str, list[_Line]],
 ) -> _ProcessVerdict | None:
     """The transport of one process, or None when its lines say nothing about it."""
+    may_span_nodes = process.spans_nodes or (process.max_nodes is None and not process.local_channels)
     if process.net_channels:
         families, from_channels, source = process.net_channels, True, "channels via NET/"
-    elif process.spans_nodes or (process.max_nodes is None and not process.local_channels):
+    elif process.max_ranks == 1 and process.rank_count_line is not None:
+        why = "communicators of one rank only, which move no bytes"
+        return _ProcessVerdict("intra-node", False, (process.rank_count_line,), why)
+    elif may_span_nodes:
         families, from_channels, source = process.announced, False, "Using network "
     else:
         families, from_channels, source = {}, False, ""
     context = (process.node_count_line,) if process.node_count_line and not from_channels else ()
+    if not families and may_span_nodes and "socket" in process.providers:
+        # aws-ofi-nccl initialised on a TCP provider: whichever of it or NCCL's own socket transport
+        # carried the traffic, it went over TCP. An efa provider line alone proves nothing: NCCL
+        # initialises the plugin even when NCCL_NET then picks another network.
+        lines = (*process.providers["socket"][:1], *process.fallback_hints[:2], *context)
+        return _ProcessVerdict("socket", False, lines, "aws-ofi-nccl on the libfabric tcp/sockets provider")
 
     if "socket" in families:
         lines = (*families["socket"][:2], *process.fallback_hints[:2], *context)
@@ -420,7 +484,7 @@ def _refuse_folder(error: OSError) -> None:
 
 
 def _iter_log_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
-    """Expand the arguments: files as given, folders walked (sorted) for *.log/*.out/*.err."""
+    """Expand the arguments: files as given, folders walked (sorted) for *.log/*.out/*.err (and rotated parts)."""
     for given in paths:
         path = os.fspath(given)
         if path == "-" or not os.path.isdir(path):
@@ -430,7 +494,7 @@ def _iter_log_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
         for folder, subfolders, names in os.walk(path, onerror=_refuse_folder):
             subfolders.sort()
             for name in sorted(names):
-                if name.endswith(LOG_SUFFIXES):
+                if _LOG_NAME.search(name):
                     found = True
                     yield os.path.join(folder, name)
         if not found:
@@ -467,6 +531,12 @@ def classify_files(paths: Iterable[str | os.PathLike[str]]) -> Verdict:
     return reader.verdict()
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m workloads.nccl_transport",
@@ -478,8 +548,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--expect",
-        choices=TRANSPORTS,
+        choices=EXPECTABLE_TRANSPORTS,
         help="the transport the run must have used (exit 1 otherwise)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=_positive_int,
+        default=1,
+        help="the run's number of NCCL processes (its world size): fewer judged ones make it unknown",
+    )
+    parser.add_argument(
+        "--hosts",
+        type=_positive_int,
+        default=1,
+        help="the run's number of hosts: fewer judged ones make it unknown",
     )
     parser.add_argument(
         "logs",
@@ -494,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        verdict = classify_files(args.logs)
+        verdict = classify_files(args.logs).covering(args.ranks, args.hosts)
     except UnreadableLogError as error:
         print(f"nccl_transport: error: {error}", file=sys.stderr)
         return 2

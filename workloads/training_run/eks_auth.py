@@ -13,7 +13,8 @@ client re-signs before each request once the token is `REFRESH_AFTER_S` old. Not
 persists: the CA goes to a temporary file removed when the context exits.
 
 Every call is bounded: `DescribeCluster` by botocore's timeouts and standard retries, the
-Kubernetes calls by `ApiTimeouts` (urllib3 retries for REST; the exec retries itself).
+Kubernetes calls by `ApiTimeouts` (urllib3 retries a failed REST connection; `KubernetesCluster`
+retries an answer that may pass, and the exec retries itself).
 """
 
 from __future__ import annotations
@@ -95,10 +96,9 @@ def eks_api_client(
         configuration.host = cluster["endpoint"]
         configuration.ssl_ca_cert = ca_file.name
         configuration.api_key_prefix["authorization"] = "Bearer"
-        # GETs only: the training run never writes through the REST API.
-        configuration.retries = Retry(
-            total=timeouts.attempts - 1, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504)
-        )
+        # Connections only: an answer such as 429 or 500 is retried by `KubernetesCluster._call`,
+        # which caps `Retry-After`, can be interrupted, and names the status when it gives up.
+        configuration.retries = Retry(total=timeouts.attempts - 1, backoff_factor=0.5, status_forcelist=())
         refresh = token_refresher(sts_client, cluster_name)
         # The client asks the hook only when a key is already set: sign the first token now.
         refresh(configuration)

@@ -14,7 +14,8 @@ the `pulumi` package; read in 3.272). In that host:
 `install()` is called by the provider once the host has loaded it. It makes the host's Cancel
 handler (the function object the gRPC server already holds) also set `CANCELLED`, sets
 `CANCELLED` when the interpreter shuts down (after SIGINT), and gives the host's error path the
-message of a `TrainingRunError` instead of the traceback, which goes to `LOG_FILE`. The runner's
+message of a `TrainingRunError` instead of the traceback, which goes to `LOG_FILE`; any other
+exception becomes one line naming it and that file (`unexpected_failure`). The runner's
 waits end as soon as `CANCELLED` is set. Outside that host (tests calling the provider in-process)
 it changes nothing. The tests start the real host and check each of these through gRPC.
 """
@@ -33,7 +34,7 @@ from typing import Any
 from google.protobuf import empty_pb2
 
 from platform_facts import PROJECT
-from workloads.training_run.errors import Interrupted, TrainingRunError
+from workloads.training_run.errors import JOB_KEEPS_RUNNING, Interrupted, TrainingRunError
 
 CANCELLED = threading.Event()
 LOG_FILE = Path(tempfile.gettempdir()) / PROJECT / "training-run.log"
@@ -60,6 +61,16 @@ def log_detail(text: str) -> None:
             log.write(f"--- {datetime.datetime.now(datetime.UTC).isoformat()}\n{text}\n")
 
 
+def unexpected_failure(error: BaseException) -> str:
+    """One line for a failure the provider has no explanation for: what it was, where its traceback is."""
+    text = " ".join(str(error).split())
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return (
+        f"the training run failed unexpectedly ({type(error).__name__}: {text}); this is a defect of the "
+        f"provider: please report it with the traceback in {LOG_FILE}. {JOB_KEEPS_RUNNING}"
+    )
+
+
 class _MessageOnlyTraceback:
     """The host's `traceback` module, except that a `TrainingRunError` formats as its message."""
 
@@ -69,10 +80,12 @@ class _MessageOnlyTraceback:
     def format_exc(self, limit: int | None = None, chain: bool = True) -> str:
         error = sys.exc_info()[1]
         detail = traceback.format_exc(limit=limit, chain=chain)
-        if not isinstance(error, TrainingRunError):
+        if error is None:
             return detail
         log_detail(detail)
-        return f"{error}\n(details in {LOG_FILE})"
+        if isinstance(error, TrainingRunError):
+            return f"{error}\n(details in {LOG_FILE})"
+        return unexpected_failure(error)
 
 
 def _host_module() -> Any:

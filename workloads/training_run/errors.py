@@ -7,6 +7,11 @@ failures the provider explains further (which endpoint, which identity) before s
 
 from __future__ import annotations
 
+# What a failure after submission leaves behind, said wherever the run stops without the job ending.
+JOB_KEEPS_RUNNING = (
+    "A job already submitted keeps running on the Ray cluster; the next `pulumi up` follows it to its end"
+)
+
 
 class TrainingRunError(Exception):
     """The training run cannot go on; the message says what was found and what to check."""
@@ -34,3 +39,27 @@ class ExecStreamCut(TrainingRunError):
 
 class Interrupted(TrainingRunError):
     """`pulumi up` was interrupted (Ctrl-C): the provider stopped waiting."""
+
+
+class EndpointNameUnresolved(ApiUnreachable):
+    """The API endpoint's host name did not resolve (DNS), so no packet was sent to it."""
+
+
+class ApiRefused(TrainingRunError):
+    """The Kubernetes API kept answering an error status (429, 5xx, ...) after the bounded retries."""
+
+    def __init__(self, status: int, what: str, detail: str) -> None:
+        super().__init__(f"the Kubernetes API answered {status} to {what}: {detail}")
+        self.status, self.what, self.detail = status, what, detail
+
+
+class PodGone(TrainingRunError):
+    """An exec found no such pod (HTTP 404): the pod was deleted or replaced."""
+
+    def __init__(self, pod: str, what: str, detail: str) -> None:
+        super().__init__(f"pod {pod} no longer exists ({what} answered 404: {detail})")
+        self.pod, self.what, self.detail = pod, what, detail
+
+
+class RayClusterNotFound(TrainingRunError):
+    """The RayCluster custom resource does not exist."""

@@ -7,9 +7,14 @@ the job still completes, only slower. So after a job succeeds:
    and the NCCL lines Ray relayed from the workers;
 2. each worker pod's Ray session logs are grepped for the NCCL lines of *this* job: worker log
    files are named `worker-<worker id>-<ray job id>-<pid>.out|err` under
-   `/tmp/ray/session_latest/logs`; other jobs' files never count. A worker pod restarted since
-   the job ran has lost its logs, and the driver's relayed copy then stands in;
-3. `workloads.nccl_transport.classify_lines` turns all those lines into a `Verdict`;
+   `/tmp/ray/session_latest/logs`; other jobs' files never count. Ray's core worker rotates them
+   by size (`RAY_ROTATION_MAX_BYTES`, default 512 MiB, `RAY_ROTATION_BACKUP_COUNT` parts kept,
+   default 5) into `worker-...-<pid>.out.1`, `.out.2`, ... (seen with Ray 2.58): NCCL's init
+   lines are in the oldest part of a long run, so the rotated parts are read too. A worker pod
+   restarted since the job ran has lost its logs, and the driver's relayed copy then stands in;
+3. `workloads.nccl_transport.classify_lines` turns all those lines into a `Verdict`, which must
+   cover the job: NCCL lines telling the transport of every rank (`--workers` of the job) on
+   every worker pod the ranks need (`expected_coverage`), else it is `unknown`;
 4. `check_transport` fails `pulumi up` with the evidence when the transport is not the expected
    one. A command whose output may be incomplete (a cut exec stream) raises before any of this.
 """
@@ -35,7 +40,7 @@ LOG_TAIL_LINES = 40
 # Selects the Ray worker logs of one Ray job in a session log folder: `worker-<id>-<job>-<pid>`.
 _JOB_LOG_FILES = """\
 cd "$1" || exit 3
-files=$(ls -1 | grep -E "^worker-[0-9a-f]+-$2-[0-9]+[.](out|err)$")
+files=$(ls -1 | grep -E "^worker-[0-9a-f]+-$2-[0-9]+[.](out|err)([.][0-9]+)?$")
 echo "log files: $(printf '%s\\n' $files | grep -c .)"
 [ -n "$files" ] || exit 0
 """
@@ -51,6 +56,18 @@ def nccl_lines_command(log_dir: str, ray_job_id: str) -> list[str]:
 
 def log_tail_command(log_dir: str, ray_job_id: str) -> list[str]:
     return ["sh", "-c", LOG_TAIL_SCRIPT, "sh", log_dir, ray_job_id, str(LOG_TAIL_LINES)]
+
+
+def expected_coverage(job_args: Sequence[str], gpus_per_node: int, worker_pods: int) -> tuple[int, int]:
+    """(ranks, hosts) a verdict must cover: the job's `--workers` (without it, one per GPU of the
+    worker pods, the training default), on as many worker pods as they fill, one rank per GPU."""
+    ranks = gpus_per_node * worker_pods
+    for index, arg in enumerate(job_args):
+        if arg == "--workers" and index + 1 < len(job_args):
+            ranks = int(job_args[index + 1])
+        elif arg.startswith("--workers="):
+            ranks = int(arg.partition("=")[2])
+    return ranks, min(worker_pods, -(-ranks // gpus_per_node))
 
 
 def split_log_listing(stdout: str) -> tuple[int, list[str]]:

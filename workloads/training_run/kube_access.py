@@ -13,15 +13,22 @@ command results (`ExecResult`). Only the classes here touch the outside world:
 
 Every call is bounded (`ApiTimeouts`): a connect and a read timeout per attempt, and a few
 attempts, so an endpoint that never answers (the caller's address outside
-`endpointPublicAccessCidrs` drops the packets) fails in minutes with `ApiUnreachable`. A 401/403
-becomes `ApiUnauthorized`. An exec stream that ends without the Status frame on the error
-channel raises `ExecStreamCut`: its output may be cut short, so it never counts as a result.
+`endpointPublicAccessCidrs` drops the packets) fails in minutes with `ApiUnreachable`
+(`EndpointNameUnresolved` when its name does not resolve). A 401/403 becomes `ApiUnauthorized`.
+An answer that may pass (`RETRY_STATUSES`: API priority and fairness shedding load with 429 and
+`Retry-After`, a 5xx such as EKS's "error dialing backend" while the API server cannot reach a
+kubelet) is asked again after `retry_delay`; when the attempts are spent it becomes `ApiRefused`.
+An exec whose pod is gone (404) raises `PodGone`. An exec stream that ends without the Status
+frame on the error channel raises `ExecStreamCut`: its output may be cut short, so it never
+counts as a result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -36,13 +43,33 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL
 
-from workloads.training_run.errors import ApiUnauthorized, ApiUnreachable, ExecStreamCut, Interrupted
+from workloads.training_run.errors import (
+    ApiRefused,
+    ApiUnauthorized,
+    ApiUnreachable,
+    EndpointNameUnresolved,
+    ExecStreamCut,
+    Interrupted,
+    PodGone,
+    RayClusterNotFound,
+)
 
 T = TypeVar("T")
 
 
 COMMAND_TIMEOUT_S = 120  # a short command in a pod (a `cat`, a log grep, a Jobs API call)
 CANCEL_CHECK_S = 0.1  # how often a running exec looks whether `pulumi up` was interrupted
+# Answers that say "not now" rather than "no": 429 from API priority and fairness, and 5xx from the
+# API server or the kubelet proxy behind it. The exec handshake adds 400: the API server refuses
+# an exec while the container is not running (a restart), which passes once it runs again.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+EXEC_RETRY_STATUSES = RETRY_STATUSES | {400}
+# The wait before attempt n+1 is BACKOFF_S * 2**(n-1), at most BACKOFF_MAX_S; a `Retry-After`
+# header is honoured up to RETRY_AFTER_MAX_S. With the default 3 attempts a call gives up within
+# about a minute, so every fault reaches the user in well under 3 minutes.
+BACKOFF_S = 1.0
+BACKOFF_MAX_S = 8.0
+RETRY_AFTER_MAX_S = 30.0
 
 
 class CommandTimeout(Exception):
@@ -56,6 +83,7 @@ class ApiTimeouts:
     connect_s: float = 10.0
     read_s: float = 30.0
     attempts: int = 3
+    backoff_s: float = BACKOFF_S  # the first wait before asking again (`retry_delay`)
 
     @property
     def request_timeout(self) -> tuple[float, float]:
@@ -130,8 +158,28 @@ class ClusterApi(Protocol):
     def ray_cluster_worker_count(self, namespace: str, name: str) -> int: ...
 
 
-class RayClusterNotFound(Exception):
-    """The RayCluster custom resource does not exist."""
+def retry_delay(attempt: int, retry_after: str | None, backoff_s: float = BACKOFF_S) -> float:
+    """Seconds to wait after failed attempt `attempt` (1, 2, ...): the server's `Retry-After`
+    (seconds; an HTTP date or nonsense falls back to the backoff), capped, else the backoff."""
+    with contextlib.suppress(TypeError, ValueError):
+        return min(max(float(retry_after), 0.0), RETRY_AFTER_MAX_S)  # type: ignore[arg-type]
+    return min(backoff_s * 2 ** (attempt - 1), BACKOFF_MAX_S)
+
+
+def _pause(cancelled: threading.Event, seconds: float, what: str) -> None:
+    """Wait before a retry; an interrupted `pulumi up` does not wait for it."""
+    if cancelled.wait(seconds):
+        raise Interrupted(f"pulumi up was interrupted while retrying {what}")
+
+
+def _name_unresolved(error: BaseException | None) -> bool:
+    """Whether a connection error, or one it wraps, is a failed DNS lookup."""
+    while error is not None:
+        if isinstance(error, (urllib3.exceptions.NameResolutionError, socket.gaierror)):
+            return True
+        reason = getattr(error, "reason", None)
+        error = reason if isinstance(reason, BaseException) else error.__context__
+    return False
 
 
 class KubernetesCluster:
@@ -152,19 +200,38 @@ class KubernetesCluster:
         self.endpoint = endpoint
         self.timeouts = timeouts
         self.cancelled = cancelled or threading.Event()
+        self.accepted = False  # the API answered a call: it knows the caller's identity
 
     def _call(self, what: str, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """One REST call, bounded by `timeouts` (the client's urllib3 retries do the attempts)."""
-        try:
-            return method(*args, _request_timeout=self.timeouts.request_timeout, **kwargs)
-        except ApiException as error:
-            if error.status in (401, 403):
-                raise ApiUnauthorized(error.status, what, _short(error.reason, error.body)) from error
-            raise
-        except urllib3.exceptions.HTTPError as error:
-            raise ApiUnreachable(
-                self.endpoint, what, f"{self.timeouts.describe()}; last error: {_short(str(error))}"
-            ) from error
+        """One REST call, bounded by `timeouts`: the client's urllib3 retries a connection that
+        fails, this loop an answer in `RETRY_STATUSES` (every call here is a GET)."""
+        for attempt in range(1, self.timeouts.attempts + 1):
+            try:
+                answer = method(*args, _request_timeout=self.timeouts.request_timeout, **kwargs)
+                self.accepted = True
+                return answer
+            except ApiException as error:
+                if error.status in (401, 403):
+                    raise ApiUnauthorized(error.status, what, _short(error.reason, error.body)) from error
+                if error.status not in RETRY_STATUSES:
+                    raise
+                if attempt == self.timeouts.attempts:
+                    raise ApiRefused(
+                        error.status,
+                        what,
+                        f"{_short(error.reason, error.body)} ({self.timeouts.attempts} attempts)",
+                    ) from error
+                _pause(
+                    self.cancelled,
+                    retry_delay(attempt, (error.headers or {}).get("Retry-After"), self.timeouts.backoff_s),
+                    what,
+                )
+            except urllib3.exceptions.HTTPError as error:
+                unreachable = EndpointNameUnresolved if _name_unresolved(error) else ApiUnreachable
+                raise unreachable(
+                    self.endpoint, what, f"{self.timeouts.describe()}; last error: {_short(str(error))}"
+                ) from error
+        raise AssertionError("unreachable")
 
     def list_nodes(self, label_selector: str) -> list[NodeFacts]:
         nodes = self._call("listing nodes", self._core.list_node, label_selector=label_selector).items
@@ -206,7 +273,11 @@ class KubernetesCluster:
             )
         except ApiException as error:
             if error.status == 404:
-                raise RayClusterNotFound(f"RayCluster {namespace}/{name} does not exist") from None
+                raise RayClusterNotFound(
+                    f"RayCluster {namespace}/{name} does not exist: the program creates it before the "
+                    "TrainingRun, so it was deleted outside Pulumi; run `pulumi refresh`, then `pulumi up` "
+                    "creates it again"
+                ) from None
             raise
         groups = body.get("spec", {}).get("workerGroupSpecs", [])
         return sum(int(group.get("replicas", 0)) * int(group.get("numOfHosts", 1)) for group in groups)
@@ -277,8 +348,6 @@ class PodExecutor:
     interrupted), raising `Interrupted`: a long command never holds the provider host's exit.
     """
 
-    _HANDSHAKE_STATUS = re.compile(r"Handshake status (\d{3})")
-
     def __init__(
         self,
         core_api,
@@ -298,11 +367,14 @@ class PodExecutor:
         self.cancelled = cancelled or threading.Event()
 
     def _open(self, argv: Sequence[str]):
+        """The exec stream. A failed handshake never started the command (the API server answers
+        101 before the kubelet starts it), so asking again cannot run it twice."""
         # The kubernetes client opens its websocket without a timeout; websocket-client's default
         # timeout bounds the connect, the TLS and HTTP handshake and each frame read.
         websocket.setdefaulttimeout(self.timeouts.connect_s + self.timeouts.read_s)
+        what = f"exec of `{argv[0]}` in pod {self.pod}"
         last = ""
-        for _ in range(self.timeouts.attempts):
+        for attempt in range(1, self.timeouts.attempts + 1):
             try:
                 return stream(
                     self._core.connect_get_namespaced_pod_exec,
@@ -317,20 +389,23 @@ class PodExecutor:
                     _preload_content=False,
                 )
             except ApiException as error:
-                reason = str(error.reason or error)
-                status = self._HANDSHAKE_STATUS.search(reason)
-                if status and status.group(1) in ("401", "403"):
-                    raise ApiUnauthorized(
-                        int(status.group(1)), f"exec in pod {self.pod}", _short(reason)
-                    ) from error
-                if status:
-                    raise
-                last = reason
-        raise ApiUnreachable(
-            self.endpoint,
-            f"exec of `{argv[0]}` in pod {self.pod}",
-            f"{self.timeouts.describe()}; last error: {_short(last)}",
-        )
+                refusal = handshake_refusal(error)
+                if refusal is None:  # no answer at all: the connection failed
+                    last = str(error.reason or error)
+                    if _name_unresolved(error.__context__):
+                        raise EndpointNameUnresolved(
+                            self.endpoint, what, f"{self.timeouts.describe()}; last error: {_short(last)}"
+                        ) from error
+                    continue
+                status, retry_after, detail = refusal
+                if status in (401, 403):
+                    raise ApiUnauthorized(status, f"exec in pod {self.pod}", detail) from error
+                if status == 404:
+                    raise PodGone(self.pod, what, detail) from error
+                if status not in EXEC_RETRY_STATUSES or attempt == self.timeouts.attempts:
+                    raise ApiRefused(status, what, f"{detail} ({attempt} attempts)") from error
+                _pause(self.cancelled, retry_delay(attempt, retry_after, self.timeouts.backoff_s), what)
+        raise ApiUnreachable(self.endpoint, what, f"{self.timeouts.describe()}; last error: {_short(last)}")
 
     def run(self, argv: Sequence[str], timeout_s: float) -> ExecResult:
         response = self._open(argv)
@@ -366,6 +441,26 @@ class PodExecutor:
             if remaining <= 0:
                 raise CommandTimeout(f"`{argv[0]}` in pod {self.pod} did not finish within {timeout_s:.0f} s")
             response.update(timeout=min(remaining, CANCEL_CHECK_S))
+
+
+_HANDSHAKE_STATUS = re.compile(r"Handshake status (\d{3})")
+
+
+def handshake_refusal(error: ApiException) -> tuple[int, str | None, str] | None:
+    """(HTTP status, Retry-After, the API's message) of an exec the API server answered without
+    upgrading; None when no answer came. kubernetes-client wraps every failure of the websocket
+    handshake as `ApiException(status=0, reason=str(cause))` (stream/ws_client.py,
+    `websocket_call`), raised while handling websocket-client's `WebSocketBadStatusException`,
+    which keeps the status, the headers (lower-cased) and the body."""
+    cause = error.__context__
+    if isinstance(cause, websocket.WebSocketBadStatusException):
+        body = cause.resp_body.decode("utf-8", "replace") if cause.resp_body else ""
+        with contextlib.suppress(ValueError, AttributeError):
+            body = json.loads(body).get("message") or body  # a metav1.Status
+        headers = cause.resp_headers or {}
+        return cause.status_code, headers.get("retry-after"), _short(cause.status_message, body)
+    status = _HANDSHAKE_STATUS.search(str(error.reason or ""))
+    return (int(status.group(1)), None, _short(str(error.reason))) if status else None
 
 
 def _exec_status(error_channel: str) -> int:

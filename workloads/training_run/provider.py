@@ -46,10 +46,17 @@ from infra.aws_identity import (
     AwsSettingsError,
     caller_identity,
 )
-from platform_facts import TRANSPORTS
+from platform_facts import EXPECTABLE_TRANSPORTS
 from workloads.training_run import engine_host
 from workloads.training_run.eks_auth import aws_client_config, eks_api_client
-from workloads.training_run.errors import ApiUnauthorized, ApiUnreachable, TrainingRunError
+from workloads.training_run.errors import (
+    JOB_KEEPS_RUNNING,
+    ApiRefused,
+    ApiUnauthorized,
+    ApiUnreachable,
+    EndpointNameUnresolved,
+    TrainingRunError,
+)
 from workloads.training_run.evidence import JobResult
 from workloads.training_run.kube_access import ApiTimeouts, KubernetesCluster
 from workloads.training_run.runner import RunEnvironment, RunRequest, TrainingRunner
@@ -214,8 +221,8 @@ def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         isinstance(props["job_args"], list) and all(isinstance(arg, str) for arg in props["job_args"])
     ):
         problems.append(("job_args", "must be a list of strings (flags of `python -m training`)"))
-    if known("expect_transport") and props["expect_transport"] not in TRANSPORTS:
-        problems.append(("expect_transport", f"must be one of {', '.join(TRANSPORTS)}"))
+    if known("expect_transport") and props["expect_transport"] not in EXPECTABLE_TRANSPORTS:
+        problems.append(("expect_transport", f"must be one of {', '.join(EXPECTABLE_TRANSPORTS)}"))
     if (
         known("expect_transport")
         and props["expect_transport"] == "efa"
@@ -253,6 +260,7 @@ class RunTimings:
     api_connect_timeout_s: float = ApiTimeouts.connect_s
     api_read_timeout_s: float = ApiTimeouts.read_s
     api_attempts: int = ApiTimeouts.attempts
+    api_backoff_s: float = ApiTimeouts.backoff_s
     poll_interval_s: float = 10.0
     readiness_timeout_s: float = 20 * 60  # node join, device plugins, and a ~20 GB image pull
     code_sync_timeout_s: float = 5 * 60  # kubelet sync period plus its ConfigMap cache TTL
@@ -276,12 +284,43 @@ class RunTimings:
 
     @property
     def api(self) -> ApiTimeouts:
-        return ApiTimeouts(self.api_connect_timeout_s, self.api_read_timeout_s, self.api_attempts)
+        return ApiTimeouts(
+            self.api_connect_timeout_s, self.api_read_timeout_s, self.api_attempts, self.api_backoff_s
+        )
 
 
-def _unauthorized(error: ApiUnauthorized, cluster: str, identity: str) -> TrainingRunError:
+# STS error codes of credentials that are no longer good (AWS STS API reference, common errors).
+EXPIRED_CREDENTIALS = frozenset({"ExpiredToken", "ExpiredTokenException", "RequestExpired"})
+INVALID_CREDENTIALS = frozenset({"InvalidClientTokenId", "UnrecognizedClientException"})
+
+
+def unauthorized_cause(sts_error: str | None, accepted_before: bool) -> str:
+    """Why EKS refused the token: "expired" or "invalid" credentials (STS refuses them too),
+    "revoked" (STS accepts them, the cluster accepted them earlier in this run: the access entry
+    went away), else "no-access-entry"."""
+    if sts_error in EXPIRED_CREDENTIALS:
+        return "expired"
+    if sts_error in INVALID_CREDENTIALS:
+        return "invalid"
+    return "revoked" if accepted_before else "no-access-entry"
+
+
+def _unauthorized(error: ApiUnauthorized, cluster: str, identity: str, cause: str) -> TrainingRunError:
+    refused = f"EKS cluster {cluster} refused the AWS identity {identity} ({error.status} on {error.what})"
+    if cause in ("expired", "invalid"):
+        state = "have expired" if cause == "expired" else "are not valid (STS does not know the key)"
+        return TrainingRunError(
+            f"{refused}: its AWS credentials {state}, STS refuses them too, so this is not an access-entry "
+            "problem. Renew them (`aws sso login`, new session keys, or aws:profile/aws:assumeRole, which "
+            f"refresh themselves) and run `pulumi up` again. {JOB_KEEPS_RUNNING}"
+        )
+    if cause == "revoked":
+        return TrainingRunError(
+            f"{refused} after accepting it earlier in this run: its EKS access entry or access policy was "
+            f"removed meanwhile (`aws eks list-access-entries --cluster-name {cluster}`). {JOB_KEEPS_RUNNING}"
+        )
     return TrainingRunError(
-        f"EKS cluster {cluster} refused the AWS identity {identity} ({error.status} on {error.what}): that "
+        f"{refused}: that "
         f"identity needs an EKS access entry on the cluster (`aws eks create-access-entry --cluster-name {cluster} "
         "--principal-arn <IAM role or user ARN>`, then `aws eks associate-access-policy` with "
         "AmazonEKSClusterAdminPolicy), or run `pulumi up` as the identity that created the cluster "
@@ -290,11 +329,37 @@ def _unauthorized(error: ApiUnauthorized, cluster: str, identity: str) -> Traini
 
 
 def _unreachable(error: ApiUnreachable, cluster: str) -> TrainingRunError:
+    if isinstance(error, EndpointNameUnresolved):
+        return TrainingRunError(
+            f"the name of the Kubernetes API endpoint of EKS cluster {cluster} ({error.endpoint}) does not resolve "
+            f"({error.what}; {error.detail}): this machine's DNS or network is failing (a VPN, a proxy, no "
+            f"connection), not the cluster's access settings; fix it and run `pulumi up` again. {JOB_KEEPS_RUNNING}"
+        )
     return TrainingRunError(
         f"the Kubernetes API of EKS cluster {cluster} at {error.endpoint} did not answer {error.what} "
         f"({error.detail}). If this machine's public address is not in the stack's endpointPublicAccessCidrs, "
         "the endpoint silently drops its packets: add it as a /32 (`curl -s https://checkip.amazonaws.com`) to "
         "eks-ray-train:endpointPublicAccessCidrs and run `pulumi up` again"
+    )
+
+
+def _refused(error: ApiRefused, cluster: str) -> TrainingRunError:
+    if error.status == 429:
+        cause = (
+            "its API priority and fairness is shedding load (429 Too Many Requests, after waiting as "
+            "Retry-After asked): the control plane is overloaded; wait a few minutes, look for a client "
+            "flooding it, then run `pulumi up` again"
+        )
+    elif error.status >= 500:
+        cause = (
+            f"a server-side failure ({error.status}) of the control plane or the kubelet behind it, not this "
+            "stack's settings; if it lasts, look at the node's health (`kubectl get nodes`) and run `pulumi up` again"
+        )
+    else:
+        cause = f"the request was refused ({error.status}); run `pulumi up` again once the pod is running"
+    return TrainingRunError(
+        f"the Kubernetes API of EKS cluster {cluster} kept answering {error.status} to {error.what} "
+        f"({error.detail}): {cause}. {JOB_KEEPS_RUNNING}"
     )
 
 
@@ -327,6 +392,7 @@ def connect_to_eks(
         raise TrainingRunError(
             f"the stack's AWS settings ({aws.describe()}) give no usable credentials: {error}"
         ) from error
+    cluster: KubernetesCluster | None = None
     try:
         with eks_api_client(inputs.cluster_name, inputs.region, session, timings.api) as api_client:
             cluster = KubernetesCluster(
@@ -345,10 +411,13 @@ def connect_to_eks(
                 sleep=engine_host.cancellable_sleep,
             )
     except ApiUnauthorized as error:
-        identity = caller_identity(session, inputs.region, aws_client_config(timings.api)) or aws.describe()
-        raise _unauthorized(error, inputs.cluster_name, identity) from error
+        arn, sts_error = caller_identity(session, inputs.region, aws_client_config(timings.api))
+        cause = unauthorized_cause(sts_error, cluster is not None and cluster.accepted)
+        raise _unauthorized(error, inputs.cluster_name, arn or aws.describe(), cause) from error
     except ApiUnreachable as error:
         raise _unreachable(error, inputs.cluster_name) from error
+    except ApiRefused as error:
+        raise _refused(error, inputs.cluster_name) from error
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
         raise _aws_failure(error, inputs, aws) from error
 

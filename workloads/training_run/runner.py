@@ -22,7 +22,7 @@ from training.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
 from workloads.training_run import evidence, readiness
-from workloads.training_run.errors import Interrupted, TrainingRunError
+from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
 from workloads.training_run.evidence import JobLog, JobResult
 from workloads.training_run.jobs import (
     DASHBOARD_ADDRESS,
@@ -112,18 +112,62 @@ class TrainingRunner:
         )
         return submission_id
 
-    def follow_job(self, jobs: RayJobsClient, submission_id: str) -> tuple[JobRecord, JobLog]:
-        """Poll until the job ends, logging each step; bounded by `timeout_minutes` and Ctrl-C."""
+    def replacement_head(self, gone: PodFacts) -> PodFacts:
+        """The Ready head pod that took over from `gone`, waited for as long as the readiness wait."""
+        selector = manifests.head_pod_selector(self.request.ray_cluster_name)
+
+        def attempt():
+            heads = [
+                pod
+                for pod in self.env.cluster.list_pods(self.request.namespace, selector)
+                if pod.ready and not pod.terminating and pod.name != gone.name
+            ]
+            return bool(heads), heads
+
+        found, heads = self.env.pace.until(self.env.readiness_timeout_s, attempt)
+        if not found:
+            raise TrainingRunError(
+                f"head pod {gone.name} is gone and no new Ray head pod became Ready within "
+                f"{self.env.readiness_timeout_s / 60:.0f} min; the Ray job history went with it. Check the "
+                f"RayCluster (`kubectl -n {self.request.namespace} describe raycluster "
+                f"{self.request.ray_cluster_name}`); once its head is Ready, `pulumi up` submits the job again"
+            )
+        return heads[0]
+
+    def follow_job(self, pods: RayPods, jobs: RayJobsClient, submission_id: str) -> tuple[JobRecord, JobLog]:
+        """Poll until the job ends, logging each step; bounded by `timeout_minutes` and Ctrl-C.
+
+        Ray keeps its jobs in the head pod. When the head pod is replaced (404 on exec), the new
+        head is looked up once: a job still listed there is followed on, a missing one ends the run
+        saying so (`pods.head` is the new head either way)."""
         log = JobLog()
         offset, status = 0, None
         seen = "not polled yet"
+        replaced: str | None = None
         deadline = self.env.clock() + self.request.timeout_minutes * 60
         try:
             while True:
-                answer = jobs.poll(submission_id, offset)
+                try:
+                    answer = jobs.poll(submission_id, offset)
+                except PodGone as gone:
+                    if replaced is not None or gone.pod != pods.head.name:
+                        raise
+                    replaced = pods.head.name
+                    pods.head = self.replacement_head(pods.head)
+                    self.env.log(f"training run: head pod {replaced} was replaced by {pods.head.name}")
+                    jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
+                    continue
                 if answer.job is None:
+                    if replaced is not None:
+                        raise TrainingRunError(
+                            f"head pod {replaced} was replaced by {pods.head.name} while job {submission_id} ran "
+                            f"({seen}); Ray keeps job history in the head pod, so the job's state and logs went with "
+                            "it. Run `pulumi up` again: it submits the job afresh on the new head"
+                        )
                     raise TrainingRunError(
-                        f"job {submission_id} no longer exists on the Ray cluster (was the head pod replaced?)"
+                        f"job {submission_id} no longer exists on the Ray head pod {pods.head.name} ({seen}): "
+                        "the Ray head restarted and lost its job history. Run `pulumi up` again: it submits "
+                        "the job afresh"
                     )
                 job, offset = answer.job, answer.offset
                 steps = log.feed(answer.logs)
@@ -155,7 +199,7 @@ class TrainingRunner:
     def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
         jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
         submission_id = self.start_job(jobs, variant, env_vars)
-        job, log = self.follow_job(jobs, submission_id)
+        job, log = self.follow_job(pods, jobs, submission_id)
         if job.status != JobStatus.SUCCEEDED:
             raise TrainingRunError(
                 evidence.failure_report(job, log, pods.workers, self.env.executor_for, self.env.ray_log_dir)
@@ -180,7 +224,10 @@ class TrainingRunner:
             else {}
         )
         lines = [line for _, pod_lines in worker_logs.values() for line in pod_lines] + log.nccl_lines
-        verdict = classify_lines(lines)
+        ranks, hosts = evidence.expected_coverage(
+            self.request.job_args, self.request.gpus_per_node, len(pods.workers)
+        )
+        verdict = classify_lines(lines).covering(ranks, hosts)
         log_files = {pod: count for pod, (count, _) in worker_logs.items()}
         self.env.log(
             f"training run: job {submission_id}: {summary.get('tokens_per_s')} tokens/s, NCCL transport "
