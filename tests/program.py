@@ -39,6 +39,8 @@ class Registration:
     inputs: dict[str, Any]
     secret_inputs: set[str]
     alias_names: list[str] = field(default_factory=list)
+    provider: str = ""  # the explicit provider reference, `<urn>::<id>`
+    retain_on_delete: bool = False
 
 
 @dataclass
@@ -130,6 +132,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     inputs=inputs,
                     secret_inputs=_secret_paths(request.object),
                     alias_names=[a.spec.name for a in request.aliases if a.HasField("spec")],
+                    provider=request.provider,
+                    retain_on_delete=request.retainOnDelete,
                 )
             )
         return response
