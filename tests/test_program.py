@@ -959,7 +959,7 @@ def engine_step(before: Registration | None, after: Registration, identity: tupl
 
 def test_kuberay_crds_are_the_programs_applied_server_side_and_adopted_in_place(stack_plan):
     """On stacks deployed before, Helm created the CRDs: the program's first `up` must patch them, not
-    fail on "already exists" (pulumi-kubernetes >= 4.33 creates with a client-side create unless the
+    fail on "already exists" (pulumi-kubernetes, pinned 4.34.2, creates with a client-side create unless the
     provider sets `upsertExistingObjects`) and never delete them (that deletes every RayCluster)."""
     _, plan = stack_plan
     crds = plan.of_type(CRD)
