@@ -99,15 +99,25 @@ checkpoints = CheckpointStore(
     force_destroy=settings.checkpoints_force_destroy,
 )
 
-# 5. GPU and EFA device plugins, KubeRay operator.
+# 5. GPU and EFA device plugins, KubeRay operator and its CRDs.
 kubernetes = k8s.Provider(
     "eks",
     kubeconfig=cluster.provider_kubeconfig,
     opts=pulumi.ResourceOptions(parent=cluster, depends_on=[cluster.eks]),
 )
+# For the KubeRay CRDs alone (see `Addons`): server-side apply, and adopting the CRDs Helm created.
+crd_owner = k8s.Provider(
+    "eks-crds",
+    kubeconfig=cluster.provider_kubeconfig,
+    enable_server_side_apply=True,
+    upsert_existing_objects=True,
+    opts=pulumi.ResourceOptions(parent=cluster, depends_on=[cluster.eks]),
+)
 addons = Addons(
     "addons",
     provider=kubernetes,
+    crd_provider=crd_owner,
+    gpu_instance_type=settings.gpu_node_type,
     after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
 )
 
@@ -129,7 +139,7 @@ ray = RayCluster(
     pod_role_arn=checkpoints.role.arn,
     hf_token=hf_token() if settings.has_hf_token else None,
     provider=kubernetes,
-    after=addons.releases,
+    after=addons.ready,
 )
 
 # 7. The training run: node and pod checks, the job from the head pod, the NCCL transport verdict.

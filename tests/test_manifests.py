@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 
 import jsonschema
@@ -14,6 +16,7 @@ from infra.config import StackSettings
 from infra.sizing import WorkerSizing
 from platform_facts import RAY_PORTS
 from workloads import manifests
+from workloads.training_run import evidence
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = Path(__file__).resolve().parent / "fixtures" / "schemas"
@@ -78,13 +81,137 @@ def closed(schema: dict) -> dict:
     return schema
 
 
+def vendored_crd(file_name: str) -> dict:
+    return yaml.load(
+        (manifests.KUBERAY_CRD_DIR / file_name).read_text(),
+        Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader),
+    )
+
+
 @pytest.fixture(scope="module")
 def ray_cluster_schema() -> dict:
-    crd = yaml.safe_load(
-        (SCHEMAS / f"kuberay-v{manifests.KUBERAY_OPERATOR.version}-ray.io_rayclusters.yaml").read_text()
-    )
+    crd = vendored_crd("ray.io_rayclusters.yaml")
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     return closed(version["schema"]["openAPIV3Schema"])
+
+
+# Git blob ids of `helm-chart/kuberay-operator/crds/*` at kuberay tag v1.7.0 (commit 59d663ae),
+# the chart's whole `crds/` folder (`git ls-tree v1.7.0 helm-chart/kuberay-operator/crds`).
+KUBERAY_CRD_BLOBS = {
+    "ray.io_rayclusters.yaml": "ff0be58ada3bd457605eff1f258c16df21e61e21",
+    "ray.io_raycronjobs.yaml": "bc8375d655b433333d8be5848e9caf28e0576b7b",
+    "ray.io_rayjobs.yaml": "c7d3f081af8cf08c256a8c33a0c3b6ea28b816a0",
+    "ray.io_rayservices.yaml": "7ee63d6ddd11237a5649e04b3a8db3c52074c867",
+}
+
+
+def git_blob_id(path: Path) -> str:
+    content = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def test_vendored_crds_are_the_pinned_charts_unchanged():
+    """Every CRD of the chart's `crds/`, byte for byte; the folder is named after the pinned chart."""
+    assert manifests.KUBERAY_CRD_DIR.name == f"kuberay-v{manifests.KUBERAY_OPERATOR.version}"
+    assert manifests.KUBERAY_OPERATOR.version == "1.7.0", "re-vendor the CRDs and their blob ids"
+    assert sorted(path.name for path in manifests.KUBERAY_CRD_DIR.iterdir()) == sorted(KUBERAY_CRD_BLOBS)
+    assert set(manifests.KUBERAY_CRD_FILES) == set(KUBERAY_CRD_BLOBS)
+    for name, blob in KUBERAY_CRD_BLOBS.items():
+        assert git_blob_id(manifests.KUBERAY_CRD_DIR / name) == blob, name
+
+
+def test_crds_are_applied_forced_and_as_upstream_wrote_them():
+    crds = manifests.kuberay_crds()
+    assert [crd["metadata"]["name"] for crd in crds] == [
+        "rayclusters.ray.io",
+        "raycronjobs.ray.io",
+        "rayjobs.ray.io",
+        "rayservices.ray.io",
+    ]
+    for crd, file_name in zip(crds, manifests.KUBERAY_CRD_FILES, strict=True):
+        assert (crd["apiVersion"], crd["kind"]) == ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+        assert crd["metadata"]["annotations"][manifests.PATCH_FORCE_ANNOTATION] == "true"
+        upstream = vendored_crd(file_name)
+        del crd["metadata"]["annotations"][manifests.PATCH_FORCE_ANNOTATION]
+        assert crd == upstream
+    # Each call is a fresh copy: the program's edits never reach the cached text.
+    assert manifests.kuberay_crds()[0]["metadata"]["annotations"][manifests.PATCH_FORCE_ANNOTATION] == "true"
+
+
+def test_the_raycluster_crd_is_too_large_for_a_client_side_apply():
+    """kubectl's and pulumi-kubernetes's client-side apply keep the whole object in the
+    `last-applied-configuration` annotation, and the API server refuses annotations over 256 KiB
+    (apimachinery `TotalAnnotationSizeLimitB`): only server-side apply can apply this CRD."""
+    crd = manifests.kuberay_crds()[0]
+    assert len(json.dumps(crd, separators=(",", ":"))) > 256 * 1024
+
+
+def test_ray_cluster_recreates_its_pods_on_a_spec_change(ray_cluster_schema):
+    """kuberay v1.7.0 `raycluster_types.go`: `upgradeStrategy.type` is Recreate or None (unset: None)."""
+    cluster = manifests.ray_cluster(spec())
+    assert cluster["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    allowed = ray_cluster_schema["properties"]["spec"]["properties"]["upgradeStrategy"]["properties"]["type"]
+    assert "Recreate" in allowed["enum"]
+
+
+def templates(cluster: dict) -> list[dict]:
+    return [
+        cluster["spec"]["headGroupSpec"]["template"],
+        *(group["template"] for group in cluster["spec"]["workerGroupSpecs"]),
+    ]
+
+
+def test_both_pod_templates_carry_the_spec_hash():
+    cluster = manifests.ray_cluster(spec())
+    stamped = [template["metadata"]["annotations"] for template in templates(cluster)]
+    assert len(stamped) == 2
+    assert all(
+        annotations == {manifests.SPEC_HASH_ANNOTATION: manifests.spec_hash(cluster)}
+        for annotations in stamped
+    )
+    # The hash is of the spec without the annotations, so stamping it does not change it.
+    bare = copy.deepcopy(cluster)
+    for template in templates(bare):
+        del template["metadata"]
+    assert manifests.spec_hash(bare) == manifests.spec_hash(cluster)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"image": "rayproject/ray:2.58.0-py311-gpu"},
+        {"region": "us-west-2"},
+        {"worker_replicas": 3},
+        {"head_memory": "16Gi"},
+        {"code_files": {**CODE, "training/new.py": ""}},
+    ],
+    ids=["image", "environment", "replicas", "resources", "code-file-list"],
+)
+def test_spec_hash_follows_what_the_pods_run(change):
+    """A new code file changes the volume's items, which only a new pod mounts: the pods must be recreated."""
+    before, after = manifests.ray_cluster(spec()), manifests.ray_cluster(spec(**change))
+    assert manifests.spec_hash(after) != manifests.spec_hash(before)
+    assert templates(after)[0]["metadata"] != templates(before)[0]["metadata"]
+
+
+def test_new_code_in_the_same_files_keeps_the_pods():
+    """The kubelet updates a ConfigMap volume in place; the training run waits for `.code-hash`."""
+    changed = {**CODE, "training/loop.py": "print('bye')\n"}
+    assert manifests.spec_hash(manifests.ray_cluster(spec(code_files=changed))) == manifests.spec_hash(
+        manifests.ray_cluster(spec())
+    )
+
+
+def test_ray_session_folder_is_an_empty_dir_on_every_pod():
+    """AWS's Ray sample mounts an emptyDir at /tmp/ray: Ray's logs, the transport evidence, outlive a
+    container restart, and object spill stays off the overlay filesystem."""
+    for template in templates(manifests.ray_cluster(spec())):
+        pod = template["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == manifests.RAY_LOGS_VOLUME)
+        assert volume == {"name": "ray-logs", "emptyDir": {}}
+        mounts = pod["containers"][0]["volumeMounts"]
+        assert {"name": "ray-logs", "mountPath": "/tmp/ray"} in mounts
+    assert evidence.RAY_LOG_DIR.startswith(manifests.RAY_TMP_DIR + "/")
 
 
 def test_ray_cluster_matches_the_kuberay_crd(ray_cluster_schema):
@@ -234,7 +361,7 @@ def chart_values(chart: manifests.Chart) -> dict:
     "values, chart",
     [
         (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
-        (manifests.efa_device_plugin_values(), manifests.EFA_DEVICE_PLUGIN),
+        (manifests.efa_device_plugin_values("g6.12xlarge"), manifests.EFA_DEVICE_PLUGIN),
         (manifests.kuberay_operator_values(), manifests.KUBERAY_OPERATOR),
     ],
     ids=["nvidia", "efa", "kuberay"],
@@ -258,10 +385,34 @@ def test_efa_device_plugin_chart_schedules_on_the_gpu_type():
 def test_device_plugins_tolerate_the_gpu_taint_and_mofed_is_off():
     assert manifests.nvidia_device_plugin_values()["mofedEnabled"] is False
     assert manifests.GPU_TOLERATION in manifests.nvidia_device_plugin_values()["tolerations"]
-    efa = manifests.efa_device_plugin_values()
+    efa = manifests.efa_device_plugin_values("g6.12xlarge")
     assert manifests.GPU_TOLERATION in efa["tolerations"]
     assert efa["nodeSelector"] == {"role": "gpu-worker"}
     assert manifests.kuberay_operator_values()["nodeSelector"] == {"role": "system"}
+
+
+def helm_merged(defaults: dict, values: dict) -> dict:
+    """Helm's coalescing of user values over a chart's defaults: maps merge key by key, anything else
+    (lists included) replaces the default (helm `pkg/chartutil/coalesce.go`)."""
+    merged = copy.deepcopy(defaults)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = helm_merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# g6e.4xlarge: a type the pinned chart does not list (its DaemonSet would never schedule there).
+@pytest.mark.parametrize("gpu_type, chart_lists_it", [("g6.12xlarge", True), ("g6e.4xlarge", False)])
+def test_efa_device_plugin_schedules_only_on_the_configured_gpu_type(gpu_type, chart_lists_it):
+    """The chart's DaemonSet (templates/daemonset.yaml) requires, for each of
+    `supportedInstanceLabels.keys`, a node label value In `supportedInstanceLabels.values`."""
+    defaults = chart_values(manifests.EFA_DEVICE_PLUGIN)
+    assert (gpu_type in defaults["supportedInstanceLabels"]["values"]) is chart_lists_it
+    merged = helm_merged(defaults, manifests.efa_device_plugin_values(gpu_type))["supportedInstanceLabels"]
+    assert merged["keys"] == defaults["supportedInstanceLabels"]["keys"] == [manifests.INSTANCE_TYPE_LABEL]
+    assert merged["values"] == [gpu_type]
 
 
 def test_efa_chart_version_lists_g6():

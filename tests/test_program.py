@@ -200,8 +200,9 @@ def test_every_resource_sits_under_a_component(stack_plan):
 
 def test_kubeconfig_is_secret(stack_plan):
     _, plan = stack_plan
-    provider = plan.one("pulumi:providers:kubernetes")
-    assert "kubeconfig" in provider.secret_inputs
+    providers = plan.of_type("pulumi:providers:kubernetes")
+    assert sorted(provider.name for provider in providers) == ["eks", "eks-crds"]
+    assert all("kubeconfig" in provider.secret_inputs for provider in providers)
 
 
 def test_capacity_reservation_is_targeted():
@@ -349,8 +350,8 @@ def test_destroy_order_follows_explicit_dependencies(stack_plan):
         assert node_groups <= set(release.dependencies), release.name
     coredns = plan.one("aws:eks/addon:Addon")
     assert cluster in coredns.dependencies
-    provider = plan.one("pulumi:providers:kubernetes")
-    assert cluster in provider.dependencies
+    for provider in plan.of_type("pulumi:providers:kubernetes"):
+        assert cluster in provider.dependencies
 
 
 def test_training_run_follows_the_ray_cluster_and_carries_no_credentials(stack_plan):
@@ -739,7 +740,7 @@ def test_zones_a_to_c_keep_the_blocks_of_the_positional_plan():
 
 
 def kubeconfig_token_args(plan: Plan) -> list[str]:
-    provider = plan.one("pulumi:providers:kubernetes")
+    provider = plan.one("pulumi:providers:kubernetes", "eks")
     assert "kubeconfig" in provider.secret_inputs
     kubeconfig = json.loads(pulumi.runtime.rpc.unwrap_rpc_secret(provider.inputs["kubeconfig"]))
     return kubeconfig["users"][0]["user"]["exec"]["args"]
@@ -998,3 +999,150 @@ def test_an_image_tag_is_warned_with_how_to_pin_its_digest(monkeypatch):
         ][0]["image"]
         == pinned
     )
+
+
+# --- a later `pulumi up` on a live stack: the KubeRay CRDs, the RayCluster, the EFA plugin -------------
+
+CRD = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+# What makes pulumi-kubernetes replace (delete, then create) an object rather than patch it: its
+# identity (provider/pkg/provider/provider.go, `Diff`: apiVersion/kind or metadata name/namespace).
+# A replaced CRD deletes every object of its kind, so every RayCluster with it.
+OBJECT_IDENTITY = ("apiVersion", "kind", "metadata.name", "metadata.namespace")
+# pulumi-kubernetes `helm_release.go` Diff: `forceNewFields` ".name", ".namespace".
+RELEASE_IDENTITY = ("name", "namespace")
+
+
+def field_at(inputs: dict, path: str):
+    for key in path.split("."):
+        inputs = inputs.get(key, {}) if isinstance(inputs, dict) else {}
+    return inputs
+
+
+def engine_step(before: Registration | None, after: Registration, identity: tuple[str, ...]) -> str:
+    """What `pulumi up` does with a registration given the state of the earlier deploy: create,
+    same (inputs unchanged), update (patched in place) or replace (an identity field changed)."""
+    if before is None:
+        return "create"
+    if before.inputs == after.inputs:
+        return "same"
+    changed = [key for key in identity if field_at(before.inputs, key) != field_at(after.inputs, key)]
+    return "replace" if changed else "update"
+
+
+def test_kuberay_crds_are_the_programs_applied_server_side_and_adopted_in_place(stack_plan):
+    """On stacks deployed before, Helm created the CRDs: the program's first `up` must patch them, not
+    fail on "already exists" (pulumi-kubernetes, pinned 4.34.2, creates with a client-side create unless the
+    provider sets `upsertExistingObjects`) and never delete them (that deletes every RayCluster)."""
+    _, plan = stack_plan
+    crds = plan.of_type(CRD)
+    assert sorted(crd.name for crd in crds) == [
+        "rayclusters.ray.io",
+        "raycronjobs.ray.io",
+        "rayjobs.ray.io",
+        "rayservices.ray.io",
+    ]
+    for crd in crds:
+        assert crd.inputs["metadata"]["name"] == crd.name
+        assert crd.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+        assert crd.retain_on_delete is True
+        owner = plan.by_urn(crd.provider.rsplit("::", 1)[0])
+        assert owner.name == "eks-crds"
+        # Provider settings reach the engine as JSON text.
+        assert owner.inputs["enableServerSideApply"] == "true"
+        assert owner.inputs["upsertExistingObjects"] == "true"
+    # The operator's release leaves the CRDs alone and starts after them; the RayCluster after both.
+    operator = next(r for r in plan.of_type(RELEASE) if r.inputs["chart"] == "kuberay-operator")
+    assert operator.inputs["skipCrds"] is True
+    crd_urns = {crd.urn for crd in crds}
+    assert crd_urns <= set(operator.dependencies)
+    assert crd_urns <= set(plan.one(RAY_CLUSTER).dependencies)
+    others = [r for r in plan.of_type(RELEASE) if r is not operator]
+    assert all(not r.inputs.get("skipCrds") for r in others)
+    # Every other Kubernetes object keeps the stack's first provider: nothing else is adopted silently.
+    eks = plan.one("pulumi:providers:kubernetes", "eks")
+    assert "upsertExistingObjects" not in eks.inputs
+    kubernetes_objects = [r for r in plan.resources if r.type.startswith("kubernetes:") and r.type != CRD]
+    assert kubernetes_objects and all(r.provider.rsplit("::", 1)[0] == eks.urn for r in kubernetes_objects)
+
+
+def test_a_kuberay_chart_bump_upgrades_its_crds_in_place_before_the_operator(tmp_path, monkeypatch):
+    """Helm never upgrades `crds/`: the program must, or the new operator's new fields are pruned."""
+    from workloads import manifests
+
+    first = run_program(dev_config(), FakeAws(region="us-east-2"), crd_schemas=True)
+    # The next chart version's CRDs: here the pinned ones with one more RayCluster field.
+    bumped = tmp_path / "kuberay-v1.8.0"
+    bumped.mkdir()
+    for name in manifests.KUBERAY_CRD_FILES:
+        (bumped / name).write_text((manifests.KUBERAY_CRD_DIR / name).read_text())
+    rayclusters = bumped / "ray.io_rayclusters.yaml"
+    text = rayclusters.read_text()
+    anchor = "              upgradeStrategy:\n"
+    assert text.count(anchor) == 1
+    rayclusters.write_text(
+        text.replace(anchor, "              newField:\n                type: string\n" + anchor)
+    )
+    monkeypatch.setattr(manifests, "KUBERAY_CRD_DIR", bumped)
+    second = run_program(dev_config(), FakeAws(region="us-east-2"), crd_schemas=True)
+
+    steps = {
+        crd.name: engine_step(first.one(CRD, crd.name), crd, OBJECT_IDENTITY) for crd in second.of_type(CRD)
+    }
+    assert steps == {
+        "rayclusters.ray.io": "update",
+        "raycronjobs.ray.io": "same",
+        "rayjobs.ray.io": "same",
+        "rayservices.ray.io": "same",
+    }
+    new_schema = second.one(CRD, "rayclusters.ray.io").inputs["spec"]["versions"][0]["schema"]
+    spec_fields = new_schema["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec_fields["newField"] == {"type": "string"}
+    operator = next(r for r in second.of_type(RELEASE) if r.inputs["chart"] == "kuberay-operator")
+    assert second.one(CRD, "rayclusters.ray.io").urn in operator.dependencies
+
+
+def test_a_changed_image_reaches_new_pods_and_the_run_waits_for_them():
+    """KubeRay recreates the pods only with `upgradeStrategy: Recreate`; the RayCluster is patched,
+    never replaced; both pod templates carry the new spec hash, which the TrainingRun waits for and
+    re-runs on."""
+    from workloads.training_run import provider as training_provider
+
+    first = run_program(dev_config(), FakeAws(region="us-east-2"))
+    second = run_program(
+        dev_config(image="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.2"),
+        FakeAws(region="us-east-2"),
+    )
+    before, after = first.one(RAY_CLUSTER), second.one(RAY_CLUSTER)
+    assert engine_step(before, after, OBJECT_IDENTITY) == "update"
+    assert after.inputs["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    run_before, run_after = first.one(TRAINING_RUN).inputs, second.one(TRAINING_RUN).inputs
+    for plan, run in ((first, run_before), (second, run_after)):
+        spec = plan.one(RAY_CLUSTER).inputs["spec"]
+        templates = [spec["headGroupSpec"]["template"], spec["workerGroupSpecs"][0]["template"]]
+        stamped = {t["metadata"]["annotations"]["eks-ray-train/spec-hash"] for t in templates}
+        assert stamped == {run["run_spec_hash"]}
+    assert run_after["run_spec_hash"] != run_before["run_spec_hash"]
+    olds = {**run_before, "job_id": "eks-ray-train-main-0123456789ab"}
+    assert training_provider.diff_props(olds, run_after).replaces == ["run_spec_hash"]
+    # Ray's session folder, where the transport evidence lives, is an emptyDir on every pod.
+    for template in templates:
+        assert {"name": "ray-logs", "emptyDir": {}} in template["spec"]["volumes"]
+
+
+def test_another_gpu_type_moves_the_efa_plugin_with_it():
+    """The EFA chart's DaemonSet schedules only on `supportedInstanceLabels.values`: the release
+    follows `gpuNodeType` and is upgraded in place."""
+    first = run_program(dev_config(), FakeAws(region="us-east-2"))
+    second = run_program(dev_config(gpuNodeType="g5.12xlarge"), FakeAws(region="us-east-2"))
+
+    def efa(plan: Plan) -> Registration:
+        return next(r for r in plan.of_type(RELEASE) if r.inputs["chart"] == "aws-efa-k8s-device-plugin")
+
+    assert efa(first).inputs["values"]["supportedInstanceLabels"] == {
+        "keys": ["node.kubernetes.io/instance-type"],
+        "values": ["g6.12xlarge"],
+    }
+    assert efa(second).inputs["values"]["supportedInstanceLabels"]["values"] == ["g5.12xlarge"]
+    assert engine_step(efa(first), efa(second), RELEASE_IDENTITY) == "update"

@@ -68,6 +68,7 @@ POD_LOGS = FIXTURES / "pods"
 WORKER_PODS = sorted(path.name for path in POD_LOGS.iterdir())
 HEAD_POD = "ray-train-head-9bq5w"
 CODE_HASH = "5f0c2a9d81e4b7c3"
+SPEC_HASH = "7e1f0c2b9a4d8e63"
 EFA_JOB, TCP_JOB, FALLBACK_JOB, OOM_JOB = "02000000", "03000000", "01000000", "04000000"
 
 
@@ -101,7 +102,10 @@ def ray_pod(
     phase: str = "Running",
     node: str | None = "node-a",
     waiting: tuple[str, str] | None = None,
+    spec_hash: str | None = SPEC_HASH,
+    deleting: bool = False,
 ):
+    """A Ray pod as KubeRay creates it: its template's annotations, here the spec hash, carried over."""
     container = "ray-head" if node_type == "head" else "ray-worker"
     state = k8s.V1ContainerState(
         waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None
@@ -111,6 +115,10 @@ def ray_pod(
             name=name,
             namespace="ray-train",
             labels={"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
+            annotations={manifests.SPEC_HASH_ANNOTATION: spec_hash} if spec_hash else None,
+            deletion_timestamp=datetime.datetime(2026, 5, 11, 9, 0, tzinfo=datetime.UTC)
+            if deleting
+            else None,
         ),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=container)], node_name=node),
         status=k8s.V1PodStatus(
@@ -358,7 +366,7 @@ def run_inputs(**changes) -> provider.RunInputs:
         "gpus_per_node": 4,
         "efa_per_node": 1,
         "code_hash": CODE_HASH,
-        "run_spec_hash": "7e1f0c2b9a4d8e63",
+        "run_spec_hash": SPEC_HASH,
         "gpu_instance_type": "g6.12xlarge",
         "job_args": tuple(SMOKE_ARGS),
     }
@@ -795,6 +803,72 @@ def test_the_run_waits_for_the_new_code_before_submitting():
     assert len(head.submissions) == 1 and head.code_hashes == [CODE_HASH]
 
 
+# --- pods of the current RayCluster spec only --------------------------------------------------------
+
+OLD_SPEC = "0ld5pec0ld5pec00"
+
+
+def old_and_new_pods() -> list[list]:
+    """A RayCluster just patched by `pulumi up`, as KubeRay (upgradeStrategy Recreate) moves it on.
+
+    kuberay v1.7.0 `raycluster_controller.go`: once the head pod's hash of the spec differs,
+    `shouldRecreatePodsForUpgrade` holds and `reconcilePods` deletes every pod; the next reconcile
+    creates them from the new templates, which carry the new spec hash. (The fake keeps the pod
+    names; KubeRay generates new ones.)
+    """
+
+    def pods(**kwargs) -> list:
+        return [
+            ray_pod(HEAD_POD, "head", node="system-node", **kwargs),
+            *(ray_pod(name, "worker", **kwargs) for name in WORKER_PODS),
+        ]
+
+    return [
+        pods(spec_hash=OLD_SPEC),  # still Ready: KubeRay has not reconciled the patch yet
+        pods(spec_hash=OLD_SPEC, deleting=True),
+        pods(ready=False, phase="Pending"),
+        pods(),
+    ]
+
+
+def test_the_run_waits_for_the_pods_of_the_new_spec():
+    """Right after the patch the old pods are still Ready: no job may go to a head KubeRay deletes."""
+    head = main_and_tcp_head()
+    fake = FakeCluster(head, pod_snapshots=old_and_new_pods())
+    outputs = fake.provider().create(props(run_inputs())).outs
+    assert outputs["transport"] == "efa"
+    assert fake.core.pod_calls == 2 * 4 and fake.clock.slept >= 3 * 10
+    assert len(head.submissions) == 1
+    assert f"2 worker pods Ready, all of RayCluster spec {SPEC_HASH}" in "\n".join(fake.logged)
+
+
+def test_pods_left_on_another_spec_fail_naming_both_hashes_and_the_fix():
+    stale = [ray_pod(HEAD_POD, "head", node="system-node", spec_hash=OLD_SPEC)]
+    stale += [ray_pod(name, "worker", spec_hash=None) for name in WORKER_PODS]
+    fake = FakeCluster(main_and_tcp_head(), pod_snapshots=[stale])
+    message = failure_of(fake)
+    assert "waiting for the head pod and 2 of 2 worker pods (2 exist)" in message
+    assert f"runs RayCluster spec {OLD_SPEC}, not {SPEC_HASH}" in message
+    assert f"runs RayCluster spec (none recorded), not {SPEC_HASH}" in message
+    assert "kubectl -n ray-train delete pod -l ray.io/cluster=ray-train" in message
+    assert fake.head.submissions == []
+
+
+def test_only_ready_pods_of_the_expected_spec_count():
+    current = [ray_pod(HEAD_POD, "head"), *(ray_pod(name, "worker") for name in WORKER_PODS)]
+    facts = [kube_access._pod_facts(pod) for pod in current]
+    head, workers = facts[0], facts[1:]
+    assert readiness.pods_waiting_for([head], workers, 2, SPEC_HASH) == []
+    assert readiness.pods_waiting_for([head], workers, 2, OLD_SPEC) == [
+        "the head pod",
+        "2 of 2 worker pods (2 exist)",
+    ]
+    assert readiness.runs_spec(head, SPEC_HASH) and not readiness.runs_spec(head, OLD_SPEC)
+    unmarked = kube_access._pod_facts(ray_pod(HEAD_POD, "head", spec_hash=None))
+    assert not readiness.runs_spec(unmarked, SPEC_HASH)
+    assert "runs RayCluster spec" not in readiness.describe_pod(head, [], SPEC_HASH)
+
+
 def test_stale_code_in_the_head_pod_fails_with_both_hashes():
     head = main_and_tcp_head()
     head.code_hashes = ["0ld0ld0ld0ld0ld0"]
@@ -803,6 +877,12 @@ def test_stale_code_in_the_head_pod_fails_with_both_hashes():
         f"head pod {HEAD_POD} sees code hash 0ld0ld0ld0ld0ld0 in /opt/eks-ray-train/.code-hash, not {CODE_HASH}"
         in message
     )
+    # A container restart keeps the pod spec and its volumes: only a new pod mounts the ConfigMap afresh.
+    assert "restart of the head pod picks it up" not in message
+    assert "deleting the head pod makes KubeRay create it afresh" in message
+    # A container restart keeps the pod spec and its volumes: only a new pod mounts the ConfigMap afresh.
+    assert "restart of the head pod picks it up" not in message
+    assert "deleting the head pod makes KubeRay create it afresh" in message
     assert head.submissions == []
 
 

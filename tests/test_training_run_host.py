@@ -24,6 +24,7 @@ from pulumi.runtime import rpc
 
 from tests import fake_kube_api as fake
 from tests.provider_host import ProviderHost, plain, serialized_training_run
+from workloads.manifests import SPEC_HASH_ANNOTATION
 
 FIXTURES = Path(__file__).parent / "fixtures" / "training_run"
 WORKER_PODS = sorted(path.name for path in (FIXTURES / "pods").iterdir())
@@ -46,6 +47,13 @@ GRPC_DEADLINE_S = 40  # the test's own bound: longer than any fault may take to 
 def registered() -> dict[str, Any]:
     """What the program registers for the TrainingRun on the dev stack, `__provider` included."""
     return serialized_training_run()
+
+
+def ray_pod(registered: dict[str, Any], name: str, node_type: str, **kwargs: Any) -> dict:
+    """A Ray pod of the registered RayCluster spec: KubeRay copies its template's annotations."""
+    pod = fake.pod(name, node_type, **kwargs)
+    pod["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: registered["run_spec_hash"]}
+    return pod
 
 
 def scripted(ray_job_id: str, log_name: str, statuses: list[str] | None = None) -> fake.ScriptedJob:
@@ -89,8 +97,8 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         cluster_name=registered["cluster_name"],
         nodes=[fake.node("node-a"), fake.node("node-b")],
         pods=[
-            fake.pod(HEAD_POD, "head", node_name="system-node"),
-            *(fake.pod(n, "worker") for n in WORKER_PODS),
+            ray_pod(registered, HEAD_POD, "head", node_name="system-node"),
+            *(ray_pod(registered, n, "worker") for n in WORKER_PODS),
         ],
         ray_clusters={
             registered["ray_cluster_name"]: {
@@ -252,7 +260,9 @@ def test_a_401_names_eks_access_entries_and_the_identity(world: World):
 @pytest.mark.slow
 def test_a_pod_that_never_becomes_ready_fails_naming_it(world: World):
     world.host.configure(STACK_CONFIG)
-    world.kube.pods[-1] = fake.pod(WORKER_PODS[-1], "worker", ready=False, phase="Pending", node_name=None)
+    world.kube.pods[-1] = ray_pod(
+        world.inputs, WORKER_PODS[-1], "worker", ready=False, phase="Pending", node_name=None
+    )
     details, elapsed = failure(world)
     assert "is not ready after" in details and "waiting for 1 of 2 worker pods" in details
     assert f"{WORKER_PODS[-1]}: Pending, not Ready (not scheduled)" in details

@@ -1,4 +1,4 @@
-"""Cluster add-ons as pinned Helm releases: GPU and EFA device plugins, the KubeRay operator."""
+"""Cluster add-ons as pinned Helm releases: GPU and EFA device plugins, the KubeRay operator and its CRDs."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from workloads.manifests import (
     NVIDIA_DEVICE_PLUGIN,
     Chart,
     efa_device_plugin_values,
+    kuberay_crds,
     kuberay_operator_values,
     nvidia_device_plugin_values,
 )
 
 
-def _release(chart: Chart, values: dict, opts: pulumi.ResourceOptions) -> k8s.helm.v3.Release:
+def _release(
+    chart: Chart, values: dict, opts: pulumi.ResourceOptions, skip_crds: bool = False
+) -> k8s.helm.v3.Release:
     return k8s.helm.v3.Release(
         chart.name,
         name=chart.name,
@@ -26,6 +29,7 @@ def _release(chart: Chart, values: dict, opts: pulumi.ResourceOptions) -> k8s.he
         namespace=chart.namespace,
         create_namespace=chart.namespace != "kube-system",
         values=values,
+        skip_crds=skip_crds,
         # Wait until the release's pods run, so resources are allocatable before Ray pods ask for them.
         skip_await=False,
         atomic=True,
@@ -34,20 +38,50 @@ def _release(chart: Chart, values: dict, opts: pulumi.ResourceOptions) -> k8s.he
 
 
 class Addons(pulumi.ComponentResource):
-    """Device plugins make `nvidia.com/gpu` and `vpc.amazonaws.com/efa` allocatable; KubeRay runs RayClusters."""
+    """Device plugins make `nvidia.com/gpu` and `vpc.amazonaws.com/efa` allocatable; KubeRay runs RayClusters.
+
+    KubeRay's CRDs are the program's, not Helm's: Helm installs a chart's `crds/` once and never
+    upgrades them, so a chart bump would run a new operator on old CRDs that prune new fields. They
+    are applied through `crd_provider`, a provider with server-side apply (the RayCluster CRD is
+    larger than the 256 KiB a client-side apply's annotation may hold) and `upsertExistingObjects`
+    (on stacks deployed before, Helm created them: the apply patches the object in place, so no
+    RayCluster is deleted). Retained on delete: deleting a CRD deletes every object of its kind, and
+    `pulumi destroy` deletes the whole cluster anyway.
+    """
 
     def __init__(
         self,
         name: str,
         *,
         provider: k8s.Provider,
+        crd_provider: k8s.Provider,
+        gpu_instance_type: str,
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("eks-ray-train:workloads:Addons", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after)
+        self.kuberay_crds = [
+            k8s.apiextensions.v1.CustomResourceDefinition(
+                crd["metadata"]["name"],
+                metadata=crd["metadata"],
+                spec=crd["spec"],
+                opts=pulumi.ResourceOptions(parent=self, provider=crd_provider, retain_on_delete=True),
+            )
+            for crd in kuberay_crds()
+        ]
         self.nvidia_device_plugin = _release(NVIDIA_DEVICE_PLUGIN, nvidia_device_plugin_values(), child)
-        self.efa_device_plugin = _release(EFA_DEVICE_PLUGIN, efa_device_plugin_values(), child)
-        self.kuberay_operator = _release(KUBERAY_OPERATOR, kuberay_operator_values(), child)
+        self.efa_device_plugin = _release(
+            EFA_DEVICE_PLUGIN, efa_device_plugin_values(gpu_instance_type), child
+        )
+        # After its CRDs: the operator exits when a kind it watches is not served.
+        self.kuberay_operator = _release(
+            KUBERAY_OPERATOR,
+            kuberay_operator_values(),
+            pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[*after, *self.kuberay_crds]),
+            skip_crds=True,
+        )
         self.releases = [self.nvidia_device_plugin, self.efa_device_plugin, self.kuberay_operator]
+        # What a RayCluster waits for.
+        self.ready: list[pulumi.Resource] = [*self.releases, *self.kuberay_crds]
         self.register_outputs({"releases": [release.name for release in self.releases]})

@@ -8,9 +8,13 @@ schemas (Kubernetes core, the KubeRay CRD, the charts' values.yaml). The Pulumi 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from infra.sizing import WorkerSizing
 from platform_facts import (
@@ -25,6 +29,13 @@ from platform_facts import (
 
 CODE_MOUNT = "/opt/eks-ray-train"
 CODE_HASH_FILE = ".code-hash"
+# Ray's session folder (logs, which hold the transport evidence, and object spill). On an emptyDir,
+# as in AWS's Ray sample, it outlives a container restart and stays off the overlay filesystem.
+RAY_TMP_DIR = "/tmp/ray"
+RAY_LOGS_VOLUME = "ray-logs"
+# On both pod templates: the hash of the rendered RayCluster, so the training run can tell pods of
+# the current spec from pods KubeRay has not replaced yet.
+SPEC_HASH_ANNOTATION = "eks-ray-train/spec-hash"
 # NCCL through libfabric's EFA provider; INFO logs are what the transport check reads.
 EFA_NCCL_ENV = {
     "FI_PROVIDER": "efa",
@@ -85,6 +96,20 @@ EFA_DEVICE_PLUGIN = Chart(
 KUBERAY_OPERATOR = Chart(
     "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"
 )
+# KubeRay's CRDs as its chart ships them in `crds/` (which Helm installs once and never upgrades),
+# vendored unchanged from the tag of the pinned chart: the program applies them itself.
+KUBERAY_CRD_DIR = Path(__file__).resolve().parent / "crds" / f"kuberay-v{KUBERAY_OPERATOR.version}"
+KUBERAY_CRD_FILES = (
+    "ray.io_rayclusters.yaml",
+    "ray.io_raycronjobs.yaml",
+    "ray.io_rayjobs.yaml",
+    "ray.io_rayservices.yaml",
+)
+# pulumi-kubernetes: apply with `force`, taking over the fields another field manager (Helm, which
+# created these CRDs on stacks deployed before the program owned them) set to other values.
+PATCH_FORCE_ANNOTATION = "pulumi.com/patchForce"
+# The node label the EFA chart's DaemonSet matches against `supportedInstanceLabels.values`.
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 def nvidia_device_plugin_values() -> dict:
@@ -95,14 +120,45 @@ def nvidia_device_plugin_values() -> dict:
     }
 
 
-def efa_device_plugin_values() -> dict:
-    """Only on GPU nodes, which are tainted: the chart tolerates nothing by default."""
-    return {"nodeSelector": dict(GPU_NODE_SELECTOR), "tolerations": [GPU_TOLERATION]}
+def efa_device_plugin_values(gpu_instance_type: str) -> dict:
+    """Only on GPU nodes, which are tainted: the chart tolerates nothing by default.
+
+    The chart's DaemonSet also requires the node's instance type to be in its own list of EFA types
+    (`supportedInstanceLabels`); a type missing there would get no plugin pod and no EFA device,
+    while the release still reports ready. The list is the configured GPU type (Helm replaces
+    lists whole).
+    """
+    return {
+        "nodeSelector": dict(GPU_NODE_SELECTOR),
+        "tolerations": [GPU_TOLERATION],
+        "supportedInstanceLabels": {"keys": [INSTANCE_TYPE_LABEL], "values": [gpu_instance_type]},
+    }
 
 
 def kuberay_operator_values() -> dict:
     """The operator lives on the system node."""
     return {"nodeSelector": dict(SYSTEM_NODE_SELECTOR)}
+
+
+@functools.cache
+def _vendored_crd(path: Path) -> str:
+    """The CRD file as JSON text: parsed once (4 MB of YAML take seconds), copied cheaply after."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return json.dumps(yaml.load(path.read_text(encoding="utf-8"), Loader=loader))
+
+
+def kuberay_crds() -> list[dict]:
+    """The operator's CRDs of the pinned version, as the program applies them (server-side, forced).
+
+    Each is the vendored upstream file plus the annotation that lets the apply take the fields over
+    from Helm on stacks where Helm created the CRD; the object (and every RayCluster) stays.
+    """
+    crds = []
+    for file_name in KUBERAY_CRD_FILES:
+        crd = json.loads(_vendored_crd(KUBERAY_CRD_DIR / file_name))
+        crd["metadata"].setdefault("annotations", {})[PATCH_FORCE_ANNOTATION] = "true"
+        crds.append(crd)
+    return crds
 
 
 def namespace(name: str) -> dict:
@@ -224,8 +280,45 @@ def _env(values: dict[str, str]) -> list[dict]:
     return [{"name": key, "value": value} for key, value in values.items()]
 
 
+def _templates(manifest: dict) -> list[dict]:
+    """The RayCluster's pod templates: the head's, then each worker group's."""
+    spec = manifest["spec"]
+    return [spec["headGroupSpec"]["template"], *(group["template"] for group in spec["workerGroupSpecs"])]
+
+
+def spec_hash(manifest: dict) -> str:
+    """Hash of the rendered RayCluster without its spec-hash annotations: what the pods run.
+
+    It covers image, environment, resources, volumes (and the code files' list), node selection and
+    replicas. The training run takes it as an input, so a change runs the job again, and waits for
+    pods that carry it.
+    """
+    bare = copy.deepcopy(manifest)
+    for template in _templates(bare):
+        annotations = template.get("metadata", {}).get("annotations", {})
+        annotations.pop(SPEC_HASH_ANNOTATION, None)
+        if not annotations:
+            template.get("metadata", {}).pop("annotations", None)
+        if template.get("metadata") == {}:
+            template.pop("metadata")
+    return hashlib.sha256(json.dumps(bare, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def ray_cluster(spec: RayClusterSpec) -> dict:
-    """Head on the system node (no GPU, no external Service), one GPU worker pod per GPU node."""
+    """Head on the system node (no GPU, no external Service), one GPU worker pod per GPU node.
+
+    KubeRay (>= 1.6) replaces running pods on a spec change only with `upgradeStrategy: Recreate`:
+    it then deletes every pod once the head pod's hash of the spec differs, so the next job runs on
+    the new image, environment, resources and code file list. Both templates carry `spec_hash`.
+    """
+    manifest = _ray_cluster(spec)
+    rendered = spec_hash(manifest)
+    for template in _templates(manifest):
+        template.setdefault("metadata", {}).setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = rendered
+    return manifest
+
+
+def _ray_cluster(spec: RayClusterSpec) -> dict:
     # The region given outright: nodes answer instance-metadata calls from the host only (hop limit 1),
     # so an AWS SDK in a pod (S3 checkpoints) must not have to ask the metadata service for it.
     region_env = _env({"AWS_REGION": spec.region, "AWS_DEFAULT_REGION": spec.region})
@@ -256,11 +349,12 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                             "limits": {"memory": spec.head_memory},
                         },
                         "volumeMounts": [
-                            {"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True}
+                            {"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True},
+                            {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
                         ],
                     }
                 ],
-                "volumes": [code_volume(spec.code_configmap, spec.code_files)],
+                "volumes": [code_volume(spec.code_configmap, spec.code_files), _ray_logs_volume()],
             }
         },
     }
@@ -285,11 +379,17 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
                         "env": [*_env(EFA_NCCL_ENV), *region_env, HF_TOKEN_ENV],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
-                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                        "volumeMounts": [
+                            {"name": "dshm", "mountPath": "/dev/shm"},
+                            {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
+                        ],
                     }
                 ],
                 # NCCL and the data loaders use shared memory; the container default of 64 MiB is too small.
-                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}],
+                "volumes": [
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+                    _ray_logs_volume(),
+                ],
             }
         },
     }
@@ -303,11 +403,17 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
         },
         "spec": {
             "rayVersion": spec.ray_version,
+            "upgradeStrategy": {"type": "Recreate"},
             "enableInTreeAutoscaling": False,
             "headGroupSpec": head,
             "workerGroupSpecs": [workers],
         },
     }
+
+
+def _ray_logs_volume() -> dict:
+    """On the node's disk, as Ray's own session folder would be, but per pod rather than per container."""
+    return {"name": RAY_LOGS_VOLUME, "emptyDir": {}}
 
 
 def head_pod_labels(cluster_name: str) -> dict[str, str]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
 import pulumi
@@ -13,7 +11,7 @@ from workloads import manifests
 
 
 class RayCluster(pulumi.ComponentResource):
-    """Created only after the operator (its CRD) and both device plugins exist."""
+    """Created only after the operator, its CRDs and both device plugins exist."""
 
     def __init__(
         self,
@@ -63,7 +61,7 @@ class RayCluster(pulumi.ComponentResource):
             opts=in_namespace,
         )
         ray_cluster = manifests.ray_cluster(spec)
-        self.spec_hash = spec_hash(ray_cluster)
+        self.spec_hash = manifests.spec_hash(ray_cluster)
         self.resource = k8s.apiextensions.CustomResource(
             spec.name,
             api_version=ray_cluster["apiVersion"],
@@ -84,14 +82,6 @@ class RayCluster(pulumi.ComponentResource):
 def _secret_input(value: pulumi.Output[str]) -> pulumi.Input[str]:
     """Widened for mypy, which cannot solve `Output.secret`'s type variable from an `Output[str]`."""
     return value
-
-
-def spec_hash(manifest: dict) -> str:
-    """Hash of the rendered RayCluster: image, environment, resources, node selection of what runs.
-
-    The training run takes it as an input, so a change to any of them runs the job again.
-    """
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _body(manifest: dict) -> dict:

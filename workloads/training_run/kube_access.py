@@ -144,6 +144,7 @@ class PodFacts:
     node_name: str | None = None
     terminating: bool = False
     problems: tuple[str, ...] = field(default_factory=tuple)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 class ClusterApi(Protocol):
@@ -334,6 +335,7 @@ def _pod_facts(pod) -> PodFacts:
         node_name=pod.spec.node_name,
         terminating=pod.metadata.deletion_timestamp is not None,
         problems=tuple(problems),
+        annotations=dict(pod.metadata.annotations or {}),
     )
 
 

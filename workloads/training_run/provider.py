@@ -6,7 +6,8 @@ its evidence, and the throughput.
 
 Re-runs. `diff` replaces the resource, which runs the job (again), when an input marked `rerun`
 changes: the code, the job arguments, what the pods run (`run_spec_hash`: a hash of the rendered
-RayCluster: image, NCCL/EFA environment, resources, node selection; `gpu_instance_type`), the
+RayCluster: image, NCCL/EFA environment, resources, volumes, node selection; the pods carry it and
+the run waits for pods that do; `gpu_instance_type`), the
 expected transport, `benchmark`, or where the job runs. `timeout_minutes` alone changes nothing.
 An input not known yet counts as changed. `update` (reached only when the engine asks for it)
 runs the job as `create` does; `read` returns the recorded run unchanged (a finished job does not
@@ -110,6 +111,7 @@ class RunInputs:
             gpus_per_node=self.gpus_per_node,
             efa_per_node=self.efa_per_node,
             code_hash=self.code_hash,
+            run_spec_hash=self.run_spec_hash,
             job_args=self.job_args,
             job_identity=self.job_identity(),
             expect_transport=self.expect_transport,

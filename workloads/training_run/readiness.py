@@ -6,7 +6,10 @@ In the order of AWS's reference example, before anything is submitted:
    the GPUs per node and `vpc.amazonaws.com/efa` of at least the EFA interfaces per node (the
    device plugins register them after the node joins), and carries `nvidia.com/gpu.present=true`
    (set by the EKS NVIDIA AMI); there are at least as many GPU nodes as Ray worker pods;
-2. the RayCluster's head pod and all its worker pods are Ready (terminating pods do not count);
+2. the RayCluster's head pod and all its worker pods are Ready and run the current spec: they carry
+   the inputs' `run_spec_hash` in their spec-hash annotation. Right after `pulumi up` changes the
+   RayCluster, the old pods are still Ready until KubeRay deletes them (`upgradeStrategy:
+   Recreate`); pods of another spec, and terminating pods, do not count;
 3. the head pod sees the code being deployed: `.code-hash` in the ConfigMap mount equals the
    inputs' code hash (the kubelet refreshes ConfigMap volumes lazily).
 
@@ -102,21 +105,31 @@ def gpu_node_problems(
     return problems
 
 
-def pods_waiting_for(heads: Sequence[PodFacts], workers: Sequence[PodFacts], worker_pods: int) -> list[str]:
-    """What the readiness wait still waits for (empty: one head and every worker are Ready)."""
+def runs_spec(pod: PodFacts, spec_hash: str) -> bool:
+    """Whether KubeRay created the pod from the RayCluster spec of this hash."""
+    return pod.annotations.get(manifests.SPEC_HASH_ANNOTATION) == spec_hash
+
+
+def pods_waiting_for(
+    heads: Sequence[PodFacts], workers: Sequence[PodFacts], worker_pods: int, spec_hash: str
+) -> list[str]:
+    """What the readiness wait still waits for (empty: one head and every worker are Ready on this spec)."""
     waiting = []
-    if not any(pod.ready for pod in heads):
+    if not any(pod.ready and runs_spec(pod, spec_hash) for pod in heads):
         waiting.append("the head pod" if heads else "a head pod (none exists yet)")
-    ready_workers = sum(pod.ready for pod in workers)
+    ready_workers = sum(pod.ready and runs_spec(pod, spec_hash) for pod in workers)
     if ready_workers < worker_pods:
         waiting.append(f"{worker_pods - ready_workers} of {worker_pods} worker pods ({len(workers)} exist)")
     return waiting
 
 
-def describe_pod(pod: PodFacts, events: Sequence[str]) -> str:
+def describe_pod(pod: PodFacts, events: Sequence[str], spec_hash: str) -> str:
     state = "Ready" if pod.ready else "not Ready"
     where = f" on {pod.node_name}" if pod.node_name else " (not scheduled)"
     lines = [f"{pod.name}: {pod.phase}, {state}{where}" + (" (terminating)" if pod.terminating else "")]
+    if not runs_spec(pod, spec_hash):
+        seen = pod.annotations.get(manifests.SPEC_HASH_ANNOTATION)
+        lines.append(f"    runs RayCluster spec {seen or '(none recorded)'}, not {spec_hash}")
     lines += [f"    {problem}" for problem in pod.problems]
     lines += [f"    event {event}" for event in events]
     return "\n".join(lines)
@@ -152,26 +165,51 @@ def wait_for_gpu_nodes(
 
 
 def wait_for_pods(
-    cluster: ClusterApi, pace: Pace, timeout_s: float, namespace: str, ray_cluster_name: str, worker_pods: int
+    cluster: ClusterApi,
+    pace: Pace,
+    timeout_s: float,
+    namespace: str,
+    ray_cluster_name: str,
+    worker_pods: int,
+    spec_hash: str,
 ) -> RayPods:
+    """One Ready head and every worker Ready, all created from the RayCluster spec of `spec_hash`."""
     head_selector = manifests.head_pod_selector(ray_cluster_name)
     worker_selector = manifests.worker_pod_selector(ray_cluster_name)
 
     def attempt():
         heads = [p for p in cluster.list_pods(namespace, head_selector) if not p.terminating]
         workers = [p for p in cluster.list_pods(namespace, worker_selector) if not p.terminating]
-        waiting = pods_waiting_for(heads, workers, worker_pods)
+        waiting = pods_waiting_for(heads, workers, worker_pods, spec_hash)
         return not waiting, (heads, workers, waiting)
 
     ready, (heads, workers, waiting) = pace.until(timeout_s, attempt)
     if not ready:
-        described = [describe_pod(pod, cluster.pod_events(namespace, pod.name)) for pod in [*heads, *workers]]
+        described = [
+            describe_pod(pod, cluster.pod_events(namespace, pod.name), spec_hash)
+            for pod in [*heads, *workers]
+        ]
+        stale = [pod.name for pod in [*heads, *workers] if not runs_spec(pod, spec_hash)]
         raise TrainingRunError(
             f"RayCluster {namespace}/{ray_cluster_name} is not ready after {timeout_s / 60:.0f} min: "
             f"waiting for {' and '.join(waiting)}\n"
             + ("\n".join(described) if described else "no pods exist: is the KubeRay operator running?")
+            + (f"\n{_stale_pods_hint(namespace, ray_cluster_name)}" if stale else "")
         )
-    return RayPods(next(pod for pod in heads if pod.ready), [pod for pod in workers if pod.ready])
+    return RayPods(
+        next(pod for pod in heads if pod.ready and runs_spec(pod, spec_hash)),
+        [pod for pod in workers if pod.ready and runs_spec(pod, spec_hash)],
+    )
+
+
+def _stale_pods_hint(namespace: str, ray_cluster_name: str) -> str:
+    """KubeRay replaces pods of an older spec itself, except once right after its own upgrade."""
+    return (
+        "pods of another RayCluster spec are left: KubeRay (upgradeStrategy Recreate) replaces them on a "
+        "spec change, but not when the operator was upgraded in between; delete them with "
+        f"`kubectl -n {namespace} delete pod -l {manifests.RAY_CLUSTER_LABEL}={ray_cluster_name}` and run "
+        "`pulumi up` again"
+    )
 
 
 def wait_for_code(
@@ -191,5 +229,6 @@ def wait_for_code(
         raise TrainingRunError(
             f"head pod {head_name} sees {found} in {command[1]}, not {code_hash}, after "
             f"{timeout_s / 60:.0f} min: the training-code ConfigMap has not reached the pod "
-            "(is it mounted at that path? a restart of the head pod picks it up at once)"
+            "(is it mounted at that path? a container restart keeps the pod and its volume as they are; "
+            "deleting the head pod makes KubeRay create it afresh with the current ConfigMap)"
         )

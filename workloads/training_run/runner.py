@@ -83,6 +83,7 @@ class RunRequest:
     gpus_per_node: int
     efa_per_node: int
     code_hash: str
+    run_spec_hash: str
     job_args: tuple[str, ...]
     job_identity: Mapping[str, Any]
     expect_transport: str
@@ -257,8 +258,12 @@ class TrainingRunner:
             request.namespace,
             request.ray_cluster_name,
             worker_pods,
+            request.run_spec_hash,
         )
-        env.log(f"training run: head pod {pods.head.name} and {len(pods.workers)} worker pods Ready")
+        env.log(
+            f"training run: head pod {pods.head.name} and {len(pods.workers)} worker pods Ready, "
+            f"all of RayCluster spec {request.run_spec_hash}"
+        )
         readiness.wait_for_code(
             env.executor_for(pods.head),
             pods.head.name,
