@@ -142,7 +142,7 @@ def _accumulated_step(
         grads.update({name: param.grad.full_tensor() for name, param in model.named_parameters()})
 
     optimizer.register_step_pre_hook(keep_grads)
-    loss = train_step(
+    loss, _ = train_step(
         model,
         optimizer,
         [rows[part] for part in micro_batches],
