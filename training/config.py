@@ -526,7 +526,7 @@ def check_hsdp_replicas(workers: int, replicas: int) -> None:
         raise ValueError(f"{workers} workers are not a multiple of --hsdp-replicas {replicas}")
 
 
-def _validate(config: TrainConfig, paths_here: bool) -> None:
+def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None:
     """Raises ValueError naming the flag. `paths_here=False`: the paths are another machine's
     (the cluster's, checked at preview), so only what the shipped code itself holds is checked."""
     if config.launcher == "torchrun":
@@ -551,10 +551,6 @@ def _validate(config: TrainConfig, paths_here: bool) -> None:
         raise ValueError(f"--eval-every {config.eval_every} evaluates on --eval-data: set it")
     if paths_here and config.eval_data and not is_uri(config.eval_data):
         corpus_files(config.eval_data, flag="--eval-data")
-    if config.warmup_steps > config.steps:
-        raise ValueError(
-            f"--warmup-steps {config.warmup_steps} exceeds --steps {config.steps}: the warm-up must end by the last step"
-        )
     shipped_config = (CONFIG_DIR / f"{config.model_config}.json").is_file()
     if config.init == "random" and (paths_here or shipped_config):
         model = load_model_config(config.model_config)
@@ -563,6 +559,11 @@ def _validate(config: TrainConfig, paths_here: bool) -> None:
                 f"--seq-len {config.seq_len} exceeds the model's max_position_embeddings "
                 f"{model['max_position_embeddings']}"
             )
+    # Only a --warmup-steps given: a preset's warm-up may outlast a short --steps (a smoke run).
+    if warmup_given and config.warmup_steps > config.steps:
+        raise ValueError(
+            f"--warmup-steps {config.warmup_steps} exceeds --steps {config.steps}: the warm-up must end by the last step"
+        )
     if config.float8 and not config.use_gpu:
         raise ValueError("--float8 needs GPUs with FP8 tensor cores; it does not combine with --no-gpu")
     if config.defer_grad_sync and config.grad_accum_steps == 1:
@@ -602,7 +603,7 @@ def parse_flags(argv: Sequence[str], *, paths_here: bool = True) -> TrainConfig:
     )
     config = TrainConfig(**values)
     try:
-        _validate(config, paths_here)
+        _validate(config, paths_here, args.warmup_steps is not None)
     except ValueError as error:
         raise ArgumentsError(str(error)) from None
     return config

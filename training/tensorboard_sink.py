@@ -67,4 +67,6 @@ class TensorBoardSink:
         if self.remote:
             from pyarrow import fs
 
-            fs.copy_files(self.folder, self.remote)
+            filesystem, path = fs.FileSystem.from_uri(self.remote)
+            filesystem.create_dir(path, recursive=True)  # a local filesystem needs the folder
+            fs.copy_files(self.folder, path, destination_filesystem=filesystem)
