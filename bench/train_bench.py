@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
-from training.data import in_process_corpus_batches
+from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig, corpus_files
+from training.data import corpus_rows, in_process_corpus_batches
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
@@ -186,6 +186,15 @@ class BenchSession:
         """Rows of a local corpus read in this process, as under torchrun."""
         return in_process_corpus_batches(config, rank=self.rank, world_size=self.world_size)
 
+    def eval_rows(self, config: TrainConfig) -> Any:
+        """The held-out rows, read in this process, as under torchrun."""
+        assert config.eval_data is not None
+        return corpus_rows(
+            corpus_files(config.eval_data, flag="--eval-data"),
+            tokenizer=config.tokenizer,
+            seq_len=config.seq_len,
+        )
+
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Nothing to publish: the loop's own step lines are the log."""
 
@@ -213,6 +222,7 @@ def benchmark_config(model_config: str, steps: int, **overrides: Any) -> TrainCo
         "init": "random",
         "steps": steps,
         "storage_path": "unused",
+        "tensorboard": False,  # the benchmark's record is its JSON lines, not a run folder
         "run_name": "bench",
         "resume_from": None,
         "local": False,
@@ -482,7 +492,7 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
     def step() -> torch.Tensor:
         # The loop's step reads its loss itself, before the optimizer step (its one host sync), so
         # here `wall_ms_per_step_loss_read_once` syncs every step too.
-        loss = train_step(
+        loss, _ = train_step(
             model,
             optimizer,
             micro_batches,

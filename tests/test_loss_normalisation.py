@@ -142,7 +142,7 @@ def _accumulated_step(
         grads.update({name: param.grad.full_tensor() for name, param in model.named_parameters()})
 
     optimizer.register_step_pre_hook(keep_grads)
-    loss = train_step(
+    loss, _ = train_step(
         model,
         optimizer,
         [rows[part] for part in micro_batches],
@@ -302,3 +302,35 @@ def test_a_loss_that_is_nan_on_one_rank_stops_every_rank_before_the_optimizer_st
         result = torch.load(f"{out}.{rank}")
         assert result["message"].startswith("step 1: the loss is nan;"), rank
         assert result["unchanged"], rank
+
+
+# --- held-out evaluation --------------------------------------------------------------------------
+
+
+def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str) -> None:
+    """Evaluate this rank's rows of `_token_rows`, then train one step on the same rows: the
+    evaluation sees the weights the step's loss is computed with. fp32: under the bf16 policy FSDP2
+    casts the normaliser the loop passes to the model to bf16 (cast_forward_inputs), so the
+    training loss carries a bf16-rounded 1/count (6e-5 relative here) that evaluation does not."""
+    from training.evaluate import evaluate
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    training.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
+    config = parse_args(["--preset", "tiny"])
+    model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
+    rows = _token_rows()[TWO_RANK_MICRO_BATCHES[rank][0] if world_size > 1 else slice(None)]
+    held_out = evaluate(model, [rows.numpy()], torch.device("cpu"))
+    trained, _ = train_step(model, optimizer, [rows], config.lr, config.max_grad_norm, step=1)
+    _end_rank(rank, {"eval": held_out, "train": trained}, out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_eval_loss_of_a_batch_is_its_training_loss_before_the_step(world_size, tmp_path):
+    """On 2 ranks the rows are uneven (1 row with 31 valid labels against 3 rows with 96): the
+    evaluation must weigh every label alike across the ranks, as the training loss does."""
+    out = str(tmp_path / "eval.pt")
+    mp.spawn(_evaluate_then_train, args=(world_size, str(tmp_path / "pg"), out), nprocs=world_size)
+    result = torch.load(out)
+    assert result["eval"] == pytest.approx(result["train"], rel=1e-6)
+    assert 5 < result["eval"] < 6  # random bytes: about log(256) = 5.55

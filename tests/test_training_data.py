@@ -150,7 +150,7 @@ def ray_rows(data: Path, *, blocks: int | None = None) -> np.ndarray:
     from training.ray_launcher import pack_dataset, tokenized_documents
 
     config = dataclasses.replace(parse_args(["--data", str(data), "--seq-len", str(SEQ_LEN)]), local=True)
-    documents = tokenized_documents(config)
+    documents = tokenized_documents(config, config.data)
     if blocks is not None:
         documents = documents.repartition(blocks)
     return pack_dataset(documents, seq_len=SEQ_LEN, eos_id=EOS)

@@ -46,6 +46,10 @@ def step_metrics(**overrides):
         "step": 3,
         "steps": 10,
         "loss": 2.5,
+        "lr": 3e-3,
+        "grad_norm": 0.75,
+        "eval_loss": None,
+        "eval_perplexity": None,
         "step_time_s": 0.5,
         "tokens_per_s": 4096.0,
         "tokens_per_s_per_gpu": 2048.0,
@@ -382,7 +386,7 @@ def test_tokens_per_step_count_every_micro_batch():
     config = parse_args(["--grad-accum-steps", "4"])
     metrics = RunMetrics(config, load_architecture(config), torch.device("cpu"), 2, 0)
     assert metrics.tokens_per_step == 8 * 128 * 2 * 4
-    record = metrics.step(1, 2.0, 0.5)
+    record = metrics.step(1, 2.0, 0.5, lr=1e-3, grad_norm=1.0, eval_loss=None)
     assert record.tokens_per_s == 8 * 128 * 2 * 4 / 0.5 and record.tokens_per_s_per_gpu == 8 * 128 * 4 / 0.5
 
 
@@ -459,9 +463,9 @@ def test_default_is_the_tiny_cpu_job_on_the_shipped_corpus():
 
 def test_flags_override_the_preset():
     config = parse_args(
-        ["--preset", "throughput", "--steps", "7", "--no-compile", "--hsdp-replicas", "2", "--workers", "8"]
+        ["--preset", "throughput", "--steps", "12", "--no-compile", "--hsdp-replicas", "2", "--workers", "8"]
     )
-    assert (config.steps, config.compile, config.hsdp_replicas, config.seq_len) == (7, False, 2, 4096)
+    assert (config.steps, config.compile, config.hsdp_replicas, config.seq_len) == (12, False, 2, 4096)
     assert parse_args(["--preset", "throughput", "--hsdp-replicas", "auto"]).hsdp_replicas == 0
 
 
@@ -661,7 +665,18 @@ def _train_until_it_stops(monkeypatch, argv: list[str], hook=None) -> tuple[str,
     original_build = training.loop.build
     monkeypatch.setattr(training.loop, "build", build_and_keep)
     config = parse_args(
-        ["--data", SYNTHETIC, "--seq-len", "32", "--batch-size", "2", "--checkpoint-every", "1", *argv]
+        [
+            "--data",
+            SYNTHETIC,
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+            "--checkpoint-every",
+            "1",
+            "--no-tensorboard",
+            *argv,
+        ]
     )
     session = _RecordingSession()
     with pytest.raises(DivergedError) as raised:

@@ -13,7 +13,8 @@ PICTURE_FILE = "run.png"
 
 
 def render_picture(summary: dict[str, Any], history: list[dict[str, Any]]) -> bytes | None:
-    """Loss and tokens/s per step as a PNG; None (with a note) when matplotlib is missing."""
+    """Loss (and held-out loss) and tokens/s per step as a PNG; None (with a note) when matplotlib
+    is missing. Histories of runs from before the held-out loss hold no `eval_loss`."""
     try:
         import matplotlib
 
@@ -25,8 +26,20 @@ def render_picture(summary: dict[str, Any], history: list[dict[str, Any]]) -> by
 
     steps = [entry["step"] for entry in history]
     figure, (loss_axes, rate_axes) = pyplot.subplots(1, 2, figsize=(11, 4))
-    loss_axes.plot(steps, [entry["loss"] for entry in history], marker=".", color="tab:blue")
-    loss_axes.set(xlabel="step", ylabel="loss", title="training loss")
+    loss_axes.plot(
+        steps, [entry["loss"] for entry in history], marker=".", color="tab:blue", label="training"
+    )
+    evaluated = [entry for entry in history if entry.get("eval_loss") is not None]
+    if evaluated:
+        loss_axes.plot(
+            [entry["step"] for entry in evaluated],
+            [entry["eval_loss"] for entry in evaluated],
+            marker="o",
+            color="tab:orange",
+            label="held-out (--eval-data)",
+        )
+        loss_axes.legend()
+    loss_axes.set(xlabel="step", ylabel="loss", title="loss")
     loss_axes.grid(alpha=0.3)
     rate_axes.plot(steps, [entry["tokens_per_s"] for entry in history], marker=".", color="tab:green")
     rate_axes.set(xlabel="step", ylabel="tokens/s (all workers)", title="throughput")

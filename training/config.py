@@ -39,7 +39,9 @@ TRAIN_STATE_FILE = "train_state.json"
 DEFAULT_PRESET = "tiny"
 DEFAULT_STORAGE_PATH = "runs"
 # What a setting left unset (None) means, for --help.
-UNSET_MEANS = {"workers": "one per GPU of the cluster", "resume_from": "none"}
+UNSET_MEANS = {"workers": "one per GPU of the cluster", "resume_from": "none", "eval_data": "none"}
+# The learning-rate schedules after the warm-up (training/optim.py).
+LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class TrainConfig:
     init: str
     tokenizer: str
     data: str
+    eval_data: str | None
+    eval_every: int
     steps: int
     seq_len: int
     batch_size: int
@@ -59,6 +63,9 @@ class TrainConfig:
     defer_grad_sync: bool
     lr: float
     warmup_steps: int
+    lr_schedule: str
+    min_lr_ratio: float
+    decay_ratio: float
     weight_decay: float
     max_grad_norm: float
     seed: int
@@ -78,6 +85,7 @@ class TrainConfig:
     loss_chunk_tokens: int
     reshard_after_forward: bool
     export_hf: bool
+    tensorboard: bool
     launcher: str
     local: bool
 
@@ -99,10 +107,15 @@ _BASE: dict[str, Any] = {
     "init": "pretrained",
     "tokenizer": QWEN_1_5B,
     "data": SYNTHETIC,
+    "eval_data": None,
+    "eval_every": 0,
     "grad_accum_steps": 1,
     "defer_grad_sync": False,
     "lr": 2e-5,
     "warmup_steps": 0,
+    "lr_schedule": "constant",
+    "min_lr_ratio": 0.0,
+    "decay_ratio": 0.2,
     "weight_decay": 0.01,
     "max_grad_norm": 1.0,
     "seed": 0,
@@ -120,6 +133,7 @@ _BASE: dict[str, Any] = {
     "loss_chunk_tokens": 4096,
     "reshard_after_forward": True,
     "export_hf": False,
+    "tensorboard": True,
     "launcher": "ray",
 }
 
@@ -242,6 +256,20 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = _number(text, float, "a number from 0 to 1")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return value
+
+
+def _positive_fraction(text: str) -> float:
+    value = _number(text, float, "a number > 0 and <= 1")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 1, got {text}")
+    return value
+
+
 def _replicas(text: str) -> int:
     """`auto` (0: one replica group per node) or a positive count."""
     if text == "auto":
@@ -342,7 +370,23 @@ def build_parser() -> argparse.ArgumentParser:
         "micro-batch (keeps the whole model's fp32 gradients on every rank)",
     )
     add("--lr", "--learning-rate", dest="lr", type=_positive_float, help="peak learning rate (AdamW)")
-    add("--warmup-steps", type=_non_negative_int, help="linear warm-up steps, constant after")
+    add("--warmup-steps", type=_non_negative_int, help="steps of linear warm-up to --lr, from --lr / N")
+    add(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        help="after the warm-up: constant; linear or cosine decay to --min-lr-ratio x --lr at the "
+        "last step; wsd: constant, then linear decay over the last --decay-ratio of the steps",
+    )
+    add(
+        "--min-lr-ratio",
+        type=_fraction,
+        help="the decaying schedules' last learning rate, as a fraction of --lr",
+    )
+    add(
+        "--decay-ratio",
+        type=_positive_fraction,
+        help="--lr-schedule wsd: the fraction of the steps after the warm-up spent decaying",
+    )
     add("--weight-decay", type=_non_negative_float, help="AdamW weight decay")
     add("--max-grad-norm", type=_non_negative_float, help="gradient clipping norm; 0 disables")
     add("--seed", type=_integer, help="seed for weights, synthetic data and the order of corpus rows")
@@ -360,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--init", choices=("random", "pretrained"), help="random weights or the model id's weights")
     add("--tokenizer", help="'bytes' or a Hugging Face tokenizer id/path (real-text data only)")
     add("--data", help="'synthetic' (random tokens) or a corpus file/folder of .txt/.md/.jsonl/.parquet")
+    add("--eval-data", help="held-out corpus (file, folder or URI, formats as --data) to report the loss of")
+    add(
+        "--eval-every",
+        type=_non_negative_int,
+        help="with --eval-data: evaluate every N steps and after the last; 0: after the last only",
+    )
     add(
         "--storage-path",
         help=f"where runs and checkpoints go: a local folder or s3://bucket/prefix (default: {DEFAULT_STORAGE_PATH})",
@@ -405,6 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--export-hf", action=argparse.BooleanOptionalAction, help="also save a Hugging Face model at the end"
     )
+    add(
+        "--tensorboard",
+        action=argparse.BooleanOptionalAction,
+        help="write TensorBoard event files into the run folder's tensorboard/ (rank 0)",
+    )
     return parser
 
 
@@ -440,7 +495,7 @@ def load_model_config(name_or_path: str) -> dict[str, Any]:
     return values
 
 
-def corpus_files(data: str) -> list[str]:
+def corpus_files(data: str, flag: str = "--data") -> list[str]:
     """Corpus files under a path, sorted so every reader sees the same order."""
     path = Path(data)
     if path.is_file():
@@ -448,10 +503,12 @@ def corpus_files(data: str) -> list[str]:
     elif path.is_dir():
         candidates = sorted(p for p in path.rglob("*") if p.is_file())
     else:
-        raise ValueError(f"--data {data!r}: no such file or folder (or use 'synthetic')")
+        raise ValueError(
+            f"{flag} {data!r}: no such file or folder" + (" (or use 'synthetic')" if flag == "--data" else "")
+        )
     files = [str(p.resolve()) for p in candidates if p.suffix in CORPUS_SUFFIXES]
     if not files:
-        raise ValueError(f"--data {data!r}: no {'/'.join(CORPUS_SUFFIXES)} files in it")
+        raise ValueError(f"{flag} {data!r}: no {'/'.join(CORPUS_SUFFIXES)} files in it")
     return files
 
 
@@ -469,7 +526,7 @@ def check_hsdp_replicas(workers: int, replicas: int) -> None:
         raise ValueError(f"{workers} workers are not a multiple of --hsdp-replicas {replicas}")
 
 
-def _validate(config: TrainConfig, paths_here: bool) -> None:
+def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None:
     """Raises ValueError naming the flag. `paths_here=False`: the paths are another machine's
     (the cluster's, checked at preview), so only what the shipped code itself holds is checked."""
     if config.launcher == "torchrun":
@@ -488,6 +545,12 @@ def _validate(config: TrainConfig, paths_here: bool) -> None:
         )
     if paths_here and not config.synthetic_data and not is_uri(config.data):
         corpus_files(config.data)
+    if config.eval_data == SYNTHETIC:
+        raise ValueError("--eval-data synthetic: random tokens hold nothing to learn; give a held-out corpus")
+    if config.eval_every and config.eval_data is None:
+        raise ValueError(f"--eval-every {config.eval_every} evaluates on --eval-data: set it")
+    if paths_here and config.eval_data and not is_uri(config.eval_data):
+        corpus_files(config.eval_data, flag="--eval-data")
     shipped_config = (CONFIG_DIR / f"{config.model_config}.json").is_file()
     if config.init == "random" and (paths_here or shipped_config):
         model = load_model_config(config.model_config)
@@ -496,6 +559,11 @@ def _validate(config: TrainConfig, paths_here: bool) -> None:
                 f"--seq-len {config.seq_len} exceeds the model's max_position_embeddings "
                 f"{model['max_position_embeddings']}"
             )
+    # Only a --warmup-steps given: a preset's warm-up may outlast a short --steps (a smoke run).
+    if warmup_given and config.warmup_steps > config.steps:
+        raise ValueError(
+            f"--warmup-steps {config.warmup_steps} exceeds --steps {config.steps}: the warm-up must end by the last step"
+        )
     if config.float8 and not config.use_gpu:
         raise ValueError("--float8 needs GPUs with FP8 tensor cores; it does not combine with --no-gpu")
     if config.defer_grad_sync and config.grad_accum_steps == 1:
@@ -527,7 +595,7 @@ def parse_flags(argv: Sequence[str], *, paths_here: bool = True) -> TrainConfig:
         values["tokenizer"] = args.model_id
     values["storage_path"] = values.get("storage_path") or DEFAULT_STORAGE_PATH
     # Absolute, because Ray workers run in a different working directory.
-    for key in ("storage_path", "resume_from", "data"):
+    for key in ("storage_path", "resume_from", "data", "eval_data"):
         if paths_here and values[key] and values[key] != SYNTHETIC and not is_uri(values[key]):
             values[key] = str(Path(values[key]).expanduser().resolve())
     values["run_name"] = (
@@ -535,7 +603,7 @@ def parse_flags(argv: Sequence[str], *, paths_here: bool = True) -> TrainConfig:
     )
     config = TrainConfig(**values)
     try:
-        _validate(config, paths_here)
+        _validate(config, paths_here, args.warmup_steps is not None)
     except ValueError as error:
         raise ArgumentsError(str(error)) from None
     return config

@@ -23,12 +23,14 @@ from training.checkpoint import export_hugging_face, load_checkpoint, save_check
 from training.config import BYTE_TOKENIZER, TrainConfig
 from training.data import synthetic_batches
 from training.errors import DivergedError, UsageError
+from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
 from training.metrics import RunMetrics, loss_and_grad_norm
 from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
 from training.optim import build_optimizer, learning_rate, set_learning_rate
 from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.report import RunSummary, format_progress_line, format_step_line
+from training.tensorboard_sink import TensorBoardSink
 from training.tokenizer import load_tokenizer
 
 
@@ -46,6 +48,9 @@ class Session(Protocol):
     def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
         """This rank's endless stream of [batch, seq_len + 1] packed rows of the corpus."""
 
+    def eval_rows(self, config: TrainConfig) -> np.ndarray:
+        """All packed [rows, seq_len + 1] rows of the held-out corpus `config.eval_data`."""
+
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Publish a step's metrics; `save(folder)` writes a checkpoint when one is due."""
 
@@ -60,12 +65,29 @@ def emit(line: str) -> None:
     sys.stdout.flush()
 
 
-HISTORY_KEYS = ("step", "loss", "tokens_per_s", "step_time_s")
+HISTORY_KEYS = ("step", "loss", "lr", "grad_norm", "eval_loss", "tokens_per_s", "step_time_s")
 
 
 def _checkpoint_due(config: TrainConfig, step: int) -> bool:
     due = config.checkpoint_every and (step % config.checkpoint_every == 0 or step == config.steps)
     return bool(due or (config.export_hf and step == config.steps))
+
+
+def _eval_due(config: TrainConfig, step: int) -> bool:
+    every = config.eval_every
+    return config.eval_data is not None and (step == config.steps or bool(every and step % every == 0))
+
+
+def _eval_set(config: TrainConfig, session: Session) -> list[np.ndarray]:
+    try:
+        return eval_batches(
+            session.eval_rows(config),
+            rank=session.rank,
+            world_size=session.world_size,
+            batch_size=config.batch_size,
+        )
+    except ValueError as error:
+        raise UsageError(f"--eval-data {config.eval_data}: {error}") from None
 
 
 def _batches(config: TrainConfig, session: Session, vocab_size: int, start_step: int) -> Iterator[np.ndarray]:
@@ -89,7 +111,7 @@ def _check_fits(config: TrainConfig, architecture: Any) -> None:
     limit = getattr(architecture, "max_position_embeddings", None)
     if limit is not None and config.seq_len > limit:
         raise ValueError(f"seq_len {config.seq_len} exceeds the model's max_position_embeddings {limit}")
-    if not config.synthetic_data:
+    if not config.synthetic_data or config.eval_data is not None:
         tokens = load_tokenizer(config.tokenizer).vocab_size
         if tokens > architecture.vocab_size:
             raise ValueError(f"tokenizer has {tokens} tokens, the model only {architecture.vocab_size}")
@@ -157,10 +179,11 @@ def train_step(
     defer_grad_sync: bool = False,
     *,
     step: int,
-) -> float:
+) -> tuple[float, float]:
     """Optimizer step `step` on micro-batches of [batch, seq_len + 1] token rows (forward and
     backward each in turn, then one clip and one optimizer step); returns the step's loss,
-    the sum of the micro-batch losses, averaged over the ranks. A non-finite loss or gradient
+    the sum of the micro-batch losses averaged over the ranks, and the gradient norm before
+    clipping. A non-finite loss or gradient
     norm raises `DivergedError` on every rank before the optimizer step touches the weights."""
     set_learning_rate(optimizer, lr)
     # One normaliser for the whole step: each micro-batch's summed loss over the step's
@@ -198,7 +221,7 @@ def train_step(
         raise DivergedError(problem)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return step_loss
+    return step_loss, norm
 
 
 def _prepare_device(device: torch.device) -> None:
@@ -234,28 +257,43 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         return write
 
     batches = _batches(config, session, architecture.vocab_size, start_step)
+    held_out = _eval_set(config, session) if config.eval_data is not None else []
     metrics = RunMetrics(config, architecture, session.device, session.world_size, start_step)
-    for step in range(start_step + 1, config.steps + 1):
-        step_start = time.perf_counter()
-        # A copy: Ray Data hands out read-only arrays, which torch cannot wrap.
-        micro_batches = [
-            torch.tensor(next(batches), device=session.device) for _ in range(config.grad_accum_steps)
-        ]
-        loss = train_step(
-            model,
-            optimizer,
-            micro_batches,
-            learning_rate(config, step),
-            config.max_grad_norm,
-            config.defer_grad_sync,
-            step=step,
-        )
-        record = metrics.step(step, loss, time.perf_counter() - step_start)
-        history.append({key: getattr(record, key) for key in HISTORY_KEYS})
-        if session.rank == 0:
-            emit(format_progress_line(record))
-            emit(format_step_line(record))
-        session.report(record.as_dict(), step, saver(step) if _checkpoint_due(config, step) else None)
+    sink = TensorBoardSink(config) if config.tensorboard and session.rank == 0 else None
+    try:
+        for step in range(start_step + 1, config.steps + 1):
+            step_start = time.perf_counter()
+            # A copy: Ray Data hands out read-only arrays, which torch cannot wrap.
+            micro_batches = [
+                torch.tensor(next(batches), device=session.device) for _ in range(config.grad_accum_steps)
+            ]
+            lr = learning_rate(config, step)
+            loss, grad_norm = train_step(
+                model,
+                optimizer,
+                micro_batches,
+                lr,
+                config.max_grad_norm,
+                config.defer_grad_sync,
+                step=step,
+            )
+            step_time = time.perf_counter() - step_start
+            eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step) else None
+            record = metrics.step(step, loss, step_time, lr=lr, grad_norm=grad_norm, eval_loss=eval_loss)
+            history.append({key: getattr(record, key) for key in HISTORY_KEYS})
+            checkpoint_due = _checkpoint_due(config, step)
+            if session.rank == 0:
+                emit(format_progress_line(record))
+                emit(format_step_line(record))
+            if sink is not None:
+                sink.write(record)
+                if checkpoint_due:
+                    sink.sync()
+            session.report(record.as_dict(), step, saver(step) if checkpoint_due else None)
+    finally:
+        # Also when a step diverges: its events up to there are what explains it.
+        if sink is not None:
+            sink.close()
 
     summary = metrics.summary(replicas)
     session.finish(summary.as_dict(), history)

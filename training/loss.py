@@ -30,6 +30,18 @@ ChunkFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tenso
 _ADDMM_INTO_FP32 = hasattr(torch.ops.aten.addmm, "dtype")
 
 
+def _chunk_log_probs_and_loss(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fp32 log-probabilities of one chunk, its summed cross-entropy over the valid labels,
+    the valid mask and the targets: the loss's one definition, for training and evaluation."""
+    valid = labels != IGNORE_INDEX
+    targets = torch.where(valid, labels, 0).unsqueeze(1)
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    loss_sum = -(log_probs.gather(1, targets).squeeze(1) * valid).sum()
+    return log_probs, loss_sum, valid, targets
+
+
 def chunk_loss_and_logit_grad(
     logits: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,10 +50,7 @@ def chunk_loss_and_logit_grad(
     Math in fp32, written for eager mode: few passes over the [tokens, vocab] logits
     (log-softmax, exp in place, one scaled cast to the logits' dtype).
     """
-    valid = labels != IGNORE_INDEX
-    targets = torch.where(valid, labels, 0).unsqueeze(1)
-    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-    loss_sum = -(log_probs.gather(1, targets).squeeze(1) * valid).sum()
+    log_probs, loss_sum, valid, targets = _chunk_log_probs_and_loss(logits, labels)
     grad = log_probs.exp_()
     grad.scatter_add_(1, targets, torch.full_like(targets, -1.0, dtype=grad.dtype))
     row_scale = (valid * scale).unsqueeze(1)
@@ -131,6 +140,21 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         )
 
 
+def _linear_cross_entropy_without_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    normalizer: torch.Tensor,
+    chunk_tokens: int,
+) -> torch.Tensor:
+    """The same loss for evaluation: the fused forward would compute (and keep) the gradients."""
+    loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        end = min(start + chunk_tokens, hidden.shape[0])
+        loss_sum += _chunk_log_probs_and_loss(hidden[start:end] @ weight.t(), labels[start:end])[1]
+    return loss_sum * (1.0 / normalizer)
+
+
 def fused_linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -140,5 +164,8 @@ def fused_linear_cross_entropy(
     chunk_fn: ChunkFn = chunk_loss_and_logit_grad,
 ) -> torch.Tensor:
     """Cross-entropy of `hidden @ weight.T` against `labels` ([tokens, hidden] and [tokens]),
-    summed and divided by `normalizer` (see `global_normalizer`)."""
+    summed and divided by `normalizer` (see `global_normalizer`). With gradients off (evaluation)
+    it computes no gradients and uses the eager chunk function whatever `chunk_fn` is."""
+    if not torch.is_grad_enabled():
+        return _linear_cross_entropy_without_grad(hidden, weight, labels, normalizer, chunk_tokens)
     return _FusedLinearCrossEntropy.apply(hidden, weight, labels, normalizer, chunk_tokens, chunk_fn)

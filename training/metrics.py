@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from training.config import TrainConfig
+from training.evaluate import perplexity
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.report import RunSummary, StepMetrics
 
@@ -58,15 +59,32 @@ class RunMetrics:
         self.tokens_per_step = config.batch_size * config.seq_len * world_size * config.grad_accum_steps
         self.step_times: list[float] = []
         self.losses: list[float] = []
+        self.eval_loss: float | None = None
 
-    def step(self, step: int, loss: float, step_time: float) -> StepMetrics:
+    def step(
+        self,
+        step: int,
+        loss: float,
+        step_time: float,
+        *,
+        lr: float,
+        grad_norm: float,
+        eval_loss: float | None,
+    ) -> StepMetrics:
+        """`step_time` is the training step's alone; an evaluation after it is not counted."""
         self.step_times.append(step_time)
         self.losses.append(loss)
+        if eval_loss is not None:
+            self.eval_loss = eval_loss
         tokens_per_s = self.tokens_per_step / step_time
         return StepMetrics(
             step=step,
             steps=self.config.steps,
             loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            eval_loss=eval_loss,
+            eval_perplexity=None if eval_loss is None else perplexity(eval_loss),
             step_time_s=step_time,
             tokens_per_s=tokens_per_s,
             tokens_per_s_per_gpu=tokens_per_s / self.world_size,
@@ -93,6 +111,9 @@ class RunMetrics:
             mfu_causal=mfu(per_gpu, self.flops_per_token_causal, self.peak) if per_gpu else None,
             loss_first=self.losses[0] if self.losses else None,
             loss_last=self.losses[-1] if self.losses else None,
+            eval_loss=self.eval_loss,
+            eval_perplexity=None if self.eval_loss is None else perplexity(self.eval_loss),
+            lr_schedule=config.lr_schedule,
             peak_mem_gib=_max_across_ranks(peak_memory_gib(self.device), self.device),
             step_time_s=step_time,
             duration_s=time.perf_counter() - self.started,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -21,10 +23,26 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device)
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
-    """Linear warm-up, then constant: depends on the step alone, so resumed runs match."""
-    if config.warmup_steps and step <= config.warmup_steps:
-        return config.lr * step / config.warmup_steps
-    return config.lr
+    """The learning rate of step `step` (from 1): a function of the step alone, so resumed runs match.
+
+    A linear warm-up reaches --lr at step --warmup-steps (step 1 trains at lr / warmup). After
+    it, `constant` stays at --lr; `linear` and `cosine` decay to --min-lr-ratio x --lr at the
+    last step; `wsd` (warmup-stable-decay) stays at --lr, then decays linearly to the same
+    minimum over the last --decay-ratio of the steps after the warm-up (rounded up).
+    """
+    warmup, lr = config.warmup_steps, config.lr
+    if step <= warmup:
+        return lr * step / warmup
+    after = config.steps - warmup
+    decay_steps = math.ceil(config.decay_ratio * after) if config.lr_schedule == "wsd" else after
+    decay_start = config.steps - decay_steps
+    if config.lr_schedule == "constant" or step <= decay_start:
+        return lr
+    progress = min(1.0, (step - decay_start) / decay_steps)
+    floor = config.min_lr_ratio
+    if config.lr_schedule == "cosine":
+        return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return lr * (floor + (1 - floor) * (1 - progress))
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

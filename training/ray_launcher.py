@@ -66,7 +66,9 @@ DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a no
 class RaySession:
     """The loop's view of a Ray Train worker."""
 
-    def __init__(self, resume_from: str | None, corpus: ray.ObjectRef | None) -> None:
+    def __init__(
+        self, resume_from: str | None, corpus: ray.ObjectRef | None, eval_corpus: ray.ObjectRef | None
+    ) -> None:
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
         self.world_size = context.get_world_size()
@@ -74,6 +76,7 @@ class RaySession:
         self.device = ray.train.torch.get_device()
         self.resume_from = resume_from
         self.corpus = corpus
+        self.eval_corpus = eval_corpus
         self.outcome: dict[str, Any] | None = None
         quiet_report_logger()
 
@@ -102,6 +105,11 @@ class RaySession:
             batch_size=config.batch_size,
         )
 
+    def eval_rows(self, config: TrainConfig) -> np.ndarray:
+        if self.eval_corpus is None:
+            raise ValueError("this run was launched without --eval-data")
+        return ray.get(self.eval_corpus)
+
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
             ray.train.report(metrics)
@@ -124,7 +132,7 @@ def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | Non
     from training.loop import train
 
     config = TrainConfig.from_dict(worker_config["config"])
-    session = RaySession(config.resume_from, worker_config["corpus"])
+    session = RaySession(config.resume_from, worker_config["corpus"], worker_config["eval_corpus"])
     try:
         train(config, session)
     except DivergedError as error:
@@ -149,21 +157,21 @@ def _list_remote_corpus(uri: str) -> list[str]:
     return [f"{scheme}://{path}" for path in files]
 
 
-def _corpus_paths(config: TrainConfig) -> list[str]:
-    """Corpus files in the order every launcher reads them (sorted paths)."""
-    if is_uri(config.data):
-        return _list_remote_corpus(config.data)
-    files = corpus_files(config.data)
+def _corpus_paths(config: TrainConfig, data: str) -> list[str]:
+    """Corpus files of `data` (--data or --eval-data) in the order every launcher reads them (sorted paths)."""
+    if is_uri(data):
+        return _list_remote_corpus(data)
+    files = corpus_files(data)
     if config.local:
         return files
     # On a cluster only the driver's node holds these files.
     return [f"local://{path}" for path in files]
 
 
-def tokenized_documents(config: TrainConfig) -> ray.data.Dataset:
-    """The corpus as a Ray Dataset of one token array per document, in corpus order."""
+def tokenized_documents(config: TrainConfig, data: str) -> ray.data.Dataset:
+    """The corpus `data` as a Ray Dataset of one token array per document, in corpus order."""
     _configure_ray_data()
-    files = ray.data.read_binary_files(_corpus_paths(config), include_paths=True)
+    files = ray.data.read_binary_files(_corpus_paths(config, data), include_paths=True)
     return files.map_batches(parse_files_batch, batch_format="numpy").map_batches(
         functools.partial(tokenize_batch, tokenizer=config.tokenizer), batch_format="numpy"
     )
@@ -189,14 +197,17 @@ def _configure_ray_data() -> None:
     context.execution_options.preserve_order = True
 
 
-def packed_corpus(config: TrainConfig, workers: int) -> np.ndarray:
-    """The packed rows of the run's corpus; a usage error if they cannot fill one step."""
+def packed_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> np.ndarray:
+    """The packed rows of the run's corpus (`flag`: --data or --eval-data); a usage error if they
+    cannot fill one step."""
+    data = config.data if flag == "--data" else config.eval_data
+    assert data is not None
     eos_id = load_tokenizer(config.tokenizer).eos_id
-    rows = pack_dataset(tokenized_documents(config), seq_len=config.seq_len, eos_id=eos_id)
+    rows = pack_dataset(tokenized_documents(config, data), seq_len=config.seq_len, eos_id=eos_id)
     try:
         batches_per_epoch(len(rows), world_size=workers, batch_size=config.batch_size, seq_len=config.seq_len)
     except ValueError as error:
-        raise UsageError(f"--data {config.data}: {error}") from error
+        raise UsageError(f"{flag} {data}: {error}") from error
     return rows
 
 
@@ -299,9 +310,16 @@ def run(config: TrainConfig) -> dict[str, Any]:
             resources["GPU"] = config.gpus_per_worker
         # Kept referenced until fit returns: the workers read the rows from the object store.
         corpus = None if config.synthetic_data else ray.put(packed_corpus(config, workers))
+        eval_corpus = (
+            None if config.eval_data is None else ray.put(packed_corpus(config, workers, "--eval-data"))
+        )
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"config": {**config.to_dict(), "workers": workers}, "corpus": corpus},
+            train_loop_config={
+                "config": {**config.to_dict(), "workers": workers},
+                "corpus": corpus,
+                "eval_corpus": eval_corpus,
+            },
             scaling_config=ScalingConfig(
                 num_workers=workers, use_gpu=config.use_gpu, resources_per_worker=resources
             ),

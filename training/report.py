@@ -29,6 +29,10 @@ class StepMetrics:
     step: int
     steps: int
     loss: float
+    lr: float
+    grad_norm: float
+    eval_loss: float | None  # None on steps without an evaluation (--eval-data, --eval-every)
+    eval_perplexity: float | None
     step_time_s: float
     tokens_per_s: float
     tokens_per_s_per_gpu: float
@@ -54,6 +58,9 @@ class RunSummary:
     mfu_causal: float | None
     loss_first: float | None
     loss_last: float | None
+    eval_loss: float | None  # the last evaluation's; None without --eval-data
+    eval_perplexity: float | None
+    lr_schedule: str
     peak_mem_gib: float
     step_time_s: float | None
     duration_s: float
@@ -142,9 +149,16 @@ def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
     width = len(str(metrics["steps"]))
     loss = metrics["loss"]
     loss_text = "nan" if loss is None or not math.isfinite(loss) else f"{loss:.4f}"
+    eval_loss = metrics.get("eval_loss")
+    eval_text = (
+        "" if eval_loss is None else f" | eval loss {eval_loss:.4f} (ppl {metrics['eval_perplexity']:.2f})"
+    )
+    grad_norm = metrics["grad_norm"]
     return (
         f"step {metrics['step']:>{width}}/{metrics['steps']}"
-        f" | loss {loss_text}"
+        f" | loss {loss_text}{eval_text}"
+        f" | lr {metrics['lr']:.3g}"
+        f" | grad norm {'nan' if grad_norm is None else f'{grad_norm:.3f}'}"
         f" | {metrics['step_time_s']:.3f} s/step"
         f" | {metrics['tokens_per_s']:,.0f} tok/s"
         f" ({metrics['tokens_per_s_per_gpu']:,.0f}/worker)"
