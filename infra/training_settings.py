@@ -233,9 +233,10 @@ def job_arguments(
             raise
         raise ConfigError(f"{error} (workers is the GPU count of the GPU nodes, {world_size})") from None
     workers = config.workers
-    problem = data_problem(config.data, shipped_files) if "--data" in args else None
-    if problem:
-        raise ConfigError(f"config key 'training.data' = {config.data!r}: {problem}")
+    for key, flag, path in (("data", "--data", config.data), ("evalData", "--eval-data", config.eval_data)):
+        problem = data_problem(path, shipped_files) if flag in args and path else None
+        if problem:
+            raise ConfigError(f"config key 'training.{key}' = {path!r}: {problem}")
     if workers is not None and workers > world_size:
         raise ConfigError(
             f"config key 'training.workers' = {workers}: the GPU nodes hold {world_size} workers of "

@@ -289,6 +289,11 @@ BAD_CONFIGS = [
         "the pods hold only the shipped code",
     ),
     ({"training": '{"data": "../corpus"}'}, "training.data", "the pods hold only the shipped code"),
+    (
+        {"training": '{"evalData": "/home/me/held-out.jsonl"}'},
+        "training.evalData",
+        "the pods hold only the shipped code",
+    ),
     ({"workerCpu": "64"}, "workerCpu", "does not fit a g6.12xlarge node"),
     ({"gpuAz": "us-west-2a"}, "gpuAz", "is not in region us-east-2"),
     ({"gpuNodeType": "g6.xlarge"}, "gpuNodeType", "does not support EFA"),
