@@ -47,6 +47,7 @@ from training.loss import (
     global_normalizer,
 )
 from training.metrics import GIB
+from training.model import model_batch
 
 # Liger Kernel's Triton replacements (GPU only): the decoder layer's parts, and its fused
 # lm_head + cross-entropy in place of training.loss's.
@@ -473,7 +474,7 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
         model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
     shape = (config.batch_size, config.seq_len + 1)
     micro_batches = [
-        torch.randint(0, architecture.vocab_size, shape, device=device)
+        model_batch(torch.randint(0, architecture.vocab_size, shape).numpy(), device)
         for _ in range(config.grad_accum_steps)
     ]
 

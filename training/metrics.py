@@ -36,14 +36,14 @@ def loss_and_grad_norm(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[flo
     return loss_sum / world_size, norm_sum / world_size
 
 
-def _max_across_ranks(value: float, device: torch.device) -> float:
-    tensor = torch.tensor([value], dtype=torch.float32, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+def _across_ranks(value: float, device: torch.device, op: dist.ReduceOp.RedOpType) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=op)
     return tensor.item()
 
 
 class RunMetrics:
-    """Collects each step's time and loss; makes the step records and the run summary."""
+    """Collects each step's time, loss and loss tokens; makes the step records and the run summary."""
 
     def __init__(
         self, config: TrainConfig, architecture: Any, device: torch.device, world_size: int, start_step: int
@@ -58,8 +58,11 @@ class RunMetrics:
         self.tokens_per_step = config.batch_size * config.seq_len * world_size * config.grad_accum_steps
         self.step_times: list[float] = []
         self.losses: list[float] = []
+        self.loss_tokens = 0  # this rank's; the summary adds the ranks' up
 
-    def step(self, step: int, loss: float, step_time: float) -> StepMetrics:
+    def step(self, step: int, loss: float, step_time: float, loss_tokens: int) -> StepMetrics:
+        """`loss_tokens`: this rank's labels that counted in the step's loss."""
+        self.loss_tokens += loss_tokens
         self.step_times.append(step_time)
         self.losses.append(loss)
         tokens_per_s = self.tokens_per_step / step_time
@@ -93,7 +96,7 @@ class RunMetrics:
             mfu_causal=mfu(per_gpu, self.flops_per_token_causal, self.peak) if per_gpu else None,
             loss_first=self.losses[0] if self.losses else None,
             loss_last=self.losses[-1] if self.losses else None,
-            peak_mem_gib=_max_across_ranks(peak_memory_gib(self.device), self.device),
+            peak_mem_gib=_across_ranks(peak_memory_gib(self.device), self.device, dist.ReduceOp.MAX),
             step_time_s=step_time,
             duration_s=time.perf_counter() - self.started,
             gpu_name=self.gpu_name,
@@ -108,6 +111,8 @@ class RunMetrics:
             batch_size=config.batch_size,
             grad_accum_steps=config.grad_accum_steps,
             tokens_per_step=self.tokens_per_step,
+            tokens_seen=self.tokens_per_step * len(self.step_times),
+            loss_tokens=int(_across_ranks(self.loss_tokens, self.device, dist.ReduceOp.SUM)),
             hsdp_replicas=replicas,
             compile=config.compile,
             activation_checkpointing=config.activation_checkpointing,
