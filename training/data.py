@@ -181,8 +181,11 @@ def chat_segments(messages: list[Message], render: Callable[..., str]) -> list[t
                 "the tokenizer's chat template renders a conversation otherwise than its first "
                 "turns, so the assistant's tokens cannot be told apart"
             )
-        if len(text) > len(done):
-            segments.append((text[len(done) :], assistant))
+        added = text[len(done) :]
+        if segments and segments[-1][1] == assistant:  # one piece per run, tokenized as one
+            segments[-1] = (segments[-1][0] + added, assistant)
+        elif added:
+            segments.append((added, assistant))
         done = text
 
     for index, message in enumerate(messages):
