@@ -180,6 +180,25 @@ def test_ray_data_rows_are_exact_and_equal_the_torchrun_rows(corpus, mixed_corpu
 
 
 @pytest.mark.slow
+def test_ray_data_rows_of_conversations_and_text_equal_the_torchrun_rows(tmp_path, local_ray):
+    """Conversations cross Ray Data's tasks as JSON and keep their flags: which tokens are loss
+    targets and where documents start, as the in-process reader packs them."""
+    from training.data import NO_LOSS, corpus_rows
+
+    chat = [{"role": "user", "content": f"question {i}"} for i in range(3)]
+    lines = [{"messages": [turn, {"role": "assistant", "content": "an answer"}]} for turn in chat]
+    (tmp_path / "a_chat.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines * 8))
+    (tmp_path / "b_text.jsonl").write_text(
+        "".join(json.dumps({"text": f"plain {i}"}) + "\n" for i in range(9))
+    )
+    rows = ray_rows(tmp_path)
+    files = corpus_files(str(tmp_path))
+    in_process = corpus_rows(files, tokenizer="bytes", seq_len=SEQ_LEN, text_column="text", attention="auto")
+    np.testing.assert_array_equal(rows, in_process)
+    assert (rows & NO_LOSS).any() and not (rows[-1] & NO_LOSS).all()
+
+
+@pytest.mark.slow
 def test_ray_data_rows_do_not_depend_on_the_block_layout(mixed_corpus, local_ray):
     reference = ray_rows(mixed_corpus)
     for blocks in (1, 3, 17):
