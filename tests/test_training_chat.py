@@ -17,6 +17,7 @@ from training.data import (
     DOCUMENT_START,
     NO_LOSS,
     TOKEN_ID,
+    batch_tokens,
     chat_segments,
     document_tokens,
     in_process_corpus_batches,
@@ -129,6 +130,19 @@ def test_a_tokenizer_without_a_chat_template_refuses_conversations_in_one_line(t
         f"--tokenizer {tmp_path / 'plain'} has no chat template to render the corpus's conversations "
         "('messages' rows) with: use a tokenizer that has one, or text rows"
     )
+    # Under Ray it reaches the driver as the same line, through the problem column.
+    corpus = tmp_path / "chat.jsonl"
+    corpus.write_text(json.dumps({"messages": CHAT}) + "\n")
+    files = {
+        "path": np.asarray([str(corpus)], dtype=object),
+        "bytes": np.asarray([corpus.read_bytes()], dtype=object),
+    }
+    tokenized = tokenize_batch(
+        parse_files_batch(files, text_column="text"), tokenizer=str(tmp_path / "plain"), attention="auto"
+    )
+    with pytest.raises(UsageError) as through_ray_data:
+        batch_tokens(tokenized)
+    assert str(through_ray_data.value) == str(raised.value)
     fast.chat_template = (
         "{% for m in messages %}[{{ m.role }}] {{ m.content }} <eos> {% endfor %}"
         "{% if add_generation_prompt %}[assistant] {% endif %}"

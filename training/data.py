@@ -9,6 +9,12 @@ into blocks or tasks: Ray Data (which tokenizes in parallel) and the in-process
 torchrun reader give the same rows. Each epoch then deals the rows to the ranks
 in a fresh seeded order, so the few rows that do not fill a global batch differ
 from epoch to epoch, and a resumed run can replay the exact batches it missed.
+
+A conversation (a row's "messages") is rendered with the tokenizer's chat template; its tokens
+outside the assistant's turns are stored with a NO_LOSS flag, and a document that is to attend
+only to itself starts with a DOCUMENT_START flag, both above the token id, so the packed rows
+carry them without extra memory and `training.model.model_batch` turns them into labels and
+position ids.
 """
 
 from __future__ import annotations
