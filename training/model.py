@@ -114,7 +114,7 @@ class CausalLMWithFusedLoss(nn.Module):
         micro-batches' labels, or, when None, over these labels alone (a step of one batch).
         `position_ids` that restart inside a row confine each document's attention to itself:
         transformers reads them as packed sequences (attention mask None, no cache) and builds
-        the block-diagonal causal mask."""
+        the block-diagonal causal mask; deciding that reads them back to the host once."""
         labels = labels.flatten()
         if normalizer is None:
             normalizer = global_normalizer(labels)
