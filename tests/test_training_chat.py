@@ -270,6 +270,9 @@ def test_auto_isolates_conversations_and_the_document_after_one():
         [document_tokens(d, tokenizer, "packed") for d in documents], seq_len=len(rows[0]) - 1
     )
     assert not (packed & DOCUMENT_START).any() and (packed & NO_LOSS).any()
+    # Rows without a document start inside them run plain causal attention: no position ids.
+    assert model_batch(packed, CPU).position_ids is None
+    assert model_batch(rows, CPU).position_ids is not None
 
 
 def test_a_packed_document_sees_only_itself_when_isolated():
