@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig, corpus_files
-from training.data import corpus_rows, in_process_corpus_batches
+from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
+from training.data import in_process_corpus_batches, in_process_eval_rows
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
@@ -47,6 +47,7 @@ from training.loss import (
     global_normalizer,
 )
 from training.metrics import GIB
+from training.model import model_batch
 
 # Liger Kernel's Triton replacements (GPU only): the decoder layer's parts, and its fused
 # lm_head + cross-entropy in place of training.loss's.
@@ -188,12 +189,7 @@ class BenchSession:
 
     def eval_rows(self, config: TrainConfig) -> Any:
         """The held-out rows, read in this process, as under torchrun."""
-        assert config.eval_data is not None
-        return corpus_rows(
-            corpus_files(config.eval_data, flag="--eval-data"),
-            tokenizer=config.tokenizer,
-            seq_len=config.seq_len,
-        )
+        return in_process_eval_rows(config)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Nothing to publish: the loop's own step lines are the log."""
@@ -483,7 +479,7 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
         model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
     shape = (config.batch_size, config.seq_len + 1)
     micro_batches = [
-        torch.randint(0, architecture.vocab_size, shape, device=device)
+        model_batch(torch.randint(0, architecture.vocab_size, shape).numpy(), device)
         for _ in range(config.grad_accum_steps)
     ]
 

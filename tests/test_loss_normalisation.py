@@ -24,10 +24,11 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import training.parallelize
 from training.config import parse_args
+from training.data import NO_LOSS
 from training.errors import DivergedError
 from training.loop import build, train_step
 from training.loss import IGNORE_INDEX, global_normalizer
-from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
+from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture, model_batch
 from training.parallelize import build_mesh, parallelize
 from training.rank_exit import end_rank_process, tear_down_process_group
 
@@ -103,11 +104,12 @@ def test_two_ranks_with_uneven_valid_labels_match_one_process(tmp_path):
 
 
 def _token_rows() -> torch.Tensor:
-    """Eight rows of SEQ_LEN + 1 tokens as the loop trains on them (inputs row[:-1], labels
-    row[1:]). Rows 0 and 5 end in an ignored label: a row's last token is only ever a label."""
+    """Eight rows of SEQ_LEN + 1 stored tokens as the loop trains on them (inputs row[:-1], labels
+    row[1:]). Rows 0 and 5 end in an ignored label (a token flagged NO_LOSS): a row's last token
+    is only ever a label."""
     generator = torch.Generator().manual_seed(11)
     rows = torch.randint(0, 256, (8, SEQ_LEN + 1), generator=generator)
-    rows[[0, 5], -1] = IGNORE_INDEX
+    rows[[0, 5], -1] |= NO_LOSS
     return rows
 
 
@@ -145,7 +147,7 @@ def _accumulated_step(
     loss, _ = train_step(
         model,
         optimizer,
-        [rows[part] for part in micro_batches],
+        [model_batch(rows[part].numpy(), torch.device("cpu")) for part in micro_batches],
         config.lr,
         config.max_grad_norm,
         defer_grad_sync,
@@ -284,7 +286,8 @@ def _nan_loss_on_rank_1_worker(rank: int, world_size: int, init_file: str, out: 
     before = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
     rows = _token_rows()[rank * 4 : rank * 4 + 4]
     with pytest.raises(DivergedError) as raised:
-        train_step(model, optimizer, [rows], config.lr, config.max_grad_norm, step=1)
+        batch = model_batch(rows.numpy(), torch.device("cpu"))
+        train_step(model, optimizer, [batch], config.lr, config.max_grad_norm, step=1)
     after = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
     unchanged = all(torch.equal(before[name], after[name]) for name in before)
     torch.save({"message": str(raised.value), "unchanged": unchanged}, f"{out}.{rank}")
@@ -320,7 +323,8 @@ def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str) -
     model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
     rows = _token_rows()[TWO_RANK_MICRO_BATCHES[rank][0] if world_size > 1 else slice(None)]
     held_out = evaluate(model, [rows.numpy()], torch.device("cpu"))
-    trained, _ = train_step(model, optimizer, [rows], config.lr, config.max_grad_norm, step=1)
+    batch = model_batch(rows.numpy(), torch.device("cpu"))
+    trained, _ = train_step(model, optimizer, [batch], config.lr, config.max_grad_norm, step=1)
     _end_rank(rank, {"eval": held_out, "train": trained}, out)
 
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from training.config import SHIPPED_CORPUS, corpus_files, parse_args
-from training.data import local_corpus_batches, pack_documents, read_documents
+from training.data import document_tokens, local_corpus_batches, pack_documents, read_documents
 from training.errors import UsageError
 from training.tokenizer import ByteTokenizer
 
@@ -72,9 +72,15 @@ def short_notes(tmp_path_factory) -> Path:
 
 
 def test_packing_keeps_every_document_and_its_eos():
-    documents = [[1, 2, 3], [], [4], [5, 6, 7, 8, 9, 10, 11], [12, 13]]
-    rows = pack_documents(documents, seq_len=3, eos_id=0)
+    documents = [[1, 2, 3, 0], [0], [4, 0], [5, 6, 7, 8, 9, 10, 11, 0], [12, 13, 0]]
+    rows = pack_documents(documents, seq_len=3)
     np.testing.assert_array_equal(rows, [[1, 2, 3, 0], [0, 4, 0, 5], [6, 7, 8, 9], [10, 11, 0, 12]])
+
+
+def test_a_text_document_and_an_empty_one_end_in_eos():
+    tokenizer = ByteTokenizer()
+    np.testing.assert_array_equal(document_tokens("hi", tokenizer, "packed"), [104, 105, EOS])
+    np.testing.assert_array_equal(document_tokens("", tokenizer, "packed"), [EOS])
 
 
 @pytest.mark.parametrize("corpus", ["shipped", "mixed"])
@@ -82,7 +88,7 @@ def test_in_process_rows_are_the_document_stream_cut_in_order(corpus, mixed_corp
     from training.data import corpus_rows
 
     files = corpus_files(str(SHIPPED_CORPUS if corpus == "shipped" else mixed_corpus))
-    rows = corpus_rows(files, tokenizer="bytes", seq_len=SEQ_LEN)
+    rows = corpus_rows(files, tokenizer="bytes", seq_len=SEQ_LEN, text_column="text", attention="packed")
     assert_exact_packing(rows, files, SEQ_LEN)
 
 
@@ -102,21 +108,23 @@ def epochs_seen(*, seed: int, world_size: int = 2, batch_size: int = 4, epochs: 
             seed=seed,
             rank=rank,
             world_size=world_size,
+            text_column="text",
+            attention="auto",
         )
         for rank in range(world_size)
     ]
-    rows = len(pack_documents(documents_as_bytes(files), SEQ_LEN, EOS))
+    rows = len(pack_documents(documents_as_bytes(files), SEQ_LEN))
     per_epoch = rows // (world_size * batch_size)
     return [row_set(next(stream) for stream in streams for _ in range(per_epoch)) for _ in range(epochs)]
 
 
 def documents_as_bytes(files: list[str]) -> list[list[int]]:
-    return [list(document.encode("utf-8")) for path in files for document in read_documents(path)]
+    return [[*document.encode("utf-8"), EOS] for path in files for document in read_documents(path)]
 
 
 def test_each_epoch_trains_every_row_once_and_leaves_over_different_rows():
     files = corpus_files(str(SHIPPED_CORPUS))
-    all_rows = set(row_set([pack_documents(documents_as_bytes(files), SEQ_LEN, EOS).astype(np.int64)]))
+    all_rows = set(row_set([pack_documents(documents_as_bytes(files), SEQ_LEN).astype(np.int64)]))
     epochs = epochs_seen(seed=0)
     leftovers = []
     for seen in epochs:
@@ -153,7 +161,7 @@ def ray_rows(data: Path, *, blocks: int | None = None) -> np.ndarray:
     documents = tokenized_documents(config, config.data)
     if blocks is not None:
         documents = documents.repartition(blocks)
-    return pack_dataset(documents, seq_len=SEQ_LEN, eos_id=EOS)
+    return pack_dataset(documents, seq_len=SEQ_LEN)
 
 
 @pytest.mark.slow
@@ -166,7 +174,28 @@ def test_ray_data_rows_are_exact_and_equal_the_torchrun_rows(corpus, mixed_corpu
     rows = ray_rows(data)
     assert_exact_packing(rows, files, SEQ_LEN)
     assert (rows == EOS).any(axis=1).sum() >= 1
-    np.testing.assert_array_equal(rows, corpus_rows(files, tokenizer="bytes", seq_len=SEQ_LEN))
+    np.testing.assert_array_equal(
+        rows, corpus_rows(files, tokenizer="bytes", seq_len=SEQ_LEN, text_column="text", attention="auto")
+    )
+
+
+@pytest.mark.slow
+def test_ray_data_rows_of_conversations_and_text_equal_the_torchrun_rows(tmp_path, local_ray):
+    """Conversations cross Ray Data's tasks as JSON and keep their flags: which tokens are loss
+    targets and where documents start, as the in-process reader packs them."""
+    from training.data import NO_LOSS, corpus_rows
+
+    chat = [{"role": "user", "content": f"question {i}"} for i in range(3)]
+    lines = [{"messages": [turn, {"role": "assistant", "content": "an answer"}]} for turn in chat]
+    (tmp_path / "a_chat.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines * 8))
+    (tmp_path / "b_text.jsonl").write_text(
+        "".join(json.dumps({"text": f"plain {i}"}) + "\n" for i in range(9))
+    )
+    rows = ray_rows(tmp_path)
+    files = corpus_files(str(tmp_path))
+    in_process = corpus_rows(files, tokenizer="bytes", seq_len=SEQ_LEN, text_column="text", attention="auto")
+    np.testing.assert_array_equal(rows, in_process)
+    assert (rows & NO_LOSS).any() and not (rows[-1] & NO_LOSS).all()
 
 
 @pytest.mark.slow

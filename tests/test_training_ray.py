@@ -220,6 +220,8 @@ def test_a_resume_with_gradient_accumulation_matches_the_uninterrupted_run(stora
     summary = last_line_summary(full.stdout)
     assert summary["grad_accum_steps"] == 2
     assert summary["tokens_per_step"] == 2 * 8 * 128 * 2  # workers x batch x seq x micro-batches
+    # Text trains on every label of its packed rows; the count spans both ranks.
+    assert summary["tokens_seen"] == summary["loss_tokens"] == 4 * 2 * 8 * 128 * 2
 
 
 def test_a_corpus_of_hundreds_of_short_documents_trains(tmp_path):

@@ -295,7 +295,7 @@ def test_bf16_gradients_carry_an_unrounded_scale():
 
 
 def test_packing_joins_documents_with_eos_and_drops_the_tail():
-    rows = pack_documents([[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]], seq_len=3, eos_id=0)
+    rows = pack_documents([[1, 2, 3, 0], [4, 5, 0], [6, 7, 8, 9, 10, 0]], seq_len=3)
     np.testing.assert_array_equal(rows, [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 10]])
 
 
@@ -358,7 +358,15 @@ class _CorpusSession:
     def corpus_batches(self, config):
         files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
         return local_corpus_batches(
-            files, tokenizer="bytes", seq_len=32, batch_size=3, seed=0, rank=0, world_size=1
+            files,
+            tokenizer="bytes",
+            seq_len=32,
+            batch_size=3,
+            seed=0,
+            rank=0,
+            world_size=1,
+            text_column="text",
+            attention="auto",
         )
 
 
@@ -386,7 +394,7 @@ def test_tokens_per_step_count_every_micro_batch():
     config = parse_args(["--grad-accum-steps", "4"])
     metrics = RunMetrics(config, load_architecture(config), torch.device("cpu"), 2, 0)
     assert metrics.tokens_per_step == 8 * 128 * 2 * 4
-    record = metrics.step(1, 2.0, 0.5, lr=1e-3, grad_norm=1.0, eval_loss=None)
+    record = metrics.step(1, 2.0, 0.5, 100, lr=1e-3, grad_norm=1.0, eval_loss=None)
     assert record.tokens_per_s == 8 * 128 * 2 * 4 / 0.5 and record.tokens_per_s_per_gpu == 8 * 128 * 4 / 0.5
 
 
@@ -394,7 +402,15 @@ def test_local_corpus_splits_rows_between_ranks():
     files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
     per_rank = [
         local_corpus_batches(
-            files, tokenizer="bytes", seq_len=64, batch_size=4, seed=0, rank=rank, world_size=2
+            files,
+            tokenizer="bytes",
+            seq_len=64,
+            batch_size=4,
+            seed=0,
+            rank=rank,
+            world_size=2,
+            text_column="text",
+            attention="auto",
         )
         for rank in (0, 1)
     ]
@@ -415,6 +431,8 @@ def test_local_corpus_too_small_for_the_batch_is_an_error(tmp_path):
                 seed=0,
                 rank=0,
                 world_size=1,
+                text_column="text",
+                attention="auto",
             )
         )
 

@@ -32,12 +32,17 @@ SYNTHETIC = "synthetic"
 BYTE_TOKENIZER = "bytes"
 QWEN_1_5B = "Qwen/Qwen2.5-1.5B"
 # A corpus file's suffix says how it is read: a whole text document, JSON lines, or Parquet
-# rows, each row's document in its "text" column.
+# rows, each row's document in its --text-column (or a conversation in its "messages" column).
 CORPUS_FORMATS = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 CORPUS_SUFFIXES = tuple(CORPUS_FORMATS)
 TRAIN_STATE_FILE = "train_state.json"
 DEFAULT_PRESET = "tiny"
 DEFAULT_STORAGE_PATH = "runs"
+DEFAULT_TEXT_COLUMN = "text"
+# How packed documents see each other: "packed" attends across document boundaries with running
+# positions; "isolated" restarts positions at each document, which confines its attention to
+# itself; "auto" isolates conversations (chat rows) and packs plain text.
+DOCUMENT_ATTENTION = ("auto", "packed", "isolated")
 # What a setting left unset (None) means, for --help.
 UNSET_MEANS = {"workers": "one per GPU of the cluster", "resume_from": "none", "eval_data": "none"}
 # The learning-rate schedules after the warm-up (training/optim.py).
@@ -56,6 +61,8 @@ class TrainConfig:
     data: str
     eval_data: str | None
     eval_every: int
+    text_column: str
+    document_attention: str
     steps: int
     seq_len: int
     batch_size: int
@@ -109,6 +116,8 @@ _BASE: dict[str, Any] = {
     "data": SYNTHETIC,
     "eval_data": None,
     "eval_every": 0,
+    "text_column": DEFAULT_TEXT_COLUMN,
+    "document_attention": "auto",
     "grad_accum_steps": 1,
     "defer_grad_sync": False,
     "lr": 2e-5,
@@ -279,6 +288,12 @@ def _replicas(text: str) -> int:
     return int(text)
 
 
+def _column_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a column name, got {text!r}")
+    return text
+
+
 def _shown(key: str, value: Any) -> str:
     """A setting's value as --help shows it."""
     if value is None:
@@ -409,6 +424,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-every",
         type=_non_negative_int,
         help="with --eval-data: evaluate every N steps and after the last; 0: after the last only",
+    )
+    add("--text-column", type=_column_name, help="the .jsonl/.parquet column that holds each document's text")
+    add(
+        "--document-attention",
+        choices=DOCUMENT_ATTENTION,
+        help="packed: documents in a row attend to the ones before them; isolated: each attends only "
+        "to itself (positions restart at each document); auto: isolated for conversations "
+        "('messages' rows), packed for text",
     )
     add(
         "--storage-path",

@@ -9,6 +9,12 @@ into blocks or tasks: Ray Data (which tokenizes in parallel) and the in-process
 torchrun reader give the same rows. Each epoch then deals the rows to the ranks
 in a fresh seeded order, so the few rows that do not fill a global batch differ
 from epoch to epoch, and a resumed run can replay the exact batches it missed.
+
+A conversation (a row's "messages") is rendered with the tokenizer's chat template; its tokens
+outside the assistant's turns are stored with a NO_LOSS flag, and a document that is to attend
+only to itself starts with a DOCUMENT_START flag, both above the token id, so the packed rows
+carry them without extra memory and `training.model.model_batch` turns them into labels and
+position ids.
 """
 
 from __future__ import annotations
@@ -16,21 +22,29 @@ from __future__ import annotations
 import io
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from training.config import TrainConfig, corpus_files, corpus_format
+from training.config import DEFAULT_TEXT_COLUMN, TrainConfig, corpus_files, corpus_format
 from training.errors import UsageError
-from training.tokenizer import load_tokenizer
+from training.tokenizer import Message, Tokenizer, load_tokenizer
 
 TOKENS_COLUMN = "tokens"
-TEXT_COLUMN = "text"
+TEXT_COLUMN = "text"  # between Ray Data's tasks: a text document, or "" for a conversation
+MESSAGES_COLUMN = "messages"  # a corpus row's conversation; between tasks as JSON, or ""
 PROBLEM_COLUMN = "problem"  # between Ray Data's tasks: why a corpus file has no documents
 # Token ids as stored between packing and training: every vocabulary fits, at half
 # the memory of int64. Batches leave as int64, which the loss needs for labels.
 ROW_DTYPE = np.int32
+# Two flags ride above each stored token id (every vocabulary is below 2**29), so a packed row
+# says which tokens are loss targets and where documents restart at no extra memory.
+NO_LOSS = 1 << 30  # not a loss target: a conversation's tokens outside the assistant's turns
+DOCUMENT_START = 1 << 29  # positions restart here and nothing before is attended to
+TOKEN_ID = DOCUMENT_START - 1
+
+Document = str | list[Message]  # a text, or a conversation's messages
 
 
 def synthetic_batches(
@@ -61,7 +75,36 @@ def _text_problem(value: object) -> str | None:
     return f"is {json.dumps(value)[:40]}, not a string"
 
 
-def _jsonl_documents(path: str, raw: bytes) -> list[str]:
+def _messages_problem(value: object) -> str | None:
+    """Why a row's messages are no conversation to train on, or None."""
+    if not isinstance(value, list):
+        return f"is {json.dumps(value, default=str)[:40]}, not a list of messages"
+    if not value:
+        return "is empty"
+    for index, message in enumerate(value):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            shown = json.dumps(message, default=str)[:60]
+            return f"item {index} is {shown}, not an object with string 'role' and 'content'"
+    if not any(message["role"] == "assistant" for message in value):
+        return "holds no assistant message, so no token to train on"
+    return None
+
+
+def _row_document(row: dict, text_column: str) -> tuple[Document, str | None]:
+    """A row's document (its text column, else its conversation) and, when it is none, why."""
+    for column, problem_of in ((text_column, _text_problem), (MESSAGES_COLUMN, _messages_problem)):
+        if column in row:
+            problem = problem_of(row[column])
+            return row[column], problem and f"{column!r} {problem}"
+    columns = ", ".join(map(repr, row)) or "none"
+    return "", f"no {text_column!r} column; the row's columns: {columns}"
+
+
+def _jsonl_documents(path: str, raw: bytes, text_column: str) -> list[Document]:
     """One document per non-blank line. Lines are split at "\n" only, as JSON Lines defines
     them: a document may hold other line separators (U+2028), and the numbers match an editor's."""
     documents = []
@@ -75,89 +118,157 @@ def _jsonl_documents(path: str, raw: bytes) -> list[str]:
             raise UsageError(f"{where}: not JSON at column {error.colno}: {error.msg}") from None
         if not isinstance(row, dict):
             raise UsageError(
-                f"{where}: {json.dumps(row)[:40]} is not a JSON object with a {TEXT_COLUMN!r} column"
+                f"{where}: {json.dumps(row)[:40]} is not a JSON object with a {text_column!r} column"
             )
-        if TEXT_COLUMN not in row:
-            columns = ", ".join(map(repr, row)) or "none"
-            raise UsageError(f"{where}: no {TEXT_COLUMN!r} column; the row's columns: {columns}")
-        problem = _text_problem(row[TEXT_COLUMN])
+        document, problem = _row_document(row, text_column)
         if problem:
-            raise UsageError(f"{where}: {TEXT_COLUMN!r} {problem}")
-        documents.append(row[TEXT_COLUMN])
+            raise UsageError(f"{where}: {problem}")
+        documents.append(document)
     return documents
 
 
-def _parquet_documents(path: str, raw: bytes) -> list[str]:
-    """One document per row of the text column."""
+def _parquet_documents(path: str, raw: bytes, text_column: str) -> list[Document]:
+    """One document per row of the text column, else of the "messages" column."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(io.BytesIO(raw))
     where = f"corpus file {path}"
     names = parquet.schema_arrow.names
-    if TEXT_COLUMN not in names:
+    if text_column in names:
+        column, problem_of = text_column, _text_problem
+    elif MESSAGES_COLUMN in names:
+        column, problem_of = MESSAGES_COLUMN, _messages_problem
+    else:
         columns = ", ".join(map(repr, names)) or "none"
-        raise UsageError(f"{where}: no {TEXT_COLUMN!r} column; its columns: {columns}")
-    column = parquet.read(columns=[TEXT_COLUMN]).column(TEXT_COLUMN)
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        raise UsageError(f"{where}: column {TEXT_COLUMN!r} holds {column.type}, not strings")
-    texts = column.to_pylist()
-    for index, text in enumerate(texts):
-        problem = _text_problem(text)
+        raise UsageError(f"{where}: no {text_column!r} column; its columns: {columns}")
+    values = parquet.read(columns=[column]).column(column)
+    is_text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+    if column == text_column and not is_text:
+        raise UsageError(f"{where}: column {column!r} holds {values.type}, not strings")
+    documents = values.to_pylist()
+    for index, document in enumerate(documents):
+        problem = problem_of(document)
         if problem:
-            raise UsageError(f"{where} row index {index}: {TEXT_COLUMN!r} {problem}")
-    return texts
+            raise UsageError(f"{where} row index {index}: {column!r} {problem}")
+    return documents
 
 
-def parse_documents(path: str, raw: bytes) -> list[str]:
+def parse_documents(path: str, raw: bytes, text_column: str = DEFAULT_TEXT_COLUMN) -> list[Document]:
     """The documents in one corpus file's bytes: a text file is one document, each
     jsonl line or parquet row is one. `path` may be a URI; only its suffix is used.
-    A row without a usable text column is a usage error naming file, row and column."""
+    A row without a usable text column (or conversation) is a usage error naming file,
+    row and column."""
     kind = corpus_format(path)
     if kind == "text":
         return [raw.decode("utf-8", errors="replace")]
     if kind == "json":
-        return _jsonl_documents(path, raw)
-    return _parquet_documents(path, raw)
+        return _jsonl_documents(path, raw, text_column)
+    return _parquet_documents(path, raw, text_column)
 
 
-def read_documents(path: str) -> list[str]:
+def read_documents(path: str, text_column: str = DEFAULT_TEXT_COLUMN) -> list[Document]:
     """The documents of one local corpus file."""
-    return parse_documents(path, Path(path).read_bytes())
+    return parse_documents(path, Path(path).read_bytes(), text_column)
 
 
-def tokenize(texts: Iterable[str], tokenizer: str) -> Iterator[np.ndarray]:
-    """One token array per document, without the end-of-document token (packing adds it)."""
+def chat_segments(messages: list[Message], render: Callable[..., str]) -> list[tuple[str, bool]]:
+    """The rendered conversation cut into (text, is the assistant's) pieces. An assistant turn
+    is what rendering it adds to the prompt before it, which already holds the template's opening
+    of an assistant turn, so the loss covers the turn's content and end-of-turn marker only.
+    `render(messages, generation_prompt=...)` is the tokenizer's chat template."""
+    segments: list[tuple[str, bool]] = []
+    done = ""
+
+    def extend_to(text: str, assistant: bool) -> None:
+        nonlocal done
+        if not text.startswith(done):
+            raise UsageError(
+                "the tokenizer's chat template renders a conversation otherwise than its first "
+                "turns, so the assistant's tokens cannot be told apart"
+            )
+        added = text[len(done) :]
+        if segments and segments[-1][1] == assistant:  # one piece per run, tokenized as one
+            segments[-1] = (segments[-1][0] + added, assistant)
+        elif added:
+            segments.append((added, assistant))
+        done = text
+
+    for index, message in enumerate(messages):
+        assistant = message["role"] == "assistant"
+        if assistant and index:
+            extend_to(render(messages[:index], generation_prompt=True), False)
+        extend_to(render(messages[: index + 1], generation_prompt=False), assistant)
+    return segments
+
+
+def document_tokens(document: Document, tokenizer: Tokenizer, attention: str) -> np.ndarray:
+    """A document's stored tokens, its end-of-document token included, with their flags:
+    a conversation's tokens outside the assistant's turns (and its EOS) are NO_LOSS, and the
+    first token is a DOCUMENT_START when the document is to attend only to itself."""
+    if isinstance(document, str):
+        pieces = [np.asarray(tokenizer.encode(document), dtype=ROW_DTYPE), np.asarray([tokenizer.eos_id])]
+        isolated = attention == "isolated"
+    else:
+        pieces = [
+            np.asarray(tokenizer.encode(text), dtype=ROW_DTYPE) | (0 if loss else NO_LOSS)
+            for text, loss in chat_segments(document, tokenizer.render_chat)
+        ]
+        pieces.append(np.asarray([tokenizer.eos_id | NO_LOSS]))
+        isolated = attention != "packed"
+    tokens = np.concatenate(pieces).astype(ROW_DTYPE)
+    if isolated:
+        tokens[0] |= DOCUMENT_START
+    return tokens
+
+
+def tokenize(documents: Iterable[Document], tokenizer: str, attention: str) -> Iterator[np.ndarray]:
+    """Each document's stored tokens (see `document_tokens`)."""
     encoder = load_tokenizer(tokenizer)
-    for text in texts:
-        yield np.asarray(encoder.encode(str(text)), dtype=ROW_DTYPE)
+    for document in documents:
+        yield document_tokens(document, encoder, attention)
 
 
-def parse_files_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def parse_files_batch(batch: dict[str, np.ndarray], *, text_column: str) -> dict[str, np.ndarray]:
     """Ray Data `map_batches` function: corpus files' bytes (`read_binary_files` with
-    paths) to their documents, in order. Here, not in the launcher, so Ray Data's task
-    processes import numpy only, not torch. A file with a bad row becomes one row whose
-    problem column names it, which the driver raises: raised here, it would reach the
-    driver as Ray Data's traceback of its task, without the error's type."""
+    paths) to their documents, in order, a conversation as JSON. Here, not in the launcher,
+    so Ray Data's task processes import numpy only, not torch. A file with a bad row becomes
+    one row whose problem column names it, which the driver raises: raised here, it would
+    reach the driver as Ray Data's traceback of its task, without the error's type."""
     texts: list[str] = []
+    conversations: list[str] = []
     problems: list[str] = []
     for path, raw in zip(batch["path"], batch["bytes"], strict=True):
         try:
-            documents, problem = parse_documents(path, raw), ""
+            documents, problem = parse_documents(path, raw, text_column), ""
         except UsageError as error:
             documents, problem = [""], str(error)
-        texts.extend(documents)
+        for document in documents:
+            texts.append(document if isinstance(document, str) else "")
+            conversations.append("" if isinstance(document, str) else json.dumps(document))
         problems.extend([problem] * len(documents))
-    return {TEXT_COLUMN: np.asarray(texts, dtype=object), PROBLEM_COLUMN: np.asarray(problems, dtype=object)}
+    return {
+        TEXT_COLUMN: np.asarray(texts, dtype=object),
+        MESSAGES_COLUMN: np.asarray(conversations, dtype=object),
+        PROBLEM_COLUMN: np.asarray(problems, dtype=object),
+    }
 
 
-def tokenize_batch(batch: dict[str, np.ndarray], *, tokenizer: str) -> dict[str, np.ndarray]:
-    """Ray Data `map_batches` function: one token array per document; problems pass through."""
+def tokenize_batch(batch: dict[str, np.ndarray], *, tokenizer: str, attention: str) -> dict[str, np.ndarray]:
+    """Ray Data `map_batches` function: one token array per document. Problems pass through,
+    and one met here (a tokenizer without a chat template) joins them."""
     column = np.empty(len(batch[TEXT_COLUMN]), dtype=object)
+    problems = batch[PROBLEM_COLUMN].copy()
+    encoder = load_tokenizer(tokenizer)
+    rows = zip(batch[TEXT_COLUMN], batch[MESSAGES_COLUMN], strict=True)
     # Element by element: equal-length arrays would otherwise become one 2-D array.
-    for index, tokens in enumerate(tokenize(batch[TEXT_COLUMN], tokenizer)):
-        column[index] = tokens
-    return {TOKENS_COLUMN: column, PROBLEM_COLUMN: batch[PROBLEM_COLUMN]}
+    for index, (text, conversation) in enumerate(rows):
+        document = json.loads(conversation) if conversation else str(text)
+        try:
+            column[index] = document_tokens(document, encoder, attention)
+        except UsageError as error:
+            column[index], problems[index] = np.empty(0, dtype=ROW_DTYPE), str(error)
+    return {TOKENS_COLUMN: column, PROBLEM_COLUMN: problems}
 
 
 def batch_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -168,24 +279,31 @@ def batch_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
     return batch[TOKENS_COLUMN]
 
 
-def pack_documents(token_lists: Iterable[np.ndarray | list[int]], seq_len: int, eos_id: int) -> np.ndarray:
-    """Concatenate documents in order, each followed by EOS, and cut rows of seq_len + 1;
-    only the final partial row is dropped."""
-    end = np.asarray([eos_id], dtype=ROW_DTYPE)
+def pack_documents(documents: Iterable[np.ndarray | list[int]], seq_len: int) -> np.ndarray:
+    """Concatenate documents' stored tokens (EOS included) in order and cut rows of
+    seq_len + 1; only the final partial row is dropped. A document after one that attends
+    only to itself starts afresh too, so that nothing sees into an isolated document."""
     pieces: list[np.ndarray] = []
-    for tokens in token_lists:
-        pieces.append(np.asarray(tokens, dtype=ROW_DTYPE))
-        pieces.append(end)
+    after_isolated = False
+    for tokens in documents:
+        piece = np.array(tokens, dtype=ROW_DTYPE)
+        isolated = bool(piece[0] & DOCUMENT_START)
+        if after_isolated:
+            piece[0] |= DOCUMENT_START
+        after_isolated = isolated
+        pieces.append(piece)
     stream = np.concatenate(pieces) if pieces else np.empty(0, dtype=ROW_DTYPE)
     row_length = seq_len + 1
     rows = len(stream) // row_length
     return stream[: rows * row_length].reshape(rows, row_length)
 
 
-def corpus_rows(files: list[str], *, tokenizer: str, seq_len: int) -> np.ndarray:
+def corpus_rows(
+    files: list[str], *, tokenizer: str, seq_len: int, text_column: str, attention: str
+) -> np.ndarray:
     """Packed rows of local corpus files, read and tokenized in this process."""
-    documents = (document for path in files for document in read_documents(path))
-    return pack_documents(tokenize(documents, tokenizer), seq_len, load_tokenizer(tokenizer).eos_id)
+    documents = (document for path in files for document in read_documents(path, text_column))
+    return pack_documents(tokenize(documents, tokenizer, attention), seq_len)
 
 
 def batches_per_epoch(rows: int, *, world_size: int, batch_size: int, seq_len: int) -> int:
@@ -221,10 +339,21 @@ def epoch_batches(
 
 
 def local_corpus_batches(
-    files: list[str], *, tokenizer: str, seq_len: int, batch_size: int, seed: int, rank: int, world_size: int
+    files: list[str],
+    *,
+    tokenizer: str,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    text_column: str,
+    attention: str,
 ) -> Iterator[np.ndarray]:
     """Endless epochs over a corpus read in-process (torchrun)."""
-    rows = corpus_rows(files, tokenizer=tokenizer, seq_len=seq_len)
+    rows = corpus_rows(
+        files, tokenizer=tokenizer, seq_len=seq_len, text_column=text_column, attention=attention
+    )
     return epoch_batches(rows, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
 
 
@@ -239,4 +368,18 @@ def in_process_corpus_batches(config: TrainConfig, *, rank: int, world_size: int
         seed=config.seed,
         rank=rank,
         world_size=world_size,
+        text_column=config.text_column,
+        attention=config.document_attention,
+    )
+
+
+def in_process_eval_rows(config: TrainConfig) -> np.ndarray:
+    """The held-out rows of `config.eval_data`, read in this process, packed as the training rows."""
+    assert config.eval_data is not None
+    return corpus_rows(
+        corpus_files(config.eval_data, flag="--eval-data"),
+        tokenizer=config.tokenizer,
+        seq_len=config.seq_len,
+        text_column=config.text_column,
+        attention=config.document_attention,
     )

@@ -16,6 +16,7 @@ from torch import nn
 
 from training.data import batches_per_epoch
 from training.loss import IGNORE_INDEX
+from training.model import model_batch
 
 
 def eval_batches(rows: np.ndarray, *, rank: int, world_size: int, batch_size: int) -> list[np.ndarray]:
@@ -38,11 +39,10 @@ def evaluate(model: nn.Module, batches: Sequence[np.ndarray], device: torch.devi
     model.eval()
     unit = torch.ones((), dtype=torch.float32, device=device)  # the normaliser: summed, not averaged
     totals = torch.zeros(2, dtype=torch.float64, device=device)
-    for batch in batches:
-        rows = torch.tensor(batch, device=device)
-        labels = rows[:, 1:]
-        loss_sum = model(rows[:, :-1], labels, unit)
-        totals += torch.stack([loss_sum.double(), (labels != IGNORE_INDEX).sum().double()])
+    for rows in batches:
+        batch = model_batch(rows, device)  # the labels and positions a training step would take
+        loss_sum = model(batch.input_ids, batch.labels, unit, batch.position_ids)
+        totals += torch.stack([loss_sum.double(), (batch.labels != IGNORE_INDEX).sum().double()])
     model.train(was_training)
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     loss_sum, count = totals.tolist()

@@ -26,7 +26,7 @@ from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
 from training.metrics import RunMetrics, loss_and_grad_norm
-from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
+from training.model import CausalLMWithFusedLoss, ModelBatch, build_causal_lm, load_architecture, model_batch
 from training.optim import build_optimizer, learning_rate, set_learning_rate
 from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.report import RunSummary, format_progress_line, format_step_line
@@ -173,14 +173,14 @@ def divergence(step: int, *, loss: float, grad_norm: float, lr: float) -> str | 
 def train_step(
     model: CausalLMWithFusedLoss,
     optimizer: torch.optim.Optimizer,
-    micro_batches: Sequence[torch.Tensor],
+    micro_batches: Sequence[ModelBatch],
     lr: float,
     max_grad_norm: float,
     defer_grad_sync: bool = False,
     *,
     step: int,
 ) -> tuple[float, float]:
-    """Optimizer step `step` on micro-batches of [batch, seq_len + 1] token rows (forward and
+    """Optimizer step `step` on micro-batches (`model_batch` of stored rows; forward and
     backward each in turn, then one clip and one optimizer step); returns the step's loss,
     the sum of the micro-batch losses averaged over the ranks, and the gradient norm before
     clipping. A non-finite loss or gradient
@@ -188,9 +188,9 @@ def train_step(
     set_learning_rate(optimizer, lr)
     # One normaliser for the whole step: each micro-batch's summed loss over the step's
     # valid-label count, so the accumulated gradient is that of the step's token mean.
-    normalizer = global_normalizer(*(rows[:, 1:] for rows in micro_batches))
+    normalizer = global_normalizer(*(batch.labels for batch in micro_batches))
     losses = []
-    for index, rows in enumerate(micro_batches):
+    for index, batch in enumerate(micro_batches):
         # By default FSDP2 reduce-scatters after every micro-batch's backward and sums into the
         # sharded fp32 .grad. With defer_grad_sync the micro-batches before the last keep their
         # gradients unsharded (fp32, the whole model's size on every rank) and the layers stay
@@ -200,7 +200,7 @@ def train_step(
             sharded = cast(FSDPModule, model)  # what `parallelize`'s fully_shard made of it
             sharded.set_requires_gradient_sync(last)
             sharded.set_reshard_after_backward(last)
-        loss = model(rows[:, :-1], rows[:, 1:], normalizer)
+        loss = model(batch.input_ids, batch.labels, normalizer, batch.position_ids)
         loss.backward()
         losses.append(loss.detach())
     # The total norm of FSDP2's sharded gradients is a replicated DTensor: one global value.
@@ -263,9 +263,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()
-            # A copy: Ray Data hands out read-only arrays, which torch cannot wrap.
             micro_batches = [
-                torch.tensor(next(batches), device=session.device) for _ in range(config.grad_accum_steps)
+                model_batch(next(batches), session.device) for _ in range(config.grad_accum_steps)
             ]
             lr = learning_rate(config, step)
             loss, grad_norm = train_step(
@@ -278,8 +277,11 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 step=step,
             )
             step_time = time.perf_counter() - step_start
+            loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step) else None
-            record = metrics.step(step, loss, step_time, lr=lr, grad_norm=grad_norm, eval_loss=eval_loss)
+            record = metrics.step(
+                step, loss, step_time, loss_tokens, lr=lr, grad_norm=grad_norm, eval_loss=eval_loss
+            )
             history.append({key: getattr(record, key) for key in HISTORY_KEYS})
             checkpoint_due = _checkpoint_due(config, step)
             if session.rank == 0:

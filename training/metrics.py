@@ -37,14 +37,14 @@ def loss_and_grad_norm(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[flo
     return loss_sum / world_size, norm_sum / world_size
 
 
-def _max_across_ranks(value: float, device: torch.device) -> float:
-    tensor = torch.tensor([value], dtype=torch.float32, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+def _across_ranks(value: float, device: torch.device, op: dist.ReduceOp.RedOpType) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=op)
     return tensor.item()
 
 
 class RunMetrics:
-    """Collects each step's time and loss; makes the step records and the run summary."""
+    """Collects each step's time, loss and loss tokens; makes the step records and the run summary."""
 
     def __init__(
         self, config: TrainConfig, architecture: Any, device: torch.device, world_size: int, start_step: int
@@ -60,18 +60,22 @@ class RunMetrics:
         self.step_times: list[float] = []
         self.losses: list[float] = []
         self.eval_loss: float | None = None
+        self.loss_tokens = 0  # this rank's; the summary adds the ranks' up
 
     def step(
         self,
         step: int,
         loss: float,
         step_time: float,
+        loss_tokens: int,
         *,
         lr: float,
         grad_norm: float,
         eval_loss: float | None,
     ) -> StepMetrics:
-        """`step_time` is the training step's alone; an evaluation after it is not counted."""
+        """`step_time` is the training step's alone (an evaluation after it is not counted);
+        `loss_tokens`: this rank's labels that counted in the step's loss."""
+        self.loss_tokens += loss_tokens
         self.step_times.append(step_time)
         self.losses.append(loss)
         if eval_loss is not None:
@@ -114,7 +118,7 @@ class RunMetrics:
             eval_loss=self.eval_loss,
             eval_perplexity=None if self.eval_loss is None else perplexity(self.eval_loss),
             lr_schedule=config.lr_schedule,
-            peak_mem_gib=_max_across_ranks(peak_memory_gib(self.device), self.device),
+            peak_mem_gib=_across_ranks(peak_memory_gib(self.device), self.device, dist.ReduceOp.MAX),
             step_time_s=step_time,
             duration_s=time.perf_counter() - self.started,
             gpu_name=self.gpu_name,
@@ -129,6 +133,8 @@ class RunMetrics:
             batch_size=config.batch_size,
             grad_accum_steps=config.grad_accum_steps,
             tokens_per_step=self.tokens_per_step,
+            tokens_seen=self.tokens_per_step * len(self.step_times),
+            loss_tokens=int(_across_ranks(self.loss_tokens, self.device, dist.ReduceOp.SUM)),
             hsdp_replicas=replicas,
             compile=config.compile,
             activation_checkpointing=config.activation_checkpointing,

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
 from training.config import TrainConfig, load_model_config
-from training.loss import ChunkFn, chunk_loss_and_logit_grad, fused_linear_cross_entropy, global_normalizer
+from training.data import DOCUMENT_START, NO_LOSS, TOKEN_ID
+from training.loss import (
+    IGNORE_INDEX,
+    ChunkFn,
+    chunk_loss_and_logit_grad,
+    fused_linear_cross_entropy,
+    global_normalizer,
+)
 
 # Transformers imports torchao whenever it is installed (for its quantizers), and torchao then
 # warns that its C++ extensions do not load on a CPU build of torch or one it was not built
@@ -51,6 +59,37 @@ def build_causal_lm(config: TrainConfig, architecture: Any, device: torch.device
         return AutoModelForCausalLM.from_config(architecture, dtype=torch.float32, attn_implementation="sdpa")
 
 
+class ModelBatch(NamedTuple):
+    """One micro-batch as the model takes it."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    # None when no document restarts inside a row: positions run 0..seq_len-1 and attention
+    # stays plainly causal.
+    position_ids: torch.Tensor | None
+    loss_tokens: int  # the labels that count, read on the host
+
+
+def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
+    """Stored rows of seq_len + 1 tokens (ids with `training.data`'s flags) as the model's inputs:
+    inputs row[:-1], labels row[1:] except NO_LOSS tokens and document starts (whose input
+    token belongs to the document before), positions restarting at each DOCUMENT_START.
+    Decided here on the host, so the choice of causal or per-document attention costs the
+    device no synchronisation."""
+    stored = torch.tensor(rows, dtype=torch.int64)  # a copy: Ray Data's arrays are read-only
+    ids = stored & TOKEN_ID
+    skipped = (stored[:, 1:] & (NO_LOSS | DOCUMENT_START)) != 0
+    labels = ids[:, 1:].masked_fill(skipped, IGNORE_INDEX)
+    starts = (stored[:, :-1] & DOCUMENT_START) != 0
+    position_ids = None
+    if starts[:, 1:].any():
+        index = torch.arange(starts.shape[1]).expand_as(starts)
+        last_start = torch.where(starts, index, 0).cummax(dim=1).values
+        position_ids = (index - last_start).to(device)
+    loss_tokens = int((labels != IGNORE_INDEX).sum())
+    return ModelBatch(ids[:, :-1].to(device), labels.to(device), position_ids, loss_tokens)
+
+
 class CausalLMWithFusedLoss(nn.Module):
     """A Hugging Face causal LM whose forward returns the loss through the fused lm_head."""
 
@@ -65,14 +104,23 @@ class CausalLMWithFusedLoss(nn.Module):
         return self.causal_lm.model.layers
 
     def forward(
-        self, input_ids: torch.Tensor, labels: torch.Tensor, normalizer: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        normalizer: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The summed loss over `normalizer`: the step's `global_normalizer` over all its
-        micro-batches' labels, or, when None, over these labels alone (a step of one batch)."""
+        micro-batches' labels, or, when None, over these labels alone (a step of one batch).
+        `position_ids` that restart inside a row confine each document's attention to itself:
+        transformers reads them as packed sequences (attention mask None, no cache) and builds
+        the block-diagonal causal mask; deciding that reads them back to the host once."""
         labels = labels.flatten()
         if normalizer is None:
             normalizer = global_normalizer(labels)
-        hidden = self.causal_lm.model(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden = self.causal_lm.model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         return fused_linear_cross_entropy(
             hidden.flatten(0, 1),
             self.causal_lm.lm_head.weight,

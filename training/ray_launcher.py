@@ -51,7 +51,6 @@ from training.data import (
 )
 from training.errors import DivergedError, RunFailedError, UsageError
 from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
-from training.tokenizer import load_tokenizer
 
 # Ray Train's controller takes each worker's report off a one-slot queue when it
 # polls, by default every 2 s; until then ray.train.report blocks. Reporting every
@@ -172,12 +171,15 @@ def tokenized_documents(config: TrainConfig, data: str) -> ray.data.Dataset:
     """The corpus `data` as a Ray Dataset of one token array per document, in corpus order."""
     _configure_ray_data()
     files = ray.data.read_binary_files(_corpus_paths(config, data), include_paths=True)
-    return files.map_batches(parse_files_batch, batch_format="numpy").map_batches(
-        functools.partial(tokenize_batch, tokenizer=config.tokenizer), batch_format="numpy"
+    return files.map_batches(
+        functools.partial(parse_files_batch, text_column=config.text_column), batch_format="numpy"
+    ).map_batches(
+        functools.partial(tokenize_batch, tokenizer=config.tokenizer, attention=config.document_attention),
+        batch_format="numpy",
     )
 
 
-def pack_dataset(documents: ray.data.Dataset, *, seq_len: int, eos_id: int) -> np.ndarray:
+def pack_dataset(documents: ray.data.Dataset, *, seq_len: int) -> np.ndarray:
     """Pack a dataset of token arrays, in its order, into rows: one pass on the driver,
     so rows cross block boundaries and only the last partial row is dropped. Ray Data's batch
     generator is closed here, even when a batch holds a bad corpus file: its clean-up calls Ray,
@@ -185,7 +187,7 @@ def pack_dataset(documents: ray.data.Dataset, *, seq_len: int, eos_id: int) -> n
     batches = cast(Generator[dict[str, np.ndarray]], iter(documents.iter_batches(batch_format="numpy")))
     with contextlib.closing(batches):
         return pack_documents(
-            (tokens for batch in batches for tokens in batch_tokens(batch)), seq_len=seq_len, eos_id=eos_id
+            (tokens for batch in batches for tokens in batch_tokens(batch)), seq_len=seq_len
         )
 
 
@@ -202,8 +204,7 @@ def packed_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> np
     cannot fill one step."""
     data = config.data if flag == "--data" else config.eval_data
     assert data is not None
-    eos_id = load_tokenizer(config.tokenizer).eos_id
-    rows = pack_dataset(tokenized_documents(config, data), seq_len=config.seq_len, eos_id=eos_id)
+    rows = pack_dataset(tokenized_documents(config, data), seq_len=config.seq_len)
     try:
         batches_per_epoch(len(rows), world_size=workers, batch_size=config.batch_size, seq_len=config.seq_len)
     except ValueError as error:

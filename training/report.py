@@ -76,6 +76,10 @@ class RunSummary:
     batch_size: int
     grad_accum_steps: int
     tokens_per_step: int
+    # Over the steps this run ran: the input tokens, and those that were loss targets (fewer
+    # when chat data masks all but the assistant's turns, or isolated documents their first token).
+    tokens_seen: int
+    loss_tokens: int
     hsdp_replicas: int
     compile: bool
     activation_checkpointing: bool

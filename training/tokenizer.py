@@ -6,6 +6,9 @@ import functools
 from typing import Protocol
 
 from training.config import BYTE_TOKENIZER
+from training.errors import UsageError
+
+Message = dict[str, str]  # one turn of a conversation: {"role": ..., "content": ...}
 
 
 class Tokenizer(Protocol):
@@ -13,6 +16,11 @@ class Tokenizer(Protocol):
     vocab_size: int
 
     def encode(self, text: str) -> list[int]: ...
+
+    def render_chat(self, messages: list[Message], *, generation_prompt: bool) -> str:
+        """The conversation as the model reads it; with `generation_prompt`, followed by
+        what opens an assistant turn."""
+        ...
 
 
 class ByteTokenizer:
@@ -27,6 +35,12 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
+    def render_chat(self, messages: list[Message], *, generation_prompt: bool) -> str:
+        """A minimal ChatML-like template (bytes have none of their own), so that the CPU
+        model and the tests train on conversations the way a real tokenizer's template does."""
+        turns = "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages)
+        return turns + ("<|assistant|>\n" if generation_prompt else "")
+
 
 class HuggingFaceTokenizer:
     """A `transformers` tokenizer, with its EOS token separating packed documents."""
@@ -34,6 +48,7 @@ class HuggingFaceTokenizer:
     def __init__(self, name_or_path: str):
         from transformers import AutoTokenizer
 
+        self.name = name_or_path
         self._tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         if self._tokenizer.eos_token_id is None:
             raise ValueError(f"tokenizer {name_or_path!r} has no EOS token to separate documents")
@@ -42,6 +57,17 @@ class HuggingFaceTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def render_chat(self, messages: list[Message], *, generation_prompt: bool) -> str:
+        if not self._tokenizer.chat_template:
+            raise UsageError(
+                f"--tokenizer {self.name} has no chat template to render the corpus's conversations "
+                "('messages' rows) with: use a tokenizer that has one, or text rows"
+            )
+        text = self._tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        return str(text)
 
     def save_pretrained(self, path: str) -> None:
         self._tokenizer.save_pretrained(path)

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT, is_complete
-from training.config import TrainConfig, corpus_files
-from training.data import corpus_rows, in_process_corpus_batches
+from training.config import TrainConfig
+from training.data import in_process_corpus_batches, in_process_eval_rows
 from training.errors import UsageError
 from training.rank_exit import tear_down_process_group
 from training.report import format_summary
@@ -52,9 +52,7 @@ class TorchrunSession:
         return in_process_corpus_batches(config, rank=self.rank, world_size=self.world_size)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
-        assert config.eval_data is not None
-        files = corpus_files(config.eval_data, flag="--eval-data")
-        return corpus_rows(files, tokenizer=config.tokenizer, seq_len=config.seq_len)
+        return in_process_eval_rows(config)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
