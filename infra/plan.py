@@ -383,7 +383,15 @@ def log_plan(config: TrainConfig, instance_type: str, nodes: int, network_perfor
         return
     cluster = cluster_of(instance_type, nodes, fact, line_rate_gbps(network_performance))
     chosen = configured_replicas(config, cluster)
-    pulumi.log.info(plan_table(plan(workload, cluster), cluster, chosen))
+    plans = plan(workload, cluster)
+    configured = [row for row in plans if row.replicas == chosen]
+    duration = (
+        f"\n  predicted run: {config.steps} steps x {configured[0].step_time_s:.2f} s = "
+        f"{config.steps * configured[0].step_time_s / 60:.1f} min with {configured[0].name}"
+        if configured
+        else ""
+    )
+    pulumi.log.info(plan_table(plans, cluster, chosen) + duration)
     warning = network_warning(workload, cluster, chosen) if chosen in (1, cluster.nodes) else None
     if warning:
         pulumi.log.warn(warning)

@@ -188,10 +188,59 @@ def test_preview_logs_the_plan_and_warns_when_network_bound(monkeypatch):
     infos.clear()
     warnings.clear()
     run_program(dev_config(training='{"preset": "throughput"}'), FakeAws(region="us-east-2"))
-    assert [info for info in infos if " *HSDP 2x4" in info]
+    assert [
+        info
+        for info in infos
+        if " *HSDP 2x4" in info and "predicted run: 50 steps x 2.17 s = 1.8 min" in info
+    ]
     assert not [warning for warning in warnings if "network-bound" in warning]
 
 
 def test_the_benchmark_comparison_is_what_the_planner_computes():
     document = (ROOT / "docs" / "benchmarks.md").read_text()
     assert planner.comparison_table() in document
+
+
+def stubbed_aws(monkeypatch, instance_type: str, network: str | None, price: str | None):
+    """boto3 clients whose answers botocore checks against the EC2 and Price List API models."""
+    import boto3
+    from botocore.stub import Stubber
+
+    session = boto3.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-2")
+    clients = {"ec2": session.client("ec2"), "pricing": session.client("pricing", region_name="us-east-1")}
+    ec2 = Stubber(clients["ec2"])
+    pricing = Stubber(clients["pricing"])
+    if network is None:
+        ec2.add_client_error("describe_instance_types", "UnauthorizedOperation")
+    else:
+        ec2.add_response(
+            "describe_instance_types",
+            {
+                "InstanceTypes": [
+                    {"InstanceType": instance_type, "NetworkInfo": {"NetworkPerformance": network}}
+                ]
+            },
+            {"InstanceTypes": [instance_type]},
+        )
+        item = {"terms": {"OnDemand": {"T": {"priceDimensions": {"D": {"pricePerUnit": {"USD": price}}}}}}}
+        pricing.add_response("get_products", {"FormatVersion": "aws_v1", "PriceList": [json.dumps(item)]})
+    ec2.activate()
+    pricing.activate()
+    monkeypatch.setattr(boto3, "client", lambda service, region_name=None: clients[service])
+
+
+def test_aws_answers_replace_the_shipped_line_rate_and_price(monkeypatch):
+    stubbed_aws(monkeypatch, "g6.12xlarge", "50 Gigabit", "5.0000000000")
+    fact, source = planner.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
+    assert (fact.line_rate_gbps.value, fact.usd_per_hour.value, source) == (
+        50,
+        5.0,
+        "line rate and price from AWS",
+    )
+    assert fact.line_rate_gbps.source == "ec2:DescribeInstanceTypes"
+
+
+def test_without_aws_the_shipped_facts_stay(monkeypatch):
+    stubbed_aws(monkeypatch, "g6.12xlarge", None, None)
+    fact, source = planner.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
+    assert fact == INSTANCES["g6.12xlarge"] and source.startswith("shipped facts (ClientError")
