@@ -50,8 +50,8 @@ INSTANCES: dict[str, InstanceFact] = {
         gpudirect_rdma=False,
     ),
     # The p4d and p5 prices are those after AWS's June 2025 cut of P4/P5 on-demand prices, not re-read
-# from the price list here; `python -m infra.plan` replaces them with pricing:GetProducts' answer.
-# 8 x A100 40GB on NVSwitch, 4 EFA (4 x 100 Gbps), GPUDirect RDMA.
+    # from the price list here; `python -m infra.plan` replaces them with pricing:GetProducts' answer.
+    # 8 x A100 40GB on NVSwitch, 4 EFA (4 x 100 Gbps), GPUDirect RDMA.
     "p4d.24xlarge": InstanceFact(
         gpus=8,
         gpu_name="NVIDIA A100",
