@@ -20,10 +20,11 @@ from infra.node_groups import (
     NodeGroupSpec,
     SystemNodeGroup,
 )
+from infra.plan import log_plan
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
 from infra.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
-from infra.training_settings import job_arguments, warn_if_the_run_outlasts_its_timeout
+from infra.training_settings import job_arguments, training_config, warn_if_the_run_outlasts_its_timeout
 from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
@@ -44,6 +45,13 @@ code_files = manifests.collect_code(Path(__file__).parent)
 job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files)
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
+    # The communication plan: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
+    log_plan(
+        training_config(job_args),
+        settings.gpu_node_type,
+        settings.gpu_node_count,
+        placement.gpu_node.network_performance,
+    )
 
 # 3. Network and cluster.
 network = Network(

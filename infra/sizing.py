@@ -32,6 +32,8 @@ class InstanceFacts:
     # `ProcessorInfo.SupportedArchitectures`: x86_64, arm64 (Graviton), x86_64_mac, arm64_mac.
     architectures: tuple[str, ...] = ("x86_64",)
     ipv4_per_interface: int = 30
+    # `NetworkInfo.NetworkPerformance`: "40 Gigabit", "4x 100 Gigabit" (the planner's line rate).
+    network_performance: str = ""
 
 
 def eks_max_pods(network_interfaces: int, ipv4_per_interface: int) -> int:
@@ -64,6 +66,7 @@ def describe_instance_type(instance_type: str, key: str, region: str) -> Instanc
         ),
         architectures=tuple(result.supported_architectures or ()),
         ipv4_per_interface=int(result.maximum_ipv4_addresses_per_interface or 2),
+        network_performance=result.network_performance or "",
     )
 
 
