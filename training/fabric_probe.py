@@ -208,16 +208,26 @@ def _line_up(device: torch.device) -> None:
     _wait_for_device(device)
 
 
+def _gather_and_scatter() -> tuple[Callable[..., object], Callable[..., object]]:
+    """all_gather and reduce_scatter on single tensors: torch 2.13's names (the pin), else the
+    ones of the GPU benchmark machine's torch 2.11, which 2.13 deprecates."""
+    return (
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor),
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor),
+    )
+
+
 def _collective_call(
     collective: str, size: int, world_size: int, device: torch.device
 ) -> Callable[[], object]:
     """One call of `collective` on a message of `size` bytes (buffers made once, reused)."""
     whole = torch.zeros(size // ELEMENT_BYTES, dtype=DTYPE, device=device)  # sums stay finite
     part = torch.zeros(size // ELEMENT_BYTES // world_size, dtype=DTYPE, device=device)
-    calls = {
+    all_gather, reduce_scatter = _gather_and_scatter()
+    calls: dict[str, Callable[[], object]] = {
         "all_reduce": lambda: dist.all_reduce(whole),
-        "all_gather": lambda: dist.all_gather_single(whole, part),
-        "reduce_scatter": lambda: dist.reduce_scatter_single(part, whole),
+        "all_gather": lambda: all_gather(whole, part),
+        "reduce_scatter": lambda: reduce_scatter(part, whole),
     }
     return calls[collective]
 
