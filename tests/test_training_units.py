@@ -239,7 +239,8 @@ def test_log_parsing_modules_import_neither_torch_nor_ray():
 @pytest.mark.slow
 def test_torchrun_path_never_imports_ray():
     code = (
-        "import sys, training.cli, training.loop, training.torchrun_launcher, training.artifacts; "
+        "import sys, training.cli, training.loop, training.torchrun_launcher, training.artifacts, "
+        "training.fabric_probe; "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'ray']"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

@@ -1,7 +1,8 @@
 """Ray Train launcher: TorchTrainer on an embedded or existing Ray cluster.
 
 The only module of the package that imports ray. Workers run `train` from
-training.loop through a `RaySession`. The corpus is read and tokenized by Ray
+training.loop through a `RaySession`; `run_on_workers` runs any function of a
+device on a worker group the same way (the fabric probe's). The corpus is read and tokenized by Ray
 Data in parallel, packed once on the driver in corpus order (so rows do not
 depend on blocks or CPU count), and handed to every worker through the object
 store; each worker deals itself its share of each epoch like a torchrun rank.
@@ -16,13 +17,14 @@ import socket
 import tempfile
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import ray
 import ray.data
 import ray.train
 import ray.train.torch
+import torch
 from pyarrow import fs as pyarrow_fs
 from ray.train import Checkpoint
 
@@ -60,6 +62,21 @@ CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
 JOIN_TIMEOUT_S = 10  # to reach RAY_ADDRESS before `ray.init`, which would wait minutes
 DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
+
+
+class WorkerGroupSettings(Protocol):
+    """What starting a worker group reads: the job's TrainConfig, the fabric probe's settings."""
+
+    @property
+    def local(self) -> bool: ...
+    @property
+    def workers(self) -> int | None: ...
+    @property
+    def use_gpu(self) -> bool: ...
+    @property
+    def gpus_per_worker(self) -> float: ...
+    @property
+    def cpus_per_worker(self) -> float: ...
 
 
 class RaySession:
@@ -242,7 +259,7 @@ def _local_cpu_workers_max() -> int:
     return max(os.cpu_count() or 1, 2)
 
 
-def _check_local_fit(config: TrainConfig) -> None:
+def _check_local_fit(config: WorkerGroupSettings) -> None:
     most = _local_cpu_workers_max()
     if config.local and not config.use_gpu and config.workers is not None and config.workers > most:
         raise UsageError(
@@ -251,7 +268,7 @@ def _check_local_fit(config: TrainConfig) -> None:
         )
 
 
-def _start_ray(config: TrainConfig) -> None:
+def _start_ray(config: WorkerGroupSettings) -> None:
     plain_prefixes_unless_terminal()
     if not config.local:
         ray.init(address=_cluster_address())
@@ -275,7 +292,7 @@ def _start_ray(config: TrainConfig) -> None:
     quiet_driver_logs()
 
 
-def _worker_count(config: TrainConfig) -> int:
+def _worker_count(config: WorkerGroupSettings) -> int:
     if config.workers is not None:
         if config.local and config.use_gpu:
             # An embedded Ray cannot grow: asking for absent GPUs would wait forever.
@@ -295,36 +312,65 @@ def _worker_count(config: TrainConfig) -> int:
     return workers
 
 
+@contextlib.contextmanager
+def _worker_group(settings: WorkerGroupSettings) -> Iterator[int]:
+    """A Ray cluster joined or started for the run, and how many workers it runs."""
+    _check_local_fit(settings)
+    _start_ray(settings)
+    try:
+        yield _worker_count(settings)
+    finally:
+        ray.shutdown()
+
+
+def _fit(
+    loop: Callable[[dict[str, Any]], Any],
+    loop_config: dict[str, Any],
+    settings: WorkerGroupSettings,
+    workers: int,
+    run_config: RunConfig,
+) -> Result:
+    resources = {"CPU": settings.cpus_per_worker}
+    if settings.use_gpu:
+        resources["GPU"] = settings.gpus_per_worker
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(
+            num_workers=workers, use_gpu=settings.use_gpu, resources_per_worker=resources
+        ),
+        run_config=run_config,
+    )
+    try:
+        # fit is annotated with ray.train.Result, which type checkers resolve to V1's class.
+        return cast(Result, trainer.fit())
+    except ray.train.TrainingFailedError as error:
+        raise RunFailedError(str(error)) from error
+
+
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train on Ray and return the summary (also written to the run folder)."""
     os.environ.setdefault(CONTROLLER_POLL_ENV, CONTROLLER_POLL_S)
-    _check_local_fit(config)
-    _start_ray(config)
-    try:
-        workers = _worker_count(config)
+    with _worker_group(config) as workers:
         try:
             check_hsdp_replicas(workers, config.hsdp_replicas)
         except ValueError as error:
             raise UsageError(str(error)) from None
-        resources = {"CPU": config.cpus_per_worker}
-        if config.use_gpu:
-            resources["GPU"] = config.gpus_per_worker
         # Kept referenced until fit returns: the workers read the rows from the object store.
         corpus = None if config.synthetic_data else ray.put(packed_corpus(config, workers))
         eval_corpus = (
             None if config.eval_data is None else ray.put(packed_corpus(config, workers, "--eval-data"))
         )
-        trainer = TorchTrainer(
+        result = _fit(
             train_loop_per_worker,
-            train_loop_config={
+            {
                 "config": {**config.to_dict(), "workers": workers},
                 "corpus": corpus,
                 "eval_corpus": eval_corpus,
             },
-            scaling_config=ScalingConfig(
-                num_workers=workers, use_gpu=config.use_gpu, resources_per_worker=resources
-            ),
-            run_config=RunConfig(
+            config,
+            workers,
+            RunConfig(
                 name=config.run_name,
                 storage_path=config.storage_path,
                 failure_config=FailureConfig(max_failures=config.max_failures),
@@ -333,11 +379,6 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 logging_config=LoggingConfig(log_level="WARNING"),
             ),
         )
-        try:
-            # fit is annotated with ray.train.Result, which type checkers resolve to V1's class.
-            result = cast(Result, trainer.fit())
-        except ray.train.TrainingFailedError as error:
-            raise RunFailedError(str(error)) from error
         outcome = result.return_value
         if outcome is None:
             raise RunFailedError("rank 0 returned no summary")
@@ -351,5 +392,28 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
         run_dir = f"{config.storage_path.rstrip('/')}/{config.run_name}"
         return write_run_files(write, run_dir, outcome["summary"], outcome["history"])
-    finally:
-        ray.shutdown()
+
+
+def _call_with_device(worker_config: dict[str, Any]) -> Any:
+    """Entry point of every worker of `run_on_workers`."""
+    return worker_config["function"](ray.train.torch.get_device(), worker_config["argument"])
+
+
+def run_on_workers(
+    settings: WorkerGroupSettings, function: Callable[[torch.device, Any], Any], argument: Any
+) -> Any:
+    """`function(device, argument)` on every worker of a worker group, whose process group Ray Train
+    has set up (NCCL with GPUs, gloo without); rank 0's return value. `function` is a module-level
+    function, so workers import it rather than unpickle a copy. Nothing is checkpointed: the run's
+    folder is a temporary one on this machine (a worker on another node makes an empty one there)."""
+    with _worker_group(settings) as workers, tempfile.TemporaryDirectory(prefix="ray-train-") as storage:
+        result = _fit(
+            _call_with_device,
+            {"function": function, "argument": argument},
+            settings,
+            workers,
+            RunConfig(
+                name="workers", storage_path=storage, logging_config=LoggingConfig(log_level="WARNING")
+            ),
+        )
+    return result.return_value

@@ -77,22 +77,26 @@ class TorchrunSession:
         print(format_summary(completed), flush=True)
 
 
+def start_process_group(use_gpu: bool, module: str, gpu_user: str) -> torch.device:
+    """This torchrun rank's device, its process group started: NCCL on its GPU, or gloo on CPU.
+    `module` is what torchrun runs, `gpu_user` what wants the GPUs (for the error lines)."""
+    if "RANK" not in os.environ:
+        raise UsageError(f"--launcher torchrun needs torchrun: torchrun --nproc-per-node=N -m {module} ...")
+    if not use_gpu:
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{gpu_user} on GPUs and this machine has none: pass --no-gpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
 def run(config: TrainConfig) -> None:
     """Entry point of each torchrun rank."""
     from training.loop import train
 
-    if "RANK" not in os.environ:
-        raise UsageError("--launcher torchrun needs torchrun: torchrun --nproc-per-node=N -m training ...")
-    if config.use_gpu:
-        if not torch.cuda.is_available():
-            raise UsageError(
-                f"--preset {config.preset} trains on GPUs and this machine has none: pass --no-gpu"
-            )
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = start_process_group(config.use_gpu, "training", f"--preset {config.preset} trains")
     train(config, TorchrunSession(config, device))
     tear_down_process_group()
