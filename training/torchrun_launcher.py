@@ -20,7 +20,7 @@ import torch.distributed as dist
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT, is_complete
 from training.config import TrainConfig, corpus_files
-from training.data import corpus_rows, in_process_corpus_batches
+from training.data import corpus_rows
 from training.errors import UsageError
 from training.rank_exit import tear_down_process_group
 from training.report import format_summary
@@ -48,8 +48,12 @@ class TorchrunSession:
         checkpoints = self._checkpoints()
         yield str(checkpoints[-1]) if checkpoints else self.resume_from
 
-    def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
-        return in_process_corpus_batches(config, rank=self.rank, world_size=self.world_size)
+    @contextlib.contextmanager
+    def open_checkpoint(self, location: str) -> Iterator[str]:
+        yield location  # torchrun reads local folders only
+
+    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
+        return corpus_rows(corpus_files(config.data), tokenizer=config.tokenizer, seq_len=config.seq_len)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
         assert config.eval_data is not None
