@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from training.checkpoint import hugging_face_weights, read_train_state, write_hugging_face
 from training.config import BYTE_TOKENIZER, EXPORT_DTYPES, TRAIN_STATE_FILE
+from training.model import load_architecture  # noqa: F401  (its log filters quiet torchao's import)
 
 PROGRAM = "python -m training.export"
 PREFIX = "causal_lm."  # the training model's name for the causal LM (training/model.py)
@@ -34,7 +36,10 @@ def export(checkpoint: str, out: str, dtype: str) -> None:
     architecture = AutoConfig.for_model(**state["architecture"])
     model = AutoModelForCausalLM.from_config(architecture)
     weights = {PREFIX + key: value for key, value in model.state_dict().items()}
-    dcp.load({"model": weights}, checkpoint_id=checkpoint)
+    with warnings.catch_warnings():
+        # DCP warns that it loads in one process: what this module means to do.
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load({"model": weights}, checkpoint_id=checkpoint)
     tied = bool(getattr(architecture, "tie_word_embeddings", False))
     write_hugging_face(
         out, hugging_face_weights(weights, PREFIX, tied=tied, dtype=dtype), architecture, dtype
