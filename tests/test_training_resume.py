@@ -187,11 +187,12 @@ ARGS = ["--seq-len", "32", "--batch-size", "2", "--no-tensorboard", "--warmup-st
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, one_rank_group) -> Path:
-    """Checkpoints after steps 2 and 3 of the tiny model on the shipped corpus."""
+    """Checkpoints after steps 2 and 3 of the tiny model on the shipped corpus, step 3's with the
+    Hugging Face export of the run's end."""
     from training.loop import train
 
     root = tmp_path_factory.mktemp("ckpts")
-    train(parse_args([*ARGS, "--steps", "3", "--checkpoint-every", "2"]), _FolderSession(root))
+    train(parse_args([*ARGS, "--steps", "3", "--checkpoint-every", "2", "--export-hf"]), _FolderSession(root))
     return root
 
 
@@ -313,6 +314,19 @@ def test_an_exported_checkpoint_holds_the_tied_embedding_once_in_the_chosen_dtyp
         json.loads((out / "config.json").read_text())["dtype"]
         == {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     )
+
+
+def test_the_export_at_the_end_of_a_run_equals_the_export_of_its_checkpoint(trained, tmp_path):
+    from safetensors.torch import load_file
+
+    from training.export import main
+
+    assert main([str(trained / "3"), str(tmp_path / "hf")]) == 0
+    at_the_end = load_file(str(trained / "3" / "hf" / "model.safetensors"))
+    afterwards = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert at_the_end.keys() == afterwards.keys() and "lm_head.weight" not in at_the_end
+    for key, value in at_the_end.items():
+        assert value.dtype == torch.bfloat16 and torch.equal(value, afterwards[key]), key
 
 
 def test_exporting_a_folder_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
