@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
-from training.data import in_process_corpus_batches, in_process_eval_rows
+from training.data import in_process_corpus_rows, in_process_eval_rows
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
@@ -183,9 +183,13 @@ class BenchSession:
     def latest_checkpoint(self) -> Iterator[None]:
         yield None
 
-    def corpus_batches(self, config: TrainConfig) -> Iterator[Any]:
+    @contextlib.contextmanager
+    def open_checkpoint(self, location: str) -> Iterator[str]:
+        yield location
+
+    def corpus_rows(self, config: TrainConfig) -> Any:
         """Rows of a local corpus read in this process, as under torchrun."""
-        return in_process_corpus_batches(config, rank=self.rank, world_size=self.world_size)
+        return in_process_corpus_rows(config)
 
     def eval_rows(self, config: TrainConfig) -> Any:
         """The held-out rows, read in this process, as under torchrun."""

@@ -20,7 +20,7 @@ from training.data import (
     batch_tokens,
     chat_segments,
     document_tokens,
-    in_process_corpus_batches,
+    in_process_corpus_rows,
     pack_documents,
     parse_files_batch,
     read_documents,
@@ -215,8 +215,12 @@ class _CorpusSession:
     def latest_checkpoint(self):
         yield None
 
-    def corpus_batches(self, config):
-        return in_process_corpus_batches(config, rank=0, world_size=1)
+    @contextlib.contextmanager
+    def open_checkpoint(self, location):
+        yield location
+
+    def corpus_rows(self, config):
+        return in_process_corpus_rows(config)
 
     def report(self, metrics, step, save):
         pass

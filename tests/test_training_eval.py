@@ -144,7 +144,7 @@ class _HeldOutSession:
     def latest_checkpoint(self):
         yield None
 
-    def corpus_batches(self, config):
+    def corpus_rows(self, config):
         raise AssertionError("the test trains on synthetic rows")
 
     def eval_rows(self, config):

@@ -178,6 +178,58 @@ def test_resume_continues_the_step_count_and_matches_the_uninterrupted_run(full_
     assert [entry["step"] for entry in history] == list(range(1, STEPS + 1))
 
 
+def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, storage):
+    """DCP reshards the step-4 checkpoint of 2 workers onto 1; the data goes on by global sample."""
+    result = run_cli(
+        "--local",
+        "--workers", "1",
+        "--steps", "6",
+        "--checkpoint-every", "0",
+        "--storage-path", str(storage),
+        "--run-name", "one-worker",
+        "--resume-from", str(storage / "full" / "checkpoint_000004"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "resumed from step 4" in result.stdout and "resharded from 2 workers to 1" in result.stdout
+    assert [entry["step"] for entry in step_lines(result.stdout)] == [5, 6]
+    summary = last_line_summary(result.stdout)
+    assert (summary["start_step"], summary["world_size"], summary["resharded"]) == (4, 1, True)
+
+
+def test_a_resume_from_the_last_step_exits_2_in_one_line(full_run, storage):
+    checkpoint = storage / "full" / f"checkpoint_{STEPS:06d}"
+    result = run_cli(
+        "--local", "--steps", str(STEPS), "--storage-path", str(storage), "--run-name", "past",
+        "--resume-from", str(checkpoint),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"python -m training: error: {checkpoint} is at step {STEPS}: --steps {STEPS} leaves nothing "
+        f"to train; pass --steps > {STEPS}"
+    )
+
+
+def test_a_relative_model_folder_reaches_the_ray_workers(full_run, storage):
+    """The run's last checkpoint, exported after the fact, fine-tuned on through a --model-id
+    relative to the driver's working directory (the workers run in another)."""
+    from training.export import main as export
+
+    exported = storage / "full-hf"
+    assert (
+        export([str(storage / "full" / f"checkpoint_{STEPS:06d}"), str(exported), "--export-dtype", "fp32"])
+        == 0
+    )
+    result = run_cli(
+        "--local", "--steps", "1", "--checkpoint-every", "0", "--storage-path", str(storage),
+        "--run-name", "from-export", "--init", "pretrained",
+        "--model-id", os.path.relpath(exported, REPO_ROOT), "--tokenizer", "bytes",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    # The trained weights, not a random init: the step-1 loss is near the run's last, not 5.55.
+    last = step_lines(full_run.stdout)[-1]["loss"]
+    assert last_line_summary(result.stdout)["loss_first"] == pytest.approx(last, abs=0.3)
+
+
 def test_torchrun_trains_on_the_same_corpus_rows_as_ray(full_run, storage):
     """Same seed, same packed rows, same per-rank batches: the same losses step by step."""
     result = run_cli(

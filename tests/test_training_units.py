@@ -351,37 +351,29 @@ def test_synthetic_micro_batches_are_distinct_and_keyed_by_step_and_micro_batch(
 
 
 class _CorpusSession:
-    """The part of a launcher's session `_batches` reads: rank and corpus stream."""
+    """The part of a launcher's session `_batches` reads: rank and world size."""
 
     rank = 0
     world_size = 1
-
-    def corpus_batches(self, config):
-        files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
-        return local_corpus_batches(
-            files,
-            tokenizer="bytes",
-            seq_len=32,
-            batch_size=3,
-            seed=0,
-            rank=0,
-            world_size=1,
-            text_column="text",
-            attention="auto",
-        )
 
 
 @pytest.mark.parametrize("data", ["corpus", SYNTHETIC])
 def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(data):
     """A run resumed after step 3 of 2 micro-batches each continues with batch 7 of the stream,
     the first batch the uninterrupted run would have trained on after step 3."""
+    from training.data import corpus_rows, position_after
     from training.loop import _batches
 
     argv = ["--seq-len", "32", "--batch-size", "3", "--grad-accum-steps", "2"]
     config = parse_args(argv + (["--data", SYNTHETIC] if data == SYNTHETIC else []))
-    uninterrupted = _batches(config, _CorpusSession(), 257, start_step=0)
+    files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
+    rows = None if data == SYNTHETIC else corpus_rows(files, tokenizer="bytes", seq_len=32)
+    uninterrupted = _batches(config, _CorpusSession(), 257, 0, rows, (0, 0))
     per_step = [[next(uninterrupted) for _ in range(2)] for _ in range(6)]
-    resumed = _batches(config, _CorpusSession(), 257, start_step=3)
+    position = (
+        (0, 0) if rows is None else position_after((0, 0), 6, rows=len(rows), world_size=1, batch_size=3)
+    )
+    resumed = _batches(config, _CorpusSession(), 257, 3, rows, position)
     for step in per_step[3:]:
         for expected in step:
             np.testing.assert_array_equal(next(resumed), expected)
@@ -598,20 +590,21 @@ def test_float8_on_hardware_without_fp8_tensor_cores_is_one_line(
 
 def test_a_resume_with_another_accumulation_or_batch_size_is_refused():
     from training.errors import UsageError
-    from training.loop import check_resume_shape
+    from training.loop import check_resume, replay_facts
 
     config = parse_args(["--batch-size", "3", "--grad-accum-steps", "2"])
-    check_resume_shape({"step": 4, "batch_size": 3, "grad_accum_steps": 2}, config, "ckpt")
+    facts = replay_facts(config, 2, "abc")
+    check_resume({"step": 4, "batch_size": 3, "grad_accum_steps": 2}, facts, 30, "ckpt")
     with pytest.raises(
         UsageError, match=r"^ckpt was written with --grad-accum-steps 4: resume with the same"
     ):
-        check_resume_shape({"step": 4, "batch_size": 3, "grad_accum_steps": 4}, config, "ckpt")
-    with pytest.raises(UsageError, match=r"--batch-size 8 --grad-accum-steps 1"):
-        check_resume_shape({"step": 4, "batch_size": 8, "grad_accum_steps": 1}, config, "ckpt")
+        check_resume({"step": 4, "batch_size": 3, "grad_accum_steps": 4}, facts, 30, "ckpt")
+    with pytest.raises(UsageError, match=r"^ckpt was written with --batch-size 8:"):
+        check_resume({"step": 4, "batch_size": 8, "grad_accum_steps": 1}, facts, 30, "ckpt")
     # A checkpoint from before accumulation existed: one micro-batch, batch size not recorded.
     with pytest.raises(UsageError, match=r"--grad-accum-steps 1:"):
-        check_resume_shape({"step": 4}, config, "ckpt")
-    check_resume_shape({"step": 4}, parse_args(["--batch-size", "3"]), "ckpt")
+        check_resume({"step": 4}, facts, 30, "ckpt")
+    check_resume({"step": 4}, replay_facts(parse_args(["--batch-size", "3"]), 2, "abc"), 30, "ckpt")
 
 
 @pytest.mark.parametrize(
@@ -645,7 +638,7 @@ class _RecordingSession:
     def latest_checkpoint(self):
         yield None
 
-    def corpus_batches(self, config):
+    def corpus_rows(self, config):
         raise AssertionError("the test trains on synthetic data")
 
     def report(self, metrics, step, save):

@@ -44,9 +44,16 @@ DEFAULT_TEXT_COLUMN = "text"
 # itself; "auto" isolates conversations (chat rows) and packs plain text.
 DOCUMENT_ATTENTION = ("auto", "packed", "isolated")
 # What a setting left unset (None) means, for --help.
-UNSET_MEANS = {"workers": "one per GPU of the cluster", "resume_from": "none", "eval_data": "none"}
+UNSET_MEANS = {
+    "workers": "one per GPU of the cluster",
+    "resume_from": "none",
+    "init_from": "none",
+    "eval_data": "none",
+}
 # The learning-rate schedules after the warm-up (training/optim.py).
 LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
+# The dtypes an exported Hugging Face model's weights can take (training/checkpoint.py maps them).
+EXPORT_DTYPES = ("bf16", "fp16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class TrainConfig:
     storage_path: str
     run_name: str
     resume_from: str | None
+    init_from: str | None
     checkpoint_every: int
     max_failures: int
     hsdp_replicas: int
@@ -92,6 +100,7 @@ class TrainConfig:
     loss_chunk_tokens: int
     reshard_after_forward: bool
     export_hf: bool
+    export_dtype: str
     tensorboard: bool
     launcher: str
     local: bool
@@ -133,6 +142,7 @@ _BASE: dict[str, Any] = {
     "gpus_per_worker": 1.0,
     "cpus_per_worker": 1.0,
     "resume_from": None,
+    "init_from": None,
     "checkpoint_every": 0,
     "max_failures": 0,
     "hsdp_replicas": 1,
@@ -142,6 +152,7 @@ _BASE: dict[str, Any] = {
     "loss_chunk_tokens": 4096,
     "reshard_after_forward": True,
     "export_hf": False,
+    "export_dtype": "bf16",
     "tensorboard": True,
     "launcher": "ray",
 }
@@ -443,7 +454,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="run folder name; reusing one resumes from its latest checkpoint "
         "(default: <preset>-<YYYYmmdd-HHMMSS>-<process id>)",
     )
-    add("--resume-from", help="start from this checkpoint folder when the run has none of its own")
+    add(
+        "--resume-from",
+        help="continue from this checkpoint folder (weights, optimizer, step, data position) when the "
+        "run has none of its own",
+    )
+    add(
+        "--init-from",
+        help="start from this checkpoint folder's weights alone: a fresh optimizer, step 1, the first "
+        "batches (a fine-tune of a saved run)",
+    )
     add("--checkpoint-every", type=_non_negative_int, help="checkpoint every N steps and at the end; 0 never")
     add(
         "--max-failures", type=_integer, help="worker-group restarts from the latest checkpoint; -1 unlimited"
@@ -477,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--export-hf", action=argparse.BooleanOptionalAction, help="also save a Hugging Face model at the end"
+    )
+    add(
+        "--export-dtype",
+        choices=EXPORT_DTYPES,
+        help="dtype of the exported Hugging Face weights (the master weights stay fp32)",
     )
     add(
         "--tensorboard",
@@ -557,14 +582,13 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
             raise ValueError("--local starts an embedded Ray; it does not combine with --launcher torchrun")
         if is_uri(config.storage_path):
             raise ValueError("--launcher torchrun writes checkpoints to a local --storage-path only")
-    if (
-        paths_here
-        and config.resume_from
-        and not is_uri(config.resume_from)
-        and not Path(config.resume_from, TRAIN_STATE_FILE).is_file()
-    ):
+    for flag, folder in (("--resume-from", config.resume_from), ("--init-from", config.init_from)):
+        if paths_here and folder and not is_uri(folder) and not Path(folder, TRAIN_STATE_FILE).is_file():
+            raise ValueError(f"{flag} {folder!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})")
+    if config.resume_from and config.init_from:
         raise ValueError(
-            f"--resume-from {config.resume_from!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})"
+            "--resume-from continues a run (optimizer, step, data); --init-from takes a checkpoint's "
+            "weights alone: give one"
         )
     if paths_here and not config.synthetic_data and not is_uri(config.data):
         corpus_files(config.data)
@@ -599,6 +623,30 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
         check_hsdp_replicas(config.workers, config.hsdp_replicas)
 
 
+# Settings that are always a path (a local one or a URI), and settings that are a path only when
+# one exists here: otherwise a name (a Hub id, a shipped architecture, `bytes`).
+_PATHS = ("storage_path", "resume_from", "init_from", "data", "eval_data")
+_PATHS_IF_PRESENT = ("model_id", "tokenizer")
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def resolve_paths(values: dict[str, Any]) -> None:
+    """Make local paths absolute, in place: Ray workers run in another working directory, where
+    a relative path would name nothing (or, for --model-id, be taken for a Hub id)."""
+    for key in _PATHS:
+        if values[key] and values[key] != SYNTHETIC and not is_uri(values[key]):
+            values[key] = _absolute(values[key])
+    for key in _PATHS_IF_PRESENT:
+        if values[key] != BYTE_TOKENIZER and Path(values[key]).expanduser().exists():
+            values[key] = _absolute(values[key])
+    model_config = values["model_config"]
+    if not (CONFIG_DIR / f"{model_config}.json").is_file() and Path(model_config).expanduser().is_file():
+        values["model_config"] = _absolute(model_config)
+
+
 def parse_flags(argv: Sequence[str], *, paths_here: bool = True) -> TrainConfig:
     """Flags over the chosen preset; raises `ArgumentsError` naming the flag on any bad value.
 
@@ -617,10 +665,8 @@ def parse_flags(argv: Sequence[str], *, paths_here: bool = True) -> TrainConfig:
     if args.model_id is not None and args.tokenizer is None and values["tokenizer"] != BYTE_TOKENIZER:
         values["tokenizer"] = args.model_id
     values["storage_path"] = values.get("storage_path") or DEFAULT_STORAGE_PATH
-    # Absolute, because Ray workers run in a different working directory.
-    for key in ("storage_path", "resume_from", "data", "eval_data"):
-        if paths_here and values[key] and values[key] != SYNTHETIC and not is_uri(values[key]):
-            values[key] = str(Path(values[key]).expanduser().resolve())
+    if paths_here:
+        resolve_paths(values)
     values["run_name"] = (
         values.get("run_name") or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     )

@@ -19,6 +19,7 @@ position ids.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
 import json
@@ -299,7 +300,12 @@ def pack_documents(documents: Iterable[np.ndarray | list[int]], seq_len: int) ->
 
 
 def corpus_rows(
-    files: list[str], *, tokenizer: str, seq_len: int, text_column: str, attention: str
+    files: list[str],
+    *,
+    tokenizer: str,
+    seq_len: int,
+    text_column: str = DEFAULT_TEXT_COLUMN,
+    attention: str = "auto",
 ) -> np.ndarray:
     """Packed rows of local corpus files, read and tokenized in this process."""
     documents = (document for path in files for document in read_documents(path, text_column))
@@ -323,19 +329,47 @@ def epoch_order(rows: int, *, seed: int, epoch: int) -> np.ndarray:
 
 
 def epoch_batches(
-    rows: np.ndarray, *, seed: int, rank: int, world_size: int, batch_size: int
+    rows: np.ndarray,
+    *,
+    seed: int,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    start: tuple[int, int] = (0, 0),
 ) -> Iterator[np.ndarray]:
-    """This rank's endless stream of [batch, seq_len + 1] int64 batches. Each epoch takes
-    the rows in `epoch_order`, deals them to the ranks in turn (row i to rank i mod world)
-    and leaves over the rows that do not fill a global batch."""
-    batches = batches_per_epoch(
-        len(rows), world_size=world_size, batch_size=batch_size, seq_len=rows.shape[1] - 1
-    )
-    used = batches * batch_size * world_size
-    for epoch in itertools.count():
-        mine = epoch_order(len(rows), seed=seed, epoch=epoch)[:used][rank::world_size]
-        for index in range(batches):
-            yield rows[mine[index * batch_size : (index + 1) * batch_size]].astype(np.int64)
+    """This rank's endless stream of [batch, seq_len + 1] int64 batches. Each epoch takes the rows
+    in `epoch_order` and cuts global batches of `batch_size x world_size` off it, from sample
+    `offset` of epoch `epoch` (`start`) on; each global batch deals its rows to the ranks in
+    turn (its row i to rank i mod world); the rows left that do not fill one are left over.
+    The position is a global sample index, so a run resumed on another worker count continues
+    with the rows the interrupted one had not reached."""
+    batches_per_epoch(len(rows), world_size=world_size, batch_size=batch_size, seq_len=rows.shape[1] - 1)
+    global_batch = batch_size * world_size
+    epoch, offset = start
+    while True:
+        order = epoch_order(len(rows), seed=seed, epoch=epoch)
+        for first in range(offset, len(rows) - global_batch + 1, global_batch):
+            yield rows[order[first + rank : first + global_batch : world_size]].astype(np.int64)
+        epoch, offset = epoch + 1, 0
+
+
+def position_after(
+    start: tuple[int, int], batches: int, *, rows: int, world_size: int, batch_size: int
+) -> tuple[int, int]:
+    """The (epoch, sample offset) `epoch_batches` reaches after `batches` batches from `start`."""
+    global_batch = batch_size * world_size
+    epoch, offset = start
+    left = (rows - offset) // global_batch
+    while batches >= left:
+        batches -= left
+        epoch, offset, left = epoch + 1, 0, rows // global_batch
+    return epoch, offset + batches * global_batch
+
+
+def corpus_fingerprint(rows: np.ndarray) -> str:
+    """A digest of the packed rows: it changes with the corpus, the tokenizer and --seq-len, each
+    of which makes a saved data position name other rows."""
+    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
 
 
 def local_corpus_batches(
@@ -350,24 +384,20 @@ def local_corpus_batches(
     text_column: str,
     attention: str,
 ) -> Iterator[np.ndarray]:
-    """Endless epochs over a corpus read in-process (torchrun)."""
+    """Endless epochs over local corpus files read in this process, from the first batch."""
     rows = corpus_rows(
         files, tokenizer=tokenizer, seq_len=seq_len, text_column=text_column, attention=attention
     )
     return epoch_batches(rows, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
 
 
-def in_process_corpus_batches(config: TrainConfig, *, rank: int, world_size: int) -> Iterator[np.ndarray]:
-    """This rank's batches of the local corpus `config.data`, read in this process (the
-    torchrun launcher and the benchmark; under Ray, Ray Data reads it)."""
-    return local_corpus_batches(
+def in_process_corpus_rows(config: TrainConfig) -> np.ndarray:
+    """The packed rows of the local corpus `config.data`, read in this process (the torchrun
+    launcher and the benchmark; under Ray, Ray Data reads it)."""
+    return corpus_rows(
         corpus_files(config.data),
         tokenizer=config.tokenizer,
         seq_len=config.seq_len,
-        batch_size=config.batch_size,
-        seed=config.seed,
-        rank=rank,
-        world_size=world_size,
         text_column=config.text_column,
         attention=config.document_attention,
     )

@@ -6,7 +6,8 @@ corpus shard, reporting), so it never needs to know which launcher it runs in.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
+import json
 import math
 import sys
 import time
@@ -19,9 +20,15 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint import export_hugging_face, load_checkpoint, save_checkpoint
+from training.checkpoint import (
+    export_hugging_face,
+    load_checkpoint,
+    load_weights,
+    read_train_state,
+    save_checkpoint,
+)
 from training.config import BYTE_TOKENIZER, TrainConfig
-from training.data import synthetic_batches
+from training.data import corpus_fingerprint, epoch_batches, position_after, synthetic_batches
 from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
@@ -45,8 +52,11 @@ class Session(Protocol):
     def latest_checkpoint(self) -> AbstractContextManager[str | None]:
         """A folder holding the newest complete checkpoint, or None."""
 
-    def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
-        """This rank's endless stream of [batch, seq_len + 1] packed rows of the corpus."""
+    def open_checkpoint(self, location: str) -> AbstractContextManager[str]:
+        """The checkpoint at `location` (--init-from) as a local folder."""
+
+    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
+        """All packed [rows, seq_len + 1] rows of the corpus `config.data`, in corpus order."""
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
         """All packed [rows, seq_len + 1] rows of the held-out corpus `config.eval_data`."""
@@ -90,8 +100,15 @@ def _eval_set(config: TrainConfig, session: Session) -> list[np.ndarray]:
         raise UsageError(f"--eval-data {config.eval_data}: {error}") from None
 
 
-def _batches(config: TrainConfig, session: Session, vocab_size: int, start_step: int) -> Iterator[np.ndarray]:
-    if config.synthetic_data:
+def _batches(
+    config: TrainConfig,
+    session: Session,
+    vocab_size: int,
+    start_step: int,
+    rows: np.ndarray | None,
+    position: Any,
+) -> Iterator[np.ndarray]:
+    if rows is None:
         return synthetic_batches(
             seed=config.seed,
             rank=session.rank,
@@ -101,10 +118,14 @@ def _batches(config: TrainConfig, session: Session, vocab_size: int, start_step:
             vocab_size=vocab_size,
             grad_accum_steps=config.grad_accum_steps,
         )
-    # Replaying the consumed rows keeps a resumed run on the exact data it would have seen:
-    # each step consumed grad_accum_steps batches.
-    consumed = start_step * config.grad_accum_steps
-    return itertools.islice(session.corpus_batches(config), consumed, None)
+    return epoch_batches(
+        rows,
+        seed=config.seed,
+        rank=session.rank,
+        world_size=session.world_size,
+        batch_size=config.batch_size,
+        start=position,
+    )
 
 
 def _check_fits(config: TrainConfig, architecture: Any) -> None:
@@ -125,8 +146,10 @@ def build(
     _check_fits(config, architecture)
     replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)
     mesh = build_mesh(session.device.type, session.world_size, replicas)
+    # --init-from's weights replace the built ones: random ones cost no download.
+    weights_from = dataclasses.replace(config, init="random") if config.init_from else config
     model = CausalLMWithFusedLoss(
-        build_causal_lm(config, architecture, session.device), config.loss_chunk_tokens
+        build_causal_lm(weights_from, architecture, session.device), config.loss_chunk_tokens
     )
     if config.float8:
         convert_to_float8(model, session.device)
@@ -141,22 +164,76 @@ def build(
     return model, build_optimizer(model, config, session.device), architecture, replicas
 
 
-def _shape(config: TrainConfig) -> dict[str, int]:
-    """What decides how many batches a step consumes, saved with each checkpoint."""
-    return {"batch_size": config.batch_size, "grad_accum_steps": config.grad_accum_steps}
+# What the replayed data depends on, saved with each checkpoint, and the flag that sets each.
+REPLAY_FLAGS = {
+    "seq_len": "--seq-len",
+    "seed": "--seed",
+    "corpus": "--data",
+    "batch_size": "--batch-size",
+    "grad_accum_steps": "--grad-accum-steps",
+}
 
 
-def check_resume_shape(state: dict[str, Any], config: TrainConfig, checkpoint: str) -> None:
-    """A resume replays `step x grad_accum_steps` batches of `batch_size` rows; with other values
-    than the checkpoint's it would continue on rows the interrupted run never reached or already
-    trained on. Checkpoints older than these keys had neither flag set: batch size unknown, 1."""
-    saved = {key: state.get(key, 1 if key == "grad_accum_steps" else None) for key in _shape(config)}
-    differ = [key for key, value in saved.items() if value is not None and value != getattr(config, key)]
-    if differ:
-        flags = " ".join(f"--{key.replace('_', '-')} {saved[key]}" for key in differ)
+def replay_facts(config: TrainConfig, world_size: int, corpus: str) -> dict[str, Any]:
+    """`corpus`: the packed rows' `corpus_fingerprint`, or 'synthetic'."""
+    return {
+        "world_size": world_size,
+        "corpus": corpus,
+        **{key: getattr(config, key) for key in REPLAY_FLAGS if key != "corpus"},
+    }
+
+
+def check_resume(state: dict[str, Any], facts: dict[str, Any], steps: int, checkpoint: str) -> None:
+    """Raises a one-line `UsageError` when the run cannot continue from `state`: it is at or past
+    --steps, or a value the data replay depends on differs (the world size may: the replay goes by
+    global sample index, and DCP reshards). Checkpoints older than a key did not record it; the
+    oldest had no accumulation (1)."""
+    if state["step"] >= steps:
         raise UsageError(
-            f"{checkpoint} was written with {flags}: resume with the same, or start a new --run-name"
+            f"{checkpoint} is at step {state['step']}: --steps {steps} leaves nothing to train; "
+            f"pass --steps > {state['step']}"
         )
+    for key, flag in REPLAY_FLAGS.items():
+        saved = state.get(key, 1 if key == "grad_accum_steps" else None)
+        if saved is None or saved == facts[key]:
+            continue
+        if key == "corpus":
+            raise UsageError(
+                f"{checkpoint} was trained on other rows ({flag} or --tokenizer differ from its run's): "
+                "resume with its corpus, or take its weights alone with --init-from"
+            )
+        raise UsageError(
+            f"{checkpoint} was written with {flag} {saved}: resume with the same, or take its weights "
+            "alone with --init-from"
+        )
+
+
+def check_same_architecture(state: dict[str, Any], architecture: Any, checkpoint: str) -> None:
+    """--init-from loads weights into the architecture the flags build; a one-line error if they differ."""
+    saved = state.get("architecture")
+    if saved is None:
+        return
+    built = architecture.to_dict()
+    differ = [key for key in ARCHITECTURE_KEYS if key in saved and saved[key] != built.get(key)]
+    if differ:
+        shown = ", ".join(f"{key} {saved[key]} (the flags build {built.get(key)})" for key in differ)
+        raise UsageError(
+            f"--init-from {checkpoint} holds a model of {shown}: pass the --model-config or --model-id "
+            "it was trained with"
+        )
+
+
+# What makes two architectures' weights incompatible.
+ARCHITECTURE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "tie_word_embeddings",
+)
 
 
 def divergence(step: int, *, loss: float, grad_norm: float, lr: float) -> str | None:
@@ -232,31 +309,75 @@ def _prepare_device(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def _corpus(config: TrainConfig, session: Session) -> tuple[np.ndarray | None, str]:
+    """The packed corpus rows (None for synthetic data) and their fingerprint."""
+    if config.synthetic_data:
+        return None, "synthetic"
+    rows = session.corpus_rows(config)
+    return rows, corpus_fingerprint(rows)
+
+
 def train(config: TrainConfig, session: Session) -> RunSummary:
-    """Build, resume if a checkpoint exists, train up to config.steps, hand the summary to the session."""
+    """Build, resume if a checkpoint exists (or take --init-from's weights), train up to
+    config.steps, hand the summary to the session."""
     _prepare_device(session.device)
     model, optimizer, architecture, replicas = build(config, session)
-    start_step, history = 0, []
+    rows, fingerprint = _corpus(config, session)
+    facts = replay_facts(config, session.world_size, fingerprint)
+    start_step, history, resharded = 0, [], False
+    position: tuple[int, int] = (0, 0)
     with session.latest_checkpoint() as checkpoint_path:
         if checkpoint_path is not None:
-            state = load_checkpoint(checkpoint_path, model, optimizer)
-            check_resume_shape(state, config, checkpoint_path)
+            state = read_train_state(checkpoint_path)
+            check_resume(state, facts, config.steps, checkpoint_path)
+            load_checkpoint(checkpoint_path, model, optimizer)
             start_step, history = state["step"], state["history"]
+            saved_world = state.get("world_size", session.world_size)
+            resharded = saved_world != session.world_size
+            if rows is not None:
+                # Checkpoints older than the saved position consumed step x accumulation batches.
+                consumed = start_step * config.grad_accum_steps
+                saved_position = state.get("data_position")
+                position = (
+                    (saved_position[0], saved_position[1])
+                    if saved_position is not None
+                    else position_after(
+                        (0, 0), consumed, rows=len(rows), world_size=saved_world, batch_size=config.batch_size
+                    )
+                )
             if session.rank == 0:
-                emit(f"resumed from step {start_step} ({checkpoint_path})")
+                moved = f", resharded from {saved_world} workers to {session.world_size}" if resharded else ""
+                emit(f"resumed from step {start_step} ({checkpoint_path}){moved}")
+    if checkpoint_path is None and config.init_from is not None:
+        with session.open_checkpoint(config.init_from) as weights_path:
+            check_same_architecture(read_train_state(weights_path), architecture, config.init_from)
+            load_weights(weights_path, model)
+        if session.rank == 0:
+            emit(f"initialised from the weights of {config.init_from}; optimizer and step counter fresh")
 
     def saver(step: int) -> Callable[[str], None]:
         def write(path: str) -> None:
-            save_checkpoint(
-                path, model, optimizer, {"step": step, "history": history, **_shape(config)}, session.rank
-            )
+            state: dict[str, Any] = {"step": step, "history": history, **facts}
+            if rows is not None:
+                state["data_position"] = position_after(
+                    position,
+                    (step - start_step) * config.grad_accum_steps,
+                    rows=len(rows),
+                    world_size=session.world_size,
+                    batch_size=config.batch_size,
+                )
+            state["architecture"] = json.loads(architecture.to_json_string(use_diff=False))
+            state["tokenizer"] = config.tokenizer
+            save_checkpoint(path, model, optimizer, state, session.rank)
             if config.export_hf and step == config.steps:
                 tokenizer = None if config.tokenizer == BYTE_TOKENIZER else load_tokenizer(config.tokenizer)
-                export_hugging_face(path, model, model.causal_lm, "causal_lm.", tokenizer, session.rank)
+                export_hugging_face(
+                    path, model, architecture, "causal_lm.", config.export_dtype, tokenizer, session.rank
+                )
 
         return write
 
-    batches = _batches(config, session, architecture.vocab_size, start_step)
+    batches = _batches(config, session, architecture.vocab_size, start_step, rows, position)
     held_out = _eval_set(config, session) if config.eval_data is not None else []
     metrics = RunMetrics(config, architecture, session.device, session.world_size, start_step)
     sink = TensorBoardSink(config) if config.tensorboard and session.rank == 0 else None
@@ -297,6 +418,6 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         if sink is not None:
             sink.close()
 
-    summary = metrics.summary(replicas)
+    summary = metrics.summary(replicas, resharded=resharded)
     session.finish(summary.as_dict(), history)
     return summary

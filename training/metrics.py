@@ -96,7 +96,7 @@ class RunMetrics:
             peak_mem_gib=peak_memory_gib(self.device),
         )
 
-    def summary(self, replicas: int) -> RunSummary:
+    def summary(self, replicas: int, *, resharded: bool) -> RunSummary:
         """Collective (the peak memory is the largest over the ranks)."""
         # Step one pays for compilation and allocator warm-up; it would skew the rate.
         measured = self.step_times[1:] or self.step_times
@@ -107,6 +107,7 @@ class RunMetrics:
             world_size=self.world_size,
             steps=config.steps,
             start_step=self.start_step,
+            resharded=resharded,
             steps_run=len(self.step_times),
             tokens_per_s=per_gpu * self.world_size if per_gpu else None,
             tokens_per_s_per_gpu=per_gpu,

@@ -46,7 +46,6 @@ from training.config import CORPUS_SUFFIXES, TrainConfig, check_hsdp_replicas, c
 from training.data import (
     batch_tokens,
     batches_per_epoch,
-    epoch_batches,
     pack_documents,
     parse_files_batch,
     tokenize_batch,
@@ -62,6 +61,7 @@ CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
 JOIN_TIMEOUT_S = 10  # to reach RAY_ADDRESS before `ray.init`, which would wait minutes
 DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
+USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with
 
 
 class WorkerGroupSettings(Protocol):
@@ -108,18 +108,17 @@ class RaySession:
         with checkpoint.as_directory() as path:
             yield path
 
-    def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
+    @contextlib.contextmanager
+    def open_checkpoint(self, location: str) -> Iterator[str]:
+        # A local path or a URI (s3://): Ray downloads the latter.
+        with Checkpoint(location).as_directory() as path:
+            yield path
+
+    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
         if self.corpus is None:
             raise ValueError("this run was launched without a corpus")
         # Zero-copy on the worker's node: its workers share one copy of the rows.
-        rows = ray.get(self.corpus)
-        return epoch_batches(
-            rows,
-            seed=config.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=config.batch_size,
-        )
+        return cast(np.ndarray, ray.get(self.corpus))
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
         if self.eval_corpus is None:
@@ -156,6 +155,10 @@ def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | Non
         # and a raised error would print each worker's traceback and be retried (--max-failures)
         # from the last checkpoint, to diverge again.
         return {DIVERGED_KEY: str(error)}
+    except UsageError as error:
+        # The same on every rank (a checkpoint that does not fit the flags, a held-out corpus too
+        # small): one line at the driver, not a traceback per worker and retries.
+        return {USAGE_KEY: str(error)}
     return session.outcome
 
 
@@ -384,6 +387,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
             raise RunFailedError("rank 0 returned no summary")
         if DIVERGED_KEY in outcome:
             raise DivergedError(outcome[DIVERGED_KEY])
+        if USAGE_KEY in outcome:
+            raise UsageError(outcome[USAGE_KEY])
         filesystem, run_path = result.filesystem, result.path
 
         def write(name: str, data: bytes) -> None:

@@ -50,6 +50,7 @@ class RunSummary:
     world_size: int
     steps: int
     start_step: int
+    resharded: bool  # resumed on another world size than the checkpoint's
     steps_run: int
     tokens_per_s: float | None
     tokens_per_s_per_gpu: float | None

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT, is_complete
 from training.config import TrainConfig
-from training.data import in_process_corpus_batches, in_process_eval_rows
+from training.data import in_process_corpus_rows, in_process_eval_rows
 from training.errors import UsageError
 from training.rank_exit import tear_down_process_group
 from training.report import format_summary
@@ -48,8 +48,12 @@ class TorchrunSession:
         checkpoints = self._checkpoints()
         yield str(checkpoints[-1]) if checkpoints else self.resume_from
 
-    def corpus_batches(self, config: TrainConfig) -> Iterator[np.ndarray]:
-        return in_process_corpus_batches(config, rank=self.rank, world_size=self.world_size)
+    @contextlib.contextmanager
+    def open_checkpoint(self, location: str) -> Iterator[str]:
+        yield location  # torchrun reads local folders only
+
+    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
+        return in_process_corpus_rows(config)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
         return in_process_eval_rows(config)
