@@ -26,7 +26,13 @@ from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
 from training.metrics import RunMetrics, loss_and_grad_norm
-from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
+from training.model import (
+    CausalLMWithFusedLoss,
+    build_causal_lm,
+    build_meta_causal_lm,
+    load_architecture,
+    load_weights,
+)
 from training.optim import build_optimizer, learning_rate, set_learning_rate
 from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.report import RunSummary, format_progress_line, format_step_line
@@ -125,9 +131,8 @@ def build(
     _check_fits(config, architecture)
     replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)
     mesh = build_mesh(session.device.type, session.world_size, replicas)
-    model = CausalLMWithFusedLoss(
-        build_causal_lm(config, architecture, session.device), config.loss_chunk_tokens
-    )
+    source = build_causal_lm(config, architecture, session.device) if session.rank == 0 else None
+    model = CausalLMWithFusedLoss(build_meta_causal_lm(architecture), config.loss_chunk_tokens)
     if config.float8:
         convert_to_float8(model, session.device)
     parallelize(
@@ -137,6 +142,8 @@ def build(
         activation_checkpointing=config.activation_checkpointing,
         reshard_after_forward=config.reshard_after_forward,
     )
+    load_weights(model, source, session.device)
+    del source
     model.train()
     return model, build_optimizer(model, config, session.device), architecture, replicas
 
