@@ -61,19 +61,21 @@ def build_meta_causal_lm(architecture: Any) -> nn.Module:
         return AutoModelForCausalLM.from_config(architecture, dtype=torch.float32, attn_implementation="sdpa")
 
 
-def load_weights(model: "CausalLMWithFusedLoss", source: nn.Module | None, device: torch.device) -> None:
+def load_weights(model: CausalLMWithFusedLoss, source: nn.Module | None, device: torch.device) -> None:
     """Collective, after `fully_shard` of a `build_meta_causal_lm` model: allocates each rank's
     shards on `device` and fills them from rank 0's full `source` (None on the other ranks), one
     tensor broadcast at a time. The buffers (the rotary frequencies, which no state dict holds)
-    are broadcast whole. Only rank 0 ever holds the full model, so a node holds at most one copy
-    instead of one per rank."""
+    are broadcast whole. Only rank 0 holds the full model; another rank holds its shards and, while
+    it is broadcast, one full tensor (the embedding, at most), where each rank used to hold all."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     # Every parameter and buffer gets uninitialised storage; a tied weight stays one parameter
     # (FSDP2 swaps the DTensor's contents in place).
     model.to_empty(device=device)
     full = {} if source is None else {f"causal_lm.{key}": value for key, value in source.state_dict().items()}
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
     source_buffers = {} if source is None else dict(source.named_buffers())
     for name, buffer in model.causal_lm.named_buffers():
         if source is not None:
