@@ -117,7 +117,8 @@ def run_path(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
         "--init", args.init, *(["--model-id", args.model_id] if args.model_id else []),
         *(["--cpu"] if args.cpu else []),
     ]  # fmt: skip
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    # The ranks' stderr (warnings, a traceback) goes straight to this process's.
+    output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
     line = next(line for line in output.splitlines() if line.startswith(RESULT_PREFIX))
     return json.loads(line.removeprefix(RESULT_PREFIX))
 
