@@ -23,6 +23,7 @@ import resource
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, cast
 
@@ -38,7 +39,7 @@ GIB = 1024**3
 def _config(args: argparse.Namespace) -> Any:
     from training.config import parse_args
 
-    flags = ["--model-config", args.model_config, "--init", args.init, "--no-compile"]
+    flags = ["--model-config", args.model_config, "--init", args.init, "--data", "synthetic", "--no-compile"]
     return parse_args(flags + (["--model-id", args.model_id] if args.model_id else []))
 
 
@@ -110,6 +111,18 @@ def write_pretrained(args: argparse.Namespace) -> None:
     model.save_pretrained(args.write_pretrained)
 
 
+def with_layers(model_config: str, layers: int, folder: str) -> str:
+    """A JSON copy of the architecture with `layers` decoder layers (a smaller model of the same
+    widths and vocabulary, whose embedding dominates as at full depth)."""
+    from training.config import load_model_config
+
+    values = {**load_model_config(model_config), "num_hidden_layers": layers, "max_window_layers": layers}
+    path = os.path.join(folder, f"{layers}-layers.json")
+    with open(path, "w") as handle:
+        json.dump(values, handle)
+    return path
+
+
 def run_path(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
@@ -136,11 +149,15 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=1, help="ranks (torchrun --nproc-per-node)")
     parser.add_argument("--cpu", action="store_true", help="gloo on the host even where CUDA is present")
     parser.add_argument("--write-pretrained", help="first save random bf16 weights here (save_pretrained)")
+    parser.add_argument("--num-hidden-layers", type=int, help="override the architecture's depth")
     parser.add_argument("--worker", choices=PATHS, dest="path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.path:
         worker(args)
         return
+    folder = tempfile.mkdtemp()
+    if args.num_hidden_layers:
+        args.model_config = with_layers(args.model_config, args.num_hidden_layers, folder)
     if args.write_pretrained:
         write_pretrained(args)
     import transformers
