@@ -33,7 +33,15 @@ from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
 from training.metrics import RunMetrics, loss_and_grad_norm
-from training.model import CausalLMWithFusedLoss, ModelBatch, build_causal_lm, load_architecture, model_batch
+from training.model import (
+    CausalLMWithFusedLoss,
+    ModelBatch,
+    build_causal_lm,
+    build_meta_causal_lm,
+    load_architecture,
+    model_batch,
+    shard_weights_from_rank0,
+)
 from training.optim import build_optimizer, learning_rate, set_learning_rate
 from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.report import RunSummary, format_progress_line, format_step_line
@@ -148,9 +156,8 @@ def build(
     mesh = build_mesh(session.device.type, session.world_size, replicas)
     # --init-from's weights replace the built ones: random ones cost no download.
     weights_from = dataclasses.replace(config, init="random") if config.init_from else config
-    model = CausalLMWithFusedLoss(
-        build_causal_lm(weights_from, architecture, session.device), config.loss_chunk_tokens
-    )
+    source = build_causal_lm(weights_from, architecture, session.device) if session.rank == 0 else None
+    model = CausalLMWithFusedLoss(build_meta_causal_lm(architecture), config.loss_chunk_tokens)
     if config.float8:
         convert_to_float8(model, session.device)
     parallelize(
@@ -160,6 +167,8 @@ def build(
         activation_checkpointing=config.activation_checkpointing,
         reshard_after_forward=config.reshard_after_forward,
     )
+    shard_weights_from_rank0(model, source, session.device)
+    del source
     model.train()
     return model, build_optimizer(model, config, session.device), architecture, replicas
 

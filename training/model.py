@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from training.config import TrainConfig, load_model_config
@@ -46,11 +47,11 @@ def load_architecture(config: TrainConfig) -> Any:
 
 
 def build_causal_lm(config: TrainConfig, architecture: Any, device: torch.device) -> nn.Module:
-    """fp32 master weights: random (same seed on every rank) or the model id's pretrained ones."""
+    """The full fp32 model: random (seeded, built on `device`) or the model id's pretrained
+    weights (on the host). Only rank 0 builds it, as the source of `shard_weights_from_rank0`."""
     from transformers import AutoModelForCausalLM
 
     if config.init == "pretrained":
-        # Loaded on the host; fully_shard moves each rank's shard to its device.
         return AutoModelForCausalLM.from_pretrained(
             config.model_id, config=architecture, dtype=torch.float32, attn_implementation="sdpa"
         )
@@ -88,6 +89,39 @@ def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
         position_ids = (index - last_start).to(device)
     loss_tokens = int((labels != IGNORE_INDEX).sum())
     return ModelBatch(ids[:, :-1].to(device), labels.to(device), position_ids, loss_tokens)
+
+
+def build_meta_causal_lm(architecture: Any) -> nn.Module:
+    """The model with no storage (the meta device), which every rank shards before any weight
+    exists, so that a rank only ever allocates its own shards (`shard_weights_from_rank0`)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(architecture, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def shard_weights_from_rank0(
+    model: CausalLMWithFusedLoss, source: nn.Module | None, device: torch.device
+) -> None:
+    """Collective, after `fully_shard` of a `build_meta_causal_lm` model: allocates each rank's
+    shards on `device` and fills them from rank 0's full `source` (None on the other ranks), one
+    tensor broadcast at a time. The buffers (the rotary frequencies, which no state dict holds)
+    are broadcast whole. Only rank 0 holds the full model; another rank holds its shards and, while
+    it is broadcast, one full tensor (the embedding, at most), where each rank used to hold all."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    # Every parameter and buffer gets uninitialised storage; a tied weight stays one parameter
+    # (FSDP2 swaps the DTensor's contents in place).
+    model.to_empty(device=device)
+    full = {} if source is None else {f"causal_lm.{key}": value for key, value in source.state_dict().items()}
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    source_buffers = {} if source is None else dict(source.named_buffers())
+    for name, buffer in model.causal_lm.named_buffers():
+        if source is not None:
+            buffer.copy_(source_buffers[name])
+        dist.broadcast(buffer, src=0)
 
 
 class CausalLMWithFusedLoss(nn.Module):

@@ -87,6 +87,9 @@ def parallelize(
             mp_policy=MIXED_PRECISION,
             reshard_after_forward=reshard_after_forward and not last,
         )
-    fully_shard(model, mesh=mesh, mp_policy=MIXED_PRECISION, reshard_after_forward=reshard_after_forward)
+    # The root is left at FSDP2's default (None), which keeps it gathered after forward: its tied
+    # embedding / lm_head is needed again at once by the loss's backward, so resharding it would
+    # only all-gather it a second time per micro-batch.
+    fully_shard(model, mesh=mesh, mp_policy=MIXED_PRECISION)
     if compile_layers:
         model.chunk_fn = torch.compile(chunk_loss_and_logit_grad_fusable)
