@@ -30,6 +30,7 @@ import time
 import types
 import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -104,8 +105,10 @@ def ray_pod(
     waiting: tuple[str, str] | None = None,
     spec_hash: str | None = SPEC_HASH,
     deleting: bool = False,
+    uid: str | None = None,
 ):
-    """A Ray pod as KubeRay creates it: its template's annotations, here the spec hash, carried over."""
+    """A Ray pod as KubeRay creates it: its template's annotations, here the spec hash, carried over;
+    the API server gives each pod a UID (one per pod object: `uid` models one created again)."""
     container = "ray-head" if node_type == "head" else "ray-worker"
     state = k8s.V1ContainerState(
         waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None
@@ -114,6 +117,7 @@ def ray_pod(
         metadata=k8s.V1ObjectMeta(
             name=name,
             namespace="ray-train",
+            uid=uid or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
             labels={"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
             annotations={manifests.SPEC_HASH_ANNOTATION: spec_hash} if spec_hash else None,
             deletion_timestamp=datetime.datetime(2026, 5, 11, 9, 0, tzinfo=datetime.UTC)
@@ -208,6 +212,7 @@ class FakeRayHead:
         self.jobs_by_variant = jobs_by_variant
         self.code_hashes = list(code_hashes)
         self.jobs: dict[str, ScriptedJob] = {}
+        self.metadata: dict[str, dict] = {}  # what `--metadata-json` attached, per submission id
         self.submissions: list[list[str]] = []
 
     def run(self, argv, timeout_s):
@@ -226,6 +231,8 @@ class FakeRayHead:
             self.jobs[submission_id] = self.jobs_by_variant[
                 "tcp" if env.get("NCCL_NET") == "Socket" else "main"
             ]
+            if "--metadata-json" in argv:
+                self.metadata[submission_id] = json.loads(argv[argv.index("--metadata-json") + 1])
             self.submissions.append(list(argv))
             return ExecResult(0, f"Job '{submission_id}' submitted successfully\n")
         if argv[:3] == ["python", "-c", jobs.HEAD_JOBS_API_SOURCE]:
@@ -237,6 +244,7 @@ class FakeRayHead:
                         "job_id": job.ray_job_id,
                         "status": job.status(),
                         "message": None,
+                        "metadata": self.metadata.get(sid, {}),
                     }
                     for sid, job in self.jobs.items()
                     if sid.startswith(subject)
@@ -253,6 +261,7 @@ class FakeRayHead:
                 "job_id": job.ray_job_id,
                 "status": status,
                 "message": job.message if status == "FAILED" else None,
+                "metadata": self.metadata.get(subject, {}),
             }
             return ExecResult(
                 0, json.dumps({"job": record, "logs": logs[offset:], "offset": len(logs)}) + "\n"
@@ -634,30 +643,44 @@ def test_submission_id_is_stable_and_follows_what_the_job_runs():
     assert base not in others and len(others) == 7
 
 
+PODS_NOW, OTHER_PODS = "head=u1 worker-a=u2", "head=u1 worker-a=u3"
+
+
 @pytest.mark.parametrize(
     "existing, expected, adopted",
     [
         ([], "B", None),
-        ([("B", "RUNNING")], "B", "RUNNING"),
-        ([("B", "PENDING")], "B", "PENDING"),
-        ([("B", "SUCCEEDED")], "B", "SUCCEEDED"),
-        ([("B", "FAILED")], "B-2", None),
-        ([("B", "FAILED"), ("B-2", "STOPPED")], "B-3", None),
-        ([("B", "SUCCEEDED"), ("B-2", "FAILED"), ("B-10", "RUNNING")], "B-10", "RUNNING"),
-        ([("B-other", "RUNNING"), ("BB", "RUNNING")], "B", None),
+        ([("B", "RUNNING", OTHER_PODS)], "B", "RUNNING"),
+        ([("B", "PENDING", None)], "B", "PENDING"),
+        ([("B", "SUCCEEDED", PODS_NOW)], "B", "SUCCEEDED"),
+        ([("B", "SUCCEEDED", OTHER_PODS)], "B-2", None),
+        ([("B", "SUCCEEDED", None)], "B-2", None),
+        ([("B", "FAILED", PODS_NOW)], "B-2", None),
+        ([("B", "FAILED", None), ("B-2", "STOPPED", None)], "B-3", None),
+        ([("B", "SUCCEEDED", None), ("B-2", "FAILED", None), ("B-10", "RUNNING", None)], "B-10", "RUNNING"),
+        ([("B", "SUCCEEDED", PODS_NOW), ("B-2", "SUCCEEDED", OTHER_PODS)], "B-3", None),
+        ([("B-other", "RUNNING", None), ("BB", "RUNNING", None)], "B", None),
     ],
 )
-def test_plan_submission_adopts_live_or_done_jobs_and_retries_failed_ones(existing, expected, adopted):
-    records = [jobs.JobRecord(sid, jobs.JobStatus(status)) for sid, status in existing]
-    submission_id, record = jobs.plan_submission(records, "B")
-    assert submission_id == expected
-    assert (record.status if record else None) == adopted
+def test_plan_submission_adopts_live_jobs_judges_done_ones_again_only_on_their_pods(
+    existing, expected, adopted
+):
+    records = [
+        jobs.JobRecord(sid, jobs.JobStatus(status), metadata={jobs.PODS_METADATA: pods} if pods else {})
+        for sid, status, pods in existing
+    ]
+    plan = jobs.plan_submission(records, "B", PODS_NOW)
+    assert plan.submission_id == expected
+    assert (plan.adopted.status if plan.adopted else None) == adopted
+    if existing and existing[-1][1] == "SUCCEEDED":
+        assert plan.note and existing[-1][0] in plan.note
 
 
 def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
     argv = jobs.submit_command(
-        jobs.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, runner.TCP_BASELINE_ENV
+        jobs.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, runner.TCP_BASELINE_ENV, PODS_NOW
     )
+    assert json.loads(argv[argv.index("--metadata-json") + 1]) == {jobs.PODS_METADATA: PODS_NOW}
     assert argv[:5] == ["ray", "job", "submit", "--address", "http://localhost:8265"]
     assert argv[argv.index("--working-dir") + 1] == "/opt/eks-ray-train"
     assert "--no-wait" in argv and argv[argv.index("--submission-id") + 1] == "job-1"
@@ -666,7 +689,9 @@ def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
     env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
     assert env["NCCL_NET"] == "Socket" and env["NCCL_NET_PLUGIN"] == "none"
     assert int(env["NCCL_SOCKET_NTHREADS"]) * int(env["NCCL_NSOCKS_PERTHREAD"]) > 1
-    assert "--runtime-env-json" not in jobs.submit_command(jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {})
+    assert "--runtime-env-json" not in jobs.submit_command(
+        jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {}, PODS_NOW
+    )
 
 
 def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
@@ -1032,6 +1057,36 @@ def test_a_failed_earlier_attempt_is_retried_under_the_next_id():
     head.jobs[base].looks = 99
     outs = FakeCluster(head).provider().create(props(run_inputs())).outs
     assert outs["job_id"] == f"{base}-2" and len(head.submissions) == 1
+
+
+def test_a_succeeded_job_that_failed_its_check_is_judged_again_only_while_its_pods_live():
+    """The next `pulumi up` re-judges it on the same pods (saying so), and runs a new attempt once a
+    worker pod was replaced (a node roll after a security-group fix): the new pods are what is proven."""
+    head = FakeRayHead({"main": scripted(FALLBACK_JOB, "driver_tcp.log")})
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    fake = FakeCluster(head)
+    first = failure_of(fake)
+    assert f"(job {base}," in first and len(head.submissions) == 1 and "note:" not in first
+
+    again = failure_of(fake)
+    assert len(head.submissions) == 1 and f"(job {base}," in again
+    assert f"note: job {base} SUCCEEDED earlier on these very pods" in again
+    assert "replace the worker pods" in again
+
+    rolled = [
+        ray_pod(HEAD_POD, "head", node="system-node"),
+        ray_pod(WORKER_PODS[0], "worker", uid="a-new-pod-under-the-old-name"),
+        ray_pod(WORKER_PODS[1], "worker"),
+    ]
+    fake.core.pod_snapshots = [rolled]
+    fake.core.pod_calls = 0
+    head.jobs_by_variant["main"] = scripted(EFA_JOB, "driver_main.log")
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["job_id"] == f"{base}-2" and outs["transport"] == "efa" and len(head.submissions) == 2
+    assert any(
+        f"job {base} SUCCEEDED earlier on other pods" in line and f"submitting {base}-2" in line
+        for line in fake.logged
+    )
 
 
 def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
@@ -1520,7 +1575,7 @@ def test_the_head_program_answers_from_the_jobs_rest_api():
     dashboard = FakeRayDashboard().start()
     try:
         dashboard.jobs["eks-ray-train-main-1"] = ScriptedJob(
-            EFA_JOB, "line 1\nline 2\n", ["RUNNING", "SUCCEEDED"]
+            EFA_JOB, "line 1\nline 2\n", ["RUNNING", "SUCCEEDED"], metadata={jobs.PODS_METADATA: PODS_NOW}
         )
         listed = head_jobs_api.answer(dashboard.url, "list", "eks-ray-train-main")
         assert listed == {
@@ -1530,6 +1585,7 @@ def test_the_head_program_answers_from_the_jobs_rest_api():
                     "job_id": EFA_JOB,
                     "status": "RUNNING",
                     "message": None,
+                    "metadata": {jobs.PODS_METADATA: PODS_NOW},
                 }
             ]
         }

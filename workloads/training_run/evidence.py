@@ -126,6 +126,7 @@ class JobResult:
     summary: dict
     verdict: Verdict
     log_files: dict[str, int] = field(default_factory=dict)
+    rejudged: str | None = None  # why an earlier run's succeeded job was judged again
 
 
 def worker_logs(
@@ -187,4 +188,5 @@ def check_transport(result: JobResult, expect: str) -> None:
         "check that the worker pods request vpc.amazonaws.com/efa and set FI_PROVIDER=efa and "
         "NCCL_NET_PLUGIN=ofi, and look for 'NET/OFI' lines in the worker logs "
         f"({RAY_LOG_DIR}/worker-*.out): they say why aws-ofi-nccl did not load"
+        + (f"\nnote: {result.rejudged}" if result.rejudged else "")
     )

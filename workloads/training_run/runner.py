@@ -28,6 +28,7 @@ from workloads.training_run.jobs import (
     DASHBOARD_ADDRESS,
     JobRecord,
     JobStatus,
+    Plan,
     RayJobsClient,
     plan_submission,
     submission_id_base,
@@ -98,20 +99,24 @@ class TrainingRunner:
         self.request = request
         self.env = env
 
-    def start_job(self, jobs: RayJobsClient, variant: str, env_vars: Mapping[str, str]) -> str:
-        """Adopt the job these inputs already started, or submit it; returns its submission id."""
+    def start_job(
+        self, pods: RayPods, jobs: RayJobsClient, variant: str, env_vars: Mapping[str, str]
+    ) -> Plan:
+        """Adopt the job these inputs already started (`plan_submission`), or submit it."""
         base = submission_id_base(self.request.job_identity, variant, env_vars)
-        submission_id, adopted = plan_submission(jobs.list(base), base)
-        if adopted is not None:
+        plan = plan_submission(jobs.list(base), base, pods.identity())
+        if plan.note:
+            self.env.log(f"training run: {plan.note}")
+        if plan.adopted is not None:
             self.env.log(
-                f"training run: following job {submission_id} ({adopted.status}), started by an earlier run"
+                f"training run: following job {plan.submission_id} ({plan.adopted.status}), started by an earlier run"
             )
-            return submission_id
-        jobs.submit(submission_id, self.env.code_dir, self.request.job_args, env_vars)
+            return plan
+        jobs.submit(plan.submission_id, self.env.code_dir, self.request.job_args, env_vars, pods.identity())
         self.env.log(
-            f"training run: submitted job {submission_id}: python -m training {' '.join(self.request.job_args)}"
+            f"training run: submitted job {plan.submission_id}: python -m training {' '.join(self.request.job_args)}"
         )
-        return submission_id
+        return plan
 
     def replacement_head(self, gone: PodFacts) -> PodFacts:
         """The Ready head pod that took over from `gone`, waited for as long as the readiness wait."""
@@ -199,7 +204,8 @@ class TrainingRunner:
 
     def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
         jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
-        submission_id = self.start_job(jobs, variant, env_vars)
+        plan = self.start_job(pods, jobs, variant, env_vars)
+        submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
         if job.status != JobStatus.SUCCEEDED:
             raise TrainingRunError(
@@ -234,7 +240,8 @@ class TrainingRunner:
             f"training run: job {submission_id}: {summary.get('tokens_per_s')} tokens/s, NCCL transport "
             f"{verdict.transport} ({verdict.reason}); worker log files read: {log_files}"
         )
-        return JobResult(submission_id, job.status, summary, verdict, log_files)
+        rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
+        return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged)
 
     def wait_until_ready(self) -> RayPods:
         request, env = self.request, self.env
