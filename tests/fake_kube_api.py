@@ -673,7 +673,9 @@ class FakeRayPods:
                 return _run(local)
             return ExecReply("", f'exec: "{argv[0]}": executable file not found in $PATH', 126)
         logs = self.worker_logs[pod_name]
-        return _run([str(logs) if arg == "/tmp/ray/session_latest/logs" else arg for arg in argv])
+        # The pod's emptyDir /tmp/ray (NCCL log files) is the folder above its session logs.
+        local = {"/tmp/ray/session_latest/logs": str(logs), "/tmp/ray": str(logs.parent)}
+        return _run([local.get(arg, arg) for arg in argv])
 
 
 def _run(argv: list[str]) -> ExecReply:

@@ -286,17 +286,20 @@ def stamp_write_order(logs: Path) -> None:
 
 
 class FixturePod:
-    """A worker pod whose Ray session log folder is a fixture folder; commands really run, here."""
+    """A worker pod whose Ray session log folder is a fixture folder and whose NCCL log folder
+    (the emptyDir `/tmp/ray`) is `nccl_logs` (the fixtures' pod folder holds no NCCL log files: jobs
+    submitted before they existed); commands really run, here."""
 
-    def __init__(self, name: str, logs: Path | None = None):
+    def __init__(self, name: str, logs: Path | None = None, nccl_logs: Path | None = None):
         self.logs = logs or POD_LOGS / name / "logs"
+        self.nccl_logs = nccl_logs or POD_LOGS / name
         stamp_write_order(self.logs)
         self.commands: list[list[str]] = []
 
     def run(self, argv, timeout_s):
         self.commands.append(list(argv))
-        local = [str(self.logs) if arg == evidence.RAY_LOG_DIR else arg for arg in argv]
-        return LocalExecutor().run(local, timeout_s)
+        local = {evidence.RAY_LOG_DIR: str(self.logs), jobs.NCCL_LOG_DIR: str(self.nccl_logs)}
+        return LocalExecutor().run([local.get(arg, arg) for arg in argv], timeout_s)
 
 
 class FakeClock:
@@ -681,17 +684,20 @@ def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
         jobs.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, runner.TCP_BASELINE_ENV, PODS_NOW
     )
     assert json.loads(argv[argv.index("--metadata-json") + 1]) == {jobs.PODS_METADATA: PODS_NOW}
+    assert argv[argv.index("--runtime-env-json") + 1].count("NCCL_DEBUG_FILE") == 1
     assert argv[:5] == ["ray", "job", "submit", "--address", "http://localhost:8265"]
     assert argv[argv.index("--working-dir") + 1] == "/opt/eks-ray-train"
     assert "--no-wait" in argv and argv[argv.index("--submission-id") + 1] == "job-1"
     entrypoint = argv[argv.index("--") + 1 :]
     assert entrypoint == ["python", "-m", "training", *SMOKE_ARGS, "--run-name", "job-1"]
     env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+    assert env["NCCL_DEBUG_FILE"] == "/tmp/ray/nccl-job-1.%h.%p.log"  # NCCL: %h host, %p pid
     assert env["NCCL_NET"] == "Socket" and env["NCCL_NET_PLUGIN"] == "none"
     assert int(env["NCCL_SOCKET_NTHREADS"]) * int(env["NCCL_NSOCKS_PERTHREAD"]) > 1
-    assert "--runtime-env-json" not in jobs.submit_command(
-        jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {}, PODS_NOW
-    )
+    plain = jobs.submit_command(jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {}, PODS_NOW)
+    assert json.loads(plain[plain.index("--runtime-env-json") + 1]) == {
+        "env_vars": {"NCCL_DEBUG_FILE": "/tmp/ray/nccl-j.%h.%p.log"}
+    }
 
 
 def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
@@ -939,8 +945,65 @@ def test_worker_logs_of_other_jobs_never_reach_the_verdict():
     """The pods also hold job 01000000, which fell back to sockets: only the run's own files count."""
     fake = FakeCluster(main_and_tcp_head())
     assert fake.provider().create(props(run_inputs())).outs["transport"] == "efa"
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
     for pod in fake.workers.values():
-        assert pod.commands == [evidence.nccl_lines_command(evidence.RAY_LOG_DIR, EFA_JOB)]
+        assert pod.commands == [
+            evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, base, evidence.RAY_LOG_DIR, EFA_JOB)
+        ]
+
+
+def nccl_log_files(tmp_path: Path, submission_id: str) -> dict[str, FixturePod]:
+    """The worker pods as a job with NCCL log files leaves them: NCCL wrote to its own file per
+    process (`NCCL_DEBUG_FILE` expanded as NCCL does: `nccl-<id>.<host>.<pid>.log`), so the Ray
+    worker logs hold no NCCL lines. Each pod also keeps a socket run's file of another submission."""
+    pods = {}
+    for name in WORKER_PODS:
+        logs = shutil.copytree(POD_LOGS / name / "logs", tmp_path / name / "logs")
+        nccl = tmp_path / name / "tmp-ray"
+        nccl.mkdir()
+        for out in logs.glob(f"worker-*-{EFA_JOB}-*.out"):
+            lines = out.read_text().splitlines(keepends=True)
+            pid = out.name.rsplit("-", 1)[1].split(".")[0]
+            (nccl / f"nccl-{submission_id}.{name}.{pid}.log").write_text(
+                "".join(line for line in lines if "NCCL" in line)
+            )
+            out.write_text("".join(line for line in lines if "NCCL" not in line))
+        socket_run = next(logs.glob(f"worker-*-{FALLBACK_JOB}-*.out")).read_text()
+        (nccl / f"nccl-{submission_id}-2.{name}.1.log").write_text(socket_run)
+        pods[name] = FixturePod(name, logs, nccl)
+    return pods
+
+
+def test_the_jobs_nccl_log_files_are_read_one_per_rank(tmp_path):
+    """NCCL's own line-buffered files of this submission decide; Ray's worker logs and the driver's
+    relayed copy hold no NCCL line, and another submission's files (a socket run) never count."""
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    quiet = "".join(
+        line for line in driver_log("driver_main.log").splitlines(keepends=True) if "NCCL" not in line
+    )
+    fake = FakeCluster(main_and_tcp_head(driver_log=quiet))
+    fake.workers = nccl_log_files(tmp_path, base)
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["transport"] == "efa" and outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 4)
+    assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
+    assert any(f"NCCL log files read: {dict.fromkeys(WORKER_PODS, 4)}" in line for line in fake.logged)
+
+
+def test_a_rank_without_its_nccl_log_file_leaves_the_verdict_unknown(tmp_path):
+    """The coverage floor holds over the NCCL log files: one judged process per rank."""
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    quiet = "".join(
+        line for line in driver_log("driver_main.log").splitlines(keepends=True) if "NCCL" not in line
+    )
+    fake = FakeCluster(main_and_tcp_head(driver_log=quiet))
+    fake.workers = nccl_log_files(tmp_path, base)
+    next(fake.workers[WORKER_PODS[1]].nccl_logs.glob(f"nccl-{base}.*.log")).unlink()
+    message = failure_of(fake)
+    assert message.startswith("NCCL used 'unknown' between the nodes, not 'efa'")
+    assert "the lines of only 7 NCCL processes on 2 hosts tell their transport" in message
+    assert "nothing tells it for 1 of 8 ranks" in message
+    assert f"worker log files read: {{'{WORKER_PODS[0]}': 4, '{WORKER_PODS[1]}': 3}}" in message
+    assert f"/tmp/ray/nccl-{base}.*.log" in message
 
 
 def test_an_efa_verdict_missing_a_worker_pod_is_unknown_and_names_what_is_missing(tmp_path):
@@ -998,7 +1061,8 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     fake = FakeCluster(main_and_tcp_head())
     outs = fake.provider().create(props(run_inputs(benchmark=True))).outs
     main_submit, tcp_submit = fake.head.submissions
-    assert "--runtime-env-json" not in main_submit
+    main_env = json.loads(main_submit[main_submit.index("--runtime-env-json") + 1])["env_vars"]
+    assert list(main_env) == ["NCCL_DEBUG_FILE"]  # the main run keeps the pods' NCCL settings
     tcp_env = json.loads(tcp_submit[tcp_submit.index("--runtime-env-json") + 1])["env_vars"]
     assert (tcp_env["NCCL_NET"], tcp_env["NCCL_NET_PLUGIN"]) == ("Socket", "none")
     assert (
@@ -1470,6 +1534,7 @@ def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider
             dashboard_address=ray.dashboard,
             code_dir=str(code_dir),
             ray_log_dir=str(ray.session_logs),
+            nccl_log_dir=str(ray.root),
             log=logged.append,
             poll_interval_s=0.5,
         )
@@ -1515,10 +1580,16 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
         )  # ... though the job's worker logs were read
         assert "{'local-worker': 0}" not in message
 
-    jobs = [job for job in ray_jobs(local_ray) if job["submission_id"].startswith("eks-ray-train-main-")]
-    assert [job["status"] for job in jobs] == ["SUCCEEDED"]
+    listed = [job for job in ray_jobs(local_ray) if job["submission_id"].startswith("eks-ray-train-main-")]
+    assert [job["status"] for job in listed] == ["SUCCEEDED"]
+    # Ray kept what the submission attached: the pods it ran on, and where NCCL logs
+    assert listed[0]["metadata"][jobs.PODS_METADATA].startswith("local-head=")
+    nccl_file = listed[0]["runtime_env"]["env_vars"]["NCCL_DEBUG_FILE"]
+    assert nccl_file == f"{local_ray.root}/nccl-{listed[0]['submission_id']}.%h.%p.log"
     assert any("step 3/3" in line for line in logged)
-    reported = [line for line in logged if f"job {jobs[0]['submission_id']}: " in line and "tokens/s" in line]
+    reported = [
+        line for line in logged if f"job {listed[0]['submission_id']}: " in line and "tokens/s" in line
+    ]
     assert len(reported) == 2 and "NCCL transport unknown" in reported[0]
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from platform_facts import PROJECT, RAY_PORTS
+from workloads import manifests
 from workloads.training_run import head_jobs_api
 from workloads.training_run.errors import ExecStreamCut, TrainingRunError
 from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor
@@ -37,6 +38,12 @@ from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout
 T = TypeVar("T")
 DASHBOARD_ADDRESS = f"http://localhost:{RAY_PORTS['dashboard']}"
 JOB_ID_PREFIX = PROJECT
+# NCCL's own log file per process (`NCCL_DEBUG_FILE`; NCCL src/debug.cc expands %h to the host
+# name up to its first dot and %p to the pid, and line-buffers the file). On stdout NCCL's lines
+# are block-buffered, and Ray ends its workers with `_Exit`, which drops the last unflushed block:
+# often the channel lines of the first collective. The folder is the Ray pods' emptyDir; NCCL
+# does not create folders (it falls back to stdout), so the file lies in it directly.
+NCCL_LOG_DIR = manifests.RAY_TMP_DIR
 PODS_METADATA = f"{PROJECT}/pods"  # Ray job metadata key: the pods the job was submitted to
 SUBMIT_TIMEOUT_S = 600  # `ray job submit` zips and uploads the working directory first
 READ_ATTEMPTS = 3  # list and poll only read: a cut stream is simply asked again
@@ -116,6 +123,11 @@ def _attempt(submission_id: str, base: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def nccl_debug_file(nccl_log_dir: str, submission_id: str) -> str:
+    """Where each NCCL process of the job writes its log: `nccl-<submission id>.<host>.<pid>.log`."""
+    return f"{nccl_log_dir}/nccl-{submission_id}.%h.%p.log"
+
+
 def plan_submission(existing: Sequence[JobRecord], base: str, pods: str) -> Plan:
     """Adopt the latest attempt while it is pending or running, or succeeded on `pods` (the pods
     now, `RayPods.identity`); else submit the next attempt."""
@@ -155,16 +167,18 @@ def submit_command(
     job_args: Sequence[str],
     env_vars: Mapping[str, str],
     pods: str,
+    nccl_log_dir: str = NCCL_LOG_DIR,
 ) -> list[str]:
     """`ray job submit` of `python -m training` with the shipped code as working directory.
 
     The run folder is named after the submission id, so checkpoints and summaries in the
-    storage path can be found from the stack output. The job's metadata records `pods`.
+    storage path can be found from the stack output. The job's metadata records `pods`. The
+    job's runtime environment, which Ray Train's workers inherit, names their NCCL log files.
     """
     argv = ["ray", "job", "submit", "--address", dashboard, "--submission-id", submission_id, "--no-wait"]
     argv += ["--working-dir", code_dir, "--metadata-json", json.dumps({PODS_METADATA: pods})]
-    if env_vars:
-        argv += ["--runtime-env-json", json.dumps({"env_vars": dict(env_vars)}, sort_keys=True)]
+    env = {**env_vars, "NCCL_DEBUG_FILE": nccl_debug_file(nccl_log_dir, submission_id)}
+    argv += ["--runtime-env-json", json.dumps({"env_vars": env}, sort_keys=True)]
     argv += ["--", "python", "-m", "training", *job_args]
     if "--run-name" not in job_args:
         argv += ["--run-name", submission_id]
@@ -188,9 +202,12 @@ def _last_json_line(text: str) -> dict:
 class RayJobsClient:
     """Submit, list and poll Ray jobs from inside the head pod."""
 
-    def __init__(self, head: Executor, dashboard: str = DASHBOARD_ADDRESS) -> None:
+    def __init__(
+        self, head: Executor, dashboard: str = DASHBOARD_ADDRESS, nccl_log_dir: str = NCCL_LOG_DIR
+    ) -> None:
         self.head = head
         self.dashboard = dashboard
+        self.nccl_log_dir = nccl_log_dir
 
     def _run(self, argv: list[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
         result = self.head.run(argv, timeout_s)
@@ -243,7 +260,9 @@ class RayJobsClient:
         pods: str,
     ) -> None:
         """Submit without waiting. A cut stream leaves it unknown whether Ray took the job: look."""
-        argv = submit_command(self.dashboard, submission_id, code_dir, job_args, env_vars, pods)
+        argv = submit_command(
+            self.dashboard, submission_id, code_dir, job_args, env_vars, pods, self.nccl_log_dir
+        )
         try:
             self._run(argv, f"ray job submit of {submission_id}", SUBMIT_TIMEOUT_S)
         except ExecStreamCut:

@@ -26,6 +26,7 @@ from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
 from workloads.training_run.evidence import JobLog, JobResult
 from workloads.training_run.jobs import (
     DASHBOARD_ADDRESS,
+    NCCL_LOG_DIR,
     JobRecord,
     JobStatus,
     Plan,
@@ -63,6 +64,7 @@ class RunEnvironment:
     dashboard_address: str = DASHBOARD_ADDRESS
     code_dir: str = manifests.CODE_MOUNT
     ray_log_dir: str = evidence.RAY_LOG_DIR
+    nccl_log_dir: str = NCCL_LOG_DIR
     log: Callable[[str], None] = pulumi.log.info
     poll_interval_s: float = 10.0
     readiness_timeout_s: float = 20 * 60  # node join, device plugins, and a ~20 GB image pull
@@ -161,7 +163,9 @@ class TrainingRunner:
                     replaced = pods.head.name
                     pods.head = self.replacement_head(pods.head)
                     self.env.log(f"training run: head pod {replaced} was replaced by {pods.head.name}")
-                    jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
+                    jobs = RayJobsClient(
+                        self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
+                    )
                     continue
                 if answer.job is None:
                     if replaced is not None:
@@ -203,7 +207,9 @@ class TrainingRunner:
             ) from None
 
     def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
-        jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
+        jobs = RayJobsClient(
+            self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
+        )
         plan = self.start_job(pods, jobs, variant, env_vars)
         submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
@@ -220,25 +226,26 @@ class TrainingRunner:
         ray_job_id = (
             job.ray_job_id if job.ray_job_id and evidence.RAY_JOB_ID.fullmatch(job.ray_job_id) else None
         )
-        worker_logs = (
-            evidence.worker_logs(
-                pods.workers,
-                self.env.executor_for,
-                evidence.nccl_lines_command(self.env.ray_log_dir, ray_job_id),
-                self.env.ray_log_dir,
-            )
-            if ray_job_id
-            else {}
+        worker_logs = evidence.worker_logs(
+            pods.workers,
+            self.env.executor_for,
+            evidence.nccl_lines_command(
+                self.env.nccl_log_dir, submission_id, self.env.ray_log_dir, ray_job_id
+            ),
+            self.env.ray_log_dir,
         )
-        lines = [line for _, pod_lines in worker_logs.values() for line in pod_lines] + log.nccl_lines
+        lines = [line for read in worker_logs.values() for line in read.lines] + log.nccl_lines
         ranks, hosts = evidence.expected_coverage(
             self.request.job_args, self.request.gpus_per_node, len(pods.workers)
         )
         verdict = classify_lines(lines).covering(ranks, hosts)
-        log_files = {pod: count for pod, (count, _) in worker_logs.items()}
+        log_files = {pod: read.files for pod, read in worker_logs.items()}
+        kind = (
+            "NCCL log files" if any(read.nccl_files for read in worker_logs.values()) else "Ray worker logs"
+        )
         self.env.log(
             f"training run: job {submission_id}: {summary.get('tokens_per_s')} tokens/s, NCCL transport "
-            f"{verdict.transport} ({verdict.reason}); worker log files read: {log_files}"
+            f"{verdict.transport} ({verdict.reason}); {kind} read: {log_files}"
         )
         rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
         return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged)
