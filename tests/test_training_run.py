@@ -61,6 +61,7 @@ from workloads.training_run import (
     provider,
     readiness,
     runner,
+    schema,
 )
 from workloads.training_run.kube_access import ExecResult, KubernetesCluster, LocalExecutor, _exec_status
 
@@ -369,7 +370,7 @@ class FakeCluster:
 SMOKE_ARGS = ["--preset", "smoke", "--workers", "8", "--use-gpu", "--gpus-per-worker", "1"]
 
 
-def run_inputs(**changes) -> provider.RunInputs:
+def run_inputs(**changes) -> schema.RunInputs:
     values = {
         "cluster_name": "eks-ray-train",
         "region": "us-east-2",
@@ -383,10 +384,10 @@ def run_inputs(**changes) -> provider.RunInputs:
         "job_args": tuple(SMOKE_ARGS),
     }
     values.update(changes)
-    return provider.RunInputs(**values)
+    return schema.RunInputs(**values)
 
 
-def props(inputs: provider.RunInputs) -> dict:
+def props(inputs: schema.RunInputs) -> dict:
     """What the engine hands `create`: the inputs, and the declared outputs as nulls."""
     return {**inputs.props(), **dict.fromkeys(provider.OUTPUTS)}
 
@@ -580,8 +581,7 @@ def test_check_requires_every_input():
 
 def test_no_efa_is_fine_when_efa_is_not_expected():
     assert (
-        provider.input_problems({**props(run_inputs()), "efa_per_node": 0, "expect_transport": "socket"})
-        == []
+        schema.input_problems({**props(run_inputs()), "efa_per_node": 0, "expect_transport": "socket"}) == []
     )
 
 
@@ -715,7 +715,7 @@ def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
 # --- node and pod checks against the fake Kubernetes API -------------------------------------------------
 
 
-def failure_of(fake: FakeCluster, inputs: provider.RunInputs | None = None) -> str:
+def failure_of(fake: FakeCluster, inputs: schema.RunInputs | None = None) -> str:
     with pytest.raises(errors.TrainingRunError) as caught:
         fake.provider().create(props(inputs or run_inputs()))
     return str(caught.value)
@@ -936,7 +936,7 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     )
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)  # 4 workers x .out/.err of job 02000000
     assert outs["efa_speedup"] is None and outs["tcp_tokens_per_s"] is None
-    assert {key: outs[key] for key in provider.INPUTS} == run_inputs().props()  # diff compares against these
+    assert {key: outs[key] for key in schema.INPUTS} == run_inputs().props()  # diff compares against these
     progress = [line for line in fake.logged if "step 5/5" in line]
     assert progress and "531 tok/s" in progress[0]
 
@@ -1211,7 +1211,7 @@ def test_the_resource_registers_only_names_and_settings():
     assert transports == ["efa"]
     (args,) = registered
     assert args.typ == "pulumi-python:dynamic/workloads:TrainingRun"
-    assert set(args.inputs) == {*provider.INPUTS, "__provider"}  # the declared outputs are null, so not sent
+    assert set(args.inputs) == {*schema.INPUTS, "__provider"}  # the declared outputs are null, so not sent
     text = json.dumps({key: value for key, value in args.inputs.items() if key != "__provider"})
     assert "k8s-aws-v1" not in text and "certificate" not in text.lower() and "token" not in text.lower()
 
@@ -1739,7 +1739,7 @@ def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_
     settings = AwsCredentialSettings(profile="nope-profile")
     with (
         pytest.raises(errors.TrainingRunError) as caught,
-        provider.connect_to_eks(run_inputs(), settings, provider.RunTimings()),
+        provider.connect_to_eks(run_inputs(), settings, schema.RunTimings()),
     ):
         pass
     assert str(caught.value) == (
@@ -1749,14 +1749,14 @@ def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_
 
 
 def test_run_timings_come_from_the_environment_and_refuse_nonsense():
-    timings = provider.RunTimings.from_env(
+    timings = schema.RunTimings.from_env(
         {"EKS_RAY_TRAIN_API_ATTEMPTS": "5", "EKS_RAY_TRAIN_POLL_INTERVAL_S": "0.5"}
     )
     assert (timings.api.attempts, timings.poll_interval_s, timings.readiness_timeout_s) == (5, 0.5, 1200)
     with pytest.raises(
         errors.TrainingRunError, match="EKS_RAY_TRAIN_API_READ_TIMEOUT_S='soon': must be a positive"
     ):
-        provider.RunTimings.from_env({"EKS_RAY_TRAIN_API_READ_TIMEOUT_S": "soon"})
+        schema.RunTimings.from_env({"EKS_RAY_TRAIN_API_READ_TIMEOUT_S": "soon"})
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 
@@ -36,6 +35,7 @@ from workloads.training_run.jobs import (
 )
 from workloads.training_run.kube_access import ClusterApi, Executor, PodFacts
 from workloads.training_run.readiness import Pace, RayPods
+from workloads.training_run.schema import RunInputs, RunTimings
 
 # The TCP baseline of the benchmark: the reference's settings (NCCL's own socket transport, the
 # OFI plugin not loaded) plus explicit socket parallelism. In a VPC-CNI pod NCCL cannot tell
@@ -66,9 +66,9 @@ class RunEnvironment:
     ray_log_dir: str = evidence.RAY_LOG_DIR
     nccl_log_dir: str = NCCL_LOG_DIR
     log: Callable[[str], None] = pulumi.log.info
-    poll_interval_s: float = 10.0
-    readiness_timeout_s: float = 20 * 60  # node join, device plugins, and a ~20 GB image pull
-    code_sync_timeout_s: float = 5 * 60  # kubelet sync period plus its ConfigMap cache TTL
+    poll_interval_s: float = RunTimings().poll_interval_s
+    readiness_timeout_s: float = RunTimings().readiness_timeout_s
+    code_sync_timeout_s: float = RunTimings().code_sync_timeout_s
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
@@ -77,27 +77,10 @@ class RunEnvironment:
         return Pace(self.poll_interval_s, self.clock, self.sleep)
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """What the runner needs of the resource's inputs."""
-
-    namespace: str
-    ray_cluster_name: str
-    gpus_per_node: int
-    efa_per_node: int
-    code_hash: str
-    run_spec_hash: str
-    job_args: tuple[str, ...]
-    job_identity: Mapping[str, Any]
-    expect_transport: str
-    benchmark: bool
-    timeout_minutes: int
-
-
 class TrainingRunner:
     """One run of the resource: checks, job(s), verdict(s), outputs."""
 
-    def __init__(self, request: RunRequest, env: RunEnvironment) -> None:
+    def __init__(self, request: RunInputs, env: RunEnvironment) -> None:
         self.request = request
         self.env = env
 
@@ -105,7 +88,7 @@ class TrainingRunner:
         self, pods: RayPods, jobs: RayJobsClient, variant: str, env_vars: Mapping[str, str]
     ) -> Plan:
         """Adopt the job these inputs already started (`plan_submission`), or submit it."""
-        base = submission_id_base(self.request.job_identity, variant, env_vars)
+        base = submission_id_base(self.request.job_identity(), variant, env_vars)
         plan = plan_submission(jobs.list(base), base, pods.identity())
         if plan.note:
             self.env.log(f"training run: {plan.note}")
