@@ -20,7 +20,9 @@ Each models the real behaviour the provider depends on, and where that is docume
   channel 3 (`Success`, or `Failure` with reason `NonZeroExitCode` and an `ExitCode` cause) and closes.
   The kubernetes Python client offers `v5,v4` and reads exactly this (kubernetes/stream/ws_client.py).
 - The Ray Jobs REST API of the dashboard (`GET /api/jobs/`, `/api/jobs/<id>`, `/api/jobs/<id>/logs`;
-  Ray docs "Ray Jobs REST API"): job records with `submission_id`, `job_id`, `status`, `message`.
+  Ray docs "Ray Jobs REST API"): job records with `submission_id`, `job_id`, `status`, `message`, and
+  `metadata`, the string map `ray job submit --metadata-json` attached (Ray's `JobDetails.metadata`).
+  Every pod object has a `metadata.uid`, new for each pod the API server creates, as Kubernetes does.
 
 Fault switches model what went wrong in the field: `unauthorized` (401 for every request, as for an
 identity without an EKS access entry), `expired_keys` (401 for a token signed with those access keys:
@@ -47,6 +49,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -123,7 +126,12 @@ def node(
 
 
 def pod(
-    name: str, node_type: str, ready: bool = True, phase: str = "Running", node_name: str | None = "node-a"
+    name: str,
+    node_type: str,
+    ready: bool = True,
+    phase: str = "Running",
+    node_name: str | None = "node-a",
+    uid: str | None = None,
 ) -> dict:
     container = "ray-head" if node_type == "head" else "ray-worker"
     return {
@@ -131,6 +139,7 @@ def pod(
         "kind": "Pod",
         "metadata": {
             "name": name,
+            "uid": uid or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
             "namespace": "ray-train",
             "labels": {"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
         },
@@ -568,6 +577,7 @@ class ScriptedJob:
     statuses: list[str]
     message: str | None = None
     looks: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def status(self) -> str:
         return self.statuses[min(self.looks, len(self.statuses) - 1)]
@@ -600,6 +610,7 @@ class FakeRayDashboard:
             "job_id": job.ray_job_id,
             "status": status,
             "message": job.message if status == "FAILED" else None,
+            "metadata": job.metadata,
             "entrypoint": "python -m training",
         }
 
@@ -651,7 +662,10 @@ class FakeRayPods:
                 submission_id = argv[argv.index("--submission-id") + 1]
                 if submission_id in self.dashboard.jobs:
                     return ExecReply("", f"Job with submission_id {submission_id} already exists.", 1)
-                self.dashboard.jobs[submission_id] = self.job_for_submission(argv)
+                job = self.job_for_submission(argv)
+                if "--metadata-json" in argv:
+                    job.metadata = json.loads(argv[argv.index("--metadata-json") + 1])
+                self.dashboard.jobs[submission_id] = job
                 self.submissions.append(argv)
                 return ExecReply(f"Job '{submission_id}' submitted successfully\n")
             if argv[:2] == ["python", "-c"]:
@@ -659,7 +673,9 @@ class FakeRayPods:
                 return _run(local)
             return ExecReply("", f'exec: "{argv[0]}": executable file not found in $PATH', 126)
         logs = self.worker_logs[pod_name]
-        return _run([str(logs) if arg == "/tmp/ray/session_latest/logs" else arg for arg in argv])
+        # The pod's emptyDir /tmp/ray (NCCL log files) is the folder above its session logs.
+        local = {"/tmp/ray/session_latest/logs": str(logs), "/tmp/ray": str(logs.parent)}
+        return _run([local.get(arg, arg) for arg in argv])
 
 
 def _run(argv: list[str]) -> ExecReply:

@@ -210,6 +210,12 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     world.host.delete(outs)
     again = plain(world.create().properties)  # a second `pulumi up` of the same inputs adopts the job
     assert again["job_id"] == outs["job_id"] and len(world.pods.submissions) == 1
+    assert "SUCCEEDED earlier on these very pods" in world.host.stderr
+    # A node roll replaces a worker pod under its old name: the job proves nothing of the new pod.
+    world.kube.pods[1] = ray_pod(world.inputs, WORKER_PODS[0], "worker", uid="created-again-by-a-node-roll")
+    rolled = plain(world.create().properties)
+    assert rolled["job_id"] == outs["job_id"] + "-2" and len(world.pods.submissions) == 2
+    assert f"submitting {outs['job_id']}-2 to judge them" in world.host.stderr
 
 
 @pytest.mark.slow

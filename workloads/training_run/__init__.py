@@ -2,7 +2,8 @@
 
 One file per concern:
 
-- `provider`: the dynamic resource: inputs and outputs (declared once), check, diff, CRUD;
+- `schema`: the run schema: inputs and time limits, declared once, validated from the declaration;
+- `provider`: the dynamic resource: outputs, check, diff, CRUD;
 - `readiness`: when the cluster counts as ready (GPU nodes, pods, shipped code), and the waits;
 - `jobs`: how a job is submitted, adopted and followed (a typed Ray Jobs client over exec);
   `head_jobs_api` is the program it runs in the head pod;
@@ -14,6 +15,7 @@ One file per concern:
 The job's command line comes from the stack's `training` settings (`infra.training_settings`).
 """
 
-from workloads.training_run.provider import RunInputs, TrainingRun
+from workloads.training_run.provider import TrainingRun
+from workloads.training_run.schema import RunInputs
 
 __all__ = ["RunInputs", "TrainingRun"]

@@ -5,13 +5,16 @@ the job still completes, only slower. So after a job succeeds:
 
 1. the driver's log (`JobLog`, fed as the job is polled) gives the step metrics, the run summary
    and the NCCL lines Ray relayed from the workers;
-2. each worker pod's Ray session logs are grepped for the NCCL lines of *this* job: worker log
-   files are named `worker-<worker id>-<ray job id>-<pid>.out|err` under
-   `/tmp/ray/session_latest/logs`; other jobs' files never count. Ray's core worker rotates them
-   by size (`RAY_ROTATION_MAX_BYTES`, default 512 MiB, `RAY_ROTATION_BACKUP_COUNT` parts kept,
-   default 5) into `worker-...-<pid>.out.1`, `.out.2`, ... (seen with Ray 2.58): NCCL's init
-   lines are in the oldest part of a long run, so the rotated parts are read too. A worker pod
-   restarted since the job ran has lost its logs, and the driver's relayed copy then stands in;
+2. each worker pod's NCCL log files of *this* job are read: one per NCCL process, named after
+   the submission id (`jobs.nccl_debug_file`), written line by line, so nothing is lost when Ray
+   ends the worker. A job submitted before they existed has none: then the pod's Ray session logs
+   are grepped for the job's NCCL lines instead: worker log files are named
+   `worker-<worker id>-<ray job id>-<pid>.out|err` under `/tmp/ray/session_latest/logs`; other
+   jobs' files never count. Ray's core worker rotates them by size (`RAY_ROTATION_MAX_BYTES`,
+   default 512 MiB, `RAY_ROTATION_BACKUP_COUNT` parts kept, default 5) into
+   `worker-...-<pid>.out.1`, `.out.2`, ... (seen with Ray 2.58): NCCL's init lines are in the
+   oldest part of a long run, so the rotated parts are read too. A worker pod restarted since the
+   job ran has lost its logs, and the driver's relayed copy then stands in;
 3. `workloads.nccl_transport.classify_lines` turns all those lines into a `Verdict`, which must
    cover the job: NCCL lines telling the transport of every rank (`--workers` of the job) on
    every worker pod the ranks need (`expected_coverage`), else it is `unknown`;
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from training.report import parse_step_line, parse_summary
 from workloads.nccl_transport import Verdict
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.jobs import JobRecord
+from workloads.training_run.jobs import NCCL_LOG_DIR, JobRecord
 from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor, PodFacts
 
 RAY_LOG_DIR = "/tmp/ray/session_latest/logs"
@@ -44,14 +47,37 @@ files=$(ls -1 | grep -E "^worker-[0-9a-f]+-$2-[0-9]+[.](out|err)([.][0-9]+)?$")
 echo "log files: $(printf '%s\\n' $files | grep -c .)"
 [ -n "$files" ] || exit 0
 """
-NCCL_LINES_SCRIPT = _JOB_LOG_FILES + 'grep -h -F NCCL $files | head -n "$3"\n'
 LOG_TAIL_SCRIPT = _JOB_LOG_FILES + 'tail -q -n "$3" $(ls -1tr $files) | tail -n "$3"\n'
-_LOG_FILES_LINE = re.compile(r"log files: (\d+)")
+# The job's NCCL log files (`nccl-<submission id>.<host>.<pid>.log`), else its Ray worker logs.
+NCCL_LINES_SCRIPT = (
+    """\
+files=$(cd "$1" 2>/dev/null && ls -1 | grep -E "^nccl-$2[.][^./]+[.][0-9]+[.]log$")
+if [ -n "$files" ]; then
+  cd "$1" || exit 3
+  echo "log files: $(printf '%s\\n' $files | grep -c .) nccl"
+  grep -h -F NCCL $files | head -n "$5"
+  exit 0
+fi
+[ -n "$4" ] || { echo "log files: 0"; exit 0; }
+set -- "$3" "$4" "$5"
+"""
+    + _JOB_LOG_FILES
+    + 'grep -h -F NCCL $files | head -n "$3"\n'
+)
+_LOG_FILES_LINE = re.compile(r"log files: (\d+)( nccl)?")
 RAY_JOB_ID = re.compile(r"[0-9a-f]+")  # fullmatch: it goes into a shell command
+SUBMISSION_ID = re.compile(r"[a-z0-9-]+")  # fullmatch: it goes into a grep pattern
 
 
-def nccl_lines_command(log_dir: str, ray_job_id: str) -> list[str]:
-    return ["sh", "-c", NCCL_LINES_SCRIPT, "sh", log_dir, ray_job_id, str(NCCL_LINES_PER_POD)]
+def nccl_lines_command(
+    nccl_log_dir: str, submission_id: str, log_dir: str, ray_job_id: str | None
+) -> list[str]:
+    """The NCCL lines of a job on one pod: from its NCCL log files in `nccl_log_dir`, else (a job
+    submitted without them) from the Ray worker logs of `ray_job_id` in `log_dir`."""
+    if not SUBMISSION_ID.fullmatch(submission_id):
+        raise ValueError(f"submission id {submission_id!r} is not of the form this program gives")
+    args = [nccl_log_dir, submission_id, log_dir, ray_job_id or "", str(NCCL_LINES_PER_POD)]
+    return ["sh", "-c", NCCL_LINES_SCRIPT, "sh", *args]
 
 
 def log_tail_command(log_dir: str, ray_job_id: str) -> list[str]:
@@ -70,12 +96,21 @@ def expected_coverage(job_args: Sequence[str], gpus_per_node: int, worker_pods: 
     return ranks, min(worker_pods, -(-ranks // gpus_per_node))
 
 
-def split_log_listing(stdout: str) -> tuple[int, list[str]]:
-    """(number of log files, their lines) from the output of the log scripts."""
+@dataclass(frozen=True)
+class PodLogs:
+    """What a log script read in one pod: how many files, whether NCCL's own, and their lines."""
+
+    files: int
+    nccl_files: bool
+    lines: list[str]
+
+
+def split_log_listing(stdout: str) -> PodLogs:
+    """The log files count line, then the lines, from the output of the log scripts."""
     lines = stdout.splitlines()
     if lines and (match := _LOG_FILES_LINE.fullmatch(lines[0])):
-        return int(match.group(1)), lines[1:]
-    return 0, lines
+        return PodLogs(int(match.group(1)), bool(match.group(2)), lines[1:])
+    return PodLogs(0, False, lines)
 
 
 class JobLog:
@@ -126,12 +161,13 @@ class JobResult:
     summary: dict
     verdict: Verdict
     log_files: dict[str, int] = field(default_factory=dict)
+    rejudged: str | None = None  # why an earlier run's succeeded job was judged again
 
 
 def worker_logs(
     workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor], argv: list[str], log_dir: str
-) -> dict[str, tuple[int, list[str]]]:
-    """Run a log script on every worker pod: pod name -> (log files, lines)."""
+) -> dict[str, PodLogs]:
+    """Run a log script on every worker pod: pod name -> what it read."""
     found = {}
     for pod in workers:
         result = executor_for(pod).run(argv, COMMAND_TIMEOUT_S)
@@ -165,10 +201,11 @@ def failure_report(
         # The job's failure is the news: a worker pod that cannot be read must not hide it.
         with contextlib.suppress(TrainingRunError, CommandTimeout):
             tails = worker_logs(workers, executor_for, log_tail_command(log_dir, ray_job_id), log_dir)
-            for pod, (count, lines) in tails.items():
-                if lines:
+            for pod, read in tails.items():
+                if read.lines:
                     parts.append(
-                        f"last lines of the job's {count} worker log files on {pod}:\n" + _indent(lines)
+                        f"last lines of the job's {read.files} worker log files on {pod}:\n"
+                        + _indent(read.lines)
                     )
     return "\n".join(parts)
 
@@ -185,6 +222,8 @@ def check_transport(result: JobResult, expect: str) -> None:
         f"evidence:\n{evidence}\n"
         f"worker log files read: {result.log_files or 'none (the job has no Ray job id or no worker pods)'}\n"
         "check that the worker pods request vpc.amazonaws.com/efa and set FI_PROVIDER=efa and "
-        "NCCL_NET_PLUGIN=ofi, and look for 'NET/OFI' lines in the worker logs "
-        f"({RAY_LOG_DIR}/worker-*.out): they say why aws-ofi-nccl did not load"
+        "NCCL_NET_PLUGIN=ofi, and look for 'NET/OFI' lines in the job's NCCL log files on the worker "
+        f"pods ({NCCL_LOG_DIR}/nccl-{result.submission_id}.*.log, or {RAY_LOG_DIR}/worker-*.out for a job "
+        "submitted without them): they say why aws-ofi-nccl did not load"
+        + (f"\nnote: {result.rejudged}" if result.rejudged else "")
     )

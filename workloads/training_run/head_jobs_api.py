@@ -16,7 +16,7 @@ import sys
 import urllib.error
 import urllib.request
 
-RECORD_KEYS = ("submission_id", "job_id", "status", "message")
+RECORD_KEYS = ("submission_id", "job_id", "status", "message", "metadata")
 TIMEOUT_S = 60
 
 

@@ -8,9 +8,13 @@ there, which answers the Jobs REST API as JSON.
 Job identity. The submission id is derived from what makes the job what it is (see
 `RunInputs.job_identity`), so a `pulumi up` interrupted while the job runs is followed by one
 that finds the job and waits for it instead of starting a second one. The latest attempt
-decides (`plan_submission`): pending, running or succeeded is adopted (a succeeded job is
-reported again without retraining); failed or stopped is retried under `<id>-2`, `<id>-3`, ...
-Ray keeps job history while the head pod lives; a new head means a new run.
+decides (`plan_submission`): pending or running is adopted; failed or stopped is retried under
+`<id>-2`, `<id>-3`, ... A succeeded job is judged again (without retraining) only while the pods
+that ran it are the pods now: each job carries the pods it was submitted to (`PODS_METADATA`, name
+and UID of each, in the job's Ray metadata). On other pods it proves nothing about them, so a new
+attempt runs: a fix made outside the job's identity (an EFA security-group rule, a device plugin, a
+node roll) is proven by the next `pulumi up` once the pods were replaced. Ray keeps job history
+while the head pod lives; a new head means a new run.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from platform_facts import PROJECT, RAY_PORTS
+from workloads import manifests
 from workloads.training_run import head_jobs_api
 from workloads.training_run.errors import ExecStreamCut, TrainingRunError
 from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor
@@ -33,6 +38,13 @@ from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout
 T = TypeVar("T")
 DASHBOARD_ADDRESS = f"http://localhost:{RAY_PORTS['dashboard']}"
 JOB_ID_PREFIX = PROJECT
+# NCCL's own log file per process (`NCCL_DEBUG_FILE`; NCCL src/debug.cc expands %h to the host
+# name up to its first dot and %p to the pid, and line-buffers the file). On stdout NCCL's lines
+# are block-buffered, and Ray ends its workers with `_Exit`, which drops the last unflushed block:
+# often the channel lines of the first collective. The folder is the Ray pods' emptyDir; NCCL
+# does not create folders (it falls back to stdout), so the file lies in it directly.
+NCCL_LOG_DIR = manifests.RAY_TMP_DIR
+PODS_METADATA = f"{PROJECT}/pods"  # Ray job metadata key: the pods the job was submitted to
 SUBMIT_TIMEOUT_S = 600  # `ray job submit` zips and uploads the working directory first
 READ_ATTEMPTS = 3  # list and poll only read: a cut stream is simply asked again
 HEAD_JOBS_API_SOURCE = Path(head_jobs_api.__file__).read_text()
@@ -52,24 +64,41 @@ class JobStatus(enum.StrEnum):
         """As Ray's `JobStatus.is_terminal`: the job will not change any more."""
         return self in (JobStatus.STOPPED, JobStatus.SUCCEEDED, JobStatus.FAILED)
 
-    @property
-    def adoptable(self) -> bool:
-        """A job of these inputs in this state is followed rather than submitted again."""
-        return self in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED)
-
 
 @dataclass(frozen=True)
 class JobRecord:
-    """One Ray job as the Jobs API reports it."""
+    """One Ray job as the Jobs API reports it; `metadata` is what `--metadata-json` attached."""
 
     submission_id: str
     status: JobStatus
     ray_job_id: str | None = None
     message: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_api(cls, job: Mapping[str, Any]) -> JobRecord:
-        return cls(job["submission_id"], JobStatus(job["status"]), job.get("job_id"), job.get("message"))
+        return cls(
+            job["submission_id"],
+            JobStatus(job["status"]),
+            job.get("job_id"),
+            job.get("message"),
+            dict(job.get("metadata") or {}),
+        )
+
+    @property
+    def pods(self) -> str | None:
+        """The pods the job was submitted to (`RayPods.identity`); None for a job submitted without."""
+        return self.metadata.get(PODS_METADATA)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `plan_submission` decided: the id to follow, the job to adopt (None: submit one under
+    that id), and why, when an earlier attempt is passed over or judged again."""
+
+    submission_id: str
+    adopted: JobRecord | None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,32 +123,62 @@ def _attempt(submission_id: str, base: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def plan_submission(existing: Sequence[JobRecord], base: str) -> tuple[str, JobRecord | None]:
-    """The id to follow and the job to adopt (None: submit a new job under that id)."""
+def nccl_debug_file(nccl_log_dir: str, submission_id: str) -> str:
+    """Where each NCCL process of the job writes its log: `nccl-<submission id>.<host>.<pid>.log`."""
+    return f"{nccl_log_dir}/nccl-{submission_id}.%h.%p.log"
+
+
+def plan_submission(existing: Sequence[JobRecord], base: str, pods: str) -> Plan:
+    """Adopt the latest attempt while it is pending or running, or succeeded on `pods` (the pods
+    now, `RayPods.identity`); else submit the next attempt."""
     attempts = sorted(
         ((number, job) for job in existing if (number := _attempt(job.submission_id, base)) is not None),
         key=lambda pair: pair[0],
     )
     if not attempts:
-        return base, None
+        return Plan(base, None)
     number, latest = attempts[-1]
-    if latest.status.adoptable:
-        return latest.submission_id, latest
-    return f"{base}-{number + 1}", None
+    following = f"{base}-{number + 1}"
+    if latest.status in (JobStatus.PENDING, JobStatus.RUNNING):
+        return Plan(latest.submission_id, latest)
+    if latest.status != JobStatus.SUCCEEDED:
+        return Plan(following, None)
+    if latest.pods == pods:
+        return Plan(
+            latest.submission_id,
+            latest,
+            f"job {latest.submission_id} SUCCEEDED earlier on these very pods (same names and UIDs); its "
+            "logs are judged again without retraining. A fix outside the run's inputs (security group, "
+            "device plugin, node) is proven only on new pods: replace the worker pods and run `pulumi up`",
+        )
+    ran_on = "pods it did not record" if latest.pods is None else "other pods"
+    return Plan(
+        following,
+        None,
+        f"job {latest.submission_id} SUCCEEDED earlier on {ran_on}, so its logs say nothing of these "
+        f"pods; submitting {following} to judge them",
+    )
 
 
 def submit_command(
-    dashboard: str, submission_id: str, code_dir: str, job_args: Sequence[str], env_vars: Mapping[str, str]
+    dashboard: str,
+    submission_id: str,
+    code_dir: str,
+    job_args: Sequence[str],
+    env_vars: Mapping[str, str],
+    pods: str,
+    nccl_log_dir: str = NCCL_LOG_DIR,
 ) -> list[str]:
     """`ray job submit` of `python -m training` with the shipped code as working directory.
 
     The run folder is named after the submission id, so checkpoints and summaries in the
-    storage path can be found from the stack output.
+    storage path can be found from the stack output. The job's metadata records `pods`. The
+    job's runtime environment, which Ray Train's workers inherit, names their NCCL log files.
     """
     argv = ["ray", "job", "submit", "--address", dashboard, "--submission-id", submission_id, "--no-wait"]
-    argv += ["--working-dir", code_dir]
-    if env_vars:
-        argv += ["--runtime-env-json", json.dumps({"env_vars": dict(env_vars)}, sort_keys=True)]
+    argv += ["--working-dir", code_dir, "--metadata-json", json.dumps({PODS_METADATA: pods})]
+    env = {**env_vars, "NCCL_DEBUG_FILE": nccl_debug_file(nccl_log_dir, submission_id)}
+    argv += ["--runtime-env-json", json.dumps({"env_vars": env}, sort_keys=True)]
     argv += ["--", "python", "-m", "training", *job_args]
     if "--run-name" not in job_args:
         argv += ["--run-name", submission_id]
@@ -143,9 +202,12 @@ def _last_json_line(text: str) -> dict:
 class RayJobsClient:
     """Submit, list and poll Ray jobs from inside the head pod."""
 
-    def __init__(self, head: Executor, dashboard: str = DASHBOARD_ADDRESS) -> None:
+    def __init__(
+        self, head: Executor, dashboard: str = DASHBOARD_ADDRESS, nccl_log_dir: str = NCCL_LOG_DIR
+    ) -> None:
         self.head = head
         self.dashboard = dashboard
+        self.nccl_log_dir = nccl_log_dir
 
     def _run(self, argv: list[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
         result = self.head.run(argv, timeout_s)
@@ -190,10 +252,17 @@ class RayJobsClient:
         )
 
     def submit(
-        self, submission_id: str, code_dir: str, job_args: Sequence[str], env_vars: Mapping[str, str]
+        self,
+        submission_id: str,
+        code_dir: str,
+        job_args: Sequence[str],
+        env_vars: Mapping[str, str],
+        pods: str,
     ) -> None:
         """Submit without waiting. A cut stream leaves it unknown whether Ray took the job: look."""
-        argv = submit_command(self.dashboard, submission_id, code_dir, job_args, env_vars)
+        argv = submit_command(
+            self.dashboard, submission_id, code_dir, job_args, env_vars, pods, self.nccl_log_dir
+        )
         try:
             self._run(argv, f"ray job submit of {submission_id}", SUBMIT_TIMEOUT_S)
         except ExecStreamCut:

@@ -145,6 +145,7 @@ class PodFacts:
     terminating: bool = False
     problems: tuple[str, ...] = field(default_factory=tuple)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    uid: str = ""  # metadata.uid: a pod replaced under the same name has a new one
 
 
 class ClusterApi(Protocol):
@@ -336,6 +337,7 @@ def _pod_facts(pod) -> PodFacts:
         terminating=pod.metadata.deletion_timestamp is not None,
         problems=tuple(problems),
         annotations=dict(pod.metadata.annotations or {}),
+        uid=pod.metadata.uid or "",
     )
 
 

@@ -1,4 +1,5 @@
-"""The TrainingRun dynamic resource: inputs and outputs (each declared once, here), check, diff, CRUD.
+"""The TrainingRun dynamic resource: its outputs (declared once, here), check, diff, CRUD; its inputs
+and time limits are the run schema (`schema`).
 
 After the RayCluster exists, `pulumi up` creates this resource; its provider runs the training job
 and proves NCCL's transport (`runner`), and its outputs carry the job id, the transport verdict and
@@ -29,17 +30,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 import kubernetes.client
 import pulumi
 import pulumi.dynamic
-from pulumi.runtime import rpc
 
 from infra.aws_identity import (
     REFUSED,
@@ -47,7 +46,6 @@ from infra.aws_identity import (
     AwsSettingsError,
     caller_identity,
 )
-from platform_facts import EXPECTABLE_TRANSPORTS
 from workloads.training_run import engine_host
 from workloads.training_run.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.errors import (
@@ -59,70 +57,15 @@ from workloads.training_run.errors import (
     TrainingRunError,
 )
 from workloads.training_run.evidence import JobResult
-from workloads.training_run.kube_access import ApiTimeouts, KubernetesCluster
-from workloads.training_run.runner import RunEnvironment, RunRequest, TrainingRunner
-
-_RERUN, _IDENTITY = "rerun", "identity"
-
-
-def _input(*, identity: bool = False, rerun: bool = True, **kwargs: Any) -> Any:
-    return field(metadata={_IDENTITY: identity, _RERUN: rerun}, **kwargs)
-
-
-@dataclass(frozen=True)
-class RunInputs:
-    """The resource's inputs. `identity`: part of the job's submission id; `rerun`: a change runs it again."""
-
-    cluster_name: str = _input(identity=True)
-    region: str = _input(identity=True)
-    namespace: str = _input(identity=True)
-    ray_cluster_name: str = _input(identity=True)
-    gpus_per_node: int = _input()
-    efa_per_node: int = _input()
-    code_hash: str = _input(identity=True)
-    run_spec_hash: str = _input(identity=True)
-    gpu_instance_type: str = _input(identity=True)
-    job_args: tuple[str, ...] = _input(identity=True)
-    expect_transport: str = _input(default="efa")
-    benchmark: bool = _input(default=False)
-    timeout_minutes: int = _input(default=60, rerun=False)
-
-    @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> RunInputs:
-        """Typed from what the engine hands over (numbers arrive as floats, lists as lists)."""
-        convert: dict[str, Callable[[Any], Any]] = {
-            "int": int,
-            "bool": bool,
-            "str": str,
-            "tuple[str, ...]": tuple,
-        }
-        return cls(**{f.name: convert[str(f.type)](props[f.name]) for f in dataclasses.fields(cls)})
-
-    def props(self) -> dict[str, Any]:
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in vars(self).items()}
-
-    def job_identity(self) -> dict[str, Any]:
-        return {key: value for key, value in self.props().items() if key in IDENTITY_INPUTS}
-
-    def request(self) -> RunRequest:
-        return RunRequest(
-            namespace=self.namespace,
-            ray_cluster_name=self.ray_cluster_name,
-            gpus_per_node=self.gpus_per_node,
-            efa_per_node=self.efa_per_node,
-            code_hash=self.code_hash,
-            run_spec_hash=self.run_spec_hash,
-            job_args=self.job_args,
-            job_identity=self.job_identity(),
-            expect_transport=self.expect_transport,
-            benchmark=self.benchmark,
-            timeout_minutes=self.timeout_minutes,
-        )
-
-
-INPUTS = tuple(f.name for f in dataclasses.fields(RunInputs))
-RERUN_INPUTS = tuple(f.name for f in dataclasses.fields(RunInputs) if f.metadata[_RERUN])
-IDENTITY_INPUTS = frozenset(f.name for f in dataclasses.fields(RunInputs) if f.metadata[_IDENTITY])
+from workloads.training_run.kube_access import KubernetesCluster
+from workloads.training_run.runner import RunEnvironment, TrainingRunner
+from workloads.training_run.schema import (
+    RERUN_INPUTS,
+    RunInputs,
+    RunTimings,
+    input_problems,
+    is_known,
+)
 
 
 @dataclass(frozen=True)
@@ -181,67 +124,6 @@ OUTPUTS = tuple(f.name for f in dataclasses.fields(RunOutputs))
 # --- check and diff ------------------------------------------------------------------------------
 
 
-def is_known(value: Any) -> bool:
-    """False for a value the engine does not know yet (preview).
-
-    The dynamic-provider host deserializes unknowns as `pulumi.output.Unknown` objects
-    (`rpc.deserialize_properties(..., keep_unknowns=True)` in pulumi/dynamic/__main__.py);
-    the sentinel string `rpc.UNKNOWN` is what they are on the wire.
-    """
-    return value is not None and not isinstance(value, pulumi.output.Unknown) and value != rpc.UNKNOWN
-
-
-def _is_count(value: Any, minimum: int) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and value == int(value)
-        and value >= minimum
-    )
-
-
-def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(input, reason) for each input that cannot work; unknown values (preview) pass."""
-    required = [f.name for f in dataclasses.fields(RunInputs) if f.default is dataclasses.MISSING]
-    problems = [(key, "is required") for key in required if props.get(key) is None]
-
-    def known(key: str) -> bool:
-        return is_known(props.get(key))
-
-    for key in ("cluster_name", "region", "namespace", "ray_cluster_name", "code_hash", "run_spec_hash"):
-        if known(key) and not (isinstance(props[key], str) and props[key]):
-            problems.append((key, "must be a non-empty string"))
-    if known("gpu_instance_type") and not (
-        isinstance(props["gpu_instance_type"], str) and props["gpu_instance_type"]
-    ):
-        problems.append(("gpu_instance_type", "must be a non-empty string"))
-    if known("gpus_per_node") and not _is_count(props["gpus_per_node"], 1):
-        problems.append(("gpus_per_node", "must be a whole number of at least 1"))
-    if known("efa_per_node") and not _is_count(props["efa_per_node"], 0):
-        problems.append(("efa_per_node", "must be a whole number, 0 or more"))
-    if known("job_args") and not (
-        isinstance(props["job_args"], list) and all(isinstance(arg, str) for arg in props["job_args"])
-    ):
-        problems.append(("job_args", "must be a list of strings (flags of `python -m training`)"))
-    if known("expect_transport") and props["expect_transport"] not in EXPECTABLE_TRANSPORTS:
-        problems.append(("expect_transport", f"must be one of {', '.join(EXPECTABLE_TRANSPORTS)}"))
-    if (
-        known("expect_transport")
-        and props["expect_transport"] == "efa"
-        and known("efa_per_node")
-        and _is_count(props["efa_per_node"], 0)
-        and props["efa_per_node"] < 1
-    ):
-        problems.append(
-            ("efa_per_node", "expecting the efa transport needs at least 1 EFA interface per node")
-        )
-    if known("benchmark") and not isinstance(props["benchmark"], bool):
-        problems.append(("benchmark", "must be true or false"))
-    if known("timeout_minutes") and not _is_count(props["timeout_minutes"], 1):
-        problems.append(("timeout_minutes", "must be a whole number of at least 1"))
-    return problems
-
-
 def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynamic.DiffResult:
     """Replace (run again) when an input of `RERUN_INPUTS` changed; one not known yet differs too."""
     changed = [key for key in RERUN_INPUTS if not is_known(news.get(key)) or olds.get(key) != news.get(key)]
@@ -251,45 +133,6 @@ def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynam
 
 
 # --- the connection to the cluster ------------------------------------------------------------------
-
-ENV_PREFIX = "EKS_RAY_TRAIN_"
-
-
-@dataclass(frozen=True)
-class RunTimings:
-    """Time limits of a run; each can be set in the environment of `pulumi up` (`EKS_RAY_TRAIN_<NAME>`)."""
-
-    api_connect_timeout_s: float = ApiTimeouts.connect_s
-    api_read_timeout_s: float = ApiTimeouts.read_s
-    api_attempts: int = ApiTimeouts.attempts
-    api_backoff_s: float = ApiTimeouts.backoff_s
-    poll_interval_s: float = 10.0
-    readiness_timeout_s: float = 20 * 60  # node join, device plugins, and a ~20 GB image pull
-    code_sync_timeout_s: float = 5 * 60  # kubelet sync period plus its ConfigMap cache TTL
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> RunTimings:
-        values: dict[str, Any] = {}
-        for item in dataclasses.fields(cls):
-            name = ENV_PREFIX + item.name.upper()
-            if name in environ:
-                try:
-                    value = (int if item.type == "int" else float)(environ[name])
-                except ValueError:
-                    value = 0
-                if value <= 0:
-                    raise TrainingRunError(
-                        f"environment variable {name}={environ[name]!r}: must be a positive number"
-                    )
-                values[item.name] = value
-        return cls(**values)
-
-    @property
-    def api(self) -> ApiTimeouts:
-        return ApiTimeouts(
-            self.api_connect_timeout_s, self.api_read_timeout_s, self.api_attempts, self.api_backoff_s
-        )
-
 
 # STS error codes of credentials that are no longer good (AWS STS API reference, common errors).
 EXPIRED_CREDENTIALS = frozenset({"ExpiredToken", "ExpiredTokenException", "RequestExpired"})
@@ -468,7 +311,7 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
             raise TrainingRunError(str(self._aws_problem))
         inputs = RunInputs.from_props(props)
         with self._connect(inputs, self._aws, RunTimings.from_env()) as env:
-            main, tcp = TrainingRunner(inputs.request(), env).run()
+            main, tcp = TrainingRunner(inputs, env).run()
         return {**inputs.props(), **dataclasses.asdict(RunOutputs.of(main, tcp))}
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:

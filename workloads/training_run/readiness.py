@@ -57,6 +57,13 @@ class RayPods:
     head: PodFacts
     workers: list[PodFacts]
 
+    def identity(self) -> str:
+        """Which pods these are, by name and UID: a pod deleted and created again, by a node roll or
+        `kubectl delete pod`, gets a new UID even under the same name."""
+        return " ".join(
+            f"{pod.name}={pod.uid}" for pod in [self.head, *sorted(self.workers, key=lambda p: p.name)]
+        )
+
 
 # --- the rules ---------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 
@@ -26,14 +25,17 @@ from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
 from workloads.training_run.evidence import JobLog, JobResult
 from workloads.training_run.jobs import (
     DASHBOARD_ADDRESS,
+    NCCL_LOG_DIR,
     JobRecord,
     JobStatus,
+    Plan,
     RayJobsClient,
     plan_submission,
     submission_id_base,
 )
 from workloads.training_run.kube_access import ClusterApi, Executor, PodFacts
 from workloads.training_run.readiness import Pace, RayPods
+from workloads.training_run.schema import RunInputs, RunTimings
 
 # The TCP baseline of the benchmark: the reference's settings (NCCL's own socket transport, the
 # OFI plugin not loaded) plus explicit socket parallelism. In a VPC-CNI pod NCCL cannot tell
@@ -62,10 +64,11 @@ class RunEnvironment:
     dashboard_address: str = DASHBOARD_ADDRESS
     code_dir: str = manifests.CODE_MOUNT
     ray_log_dir: str = evidence.RAY_LOG_DIR
+    nccl_log_dir: str = NCCL_LOG_DIR
     log: Callable[[str], None] = pulumi.log.info
-    poll_interval_s: float = 10.0
-    readiness_timeout_s: float = 20 * 60  # node join, device plugins, and a ~20 GB image pull
-    code_sync_timeout_s: float = 5 * 60  # kubelet sync period plus its ConfigMap cache TTL
+    poll_interval_s: float = RunTimings().poll_interval_s
+    readiness_timeout_s: float = RunTimings().readiness_timeout_s
+    code_sync_timeout_s: float = RunTimings().code_sync_timeout_s
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
@@ -74,44 +77,31 @@ class RunEnvironment:
         return Pace(self.poll_interval_s, self.clock, self.sleep)
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """What the runner needs of the resource's inputs."""
-
-    namespace: str
-    ray_cluster_name: str
-    gpus_per_node: int
-    efa_per_node: int
-    code_hash: str
-    run_spec_hash: str
-    job_args: tuple[str, ...]
-    job_identity: Mapping[str, Any]
-    expect_transport: str
-    benchmark: bool
-    timeout_minutes: int
-
-
 class TrainingRunner:
     """One run of the resource: checks, job(s), verdict(s), outputs."""
 
-    def __init__(self, request: RunRequest, env: RunEnvironment) -> None:
+    def __init__(self, request: RunInputs, env: RunEnvironment) -> None:
         self.request = request
         self.env = env
 
-    def start_job(self, jobs: RayJobsClient, variant: str, env_vars: Mapping[str, str]) -> str:
-        """Adopt the job these inputs already started, or submit it; returns its submission id."""
-        base = submission_id_base(self.request.job_identity, variant, env_vars)
-        submission_id, adopted = plan_submission(jobs.list(base), base)
-        if adopted is not None:
+    def start_job(
+        self, pods: RayPods, jobs: RayJobsClient, variant: str, env_vars: Mapping[str, str]
+    ) -> Plan:
+        """Adopt the job these inputs already started (`plan_submission`), or submit it."""
+        base = submission_id_base(self.request.job_identity(), variant, env_vars)
+        plan = plan_submission(jobs.list(base), base, pods.identity())
+        if plan.note:
+            self.env.log(f"training run: {plan.note}")
+        if plan.adopted is not None:
             self.env.log(
-                f"training run: following job {submission_id} ({adopted.status}), started by an earlier run"
+                f"training run: following job {plan.submission_id} ({plan.adopted.status}), started by an earlier run"
             )
-            return submission_id
-        jobs.submit(submission_id, self.env.code_dir, self.request.job_args, env_vars)
+            return plan
+        jobs.submit(plan.submission_id, self.env.code_dir, self.request.job_args, env_vars, pods.identity())
         self.env.log(
-            f"training run: submitted job {submission_id}: python -m training {' '.join(self.request.job_args)}"
+            f"training run: submitted job {plan.submission_id}: python -m training {' '.join(self.request.job_args)}"
         )
-        return submission_id
+        return plan
 
     def replacement_head(self, gone: PodFacts) -> PodFacts:
         """The Ready head pod that took over from `gone`, waited for as long as the readiness wait."""
@@ -156,7 +146,9 @@ class TrainingRunner:
                     replaced = pods.head.name
                     pods.head = self.replacement_head(pods.head)
                     self.env.log(f"training run: head pod {replaced} was replaced by {pods.head.name}")
-                    jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
+                    jobs = RayJobsClient(
+                        self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
+                    )
                     continue
                 if answer.job is None:
                     if replaced is not None:
@@ -198,8 +190,11 @@ class TrainingRunner:
             ) from None
 
     def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
-        jobs = RayJobsClient(self.env.executor_for(pods.head), self.env.dashboard_address)
-        submission_id = self.start_job(jobs, variant, env_vars)
+        jobs = RayJobsClient(
+            self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
+        )
+        plan = self.start_job(pods, jobs, variant, env_vars)
+        submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
         if job.status != JobStatus.SUCCEEDED:
             raise TrainingRunError(
@@ -214,27 +209,29 @@ class TrainingRunner:
         ray_job_id = (
             job.ray_job_id if job.ray_job_id and evidence.RAY_JOB_ID.fullmatch(job.ray_job_id) else None
         )
-        worker_logs = (
-            evidence.worker_logs(
-                pods.workers,
-                self.env.executor_for,
-                evidence.nccl_lines_command(self.env.ray_log_dir, ray_job_id),
-                self.env.ray_log_dir,
-            )
-            if ray_job_id
-            else {}
+        worker_logs = evidence.worker_logs(
+            pods.workers,
+            self.env.executor_for,
+            evidence.nccl_lines_command(
+                self.env.nccl_log_dir, submission_id, self.env.ray_log_dir, ray_job_id
+            ),
+            self.env.ray_log_dir,
         )
-        lines = [line for _, pod_lines in worker_logs.values() for line in pod_lines] + log.nccl_lines
+        lines = [line for read in worker_logs.values() for line in read.lines] + log.nccl_lines
         ranks, hosts = evidence.expected_coverage(
             self.request.job_args, self.request.gpus_per_node, len(pods.workers)
         )
         verdict = classify_lines(lines).covering(ranks, hosts)
-        log_files = {pod: count for pod, (count, _) in worker_logs.items()}
+        log_files = {pod: read.files for pod, read in worker_logs.items()}
+        kind = (
+            "NCCL log files" if any(read.nccl_files for read in worker_logs.values()) else "Ray worker logs"
+        )
         self.env.log(
             f"training run: job {submission_id}: {summary.get('tokens_per_s')} tokens/s, NCCL transport "
-            f"{verdict.transport} ({verdict.reason}); worker log files read: {log_files}"
+            f"{verdict.transport} ({verdict.reason}); {kind} read: {log_files}"
         )
-        return JobResult(submission_id, job.status, summary, verdict, log_files)
+        rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
+        return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged)
 
     def wait_until_ready(self) -> RayPods:
         request, env = self.request, self.env

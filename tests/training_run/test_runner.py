@@ -1,0 +1,348 @@
+"""One run end to end: the job flow against the fakes (adopt, retry, timeout, benchmark), and against a real local `ray start --head`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from tests.training_run.fakes import (
+    EFA_JOB,
+    FALLBACK_JOB,
+    HEAD_POD,
+    OOM_JOB,
+    WORKER_PODS,
+    FakeCluster,
+    FakeCoreApi,
+    FakeCustomObjects,
+    FakeRayHead,
+    failure_of,
+    gpu_node,
+    main_and_tcp_head,
+    props,
+    ray_pod,
+    run_inputs,
+    scripted,
+)
+from workloads import manifests
+from workloads.training_run import (
+    errors,
+    jobs,
+    provider,
+    runner,
+    schema,
+)
+from workloads.training_run.kube_access import KubernetesCluster, LocalExecutor
+
+
+def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
+    fake = FakeCluster(main_and_tcp_head())
+    result = fake.provider().create(props(run_inputs()))
+    outs = result.outs
+    assert outs["job_id"].startswith("eks-ray-train-main-") and outs["status"] == "SUCCEEDED"
+    assert outs["transport"] == "efa"
+    assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
+    assert any("Selected provider is efa" in line for line in outs["evidence"])
+    assert (outs["tokens_per_s"], outs["mfu"], outs["step_time_s"], outs["duration_s"]) == (
+        530.6,
+        0.00109,
+        1.93,
+        52.3,
+    )
+    assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)  # 4 workers x .out/.err of job 02000000
+    assert outs["efa_speedup"] is None and outs["tcp_tokens_per_s"] is None
+    assert {key: outs[key] for key in schema.INPUTS} == run_inputs().props()  # diff compares against these
+    progress = [line for line in fake.logged if "step 5/5" in line]
+    assert progress and "531 tok/s" in progress[0]
+
+
+def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
+    fake = FakeCluster(main_and_tcp_head())
+    outs = fake.provider().create(props(run_inputs(benchmark=True))).outs
+    main_submit, tcp_submit = fake.head.submissions
+    main_env = json.loads(main_submit[main_submit.index("--runtime-env-json") + 1])["env_vars"]
+    assert list(main_env) == ["NCCL_DEBUG_FILE"]  # the main run keeps the pods' NCCL settings
+    tcp_env = json.loads(tcp_submit[tcp_submit.index("--runtime-env-json") + 1])["env_vars"]
+    assert (tcp_env["NCCL_NET"], tcp_env["NCCL_NET_PLUGIN"]) == ("Socket", "none")
+    assert (
+        int(tcp_env["NCCL_SOCKET_NTHREADS"]) * int(tcp_env["NCCL_NSOCKS_PERTHREAD"]) >= 8
+    )  # not one lone socket
+    assert outs["tcp_job_id"].startswith("eks-ray-train-tcp-") and outs["tcp_job_id"] != outs["job_id"]
+    assert (outs["transport"], outs["tcp_transport"]) == ("efa", "socket")
+    assert any("via NET/Socket/0" in line for line in outs["tcp_evidence"])
+    assert (outs["tokens_per_s"], outs["tcp_tokens_per_s"]) == (530.6, 258.6)
+    assert outs["efa_speedup"] == round(530.6 / 258.6, 3) == 2.052
+
+
+def test_a_benchmark_whose_baseline_did_not_use_sockets_fails():
+    head = FakeRayHead(
+        {"main": scripted(EFA_JOB, "driver_main.log"), "tcp": scripted(EFA_JOB, "driver_main.log")}
+    )
+    message = failure_of(FakeCluster(head), run_inputs(benchmark=True))
+    assert "NCCL used 'efa' between the nodes, not 'socket' (job eks-ray-train-tcp-" in message
+
+
+def test_an_interrupted_update_finds_the_running_job_and_waits_for_it():
+    head = main_and_tcp_head()
+    fake = FakeCluster(head)
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    head.jobs[base] = replace(
+        scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING", "RUNNING", "SUCCEEDED"]
+    )
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert head.submissions == [] and outs["job_id"] == base and outs["transport"] == "efa"
+    assert any(f"following job {base} (RUNNING)" in line for line in fake.logged)
+
+
+def test_a_failed_earlier_attempt_is_retried_under_the_next_id():
+    head = main_and_tcp_head()
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    head.jobs[base] = scripted(OOM_JOB, "driver_failed.log", final="FAILED")
+    head.jobs[base].looks = 99
+    outs = FakeCluster(head).provider().create(props(run_inputs())).outs
+    assert outs["job_id"] == f"{base}-2" and len(head.submissions) == 1
+
+
+def test_a_succeeded_job_that_failed_its_check_is_judged_again_only_while_its_pods_live():
+    """The next `pulumi up` re-judges it on the same pods (saying so), and runs a new attempt once a
+    worker pod was replaced (a node roll after a security-group fix): the new pods are what is proven."""
+    head = FakeRayHead({"main": scripted(FALLBACK_JOB, "driver_tcp.log")})
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    fake = FakeCluster(head)
+    first = failure_of(fake)
+    assert f"(job {base}," in first and len(head.submissions) == 1 and "note:" not in first
+
+    again = failure_of(fake)
+    assert len(head.submissions) == 1 and f"(job {base}," in again
+    assert f"note: job {base} SUCCEEDED earlier on these very pods" in again
+    assert "replace the worker pods" in again
+
+    rolled = [
+        ray_pod(HEAD_POD, "head", node="system-node"),
+        ray_pod(WORKER_PODS[0], "worker", uid="a-new-pod-under-the-old-name"),
+        ray_pod(WORKER_PODS[1], "worker"),
+    ]
+    fake.core.pod_snapshots = [rolled]
+    fake.core.pod_calls = 0
+    head.jobs_by_variant["main"] = scripted(EFA_JOB, "driver_main.log")
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["job_id"] == f"{base}-2" and outs["transport"] == "efa" and len(head.submissions) == 2
+    assert any(
+        f"job {base} SUCCEEDED earlier on other pods" in line and f"submitting {base}-2" in line
+        for line in fake.logged
+    )
+
+
+def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
+    head = FakeRayHead({"main": replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING"])})
+    fake = FakeCluster(head)
+    message = failure_of(fake, run_inputs(timeout_minutes=2))
+    assert "still RUNNING after timeout_minutes=2" in message
+    assert "the next `pulumi up` waits for it" in message and "ray job stop eks-ray-train-main-" in message
+    assert 120 <= fake.clock.slept <= 130
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    return children
+
+
+def _process_tree(root: int) -> set[int]:
+    children, tree, todo = _children(), set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _stop_process_tree(process: subprocess.Popen) -> None:
+    """Stop exactly the processes this test started: freeze the tree (nothing new can fork), then kill it.
+
+    Not `ray stop`: that kills every Ray process of the user on the machine, other tests' included.
+    """
+    frozen: set[int] = set()
+    while new := _process_tree(process.pid) - frozen:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= new
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+@dataclass
+class LocalRay:
+    dashboard: str
+    session_logs: Path
+    env: dict
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """`ray start --head` with its own ports and temp dir; stopped, with every process it started, afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="ray-tr-"))  # short: Ray's unix sockets live under it
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    env.pop("RAY_ADDRESS", None)
+    dashboard_port = _free_port()
+    command = [
+        "ray",
+        "start",
+        "--head",
+        "--block",
+        "--num-cpus=2",
+        "--include-dashboard=true",
+        f"--dashboard-port={dashboard_port}",
+        f"--port={_free_port()}",
+        f"--ray-client-server-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--temp-dir={root / 'ray'}",
+        "--disable-usage-stats",
+    ]
+    with open(root / "ray-start.log", "w") as start_log:
+        process = subprocess.Popen(
+            command, env=env, stdout=start_log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        dashboard = f"http://127.0.0.1:{dashboard_port}"
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{dashboard}/api/version", timeout=2).close()
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    "the local Ray head did not start:\n" + (root / "ray-start.log").read_text()[-3000:]
+                )
+            time.sleep(0.5)
+        yield LocalRay(dashboard, root / "ray" / "session_latest" / "logs", env, root)
+    finally:
+        _stop_process_tree(process)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def shipped_code(root: Path) -> tuple[Path, str]:
+    """The training code as the ConfigMap mount presents it: the package files and `.code-hash`."""
+    files = manifests.collect_code(Path(__file__).resolve().parents[2])
+    folder = root / "code"
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    (folder / manifests.CODE_HASH_FILE).write_text(manifests.code_hash(files))
+    return folder, manifests.code_hash(files)
+
+
+def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider.TrainingRunProvider:
+    """The provider, connected to the local head: fake nodes and pods, every pod exec run here."""
+    core = FakeCoreApi(
+        [[gpu_node("local-node")]], [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]]
+    )
+    local = LocalExecutor(env=ray.env)
+
+    @contextlib.contextmanager
+    def connect(inputs, aws, timings):
+        yield runner.RunEnvironment(
+            KubernetesCluster(core, FakeCustomObjects(worker_replicas=1)),
+            executor_for=lambda pod: local,
+            dashboard_address=ray.dashboard,
+            code_dir=str(code_dir),
+            ray_log_dir=str(ray.session_logs),
+            nccl_log_dir=str(ray.root),
+            log=logged.append,
+            poll_interval_s=0.5,
+        )
+
+    return provider.TrainingRunProvider(connect=connect)
+
+
+def ray_jobs(ray: LocalRay) -> list[dict]:
+    with urllib.request.urlopen(f"{ray.dashboard}/api/jobs/", timeout=10) as reply:
+        return json.load(reply)
+
+
+@pytest.mark.slow
+def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_ray):
+    code_dir, code_hash = shipped_code(local_ray.root)
+    job_args = (
+        "--preset",
+        "tiny",
+        "--data",
+        "synthetic",
+        "--steps",
+        "3",
+        "--workers",
+        "2",
+        "--no-use-gpu",
+        "--checkpoint-every",
+        "0",
+        "--storage-path",
+        str(local_ray.root / "runs"),
+    )
+    inputs = run_inputs(code_hash=code_hash, job_args=job_args, expect_transport="efa", timeout_minutes=3)
+    logged: list[str] = []
+
+    # gloo on CPU prints no NCCL line: the transport is unknown, which no expectation accepts.
+    for _ in range(2):  # the second run adopts the finished job and judges its logs anew
+        with pytest.raises(errors.TrainingRunError) as caught:
+            local_provider(local_ray, code_dir, logged).create(props(inputs))
+        message = str(caught.value)
+        assert "NCCL used 'unknown' between the nodes, not 'efa'" in message
+        assert "no NCCL lines found" in message
+        assert (
+            "worker log files read: {'local-worker': " in message
+        )  # ... though the job's worker logs were read
+        assert "{'local-worker': 0}" not in message
+
+    listed = [job for job in ray_jobs(local_ray) if job["submission_id"].startswith("eks-ray-train-main-")]
+    assert [job["status"] for job in listed] == ["SUCCEEDED"]
+    # Ray kept what the submission attached: the pods it ran on, and where NCCL logs
+    assert listed[0]["metadata"][jobs.PODS_METADATA].startswith("local-head=")
+    nccl_file = listed[0]["runtime_env"]["env_vars"]["NCCL_DEBUG_FILE"]
+    assert nccl_file == f"{local_ray.root}/nccl-{listed[0]['submission_id']}.%h.%p.log"
+    assert any("step 3/3" in line for line in logged)
+    reported = [
+        line for line in logged if f"job {listed[0]['submission_id']}: " in line and "tokens/s" in line
+    ]
+    assert len(reported) == 2 and "NCCL transport unknown" in reported[0]
+
+
+@pytest.mark.slow
+def test_local_ray_failed_job_fails_with_its_log(local_ray):
+    code_dir, code_hash = shipped_code(local_ray.root)
+    inputs = run_inputs(code_hash=code_hash, job_args=("--preset", "tiny", "--steps", "0"), timeout_minutes=1)
+    with pytest.raises(errors.TrainingRunError) as caught:
+        local_provider(local_ray, code_dir, []).create(props(inputs))
+    message = str(caught.value)
+    assert " FAILED: Job entrypoint command failed with exit code 2" in message
+    assert "argument --steps: must be >= 1, got 0" in message
