@@ -723,3 +723,18 @@ def test_a_non_finite_loss_stops_the_run_before_the_optimizer_step(monkeypatch, 
         "a non-finite update reached the weights"
     )
     assert session.checkpointed == [1, 2] and not session.finished
+
+
+def test_a_step_line_of_an_older_version_parses_with_its_later_keys_none():
+    """A job started by an earlier version (no lr, grad_norm or eval keys) is still followed."""
+    from training.report import format_progress_line, parse_step_line
+
+    line = (
+        'TRAIN_STEP {"step":1,"steps":5,"loss":11.93,"step_time_s":4.12,"tokens_per_s":248.5,'
+        '"tokens_per_s_per_gpu":31.1,"mfu":0.0005,"peak_mem_gib":9.81}'
+    )
+    parsed = parse_step_line(line)
+    assert parsed is not None and parsed["loss"] == 11.93
+    assert parsed["lr"] is None and parsed["grad_norm"] is None and parsed["eval_loss"] is None
+    assert "lr n/a" in format_progress_line(parsed)
+    assert parse_step_line(line.replace('"mfu":0.0005,', "")) is None

@@ -93,6 +93,19 @@ class RunSummary:
 
 
 STEP_KEYS = tuple(field.name for field in dataclasses.fields(StepMetrics))
+# Keys a step line has carried from the first release on; the later ones (the learning rate, the
+# gradient norm, the held-out loss) read as None from a job started by an older version, which a
+# later `pulumi up` still follows.
+FIRST_STEP_KEYS = (
+    "step",
+    "steps",
+    "loss",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_mem_gib",
+)
 # What a summary must hold to be recognised in a log (older summaries lack the newer fields).
 SUMMARY_KEYS = (
     "world_size",
@@ -141,9 +154,9 @@ def parse_step_line(line: str) -> dict | None:
         payload = json.loads(line[position + len(STEP_MARKER) + 1 :])
     except json.JSONDecodeError:
         return None
-    if not isinstance(payload, dict) or any(key not in payload for key in STEP_KEYS):
+    if not isinstance(payload, dict) or any(key not in payload for key in FIRST_STEP_KEYS):
         return None
-    return payload
+    return {key: payload.get(key) for key in STEP_KEYS}
 
 
 def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
@@ -162,7 +175,7 @@ def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
     return (
         f"step {metrics['step']:>{width}}/{metrics['steps']}"
         f" | loss {loss_text}{eval_text}"
-        f" | lr {metrics['lr']:.3g}"
+        f" | lr {'n/a' if metrics['lr'] is None else format(metrics['lr'], '.3g')}"
         f" | grad norm {'nan' if grad_norm is None else f'{grad_norm:.3f}'}"
         f" | {metrics['step_time_s']:.3f} s/step"
         f" | {metrics['tokens_per_s']:,.0f} tok/s"
