@@ -16,13 +16,16 @@ destroyed cluster: EKS writes its last logs after the program deleted the group,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pulumi
 import pulumi_aws as aws
 
 from platform_facts import GPU_LABELS
 
+T = TypeVar("T")
 # The tag the program puts on the control-plane log group, naming the stack that owns it.
 OWNER_TAG = "eks-ray-train:stack"
 
@@ -42,21 +45,25 @@ def owner() -> str:
     return f"{pulumi.get_project()}/{pulumi.get_stack()}"
 
 
-def _not_found(error: Exception) -> bool:
-    """How the AWS provider words a data source's missing object."""
-    text = str(error)
-    return "couldn't find resource" in text or "NotFound" in text
+def _read(fetch: Callable[[], T], unread: str) -> T | None:
+    """`fetch()`, or None when AWS has no such object (the provider words a data source's missing
+    object "couldn't find resource" or NotFound); another failure is warned: `unread` says what
+    goes unchecked."""
+    try:
+        return fetch()
+    except Exception as err:
+        if "couldn't find resource" not in str(err) and "NotFound" not in str(err):
+            pulumi.log.warn(f"could not read {unread} ({err})")
+        return None
 
 
 def read_live_cluster(cluster_name: str) -> LiveCluster | None:
     """The cluster, its VPC's block and its subnets' zones; None when EKS has no cluster of that name."""
-    try:
-        cluster = aws.eks.get_cluster(name=cluster_name)
-    except Exception as err:
-        if not _not_found(err):
-            pulumi.log.warn(
-                f"could not read EKS cluster {cluster_name} ({err}); its VPC and zones were not checked"
-            )
+    cluster = _read(
+        lambda: aws.eks.get_cluster(name=cluster_name),
+        f"EKS cluster {cluster_name}; its VPC and zones were not checked",
+    )
+    if cluster is None:
         return None
     vpc = aws.ec2.get_vpc(id=cluster.vpc_config.vpc_id)
     zones = {_zone(subnet) for subnet in cluster.vpc_config.subnet_ids}
@@ -83,15 +90,11 @@ def _gpu_zone(cluster_name: str) -> str | None:
 
 def orphaned_log_group(name: str) -> bool:
     """The log group exists without this program's tag (call only while no cluster exists)."""
-    try:
-        group = aws.cloudwatch.get_log_group(name=name)
-    except Exception as err:
-        if not _not_found(err):
-            pulumi.log.warn(
-                f"could not read log group {name} ({err}); a group left by a destroyed cluster was not looked for"
-            )
-        return False
-    return OWNER_TAG not in (group.tags or {})
+    group = _read(
+        lambda: aws.cloudwatch.get_log_group(name=name),
+        f"log group {name}; a group left by a destroyed cluster was not looked for",
+    )
+    return group is not None and OWNER_TAG not in (group.tags or {})
 
 
 # --- judgements ------------------------------------------------------------------------------------
