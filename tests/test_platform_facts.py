@@ -167,13 +167,20 @@ def test_infra_does_not_import_the_workloads():
 
     It may read the training job's settings contract (`training.config`) and its FLOP arithmetic
     (`training.flops`, the preview's run-time bound), both standard library only, never the
-    training code itself.
+    training code itself; so are the `training` modules they import (settings, presets, corpus
+    discovery), followed to any depth.
     """
     allowed = frozenset({"training.config", "training.flops"})
     assert crossings("infra", {"workloads", "training"}, allowed=allowed) == []
-    for module in allowed:
-        imported = {name.split(".")[0] for name in imported_modules(ROOT / f"{module.replace('.', '/')}.py")}
-        assert imported <= {*sys.stdlib_module_names, "__future__", "training"}, module
+    standard = {*sys.stdlib_module_names, "__future__", "training"}
+    pending, seen = list(allowed), set()
+    while pending:
+        module = pending.pop()
+        seen.add(module)
+        names = imported_modules(ROOT / f"{module.replace('.', '/')}.py")
+        assert {name.split(".")[0] for name in names} <= standard, module
+        pending += {name for name in names if (ROOT / f"{name.replace('.', '/')}.py").is_file()} - seen
+    assert {"training.settings", "training.presets"} <= seen  # the walk follows config's imports
 
 
 def test_training_imports_nothing_of_the_program():

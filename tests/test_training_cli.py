@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from infra.training_settings import key_of_flag, setting_flags, setting_keys
-from training.config import PRESETS, ArgumentsError, build_parser, parse_args, parse_flags
+from training.config import PRESETS, ArgumentsError, TrainConfig, build_parser, parse_args, parse_flags
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120
@@ -57,6 +58,17 @@ def test_help_shows_each_flags_effective_default_not_none():
     for action in build_parser()._actions:
         if action.dest in PRESETS["tiny"]:
             assert "(default: " in (action.help or ""), action.dest
+
+
+def test_each_setting_is_one_field_with_its_flag_and_every_preset_fills_it():
+    """The parser is derived from `TrainConfig`: one flag per field, in the field's order, and a
+    preset gives every field a value but the run's own (preset, --local, its folder)."""
+    fields = [field.name for field in dataclasses.fields(TrainConfig)]
+    dests = [action.dest for action in build_parser()._actions if action.dest != "help"]
+    assert dests == fields
+    run_level = {"preset", "local", "storage_path", "run_name"}
+    for name, preset in PRESETS.items():
+        assert set(preset) == set(fields) - run_level, name
 
 
 @pytest.mark.parametrize(

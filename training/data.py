@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.config import DEFAULT_TEXT_COLUMN, TrainConfig, corpus_files, corpus_format
+from training.config import TrainConfig
+from training.corpus_files import DEFAULT_TEXT_COLUMN, corpus_files, corpus_format
 from training.errors import UsageError
 from training.tokenizer import Message, Tokenizer, load_tokenizer
 

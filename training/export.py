@@ -13,8 +13,10 @@ import warnings
 from pathlib import Path
 
 from training.checkpoint import hugging_face_weights, read_train_state, write_hugging_face
-from training.config import BYTE_TOKENIZER, EXPORT_DTYPES, TRAIN_STATE_FILE
+from training.config import TRAIN_STATE_FILE
 from training.model import load_architecture  # noqa: F401  (its log filters quiet torchao's import)
+from training.presets import BYTE_TOKENIZER
+from training.settings import EXPORT_DTYPES
 
 PROGRAM = "python -m training.export"
 PREFIX = "causal_lm."  # the training model's name for the causal LM (training/model.py)

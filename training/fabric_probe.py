@@ -27,8 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.config import _non_negative_int, _positive_float, _positive_int
 from training.errors import RunFailedError, UsageError
+from training.settings import non_negative_int, positive_float, positive_int
 
 PROGRAM = "python -m training.fabric_probe"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         help="Ray workers (default: one per GPU of the cluster; required with --no-gpu)",
     )
     parser.add_argument(
@@ -143,13 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--gpus-per-worker",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="GPUs each Ray worker reserves (default: 1)",
     )
     parser.add_argument(
         "--cpus-per-worker",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="CPUs each Ray worker reserves (default: 1)",
     )
@@ -162,13 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--iters",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_ITERS,
         help=f"timed calls per collective and size (default: {DEFAULT_ITERS})",
     )
     parser.add_argument(
         "--warmup-iters",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=DEFAULT_WARMUP_ITERS,
         help=f"untimed calls before them (default: {DEFAULT_WARMUP_ITERS})",
     )

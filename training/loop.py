@@ -27,7 +27,7 @@ from training.checkpoint import (
     read_train_state,
     save_checkpoint,
 )
-from training.config import BYTE_TOKENIZER, TrainConfig
+from training.config import TrainConfig
 from training.data import corpus_fingerprint, epoch_batches, position_after, synthetic_batches
 from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
@@ -44,6 +44,7 @@ from training.model import (
 )
 from training.optim import build_optimizer, learning_rate, set_learning_rate
 from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
+from training.presets import BYTE_TOKENIZER
 from training.report import RunSummary, format_progress_line, format_step_line
 from training.tensorboard_sink import TensorBoardSink
 from training.tokenizer import load_tokenizer

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.config import TrainConfig, load_model_config
+from training.config import TrainConfig
 from training.data import DOCUMENT_START, NO_LOSS, TOKEN_ID
 from training.loss import (
     IGNORE_INDEX,
@@ -19,6 +19,7 @@ from training.loss import (
     fused_linear_cross_entropy,
     global_normalizer,
 )
+from training.model_configs import load_model_config
 
 # Transformers imports torchao whenever it is installed (for its quantizers), and torchao then
 # warns that its C++ extensions do not load on a CPU build of torch or one it was not built

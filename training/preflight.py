@@ -4,8 +4,9 @@ traceback from every worker."""
 
 from __future__ import annotations
 
-from training.config import BYTE_TOKENIZER, TrainConfig
+from training.config import TrainConfig
 from training.errors import UsageError
+from training.presets import BYTE_TOKENIZER
 from training.tokenizer import load_tokenizer
 
 FIX = (

@@ -42,7 +42,8 @@ from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT
-from training.config import CORPUS_SUFFIXES, TrainConfig, check_hsdp_replicas, corpus_files, is_uri
+from training.config import TrainConfig, check_hsdp_replicas, is_uri
+from training.corpus_files import CORPUS_SUFFIXES, corpus_files
 from training.data import (
     batch_tokens,
     batches_per_epoch,

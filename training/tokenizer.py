@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Protocol
 
-from training.config import BYTE_TOKENIZER
 from training.errors import UsageError
+from training.presets import BYTE_TOKENIZER
 
 Message = dict[str, str]  # one turn of a conversation: {"role": ..., "content": ...}
 
