@@ -70,7 +70,9 @@ from workloads.training_run.schema import (
 
 @dataclass(frozen=True)
 class RunOutputs:
-    """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`."""
+    """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`. `efa_bytes`
+    (bytes sent plus received through each worker node's EFA ports during the job) and
+    `efa_counters` (each counter's delta) are None for a job this run adopted instead of submitting."""
 
     job_id: str
     status: str
@@ -83,10 +85,13 @@ class RunOutputs:
     step_time_s: float | None
     duration_s: float | None
     summary: dict
+    efa_bytes: dict[str, int | None] | None = None
+    efa_counters: dict[str, dict[str, int] | None] | None = None
     tcp_job_id: str | None = None
     tcp_transport: str | None = None
     tcp_evidence: list[str] | None = None
     tcp_tokens_per_s: float | None = None
+    tcp_efa_bytes: dict[str, int | None] | None = None
     efa_speedup: float | None = None
 
     @classmethod
@@ -104,6 +109,8 @@ class RunOutputs:
             step_time_s=summary.get("step_time_s"),
             duration_s=summary.get("duration_s"),
             summary=summary,
+            efa_bytes=main.efa.bytes_moved() if main.efa else None,
+            efa_counters=dict(main.efa.deltas) if main.efa else None,
         )
         if tcp is None:
             return outputs
@@ -114,6 +121,7 @@ class RunOutputs:
             tcp_transport=tcp.verdict.transport,
             tcp_evidence=list(tcp.verdict.evidence),
             tcp_tokens_per_s=tcp_rate,
+            tcp_efa_bytes=tcp.efa.bytes_moved() if tcp.efa else None,
             efa_speedup=round(main_rate / tcp_rate, 3) if main_rate and tcp_rate else None,
         )
 

@@ -20,7 +20,7 @@ from platform_facts import EFA_RESOURCE, GPU_RESOURCE
 from training.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
-from workloads.training_run import evidence, readiness
+from workloads.training_run import efa_counters, evidence, readiness
 from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
 from workloads.training_run.evidence import JobLog, JobResult
 from workloads.training_run.jobs import (
@@ -64,6 +64,7 @@ class RunEnvironment:
     dashboard_address: str = DASHBOARD_ADDRESS
     code_dir: str = manifests.CODE_MOUNT
     ray_log_dir: str = evidence.RAY_LOG_DIR
+    sysfs_root: str = efa_counters.SYSFS_ROOT
     nccl_log_dir: str = NCCL_LOG_DIR
     log: Callable[[str], None] = pulumi.log.info
     poll_interval_s: float = RunTimings().poll_interval_s
@@ -193,6 +194,7 @@ class TrainingRunner:
         jobs = RayJobsClient(
             self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
         )
+        before = efa_counters.read_counters(pods.workers, self.env.executor_for, self.env.sysfs_root)
         plan = self.start_job(pods, jobs, variant, env_vars)
         submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
@@ -231,7 +233,16 @@ class TrainingRunner:
             f"{verdict.transport} ({verdict.reason}); {kind} read: {log_files}"
         )
         rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
-        return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged)
+        # The counters span the job only when this run submitted it: an adopted job began before
+        # the first read (and a rejudged one ended before it).
+        traffic = None
+        if plan.adopted is None:
+            after = efa_counters.read_counters(pods.workers, self.env.executor_for, self.env.sysfs_root)
+            traffic = efa_counters.efa_traffic(before, after)
+            self.env.log(
+                f"training run: job {submission_id}: EFA bytes per worker pod {traffic.bytes_moved()}"
+            )
+        return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged, traffic)
 
     def wait_until_ready(self) -> RayPods:
         request, env = self.request, self.env
