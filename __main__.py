@@ -182,6 +182,8 @@ if settings.train:
             "mfu": run.mfu,
             "stepTimeS": run.step_time_s,
             "durationS": run.duration_s,
+            "efaBytes": run.efa_bytes,
+            "efaCounters": run.efa_counters,
         },
     )
     if settings.benchmark:
@@ -191,6 +193,8 @@ if settings.train:
                 "efaTokensPerS": run.tokens_per_s,
                 "tcpTokensPerS": run.tcp_tokens_per_s,
                 "tcpTransport": run.tcp_transport,
+                "efaBytes": run.efa_bytes,
+                "tcpEfaBytes": run.tcp_efa_bytes,
                 "efaSpeedup": run.efa_speedup,
             },
         )
