@@ -696,6 +696,7 @@ class FakeRayPods:
     job_for_submission: Callable[[list[str]], ScriptedJob]
     efa: dict[str, FakeEfaSysfs] = field(default_factory=dict)  # worker pod -> its node's EFA sysfs
     submissions: list[list[str]] = field(default_factory=list)
+    probe_submissions: list[list[str]] = field(default_factory=list)
 
     def __call__(self, pod_name: str, container: str, argv: list[str]) -> ExecReply:
         if pod_name == self.head_pod:
@@ -709,7 +710,8 @@ class FakeRayPods:
                 if "--metadata-json" in argv:
                     job.metadata = json.loads(argv[argv.index("--metadata-json") + 1])
                 self.dashboard.jobs[submission_id] = job
-                self.submissions.append(argv)
+                probe = "training.fabric_probe" in argv  # the probe after a job, kept apart
+                (self.probe_submissions if probe else self.submissions).append(argv)
                 for sysfs in self.efa.values():
                     sysfs.add(job.efa_traffic)
                 return ExecReply(f"Job '{submission_id}' submitted successfully\n")

@@ -67,7 +67,12 @@ def scripted(
 
 
 def by_variant(argv: list[str]) -> fake.ScriptedJob:
-    """The main run over EFA, or the benchmark's TCP baseline."""
+    """The main run over EFA, or the benchmark's TCP baseline; the fabric probe after either."""
+    if "training.fabric_probe" in argv:
+        tcp = "--runtime-env-json" in argv and "Socket" in argv[argv.index("--runtime-env-json") + 1]
+        return (
+            scripted("06000000", "driver_probe_tcp.log") if tcp else scripted("05000000", "driver_probe.log")
+        )
     if "--runtime-env-json" in argv and "Socket" in argv[argv.index("--runtime-env-json") + 1]:
         return scripted(TCP_JOB, "driver_tcp.log")
     return scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_TRAFFIC)
@@ -207,6 +212,7 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)
     assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
     assert outs["efa_bytes"] == dict.fromkeys(WORKER_PODS, 25_769_807_872)  # read by exec, before and after
+    assert outs["busbw_gbps"] == {"all_reduce": 33.6, "all_gather": 35.2, "reduce_scatter": 34.9}
     assert len(world.pods.submissions) == 1
     assert world.aws.access_keys_seen[0] == "AKIAFAKEAMBIENT"  # DescribeCluster as the ambient identity
     assert "training run: job" in world.host.stderr  # progress reaches the CLI as diagnostics
@@ -229,7 +235,7 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
 def test_efa_counters_that_did_not_move_fail_the_efa_verdict_with_the_numbers(world: World):
     """NCCL's lines say EFA, but the nodes' EFA counters, read by exec before and after, stayed put."""
     world.host.configure(STACK_CONFIG)
-    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log")
+    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log")  # no EFA traffic
     details, _ = failure(world)
     assert_one_clear_message(details)
     assert "NCCL's log says it used EFA" in details
@@ -239,6 +245,23 @@ def test_efa_counters_that_did_not_move_fail_the_efa_verdict_with_the_numbers(wo
         argv for pod, argv in world.kube.execs if pod == WORKER_PODS[0] and "/sys/class/infiniband" in argv
     ]
     assert len(reads) == 2
+
+
+@pytest.mark.slow
+def test_a_probe_busbw_under_the_floor_fails_the_efa_verdict_with_the_numbers(world: World):
+    """The fabric probe runs after the job through the same `ray job submit`; at 1 GiB its
+    all_reduce busbw is 0.84 of the registered node's line rate, under a floor of 0.9."""
+    world.host.configure(STACK_CONFIG)
+    line_rate = world.inputs["line_rate_gbps"]
+    details, _ = failure(world, min_busbw_fraction=0.9)
+    assert_one_clear_message(details)
+    assert len(world.pods.submissions) == 1 and len(world.pods.probe_submissions) == 1
+    assert "the fabric probe (job eks-ray-train-probe-main-" in details
+    share = round(33.6 / line_rate, 3)
+    assert (
+        f"all_reduce: busbw 33.6 Gbit/s = {share:g} of the {line_rate:g} Gbit/s line rate, under minBusbwFraction 0.9"
+        in details
+    )
 
 
 @pytest.mark.slow

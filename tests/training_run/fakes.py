@@ -32,6 +32,7 @@ from workloads.training_run import (
     efa_counters,
     errors,
     evidence,
+    fabric,
     jobs,
     provider,
     readiness,
@@ -59,6 +60,7 @@ SPEC_HASH = "7e1f0c2b9a4d8e63"
 
 
 EFA_JOB, TCP_JOB, FALLBACK_JOB, OOM_JOB = "02000000", "03000000", "01000000", "04000000"
+PROBE_JOB, TCP_PROBE_JOB = "05000000", "06000000"
 
 
 def gpu_node(
@@ -185,6 +187,12 @@ class FakeRayHead:
         self.metadata: dict[str, dict] = {}  # what `--metadata-json` attached, per submission id
         self.submissions: list[list[str]] = []
         self.efa: dict[str, FakeEfaSysfs] = {}  # worker pod -> its node's EFA sysfs, set by FakeCluster
+        # The fabric probe after each job, by variant; its submissions are kept apart from the jobs'.
+        self.probes_by_variant = {
+            "main": scripted(PROBE_JOB, "driver_probe.log"),
+            "tcp": scripted(TCP_PROBE_JOB, "driver_probe_tcp.log"),
+        }
+        self.probe_submissions: list[list[str]] = []
 
     def run(self, argv, timeout_s):
         if argv[0] == "cat":
@@ -199,14 +207,15 @@ class FakeRayHead:
             env = {}
             if "--runtime-env-json" in argv:
                 env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
-            self.jobs[submission_id] = self.jobs_by_variant[
-                "tcp" if env.get("NCCL_NET") == "Socket" else "main"
-            ]
+            variant = "tcp" if env.get("NCCL_NET") == "Socket" else "main"
+            probe = fabric.PROBE_MODULE in argv
+            chosen = self.probes_by_variant if probe else self.jobs_by_variant
+            self.jobs[submission_id] = chosen[variant]
             for sysfs in self.efa.values():
                 sysfs.add(self.jobs[submission_id].efa_traffic)
             if "--metadata-json" in argv:
                 self.metadata[submission_id] = json.loads(argv[argv.index("--metadata-json") + 1])
-            self.submissions.append(list(argv))
+            (self.probe_submissions if probe else self.submissions).append(list(argv))
             return ExecResult(0, f"Job '{submission_id}' submitted successfully\n")
         if argv[:3] == ["python", "-c", jobs.HEAD_JOBS_API_SOURCE]:
             action, subject = argv[4], argv[5]
@@ -387,6 +396,7 @@ def run_inputs(**changes) -> schema.RunInputs:
         "code_hash": CODE_HASH,
         "run_spec_hash": SPEC_HASH,
         "gpu_instance_type": "g6.12xlarge",
+        "line_rate_gbps": 40.0,  # g6.12xlarge's NetworkPerformance, "40 Gigabit"
         "job_args": tuple(SMOKE_ARGS),
     }
     values.update(changes)

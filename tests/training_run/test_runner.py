@@ -72,6 +72,22 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     )
     assert outs["efa_counters"][WORKER_PODS[0]]["retrans_pkts"] == 2
     assert outs["efa_counters"][WORKER_PODS[0]]["impaired_remote_conn_events"] == 0
+    # The fabric probe ran after the job, on its worker group: busbw at 1 GiB against the 40 Gbit/s line.
+    (probe,) = fake.head.probe_submissions
+    assert probe[probe.index("--") :] == [
+        "--",
+        "python",
+        "-m",
+        "training.fabric_probe",
+        "--workers",
+        "8",
+        "--use-gpu",
+        "--gpus-per-worker",
+        "1",
+    ]
+    assert outs["probe_job_id"].startswith("eks-ray-train-probe-main-") and outs["line_rate_gbps"] == 40.0
+    assert outs["busbw_gbps"] == {"all_reduce": 33.6, "all_gather": 35.2, "reduce_scatter": 34.9}
+    assert outs["busbw_fraction"] == {"all_reduce": 0.84, "all_gather": 0.88, "reduce_scatter": 0.872}
     progress = [line for line in fake.logged if "step 5/5" in line]
     assert progress and "531 tok/s" in progress[0]
 
@@ -93,6 +109,23 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     assert (outs["tokens_per_s"], outs["tcp_tokens_per_s"]) == (530.6, 258.6)
     assert outs["efa_speedup"] == round(530.6 / 258.6, 3) == 2.052
     assert outs["tcp_efa_bytes"] == dict.fromkeys(WORKER_PODS, 0)  # the baseline left EFA alone
+    _, tcp_probe = fake.head.probe_submissions  # both probes, side by side
+    assert "Socket" in tcp_probe[tcp_probe.index("--runtime-env-json") + 1]
+    assert outs["tcp_probe_job_id"].startswith("eks-ray-train-probe-tcp-")
+    assert outs["tcp_busbw_gbps"] == {"all_reduce": 14.2, "all_gather": 15.1, "reduce_scatter": 14.8}
+
+
+def test_a_busbw_under_the_floor_fails_efa_with_the_numbers():
+    fake = FakeCluster(main_and_tcp_head())
+    message = failure_of(fake, run_inputs(min_busbw_fraction=0.85))
+    assert (
+        "the fabric probe (job eks-ray-train-probe-main-" in message and "1073741824 byte messages" in message
+    )
+    assert (
+        "all_reduce: busbw 33.6 Gbit/s = 0.84 of the 40 Gbit/s line rate, under minBusbwFraction 0.85"
+        in message
+    )
+    assert "all_gather: busbw" not in message and "reduce_scatter: busbw" not in message  # 0.88, 0.8725
 
 
 def test_efa_in_the_logs_but_counters_that_did_not_move_fail_with_the_numbers():
