@@ -473,7 +473,8 @@ def test_a_refused_exec_handshake_is_asked_again_and_the_job_is_submitted_once(w
     assert outs["status"] == "SUCCEEDED" and outs["transport"] == "efa"
     assert len(world.pods.submissions) == 1
     submits = [argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
-    assert len(submits) == 1  # the refused handshake never reached the pod
+    assert len(submits) == 2  # the job and the probe after it: the refused handshakes never reached the pod
+    assert len(world.pods.probe_submissions) == 1
     print(
         f"\nexec handshake {refusal.code} on every first attempt: run succeeded in {time.monotonic() - started:.2f} s"
     )

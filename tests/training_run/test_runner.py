@@ -340,6 +340,7 @@ def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider
             code_dir=str(code_dir),
             ray_log_dir=str(ray.session_logs),
             nccl_log_dir=str(ray.root),
+            sysfs_root=str(ray.root / "no-efa-sysfs"),  # this machine has no EFA device
             log=logged.append,
             poll_interval_s=0.5,
         )
