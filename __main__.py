@@ -21,6 +21,7 @@ from infra.node_groups import (
     SystemNodeGroup,
 )
 from infra.plan import log_plan
+from infra.plan_facts import line_rate_gbps
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
 from infra.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
@@ -166,6 +167,8 @@ if settings.train:
             gpu_instance_type=settings.gpu_node_type,
             job_args=tuple(job_args),
             expect_transport=settings.training.expect_transport,
+            line_rate_gbps=line_rate_gbps(placement.gpu_node.network_performance),
+            min_busbw_fraction=settings.training.min_busbw_fraction,
             benchmark=settings.benchmark,
             timeout_minutes=settings.training.timeout_minutes,
         ),
@@ -182,6 +185,12 @@ if settings.train:
             "mfu": run.mfu,
             "stepTimeS": run.step_time_s,
             "durationS": run.duration_s,
+            "efaBytes": run.efa_bytes,
+            "efaCounters": run.efa_counters,
+            "probeJobId": run.probe_job_id,
+            "busbwGbps": run.busbw_gbps,
+            "lineRateGbps": run.line_rate_gbps,
+            "busbwFraction": run.busbw_fraction,
         },
     )
     if settings.benchmark:
@@ -191,6 +200,10 @@ if settings.train:
                 "efaTokensPerS": run.tokens_per_s,
                 "tcpTokensPerS": run.tcp_tokens_per_s,
                 "tcpTransport": run.tcp_transport,
+                "efaBytes": run.efa_bytes,
+                "tcpEfaBytes": run.tcp_efa_bytes,
+                "efaBusbwGbps": run.busbw_gbps,
+                "tcpBusbwGbps": run.tcp_busbw_gbps,
                 "efaSpeedup": run.efa_speedup,
             },
         )

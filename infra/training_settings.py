@@ -53,6 +53,19 @@ RENAMED_TRAINING_KEYS = {
 }
 
 
+def _fraction(value: Any) -> float:
+    """A share from 0 to 1 (YAML may hand it over as a string)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number from 0 to 1")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number from 0 to 1") from None
+    if not 0 <= number <= 1:
+        raise ValueError("must be from 0 to 1")
+    return number
+
+
 class TrainingRunKeys(BaseModel):
     """The `training` keys that are no flag of the job: how `pulumi up` judges the run."""
 
@@ -65,6 +78,10 @@ class TrainingRunKeys(BaseModel):
         description="transport the run must use, or `pulumi up` fails: "
         + ", ".join(f"`{transport}`" for transport in EXPECTABLE_TRANSPORTS[:-1])
         + f" or `{EXPECTABLE_TRANSPORTS[-1]}`",
+    )
+    min_busbw_fraction: Annotated[float, BeforeValidator(_fraction)] = Field(
+        default=0.0,
+        description="with `expectTransport: efa`, the least share of the GPU node's line rate the fabric probe's bus bandwidth must reach at its largest message size, per collective, or `pulumi up` fails; 0 turns the floor off",
     )
     timeout_minutes: Annotated[int, BeforeValidator(as_int(1, 7 * 24 * 60, "a week"))] = Field(
         default=60,

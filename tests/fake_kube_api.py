@@ -23,6 +23,11 @@ Each models the real behaviour the provider depends on, and where that is docume
   Ray docs "Ray Jobs REST API"): job records with `submission_id`, `job_id`, `status`, `message`, and
   `metadata`, the string map `ray job submit --metadata-json` attached (Ray's `JobDetails.metadata`).
   Every pod object has a `metadata.uid`, new for each pod the API server creates, as Kubernetes does.
+- A worker node's EFA port counters (`FakeEfaSysfs`), as the EFA kernel driver exposes them through
+  the RDMA core's sysfs (amzn/amzn-drivers kernel/linux/efa/src/efa_verbs.c, `EFA_DEFINE_PORT_STATS`;
+  the RDMA core prints each as `%llu\n`): `<device>/ports/1/hw_counters/<name>`, one decimal number
+  per file, growing while the job's traffic goes through the port. A worker pod's exec sees them at
+  `/sys/class/infiniband`; a scripted job adds its `efa_traffic` to every worker node once submitted.
 
 Fault switches model what went wrong in the field: `unauthorized` (401 for every request, as for an
 identity without an EKS access entry), `expired_keys` (401 for a token signed with those access keys:
@@ -578,6 +583,7 @@ class ScriptedJob:
     message: str | None = None
     looks: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
+    efa_traffic: dict[str, int] = field(default_factory=dict)  # counter -> what it adds on each node
 
     def status(self) -> str:
         return self.statuses[min(self.looks, len(self.statuses) - 1)]
@@ -639,6 +645,42 @@ class FakeRayDashboard:
         handler.wfile.write(data)
 
 
+# What a node's EFA counters hold before a job: earlier traffic (counters live as long as the device).
+EFA_DEVICE = "rdmap16s27"
+EFA_COUNTERS_AT_BOOT = {
+    "tx_bytes": 7_340_032_000,
+    "rx_bytes": 7_340_032_512,
+    "tx_pkts": 870_000,
+    "rx_pkts": 870_004,
+    "send_bytes": 1_048_576,
+    "recv_bytes": 1_048_576,
+    "rdma_read_bytes": 7_338_983_424,
+    "rdma_write_bytes": 0,
+    "retrans_pkts": 3,
+    "impaired_remote_conn_events": 0,
+}
+
+
+class FakeEfaSysfs:
+    """One node's `/sys/class/infiniband`: an EFA device with one port and its `hw_counters` files."""
+
+    def __init__(self, root: Path, device: str = EFA_DEVICE, counters: dict[str, int] | None = None):
+        self.root = root
+        self.folder = root / device / "ports" / "1" / "hw_counters"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.counters = dict(EFA_COUNTERS_AT_BOOT if counters is None else counters)
+        self._write()
+
+    def add(self, traffic: dict[str, int]) -> None:
+        for name, count in traffic.items():
+            self.counters[name] += count
+        self._write()
+
+    def _write(self) -> None:
+        for name, value in self.counters.items():
+            (self.folder / name).write_text(f"{value}\n")
+
+
 @dataclass
 class FakeRayPods:
     """Answers the commands the provider execs: the head's, against `dashboard`; the workers' over fixture logs.
@@ -652,7 +694,9 @@ class FakeRayPods:
     worker_logs: dict[str, Path]  # worker pod -> its Ray session log folder
     code_hash: str
     job_for_submission: Callable[[list[str]], ScriptedJob]
+    efa: dict[str, FakeEfaSysfs] = field(default_factory=dict)  # worker pod -> its node's EFA sysfs
     submissions: list[list[str]] = field(default_factory=list)
+    probe_submissions: list[list[str]] = field(default_factory=list)
 
     def __call__(self, pod_name: str, container: str, argv: list[str]) -> ExecReply:
         if pod_name == self.head_pod:
@@ -666,7 +710,10 @@ class FakeRayPods:
                 if "--metadata-json" in argv:
                     job.metadata = json.loads(argv[argv.index("--metadata-json") + 1])
                 self.dashboard.jobs[submission_id] = job
-                self.submissions.append(argv)
+                probe = "training.fabric_probe" in argv  # the probe after a job, kept apart
+                (self.probe_submissions if probe else self.submissions).append(argv)
+                for sysfs in self.efa.values():
+                    sysfs.add(job.efa_traffic)
                 return ExecReply(f"Job '{submission_id}' submitted successfully\n")
             if argv[:2] == ["python", "-c"]:
                 local = [sys.executable, "-c", argv[2], self.dashboard.url, *argv[4:]]
@@ -675,6 +722,8 @@ class FakeRayPods:
         logs = self.worker_logs[pod_name]
         # The pod's emptyDir /tmp/ray (NCCL log files) is the folder above its session logs.
         local = {"/tmp/ray/session_latest/logs": str(logs), "/tmp/ray": str(logs.parent)}
+        if pod_name in self.efa:
+            local["/sys/class/infiniband"] = str(self.efa[pod_name].root)
         return _run([local.get(arg, arg) for arg in argv])
 
 

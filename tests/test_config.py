@@ -110,6 +110,8 @@ def test_values_arrive_as_engine_text():
         ),
         ({"training": '{"data": "s3://b/my corpus"}'}, "passes through a shell on the cluster"),
         ({"training": '{"expectTransport": "tcp"}'}, "'training.expectTransport'"),
+        ({"training": '{"minBusbwFraction": 1.5}'}, "'training.minBusbwFraction'"),
+        ({"training": '{"minBusbwFraction": true}'}, "'training.minBusbwFraction'"),
         ({"training": "[1, 2]"}, "'training' must be an object"),
         ({"clusterName": "c" * 44}, f"'clusterName' = '{'c' * 44}': at most 43 characters"),
         ({"clusterName": "-leading-dash"}, "'clusterName'"),
@@ -373,6 +375,7 @@ TRAILING = ["\n", "\t", " "]
 def test_the_shaped_keys_take_their_good_values():
     parse(**SHAPED_KEYS, adminPrincipalArns=json.dumps(["arn:aws:iam::123456789012:role/ci"]))
     parse(training={"runName": "exp1", "expectTransport": "efa"})
+    assert parse(training={"minBusbwFraction": 0.8}).training.min_busbw_fraction == 0.8
 
 
 @pytest.mark.parametrize("suffix", TRAILING, ids=["newline", "tab", "space"])

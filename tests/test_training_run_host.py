@@ -30,6 +30,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "training_run"
 WORKER_PODS = sorted(path.name for path in (FIXTURES / "pods").iterdir())
 HEAD_POD = "ray-train-head-9bq5w"
 EFA_JOB, TCP_JOB, FALLBACK_JOB = "02000000", "03000000", "01000000"
+EFA_TRAFFIC = {"tx_bytes": 12_884_901_888, "rx_bytes": 12_884_905_984, "retrans_pkts": 2}  # per node
 FAST = {
     "EKS_RAY_TRAIN_POLL_INTERVAL_S": "0.05",
     "EKS_RAY_TRAIN_READINESS_TIMEOUT_S": "1",
@@ -56,16 +57,25 @@ def ray_pod(registered: dict[str, Any], name: str, node_type: str, **kwargs: Any
     return pod
 
 
-def scripted(ray_job_id: str, log_name: str, statuses: list[str] | None = None) -> fake.ScriptedJob:
+def scripted(
+    ray_job_id: str, log_name: str, statuses: list[str] | None = None, efa_traffic: dict | None = None
+) -> fake.ScriptedJob:
     statuses = statuses or ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"]
-    return fake.ScriptedJob(ray_job_id, (FIXTURES / log_name).read_text(), statuses)
+    return fake.ScriptedJob(
+        ray_job_id, (FIXTURES / log_name).read_text(), statuses, efa_traffic=dict(efa_traffic or {})
+    )
 
 
 def by_variant(argv: list[str]) -> fake.ScriptedJob:
-    """The main run over EFA, or the benchmark's TCP baseline."""
+    """The main run over EFA, or the benchmark's TCP baseline; the fabric probe after either."""
+    if "training.fabric_probe" in argv:
+        tcp = "--runtime-env-json" in argv and "Socket" in argv[argv.index("--runtime-env-json") + 1]
+        return (
+            scripted("06000000", "driver_probe_tcp.log") if tcp else scripted("05000000", "driver_probe.log")
+        )
     if "--runtime-env-json" in argv and "Socket" in argv[argv.index("--runtime-env-json") + 1]:
         return scripted(TCP_JOB, "driver_tcp.log")
-    return scripted(EFA_JOB, "driver_main.log")
+    return scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_TRAFFIC)
 
 
 @dataclass
@@ -90,6 +100,7 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         {name: FIXTURES / "pods" / name / "logs" for name in WORKER_PODS},
         code_hash=registered["code_hash"],
         job_for_submission=by_variant,
+        efa={name: fake.FakeEfaSysfs(tmp_path / "sysfs" / name) for name in WORKER_PODS},
     )
     kube = fake.FakeKubeApi(
         tmp_path,
@@ -200,6 +211,8 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     assert outs["job_id"].startswith("eks-ray-train-main-") and outs["tokens_per_s"] == 530.6
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)
     assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
+    assert outs["efa_bytes"] == dict.fromkeys(WORKER_PODS, 25_769_807_872)  # read by exec, before and after
+    assert outs["busbw_gbps"] == {"all_reduce": 33.6, "all_gather": 35.2, "reduce_scatter": 34.9}
     assert len(world.pods.submissions) == 1
     assert world.aws.access_keys_seen[0] == "AKIAFAKEAMBIENT"  # DescribeCluster as the ambient identity
     assert "training run: job" in world.host.stderr  # progress reaches the CLI as diagnostics
@@ -216,6 +229,39 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     rolled = plain(world.create().properties)
     assert rolled["job_id"] == outs["job_id"] + "-2" and len(world.pods.submissions) == 2
     assert f"submitting {outs['job_id']}-2 to judge them" in world.host.stderr
+
+
+@pytest.mark.slow
+def test_efa_counters_that_did_not_move_fail_the_efa_verdict_with_the_numbers(world: World):
+    """NCCL's lines say EFA, but the nodes' EFA counters, read by exec before and after, stayed put."""
+    world.host.configure(STACK_CONFIG)
+    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log")  # no EFA traffic
+    details, _ = failure(world)
+    assert_one_clear_message(details)
+    assert "NCCL's log says it used EFA" in details
+    assert f"{WORKER_PODS[0]}: 0 bytes sent or received through its 1 EFA port(s)" in details
+    assert f"EFA bytes per worker pod during the job: {dict.fromkeys(WORKER_PODS, 0)}" in details
+    reads = [
+        argv for pod, argv in world.kube.execs if pod == WORKER_PODS[0] and "/sys/class/infiniband" in argv
+    ]
+    assert len(reads) == 2
+
+
+@pytest.mark.slow
+def test_a_probe_busbw_under_the_floor_fails_the_efa_verdict_with_the_numbers(world: World):
+    """The fabric probe runs after the job through the same `ray job submit`; at 1 GiB its
+    all_reduce busbw is 0.84 of the registered node's line rate, under a floor of 0.9."""
+    world.host.configure(STACK_CONFIG)
+    line_rate = world.inputs["line_rate_gbps"]
+    details, _ = failure(world, min_busbw_fraction=0.9)
+    assert_one_clear_message(details)
+    assert len(world.pods.submissions) == 1 and len(world.pods.probe_submissions) == 1
+    assert "the fabric probe (job eks-ray-train-probe-main-" in details
+    share = round(33.6 / line_rate, 3)
+    assert (
+        f"all_reduce: busbw 33.6 Gbit/s = {share:g} of the {line_rate:g} Gbit/s line rate, under minBusbwFraction 0.9"
+        in details
+    )
 
 
 @pytest.mark.slow
@@ -427,7 +473,8 @@ def test_a_refused_exec_handshake_is_asked_again_and_the_job_is_submitted_once(w
     assert outs["status"] == "SUCCEEDED" and outs["transport"] == "efa"
     assert len(world.pods.submissions) == 1
     submits = [argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
-    assert len(submits) == 1  # the refused handshake never reached the pod
+    assert len(submits) == 2  # the job and the probe after it: the refused handshakes never reached the pod
+    assert len(world.pods.probe_submissions) == 1
     print(
         f"\nexec handshake {refusal.code} on every first attempt: run succeeded in {time.monotonic() - started:.2f} s"
     )

@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import json
 import os
+import tempfile
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,11 +26,13 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.fake_kube_api import ScriptedJob
+from tests.fake_kube_api import FakeEfaSysfs, ScriptedJob
 from workloads import manifests
 from workloads.training_run import (
+    efa_counters,
     errors,
     evidence,
+    fabric,
     jobs,
     provider,
     readiness,
@@ -57,6 +60,7 @@ SPEC_HASH = "7e1f0c2b9a4d8e63"
 
 
 EFA_JOB, TCP_JOB, FALLBACK_JOB, OOM_JOB = "02000000", "03000000", "01000000", "04000000"
+PROBE_JOB, TCP_PROBE_JOB = "05000000", "06000000"
 
 
 def gpu_node(
@@ -182,6 +186,13 @@ class FakeRayHead:
         self.jobs: dict[str, ScriptedJob] = {}
         self.metadata: dict[str, dict] = {}  # what `--metadata-json` attached, per submission id
         self.submissions: list[list[str]] = []
+        self.efa: dict[str, FakeEfaSysfs] = {}  # worker pod -> its node's EFA sysfs, set by FakeCluster
+        # The fabric probe after each job, by variant; its submissions are kept apart from the jobs'.
+        self.probes_by_variant = {
+            "main": scripted(PROBE_JOB, "driver_probe.log"),
+            "tcp": scripted(TCP_PROBE_JOB, "driver_probe_tcp.log"),
+        }
+        self.probe_submissions: list[list[str]] = []
 
     def run(self, argv, timeout_s):
         if argv[0] == "cat":
@@ -196,12 +207,15 @@ class FakeRayHead:
             env = {}
             if "--runtime-env-json" in argv:
                 env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
-            self.jobs[submission_id] = self.jobs_by_variant[
-                "tcp" if env.get("NCCL_NET") == "Socket" else "main"
-            ]
+            variant = "tcp" if env.get("NCCL_NET") == "Socket" else "main"
+            probe = fabric.PROBE_MODULE in argv
+            chosen = self.probes_by_variant if probe else self.jobs_by_variant
+            self.jobs[submission_id] = chosen[variant]
+            for sysfs in self.efa.values():
+                sysfs.add(self.jobs[submission_id].efa_traffic)
             if "--metadata-json" in argv:
                 self.metadata[submission_id] = json.loads(argv[argv.index("--metadata-json") + 1])
-            self.submissions.append(list(argv))
+            (self.probe_submissions if probe else self.submissions).append(list(argv))
             return ExecResult(0, f"Job '{submission_id}' submitted successfully\n")
         if argv[:3] == ["python", "-c", jobs.HEAD_JOBS_API_SOURCE]:
             action, subject = argv[4], argv[5]
@@ -258,15 +272,24 @@ class FixturePod:
     (the emptyDir `/tmp/ray`) is `nccl_logs` (the fixtures' pod folder holds no NCCL log files: jobs
     submitted before they existed); commands really run, here."""
 
-    def __init__(self, name: str, logs: Path | None = None, nccl_logs: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        logs: Path | None = None,
+        nccl_logs: Path | None = None,
+        efa: FakeEfaSysfs | None = None,
+    ):
         self.logs = logs or POD_LOGS / name / "logs"
         self.nccl_logs = nccl_logs or POD_LOGS / name
+        self.efa = efa
         stamp_write_order(self.logs)
         self.commands: list[list[str]] = []
 
     def run(self, argv, timeout_s):
         self.commands.append(list(argv))
         local = {evidence.RAY_LOG_DIR: str(self.logs), jobs.NCCL_LOG_DIR: str(self.nccl_logs)}
+        if self.efa is not None:
+            local[efa_counters.SYSFS_ROOT] = str(self.efa.root)
         return LocalExecutor().run([local.get(arg, arg) for arg in argv], timeout_s)
 
 
@@ -289,8 +312,31 @@ def driver_log(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
-def scripted(ray_job_id: str, log_name: str, final: str = "SUCCEEDED", message: str | None = None):
-    return ScriptedJob(ray_job_id, driver_log(log_name), ["PENDING", "RUNNING", "RUNNING", final], message)
+# What the EFA job's traffic adds to each worker node's counters: a smoke run's FSDP collectives.
+EFA_JOB_TRAFFIC = {
+    "tx_bytes": 12_884_901_888,
+    "rx_bytes": 12_884_905_984,
+    "tx_pkts": 1_536_000,
+    "rx_pkts": 1_536_004,
+    "rdma_read_bytes": 12_884_901_888,
+    "retrans_pkts": 2,
+}
+
+
+def scripted(
+    ray_job_id: str,
+    log_name: str,
+    final: str = "SUCCEEDED",
+    message: str | None = None,
+    efa_traffic: dict[str, int] | None = None,
+):
+    return ScriptedJob(
+        ray_job_id,
+        driver_log(log_name),
+        ["PENDING", "RUNNING", "RUNNING", final],
+        message,
+        efa_traffic=dict(efa_traffic or {}),
+    )
 
 
 @dataclass
@@ -314,7 +360,9 @@ class FakeCluster:
         self.core = FakeCoreApi(
             self.node_snapshots or [self.nodes], self.pod_snapshots or [pods], self.events
         )
-        self.workers = {name: FixturePod(name) for name in WORKER_PODS}
+        self._sysfs = tempfile.TemporaryDirectory(prefix="efa-sysfs-")
+        self.head.efa = {name: FakeEfaSysfs(Path(self._sysfs.name) / name) for name in WORKER_PODS}
+        self.workers = {name: FixturePod(name, efa=self.head.efa[name]) for name in WORKER_PODS}
 
     def environment(self) -> runner.RunEnvironment:
         cluster = KubernetesCluster(self.core, FakeCustomObjects(self.worker_replicas))
@@ -348,6 +396,7 @@ def run_inputs(**changes) -> schema.RunInputs:
         "code_hash": CODE_HASH,
         "run_spec_hash": SPEC_HASH,
         "gpu_instance_type": "g6.12xlarge",
+        "line_rate_gbps": 40.0,  # g6.12xlarge's NetworkPerformance, "40 Gigabit"
         "job_args": tuple(SMOKE_ARGS),
     }
     values.update(changes)
@@ -362,7 +411,9 @@ def props(inputs: schema.RunInputs) -> dict:
 def main_and_tcp_head(**main_changes) -> FakeRayHead:
     return FakeRayHead(
         {
-            "main": replace(scripted(EFA_JOB, "driver_main.log"), **main_changes),
+            "main": replace(
+                scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_JOB_TRAFFIC), **main_changes
+            ),
             "tcp": scripted(TCP_JOB, "driver_tcp.log"),
         }
     )

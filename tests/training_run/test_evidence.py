@@ -23,6 +23,7 @@ from tests.training_run.fakes import (
     scripted,
 )
 from workloads.training_run import (
+    efa_counters,
     evidence,
     jobs,
 )
@@ -47,11 +48,13 @@ def test_worker_logs_of_other_jobs_never_reach_the_verdict():
     base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
     for pod in fake.workers.values():
         assert pod.commands == [
-            evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, base, evidence.RAY_LOG_DIR, EFA_JOB)
+            efa_counters.counters_command(),  # before the job
+            evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, base, evidence.RAY_LOG_DIR, EFA_JOB),
+            efa_counters.counters_command(),  # after it
         ]
 
 
-def nccl_log_files(tmp_path: Path, submission_id: str) -> dict[str, FixturePod]:
+def nccl_log_files(tmp_path: Path, submission_id: str, fake: FakeCluster) -> dict[str, FixturePod]:
     """The worker pods as a job with NCCL log files leaves them: NCCL wrote to its own file per
     process (`NCCL_DEBUG_FILE` expanded as NCCL does: `nccl-<id>.<host>.<pid>.log`), so the Ray
     worker logs hold no NCCL lines. Each pod also keeps a socket run's file of another submission."""
@@ -69,7 +72,7 @@ def nccl_log_files(tmp_path: Path, submission_id: str) -> dict[str, FixturePod]:
             out.write_text("".join(line for line in lines if "NCCL" not in line))
         socket_run = next(logs.glob(f"worker-*-{FALLBACK_JOB}-*.out")).read_text()
         (nccl / f"nccl-{submission_id}-2.{name}.1.log").write_text(socket_run)
-        pods[name] = FixturePod(name, logs, nccl)
+        pods[name] = FixturePod(name, logs, nccl, fake.head.efa[name])
     return pods
 
 
@@ -81,7 +84,7 @@ def test_the_jobs_nccl_log_files_are_read_one_per_rank(tmp_path):
         line for line in driver_log("driver_main.log").splitlines(keepends=True) if "NCCL" not in line
     )
     fake = FakeCluster(main_and_tcp_head(driver_log=quiet))
-    fake.workers = nccl_log_files(tmp_path, base)
+    fake.workers = nccl_log_files(tmp_path, base, fake)
     outs = fake.provider().create(props(run_inputs())).outs
     assert outs["transport"] == "efa" and outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 4)
     assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
@@ -95,7 +98,7 @@ def test_a_rank_without_its_nccl_log_file_leaves_the_verdict_unknown(tmp_path):
         line for line in driver_log("driver_main.log").splitlines(keepends=True) if "NCCL" not in line
     )
     fake = FakeCluster(main_and_tcp_head(driver_log=quiet))
-    fake.workers = nccl_log_files(tmp_path, base)
+    fake.workers = nccl_log_files(tmp_path, base, fake)
     next(fake.workers[WORKER_PODS[1]].nccl_logs.glob(f"nccl-{base}.*.log")).unlink()
     message = failure_of(fake)
     assert message.startswith("NCCL used 'unknown' between the nodes, not 'efa'")
@@ -110,7 +113,9 @@ def test_an_efa_verdict_missing_a_worker_pod_is_unknown_and_names_what_is_missin
     one of its four ranks, and four EFA ranks on one pod prove nothing about the other pod."""
     fake = FakeCluster(main_and_tcp_head())
     (tmp_path / "restarted").mkdir()
-    fake.workers[WORKER_PODS[1]] = FixturePod(WORKER_PODS[1], tmp_path / "restarted")
+    fake.workers[WORKER_PODS[1]] = FixturePod(
+        WORKER_PODS[1], tmp_path / "restarted", efa=fake.head.efa[WORKER_PODS[1]]
+    )
     message = failure_of(fake)
     assert message.startswith("NCCL used 'unknown' between the nodes, not 'efa' (job eks-ray-train-main-")
     assert "the lines of only 5 NCCL processes on 2 hosts tell their transport (efa: " in message
@@ -135,7 +140,7 @@ def test_rotated_worker_logs_are_read(tmp_path):
         for out in logs.glob(f"worker-*-{EFA_JOB}-*.out"):
             out.rename(out.with_name(out.name + ".1"))
             out.write_text("TRAIN_STEP lines go on in the newer part\n")
-        fake.workers[name] = FixturePod(name, logs)
+        fake.workers[name] = FixturePod(name, logs, efa=fake.head.efa[name])
     outs = fake.provider().create(props(run_inputs())).outs
     assert outs["transport"] == "efa"
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 12)  # 4 workers x .out.1/.out/.err

@@ -21,6 +21,7 @@ import pytest
 
 from tests.training_run.fakes import (
     EFA_JOB,
+    EFA_JOB_TRAFFIC,
     FALLBACK_JOB,
     HEAD_POD,
     OOM_JOB,
@@ -65,6 +66,28 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)  # 4 workers x .out/.err of job 02000000
     assert outs["efa_speedup"] is None and outs["tcp_tokens_per_s"] is None
     assert {key: outs[key] for key in schema.INPUTS} == run_inputs().props()  # diff compares against these
+    moved = EFA_JOB_TRAFFIC["tx_bytes"] + EFA_JOB_TRAFFIC["rx_bytes"]  # read from the fake sysfs, both times
+    assert (
+        outs["efa_bytes"] == dict.fromkeys(WORKER_PODS, moved) == dict.fromkeys(WORKER_PODS, 25_769_807_872)
+    )
+    assert outs["efa_counters"][WORKER_PODS[0]]["retrans_pkts"] == 2
+    assert outs["efa_counters"][WORKER_PODS[0]]["impaired_remote_conn_events"] == 0
+    # The fabric probe ran after the job, on its worker group: busbw at 1 GiB against the 40 Gbit/s line.
+    (probe,) = fake.head.probe_submissions
+    assert probe[probe.index("--") :] == [
+        "--",
+        "python",
+        "-m",
+        "training.fabric_probe",
+        "--workers",
+        "8",
+        "--use-gpu",
+        "--gpus-per-worker",
+        "1",
+    ]
+    assert outs["probe_job_id"].startswith("eks-ray-train-probe-main-") and outs["line_rate_gbps"] == 40.0
+    assert outs["busbw_gbps"] == {"all_reduce": 33.6, "all_gather": 35.2, "reduce_scatter": 34.9}
+    assert outs["busbw_fraction"] == {"all_reduce": 0.84, "all_gather": 0.88, "reduce_scatter": 0.872}
     progress = [line for line in fake.logged if "step 5/5" in line]
     assert progress and "531 tok/s" in progress[0]
 
@@ -85,11 +108,49 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     assert any("via NET/Socket/0" in line for line in outs["tcp_evidence"])
     assert (outs["tokens_per_s"], outs["tcp_tokens_per_s"]) == (530.6, 258.6)
     assert outs["efa_speedup"] == round(530.6 / 258.6, 3) == 2.052
+    assert outs["tcp_efa_bytes"] == dict.fromkeys(WORKER_PODS, 0)  # the baseline left EFA alone
+    _, tcp_probe = fake.head.probe_submissions  # both probes, side by side
+    assert "Socket" in tcp_probe[tcp_probe.index("--runtime-env-json") + 1]
+    assert outs["tcp_probe_job_id"].startswith("eks-ray-train-probe-tcp-")
+    assert outs["tcp_busbw_gbps"] == {"all_reduce": 14.2, "all_gather": 15.1, "reduce_scatter": 14.8}
+
+
+def test_a_busbw_under_the_floor_fails_efa_with_the_numbers():
+    fake = FakeCluster(main_and_tcp_head())
+    message = failure_of(fake, run_inputs(min_busbw_fraction=0.85))
+    assert (
+        "the fabric probe (job eks-ray-train-probe-main-" in message and "1073741824 byte messages" in message
+    )
+    assert (
+        "all_reduce: busbw 33.6 Gbit/s = 0.84 of the 40 Gbit/s line rate, under minBusbwFraction 0.85"
+        in message
+    )
+    assert "all_gather: busbw" not in message and "reduce_scatter: busbw" not in message  # 0.88, 0.8725
+
+
+def test_efa_in_the_logs_but_counters_that_did_not_move_fail_with_the_numbers():
+    fake = FakeCluster(main_and_tcp_head(efa_traffic={}))
+    message = failure_of(fake)
+    assert "NCCL's log says it used EFA" in message and "do not show the job's traffic" in message
+    assert f"{WORKER_PODS[0]}: 0 bytes sent or received through its 1 EFA port(s)" in message
+    assert f"EFA bytes per worker pod during the job: {dict.fromkeys(WORKER_PODS, 0)}" in message
+
+
+def test_an_adopted_job_is_not_judged_on_counters_read_after_it_began():
+    head = main_and_tcp_head(efa_traffic={})
+    fake = FakeCluster(head)
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    head.jobs[base] = replace(head.jobs_by_variant["main"], statuses=["RUNNING", "SUCCEEDED"])
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["transport"] == "efa" and outs["efa_bytes"] is None and outs["efa_counters"] is None
 
 
 def test_a_benchmark_whose_baseline_did_not_use_sockets_fails():
     head = FakeRayHead(
-        {"main": scripted(EFA_JOB, "driver_main.log"), "tcp": scripted(EFA_JOB, "driver_main.log")}
+        {
+            "main": scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_JOB_TRAFFIC),
+            "tcp": scripted(EFA_JOB, "driver_main.log"),
+        }
     )
     message = failure_of(FakeCluster(head), run_inputs(benchmark=True))
     assert "NCCL used 'efa' between the nodes, not 'socket' (job eks-ray-train-tcp-" in message
@@ -137,7 +198,7 @@ def test_a_succeeded_job_that_failed_its_check_is_judged_again_only_while_its_po
     ]
     fake.core.pod_snapshots = [rolled]
     fake.core.pod_calls = 0
-    head.jobs_by_variant["main"] = scripted(EFA_JOB, "driver_main.log")
+    head.jobs_by_variant["main"] = scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_JOB_TRAFFIC)
     outs = fake.provider().create(props(run_inputs())).outs
     assert outs["job_id"] == f"{base}-2" and outs["transport"] == "efa" and len(head.submissions) == 2
     assert any(
@@ -279,6 +340,7 @@ def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider
             code_dir=str(code_dir),
             ray_log_dir=str(ray.session_logs),
             nccl_log_dir=str(ray.root),
+            sysfs_root=str(ray.root / "no-efa-sysfs"),  # this machine has no EFA device
             log=logged.append,
             poll_interval_s=0.5,
         )

@@ -174,6 +174,8 @@ def test_check_accepts_good_inputs_and_unknown_values_of_a_preview():
         ("gpus_per_node", 0, "at least 1"),
         ("gpus_per_node", 2.5, "whole number"),
         ("efa_per_node", 0, "efa transport needs at least 1 EFA"),
+        ("line_rate_gbps", -1, "positive number"),
+        ("min_busbw_fraction", 2, "from 0 to 1"),
         ("job_args", "--steps 5", "list of strings"),
         ("expect_transport", "tcp", "one of efa, socket, ib, intra-node"),
         ("expect_transport", "unknown", "one of efa, socket, ib, intra-node"),

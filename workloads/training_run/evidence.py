@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 
 from training.report import parse_step_line, parse_summary
 from workloads.nccl_transport import Verdict
+from workloads.training_run.efa_counters import EfaTraffic, efa_problems
 from workloads.training_run.errors import TrainingRunError
+from workloads.training_run.fabric import ProbeResult
 from workloads.training_run.jobs import NCCL_LOG_DIR, JobRecord
 from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor, PodFacts
 
@@ -162,6 +164,8 @@ class JobResult:
     verdict: Verdict
     log_files: dict[str, int] = field(default_factory=dict)
     rejudged: str | None = None  # why an earlier run's succeeded job was judged again
+    efa: EfaTraffic | None = None  # None: the job was adopted, its counters were not read around it
+    probe: ProbeResult | None = None  # the fabric probe run after the job
 
 
 def worker_logs(
@@ -211,9 +215,19 @@ def failure_report(
 
 
 def check_transport(result: JobResult, expect: str) -> None:
-    """Fail with the evidence when NCCL did not use the expected transport."""
+    """Fail with the evidence when NCCL did not use the expected transport, or when EFA was
+    expected and a worker node's EFA counters did not move during the job."""
     verdict = result.verdict
     if verdict.ok(expect):
+        if expect == "efa" and result.efa is not None and (problems := efa_problems(result.efa)):
+            raise TrainingRunError(
+                f"NCCL's log says it used EFA (job {result.submission_id}), but the EFA hardware counters "
+                "of the worker nodes do not show the job's traffic:\n"
+                + _indent(problems)
+                + f"\nEFA bytes per worker pod during the job: {result.efa.bytes_moved()}. Check that each "
+                "worker pod requests vpc.amazonaws.com/efa and that its node's EFA devices are up "
+                "(`fi_info -p efa` in the pod)"
+            )
         return
     evidence = _indent(verdict.evidence) if verdict.evidence else "    (no line decided it)"
     raise TrainingRunError(

@@ -168,8 +168,10 @@ def submit_command(
     env_vars: Mapping[str, str],
     pods: str,
     nccl_log_dir: str = NCCL_LOG_DIR,
+    module: str = "training",
 ) -> list[str]:
-    """`ray job submit` of `python -m training` with the shipped code as working directory.
+    """`ray job submit` of `python -m <module>` (the training job, or the fabric probe) with the
+    shipped code as working directory.
 
     The run folder is named after the submission id, so checkpoints and summaries in the
     storage path can be found from the stack output. The job's metadata records `pods`. The
@@ -179,8 +181,8 @@ def submit_command(
     argv += ["--working-dir", code_dir, "--metadata-json", json.dumps({PODS_METADATA: pods})]
     env = {**env_vars, "NCCL_DEBUG_FILE": nccl_debug_file(nccl_log_dir, submission_id)}
     argv += ["--runtime-env-json", json.dumps({"env_vars": env}, sort_keys=True)]
-    argv += ["--", "python", "-m", "training", *job_args]
-    if "--run-name" not in job_args:
+    argv += ["--", "python", "-m", module, *job_args]
+    if module == "training" and "--run-name" not in job_args:
         argv += ["--run-name", submission_id]
     return argv
 
@@ -258,10 +260,11 @@ class RayJobsClient:
         job_args: Sequence[str],
         env_vars: Mapping[str, str],
         pods: str,
+        module: str = "training",
     ) -> None:
         """Submit without waiting. A cut stream leaves it unknown whether Ray took the job: look."""
         argv = submit_command(
-            self.dashboard, submission_id, code_dir, job_args, env_vars, pods, self.nccl_log_dir
+            self.dashboard, submission_id, code_dir, job_args, env_vars, pods, self.nccl_log_dir, module
         )
         try:
             self._run(argv, f"ray job submit of {submission_id}", SUBMIT_TIMEOUT_S)

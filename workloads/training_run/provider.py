@@ -57,6 +57,7 @@ from workloads.training_run.errors import (
     TrainingRunError,
 )
 from workloads.training_run.evidence import JobResult
+from workloads.training_run.fabric import busbw_fractions
 from workloads.training_run.kube_access import KubernetesCluster
 from workloads.training_run.runner import RunEnvironment, TrainingRunner
 from workloads.training_run.schema import (
@@ -70,7 +71,11 @@ from workloads.training_run.schema import (
 
 @dataclass(frozen=True)
 class RunOutputs:
-    """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`."""
+    """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`. `efa_bytes`
+    (bytes sent plus received through each worker node's EFA ports during the job) and
+    `efa_counters` (each counter's delta) are None for a job this run adopted instead of submitting.
+    `busbw_gbps` is the fabric probe's bus bandwidth per collective at its largest message size, and
+    `busbw_fraction` that over the `line_rate_gbps` input (None without one)."""
 
     job_id: str
     status: str
@@ -83,14 +88,22 @@ class RunOutputs:
     step_time_s: float | None
     duration_s: float | None
     summary: dict
+    efa_bytes: dict[str, int | None] | None = None
+    efa_counters: dict[str, dict[str, int] | None] | None = None
+    probe_job_id: str | None = None
+    busbw_gbps: dict[str, float] | None = None
+    busbw_fraction: dict[str, float] | None = None
     tcp_job_id: str | None = None
     tcp_transport: str | None = None
     tcp_evidence: list[str] | None = None
     tcp_tokens_per_s: float | None = None
+    tcp_efa_bytes: dict[str, int | None] | None = None
+    tcp_probe_job_id: str | None = None
+    tcp_busbw_gbps: dict[str, float] | None = None
     efa_speedup: float | None = None
 
     @classmethod
-    def of(cls, main: JobResult, tcp: JobResult | None) -> RunOutputs:
+    def of(cls, main: JobResult, tcp: JobResult | None, line_rate_gbps: float | None) -> RunOutputs:
         summary = main.summary
         outputs = cls(
             job_id=main.submission_id,
@@ -104,6 +117,11 @@ class RunOutputs:
             step_time_s=summary.get("step_time_s"),
             duration_s=summary.get("duration_s"),
             summary=summary,
+            efa_bytes=main.efa.bytes_moved() if main.efa else None,
+            efa_counters=dict(main.efa.deltas) if main.efa else None,
+            probe_job_id=main.probe.submission_id if main.probe else None,
+            busbw_gbps=main.probe.busbw_gbps if main.probe else None,
+            busbw_fraction=busbw_fractions(main.probe.busbw_gbps, line_rate_gbps) if main.probe else None,
         )
         if tcp is None:
             return outputs
@@ -114,6 +132,9 @@ class RunOutputs:
             tcp_transport=tcp.verdict.transport,
             tcp_evidence=list(tcp.verdict.evidence),
             tcp_tokens_per_s=tcp_rate,
+            tcp_efa_bytes=tcp.efa.bytes_moved() if tcp.efa else None,
+            tcp_probe_job_id=tcp.probe.submission_id if tcp.probe else None,
+            tcp_busbw_gbps=tcp.probe.busbw_gbps if tcp.probe else None,
             efa_speedup=round(main_rate / tcp_rate, 3) if main_rate and tcp_rate else None,
         )
 
@@ -312,7 +333,7 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
         inputs = RunInputs.from_props(props)
         with self._connect(inputs, self._aws, RunTimings.from_env()) as env:
             main, tcp = TrainingRunner(inputs, env).run()
-        return {**inputs.props(), **dataclasses.asdict(RunOutputs.of(main, tcp))}
+        return {**inputs.props(), **dataclasses.asdict(RunOutputs.of(main, tcp, inputs.line_rate_gbps))}
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         return pulumi.dynamic.CreateResult(uuid.uuid4().hex, self._run(props))

@@ -1,5 +1,9 @@
 """One run of the TrainingRun resource: readiness, the job(s), the verdict(s), the outputs.
 
+After each job that passed its transport check, the fabric probe runs on the same worker group
+with the same NCCL environment (`fabric`); with `efa` expected, its busbw must clear the stack's
+floor (`min_busbw_fraction` of the line rate).
+
 The steps, each in its own module: wait until the cluster is ready (`readiness`), adopt or
 submit the job and follow it to its end (`jobs`), read its logs and judge NCCL's transport
 (`evidence`). With `benchmark` the same job then runs with NCCL forced onto TCP
@@ -11,8 +15,8 @@ next `pulumi up` adopts it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import pulumi
 
@@ -20,7 +24,7 @@ from platform_facts import EFA_RESOURCE, GPU_RESOURCE
 from training.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
-from workloads.training_run import evidence, readiness
+from workloads.training_run import efa_counters, evidence, fabric, readiness
 from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
 from workloads.training_run.evidence import JobLog, JobResult
 from workloads.training_run.jobs import (
@@ -49,6 +53,7 @@ TCP_BASELINE_ENV = {
     "NCCL_NSOCKS_PERTHREAD": "4",
 }
 MAIN_VARIANT, TCP_VARIANT = "main", "tcp"
+PROBE_VARIANT = "probe"  # the fabric probe after a job: `probe-main`, `probe-tcp`
 
 
 @dataclass
@@ -64,6 +69,7 @@ class RunEnvironment:
     dashboard_address: str = DASHBOARD_ADDRESS
     code_dir: str = manifests.CODE_MOUNT
     ray_log_dir: str = evidence.RAY_LOG_DIR
+    sysfs_root: str = efa_counters.SYSFS_ROOT
     nccl_log_dir: str = NCCL_LOG_DIR
     log: Callable[[str], None] = pulumi.log.info
     poll_interval_s: float = RunTimings().poll_interval_s
@@ -85,9 +91,16 @@ class TrainingRunner:
         self.env = env
 
     def start_job(
-        self, pods: RayPods, jobs: RayJobsClient, variant: str, env_vars: Mapping[str, str]
+        self,
+        pods: RayPods,
+        jobs: RayJobsClient,
+        variant: str,
+        env_vars: Mapping[str, str],
+        module: str = "training",
+        args: Sequence[str] | None = None,
     ) -> Plan:
         """Adopt the job these inputs already started (`plan_submission`), or submit it."""
+        args = self.request.job_args if args is None else args
         base = submission_id_base(self.request.job_identity(), variant, env_vars)
         plan = plan_submission(jobs.list(base), base, pods.identity())
         if plan.note:
@@ -97,10 +110,8 @@ class TrainingRunner:
                 f"training run: following job {plan.submission_id} ({plan.adopted.status}), started by an earlier run"
             )
             return plan
-        jobs.submit(plan.submission_id, self.env.code_dir, self.request.job_args, env_vars, pods.identity())
-        self.env.log(
-            f"training run: submitted job {plan.submission_id}: python -m training {' '.join(self.request.job_args)}"
-        )
+        jobs.submit(plan.submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
+        self.env.log(f"training run: submitted job {plan.submission_id}: python -m {module} {' '.join(args)}")
         return plan
 
     def replacement_head(self, gone: PodFacts) -> PodFacts:
@@ -193,6 +204,7 @@ class TrainingRunner:
         jobs = RayJobsClient(
             self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
         )
+        before = efa_counters.read_counters(pods.workers, self.env.executor_for, self.env.sysfs_root)
         plan = self.start_job(pods, jobs, variant, env_vars)
         submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
@@ -231,7 +243,41 @@ class TrainingRunner:
             f"{verdict.transport} ({verdict.reason}); {kind} read: {log_files}"
         )
         rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
-        return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged)
+        # The counters span the job only when this run submitted it: an adopted job began before
+        # the first read (and a rejudged one ended before it).
+        traffic = None
+        if plan.adopted is None:
+            after = efa_counters.read_counters(pods.workers, self.env.executor_for, self.env.sysfs_root)
+            traffic = efa_counters.efa_traffic(before, after)
+            self.env.log(
+                f"training run: job {submission_id}: EFA bytes per worker pod {traffic.bytes_moved()}"
+            )
+        return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged, traffic)
+
+    def run_probe(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> fabric.ProbeResult:
+        """The fabric probe on the job's worker group, with the job's NCCL environment."""
+        jobs = RayJobsClient(
+            self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
+        )
+        args = fabric.probe_args(self.request.job_args)
+        plan = self.start_job(pods, jobs, f"{PROBE_VARIANT}-{variant}", env_vars, fabric.PROBE_MODULE, args)
+        job, log = self.follow_job(pods, jobs, plan.submission_id)
+        if job.status != JobStatus.SUCCEEDED:
+            raise TrainingRunError(
+                evidence.failure_report(job, log, pods.workers, self.env.executor_for, self.env.ray_log_dir)
+            )
+        report = fabric.probe_report(log.last_lines(JobLog.TAIL_LINES))
+        if report is None:
+            raise TrainingRunError(
+                f"fabric probe {plan.submission_id} succeeded but its log ends without its JSON line "
+                "(world_size, results); last lines:\n" + "\n".join(log.last_lines())
+            )
+        probe = fabric.probe_result(plan.submission_id, report)
+        self.env.log(
+            f"training run: fabric probe {plan.submission_id}: busbw at {probe.largest_bytes} bytes "
+            f"{probe.busbw_gbps} Gbit/s, line rate {self.request.line_rate_gbps} Gbit/s"
+        )
+        return probe
 
     def wait_until_ready(self) -> RayPods:
         request, env = self.request, self.env
@@ -277,10 +323,16 @@ class TrainingRunner:
             pods = self.wait_until_ready()
         except Interrupted:
             raise Interrupted("interrupted while waiting for the cluster; no job was submitted") from None
+        request = self.request
         main = self.run_job(pods, MAIN_VARIANT, {})
-        evidence.check_transport(main, self.request.expect_transport)
-        if not self.request.benchmark:
+        evidence.check_transport(main, request.expect_transport)
+        main = replace(main, probe=self.run_probe(pods, MAIN_VARIANT, {}))
+        assert main.probe is not None
+        fabric.check_busbw(
+            main.probe, request.expect_transport, request.line_rate_gbps, request.min_busbw_fraction
+        )
+        if not request.benchmark:
             return main, None
         tcp = self.run_job(pods, TCP_VARIANT, TCP_BASELINE_ENV)
         evidence.check_transport(tcp, "socket")
-        return main, tcp
+        return main, replace(tcp, probe=self.run_probe(pods, TCP_VARIANT, TCP_BASELINE_ENV))

@@ -82,6 +82,12 @@ class RunInputs(BaseModel):
     job_args: JobArgs = _input("must be a list of strings (flags of `python -m training`)", identity=True)
     expect_transport: Transport = _input(f"must be one of {', '.join(EXPECTABLE_TRANSPORTS)}", default="efa")
     benchmark: Annotated[bool, Field(strict=True)] = _input("must be true or false", default=False)
+    line_rate_gbps: Annotated[float, Field(gt=0)] | None = _input(
+        "must be a positive number (Gbit/s)", default=None, rerun=False
+    )
+    min_busbw_fraction: Annotated[float, Field(ge=0, le=1)] = _input(
+        "must be a number from 0 to 1", default=0.0
+    )
     timeout_minutes: Annotated[Count, Field(ge=1)] = _input(
         "must be a whole number of at least 1", default=60, rerun=False
     )
@@ -128,6 +134,8 @@ def efa_problem(expect_transport: str, efa_per_node: int) -> str | None:
 
 def _validator(name: str) -> TypeAdapter:
     field = RunInputs.model_fields[name]
+    if not field.metadata:  # an optional input: its constraints sit inside the union
+        return TypeAdapter(field.rebuild_annotation())
     return TypeAdapter(Annotated.__class_getitem__((field.annotation, *field.metadata)))  # type: ignore[attr-defined]
 
 

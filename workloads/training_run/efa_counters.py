@@ -1,0 +1,141 @@
+"""The EFA hardware counters of each worker node, read before and after a job: what EFA carried.
+
+NCCL's log lines say which transport NCCL chose; the counters say how much the EFA devices moved
+while the job ran. The EFA kernel driver (amzn/amzn-drivers, kernel/linux/efa/src/efa_verbs.c,
+`EFA_DEFINE_PORT_STATS`) exposes per-port counters through the RDMA core's sysfs, one decimal
+number per file, at `/sys/class/infiniband/<device>/ports/1/hw_counters/<name>` (an EFA device has
+one port). A pod sees the node's devices there: sysfs is mounted into every container, and
+rdma-core finds the devices libfabric's EFA provider opens through these very folders. The
+counters are the node's, not the pod's, which is what is wanted with one Ray worker pod per node.
+
+A counter never goes down while its device lives; one that did (a driver reload or node reboot
+between the two reads) makes the delta unknown rather than negative.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from workloads.training_run.errors import TrainingRunError
+from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, Executor, PodFacts
+
+SYSFS_ROOT = "/sys/class/infiniband"
+# The counters read, by their driver names: bytes and packets through the port, by RDMA read and
+# write and by send/receive, and the signs of a sick fabric. Older drivers lack some (rdma_write_*
+# came with newer devices); a missing file is simply not reported.
+COUNTERS = (
+    "tx_bytes",
+    "rx_bytes",
+    "tx_pkts",
+    "rx_pkts",
+    "send_bytes",
+    "recv_bytes",
+    "rdma_read_bytes",
+    "rdma_write_bytes",
+    "rdma_write_recv_bytes",
+    "retrans_pkts",
+    "retrans_timeout_events",
+    "impaired_remote_conn_events",
+    "unresponsive_remote_events",
+)
+MOVED = ("tx_bytes", "rx_bytes")  # the port's bytes sent and received, whatever the verb
+COUNTERS_SCRIPT = """\
+cd "$1" 2>/dev/null || exit 0
+shift
+for name in "$@"; do
+  for file in */ports/*/hw_counters/"$name"; do
+    [ -f "$file" ] && echo "$file $(cat "$file")"
+  done
+done
+exit 0
+"""
+_LINE = re.compile(r"([^/\s]+)/ports/(\d+)/hw_counters/(\w+) (\d+)")
+
+
+def counters_command(sysfs_root: str = SYSFS_ROOT) -> list[str]:
+    return ["sh", "-c", COUNTERS_SCRIPT, "sh", sysfs_root, *COUNTERS]
+
+
+def parse_counters(stdout: str) -> dict[str, dict[str, int]]:
+    """`<device>/ports/<port>/hw_counters/<name> <value>` lines -> {`<device>/<port>`: {name: value}}."""
+    found: dict[str, dict[str, int]] = {}
+    for line in stdout.splitlines():
+        if match := _LINE.fullmatch(line.strip()):
+            device, port, name, value = match.groups()
+            found.setdefault(f"{device}/{port}", {})[name] = int(value)
+    return found
+
+
+def efa_counter_delta(
+    before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]
+) -> dict[str, int] | None:
+    """What one node's EFA ports counted between two reads, summed over its ports; None when a
+    port present after was absent before or a counter went down (the device was reset)."""
+    total: dict[str, int] = {}
+    for port, counts in after.items():
+        if port not in before:
+            return None
+        for name, value in counts.items():
+            if name not in before[port] or value < before[port][name]:
+                return None
+            total[name] = total.get(name, 0) + value - before[port][name]
+    return total
+
+
+@dataclass(frozen=True)
+class EfaTraffic:
+    """Per worker pod: how many EFA ports it sees, and what they counted during the job (None:
+    unknown, the counters were reset between the reads)."""
+
+    ports: dict[str, int]
+    deltas: dict[str, dict[str, int] | None]
+
+    def bytes_moved(self) -> dict[str, int | None]:
+        """Bytes sent plus received through each node's EFA ports during the job."""
+        return {
+            pod: None if delta is None else sum(delta.get(name, 0) for name in MOVED)
+            for pod, delta in self.deltas.items()
+        }
+
+
+def efa_traffic(
+    before: Mapping[str, Mapping[str, Mapping[str, int]]],
+    after: Mapping[str, Mapping[str, Mapping[str, int]]],
+) -> EfaTraffic:
+    """The traffic of each pod read both times (pod -> parsed counters)."""
+    pods = [pod for pod in after if pod in before]
+    return EfaTraffic(
+        {pod: len(after[pod]) for pod in pods},
+        {pod: efa_counter_delta(before[pod], after[pod]) for pod in pods},
+    )
+
+
+def efa_problems(traffic: EfaTraffic) -> list[str]:
+    """Why the counters do not show the job's traffic going over EFA, one line per worker pod."""
+    problems = []
+    for pod, moved in traffic.bytes_moved().items():
+        if traffic.ports[pod] == 0:
+            problems.append(f"{pod}: no EFA port counters under {SYSFS_ROOT}/*/ports/*/hw_counters")
+        elif moved is None:
+            problems.append(f"{pod}: the EFA counters went down between the reads (device reset)")
+        elif moved == 0:
+            problems.append(f"{pod}: 0 bytes sent or received through its {traffic.ports[pod]} EFA port(s)")
+    return problems
+
+
+def read_counters(
+    workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor], sysfs_root: str = SYSFS_ROOT
+) -> dict[str, dict[str, dict[str, int]]]:
+    """Each worker pod's EFA port counters, now."""
+    found = {}
+    for pod in workers:
+        result = executor_for(pod).run(counters_command(sysfs_root), COMMAND_TIMEOUT_S)
+        if result.returncode != 0:
+            raise TrainingRunError(
+                f"reading the EFA counters in {sysfs_root} of worker pod {pod.name} failed "
+                f"(exit {result.returncode}): {result.output}"
+            )
+        found[pod.name] = parse_counters(result.stdout)
+    return found
