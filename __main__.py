@@ -47,7 +47,7 @@ job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_pa
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
     # The communication plan: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
-    log_plan(
+    predicted_tokens_per_s = log_plan(
         training_config(job_args),
         settings.gpu_node_type,
         settings.gpu_node_count,
@@ -182,6 +182,8 @@ if settings.train:
             "transport": run.transport,
             "evidence": run.evidence,
             "tokensPerS": run.tokens_per_s,
+            # The planner's figure for the configured strategy, beside the measured one.
+            "predictedTokensPerS": predicted_tokens_per_s,
             "mfu": run.mfu,
             "stepTimeS": run.step_time_s,
             "durationS": run.duration_s,

@@ -368,10 +368,11 @@ def network_warning(workload: Workload, cluster: Cluster, replicas: int) -> str 
     )
 
 
-def log_plan(config: TrainConfig, instance_type: str, nodes: int, network_performance: str) -> None:
+def log_plan(config: TrainConfig, instance_type: str, nodes: int, network_performance: str) -> float | None:
     """At preview: the plan of the stack's job as an info line, and a warning when the configured
     strategy is network-bound. The line rate is the one AWS states for the type (`network_performance`),
-    the other facts the shipped ones; nothing is said for a type or model without facts."""
+    the other facts the shipped ones; nothing is said for a type or model without facts. Returns the
+    configured strategy's predicted tokens/s, which the stack exports beside the measured figure."""
     import pulumi
 
     fact = INSTANCES.get(instance_type)
@@ -380,7 +381,7 @@ def log_plan(config: TrainConfig, instance_type: str, nodes: int, network_perfor
         pulumi.log.info(
             f"no communication plan: the planner has no facts for {instance_type} or {config.model_config}"
         )
-        return
+        return None
     cluster = cluster_of(instance_type, nodes, fact, line_rate_gbps(network_performance))
     chosen = configured_replicas(config, cluster)
     plans = plan(workload, cluster)
@@ -395,6 +396,7 @@ def log_plan(config: TrainConfig, instance_type: str, nodes: int, network_perfor
     warning = network_warning(workload, cluster, chosen) if chosen in (1, cluster.nodes) else None
     if warning:
         pulumi.log.warn(warning)
+    return configured[0].tokens_per_s if configured else None
 
 
 # --- the planner against published and measured figures (docs/benchmarks.md) --------------------

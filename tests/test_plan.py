@@ -244,3 +244,18 @@ def test_without_aws_the_shipped_facts_stay(monkeypatch):
     stubbed_aws(monkeypatch, "g6.12xlarge", None, None)
     fact, source = planner.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
     assert fact == INSTANCES["g6.12xlarge"] and source.startswith("shipped facts (ClientError")
+
+
+def test_the_preview_returns_the_configured_strategys_prediction_for_the_stack_outputs(monkeypatch):
+    """The stack exports it as `training.predictedTokensPerS`, beside the measured `tokensPerS`."""
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: None)
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: None)
+    config = parse_flags(["--preset", "smoke", "--workers", "8", "--use-gpu"], paths_here=False)
+    predicted = planner.log_plan(config, "g6.12xlarge", 2, "40 Gigabit")
+    fact = INSTANCES["g6.12xlarge"]
+    cluster = planner.cluster_of("g6.12xlarge", 2, fact, 40.0)
+    workload = planner.workload_of(config)
+    assert workload is not None
+    configured = planner.strategy_plan(workload, cluster, planner.configured_replicas(config, cluster))
+    assert predicted == configured.tokens_per_s > 0
+    assert planner.log_plan(config, "g9.unknown", 2, "40 Gigabit") is None
