@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from training.config import load_model_config, parse_args
 from training.loop import build, train_step
-from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
+from training.model import CausalLMWithFusedLoss, ModelBatch, build_causal_lm, load_architecture, model_batch
 from training.optim import build_optimizer
 from training.parallelize import build_mesh, parallelize
 from training.rank_exit import end_rank_process, tear_down_process_group
@@ -42,9 +42,10 @@ class _Session:
     device: torch.device
 
 
-def _rows(rank: int) -> torch.Tensor:
+def _rows(rank: int) -> ModelBatch:
     generator = torch.Generator().manual_seed(3 + rank)
-    return torch.randint(0, 256, (2, SEQ_LEN + 1), generator=generator)
+    rows = torch.randint(0, 256, (2, SEQ_LEN + 1), generator=generator)
+    return model_batch(rows.numpy(), torch.device("cpu"))
 
 
 def _full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
