@@ -229,15 +229,6 @@ class _CorpusSession:
         self.summary = summary
 
 
-@pytest.fixture
-def one_rank_group():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_a_chat_run_reports_the_tokens_it_saw_and_the_assistant_tokens_it_trained_on(
     tmp_path, one_rank_group
 ):

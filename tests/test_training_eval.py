@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from training.config import SHIPPED_CORPUS, SYNTHETIC, ArgumentsError, parse_args, parse_flags
 from training.evaluate import eval_batches, perplexity
@@ -155,13 +154,6 @@ class _HeldOutSession:
 
     def finish(self, summary, history):
         self.summary = {**summary, "history": history}
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_a_run_reports_eval_loss_lr_and_grad_norm_and_tensorboard_holds_the_step_stream(

@@ -650,15 +650,6 @@ class _RecordingSession:
         self.finished = True
 
 
-@pytest.fixture
-def one_rank_group():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _train_until_it_stops(monkeypatch, argv: list[str], hook=None) -> tuple[str, _RecordingSession, dict]:
     """Train the tiny model on synthetic rows, checkpointing every step; the DivergedError's
     message, the session and the weights the loop was left with (as full tensors)."""
