@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import torch.multiprocessing as mp
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import training.parallelize
+from tests.build_session import BuildSession
 from training.config import parse_args
 from training.data import NO_LOSS
 from training.errors import DivergedError
@@ -119,16 +119,6 @@ ONE_RANK_MICRO_BATCHES = [[slice(0, 1), slice(1, 4)]]
 TWO_RANK_MICRO_BATCHES = [[slice(0, 1), slice(1, 4)], [slice(4, 7), slice(7, 8)]]
 
 
-@dataclass
-class _Session:
-    """What `training.loop.build` reads of a launcher's session."""
-
-    rank: int
-    world_size: int
-    local_world_size: int
-    device: torch.device
-
-
 def _accumulated_step(
     rank: int, world_size: int, micro_batches: list[slice], defer_grad_sync: bool = False
 ) -> dict:
@@ -136,7 +126,7 @@ def _accumulated_step(
     step loss (mean over the ranks), the gradients the optimizer stepped with and the weights
     after the step, all as full tensors."""
     config = parse_args(["--preset", "tiny"])
-    model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
+    model, optimizer, _, _ = build(config, BuildSession(rank, world_size, world_size, torch.device("cpu")))
     rows = _token_rows()
     grads: dict[str, torch.Tensor] = {}
 
@@ -192,7 +182,7 @@ def test_micro_batch_losses_over_the_step_normaliser_add_up_to_the_batch_loss(on
     """At the model: two micro-batches of 3 and 32 valid labels, each divided by the step's
     count of 35, give the loss and gradients of one forward over both rows."""
     config = parse_args(["--preset", "tiny"])
-    model, _, _, _ = build(config, _Session(0, 1, 1, torch.device("cpu")))
+    model, _, _, _ = build(config, BuildSession(0, 1, 1, torch.device("cpu")))
     inputs, labels = _rows()
 
     whole = model(inputs, labels)
@@ -280,7 +270,7 @@ def _nan_loss_on_rank_1_worker(rank: int, world_size: int, init_file: str, out: 
     raised and whether its weights are those from before the step."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     config = parse_args(["--preset", "tiny"])
-    model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
+    model, optimizer, _, _ = build(config, BuildSession(rank, world_size, world_size, torch.device("cpu")))
     if rank == 1:
         model.register_forward_hook(lambda module, args, loss: loss * math.nan)
     before = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
@@ -320,7 +310,7 @@ def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str) -
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     training.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
     config = parse_args(["--preset", "tiny"])
-    model, optimizer, _, _ = build(config, _Session(rank, world_size, world_size, torch.device("cpu")))
+    model, optimizer, _, _ = build(config, BuildSession(rank, world_size, world_size, torch.device("cpu")))
     rows = _token_rows()[TWO_RANK_MICRO_BATCHES[rank][0] if world_size > 1 else slice(None)]
     held_out = evaluate(model, [rows.numpy()], torch.device("cpu"))
     batch = model_batch(rows.numpy(), torch.device("cpu"))

@@ -10,7 +10,6 @@ backward, or it is all-gathered a second time per micro-batch.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
+from tests.build_session import BuildSession
 from training.config import load_model_config, parse_args
 from training.loop import build, train_step
 from training.model import CausalLMWithFusedLoss, ModelBatch, build_causal_lm, load_architecture, model_batch
@@ -30,16 +30,6 @@ SEQ_LEN = 32
 # The c10d ops FSDP2's collectives dispatch to (torch 2.13, gloo), as the profiler names them.
 ALL_GATHER_OP = "c10d::_allgather_base_"
 REDUCE_SCATTER_OP = "c10d::_reduce_scatter_base_"
-
-
-@dataclass
-class _Session:
-    """What `training.loop.build` reads of a launcher's session."""
-
-    rank: int
-    world_size: int
-    local_world_size: int
-    device: torch.device
 
 
 def _rows(rank: int) -> ModelBatch:
@@ -75,7 +65,7 @@ def _first_step(model, optimizer, config, rank: int) -> float:
 
 def _worker(rank: int, init_file: str, out: str, pretrained_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
-    session = _Session(rank, WORLD_SIZE, WORLD_SIZE, torch.device("cpu"))
+    session = BuildSession(rank, WORLD_SIZE, WORLD_SIZE, torch.device("cpu"))
     result: dict = {}
     for init, flags in (
         ("random", ["--preset", "tiny"]),
