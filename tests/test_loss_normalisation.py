@@ -300,15 +300,17 @@ def test_a_loss_that_is_nan_on_one_rank_stops_every_rank_before_the_optimizer_st
 # --- held-out evaluation --------------------------------------------------------------------------
 
 
-def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str) -> None:
+def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str, policy: str) -> None:
     """Evaluate this rank's rows of `_token_rows`, then train one step on the same rows: the
-    evaluation sees the weights the step's loss is computed with. fp32: under the bf16 policy FSDP2
-    casts the normaliser the loop passes to the model to bf16 (cast_forward_inputs), so the
-    training loss carries a bf16-rounded 1/count (6e-5 relative here) that evaluation does not."""
+    evaluation sees the weights the step's loss is computed with. Under the job's bf16 policy too:
+    had FSDP2 cast the normaliser the loop passes to the model to bf16 (its default for floating
+    forward inputs), the training loss would carry a bf16-rounded 1/count (6e-5 relative here)
+    that evaluation does not."""
     from training.evaluate import evaluate
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    training.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
+    if policy == "fp32":
+        training.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
     config = parse_args(["--preset", "tiny"])
     model, optimizer, _, _ = build(config, BuildSession(rank, world_size, world_size, torch.device("cpu")))
     rows = _token_rows()[TWO_RANK_MICRO_BATCHES[rank][0] if world_size > 1 else slice(None)]
@@ -319,12 +321,13 @@ def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str) -
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_the_eval_loss_of_a_batch_is_its_training_loss_before_the_step(world_size, tmp_path):
+def test_the_eval_loss_of_a_batch_is_its_training_loss_before_the_step(world_size, policy, tmp_path):
     """On 2 ranks the rows are uneven (1 row with 31 valid labels against 3 rows with 96): the
     evaluation must weigh every label alike across the ranks, as the training loss does."""
     out = str(tmp_path / "eval.pt")
-    mp.spawn(_evaluate_then_train, args=(world_size, str(tmp_path / "pg"), out), nprocs=world_size)
+    mp.spawn(_evaluate_then_train, args=(world_size, str(tmp_path / "pg"), out, policy), nprocs=world_size)
     result = torch.load(out)
     assert result["eval"] == pytest.approx(result["train"], rel=1e-6)
     assert 5 < result["eval"] < 6  # random bytes: about log(256) = 5.55

@@ -8,6 +8,8 @@ weight in two units would all-gather it twice and break the tie).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -89,7 +91,10 @@ def parallelize(
         )
     # The root is left at FSDP2's default (None), which keeps it gathered after forward: its tied
     # embedding / lm_head is needed again at once by the loss's backward, so resharding it would
-    # only all-gather it a second time per micro-batch.
-    fully_shard(model, mesh=mesh, mp_policy=MIXED_PRECISION)
+    # only all-gather it a second time per micro-batch. Its one floating-point input is the loss
+    # normaliser, which must stay fp32: FSDP2 casts floating forward inputs to param_dtype by
+    # default, and in bf16 a count like 257 becomes 256, which every loss and gradient carries.
+    root_policy = dataclasses.replace(MIXED_PRECISION, cast_forward_inputs=False)
+    fully_shard(model, mesh=mesh, mp_policy=root_policy)
     if compile_layers:
         model.chunk_fn = torch.compile(chunk_loss_and_logit_grad_fusable)
