@@ -1,6 +1,7 @@
 """What per-document attention (`--document-attention isolated`) costs against causal packing.
 
-One GPU, the job's own model, `model_batch` and `train_step` (FSDP2 over one rank, bf16, eager):
+One GPU, the job's own model, `model_batch` and `train_step` (FSDP2 over one rank, bf16, eager or
+with `--compile` the job's compiled layers):
 the same random rows trained as causally packed rows and as rows of `--documents` isolated
 documents each, whose positions restart at every document so that transformers builds the
 block-diagonal causal mask (SDPA, the job's attention; flex attention, for comparison). The
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--documents", type=int, default=8, help="documents per row")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--compile", action="store_true", help="compile each decoder layer, as the job does")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -59,7 +61,7 @@ def main() -> None:
         args.steps,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
-        compile=False,
+        compile=args.compile,
         activation_checkpointing=False,
         reshard_after_forward=False,
         hsdp_replicas=1,
@@ -110,6 +112,7 @@ def main() -> None:
             "batch_size": args.batch_size,
             "seq_len": args.seq_len,
             "documents_per_row": args.documents,
+            "compile": args.compile,
         },
         "results": results,
     }

@@ -270,19 +270,19 @@ def test_auto_isolates_conversations_and_the_document_after_one():
     assert model_batch(rows, CPU).position_ids is not None
 
 
-def test_a_packed_document_sees_only_itself_when_isolated():
+# FlexAttention compiles its kernel on first use (about 13 s on the CPU), so it runs with the slow tests.
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("flex", marks=pytest.mark.slow)])
+def test_a_packed_document_sees_only_itself_when_isolated(attention):
     """The logits of document 2 in a packed row equal those of document 2 run alone (float32),
-    and the loss through the job's model over its labels equals its loss alone."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    and the loss through the job's model over its labels equals its loss alone, with either
+    attention kernel the job builds (flex forward only: FlexAttention has no CPU backward)."""
+    from training.config import parse_args
+    from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
+    from training.settings import ATTENTION_KERNELS
 
-    from training.config import load_model_config
-    from training.model import CausalLMWithFusedLoss
-
-    torch.manual_seed(0)
-    architecture = AutoConfig.for_model(**load_model_config("tiny"))
-    causal_lm = AutoModelForCausalLM.from_config(
-        architecture, dtype=torch.float32, attn_implementation="sdpa"
-    )
+    config = parse_args(["--preset", "tiny", "--gpu", "--attention", attention])
+    causal_lm = build_causal_lm(config, load_architecture(config), CPU)
+    assert causal_lm.config._attn_implementation == ATTENTION_KERNELS[attention]
     causal_lm.eval()
     tokenizer = ByteTokenizer()
     texts = ["The first document, a little longer.", "Then the second.", "And a third one."]

@@ -245,6 +245,13 @@ def test_float8_without_gpus_is_refused_at_parse(capsys):
     assert parse_flags(["--preset", "throughput", "--float8"]).float8
 
 
+def test_flex_attention_without_gpus_is_refused_at_parse():
+    """FlexAttention has no backward on the CPU (torch raises NotImplementedError mid-step)."""
+    with pytest.raises(ArgumentsError, match=r"^--attention flex needs GPUs: .*use --attention sdpa$"):
+        parse_flags(["--attention", "flex"])
+    assert parse_flags(["--preset", "throughput", "--attention", "flex"]).attention == "flex"
+
+
 def test_deferred_grad_sync_without_accumulation_is_refused_at_parse():
     """With one micro-batch per step there is no reduce to defer: the flag would do nothing."""
     with pytest.raises(ArgumentsError, match=r"--defer-grad-sync .*set --grad-accum-steps > 1"):

@@ -149,6 +149,10 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
         raise ValueError(
             f"--warmup-steps {config.warmup_steps} exceeds --steps {config.steps}: the warm-up must end by the last step"
         )
+    if config.attention == "flex" and not config.use_gpu:
+        raise ValueError(
+            "--attention flex needs GPUs: FlexAttention has no backward on the CPU; use --attention sdpa"
+        )
     if config.float8 and not config.use_gpu:
         raise ValueError("--float8 needs GPUs with FP8 tensor cores; it does not combine with --no-gpu")
     if config.defer_grad_sync and config.grad_accum_steps == 1:

@@ -158,7 +158,7 @@ def build(
     # --init-from's weights replace the built ones: random ones cost no download.
     weights_from = dataclasses.replace(config, init="random") if config.init_from else config
     source = build_causal_lm(weights_from, architecture, session.device) if session.rank == 0 else None
-    model = CausalLMWithFusedLoss(build_meta_causal_lm(architecture), config.loss_chunk_tokens)
+    model = CausalLMWithFusedLoss(build_meta_causal_lm(config, architecture), config.loss_chunk_tokens)
     if config.float8:
         convert_to_float8(model, session.device)
     parallelize(

@@ -20,6 +20,7 @@ from training.loss import (
     global_normalizer,
 )
 from training.model_configs import load_model_config
+from training.settings import ATTENTION_KERNELS
 
 # Transformers imports torchao whenever it is installed (for its quantizers), and torchao then
 # warns that its C++ extensions do not load on a CPU build of torch or one it was not built
@@ -54,11 +55,16 @@ def build_causal_lm(config: TrainConfig, architecture: Any, device: torch.device
 
     if config.init == "pretrained":
         return AutoModelForCausalLM.from_pretrained(
-            config.model_id, config=architecture, dtype=torch.float32, attn_implementation="sdpa"
+            config.model_id,
+            config=architecture,
+            dtype=torch.float32,
+            attn_implementation=ATTENTION_KERNELS[config.attention],
         )
     torch.manual_seed(config.seed)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(architecture, dtype=torch.float32, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(
+            architecture, dtype=torch.float32, attn_implementation=ATTENTION_KERNELS[config.attention]
+        )
 
 
 class ModelBatch(NamedTuple):
@@ -92,13 +98,15 @@ def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
     return ModelBatch(ids[:, :-1].to(device), labels.to(device), position_ids, loss_tokens)
 
 
-def build_meta_causal_lm(architecture: Any) -> nn.Module:
+def build_meta_causal_lm(config: TrainConfig, architecture: Any) -> nn.Module:
     """The model with no storage (the meta device), which every rank shards before any weight
     exists, so that a rank only ever allocates its own shards (`shard_weights_from_rank0`)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(architecture, dtype=torch.float32, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(
+            architecture, dtype=torch.float32, attn_implementation=ATTENTION_KERNELS[config.attention]
+        )
 
 
 def shard_weights_from_rank0(

@@ -22,6 +22,7 @@ _BASE: dict[str, Any] = {
     "eval_every": 0,
     "text_column": DEFAULT_TEXT_COLUMN,
     "document_attention": "auto",
+    "attention": "sdpa",
     "grad_accum_steps": 1,
     "defer_grad_sync": False,
     "lr": 2e-5,

@@ -22,6 +22,8 @@ DEFAULT_STORAGE_PATH = "runs"
 # positions; "isolated" restarts positions at each document, which confines its attention to
 # itself; "auto" isolates conversations (chat rows) and packs plain text.
 DOCUMENT_ATTENTION = ("auto", "packed", "isolated")
+# The attention kernels a run can take, as transformers names them (`attn_implementation`).
+ATTENTION_KERNELS = {"sdpa": "sdpa", "flex": "flex_attention"}
 # The learning-rate schedules after the warm-up (training/optim.py).
 LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
 # The dtypes an exported Hugging Face model's weights can take (training/checkpoint.py maps them).
@@ -253,6 +255,12 @@ class TrainConfig:
         help="packed: documents in a row attend to the ones before them; isolated: each attends only "
         "to itself (positions restart at each document); auto: isolated for conversations "
         "('messages' rows), packed for text",
+    )
+    attention: str = setting(
+        "--attention",
+        choices=tuple(ATTENTION_KERNELS),
+        help="attention kernel: sdpa (PyTorch's scaled_dot_product_attention); flex (FlexAttention, "
+        "GPUs only: with isolated documents it skips the masked blocks, which SDPA computes)",
     )
     storage_path: str = setting(
         "--storage-path",
