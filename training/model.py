@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from training.checkpoint import TIED_LM_HEAD
 from training.config import TrainConfig
 from training.data import DOCUMENT_START, NO_LOSS, TOKEN_ID
+from training.errors import UsageError
 from training.loss import (
     IGNORE_INDEX,
     ChunkFn,
@@ -37,6 +40,10 @@ def _not_torchao_enum_registration(record: logging.LogRecord) -> bool:
 logging.getLogger("torch.utils._pytree").addFilter(_not_torchao_enum_registration)
 
 
+# The training model's name for the causal LM: its state dict's keys are the checkpoint's under it.
+CAUSAL_LM_PREFIX = "causal_lm."
+
+
 def load_architecture(config: TrainConfig) -> Any:
     """The transformers config of the model to train (shipped JSON for random init)."""
     from transformers import AutoConfig
@@ -49,7 +56,9 @@ def load_architecture(config: TrainConfig) -> Any:
 
 def build_causal_lm(config: TrainConfig, architecture: Any, device: torch.device) -> nn.Module:
     """The full fp32 model: random (seeded, built on `device`) or the model id's pretrained
-    weights (on the host). Only rank 0 builds it, as the source of `shard_weights_from_rank0`."""
+    weights (on the host). The loop builds only the random one, on rank 0 alone, as the source of
+    `shard_weights_from_rank0`; the pretrained one is the reference `load_shards_from_checkpoint`
+    is measured and tested against."""
     from transformers import AutoModelForCausalLM
 
     if config.init == "pretrained":
@@ -114,7 +123,11 @@ def shard_weights_from_rank0(
     # Every parameter and buffer gets uninitialised storage; a tied weight stays one parameter
     # (FSDP2 swaps the DTensor's contents in place).
     model.to_empty(device=device)
-    full = {} if source is None else {f"causal_lm.{key}": value for key, value in source.state_dict().items()}
+    full = (
+        {}
+        if source is None
+        else {f"{CAUSAL_LM_PREFIX}{key}": value for key, value in source.state_dict().items()}
+    )
     set_model_state_dict(
         model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     )
@@ -123,6 +136,105 @@ def shard_weights_from_rank0(
         if source is not None:
             buffer.copy_(source_buffers[name])
         dist.broadcast(buffer, src=0)
+
+
+def checkpoint_files(model_id: str) -> dict[str, str]:
+    """Each tensor of `model_id`'s safetensors checkpoint and the local file holding it, found as
+    `from_pretrained` finds them (transformers' `cached_file`: a folder's own files, or the Hub
+    cache's snapshot, downloaded there first if absent): model.safetensors, else the files
+    model.safetensors.index.json maps. Ranks of one node may call this at once: huggingface_hub
+    downloads each file under a file lock into a temporary file renamed into place."""
+    from safetensors import safe_open
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
+
+    from training.preflight import FIX
+
+    def resolve(filename: str) -> str | None:
+        try:
+            # transformers' own from_pretrained passes this flag: None for a file the repo lacks.
+            return cached_file(model_id, filename, _raise_exceptions_for_missing_entries=False)
+        except OSError as error:
+            raise UsageError(f"--model-id {model_id}: {error} To fix: {FIX.format(name=model_id)}") from None
+
+    single = resolve(SAFE_WEIGHTS_NAME)
+    if single is not None:
+        with safe_open(single, "pt") as weights:
+            return dict.fromkeys(weights.keys(), single)
+    index = resolve(SAFE_WEIGHTS_INDEX_NAME)
+    if index is None:
+        raise UsageError(
+            f"--model-id {model_id} has neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME}: "
+            "pass a model saved as safetensors (save_pretrained's default)"
+        )
+    with open(index) as handle:
+        weight_map: dict[str, str] = json.load(handle)["weight_map"]
+    paths = {name: resolve(name) for name in sorted(set(weight_map.values()))}
+    for name, path in paths.items():
+        if path is None:
+            raise UsageError(f"--model-id {model_id}: {index} names {name}, which the model lacks")
+    return {key: cast(str, paths[name]) for key, name in weight_map.items()}
+
+
+def load_shards_from_checkpoint(model: CausalLMWithFusedLoss, model_id: str, device: torch.device) -> None:
+    """After `fully_shard` of a `build_meta_causal_lm` model, on each rank alone (no collective):
+    allocates the rank's shards on `device` and reads into them, as fp32, only the rows (the
+    DTensor's own placements: FSDP2's uneven Shard(0), HSDP's (Replicate, Shard(0))) of each
+    tensor that the rank holds, from the safetensors files `checkpoint_files` finds. No rank
+    holds the full model, nor any full tensor. The tied lm_head is the embedding (one parameter);
+    the buffers (the rotary frequencies, which no checkpoint holds) are computed from the config
+    on the host, as `from_pretrained` computes them, and copied to `device`. Any tensor missing,
+    left over or of another shape is a one-line error naming it and the file."""
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    files = checkpoint_files(model_id)
+    model.to_empty(device=device)
+    # named_parameters names a tied weight once, by its first name: the embedding's.
+    parameters = {
+        name.removeprefix(CAUSAL_LM_PREFIX): cast(DTensor, param) for name, param in model.named_parameters()
+    }
+    tied = model.causal_lm.lm_head.weight is model.causal_lm.model.embed_tokens.weight
+    for key in sorted(files.keys() - parameters.keys()):
+        why = (
+            "the config ties the lm_head to the embedding"
+            if tied and key == TIED_LM_HEAD
+            else "the model has no such tensor"
+        )
+        raise UsageError(
+            f"--model-id {model_id}: {files[key]} holds {key}, but {why}: pass a checkpoint of this architecture"
+        )
+    for key in sorted(parameters.keys() - files.keys()):
+        raise UsageError(
+            f"--model-id {model_id}: no file of the checkpoint holds {key}: pass a checkpoint of this architecture"
+        )
+    by_file: dict[str, list[str]] = {}
+    for key in parameters:
+        by_file.setdefault(files[key], []).append(key)
+    with torch.no_grad():
+        for path, keys in by_file.items():
+            with safe_open(path, "pt") as weights:
+                for key in keys:
+                    param = parameters[key]
+                    stored = weights.get_slice(key)
+                    if tuple(stored.get_shape()) != tuple(param.shape):
+                        raise UsageError(
+                            f"--model-id {model_id}: {path} holds {key} as {list(stored.get_shape())}, "
+                            f"the model needs {list(param.shape)}: pass a checkpoint of this architecture"
+                        )
+                    shape, offset = compute_local_shape_and_global_offset(
+                        param.shape, param.device_mesh, param.placements
+                    )
+                    rows = tuple(
+                        slice(start, start + size) for start, size in zip(offset, shape, strict=True)
+                    )
+                    param.to_local().copy_(stored[rows])
+        for module in model.causal_lm.modules():
+            buffers = dict(module.named_buffers(recurse=False))
+            if buffers:
+                computed = dict(type(module)(config=module.config).named_buffers())
+                for name, buffer in buffers.items():
+                    buffer.copy_(computed[name])
 
 
 class CausalLMWithFusedLoss(nn.Module):
