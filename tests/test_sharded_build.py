@@ -295,7 +295,7 @@ def _tampered(folder: Path, change) -> str:
     ("change", "message"),
     [
         (lambda w: w.pop("model.norm.weight"), "no file of the checkpoint holds model.norm.weight"),
-        (lambda w: w.update(extra=torch.zeros(2)), "holds extra, but the model has no such tensor"),
+        (lambda w: w.update(extra=torch.zeros(2)), "holds extra, but the model has none"),
         (
             lambda w: w.update({"lm_head.weight": w["model.embed_tokens.weight"].clone()}),
             "holds lm_head.weight, but the config ties the lm_head to the embedding",
@@ -332,7 +332,8 @@ def test_a_folder_without_safetensors_is_one_line(one_rank_group, tmp_path):
 def test_a_hub_id_resolves_to_its_snapshot_in_the_hub_cache_without_network(tmp_path):
     """huggingface_hub's documented cache layout (hub/models--ORG--NAME/refs/main naming the
     snapshot, snapshots/REVISION/FILES) and offline mode (HF_HUB_OFFLINE=1): the files are those
-    `from_pretrained` loads, in the same cache; a sharded checkpoint's shards included."""
+    `from_pretrained` loads, in the same cache; a sharded checkpoint's shards included. A model
+    the cache lacks is one line with the fix."""
     revision = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hf" / "hub" / "models--example--tiny"
     _save_bf16(repo / "snapshots" / revision, max_shard_size="100KB")
@@ -344,6 +345,10 @@ def test_a_hub_id_resolves_to_its_snapshot_in_the_hub_cache_without_network(tmp_
         "from transformers import AutoModelForCausalLM\n"
         "AutoModelForCausalLM.from_pretrained('example/tiny')\n"
         "print(json.dumps(checkpoint_files('example/tiny')))\n"
+        "try:\n"
+        "    checkpoint_files('example/absent')\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
     )
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_CACHE", None)
@@ -351,10 +356,15 @@ def test_a_hub_id_resolves_to_its_snapshot_in_the_hub_cache_without_network(tmp_
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=Path(__file__).parents[1]
     )
     assert done.returncode == 0, done.stderr
-    files = json.loads(done.stdout.strip().splitlines()[-1])
+    printed = done.stdout.strip().splitlines()
+    files = json.loads(printed[-2])
     snapshot = repo / "snapshots" / revision
     index = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"]
     assert files == {key: str(snapshot / name) for key, name in index.items()}
+    assert printed[-1].startswith(
+        "--model-id example/absent: neither model.safetensors nor model.safetensors.index.json is in the Hub cache"
+    )
+    assert "--init random" in printed[-1]
 
 
 def test_a_local_single_file_is_every_tensor_of_it(tmp_path):

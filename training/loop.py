@@ -152,7 +152,8 @@ def _check_fits(config: TrainConfig, architecture: Any) -> None:
 def build(
     config: TrainConfig, session: Session
 ) -> tuple[CausalLMWithFusedLoss, torch.optim.Optimizer, Any, int]:
-    """The sharded model, its optimizer, the architecture and the HSDP replica count."""
+    """The sharded model, its optimizer, the architecture and the HSDP replica count. A
+    pretrained model is read shard by shard on each rank, never whole; a random one is rank 0's."""
     architecture = load_architecture(config)
     _check_fits(config, architecture)
     replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)

@@ -1,9 +1,15 @@
-"""The model: a Hugging Face causal LM whose forward returns the fused, globally normalised loss."""
+"""The model: a Hugging Face causal LM whose forward returns the fused, globally normalised loss.
+
+Every rank builds it on the meta device and shards it before any weight exists; then each rank
+reads its own shards of a pretrained checkpoint (`load_shards_from_checkpoint`), or receives them
+from rank 0's seeded random model (`shard_weights_from_rank0`).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -42,6 +48,7 @@ logging.getLogger("torch.utils._pytree").addFilter(_not_torchao_enum_registratio
 
 # The training model's name for the causal LM: its state dict's keys are the checkpoint's under it.
 CAUSAL_LM_PREFIX = "causal_lm."
+ARCHITECTURE_FIX = "pass a checkpoint of the architecture the model id's config.json describes"
 
 
 def load_architecture(config: TrainConfig) -> Any:
@@ -103,7 +110,8 @@ def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
 
 def build_meta_causal_lm(architecture: Any) -> nn.Module:
     """The model with no storage (the meta device), which every rank shards before any weight
-    exists, so that a rank only ever allocates its own shards (`shard_weights_from_rank0`)."""
+    exists, so that a rank only ever allocates its own shards (`load_shards_from_checkpoint`,
+    `shard_weights_from_rank0`)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -117,7 +125,10 @@ def shard_weights_from_rank0(
     shards on `device` and fills them from rank 0's full `source` (None on the other ranks), one
     tensor broadcast at a time. The buffers (the rotary frequencies, which no state dict holds)
     are broadcast whole. Only rank 0 holds the full model; another rank holds its shards and, while
-    it is broadcast, one full tensor (the embedding, at most), where each rank used to hold all."""
+    it is broadcast, one full tensor (the embedding, at most), where each rank used to hold all.
+    The loop keeps this path for a random init: the seeded init draws one RNG stream over the full
+    tensors, which no rank could draw for its shard alone and get the same model whatever the
+    world size or mesh."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     # Every parameter and buffer gets uninitialised storage; a tied weight stays one parameter
@@ -147,24 +158,31 @@ def checkpoint_files(model_id: str) -> dict[str, str]:
     from safetensors import safe_open
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
 
-    from training.preflight import FIX
+    from training.preflight import FIX, first_line
 
     def resolve(filename: str) -> str | None:
         try:
             # transformers' own from_pretrained passes this flag: None for a file the repo lacks.
             return cached_file(model_id, filename, _raise_exceptions_for_missing_entries=False)
         except OSError as error:
-            raise UsageError(f"--model-id {model_id}: {error} To fix: {FIX.format(name=model_id)}") from None
+            raise UsageError(
+                f"--model-id {model_id}: {first_line(error)} To fix: {FIX.format(name=model_id)}"
+            ) from None
 
     single = resolve(SAFE_WEIGHTS_NAME)
     if single is not None:
         with safe_open(single, "pt") as weights:
             return dict.fromkeys(weights.keys(), single)
     index = resolve(SAFE_WEIGHTS_INDEX_NAME)
-    if index is None:
+    if index is None and os.path.isdir(model_id):
         raise UsageError(
             f"--model-id {model_id} has neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME}: "
             "pass a model saved as safetensors (save_pretrained's default)"
+        )
+    if index is None:
+        raise UsageError(
+            f"--model-id {model_id}: neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME} is in the Hub "
+            f"cache or could be downloaded. To fix: {FIX.format(name=model_id)}"
         )
     with open(index) as handle:
         weight_map: dict[str, str] = json.load(handle)["weight_map"]
@@ -179,8 +197,10 @@ def load_shards_from_checkpoint(model: CausalLMWithFusedLoss, model_id: str, dev
     """After `fully_shard` of a `build_meta_causal_lm` model, on each rank alone (no collective):
     allocates the rank's shards on `device` and reads into them, as fp32, only the rows (the
     DTensor's own placements: FSDP2's uneven Shard(0), HSDP's (Replicate, Shard(0))) of each
-    tensor that the rank holds, from the safetensors files `checkpoint_files` finds. No rank
-    holds the full model, nor any full tensor. The tied lm_head is the embedding (one parameter);
+    tensor that the rank holds, from the safetensors files `checkpoint_files` finds (mapped, so
+    only those rows are read). No rank holds more than its shards and one bf16 slice of one tensor.
+    Names are the checkpoint's under `CAUSAL_LM_PREFIX` (transformers 5 renames no Qwen2 key on
+    load); the tied lm_head is the embedding (one parameter, which the checkpoint holds once);
     the buffers (the rotary frequencies, which no checkpoint holds) are computed from the config
     on the host, as `from_pretrained` computes them, and copied to `device`. Any tensor missing,
     left over or of another shape is a one-line error naming it and the file."""
@@ -195,18 +215,19 @@ def load_shards_from_checkpoint(model: CausalLMWithFusedLoss, model_id: str, dev
         name.removeprefix(CAUSAL_LM_PREFIX): cast(DTensor, param) for name, param in model.named_parameters()
     }
     tied = model.causal_lm.lm_head.weight is model.causal_lm.model.embed_tokens.weight
-    for key in sorted(files.keys() - parameters.keys()):
+    unexpected = sorted(files.keys() - parameters.keys())
+    if unexpected:
+        key = unexpected[0]
         why = (
             "the config ties the lm_head to the embedding"
             if tied and key == TIED_LM_HEAD
-            else "the model has no such tensor"
+            else "the model has none"
         )
+        raise UsageError(f"--model-id {model_id}: {files[key]} holds {key}, but {why}: {ARCHITECTURE_FIX}")
+    missing = sorted(parameters.keys() - files.keys())
+    if missing:
         raise UsageError(
-            f"--model-id {model_id}: {files[key]} holds {key}, but {why}: pass a checkpoint of this architecture"
-        )
-    for key in sorted(parameters.keys() - files.keys()):
-        raise UsageError(
-            f"--model-id {model_id}: no file of the checkpoint holds {key}: pass a checkpoint of this architecture"
+            f"--model-id {model_id}: no file of the checkpoint holds {missing[0]}: {ARCHITECTURE_FIX}"
         )
     by_file: dict[str, list[str]] = {}
     for key in parameters:
@@ -220,7 +241,7 @@ def load_shards_from_checkpoint(model: CausalLMWithFusedLoss, model_id: str, dev
                     if tuple(stored.get_shape()) != tuple(param.shape):
                         raise UsageError(
                             f"--model-id {model_id}: {path} holds {key} as {list(stored.get_shape())}, "
-                            f"the model needs {list(param.shape)}: pass a checkpoint of this architecture"
+                            f"the model needs {list(param.shape)}: {ARCHITECTURE_FIX}"
                         )
                     shape, offset = compute_local_shape_and_global_offset(
                         param.shape, param.device_mesh, param.placements
