@@ -1,8 +1,17 @@
-"""Host and device memory of building and sharding the model, per rank, with the loop's path
-(`training.loop.build`: meta device, rank 0's full model broadcast into the shards) against the
-baseline measured in the same run: every rank builds the full fp32 model, then shards it.
+"""Host and device memory of building and sharding the model, per rank, on each path the job
+has had, in one run, so that each is measured beside the baseline (every rank builds the full
+fp32 model, then shards it):
 
-Each path runs in its own torchrun job, so each rank's peak RSS is that path's alone:
+- every-rank-full: the baseline.
+- meta-broadcast: the model built on the meta device and sharded; rank 0 alone builds the full
+  fp32 model and broadcasts it into the shards (`training/model.py:shard_weights_from_rank0`). The
+  loop's path for --init random.
+- per-shard: --init pretrained only. Each rank reads its own shards from the safetensors files
+  (`training/model.py:load_shards_from_checkpoint`); no rank builds the full model. The loop's path
+  for --init pretrained.
+
+Each path runs in its own torchrun job, so each rank's peak RSS is that path's alone. No corpus
+(synthetic data) and no network: --init pretrained reads a local folder.
 
     python -m bench.load_memory --out bench/results/load.json --model-config qwen2.5-1.5b --nproc 4
     python -m bench.load_memory --out … --write-pretrained /tmp/qwen --model-config qwen2.5-1.5b
@@ -31,7 +40,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-PATHS = ("every-rank-full", "meta-broadcast")
+PATHS = {
+    "random": ("every-rank-full", "meta-broadcast"),
+    "pretrained": ("every-rank-full", "meta-broadcast", "per-shard"),
+}
 RESULT_PREFIX = "LOAD_MEMORY "
 GIB = 1024**3
 
@@ -43,14 +55,38 @@ def _config(args: argparse.Namespace) -> Any:
     return parse_args(flags + (["--model-id", args.model_id] if args.model_id else []))
 
 
-def _baseline(config: Any, device: torch.device, world_size: int) -> torch.nn.Module:
-    """The path before the meta build: every rank holds the full fp32 model, then shards it."""
+def _every_rank_full(config: Any, device: torch.device, world_size: int) -> torch.nn.Module:
+    """The baseline: every rank holds the full fp32 model, then shards it."""
     from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
-    from training.parallelize import build_mesh, parallelize
 
     model = CausalLMWithFusedLoss(
         build_causal_lm(config, load_architecture(config), device), config.loss_chunk_tokens
     )
+    _parallelize(model, config, device, world_size)
+    return model
+
+
+def _meta_broadcast(config: Any, device: torch.device, rank: int, world_size: int) -> torch.nn.Module:
+    """Shards on the meta device, filled from rank 0's full fp32 model."""
+    from training.model import (
+        CausalLMWithFusedLoss,
+        build_causal_lm,
+        build_meta_causal_lm,
+        load_architecture,
+        shard_weights_from_rank0,
+    )
+
+    architecture = load_architecture(config)
+    source = build_causal_lm(config, architecture, device) if rank == 0 else None
+    model = CausalLMWithFusedLoss(build_meta_causal_lm(config, architecture), config.loss_chunk_tokens)
+    _parallelize(model, config, device, world_size)
+    shard_weights_from_rank0(model, source, device)
+    return model
+
+
+def _parallelize(model: Any, config: Any, device: torch.device, world_size: int) -> None:
+    from training.parallelize import build_mesh, parallelize
+
     parallelize(
         model,
         build_mesh(device.type, world_size, 1),
@@ -58,7 +94,6 @@ def _baseline(config: Any, device: torch.device, world_size: int) -> torch.nn.Mo
         activation_checkpointing=config.activation_checkpointing,
         reshard_after_forward=config.reshard_after_forward,
     )
-    return model
 
 
 class _Session:
@@ -69,7 +104,8 @@ class _Session:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One torchrun rank: build with `args.path`, then report this rank's peaks."""
+    """One torchrun rank: build with `args.path` (the loop's own `build` for the init's last path),
+    then report this rank's peaks."""
     from training.loop import build
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -79,16 +115,23 @@ def worker(args: argparse.Namespace) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     config = _config(args)
+    import transformers.modeling_utils  # noqa: F401  (counted before the build, as on every path)
+
+    # Linux reports ru_maxrss in KiB. Before the build: the interpreter, torch and transformers.
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    if args.path == "every-rank-full":
-        model = _baseline(config, device, world_size)
-    else:
+    model: torch.nn.Module
+    if args.path == PATHS[args.init][-1]:
         model = build(config, cast(Any, _Session(rank, world_size, device)))[0]
+    elif args.path == "meta-broadcast":
+        model = _meta_broadcast(config, device, rank, world_size)
+    else:
+        model = _every_rank_full(config, device, world_size)
     dist.barrier()
     record = {
         "rank": rank,
         "build_s": round(time.perf_counter() - start, 2),
-        # Linux reports ru_maxrss in KiB.
+        "rss_before_build_gib": round(rss_before / GIB, 3),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 3),
         "peak_gpu_allocated_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 3) if cuda else None,
         "sharded_parameters": sum(cast(DTensor, p).to_local().numel() for p in model.parameters()),
@@ -150,7 +193,7 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="gloo on the host even where CUDA is present")
     parser.add_argument("--write-pretrained", help="first save random bf16 weights here (save_pretrained)")
     parser.add_argument("--num-hidden-layers", type=int, help="override the architecture's depth")
-    parser.add_argument("--worker", choices=PATHS, dest="path", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=PATHS["pretrained"], dest="path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.path:
         worker(args)
@@ -171,7 +214,8 @@ def main() -> None:
         "python": platform.python_version(),
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({os.cpu_count()} cores)",
         "baseline": "every-rank-full",
-        "paths": {path: run_path(args, path) for path in PATHS},
+        "loop_path": PATHS[args.init][-1],
+        "paths": {path: run_path(args, path) for path in PATHS[args.init]},
     }
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=1)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from training.checkpoint import hugging_face_weights, read_train_state, write_hugging_face
 from training.config import TRAIN_STATE_FILE
+from training.model import CAUSAL_LM_PREFIX as PREFIX
 from training.model import load_architecture  # noqa: F401  (its log filters quiet torchao's import)
 from training.presets import BYTE_TOKENIZER
 from training.settings import EXPORT_DTYPES
 
 PROGRAM = "python -m training.export"
-PREFIX = "causal_lm."  # the training model's name for the causal LM (training/model.py)
 
 
 def export(checkpoint: str, out: str, dtype: str) -> None:

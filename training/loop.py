@@ -34,11 +34,13 @@ from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
 from training.metrics import RunMetrics, loss_and_grad_norm
 from training.model import (
+    CAUSAL_LM_PREFIX,
     CausalLMWithFusedLoss,
     ModelBatch,
     build_causal_lm,
     build_meta_causal_lm,
     load_architecture,
+    load_shards_from_checkpoint,
     model_batch,
     shard_weights_from_rank0,
 )
@@ -150,14 +152,22 @@ def _check_fits(config: TrainConfig, architecture: Any) -> None:
 def build(
     config: TrainConfig, session: Session
 ) -> tuple[CausalLMWithFusedLoss, torch.optim.Optimizer, Any, int]:
-    """The sharded model, its optimizer, the architecture and the HSDP replica count."""
+    """The sharded model, its optimizer, the architecture and the HSDP replica count. A
+    pretrained model is read shard by shard on each rank, never whole; a random one is rank 0's."""
     architecture = load_architecture(config)
     _check_fits(config, architecture)
     replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)
     mesh = build_mesh(session.device.type, session.world_size, replicas)
     # --init-from's weights replace the built ones: random ones cost no download.
     weights_from = dataclasses.replace(config, init="random") if config.init_from else config
-    source = build_causal_lm(weights_from, architecture, session.device) if session.rank == 0 else None
+    per_shard = weights_from.init == "pretrained"
+    # A random init stays rank 0's seeded full model, broadcast: one RNG stream over the full
+    # tensors, so the model is the same bits whatever the world size or mesh.
+    source = (
+        None
+        if per_shard or session.rank != 0
+        else build_causal_lm(weights_from, architecture, session.device)
+    )
     model = CausalLMWithFusedLoss(build_meta_causal_lm(config, architecture), config.loss_chunk_tokens)
     if config.float8:
         convert_to_float8(model, session.device)
@@ -168,7 +178,10 @@ def build(
         activation_checkpointing=config.activation_checkpointing,
         reshard_after_forward=config.reshard_after_forward,
     )
-    shard_weights_from_rank0(model, source, session.device)
+    if per_shard:
+        load_shards_from_checkpoint(model, config.model_id, session.device)
+    else:
+        shard_weights_from_rank0(model, source, session.device)
     del source
     model.train()
     return model, build_optimizer(model, config, session.device), architecture, replicas
@@ -382,7 +395,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             if config.export_hf and step == config.steps:
                 tokenizer = None if config.tokenizer == BYTE_TOKENIZER else load_tokenizer(config.tokenizer)
                 export_hugging_face(
-                    path, model, architecture, "causal_lm.", config.export_dtype, tokenizer, session.rank
+                    path, model, architecture, CAUSAL_LM_PREFIX, config.export_dtype, tokenizer, session.rank
                 )
 
         return write

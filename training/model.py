@@ -1,17 +1,26 @@
-"""The model: a Hugging Face causal LM whose forward returns the fused, globally normalised loss."""
+"""The model: a Hugging Face causal LM whose forward returns the fused, globally normalised loss.
+
+Every rank builds it on the meta device and shards it before any weight exists; then each rank
+reads its own shards of a pretrained checkpoint (`load_shards_from_checkpoint`), or receives them
+from rank 0's seeded random model (`shard_weights_from_rank0`).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any, NamedTuple
+import os
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from training.checkpoint import TIED_LM_HEAD
 from training.config import TrainConfig
 from training.data import DOCUMENT_START, NO_LOSS, TOKEN_ID
+from training.errors import UsageError
 from training.loss import (
     IGNORE_INDEX,
     ChunkFn,
@@ -38,6 +47,11 @@ def _not_torchao_enum_registration(record: logging.LogRecord) -> bool:
 logging.getLogger("torch.utils._pytree").addFilter(_not_torchao_enum_registration)
 
 
+# The training model's name for the causal LM: its state dict's keys are the checkpoint's under it.
+CAUSAL_LM_PREFIX = "causal_lm."
+ARCHITECTURE_FIX = "pass a checkpoint of the architecture the model id's config.json describes"
+
+
 def load_architecture(config: TrainConfig) -> Any:
     """The transformers config of the model to train (shipped JSON for random init)."""
     from transformers import AutoConfig
@@ -50,7 +64,9 @@ def load_architecture(config: TrainConfig) -> Any:
 
 def build_causal_lm(config: TrainConfig, architecture: Any, device: torch.device) -> nn.Module:
     """The full fp32 model: random (seeded, built on `device`) or the model id's pretrained
-    weights (on the host). Only rank 0 builds it, as the source of `shard_weights_from_rank0`."""
+    weights (on the host). The loop builds only the random one, on rank 0 alone, as the source of
+    `shard_weights_from_rank0`; the pretrained one is the reference `load_shards_from_checkpoint`
+    is measured and tested against."""
     from transformers import AutoModelForCausalLM
 
     if config.init == "pretrained":
@@ -100,7 +116,8 @@ def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
 
 def build_meta_causal_lm(config: TrainConfig, architecture: Any) -> nn.Module:
     """The model with no storage (the meta device), which every rank shards before any weight
-    exists, so that a rank only ever allocates its own shards (`shard_weights_from_rank0`)."""
+    exists, so that a rank only ever allocates its own shards (`load_shards_from_checkpoint`,
+    `shard_weights_from_rank0`)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -116,13 +133,20 @@ def shard_weights_from_rank0(
     shards on `device` and fills them from rank 0's full `source` (None on the other ranks), one
     tensor broadcast at a time. The buffers (the rotary frequencies, which no state dict holds)
     are broadcast whole. Only rank 0 holds the full model; another rank holds its shards and, while
-    it is broadcast, one full tensor (the embedding, at most), where each rank used to hold all."""
+    it is broadcast, one full tensor (the embedding, at most), where each rank used to hold all.
+    The loop keeps this path for a random init: the seeded init draws one RNG stream over the full
+    tensors, which no rank could draw for its shard alone and get the same model whatever the
+    world size or mesh."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     # Every parameter and buffer gets uninitialised storage; a tied weight stays one parameter
     # (FSDP2 swaps the DTensor's contents in place).
     model.to_empty(device=device)
-    full = {} if source is None else {f"causal_lm.{key}": value for key, value in source.state_dict().items()}
+    full = (
+        {}
+        if source is None
+        else {f"{CAUSAL_LM_PREFIX}{key}": value for key, value in source.state_dict().items()}
+    )
     set_model_state_dict(
         model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     )
@@ -131,6 +155,132 @@ def shard_weights_from_rank0(
         if source is not None:
             buffer.copy_(source_buffers[name])
         dist.broadcast(buffer, src=0)
+
+
+def checkpoint_files(model_id: str) -> dict[str, str]:
+    """Each tensor of `model_id`'s safetensors checkpoint and the local file holding it, found as
+    `from_pretrained` finds them (transformers' `cached_file`: a folder's own files, or the Hub
+    cache's snapshot, downloaded there first if absent): model.safetensors, else the files
+    model.safetensors.index.json maps. Ranks of one node may call this at once: huggingface_hub
+    downloads each file under a file lock into a temporary file renamed into place."""
+    from safetensors import safe_open
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
+
+    from training.preflight import FIX, first_line
+
+    def resolve(filename: str) -> str | None:
+        try:
+            # transformers' own from_pretrained passes this flag: None for a file the repo lacks.
+            return cached_file(model_id, filename, _raise_exceptions_for_missing_entries=False)
+        except OSError as error:
+            raise UsageError(
+                f"--model-id {model_id}: {first_line(error)} To fix: {FIX.format(name=model_id)}"
+            ) from None
+
+    single = resolve(SAFE_WEIGHTS_NAME)
+    if single is not None:
+        with safe_open(single, "pt") as weights:
+            return dict.fromkeys(weights.keys(), single)
+    index = resolve(SAFE_WEIGHTS_INDEX_NAME)
+    if index is None and os.path.isdir(model_id):
+        raise UsageError(
+            f"--model-id {model_id} has neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME}: "
+            "pass a model saved as safetensors (save_pretrained's default)"
+        )
+    if index is None:
+        raise UsageError(
+            f"--model-id {model_id}: neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME} is in the Hub "
+            f"cache or could be downloaded. To fix: {FIX.format(name=model_id)}"
+        )
+    with open(index) as handle:
+        weight_map: dict[str, str] = json.load(handle)["weight_map"]
+    paths = {name: resolve(name) for name in sorted(set(weight_map.values()))}
+    for name, path in paths.items():
+        if path is None:
+            raise UsageError(f"--model-id {model_id}: {index} names {name}, which the model lacks")
+    return {key: cast(str, paths[name]) for key, name in weight_map.items()}
+
+
+# The input embedding, which a tied lm_head is.
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def _local_rows(param: Any) -> tuple[slice, ...]:
+    """The part of the full tensor that this rank's shard of the DTensor `param` holds (its own
+    placements: FSDP2's uneven Shard(0), HSDP's (Replicate, Shard(0)))."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tuple(slice(start, start + size) for start, size in zip(offset, shape, strict=True))
+
+
+def load_shards_from_checkpoint(model: CausalLMWithFusedLoss, model_id: str, device: torch.device) -> None:
+    """After `fully_shard` of a `build_meta_causal_lm` model, on each rank alone (no collective):
+    allocates the rank's shards on `device` and reads into them, as fp32, only the rows (the
+    DTensor's own placements: FSDP2's uneven Shard(0), HSDP's (Replicate, Shard(0))) of each
+    tensor that the rank holds, from the safetensors files `checkpoint_files` finds (mapped, so
+    only those rows are read). No rank holds more than its shards and one bf16 slice of one tensor.
+    Names are the checkpoint's under `CAUSAL_LM_PREFIX` (transformers 5 renames no Qwen2 key on
+    load); the tied lm_head is the embedding (one parameter, which the checkpoint holds once);
+    the buffers (the rotary frequencies, which no checkpoint holds) are computed from the config
+    on the host, as `from_pretrained` computes them, and copied to `device`. Any tensor missing,
+    left over (but a stored buffer, or a stored lm_head equal to the embedding it is tied to, both
+    of which from_pretrained accepts) or of another shape is a one-line error naming it and the file."""
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor
+
+    files = checkpoint_files(model_id)
+    model.to_empty(device=device)
+    # named_parameters names a tied weight once, by its first name: the embedding's.
+    parameters = {
+        name.removeprefix(CAUSAL_LM_PREFIX): cast(DTensor, param) for name, param in model.named_parameters()
+    }
+    tied = model.causal_lm.lm_head.weight is model.causal_lm.model.embed_tokens.weight
+    # As from_pretrained does, stored buffers are ignored (the rotary frequencies are computed from
+    # the config) and a stored lm_head is accepted under a tied config when it equals the embedding.
+    buffer_keys = {name.removeprefix(CAUSAL_LM_PREFIX) for name, _ in model.named_buffers()}
+    stored_head = tied and TIED_LM_HEAD in files
+    unexpected = sorted(files.keys() - parameters.keys() - buffer_keys - ({TIED_LM_HEAD} if tied else set()))
+    if unexpected:
+        key = unexpected[0]
+        raise UsageError(
+            f"--model-id {model_id}: {files[key]} holds {key}, but the model has none: {ARCHITECTURE_FIX}"
+        )
+    missing = sorted(parameters.keys() - files.keys())
+    if missing:
+        raise UsageError(
+            f"--model-id {model_id}: no file of the checkpoint holds {missing[0]}: {ARCHITECTURE_FIX}"
+        )
+    by_file: dict[str, list[str]] = {}
+    for key in parameters:
+        by_file.setdefault(files[key], []).append(key)
+    with torch.no_grad():
+        for path, keys in by_file.items():
+            with safe_open(path, "pt") as weights:
+                for key in keys:
+                    param = parameters[key]
+                    stored = weights.get_slice(key)
+                    if tuple(stored.get_shape()) != tuple(param.shape):
+                        raise UsageError(
+                            f"--model-id {model_id}: {path} holds {key} as {list(stored.get_shape())}, "
+                            f"the model needs {list(param.shape)}: {ARCHITECTURE_FIX}"
+                        )
+                    param.to_local().copy_(stored[_local_rows(param)])
+        if stored_head:
+            embedding = parameters[EMBEDDING]
+            with safe_open(files[TIED_LM_HEAD], "pt") as weights:
+                head = weights.get_slice(TIED_LM_HEAD)[_local_rows(embedding)]
+            if not torch.equal(head.to(torch.float32), embedding.to_local().cpu()):
+                raise UsageError(
+                    f"--model-id {model_id}: {files[TIED_LM_HEAD]} holds an {TIED_LM_HEAD} unlike the "
+                    "embedding, but its config.json ties them: set tie_word_embeddings to false there"
+                )
+        for module in model.causal_lm.modules():
+            buffers = dict(module.named_buffers(recurse=False))
+            if buffers:
+                computed = dict(type(module)(config=module.config).named_buffers())
+                for name, buffer in buffers.items():
+                    buffer.copy_(computed[name])
 
 
 class CausalLMWithFusedLoss(nn.Module):

@@ -15,7 +15,7 @@ FIX = (
 )
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
@@ -28,14 +28,14 @@ def check_model_files(config: TrainConfig) -> None:
             AutoConfig.from_pretrained(config.model_id)
         except OSError as error:
             raise UsageError(
-                f"--model-id {config.model_id}: {_first_line(error)} To fix: {FIX.format(name=config.model_id)}"
+                f"--model-id {config.model_id}: {first_line(error)} To fix: {FIX.format(name=config.model_id)}"
             ) from error
     if not config.synthetic_data and config.tokenizer != BYTE_TOKENIZER:
         try:
             load_tokenizer(config.tokenizer)
         except OSError as error:
             raise UsageError(
-                f"--tokenizer {config.tokenizer}: {_first_line(error)} To fix: {FIX.format(name=config.tokenizer)}"
+                f"--tokenizer {config.tokenizer}: {first_line(error)} To fix: {FIX.format(name=config.tokenizer)}"
             ) from error
 
 
@@ -47,5 +47,5 @@ def check_packages(config: TrainConfig) -> None:
         import torchao.float8  # noqa: F401
     except ImportError as error:
         raise UsageError(
-            f"--float8 needs torchao ({_first_line(error)}): pip install torchao==0.18.0, or pass --no-float8"
+            f"--float8 needs torchao ({first_line(error)}): pip install torchao==0.18.0, or pass --no-float8"
         ) from error
