@@ -273,6 +273,17 @@ def test_float8_without_torchao_is_one_line_before_any_worker(monkeypatch):
         check_packages(parse_flags(["--preset", "throughput", "--float8"]))
 
 
+def test_tensorboard_without_tensorboardx_is_one_line_before_any_worker(monkeypatch):
+    """Ray Train depends on tensorboardX; an environment for torchrun alone may lack it."""
+    from training.errors import UsageError
+    from training.preflight import check_packages
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    check_packages(parse_flags(["--no-tensorboard"]))  # not asked for: not needed
+    with pytest.raises(UsageError, match=r"^--tensorboard needs tensorboardX .*or pass --no-tensorboard$"):
+        check_packages(parse_flags([]))
+
+
 def test_more_local_cpu_workers_than_cpus_is_one_line(tmp_path):
     workers = max(os.cpu_count() or 1, 2) + 1
     line = one_line_error(run_training("--local", "--workers", str(workers), "--storage-path", str(tmp_path)))

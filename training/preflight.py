@@ -40,12 +40,20 @@ def check_model_files(config: TrainConfig) -> None:
 
 
 def check_packages(config: TrainConfig) -> None:
-    """torchao for --float8: the workers run the same image as this process."""
-    if not config.float8:
-        return
-    try:
-        import torchao.float8  # noqa: F401
-    except ImportError as error:
-        raise UsageError(
-            f"--float8 needs torchao ({first_line(error)}): pip install torchao==0.18.0, or pass --no-float8"
-        ) from error
+    """torchao for --float8, tensorboardX for --tensorboard (Ray Train brings it; a torchrun-only
+    environment may not): the workers run the same image as this process."""
+    if config.float8:
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError as error:
+            raise UsageError(
+                f"--float8 needs torchao ({first_line(error)}): pip install torchao==0.18.0, or pass --no-float8"
+            ) from error
+    if config.tensorboard:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError as error:
+            raise UsageError(
+                f"--tensorboard needs tensorboardX ({first_line(error)}): pip install tensorboardX==2.6.5, "
+                "or pass --no-tensorboard"
+            ) from error
