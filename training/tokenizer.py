@@ -17,6 +17,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str: ...
+
     def render_chat(self, messages: list[Message], *, generation_prompt: bool) -> str:
         """The conversation as the model reads it; with `generation_prompt`, followed by
         what opens an assistant turn."""
@@ -57,6 +59,9 @@ class HuggingFaceTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
 
     def render_chat(self, messages: list[Message], *, generation_prompt: bool) -> str:
         if not self._tokenizer.chat_template:
