@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from training.config import ArgumentsError, parse_args, parse_flags
+from training.corpus_cache import in_process_rows
 from training.data import (
     DOCUMENT_START,
     NO_LOSS,
@@ -20,7 +21,6 @@ from training.data import (
     batch_tokens,
     chat_segments,
     document_tokens,
-    in_process_corpus_rows,
     pack_documents,
     parse_files_batch,
     read_documents,
@@ -220,7 +220,7 @@ class _CorpusSession:
         yield location
 
     def corpus_rows(self, config):
-        return in_process_corpus_rows(config)
+        return in_process_rows(config, config.data)
 
     def report(self, metrics, step, save):
         pass

@@ -9,6 +9,7 @@ at most one partial row dropped.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -18,7 +19,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from training.config import SHIPPED_CORPUS, corpus_files, parse_args
-from training.data import document_tokens, local_corpus_batches, pack_documents, read_documents
+from training.data import (
+    ROW_DTYPE,
+    RowPacker,
+    corpus_fingerprint,
+    document_tokens,
+    local_corpus_batches,
+    pack_documents,
+    read_documents,
+)
 from training.errors import UsageError
 from training.tokenizer import ByteTokenizer
 
@@ -155,13 +164,20 @@ def local_ray():
 
 
 def ray_rows(data: Path, *, blocks: int | None = None) -> np.ndarray:
+    """The rows the Ray driver streams into the corpus cache, here into memory."""
     from training.ray_launcher import pack_dataset, tokenized_documents
 
     config = dataclasses.replace(parse_args(["--data", str(data), "--seq-len", str(SEQ_LEN)]), local=True)
-    documents = tokenized_documents(config, config.data)
+    documents = tokenized_documents(corpus_files(config.data), config)
     if blocks is not None:
         documents = documents.repartition(blocks)
-    return pack_dataset(documents, seq_len=SEQ_LEN)
+    written = io.BytesIO()
+    packer = RowPacker(written.write, SEQ_LEN)
+    pack_dataset(documents, packer)
+    fingerprint = packer.finish()
+    rows = np.frombuffer(written.getvalue(), dtype=ROW_DTYPE).reshape(-1, SEQ_LEN + 1)
+    assert fingerprint == corpus_fingerprint(rows)
+    return rows
 
 
 @pytest.mark.slow

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.config import TrainConfig
-from training.corpus_files import DEFAULT_TEXT_COLUMN, corpus_files, corpus_format
+from training.corpus_files import DEFAULT_TEXT_COLUMN, corpus_format
 from training.errors import UsageError
 from training.tokenizer import Message, Tokenizer, load_tokenizer
 
@@ -45,6 +44,9 @@ ROW_DTYPE = np.int32
 NO_LOSS = 1 << 30  # not a loss target: a conversation's tokens outside the assistant's turns
 DOCUMENT_START = 1 << 29  # positions restart here and nothing before is attended to
 TOKEN_ID = DOCUMENT_START - 1
+# Tokens hashed or written at a time (4 MiB of int32): the streamed packer's and the
+# fingerprint's working memory, whatever the corpus size.
+HASH_BLOCK_TOKENS = 1 << 20
 
 Document = str | list[Message]  # a text, or a conversation's messages
 
@@ -300,6 +302,51 @@ def pack_documents(documents: Iterable[np.ndarray | list[int]], seq_len: int) ->
     return stream[: rows * row_length].reshape(rows, row_length)
 
 
+class RowPacker:
+    """`pack_documents` as the documents arrive: full rows go to `write` (bytes, row after row)
+    and into a SHA-256 equal to `corpus_fingerprint` of the same rows, so memory holds the tokens
+    of at most one flush block and one document, however large the corpus."""
+
+    def __init__(self, write: Callable[[bytes], object], seq_len: int) -> None:
+        self._write = write
+        self._row_length = seq_len + 1
+        self._flush_at = max(self._row_length, HASH_BLOCK_TOKENS)
+        self._pieces: list[np.ndarray] = []
+        self._pending = 0
+        self._after_isolated = False
+        self._digest = hashlib.sha256()
+        self.rows = 0
+
+    def add(self, tokens: np.ndarray | list[int]) -> None:
+        """One document's stored tokens (EOS included), with pack_documents' carry of isolation."""
+        piece = np.array(tokens, dtype=ROW_DTYPE)
+        isolated = bool(piece[0] & DOCUMENT_START)
+        if self._after_isolated:
+            piece[0] |= DOCUMENT_START
+        self._after_isolated = isolated
+        self._pieces.append(piece)
+        self._pending += len(piece)
+        if self._pending >= self._flush_at:
+            self._flush()
+
+    def _flush(self) -> None:
+        stream = np.concatenate(self._pieces) if self._pieces else np.empty(0, dtype=ROW_DTYPE)
+        full = len(stream) // self._row_length * self._row_length
+        if full:
+            data = stream[:full].tobytes()
+            self._write(data)
+            self._digest.update(data)
+            self.rows += full // self._row_length
+        rest = stream[full:]
+        self._pieces, self._pending = [rest], len(rest)
+
+    def finish(self) -> str:
+        """Write the last full rows (the final partial row is dropped); the rows' fingerprint."""
+        self._flush()
+        self._pieces, self._pending = [], 0
+        return self._digest.hexdigest()
+
+
 def corpus_rows(
     files: list[str],
     *,
@@ -369,8 +416,13 @@ def position_after(
 
 def corpus_fingerprint(rows: np.ndarray) -> str:
     """A digest of the packed rows: it changes with the corpus, the tokenizer and --seq-len, each
-    of which makes a saved data position name other rows."""
-    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
+    of which makes a saved data position name other rows. Hashed a block of rows at a time, so
+    rows mapped from a file (the corpus cache) are never read into memory whole."""
+    digest = hashlib.sha256()
+    step = max(1, HASH_BLOCK_TOKENS // max(1, rows.shape[1]))
+    for first in range(0, len(rows), step):
+        digest.update(np.ascontiguousarray(rows[first : first + step]).data)
+    return digest.hexdigest()
 
 
 def local_corpus_batches(
@@ -390,27 +442,3 @@ def local_corpus_batches(
         files, tokenizer=tokenizer, seq_len=seq_len, text_column=text_column, attention=attention
     )
     return epoch_batches(rows, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
-
-
-def in_process_corpus_rows(config: TrainConfig) -> np.ndarray:
-    """The packed rows of the local corpus `config.data`, read in this process (the torchrun
-    launcher and the benchmark; under Ray, Ray Data reads it)."""
-    return corpus_rows(
-        corpus_files(config.data),
-        tokenizer=config.tokenizer,
-        seq_len=config.seq_len,
-        text_column=config.text_column,
-        attention=config.document_attention,
-    )
-
-
-def in_process_eval_rows(config: TrainConfig) -> np.ndarray:
-    """The held-out rows of `config.eval_data`, read in this process, packed as the training rows."""
-    assert config.eval_data is not None
-    return corpus_rows(
-        corpus_files(config.eval_data, flag="--eval-data"),
-        tokenizer=config.tokenizer,
-        seq_len=config.seq_len,
-        text_column=config.text_column,
-        attention=config.document_attention,
-    )

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT, is_complete
 from training.config import TrainConfig
-from training.data import in_process_corpus_rows, in_process_eval_rows
+from training.corpus_cache import in_process_rows
 from training.errors import UsageError
 from training.rank_exit import tear_down_process_group
 from training.report import format_summary
@@ -53,10 +53,11 @@ class TorchrunSession:
         yield location  # torchrun reads local folders only
 
     def corpus_rows(self, config: TrainConfig) -> np.ndarray:
-        return in_process_corpus_rows(config)
+        return in_process_rows(config, config.data)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
-        return in_process_eval_rows(config)
+        assert config.eval_data is not None
+        return in_process_rows(config, config.eval_data, "--eval-data")
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
