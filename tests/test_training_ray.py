@@ -178,6 +178,18 @@ def test_resume_continues_the_step_count_and_matches_the_uninterrupted_run(full_
     assert [entry["step"] for entry in history] == list(range(1, STEPS + 1))
 
 
+def test_a_second_run_trains_from_the_corpus_cache_the_first_one_wrote(full_run, resumed_run, storage):
+    """The resumed run (same corpus, tokenizer and --seq-len, same storage) reads the rows the full
+    run packed, and trains on them to the same losses (the test above)."""
+    written = [line for line in full_run.stdout.splitlines() if "into the corpus cache" in line]
+    read = [line for line in resumed_run.stdout.splitlines() if "corpus cache" in line]
+    assert (
+        len(written) == 1 and "--data " in written[0] and " 130 rows of 129 tokens tokenized " in written[0]
+    )
+    assert read == [written[0].replace("tokenized into", "read from")]
+    assert written[0].endswith(str(storage / "corpus-cache" / written[0].rsplit("/", 1)[-1]))
+
+
 def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, storage):
     """DCP reshards the step-4 checkpoint of 2 workers onto 1; the data goes on by global sample."""
     result = run_cli(
@@ -238,6 +250,8 @@ def test_torchrun_trains_on_the_same_corpus_rows_as_ray(full_run, storage):
         "--checkpoint-every", "0",
         "--storage-path", str(storage),
         "--run-name", "torchrun-corpus",
+        # Packed again in-process, not read from the cache the Ray run wrote.
+        "--corpus-cache", str(storage / "torchrun-corpus-cache"),
         launcher=TORCHRUN,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
