@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
-from training.corpus_cache import in_process_rows
+from training.corpus_cache import in_process_corpus, in_process_rows
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
@@ -187,9 +187,9 @@ class BenchSession:
     def open_checkpoint(self, location: str) -> Iterator[str]:
         yield location
 
-    def corpus_rows(self, config: TrainConfig) -> Any:
+    def corpus(self, config: TrainConfig) -> Any:
         """Rows of a local corpus read in this process, as under torchrun."""
-        return in_process_rows(config, config.data)
+        return in_process_corpus(config)
 
     def eval_rows(self, config: TrainConfig) -> Any:
         """The held-out rows, read in this process, as under torchrun."""

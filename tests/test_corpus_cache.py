@@ -77,7 +77,7 @@ def mixed_documents(attention: str) -> list[np.ndarray]:
 def test_streamed_rows_and_fingerprint_equal_the_in_memory_packing(attention, block_tokens, monkeypatch):
     """Blocks of 1 and 50 tokens flush in the middle of documents and rows; the isolation carry
     (a document after an isolated one starts afresh) crosses them."""
-    monkeypatch.setattr(data, "HASH_BLOCK_TOKENS", block_tokens)
+    monkeypatch.setattr(data, "PACK_BLOCK_TOKENS", block_tokens)
     documents = mixed_documents(attention)
     expected = pack_documents(documents, SEQ_LEN)
     rows, fingerprint = streamed(documents, SEQ_LEN)
@@ -86,12 +86,6 @@ def test_streamed_rows_and_fingerprint_equal_the_in_memory_packing(attention, bl
     assert fingerprint == hashlib.sha256(expected.tobytes()).hexdigest()  # the digest checkpoints hold
     if attention != "packed":
         assert (rows & DOCUMENT_START).any()
-
-
-def test_the_fingerprint_hashed_in_blocks_is_the_whole_rows_digest(monkeypatch):
-    rows = pack_documents(mixed_documents("auto"), SEQ_LEN)
-    monkeypatch.setattr(data, "HASH_BLOCK_TOKENS", 70)  # two rows a block, the last one short
-    assert corpus_fingerprint(rows) == hashlib.sha256(rows.tobytes()).hexdigest()
 
 
 def test_fewer_tokens_than_a_row_pack_into_no_rows():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from training.config import ArgumentsError, parse_args, parse_flags
-from training.corpus_cache import in_process_rows
+from training.corpus_cache import in_process_corpus
 from training.data import (
     DOCUMENT_START,
     NO_LOSS,
@@ -219,8 +219,8 @@ class _CorpusSession:
     def open_checkpoint(self, location):
         yield location
 
-    def corpus_rows(self, config):
-        return in_process_rows(config, config.data)
+    def corpus(self, config):
+        return in_process_corpus(config)
 
     def report(self, metrics, step, save):
         pass

@@ -638,7 +638,7 @@ class _RecordingSession:
     def latest_checkpoint(self):
         yield None
 
-    def corpus_rows(self, config):
+    def corpus(self, config):
         raise AssertionError("the test trains on synthetic data")
 
     def report(self, metrics, step, save):

@@ -35,7 +35,7 @@ from pyarrow import fs as pyarrow_fs
 
 from training.config import TrainConfig, is_uri
 from training.corpus_files import CORPUS_SUFFIXES, corpus_files
-from training.data import ROW_DTYPE, RowPacker, read_documents, tokenize
+from training.data import ROW_DTYPE, PackedCorpus, RowPacker, read_documents, tokenize
 from training.errors import UsageError
 from training.presets import BYTE_TOKENIZER
 
@@ -279,10 +279,20 @@ def open_rows(entry: CachedCorpus, node_copies: Path = NODE_COPIES) -> np.ndarra
     return _map(path, entry)
 
 
+def in_process_corpus(config: TrainConfig) -> PackedCorpus:
+    """The rows of the local corpus --data with their fingerprint (see `in_process_rows`)."""
+    entry = _in_process_entry(config, config.data, "--data")
+    return PackedCorpus(open_rows(entry), entry.fingerprint)
+
+
 def in_process_rows(config: TrainConfig, data: str, flag: str = "--data") -> np.ndarray:
     """The packed rows of a local corpus (`flag`'s value `data`), from the cache or read and
     tokenized in this process (the torchrun launcher and the benchmark; under Ray, Ray Data reads
     it). The ranks of one run share the local root: one packs while the others wait."""
+    return open_rows(_in_process_entry(config, data, flag))
+
+
+def _in_process_entry(config: TrainConfig, data: str, flag: str) -> CachedCorpus:
     sources = local_sources(corpus_files(data, flag=flag))
 
     def pack(packer: RowPacker) -> None:
@@ -290,4 +300,4 @@ def in_process_rows(config: TrainConfig, data: str, flag: str = "--data") -> np.
         for tokens in tokenize(documents, config.tokenizer, config.document_attention):
             packer.add(tokens)
 
-    return open_rows(cached_rows(config, sources, pack)[0])
+    return cached_rows(config, sources, pack)[0]

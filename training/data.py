@@ -25,6 +25,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,9 +45,9 @@ ROW_DTYPE = np.int32
 NO_LOSS = 1 << 30  # not a loss target: a conversation's tokens outside the assistant's turns
 DOCUMENT_START = 1 << 29  # positions restart here and nothing before is attended to
 TOKEN_ID = DOCUMENT_START - 1
-# Tokens hashed or written at a time (4 MiB of int32): the streamed packer's and the
-# fingerprint's working memory, whatever the corpus size.
-HASH_BLOCK_TOKENS = 1 << 20
+# Tokens the streamed packer gathers before it writes their full rows (4 MiB of int32): its
+# working memory, beside one document, whatever the corpus size.
+PACK_BLOCK_TOKENS = 1 << 20
 
 Document = str | list[Message]  # a text, or a conversation's messages
 
@@ -310,7 +311,7 @@ class RowPacker:
     def __init__(self, write: Callable[[bytes], object], seq_len: int) -> None:
         self._write = write
         self._row_length = seq_len + 1
-        self._flush_at = max(self._row_length, HASH_BLOCK_TOKENS)
+        self._flush_at = max(self._row_length, PACK_BLOCK_TOKENS)
         self._pieces: list[np.ndarray] = []
         self._pending = 0
         self._after_isolated = False
@@ -358,6 +359,14 @@ def corpus_rows(
     """Packed rows of local corpus files, read and tokenized in this process."""
     documents = (document for path in files for document in read_documents(path, text_column))
     return pack_documents(tokenize(documents, tokenizer, attention), seq_len)
+
+
+class PackedCorpus(NamedTuple):
+    """A corpus's packed rows and their `corpus_fingerprint`, which a cache entry stores, so that
+    no rank hashes a corpus it maps from disk."""
+
+    rows: np.ndarray
+    fingerprint: str
 
 
 def batches_per_epoch(rows: int, *, world_size: int, batch_size: int, seq_len: int) -> int:
@@ -416,13 +425,9 @@ def position_after(
 
 def corpus_fingerprint(rows: np.ndarray) -> str:
     """A digest of the packed rows: it changes with the corpus, the tokenizer and --seq-len, each
-    of which makes a saved data position name other rows. Hashed a block of rows at a time, so
-    rows mapped from a file (the corpus cache) are never read into memory whole."""
-    digest = hashlib.sha256()
-    step = max(1, HASH_BLOCK_TOKENS // max(1, rows.shape[1]))
-    for first in range(0, len(rows), step):
-        digest.update(np.ascontiguousarray(rows[first : first + step]).data)
-    return digest.hexdigest()
+    of which makes a saved data position name other rows. `RowPacker` computes the same digest
+    while it writes the rows, which is what runs record."""
+    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
 
 
 def local_corpus_batches(

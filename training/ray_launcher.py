@@ -46,6 +46,7 @@ from training.checkpoint import CHECKPOINTS_KEPT
 from training.config import TrainConfig, check_hsdp_replicas
 from training.corpus_cache import CachedCorpus, cached_rows, corpus_sources, open_rows
 from training.data import (
+    PackedCorpus,
     RowPacker,
     batch_tokens,
     batches_per_epoch,
@@ -93,7 +94,7 @@ class RaySession:
         self.local_world_size = context.get_local_world_size()
         self.device = ray.train.torch.get_device()
         self.resume_from = resume_from
-        self.corpus = corpus
+        self.cached_corpus = corpus
         self.eval_corpus = eval_corpus
         self.outcome: dict[str, Any] | None = None
         quiet_report_logger()
@@ -116,11 +117,11 @@ class RaySession:
         with Checkpoint(location).as_directory() as path:
             yield path
 
-    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
-        if self.corpus is None:
+    def corpus(self, config: TrainConfig) -> PackedCorpus:
+        if self.cached_corpus is None:
             raise ValueError("this run was launched without a corpus")
         # Mapped from the node's disk: the workers of a node share its page cache.
-        return open_rows(self.corpus)
+        return PackedCorpus(open_rows(self.cached_corpus), self.cached_corpus.fingerprint)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
         if self.eval_corpus is None:

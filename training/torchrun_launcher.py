@@ -20,7 +20,8 @@ import torch.distributed as dist
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT, is_complete
 from training.config import TrainConfig
-from training.corpus_cache import in_process_rows
+from training.corpus_cache import in_process_corpus, in_process_rows
+from training.data import PackedCorpus
 from training.errors import UsageError
 from training.rank_exit import tear_down_process_group
 from training.report import format_summary
@@ -52,8 +53,8 @@ class TorchrunSession:
     def open_checkpoint(self, location: str) -> Iterator[str]:
         yield location  # torchrun reads local folders only
 
-    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
-        return in_process_rows(config, config.data)
+    def corpus(self, config: TrainConfig) -> PackedCorpus:
+        return in_process_corpus(config)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
         assert config.eval_data is not None
