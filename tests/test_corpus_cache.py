@@ -258,3 +258,22 @@ def test_the_shipped_corpus_packs_into_the_quoted_rows_through_the_cache(tmp_pat
     files = corpus_files(str(SHIPPED_CORPUS))
     assert rows.shape == (130, 129)
     np.testing.assert_array_equal(rows, corpus_rows(files, tokenizer="bytes", seq_len=128))
+
+
+def test_a_uri_corpus_is_listed_once_sorted_with_sizes_and_times(tmp_path):
+    """pyarrow's listing of a prefix (S3's LIST; here its local filesystem) names each file's key."""
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "two.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "a.txt").write_text("one")
+    (tmp_path / "notes.csv").write_text("not a corpus file")
+    sources = corpus_cache.corpus_sources(f"file://{tmp_path}", "--eval-data")
+    assert [source.path for source in sources] == [
+        f"file://{tmp_path}/a.txt",
+        f"file://{tmp_path}/b/two.jsonl",
+    ]
+    assert [source.size for source in sources] == [3, 14]
+    assert sources[0].modified_ns == (tmp_path / "a.txt").stat().st_mtime_ns
+    [one] = corpus_cache.corpus_sources(f"file://{tmp_path}/a.txt", "--data")  # one object
+    assert one == sources[0]
+    with pytest.raises(UsageError, match=r"^--eval-data file://.*/b/two\.jsonl/none: no \.txt/"):
+        corpus_cache.corpus_sources(f"file://{tmp_path}/b/two.jsonl/none", "--eval-data")

@@ -74,12 +74,12 @@ def local_sources(files: list[str], prefix: str = "") -> list[SourceFile]:
 def remote_sources(uri: str, flag: str) -> list[SourceFile]:
     """The corpus files under a URI (a prefix or one object), sorted, from one listing."""
     filesystem, root = pyarrow_fs.FileSystem.from_uri(uri)
-    found = filesystem.get_file_info(pyarrow_fs.FileSelector(root, recursive=True, allow_not_found=True))
+    info = filesystem.get_file_info(root)
+    if info.is_file:  # one object; listing it as a folder fails on some filesystems
+        found = [info]
+    else:
+        found = filesystem.get_file_info(pyarrow_fs.FileSelector(root, recursive=True, allow_not_found=True))
     infos = [info for info in found if info.is_file and Path(info.path).suffix in CORPUS_SUFFIXES]
-    if not infos:
-        info = filesystem.get_file_info(root)
-        if info.is_file and Path(root).suffix in CORPUS_SUFFIXES:
-            infos = [info]
     if not infos:
         raise UsageError(f"{flag} {uri}: no {'/'.join(CORPUS_SUFFIXES)} files there")
     scheme = uri.split("://", 1)[0]
