@@ -24,7 +24,6 @@ import training.data as data
 from training.config import SHIPPED_CORPUS, corpus_files, parse_args
 from training.corpus_cache import (
     META_FILE,
-    ROWS_FILE,
     CorpusCache,
     cache_inputs,
     cache_key,
@@ -32,6 +31,7 @@ from training.corpus_cache import (
     in_process_rows,
     local_sources,
     open_rows,
+    rows_file,
 )
 from training.data import (
     DOCUMENT_START,
@@ -142,7 +142,7 @@ def test_a_second_run_reads_the_cache_without_reading_or_tokenizing(corpus, tmp_
     [entry] = [path for path in (tmp_path / "cache").iterdir() if path.is_dir()]
     meta = json.loads((entry / META_FILE).read_text())
     assert meta["rows"] == len(expected) and meta["fingerprint"] == corpus_fingerprint(expected)
-    assert (entry / ROWS_FILE).stat().st_size == expected.nbytes
+    assert (entry / rows_file(0)).stat().st_size == expected.nbytes
 
 
 def test_the_default_root_is_beside_the_runs(corpus, tmp_path):
@@ -193,7 +193,7 @@ def test_a_half_written_entry_is_rebuilt_not_trusted(corpus, tmp_path, monkeypat
     (folder / META_FILE).unlink()  # stopped before meta.json: rows alone
     np.testing.assert_array_equal(in_process_rows(config, config.data), expected)
     assert loads.calls == 1
-    with open(folder / ROWS_FILE, "r+b") as rows:  # rows cut short under a complete meta.json
+    with open(folder / rows_file(0), "r+b") as rows:  # rows cut short under a complete meta.json
         rows.truncate(expected.nbytes // 2)
     np.testing.assert_array_equal(in_process_rows(config, config.data), expected)
     assert loads.calls == 2
@@ -235,6 +235,25 @@ def test_a_uri_root_is_written_through_pyarrow_and_copied_once_per_node(corpus, 
     assert copies.calls == 1 and (node / f"{entry.key}.bin").stat().st_size == expected.nbytes
 
 
+def test_rows_in_a_uri_root_are_split_into_objects_a_node_copy_joins(corpus, tmp_path, monkeypatch):
+    """Objects of 1000 bytes here (64 GiB in use: pyarrow's S3 upload writes at most 97.7 GiB into
+    one), cut mid-row; a missing one makes the entry incomplete."""
+    monkeypatch.setattr(corpus_cache, "URI_SHARD_BYTES", 1000)
+    config = config_for(corpus, f"file://{tmp_path / 'bucket'}")
+    sources = local_sources(corpus_files(config.data))
+    expected = corpus_rows(corpus_files(str(corpus)), tokenizer="bytes", seq_len=SEQ_LEN)
+    entry, _ = cached_rows(
+        config, sources, lambda packer: [packer.add(t) for t in pack_documents_tokens(corpus)]
+    )
+    folder = tmp_path / "bucket" / entry.key
+    sizes = [(folder / rows_file(index)).stat().st_size for index in range(len(entry.shard_sizes))]
+    assert sizes == entry.shard_sizes and len(sizes) > 2 and sum(sizes) == expected.nbytes
+    assert not (folder / rows_file(len(sizes))).exists()
+    np.testing.assert_array_equal(open_rows(entry, tmp_path / "node"), expected)
+    (folder / rows_file(1)).unlink()
+    assert CorpusCache(entry.root).lookup(entry.key) is None
+
+
 def pack_documents_tokens(corpus: Path):
     documents = (doc for path in corpus_files(str(corpus)) for doc in data.read_documents(path))
     return data.tokenize(documents, "bytes", "auto")
@@ -246,7 +265,7 @@ def test_rows_of_a_local_root_missing_on_a_workers_node_are_one_line(corpus, tmp
     entry, _ = cached_rows(
         config, sources, lambda packer: [packer.add(t) for t in pack_documents_tokens(corpus)]
     )
-    (Path(corpus_cache.cache_root(config)) / entry.key / ROWS_FILE).unlink()
+    (Path(corpus_cache.cache_root(config)) / entry.key / rows_file(0)).unlink()
     with pytest.raises(UsageError, match=r"^--corpus-cache .*: the cached rows are not on this node .*s3://"):
         open_rows(entry)
 

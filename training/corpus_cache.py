@@ -7,8 +7,9 @@ that digests everything the rows depend on (each corpus file's path, size and mo
 the tokenizer, --seq-len, --text-column, --document-attention and this format's version), so a
 later run with the same inputs reads no corpus file and loads no tokenizer.
 
-    <root>/<key>/rows.bin    the rows, int32 little-endian, seq_len + 1 tokens each, row after row
-    <root>/<key>/meta.json   written last: the row count, seq_len, the rows' fingerprint, the inputs
+    <root>/<key>/rows-00000.bin   the rows, int32 little-endian, seq_len + 1 tokens each, row
+                                  after row (a URI root: rows-00001.bin ... past 64 GiB)
+    <root>/<key>/meta.json        written last: the row count, seq_len, the rows' fingerprint, the inputs
 
 `<root>` is --corpus-cache, by default `<--storage-path>/corpus-cache` (S3 on the cluster). A
 folder without meta.json, or whose rows file is not the size meta.json gives (a run that stopped
@@ -43,7 +44,11 @@ from training.presets import BYTE_TOKENIZER
 # caches of the old rows are no longer found.
 FORMAT_VERSION = 1
 CACHE_FOLDER = "corpus-cache"  # under --storage-path, unless --corpus-cache names the root
-ROWS_FILE = "rows.bin"
+# S3 objects written through pyarrow are uploaded in parts of a fixed 10 MiB, and S3 takes at most
+# 10,000 parts, so one object holds at most 97.7 GiB (Arrow's cpp/src/arrow/filesystem/s3fs.cc,
+# kPartUploadSize; apache/arrow#41506). Rows in a URI root are split into objects of this size,
+# which a node's copy joins again; a local root keeps them in one file.
+URI_SHARD_BYTES = 64 << 30
 META_FILE = "meta.json"
 FILE_DTYPE = np.dtype("<i4")  # ROW_DTYPE as stored; the fingerprint hashes the same bytes
 LOCAL_PREFIX = "local://"  # Ray Data's scheme for a file on the driver's node
@@ -128,6 +133,61 @@ def cache_inputs(config: TrainConfig, sources: list[SourceFile]) -> dict[str, An
     }
 
 
+def rows_file(index: int) -> str:
+    return f"rows-{index:05d}.bin"
+
+
+class _ShardWriter:
+    """Bytes written in order into an entry's rows files, a new one each `shard_bytes` (0: one
+    file). A local file is written under a temporary name and renamed into place by `commit`."""
+
+    def __init__(self, cache: CorpusCache, key: str, shard_bytes: int) -> None:
+        self._cache, self._key, self._shard_bytes = cache, key, shard_bytes
+        self._stream: Any = None
+        self._left = 0
+        self._written: list[tuple[str, str]] = []  # (path written, final path)
+
+    def _next(self) -> None:
+        self.close()
+        final = self._cache._path(self._key, rows_file(len(self._written)))
+        target = f"{final}.{os.getpid()}.partial" if self._cache.is_local else final
+        self._stream = self._cache._filesystem.open_output_stream(target)
+        self._written.append((target, final))
+        self._left = self._shard_bytes or -1
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while len(view) or self._stream is None:
+            if self._stream is None or self._left == 0:
+                self._next()
+            take = len(view) if self._left < 0 else min(len(view), self._left)
+            self._stream.write(view[:take])
+            view = view[take:]
+            if self._left > 0:
+                self._left -= take
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def commit(self) -> None:
+        if self._stream is None and not self._written:
+            self.write(b"")  # no rows: one empty file
+        self.close()
+        for target, final in self._written:
+            if target != final:
+                os.replace(target, final)
+
+    def discard(self) -> None:
+        """A local entry's partial files go; an S3 upload cut short leaves no meta.json, so no entry."""
+        if self._cache.is_local:
+            if self._stream is not None:
+                self._stream.close()
+            for target, _ in self._written:
+                Path(target).unlink(missing_ok=True)
+
+
 def cache_key(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -145,6 +205,15 @@ class CachedCorpus:
     rows: int
     seq_len: int
     fingerprint: str
+    shard_bytes: int = 0  # the rows file's size limit: 0, none (one file)
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """The size of each file the rows are stored in."""
+        if not self.shard_bytes or self.nbytes <= self.shard_bytes:
+            return [self.nbytes]
+        full, rest = divmod(self.nbytes, self.shard_bytes)
+        return [self.shard_bytes] * full + ([rest] if rest else [])
 
     @property
     def location(self) -> str:
@@ -186,34 +255,37 @@ class CorpusCache:
 
     def lookup(self, key: str) -> CachedCorpus | None:
         """The complete entry under `key`, or None: no meta.json, or a rows file of another size."""
-        meta_path, rows_path = self._path(key, META_FILE), self._path(key, ROWS_FILE)
-        meta_info, rows_info = self._filesystem.get_file_info([meta_path, rows_path])
-        if not meta_info.is_file or not rows_info.is_file:
+        meta_path = self._path(key, META_FILE)
+        if not self._filesystem.get_file_info(meta_path).is_file:
             return None
         with self._filesystem.open_input_stream(meta_path) as stream:
             meta = json.loads(stream.read())
-        entry = CachedCorpus(self.root, key, meta["rows"], meta["seq_len"], meta["fingerprint"])
-        return entry if rows_info.size == entry.nbytes else None
+        entry = CachedCorpus(
+            self.root, key, meta["rows"], meta["seq_len"], meta["fingerprint"], meta["shard_bytes"]
+        )
+        paths = [self._path(key, rows_file(index)) for index in range(len(entry.shard_sizes))]
+        infos = self._filesystem.get_file_info(paths)
+        whole = all(
+            info.is_file and info.size == size for info, size in zip(infos, entry.shard_sizes, strict=True)
+        )
+        return entry if whole else None
 
     def build(self, key: str, inputs: dict[str, Any], pack: Callable[[RowPacker], None]) -> CachedCorpus:
         """Write the rows `pack` feeds to a packer, then meta.json, which makes the entry complete.
         A local rows file is renamed into place when whole; an S3 object appears only when its
         upload completes."""
         self._filesystem.create_dir(f"{self._base.rstrip('/')}/{key}", recursive=True)
-        rows_path = self._path(key, ROWS_FILE)
-        target = f"{rows_path}.{os.getpid()}.partial" if self.is_local else rows_path
+        shard_bytes = 0 if self.is_local else URI_SHARD_BYTES
+        writer = _ShardWriter(self, key, shard_bytes)
         try:
-            with self._filesystem.open_output_stream(target) as stream:
-                packer = RowPacker(stream.write, inputs["seq_len"])
-                pack(packer)
-                fingerprint = packer.finish()
+            packer = RowPacker(writer.write, inputs["seq_len"])
+            pack(packer)
+            fingerprint = packer.finish()
+            writer.commit()
         except BaseException:
-            if self.is_local:  # an S3 upload cut short leaves no meta.json, so no entry
-                Path(target).unlink(missing_ok=True)
+            writer.discard()
             raise
-        if self.is_local:
-            os.replace(target, rows_path)
-        entry = CachedCorpus(self.root, key, packer.rows, inputs["seq_len"], fingerprint)
+        entry = CachedCorpus(self.root, key, packer.rows, inputs["seq_len"], fingerprint, shard_bytes)
         meta = {**asdict(entry), "inputs": inputs}
         del meta["root"]
         meta_path = self._path(key, META_FILE)
@@ -224,16 +296,17 @@ class CorpusCache:
             os.replace(meta_target, meta_path)
         return entry
 
-    def copy_rows_to(self, key: str, target: Path) -> None:
-        with (
-            self._filesystem.open_input_stream(self._path(key, ROWS_FILE)) as source,
-            open(target, "wb") as out,
-        ):
-            while chunk := source.read(COPY_CHUNK_BYTES):
-                out.write(chunk)
+    def copy_rows_to(self, entry: CachedCorpus, target: Path) -> None:
+        """The entry's rows files, joined into one local file."""
+        with open(target, "wb") as out:
+            for index in range(len(entry.shard_sizes)):
+                with self._filesystem.open_input_stream(self._path(entry.key, rows_file(index))) as source:
+                    while chunk := source.read(COPY_CHUNK_BYTES):
+                        out.write(chunk)
 
     def rows_path(self, key: str) -> Path:
-        return Path(self._path(key, ROWS_FILE))
+        """A local root's one rows file."""
+        return Path(self._path(key, rows_file(0)))
 
 
 def cached_rows(
@@ -274,7 +347,7 @@ def open_rows(entry: CachedCorpus, node_copies: Path = NODE_COPIES) -> np.ndarra
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.is_file() or path.stat().st_size != entry.nbytes:
             partial = path.with_suffix(f".{os.getpid()}.partial")
-            cache.copy_rows_to(entry.key, partial)
+            cache.copy_rows_to(entry, partial)
             os.replace(partial, path)
     return _map(path, entry)
 
