@@ -187,6 +187,11 @@ def main() -> None:
     parser.add_argument("--streamed-sizes", default="1e9", help="larger sizes: streamed and worker only")
     parser.add_argument("--ray-sizes", default="", help="sizes for the Ray driver paths (none by default)")
     parser.add_argument(
+        "--ray-paths",
+        default=",".join(RAY_PATHS),
+        help="which Ray paths (the in-memory one needs 12 B/token)",
+    )
+    parser.add_argument(
         "--object-store-mib", type=int, default=0, help="the Ray paths' store (0: Ray's default)"
     )
     parser.add_argument("--document-tokens", type=int, default=1000)
@@ -202,7 +207,7 @@ def main() -> None:
     runs = [(size, path) for size in filter(None, args.sizes.split(",")) for path in PATHS]
     runs += [(size, path) for size in filter(None, args.streamed_sizes.split(",")) for path in PATHS[1:]]
     ray_sizes = list(filter(None, args.ray_sizes.split(",")))
-    runs += [(size, path) for size in ray_sizes for path in RAY_PATHS]
+    runs += [(size, path) for size in ray_sizes for path in args.ray_paths.split(",")]
     passed = ["--document-tokens", str(args.document_tokens), "--seq-len", str(args.seq_len)]
     passed += ["--worker-batches", str(args.worker_batches), "--object-store-mib", str(args.object_store_mib)]
     results = []
