@@ -311,6 +311,29 @@ def test_a_corpus_of_hundreds_of_short_documents_trains(tmp_path):
     assert (summary["data"], summary["steps_run"]) == ("corpus", 3)
 
 
+def test_held_out_rows_are_packed_into_the_corpus_cache_and_evaluated(tmp_path):
+    """--eval-data goes through the cache as --data does: its own entry, mapped by the workers."""
+    held_out = tmp_path / "held-out"
+    held_out.mkdir()
+    (held_out / "one.txt").write_text("A sentence the model never trains on. " * 80)
+    cache = tmp_path / "cache"
+    result = run_cli(
+        "--local",
+        "--steps", "2",
+        "--checkpoint-every", "0",
+        "--eval-data", str(held_out),
+        "--storage-path", str(tmp_path / "runs"),
+        "--corpus-cache", str(cache),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    packed = [line for line in result.stdout.splitlines() if "tokenized into the corpus cache" in line]
+    assert len(packed) == 2 and packed[0].startswith("--data ")
+    assert packed[1].startswith(f"--eval-data {held_out}: 23 rows of 129 tokens ")
+    assert len([entry for entry in cache.iterdir() if entry.is_dir()]) == 2
+    summary = last_line_summary(result.stdout)
+    assert summary["eval_loss"] is not None and summary["eval_loss"] > 0
+
+
 TORCHRUN_FLAGS = ("--launcher", "torchrun", "--data", "synthetic", "--steps", "3", "--checkpoint-every", "0")
 
 

@@ -12,7 +12,7 @@ later run with the same inputs reads no corpus file and loads no tokenizer.
     <root>/<key>/meta.json        written last: the row count, seq_len, the rows' fingerprint, the inputs
 
 `<root>` is --corpus-cache, by default `<--storage-path>/corpus-cache` (S3 on the cluster). A
-folder without meta.json, or whose rows file is not the size meta.json gives (a run that stopped
+folder without meta.json, or whose rows files are not the sizes meta.json gives (a run that stopped
 while packing), is rebuilt, never read. Deleting a key's folder, or the root, clears the cache.
 On a node that reads the cache from a URI, one worker per node copies the rows file to the node's
 disk under a lock, and every worker of the node maps that copy.

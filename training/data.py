@@ -6,7 +6,9 @@ the whole token stream, in corpus order, is cut into fixed rows ("packing"), so 
 compute is spent on padding and only the last partial row is dropped. Packing sees
 the ordered stream once, so rows do not depend on how the documents were split
 into blocks or tasks: Ray Data (which tokenizes in parallel) and the in-process
-torchrun reader give the same rows. Each epoch then deals the rows to the ranks
+torchrun reader give the same rows. Runs pack with `RowPacker`, which writes rows as
+the documents arrive (into the corpus cache, training/corpus_cache.py); `pack_documents`
+is the same rule in memory. Each epoch then deals the rows to the ranks
 in a fresh seeded order, so the few rows that do not fill a global batch differ
 from epoch to epoch, and a resumed run can replay the exact batches it missed.
 

@@ -1,7 +1,8 @@
 """torchrun launcher: the same loop without Ray (the GPU benchmark machine has none).
 
 Ranks come from torchrun's environment; checkpoints are DCP folders under
-`<storage-path>/<run-name>/` on a filesystem every rank can see.
+`<storage-path>/<run-name>/` on a filesystem every rank can see, and so is the corpus
+cache, which one rank packs while the others wait for it (training/corpus_cache.py).
 """
 
 from __future__ import annotations
