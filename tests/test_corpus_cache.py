@@ -296,3 +296,30 @@ def test_a_uri_corpus_is_listed_once_sorted_with_sizes_and_times(tmp_path):
     assert one == sources[0]
     with pytest.raises(UsageError, match=r"^--eval-data file://.*/b/two\.jsonl/none: no \.txt/"):
         corpus_cache.corpus_sources(f"file://{tmp_path}/b/two.jsonl/none", "--eval-data")
+
+
+def _pack_once_logged(config, log: str) -> str:
+    """A torchrun rank's `cached_rows`, its packing recorded in `log` (slowed, so both overlap)."""
+    import time
+
+    def pack(packer: RowPacker) -> None:
+        with open(log, "a") as out:
+            out.write("packed\n")
+        time.sleep(0.5)
+        packer.add(np.arange(10 * (SEQ_LEN + 1), dtype=ROW_DTYPE))
+
+    entry, _ = cached_rows(config, local_sources(corpus_files(config.data)), pack)
+    return entry.fingerprint
+
+
+def test_ranks_sharing_a_local_root_pack_once(corpus, tmp_path):
+    """Two processes ask for the same entry at once: one packs under the lock, the other waits and
+    reads it (the ranks of a torchrun run)."""
+    import multiprocessing
+
+    config = config_for(corpus, tmp_path / "cache")
+    log = str(tmp_path / "packs.log")
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        fingerprints = pool.starmap(_pack_once_logged, [(config, log)] * 2)
+    assert Path(log).read_text() == "packed\n"
+    assert fingerprints[0] == fingerprints[1]
