@@ -95,7 +95,7 @@ class RaySession:
         self.device = ray.train.torch.get_device()
         self.resume_from = resume_from
         self.cached_corpus = corpus
-        self.eval_corpus = eval_corpus
+        self.cached_eval_corpus = eval_corpus
         self.outcome: dict[str, Any] | None = None
         quiet_report_logger()
 
@@ -124,9 +124,9 @@ class RaySession:
         return PackedCorpus(open_rows(self.cached_corpus), self.cached_corpus.fingerprint)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
-        if self.eval_corpus is None:
+        if self.cached_eval_corpus is None:
             raise ValueError("this run was launched without --eval-data")
-        return open_rows(self.eval_corpus)
+        return open_rows(self.cached_eval_corpus)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
