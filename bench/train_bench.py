@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
-from training.data import in_process_corpus_rows, in_process_eval_rows
+from training.corpus_cache import in_process_corpus, in_process_rows
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
@@ -187,13 +187,14 @@ class BenchSession:
     def open_checkpoint(self, location: str) -> Iterator[str]:
         yield location
 
-    def corpus_rows(self, config: TrainConfig) -> Any:
+    def corpus(self, config: TrainConfig) -> Any:
         """Rows of a local corpus read in this process, as under torchrun."""
-        return in_process_corpus_rows(config)
+        return in_process_corpus(config)
 
     def eval_rows(self, config: TrainConfig) -> Any:
         """The held-out rows, read in this process, as under torchrun."""
-        return in_process_eval_rows(config)
+        assert config.eval_data is not None
+        return in_process_rows(config, config.eval_data, "--eval-data")
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Nothing to publish: the loop's own step lines are the log."""

@@ -254,6 +254,12 @@ def job_arguments(
         problem = data_problem(path, shipped_files) if flag in args and path else None
         if problem:
             raise ConfigError(f"config key 'training.{key}' = {path!r}: {problem}")
+    if config.corpus_cache is not None and not is_uri(config.corpus_cache):
+        raise ConfigError(
+            f"config key 'training.corpusCache' = {config.corpus_cache!r}: the GPU workers map the rows "
+            "the driver packs there, and a pod's folder is its own; give an s3:// URI, or leave the key "
+            "out to keep the cache beside the runs in the stack's bucket"
+        )
     if workers is not None and workers > world_size:
         raise ConfigError(
             f"config key 'training.workers' = {workers}: the GPU nodes hold {world_size} workers of "

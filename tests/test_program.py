@@ -294,6 +294,7 @@ BAD_CONFIGS = [
         "training.evalData",
         "the pods hold only the shipped code",
     ),
+    ({"training": '{"corpusCache": "/tmp/cache"}'}, "training.corpusCache", "a pod's folder is its own"),
     ({"workerCpu": "64"}, "workerCpu", "does not fit a g6.12xlarge node"),
     ({"gpuAz": "us-west-2a"}, "gpuAz", "is not in region us-east-2"),
     ({"gpuNodeType": "g6.xlarge"}, "gpuNodeType", "does not support EFA"),

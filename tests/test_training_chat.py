@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from training.config import ArgumentsError, parse_args, parse_flags
+from training.corpus_cache import in_process_corpus
 from training.data import (
     DOCUMENT_START,
     NO_LOSS,
@@ -20,7 +21,6 @@ from training.data import (
     batch_tokens,
     chat_segments,
     document_tokens,
-    in_process_corpus_rows,
     pack_documents,
     parse_files_batch,
     read_documents,
@@ -219,8 +219,8 @@ class _CorpusSession:
     def open_checkpoint(self, location):
         yield location
 
-    def corpus_rows(self, config):
-        return in_process_corpus_rows(config)
+    def corpus(self, config):
+        return in_process_corpus(config)
 
     def report(self, metrics, step, save):
         pass

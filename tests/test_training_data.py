@@ -9,6 +9,7 @@ at most one partial row dropped.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -17,8 +18,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.packing_reference import corpus_rows, local_corpus_batches
 from training.config import SHIPPED_CORPUS, corpus_files, parse_args
-from training.data import document_tokens, local_corpus_batches, pack_documents, read_documents
+from training.data import (
+    ROW_DTYPE,
+    RowPacker,
+    corpus_fingerprint,
+    document_tokens,
+    pack_documents,
+    read_documents,
+)
 from training.errors import UsageError
 from training.tokenizer import ByteTokenizer
 
@@ -85,8 +94,6 @@ def test_a_text_document_and_an_empty_one_end_in_eos():
 
 @pytest.mark.parametrize("corpus", ["shipped", "mixed"])
 def test_in_process_rows_are_the_document_stream_cut_in_order(corpus, mixed_corpus):
-    from training.data import corpus_rows
-
     files = corpus_files(str(SHIPPED_CORPUS if corpus == "shipped" else mixed_corpus))
     rows = corpus_rows(files, tokenizer="bytes", seq_len=SEQ_LEN, text_column="text", attention="packed")
     assert_exact_packing(rows, files, SEQ_LEN)
@@ -155,20 +162,25 @@ def local_ray():
 
 
 def ray_rows(data: Path, *, blocks: int | None = None) -> np.ndarray:
+    """The rows the Ray driver streams into the corpus cache, here into memory."""
     from training.ray_launcher import pack_dataset, tokenized_documents
 
     config = dataclasses.replace(parse_args(["--data", str(data), "--seq-len", str(SEQ_LEN)]), local=True)
-    documents = tokenized_documents(config, config.data)
+    documents = tokenized_documents(corpus_files(config.data), config)
     if blocks is not None:
         documents = documents.repartition(blocks)
-    return pack_dataset(documents, seq_len=SEQ_LEN)
+    written = io.BytesIO()
+    packer = RowPacker(written.write, SEQ_LEN)
+    pack_dataset(documents, packer)
+    fingerprint = packer.finish()
+    rows = np.frombuffer(written.getvalue(), dtype=ROW_DTYPE).reshape(-1, SEQ_LEN + 1)
+    assert fingerprint == corpus_fingerprint(rows)
+    return rows
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["shipped", "mixed"])
 def test_ray_data_rows_are_exact_and_equal_the_torchrun_rows(corpus, mixed_corpus, local_ray):
-    from training.data import corpus_rows
-
     data = SHIPPED_CORPUS if corpus == "shipped" else mixed_corpus
     files = corpus_files(str(data))
     rows = ray_rows(data)
@@ -183,7 +195,7 @@ def test_ray_data_rows_are_exact_and_equal_the_torchrun_rows(corpus, mixed_corpu
 def test_ray_data_rows_of_conversations_and_text_equal_the_torchrun_rows(tmp_path, local_ray):
     """Conversations cross Ray Data's tasks as JSON and keep their flags: which tokens are loss
     targets and where documents start, as the in-process reader packs them."""
-    from training.data import NO_LOSS, corpus_rows
+    from training.data import NO_LOSS
 
     chat = [{"role": "user", "content": f"question {i}"} for i in range(3)]
     lines = [{"messages": [turn, {"role": "assistant", "content": "an answer"}]} for turn in chat]

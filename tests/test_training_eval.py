@@ -143,7 +143,7 @@ class _HeldOutSession:
     def latest_checkpoint(self):
         yield None
 
-    def corpus_rows(self, config):
+    def corpus(self, config):
         raise AssertionError("the test trains on synthetic rows")
 
     def eval_rows(self, config):

@@ -178,6 +178,18 @@ def test_resume_continues_the_step_count_and_matches_the_uninterrupted_run(full_
     assert [entry["step"] for entry in history] == list(range(1, STEPS + 1))
 
 
+def test_a_second_run_trains_from_the_corpus_cache_the_first_one_wrote(full_run, resumed_run, storage):
+    """The resumed run (same corpus, tokenizer and --seq-len, same storage) reads the rows the full
+    run packed, and trains on them to the same losses (the test above)."""
+    written = [line for line in full_run.stdout.splitlines() if "into the corpus cache" in line]
+    read = [line for line in resumed_run.stdout.splitlines() if "corpus cache" in line]
+    assert (
+        len(written) == 1 and "--data " in written[0] and " 130 rows of 129 tokens tokenized " in written[0]
+    )
+    assert read == [written[0].replace("tokenized into", "read from")]
+    assert written[0].endswith(str(storage / "corpus-cache" / written[0].rsplit("/", 1)[-1]))
+
+
 def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, storage):
     """DCP reshards the step-4 checkpoint of 2 workers onto 1; the data goes on by global sample."""
     result = run_cli(
@@ -238,6 +250,8 @@ def test_torchrun_trains_on_the_same_corpus_rows_as_ray(full_run, storage):
         "--checkpoint-every", "0",
         "--storage-path", str(storage),
         "--run-name", "torchrun-corpus",
+        # Packed again in-process, not read from the cache the Ray run wrote.
+        "--corpus-cache", str(storage / "torchrun-corpus-cache"),
         launcher=TORCHRUN,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -295,6 +309,29 @@ def test_a_corpus_of_hundreds_of_short_documents_trains(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     summary = last_line_summary(result.stdout)
     assert (summary["data"], summary["steps_run"]) == ("corpus", 3)
+
+
+def test_held_out_rows_are_packed_into_the_corpus_cache_and_evaluated(tmp_path):
+    """--eval-data goes through the cache as --data does: its own entry, mapped by the workers."""
+    held_out = tmp_path / "held-out"
+    held_out.mkdir()
+    (held_out / "one.txt").write_text("A sentence the model never trains on. " * 80)
+    cache = tmp_path / "cache"
+    result = run_cli(
+        "--local",
+        "--steps", "2",
+        "--checkpoint-every", "0",
+        "--eval-data", str(held_out),
+        "--storage-path", str(tmp_path / "runs"),
+        "--corpus-cache", str(cache),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    packed = [line for line in result.stdout.splitlines() if "tokenized into the corpus cache" in line]
+    assert len(packed) == 2 and packed[0].startswith("--data ")
+    assert packed[1].startswith(f"--eval-data {held_out}: 23 rows of 129 tokens ")
+    assert len([entry for entry in cache.iterdir() if entry.is_dir()]) == 2
+    summary = last_line_summary(result.stdout)
+    assert summary["eval_loss"] is not None and summary["eval_loss"] > 0
 
 
 TORCHRUN_FLAGS = ("--launcher", "torchrun", "--data", "synthetic", "--steps", "3", "--checkpoint-every", "0")

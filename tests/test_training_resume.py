@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 import torch
 
+from tests.packing_reference import corpus_rows
 from training.config import SHIPPED_CORPUS, parse_args, parse_flags
-from training.data import corpus_fingerprint, corpus_rows, epoch_batches, epoch_order, position_after
+from training.data import (
+    PackedCorpus,
+    corpus_fingerprint,
+    epoch_batches,
+    epoch_order,
+    position_after,
+)
 from training.errors import UsageError
 
 FILES = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
@@ -160,8 +167,9 @@ class _FolderSession:
     def open_checkpoint(self, location):
         yield location
 
-    def corpus_rows(self, config):
-        return corpus_rows(FILES, tokenizer=config.tokenizer, seq_len=config.seq_len)
+    def corpus(self, config):
+        rows = corpus_rows(FILES, tokenizer=config.tokenizer, seq_len=config.seq_len)
+        return PackedCorpus(rows, corpus_fingerprint(rows))
 
     def report(self, metrics, step, save):
         if save is not None:

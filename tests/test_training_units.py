@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.packing_reference import corpus_rows, local_corpus_batches
 from training import flops, report
 from training.config import (
     CONFIG_DIR,
@@ -25,7 +26,7 @@ from training.config import (
     load_model_config,
     parse_args,
 )
-from training.data import local_corpus_batches, pack_documents, read_documents, synthetic_batches
+from training.data import pack_documents, read_documents, synthetic_batches
 from training.loss import (
     IGNORE_INDEX,
     chunk_loss_and_logit_grad,
@@ -361,7 +362,7 @@ class _CorpusSession:
 def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(data):
     """A run resumed after step 3 of 2 micro-batches each continues with batch 7 of the stream,
     the first batch the uninterrupted run would have trained on after step 3."""
-    from training.data import corpus_rows, position_after
+    from training.data import position_after
     from training.loop import _batches
 
     argv = ["--seq-len", "32", "--batch-size", "3", "--grad-accum-steps", "2"]
@@ -638,7 +639,7 @@ class _RecordingSession:
     def latest_checkpoint(self):
         yield None
 
-    def corpus_rows(self, config):
+    def corpus(self, config):
         raise AssertionError("the test trains on synthetic data")
 
     def report(self, metrics, step, save):

@@ -120,6 +120,8 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
             raise ValueError("--local starts an embedded Ray; it does not combine with --launcher torchrun")
         if is_uri(config.storage_path):
             raise ValueError("--launcher torchrun writes checkpoints to a local --storage-path only")
+        if config.corpus_cache and is_uri(config.corpus_cache):
+            raise ValueError("--launcher torchrun keeps the tokenized corpus in a local --corpus-cache only")
     for flag, folder in (("--resume-from", config.resume_from), ("--init-from", config.init_from)):
         if paths_here and folder and not is_uri(folder) and not Path(folder, TRAIN_STATE_FILE).is_file():
             raise ValueError(f"{flag} {folder!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})")
@@ -167,7 +169,7 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
 
 # Settings that are always a path (a local one or a URI), and settings that are a path only when
 # one exists here: otherwise a name (a Hub id, a shipped architecture, `bytes`).
-_PATHS = ("storage_path", "resume_from", "init_from", "data", "eval_data")
+_PATHS = ("storage_path", "corpus_cache", "resume_from", "init_from", "data", "eval_data")
 _PATHS_IF_PRESENT = ("model_id", "tokenizer")
 
 

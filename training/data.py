@@ -6,7 +6,9 @@ the whole token stream, in corpus order, is cut into fixed rows ("packing"), so 
 compute is spent on padding and only the last partial row is dropped. Packing sees
 the ordered stream once, so rows do not depend on how the documents were split
 into blocks or tasks: Ray Data (which tokenizes in parallel) and the in-process
-torchrun reader give the same rows. Each epoch then deals the rows to the ranks
+torchrun reader give the same rows. Runs pack with `RowPacker`, which writes rows as
+the documents arrive (into the corpus cache, training/corpus_cache.py); `pack_documents`
+is the same rule in memory. Each epoch then deals the rows to the ranks
 in a fresh seeded order, so the few rows that do not fill a global batch differ
 from epoch to epoch, and a resumed run can replay the exact batches it missed.
 
@@ -25,11 +27,11 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from training.config import TrainConfig
-from training.corpus_files import DEFAULT_TEXT_COLUMN, corpus_files, corpus_format
+from training.corpus_files import DEFAULT_TEXT_COLUMN, corpus_format
 from training.errors import UsageError
 from training.tokenizer import Message, Tokenizer, load_tokenizer
 
@@ -45,6 +47,9 @@ ROW_DTYPE = np.int32
 NO_LOSS = 1 << 30  # not a loss target: a conversation's tokens outside the assistant's turns
 DOCUMENT_START = 1 << 29  # positions restart here and nothing before is attended to
 TOKEN_ID = DOCUMENT_START - 1
+# Tokens the streamed packer gathers before it writes their full rows (4 MiB of int32): its
+# working memory, beside one document, whatever the corpus size.
+PACK_BLOCK_TOKENS = 1 << 20
 
 Document = str | list[Message]  # a text, or a conversation's messages
 
@@ -300,17 +305,57 @@ def pack_documents(documents: Iterable[np.ndarray | list[int]], seq_len: int) ->
     return stream[: rows * row_length].reshape(rows, row_length)
 
 
-def corpus_rows(
-    files: list[str],
-    *,
-    tokenizer: str,
-    seq_len: int,
-    text_column: str = DEFAULT_TEXT_COLUMN,
-    attention: str = "auto",
-) -> np.ndarray:
-    """Packed rows of local corpus files, read and tokenized in this process."""
-    documents = (document for path in files for document in read_documents(path, text_column))
-    return pack_documents(tokenize(documents, tokenizer, attention), seq_len)
+class RowPacker:
+    """`pack_documents` as the documents arrive: full rows go to `write` (bytes, row after row)
+    and into a SHA-256 equal to `corpus_fingerprint` of the same rows, so memory holds the tokens
+    of at most one flush block and one document, however large the corpus."""
+
+    def __init__(self, write: Callable[[bytes], object], seq_len: int) -> None:
+        self._write = write
+        self._row_length = seq_len + 1
+        self._flush_at = max(self._row_length, PACK_BLOCK_TOKENS)
+        self._pieces: list[np.ndarray] = []
+        self._pending = 0
+        self._after_isolated = False
+        self._digest = hashlib.sha256()
+        self.rows = 0
+
+    def add(self, tokens: np.ndarray | list[int]) -> None:
+        """One document's stored tokens (EOS included), with pack_documents' carry of isolation."""
+        piece = np.array(tokens, dtype=ROW_DTYPE)
+        isolated = bool(piece[0] & DOCUMENT_START)
+        if self._after_isolated:
+            piece[0] |= DOCUMENT_START
+        self._after_isolated = isolated
+        self._pieces.append(piece)
+        self._pending += len(piece)
+        if self._pending >= self._flush_at:
+            self._flush()
+
+    def _flush(self) -> None:
+        stream = np.concatenate(self._pieces) if self._pieces else np.empty(0, dtype=ROW_DTYPE)
+        full = len(stream) // self._row_length * self._row_length
+        if full:
+            data = stream[:full].tobytes()
+            self._write(data)
+            self._digest.update(data)
+            self.rows += full // self._row_length
+        rest = stream[full:]
+        self._pieces, self._pending = [rest], len(rest)
+
+    def finish(self) -> str:
+        """Write the last full rows (the final partial row is dropped); the rows' fingerprint."""
+        self._flush()
+        self._pieces, self._pending = [], 0
+        return self._digest.hexdigest()
+
+
+class PackedCorpus(NamedTuple):
+    """A corpus's packed rows and their `corpus_fingerprint`, which a cache entry stores, so that
+    no rank hashes a corpus it maps from disk."""
+
+    rows: np.ndarray
+    fingerprint: str
 
 
 def batches_per_epoch(rows: int, *, world_size: int, batch_size: int, seq_len: int) -> int:
@@ -369,48 +414,6 @@ def position_after(
 
 def corpus_fingerprint(rows: np.ndarray) -> str:
     """A digest of the packed rows: it changes with the corpus, the tokenizer and --seq-len, each
-    of which makes a saved data position name other rows."""
+    of which makes a saved data position name other rows. `RowPacker` computes the same digest
+    while it writes the rows, which is what runs record."""
     return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
-
-
-def local_corpus_batches(
-    files: list[str],
-    *,
-    tokenizer: str,
-    seq_len: int,
-    batch_size: int,
-    seed: int,
-    rank: int,
-    world_size: int,
-    text_column: str,
-    attention: str,
-) -> Iterator[np.ndarray]:
-    """Endless epochs over local corpus files read in this process, from the first batch."""
-    rows = corpus_rows(
-        files, tokenizer=tokenizer, seq_len=seq_len, text_column=text_column, attention=attention
-    )
-    return epoch_batches(rows, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
-
-
-def in_process_corpus_rows(config: TrainConfig) -> np.ndarray:
-    """The packed rows of the local corpus `config.data`, read in this process (the torchrun
-    launcher and the benchmark; under Ray, Ray Data reads it)."""
-    return corpus_rows(
-        corpus_files(config.data),
-        tokenizer=config.tokenizer,
-        seq_len=config.seq_len,
-        text_column=config.text_column,
-        attention=config.document_attention,
-    )
-
-
-def in_process_eval_rows(config: TrainConfig) -> np.ndarray:
-    """The held-out rows of `config.eval_data`, read in this process, packed as the training rows."""
-    assert config.eval_data is not None
-    return corpus_rows(
-        corpus_files(config.eval_data, flag="--eval-data"),
-        tokenizer=config.tokenizer,
-        seq_len=config.seq_len,
-        text_column=config.text_column,
-        attention=config.document_attention,
-    )

@@ -28,7 +28,7 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.config import TrainConfig
-from training.data import corpus_fingerprint, epoch_batches, position_after, synthetic_batches
+from training.data import PackedCorpus, epoch_batches, position_after, synthetic_batches
 from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
@@ -66,8 +66,9 @@ class Session(Protocol):
     def open_checkpoint(self, location: str) -> AbstractContextManager[str]:
         """The checkpoint at `location` (--init-from) as a local folder."""
 
-    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
-        """All packed [rows, seq_len + 1] rows of the corpus `config.data`, in corpus order."""
+    def corpus(self, config: TrainConfig) -> PackedCorpus:
+        """All packed [rows, seq_len + 1] rows of the corpus `config.data`, in corpus order, and
+        their fingerprint."""
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
         """All packed [rows, seq_len + 1] rows of the held-out corpus `config.eval_data`."""
@@ -336,8 +337,7 @@ def _corpus(config: TrainConfig, session: Session) -> tuple[np.ndarray | None, s
     """The packed corpus rows (None for synthetic data) and their fingerprint."""
     if config.synthetic_data:
         return None, "synthetic"
-    rows = session.corpus_rows(config)
-    return rows, corpus_fingerprint(rows)
+    return session.corpus(config)
 
 
 def train(config: TrainConfig, session: Session) -> RunSummary:

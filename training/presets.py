@@ -20,6 +20,7 @@ _BASE: dict[str, Any] = {
     "data": SYNTHETIC,
     "eval_data": None,
     "eval_every": 0,
+    "corpus_cache": None,
     "text_column": DEFAULT_TEXT_COLUMN,
     "document_attention": "auto",
     "attention": "sdpa",

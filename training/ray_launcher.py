@@ -3,9 +3,11 @@
 The only module of the package that imports ray. Workers run `train` from
 training.loop through a `RaySession`; `run_on_workers` runs any function of a
 device on a worker group the same way (the fabric probe's). The corpus is read and tokenized by Ray
-Data in parallel, packed once on the driver in corpus order (so rows do not
-depend on blocks or CPU count), and handed to every worker through the object
-store; each worker deals itself its share of each epoch like a torchrun rank.
+Data in parallel and packed on the driver in corpus order (so rows do not depend
+on blocks or CPU count) as the documents stream in, into the corpus cache
+(training/corpus_cache.py) unless a run with the same inputs put it there already;
+each worker maps the cached rows and deals itself its share of each epoch like a
+torchrun rank.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import ray.data
 import ray.train
 import ray.train.torch
 import torch
-from pyarrow import fs as pyarrow_fs
 from ray.train import Checkpoint
 
 # Ray Train V2 (the default since Ray 2.51, needed for the training function's return
@@ -42,12 +43,13 @@ from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT
-from training.config import TrainConfig, check_hsdp_replicas, is_uri
-from training.corpus_files import CORPUS_SUFFIXES, corpus_files
+from training.config import TrainConfig, check_hsdp_replicas
+from training.corpus_cache import CachedCorpus, cached_rows, corpus_sources, open_rows
 from training.data import (
+    PackedCorpus,
+    RowPacker,
     batch_tokens,
     batches_per_epoch,
-    pack_documents,
     parse_files_batch,
     tokenize_batch,
 )
@@ -84,7 +86,7 @@ class RaySession:
     """The loop's view of a Ray Train worker."""
 
     def __init__(
-        self, resume_from: str | None, corpus: ray.ObjectRef | None, eval_corpus: ray.ObjectRef | None
+        self, resume_from: str | None, corpus: CachedCorpus | None, eval_corpus: CachedCorpus | None
     ) -> None:
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
@@ -92,8 +94,8 @@ class RaySession:
         self.local_world_size = context.get_local_world_size()
         self.device = ray.train.torch.get_device()
         self.resume_from = resume_from
-        self.corpus = corpus
-        self.eval_corpus = eval_corpus
+        self.cached_corpus = corpus
+        self.cached_eval_corpus = eval_corpus
         self.outcome: dict[str, Any] | None = None
         quiet_report_logger()
 
@@ -115,16 +117,16 @@ class RaySession:
         with Checkpoint(location).as_directory() as path:
             yield path
 
-    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
-        if self.corpus is None:
+    def corpus(self, config: TrainConfig) -> PackedCorpus:
+        if self.cached_corpus is None:
             raise ValueError("this run was launched without a corpus")
-        # Zero-copy on the worker's node: its workers share one copy of the rows.
-        return cast(np.ndarray, ray.get(self.corpus))
+        # Mapped from the node's disk: the workers of a node share its page cache.
+        return PackedCorpus(open_rows(self.cached_corpus), self.cached_corpus.fingerprint)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
-        if self.eval_corpus is None:
+        if self.cached_eval_corpus is None:
             raise ValueError("this run was launched without --eval-data")
-        return ray.get(self.eval_corpus)
+        return open_rows(self.cached_eval_corpus)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
@@ -163,35 +165,11 @@ def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | Non
     return session.outcome
 
 
-def _list_remote_corpus(uri: str) -> list[str]:
-    filesystem, root = pyarrow_fs.FileSystem.from_uri(uri)
-    found = filesystem.get_file_info(pyarrow_fs.FileSelector(root, recursive=True, allow_not_found=True))
-    files = sorted(info.path for info in found if info.is_file and Path(info.path).suffix in CORPUS_SUFFIXES)
-    if not files:
-        info = filesystem.get_file_info(root)
-        if info.is_file and Path(root).suffix in CORPUS_SUFFIXES:
-            files = [root]
-    if not files:
-        raise UsageError(f"--data {uri}: no {'/'.join(CORPUS_SUFFIXES)} files there")
-    scheme = uri.split("://", 1)[0]
-    return [f"{scheme}://{path}" for path in files]
-
-
-def _corpus_paths(config: TrainConfig, data: str) -> list[str]:
-    """Corpus files of `data` (--data or --eval-data) in the order every launcher reads them (sorted paths)."""
-    if is_uri(data):
-        return _list_remote_corpus(data)
-    files = corpus_files(data)
-    if config.local:
-        return files
-    # On a cluster only the driver's node holds these files.
-    return [f"local://{path}" for path in files]
-
-
-def tokenized_documents(config: TrainConfig, data: str) -> ray.data.Dataset:
-    """The corpus `data` as a Ray Dataset of one token array per document, in corpus order."""
+def tokenized_documents(paths: list[str], config: TrainConfig) -> ray.data.Dataset:
+    """Corpus files (local://, URIs, or local paths under --local) as a Ray Dataset of one token
+    array per document, in corpus order."""
     _configure_ray_data()
-    files = ray.data.read_binary_files(_corpus_paths(config, data), include_paths=True)
+    files = ray.data.read_binary_files(paths, include_paths=True)
     return files.map_batches(
         functools.partial(parse_files_batch, text_column=config.text_column), batch_format="numpy"
     ).map_batches(
@@ -200,16 +178,16 @@ def tokenized_documents(config: TrainConfig, data: str) -> ray.data.Dataset:
     )
 
 
-def pack_dataset(documents: ray.data.Dataset, *, seq_len: int) -> np.ndarray:
-    """Pack a dataset of token arrays, in its order, into rows: one pass on the driver,
+def pack_dataset(documents: ray.data.Dataset, packer: RowPacker) -> None:
+    """Feed a dataset of token arrays, in its order, to a packer: one streaming pass on the driver,
     so rows cross block boundaries and only the last partial row is dropped. Ray Data's batch
     generator is closed here, even when a batch holds a bad corpus file: its clean-up calls Ray,
     and the error's traceback would keep it alive until after `ray.shutdown`."""
     batches = cast(Generator[dict[str, np.ndarray]], iter(documents.iter_batches(batch_format="numpy")))
     with contextlib.closing(batches):
-        return pack_documents(
-            (tokens for batch in batches for tokens in batch_tokens(batch)), seq_len=seq_len
-        )
+        for batch in batches:
+            for tokens in batch_tokens(batch):
+                packer.add(tokens)
 
 
 def _configure_ray_data() -> None:
@@ -220,17 +198,29 @@ def _configure_ray_data() -> None:
     context.execution_options.preserve_order = True
 
 
-def packed_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> np.ndarray:
-    """The packed rows of the run's corpus (`flag`: --data or --eval-data); a usage error if they
-    cannot fill one step."""
+def cached_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> CachedCorpus:
+    """The run's corpus (`flag`: --data or --eval-data) in the corpus cache, packed there now if no
+    run with the same inputs did; a usage error if its rows cannot fill one step."""
     data = config.data if flag == "--data" else config.eval_data
     assert data is not None
-    rows = pack_dataset(tokenized_documents(config, data), seq_len=config.seq_len)
+    # On a cluster only the driver's node holds local files: Ray Data reads them there.
+    sources = corpus_sources(data, flag, on_driver_node=config.local)
+    entry, reused = cached_rows(
+        config,
+        sources,
+        lambda packer: pack_dataset(tokenized_documents([source.path for source in sources], config), packer),
+    )
+    done = "read from the corpus cache" if reused else "tokenized into the corpus cache"
+    print(
+        f"{flag} {data}: {entry.rows} rows of {entry.seq_len + 1} tokens {done} {entry.location}", flush=True
+    )
     try:
-        batches_per_epoch(len(rows), world_size=workers, batch_size=config.batch_size, seq_len=config.seq_len)
+        batches_per_epoch(
+            entry.rows, world_size=workers, batch_size=config.batch_size, seq_len=config.seq_len
+        )
     except ValueError as error:
         raise UsageError(f"{flag} {data}: {error}") from error
-    return rows
+    return entry
 
 
 def _cluster_address() -> str:
@@ -360,11 +350,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
             check_hsdp_replicas(workers, config.hsdp_replicas)
         except ValueError as error:
             raise UsageError(str(error)) from None
-        # Kept referenced until fit returns: the workers read the rows from the object store.
-        corpus = None if config.synthetic_data else ray.put(packed_corpus(config, workers))
-        eval_corpus = (
-            None if config.eval_data is None else ray.put(packed_corpus(config, workers, "--eval-data"))
-        )
+        corpus = None if config.synthetic_data else cached_corpus(config, workers)
+        eval_corpus = None if config.eval_data is None else cached_corpus(config, workers, "--eval-data")
         result = _fit(
             train_loop_per_worker,
             {

@@ -267,6 +267,12 @@ class TrainConfig:
         help="where runs and checkpoints go: a local folder or s3://bucket/prefix "
         f"(default: {DEFAULT_STORAGE_PATH})",
     )
+    corpus_cache: str | None = setting(
+        "--corpus-cache",
+        help="where tokenized corpora are kept for later runs: a local folder or s3://bucket/prefix; "
+        "delete it to re-tokenize",
+        unset="<storage-path>/corpus-cache",
+    )
     run_name: str = setting(
         "--run-name",
         type=folder_name,

@@ -1,7 +1,8 @@
 """torchrun launcher: the same loop without Ray (the GPU benchmark machine has none).
 
 Ranks come from torchrun's environment; checkpoints are DCP folders under
-`<storage-path>/<run-name>/` on a filesystem every rank can see.
+`<storage-path>/<run-name>/` on a filesystem every rank can see, and so is the corpus
+cache, which one rank packs while the others wait for it (training/corpus_cache.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch.distributed as dist
 from training.artifacts import write_run_files
 from training.checkpoint import CHECKPOINTS_KEPT, is_complete
 from training.config import TrainConfig
-from training.data import in_process_corpus_rows, in_process_eval_rows
+from training.corpus_cache import in_process_corpus, in_process_rows
+from training.data import PackedCorpus
 from training.errors import UsageError
 from training.rank_exit import tear_down_process_group
 from training.report import format_summary
@@ -52,11 +54,12 @@ class TorchrunSession:
     def open_checkpoint(self, location: str) -> Iterator[str]:
         yield location  # torchrun reads local folders only
 
-    def corpus_rows(self, config: TrainConfig) -> np.ndarray:
-        return in_process_corpus_rows(config)
+    def corpus(self, config: TrainConfig) -> PackedCorpus:
+        return in_process_corpus(config)
 
     def eval_rows(self, config: TrainConfig) -> np.ndarray:
-        return in_process_eval_rows(config)
+        assert config.eval_data is not None
+        return in_process_rows(config, config.eval_data, "--eval-data")
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
