@@ -59,9 +59,6 @@ def test_a_chat_fine_tune_evaluates_falling_logs_to_tensorboard_and_exports_a_mo
     from training.torchrun_launcher import TorchrunSession
 
     write_dataset(tmp_path / "data", train_rows=600, eval_rows=60, seed=0)
-    # One thread, as Ray gives each worker (OMP_NUM_THREADS=1): two on a busy 2-core machine ran
-    # each step 3 times slower.
-    threads = torch.get_num_threads()
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     config = parse_args(
@@ -72,11 +69,7 @@ def test_a_chat_fine_tune_evaluates_falling_logs_to_tensorboard_and_exports_a_mo
             *("--export-hf", "--storage-path", str(tmp_path / "runs"), "--run-name", "chat"),
         ]
     )
-    torch.set_num_threads(1)
-    try:
-        train(config, TorchrunSession(config, torch.device("cpu")))
-    finally:
-        torch.set_num_threads(threads)
+    train(config, TorchrunSession(config, torch.device("cpu")))
 
     run = tmp_path / "runs" / "chat"
     summary = json.loads((run / "summary.json").read_text())
