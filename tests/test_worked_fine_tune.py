@@ -40,7 +40,8 @@ def test_the_generated_dataset_is_conversations_whose_held_out_rows_use_unseen_v
 
 
 def test_the_docs_worked_example_runs_these_flags():
-    """The flags the docs' worked example passes are those this test trains with (steps aside)."""
+    """The docs' worked example passes the flags the test below trains with (with the values of a
+    longer run), and its command parses."""
     command = re.search(r"^python -m training --local (--data .*)$", DOCS.read_text(), re.MULTILINE)
     assert command, "docs/training.md has no worked fine-tune command"
     flags = command.group(1).split()
