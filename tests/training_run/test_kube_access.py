@@ -195,3 +195,30 @@ def test_a_rest_answer_that_may_pass_is_asked_again_until_the_attempts_are_spent
     cluster = KubernetesCluster(core, None, cancelled=cancelled)
     with pytest.raises(errors.Interrupted):
         cluster.list_nodes("role=gpu-worker")
+
+
+class _Answers:
+    """An executor that answers each pod with a fixed result, as `PodExecutor.run` returns one."""
+
+    def __init__(self, result: ExecResult):
+        self.result = result
+
+    def run(self, argv, timeout_s):
+        return self.result
+
+
+def test_a_read_in_each_pod_gives_each_stdout_or_names_the_pod_that_failed():
+    """The EFA counters and the Ray logs are read this way from every worker pod."""
+    pods = [kube_access.PodFacts(name, "Running", True, "ray-worker") for name in ("worker-a", "worker-b")]
+    listings = kube_access.stdout_of_each_pod(
+        pods, lambda pod: _Answers(ExecResult(0, f"from {pod.name}\n")), ["cat", "x"], "x"
+    )
+    assert listings == {"worker-a": "from worker-a\n", "worker-b": "from worker-b\n"}
+    failing = {"worker-a": ExecResult(0, "ok\n"), "worker-b": ExecResult(2, "", "cat: x: No such file")}
+    with pytest.raises(errors.TrainingRunError) as raised:
+        kube_access.stdout_of_each_pod(
+            pods, lambda pod: _Answers(failing[pod.name]), ["cat", "x"], "the file x"
+        )
+    assert str(raised.value) == (
+        "reading the file x of worker pod worker-b failed (exit 2): cat: x: No such file"
+    )

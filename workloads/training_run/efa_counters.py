@@ -18,8 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, Executor, PodFacts
+from workloads.training_run.kube_access import Executor, PodFacts, stdout_of_each_pod
 
 SYSFS_ROOT = "/sys/class/infiniband"
 # The counters read, by their driver names: bytes and packets through the port, by RDMA read and
@@ -129,13 +128,7 @@ def read_counters(
     workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor], sysfs_root: str = SYSFS_ROOT
 ) -> dict[str, dict[str, dict[str, int]]]:
     """Each worker pod's EFA port counters, now."""
-    found = {}
-    for pod in workers:
-        result = executor_for(pod).run(counters_command(sysfs_root), COMMAND_TIMEOUT_S)
-        if result.returncode != 0:
-            raise TrainingRunError(
-                f"reading the EFA counters in {sysfs_root} of worker pod {pod.name} failed "
-                f"(exit {result.returncode}): {result.output}"
-            )
-        found[pod.name] = parse_counters(result.stdout)
-    return found
+    listings = stdout_of_each_pod(
+        workers, executor_for, counters_command(sysfs_root), f"the EFA counters in {sysfs_root}"
+    )
+    return {name: parse_counters(stdout) for name, stdout in listings.items()}

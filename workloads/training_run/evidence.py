@@ -36,7 +36,7 @@ from workloads.training_run.efa_counters import EfaTraffic, efa_problems
 from workloads.training_run.errors import TrainingRunError
 from workloads.training_run.fabric import ProbeResult
 from workloads.training_run.jobs import NCCL_LOG_DIR, JobRecord
-from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor, PodFacts
+from workloads.training_run.kube_access import CommandTimeout, Executor, PodFacts, stdout_of_each_pod
 
 RAY_LOG_DIR = "/tmp/ray/session_latest/logs"
 NCCL_LINES_PER_POD = 200_000
@@ -172,16 +172,8 @@ def worker_logs(
     workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor], argv: list[str], log_dir: str
 ) -> dict[str, PodLogs]:
     """Run a log script on every worker pod: pod name -> what it read."""
-    found = {}
-    for pod in workers:
-        result = executor_for(pod).run(argv, COMMAND_TIMEOUT_S)
-        if result.returncode != 0:
-            raise TrainingRunError(
-                f"reading the Ray logs in {log_dir} of worker pod {pod.name} failed "
-                f"(exit {result.returncode}): {result.output}"
-            )
-        found[pod.name] = split_log_listing(result.stdout)
-    return found
+    listings = stdout_of_each_pod(workers, executor_for, argv, f"the Ray logs in {log_dir}")
+    return {name: split_log_listing(stdout) for name, stdout in listings.items()}
 
 
 def _indent(lines: Sequence[str]) -> str:

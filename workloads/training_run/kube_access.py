@@ -52,6 +52,7 @@ from workloads.training_run.errors import (
     Interrupted,
     PodGone,
     RayClusterNotFound,
+    TrainingRunError,
 )
 
 T = TypeVar("T")
@@ -146,6 +147,22 @@ class PodFacts:
     problems: tuple[str, ...] = field(default_factory=tuple)
     annotations: Mapping[str, str] = field(default_factory=dict)
     uid: str = ""  # metadata.uid: a pod replaced under the same name has a new one
+
+
+def stdout_of_each_pod(
+    pods: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor], argv: list[str], what: str
+) -> dict[str, str]:
+    """`argv` run in each pod: pod name -> its stdout. A failure names `what` was being read, the
+    pod, the exit status and the output."""
+    found = {}
+    for pod in pods:
+        result = executor_for(pod).run(argv, COMMAND_TIMEOUT_S)
+        if result.returncode != 0:
+            raise TrainingRunError(
+                f"reading {what} of worker pod {pod.name} failed (exit {result.returncode}): {result.output}"
+            )
+        found[pod.name] = result.stdout
+    return found
 
 
 class ClusterApi(Protocol):
