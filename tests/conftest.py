@@ -23,3 +23,13 @@ def one_rank_group():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """The session's one `ray start --head` (tests/ray_head.py), started by the first test that
+    asks for it and stopped, with every process it started, when the session ends."""
+    from tests.ray_head import running_head
+
+    with running_head() as head:
+        yield head

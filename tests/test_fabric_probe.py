@@ -173,8 +173,12 @@ def assert_report(stdout: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_local_ray_worker_group_on_gloo_reports_every_collective():
-    result = run_probe("--local", "--workers", "2", "--sizes", "64K,256K,1M", "--iters", "5")
+def test_a_ray_worker_group_on_gloo_reports_every_collective(ray_head):
+    """Joined through RAY_ADDRESS, as the probe's job joins the RayCluster's head."""
+    result = run_probe(
+        "--no-gpu", "--workers", "2", "--sizes", "64K,256K,1M", "--iters", "5",
+        env={"RAY_ADDRESS": ray_head.address},
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert_report(result.stdout)
 

@@ -153,10 +153,11 @@ def test_epoch_order_is_seeded():
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def joined_ray(ray_head):
+    """This process as a driver of the session's Ray head: Ray Data's tasks run on its workers."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.init(address=ray_head.address)
     yield
     ray.shutdown()
 
@@ -180,7 +181,7 @@ def ray_rows(data: Path, *, blocks: int | None = None) -> np.ndarray:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["shipped", "mixed"])
-def test_ray_data_rows_are_exact_and_equal_the_torchrun_rows(corpus, mixed_corpus, local_ray):
+def test_ray_data_rows_are_exact_and_equal_the_torchrun_rows(corpus, mixed_corpus, joined_ray):
     data = SHIPPED_CORPUS if corpus == "shipped" else mixed_corpus
     files = corpus_files(str(data))
     rows = ray_rows(data)
@@ -192,7 +193,7 @@ def test_ray_data_rows_are_exact_and_equal_the_torchrun_rows(corpus, mixed_corpu
 
 
 @pytest.mark.slow
-def test_ray_data_rows_of_conversations_and_text_equal_the_torchrun_rows(tmp_path, local_ray):
+def test_ray_data_rows_of_conversations_and_text_equal_the_torchrun_rows(tmp_path, joined_ray):
     """Conversations cross Ray Data's tasks as JSON and keep their flags: which tokens are loss
     targets and where documents start, as the in-process reader packs them."""
     from training.data import NO_LOSS
@@ -211,14 +212,14 @@ def test_ray_data_rows_of_conversations_and_text_equal_the_torchrun_rows(tmp_pat
 
 
 @pytest.mark.slow
-def test_ray_data_rows_do_not_depend_on_the_block_layout(mixed_corpus, local_ray):
+def test_ray_data_rows_do_not_depend_on_the_block_layout(mixed_corpus, joined_ray):
     reference = ray_rows(mixed_corpus)
     for blocks in (1, 3, 17):
         np.testing.assert_array_equal(ray_rows(mixed_corpus, blocks=blocks), reference, err_msg=str(blocks))
 
 
 @pytest.mark.slow
-def test_hundreds_of_short_documents_each_in_its_own_block_pack_exactly(short_notes, local_ray):
+def test_hundreds_of_short_documents_each_in_its_own_block_pack_exactly(short_notes, joined_ray):
     """The layout in which per-block packing loses every document shorter than a row."""
     files = corpus_files(str(short_notes))
     rows = ray_rows(short_notes, blocks=len(files))
@@ -280,7 +281,7 @@ def test_a_bad_parquet_row_or_column_is_one_line_naming_file_row_and_column(tmp_
 
 
 @pytest.mark.slow
-def test_ray_data_raises_a_bad_row_on_the_driver_as_the_same_usage_error(tmp_path, local_ray):
+def test_ray_data_raises_a_bad_row_on_the_driver_as_the_same_usage_error(tmp_path, joined_ray):
     """The row is parsed in a Ray Data task; raised there, the driver would get Ray's traceback."""
     path = bad_jsonl(tmp_path, BAD_ROWS[0][0])
     with pytest.raises(UsageError) as raised:

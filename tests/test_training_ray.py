@@ -1,10 +1,12 @@
 """The training job end to end on CPU: 2 workers, tiny Qwen2, FSDP2 on gloo.
 
-Runs through the real CLI on an embedded local Ray: an uninterrupted run that
-checkpoints every 4 steps (shared by several tests), a second run that starts
-from its step-4 checkpoint, and a run whose rank-0 worker is SIGKILLed mid-way
-and must come back from its latest checkpoint. Plus one run under torchrun, the
-launcher of the GPU benchmark machine, which has no Ray.
+Runs through the real CLI: an uninterrupted run on an embedded Ray (`--local`) that
+checkpoints every 4 steps (shared by several tests); the runs that start from its
+checkpoints, a run whose rank-0 worker is SIGKILLed mid-way and must come back from its
+latest checkpoint, and the other runs join the session's Ray head through RAY_ADDRESS
+(tests/ray_head.py), as a job's driver joins the RayCluster's head, which saves each
+its own Ray start. Plus runs under torchrun, the launcher of the GPU benchmark machine,
+which has no Ray.
 """
 
 from __future__ import annotations
@@ -31,16 +33,32 @@ RUN_TIMEOUT_S = 300
 WORKER_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
 
 
-ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
 # --standalone picks a free rendezvous port, so parallel runs on one machine do not collide.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def run_cli(*args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, launcher: list[str] | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     command = [*(launcher or [sys.executable]), "-m", "training", *args]
     return subprocess.run(
-        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=ENVIRONMENT
+        command,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={**(env or os.environ), "OMP_NUM_THREADS": "1"},
     )
+
+
+def on_the_head(workers: int = 2) -> tuple[str, ...]:
+    """A run that joins a Ray cluster names its worker group: CPU workers need --no-gpu and a count."""
+    return ("--no-gpu", "--workers", str(workers))
+
+
+def run_on_head(head, *args: str, workers: int = 2) -> subprocess.CompletedProcess:
+    """`python -m training` as a driver of the session's Ray head (RAY_ADDRESS), not `--local`."""
+    return run_cli(*on_the_head(workers), *args, env=head.env)
 
 
 def step_lines(stdout: str) -> list[dict]:
@@ -70,9 +88,9 @@ def full_run(storage) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def resumed_run(storage, full_run) -> subprocess.CompletedProcess:
-    result = run_cli(
-        "--local",
+def resumed_run(storage, full_run, ray_head) -> subprocess.CompletedProcess:
+    result = run_on_head(
+        ray_head,
         "--steps", str(STEPS),
         "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--storage-path", str(storage),
@@ -190,16 +208,16 @@ def test_a_second_run_trains_from_the_corpus_cache_the_first_one_wrote(full_run,
     assert written[0].endswith(str(storage / "corpus-cache" / written[0].rsplit("/", 1)[-1]))
 
 
-def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, storage):
+def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, storage, ray_head):
     """DCP reshards the step-4 checkpoint of 2 workers onto 1; the data goes on by global sample."""
-    result = run_cli(
-        "--local",
-        "--workers", "1",
+    result = run_on_head(
+        ray_head,
         "--steps", "6",
         "--checkpoint-every", "0",
         "--storage-path", str(storage),
         "--run-name", "one-worker",
         "--resume-from", str(storage / "full" / "checkpoint_000004"),
+        workers=1,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "resumed from step 4" in result.stdout and "resharded from 2 workers to 1" in result.stdout
@@ -208,22 +226,24 @@ def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, sto
     assert (summary["start_step"], summary["world_size"], summary["resharded"]) == (4, 1, True)
 
 
-def test_a_resume_from_the_last_step_exits_2_in_one_line(full_run, storage):
+def test_a_resume_from_the_last_step_exits_2_in_one_line_before_ray_starts(full_run, storage):
+    """Judged on the driver from the checkpoint's train_state.json: no Ray, no worker."""
     checkpoint = storage / "full" / f"checkpoint_{STEPS:06d}"
     result = run_cli(
         "--local", "--steps", str(STEPS), "--storage-path", str(storage), "--run-name", "past",
         "--resume-from", str(checkpoint),
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-4000:]
+    assert "Started a local Ray" not in result.stderr and not (storage / "past").exists()
     assert result.stderr.strip().splitlines()[-1] == (
         f"python -m training: error: {checkpoint} is at step {STEPS}: --steps {STEPS} leaves nothing "
         f"to train; pass --steps > {STEPS}"
     )
 
 
-def test_a_relative_model_folder_reaches_the_ray_workers(full_run, storage):
+def test_a_relative_model_folder_reaches_the_ray_workers(full_run, storage, ray_head):
     """The run's last checkpoint, exported after the fact, fine-tuned on through a --model-id
-    relative to the driver's working directory (the workers run in another)."""
+    relative to the driver's working directory (the workers run in another: the head's folder)."""
     from training.export import main as export
 
     exported = storage / "full-hf"
@@ -231,8 +251,8 @@ def test_a_relative_model_folder_reaches_the_ray_workers(full_run, storage):
         export([str(storage / "full" / f"checkpoint_{STEPS:06d}"), str(exported), "--export-dtype", "fp32"])
         == 0
     )
-    result = run_cli(
-        "--local", "--steps", "1", "--checkpoint-every", "0", "--storage-path", str(storage),
+    result = run_on_head(
+        ray_head, "--steps", "1", "--checkpoint-every", "0", "--storage-path", str(storage),
         "--run-name", "from-export", "--init", "pretrained",
         "--model-id", os.path.relpath(exported, REPO_ROOT), "--tokenizer", "bytes",
     )  # fmt: skip
@@ -290,47 +310,37 @@ def test_a_resume_with_gradient_accumulation_matches_the_uninterrupted_run(stora
     assert summary["tokens_seen"] == summary["loss_tokens"] == 4 * 2 * 8 * 128 * 2
 
 
-def test_a_corpus_of_hundreds_of_short_documents_trains(tmp_path):
-    """Each document is far below seq_len tokens: only packing across documents makes rows."""
+def test_short_documents_and_held_out_rows_go_through_the_corpus_cache_and_train(tmp_path, ray_head):
+    """Hundreds of training documents each far below seq_len tokens (only packing across
+    documents makes rows), and --eval-data, which goes through the cache as --data does: its own
+    entry, mapped by the workers, and evaluated."""
     corpus = tmp_path / "notes"
     corpus.mkdir()
     for index in range(300):
         (corpus / f"note_{index:03d}.txt").write_text(
             f"Note {index}: the kettle boiled at {index % 60} past."
         )
-    result = run_cli(
-        "--local",
-        "--data", str(corpus),
-        "--steps", "3",
-        "--checkpoint-every", "0",
-        "--storage-path", str(tmp_path / "runs"),
-        "--run-name", "notes",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    summary = last_line_summary(result.stdout)
-    assert (summary["data"], summary["steps_run"]) == ("corpus", 3)
-
-
-def test_held_out_rows_are_packed_into_the_corpus_cache_and_evaluated(tmp_path):
-    """--eval-data goes through the cache as --data does: its own entry, mapped by the workers."""
     held_out = tmp_path / "held-out"
     held_out.mkdir()
     (held_out / "one.txt").write_text("A sentence the model never trains on. " * 80)
     cache = tmp_path / "cache"
-    result = run_cli(
-        "--local",
-        "--steps", "2",
+    result = run_on_head(
+        ray_head,
+        "--data", str(corpus),
+        "--steps", "3",
         "--checkpoint-every", "0",
         "--eval-data", str(held_out),
         "--storage-path", str(tmp_path / "runs"),
+        "--run-name", "notes",
         "--corpus-cache", str(cache),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     packed = [line for line in result.stdout.splitlines() if "tokenized into the corpus cache" in line]
-    assert len(packed) == 2 and packed[0].startswith("--data ")
+    assert len(packed) == 2 and packed[0].startswith(f"--data {corpus}: ")
     assert packed[1].startswith(f"--eval-data {held_out}: 23 rows of 129 tokens ")
     assert len([entry for entry in cache.iterdir() if entry.is_dir()]) == 2
     summary = last_line_summary(result.stdout)
+    assert (summary["data"], summary["steps_run"]) == ("corpus", 3)
     assert summary["eval_loss"] is not None and summary["eval_loss"] > 0
 
 
@@ -383,14 +393,14 @@ def test_hsdp_and_activation_checkpointing_keep_the_math_of_plain_fsdp(torchrun_
     assert hsdp == pytest.approx(fsdp, abs=1e-5)
 
 
-def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage):
+def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):
     """SIGKILL rank 0 after step 8 (from outside, as a node failure would); --max-failures 1
     restarts the worker group, which resumes from the newest checkpoint and finishes."""
     # The restart replays steps 6 to 8 from the step-5 checkpoint; the steps after 8 only have to
     # outlast the kill's delivery (a step or two), so the run ends 4 steps after it.
     steps, checkpoint_every, kill_after = 12, 5, 8
     command = [
-        sys.executable, "-m", "training", "--local",
+        sys.executable, "-m", "training", *on_the_head(),
         "--steps", str(steps),
         "--checkpoint-every", str(checkpoint_every),
         "--max-failures", "1",
@@ -402,7 +412,12 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage):
     killed_pid = None
     with open(stderr_path, "w") as stderr:
         process = subprocess.Popen(
-            command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, env=ENVIRONMENT
+            command,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**ray_head.env, "OMP_NUM_THREADS": "1"},
         )
         try:
             for line in process.stdout:
@@ -436,11 +451,11 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage):
     assert (summary["steps"], summary["start_step"]) == (steps, resumed_from)
 
 
-def test_a_diverging_run_exits_1_in_one_line_and_is_not_retried(tmp_path):
+def test_a_diverging_run_exits_1_in_one_line_and_is_not_retried(tmp_path, ray_head):
     """At --lr 1e30 step 2's gradient norm is NaN on both workers: one line, exit 1, no step-2
     checkpoint, and no retry from step 1's checkpoint despite --max-failures (it would diverge again)."""
-    result = run_cli(
-        "--local",
+    result = run_on_head(
+        ray_head,
         "--data", "synthetic",
         "--lr", "1e30",
         "--warmup-steps", "0",

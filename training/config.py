@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -112,6 +113,13 @@ def check_hsdp_replicas(workers: int, replicas: int) -> None:
         raise ValueError(f"{workers} workers are not a multiple of --hsdp-replicas {replicas}")
 
 
+def nothing_left_to_train(step: int, steps: int, checkpoint: str) -> str | None:
+    """Why a run resumed from `checkpoint` (at `step`) to --steps `steps` would train nothing."""
+    if step < steps:
+        return None
+    return f"{checkpoint} is at step {step}: --steps {steps} leaves nothing to train; pass --steps > {step}"
+
+
 def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None:
     """Raises ValueError naming the flag. `paths_here=False`: the paths are another machine's
     (the cluster's, checked at preview), so only what the shipped code itself holds is checked."""
@@ -125,6 +133,11 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
     for flag, folder in (("--resume-from", config.resume_from), ("--init-from", config.init_from)):
         if paths_here and folder and not is_uri(folder) and not Path(folder, TRAIN_STATE_FILE).is_file():
             raise ValueError(f"{flag} {folder!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})")
+    if paths_here and config.resume_from and not is_uri(config.resume_from):
+        # Here, before any worker starts; a checkpoint in a URI is read, and judged, by rank 0.
+        state = json.loads(Path(config.resume_from, TRAIN_STATE_FILE).read_text())
+        if problem := nothing_left_to_train(state["step"], config.steps, config.resume_from):
+            raise ValueError(problem)
     if config.resume_from and config.init_from:
         raise ValueError(
             "--resume-from continues a run (optimizer, step, data); --init-from takes a checkpoint's "

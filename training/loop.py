@@ -27,7 +27,7 @@ from training.checkpoint import (
     read_train_state,
     save_checkpoint,
 )
-from training.config import TrainConfig
+from training.config import TrainConfig, nothing_left_to_train
 from training.data import PackedCorpus, epoch_batches, position_after, synthetic_batches
 from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
@@ -212,11 +212,8 @@ def check_resume(state: dict[str, Any], facts: dict[str, Any], steps: int, check
     --steps, or a value the data replay depends on differs (the world size may: the replay goes by
     global sample index, and DCP reshards). Checkpoints older than a key did not record it; the
     oldest had no accumulation (1)."""
-    if state["step"] >= steps:
-        raise UsageError(
-            f"{checkpoint} is at step {state['step']}: --steps {steps} leaves nothing to train; "
-            f"pass --steps > {state['step']}"
-        )
+    if problem := nothing_left_to_train(state["step"], steps, checkpoint):
+        raise UsageError(problem)
     for key, flag in REPLAY_FLAGS.items():
         saved = state.get(key, 1 if key == "grad_accum_steps" else None)
         if saved is None or saved == facts[key]:

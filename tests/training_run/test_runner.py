@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.ray_head import RayHead
 from tests.training_run.fakes import (
     EFA_JOB,
     EFA_JOB_TRAFFIC,
@@ -216,103 +209,6 @@ def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
     assert 120 <= fake.clock.slept <= 130
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    return children
-
-
-def _process_tree(root: int) -> set[int]:
-    children, tree, todo = _children(), set(), [root]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo += children.get(pid, [])
-    return tree
-
-
-def _stop_process_tree(process: subprocess.Popen) -> None:
-    """Stop exactly the processes this test started: freeze the tree (nothing new can fork), then kill it.
-
-    Not `ray stop`: that kills every Ray process of the user on the machine, other tests' included.
-    """
-    frozen: set[int] = set()
-    while new := _process_tree(process.pid) - frozen:
-        for pid in new:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        frozen |= new
-    for pid in frozen:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    process.wait(timeout=30)
-
-
-@dataclass
-class LocalRay:
-    dashboard: str
-    session_logs: Path
-    env: dict
-    root: Path
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """`ray start --head` with its own ports and temp dir; stopped, with every process it started, afterwards."""
-    root = Path(tempfile.mkdtemp(prefix="ray-tr-"))  # short: Ray's unix sockets live under it
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    env.pop("RAY_ADDRESS", None)
-    dashboard_port = _free_port()
-    command = [
-        "ray",
-        "start",
-        "--head",
-        "--block",
-        "--num-cpus=2",
-        "--include-dashboard=true",
-        f"--dashboard-port={dashboard_port}",
-        f"--port={_free_port()}",
-        f"--ray-client-server-port={_free_port()}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--temp-dir={root / 'ray'}",
-        "--disable-usage-stats",
-    ]
-    with open(root / "ray-start.log", "w") as start_log:
-        process = subprocess.Popen(
-            command, env=env, stdout=start_log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        dashboard = f"http://127.0.0.1:{dashboard_port}"
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"{dashboard}/api/version", timeout=2).close()
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    "the local Ray head did not start:\n" + (root / "ray-start.log").read_text()[-3000:]
-                )
-            time.sleep(0.5)
-        yield LocalRay(dashboard, root / "ray" / "session_latest" / "logs", env, root)
-    finally:
-        _stop_process_tree(process)
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def shipped_code(root: Path) -> tuple[Path, str]:
     """The training code as the ConfigMap mount presents it: the package files and `.code-hash`."""
     files = manifests.collect_code(Path(__file__).resolve().parents[2])
@@ -324,7 +220,7 @@ def shipped_code(root: Path) -> tuple[Path, str]:
     return folder, manifests.code_hash(files)
 
 
-def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider.TrainingRunProvider:
+def local_provider(ray: RayHead, code_dir: Path, logged: list[str]) -> provider.TrainingRunProvider:
     """The provider, connected to the local head: fake nodes and pods, every pod exec run here."""
     core = FakeCoreApi(
         [[gpu_node("local-node")]], [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]]
@@ -348,14 +244,14 @@ def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider
     return provider.TrainingRunProvider(connect=connect)
 
 
-def ray_jobs(ray: LocalRay) -> list[dict]:
+def ray_jobs(ray: RayHead) -> list[dict]:
     with urllib.request.urlopen(f"{ray.dashboard}/api/jobs/", timeout=10) as reply:
         return json.load(reply)
 
 
 @pytest.mark.slow
-def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_ray):
-    code_dir, code_hash = shipped_code(local_ray.root)
+def test_ray_head_runs_the_tiny_job_reports_it_and_checks_the_transport(ray_head):
+    code_dir, code_hash = shipped_code(ray_head.root)
     job_args = (
         "--preset",
         "tiny",
@@ -369,7 +265,7 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
         "--checkpoint-every",
         "0",
         "--storage-path",
-        str(local_ray.root / "runs"),
+        str(ray_head.root / "runs"),
     )
     inputs = run_inputs(code_hash=code_hash, job_args=job_args, expect_transport="efa", timeout_minutes=3)
     logged: list[str] = []
@@ -377,7 +273,7 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
     # gloo on CPU prints no NCCL line: the transport is unknown, which no expectation accepts.
     for _ in range(2):  # the second run adopts the finished job and judges its logs anew
         with pytest.raises(errors.TrainingRunError) as caught:
-            local_provider(local_ray, code_dir, logged).create(props(inputs))
+            local_provider(ray_head, code_dir, logged).create(props(inputs))
         message = str(caught.value)
         assert "NCCL used 'unknown' between the nodes, not 'efa'" in message
         assert "no NCCL lines found" in message
@@ -386,12 +282,12 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
         )  # ... though the job's worker logs were read
         assert "{'local-worker': 0}" not in message
 
-    listed = [job for job in ray_jobs(local_ray) if job["submission_id"].startswith("eks-ray-train-main-")]
+    listed = [job for job in ray_jobs(ray_head) if job["submission_id"].startswith("eks-ray-train-main-")]
     assert [job["status"] for job in listed] == ["SUCCEEDED"]
     # Ray kept what the submission attached: the pods it ran on, and where NCCL logs
     assert listed[0]["metadata"][jobs.PODS_METADATA].startswith("local-head=")
     nccl_file = listed[0]["runtime_env"]["env_vars"]["NCCL_DEBUG_FILE"]
-    assert nccl_file == f"{local_ray.root}/nccl-{listed[0]['submission_id']}.%h.%p.log"
+    assert nccl_file == f"{ray_head.root}/nccl-{listed[0]['submission_id']}.%h.%p.log"
     assert any("step 3/3" in line for line in logged)
     reported = [
         line for line in logged if f"job {listed[0]['submission_id']}: " in line and "tokens/s" in line
@@ -400,11 +296,11 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
 
 
 @pytest.mark.slow
-def test_local_ray_failed_job_fails_with_its_log(local_ray):
-    code_dir, code_hash = shipped_code(local_ray.root)
+def test_ray_head_failed_job_fails_with_its_log(ray_head):
+    code_dir, code_hash = shipped_code(ray_head.root)
     inputs = run_inputs(code_hash=code_hash, job_args=("--preset", "tiny", "--steps", "0"), timeout_minutes=1)
     with pytest.raises(errors.TrainingRunError) as caught:
-        local_provider(local_ray, code_dir, []).create(props(inputs))
+        local_provider(ray_head, code_dir, []).create(props(inputs))
     message = str(caught.value)
     assert " FAILED: Job entrypoint command failed with exit code 2" in message
     assert "argument --steps: must be >= 1, got 0" in message
