@@ -21,34 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
 from training.report import STEP_KEYS, SUMMARY_KEYS, parse_step_line, parse_summary
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 STEPS = 8
 CHECKPOINT_EVERY = 4
-RUN_TIMEOUT_S = 300
 # Ray prefixes each forwarded worker line with the worker's process id.
 WORKER_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
-
-
 # --standalone picks a free rendezvous port, so parallel runs on one machine do not collide.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-
-
-def run_cli(
-    *args: str, launcher: list[str] | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    command = [*(launcher or [sys.executable]), "-m", "training", *args]
-    return subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env={**(env or os.environ), "OMP_NUM_THREADS": "1"},
-    )
 
 
 def on_the_head(workers: int = 2) -> tuple[str, ...]:
@@ -59,14 +42,6 @@ def on_the_head(workers: int = 2) -> tuple[str, ...]:
 def run_on_head(head, *args: str, workers: int = 2) -> subprocess.CompletedProcess:
     """`python -m training` as a driver of the session's Ray head (RAY_ADDRESS), not `--local`."""
     return run_cli(*on_the_head(workers), *args, env=head.env)
-
-
-def step_lines(stdout: str) -> list[dict]:
-    return [parsed for parsed in map(parse_step_line, stdout.splitlines()) if parsed is not None]
-
-
-def last_line_summary(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -99,38 +74,6 @@ def resumed_run(storage, full_run, ray_head) -> subprocess.CompletedProcess:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return result
-
-
-# Where the README and the training guide quote the default run's losses.
-QUOTED_LOSSES = re.compile(r"`?(loss_first|loss_last)`?\W{1,3}(\d+\.\d+)")
-DOCUMENTS_QUOTING_THE_MAIN_JOB = [REPO_ROOT / "README.md", REPO_ROOT / "docs" / "training.md"]
-# The run is deterministic on one machine, but the CPU's vector kernels move the last digits: with
-# torch 2.13.0+cpu, three x86-64 machines gave loss_first 5.5516 on all of them and loss_last
-# 2.7700, 2.7706 and 2.7735 (a spread of 0.0035). The step-1 loss (no update yet) agrees to the 4
-# digits quoted; the last one is held to 0.01, about 3 times that spread.
-QUOTE_TOLERANCE = {"loss_first": 1e-4, "loss_last": 0.01}
-
-
-@pytest.mark.slow
-def test_the_main_job_gives_the_losses_the_docs_quote(tmp_path):
-    """The README's first command as a new user runs it (its run folder aside), against every
-    loss figure the README and the training guide quote for it."""
-    result = run_cli("--local", "--storage-path", str(tmp_path))
-    assert result.returncode == 0, result.stderr[-4000:]
-    summary = last_line_summary(result.stdout)
-    quoted = [
-        (document.name, key, float(figure))
-        for document in DOCUMENTS_QUOTING_THE_MAIN_JOB
-        for key, figure in QUOTED_LOSSES.findall(document.read_text())
-    ]
-    assert {key for _, key, _ in quoted} == {"loss_first", "loss_last"}
-    for document, key, figure in quoted:
-        assert summary[key] == pytest.approx(figure, abs=QUOTE_TOLERANCE[key]), (
-            f"{document} quotes {key} {figure}: the run gave {summary[key]}"
-        )
-    # Two lines per step (the readable one and TRAIN_STEP), as both documents say.
-    assert len(step_lines(result.stdout)) == summary["steps"]
-    assert sum(" | loss " in line for line in result.stdout.splitlines()) == summary["steps"]
 
 
 def test_last_stdout_line_is_the_run_summary(full_run):

@@ -82,6 +82,17 @@ def test_init_from_and_resume_from_do_not_combine(tmp_path):
         parse_flags(["--init-from", "/no/such"])
 
 
+def test_a_resume_with_nothing_left_to_train_is_refused_at_parse(tmp_path):
+    """Read from the checkpoint's train_state.json on the launching machine, before any worker."""
+    (tmp_path / "train_state.json").write_text('{"step": 8}')
+    with pytest.raises(ValueError) as refused:
+        parse_flags(["--resume-from", str(tmp_path), "--steps", "8"])
+    assert str(refused.value) == (
+        f"{tmp_path} is at step 8: --steps 8 leaves nothing to train; pass --steps > 8"
+    )
+    assert parse_flags(["--resume-from", str(tmp_path), "--steps", "9"]).steps == 9
+
+
 def test_a_resume_on_another_world_size_continues_at_the_next_global_sample():
     """Steps 1-3 at 2 workers x batch 3 took the epoch's samples 0-17; at 1 worker the run goes on
     with samples 18-20, then 21-23, ...; past the epoch's end it starts the next epoch's order."""

@@ -200,7 +200,6 @@ def test_diff_reruns_when_what_the_pods_run_changes(world: World):
 # --- Create ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_it(world: World):
     world.host.configure(STACK_CONFIG)
     started = time.monotonic()

@@ -11,7 +11,7 @@ import sys
 
 from training.config import TrainConfig, parse_args
 from training.errors import RunFailedError, UsageError
-from training.preflight import check_model_files, check_packages
+from training.preflight import check_model_files, check_packages, check_worker_group
 from training.report import format_summary
 
 PROGRAM = "python -m training"
@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(config: TrainConfig) -> int:
     try:
+        if config.launcher == "ray":
+            check_worker_group(config)
         check_model_files(config)
         check_packages(config)
         if config.launcher == "torchrun":

@@ -133,16 +133,16 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
     for flag, folder in (("--resume-from", config.resume_from), ("--init-from", config.init_from)):
         if paths_here and folder and not is_uri(folder) and not Path(folder, TRAIN_STATE_FILE).is_file():
             raise ValueError(f"{flag} {folder!r}: not a checkpoint folder (no {TRAIN_STATE_FILE})")
-    if paths_here and config.resume_from and not is_uri(config.resume_from):
-        # Here, before any worker starts; a checkpoint in a URI is read, and judged, by rank 0.
-        state = json.loads(Path(config.resume_from, TRAIN_STATE_FILE).read_text())
-        if problem := nothing_left_to_train(state["step"], config.steps, config.resume_from):
-            raise ValueError(problem)
     if config.resume_from and config.init_from:
         raise ValueError(
             "--resume-from continues a run (optimizer, step, data); --init-from takes a checkpoint's "
             "weights alone: give one"
         )
+    if paths_here and config.resume_from and not is_uri(config.resume_from):
+        # Here, before any worker starts; a checkpoint in a URI is read, and judged, by rank 0.
+        state = json.loads(Path(config.resume_from, TRAIN_STATE_FILE).read_text())
+        if problem := nothing_left_to_train(state.get("step", 0), config.steps, config.resume_from):
+            raise ValueError(problem)
     if paths_here and not config.synthetic_data and not is_uri(config.data):
         corpus_files(config.data)
     if config.eval_data == SYNTHETIC:

@@ -15,11 +15,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import socket
 import tempfile
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -54,6 +53,7 @@ from training.data import (
     tokenize_batch,
 )
 from training.errors import DivergedError, RunFailedError, UsageError
+from training.preflight import WorkerGroupSettings, check_worker_group, cluster_address
 from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 
 # Ray Train's controller takes each worker's report off a one-slot queue when it
@@ -62,24 +62,8 @@ from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs
 # Ray hands to the controller) asks for a shorter poll.
 CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
-JOIN_TIMEOUT_S = 10  # to reach RAY_ADDRESS before `ray.init`, which would wait minutes
 DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
 USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with
-
-
-class WorkerGroupSettings(Protocol):
-    """What starting a worker group reads: the job's TrainConfig, the fabric probe's settings."""
-
-    @property
-    def local(self) -> bool: ...
-    @property
-    def workers(self) -> int | None: ...
-    @property
-    def use_gpu(self) -> bool: ...
-    @property
-    def gpus_per_worker(self) -> float: ...
-    @property
-    def cpus_per_worker(self) -> float: ...
 
 
 class RaySession:
@@ -223,49 +207,10 @@ def cached_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> Ca
     return entry
 
 
-def _cluster_address() -> str:
-    """The Ray cluster the user meant: RAY_ADDRESS, which Ray's job supervisor sets for every job
-    driver on a cluster (ray/dashboard/modules/job/job_supervisor.py, `_get_driver_env_vars`).
-    Never `auto`, which joins whatever Ray runs on this machine, another user's embedded one
-    included. A `host:port` that does not accept a TCP connection within JOIN_TIMEOUT_S is a
-    usage error: `ray.init` would wait for its GCS for minutes."""
-    address = os.environ.get("RAY_ADDRESS", "").strip()
-    if not address:
-        raise UsageError(
-            "no Ray cluster given: set RAY_ADDRESS to the head's host:port (Ray jobs on a cluster "
-            "have it set), or pass --local to start one in this process"
-        )
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if host and port.isdigit():
-        try:
-            socket.create_connection((host, int(port)), timeout=JOIN_TIMEOUT_S).close()
-        except OSError as error:
-            raise UsageError(
-                f"RAY_ADDRESS={address}: no Ray cluster answers there ({error}); start one, fix the "
-                "address, or pass --local to start one in this process"
-            ) from error
-    return address
-
-
-def _local_cpu_workers_max() -> int:
-    """An embedded Ray on CPU gives each worker a process and its share of the cores: more workers
-    than CPUs only thrash (each gloo step waits for the slowest). Two, the default run's, always go."""
-    return max(os.cpu_count() or 1, 2)
-
-
-def _check_local_fit(config: WorkerGroupSettings) -> None:
-    most = _local_cpu_workers_max()
-    if config.local and not config.use_gpu and config.workers is not None and config.workers > most:
-        raise UsageError(
-            f"--local --workers {config.workers}: this machine has {os.cpu_count()} CPUs; a local CPU "
-            f"run takes at most one worker per CPU (--workers {most} or fewer)"
-        )
-
-
 def _start_ray(config: WorkerGroupSettings) -> None:
     plain_prefixes_unless_terminal()
     if not config.local:
-        ray.init(address=_cluster_address())
+        ray.init(address=cluster_address())
         quiet_driver_logs()
         return
     workers = config.workers or 1
@@ -309,7 +254,7 @@ def _worker_count(config: WorkerGroupSettings) -> int:
 @contextlib.contextmanager
 def _worker_group(settings: WorkerGroupSettings) -> Iterator[int]:
     """A Ray cluster joined or started for the run, and how many workers it runs."""
-    _check_local_fit(settings)
+    check_worker_group(settings)
     _start_ray(settings)
     try:
         yield _worker_count(settings)
