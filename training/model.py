@@ -317,16 +317,22 @@ class CausalLMWithFusedLoss(nn.Module):
         """The summed loss over `normalizer`: the step's `global_normalizer` over all its
         micro-batches' labels, or, when None, over these labels alone (a step of one batch).
         `position_ids` that restart inside a row confine each document's attention to itself.
-        With FlexAttention, `document_ids` give the one block mask every layer takes; otherwise
+        With FlexAttention, `document_ids` (None: one document a row) give the one block mask
+        every layer takes; otherwise
         transformers reads the positions as packed sequences (attention mask None, no cache) and
         builds the block-diagonal causal mask, which reads them back to the host once."""
         labels = labels.flatten()
         if normalizer is None:
             normalizer = global_normalizer(labels)
-        flex = self.causal_lm.config._attn_implementation == ATTENTION_KERNELS["flex"]
-        extra: dict[str, Any] = {"kernel_options": self.flex_tiles} if flex and self.flex_tiles else {}
-        if flex and document_ids is not None:
+        extra: dict[str, Any] = {}
+        if self.causal_lm.config._attn_implementation == ATTENTION_KERNELS["flex"]:
+            # Rows without a document start get the same mask (one document each), so the compiled
+            # layers see one mask function and never recompile for transformers' causal one.
+            if document_ids is None:
+                document_ids = torch.zeros_like(input_ids, dtype=torch.int32)
             extra["attention_mask"] = document_block_mask(document_ids)
+            if self.flex_tiles:
+                extra["kernel_options"] = self.flex_tiles
         hidden = self.causal_lm.model(
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
         ).last_hidden_state
