@@ -326,10 +326,13 @@ class CausalLMWithFusedLoss(nn.Module):
             normalizer = global_normalizer(labels)
         extra: dict[str, Any] = {}
         if self.causal_lm.config._attn_implementation == ATTENTION_KERNELS["flex"]:
-            # Rows without a document start get the same mask (one document each), so the compiled
-            # layers see one mask function and never recompile for transformers' causal one.
+            # Rows without a document start get the same mask (one document each) and positions of
+            # the batch's shape, so the compiled layers see one mask function and one rotary shape
+            # and never recompile for transformers' causal mask or its [1, seq] positions.
             if document_ids is None:
                 document_ids = torch.zeros_like(input_ids, dtype=torch.int32)
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
             extra["attention_mask"] = document_block_mask(document_ids)
             if self.flex_tiles:
                 extra["kernel_options"] = self.flex_tiles
