@@ -137,9 +137,10 @@ def small_shared_memory(device: torch.device) -> dict[str, Any]:
         "head_dim": head_dim,
         "this_gpu": {
             "capability": list(torch.cuda.get_device_capability(device)),
-            "shared_memory_per_block_optin": torch.cuda.get_device_properties(
-                device
-            ).shared_memory_per_block_optin,
+            # Not in CPU builds' type stubs; read on the device.
+            "shared_memory_per_block_optin": getattr(
+                torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None
+            ),
             "torch_tiles": torch_tiles(head_dim),
             "compile_errors": [flex_compile_error(architecture, device, tiles) for tiles in TILE_CHOICES],
         },
