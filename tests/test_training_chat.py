@@ -270,6 +270,19 @@ def test_auto_isolates_conversations_and_the_document_after_one():
     assert model_batch(rows, CPU).position_ids is not None
 
 
+def test_a_gpu_run_packs_every_text_document_isolated_by_default(tmp_path):
+    """The packer of a run with --gpu flags each text document's start (`auto` on GPUs); the
+    same corpus without --gpu packs the text causally, as before."""
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": f"document {i} " * 5}) + "\n" for i in range(12))
+    )
+    argv = ["--data", str(tmp_path / "docs.jsonl"), "--seq-len", "64", "--storage-path", str(tmp_path)]
+    on_gpus = in_process_corpus(parse_flags([*argv, "--gpu"])).rows
+    on_cpus = in_process_corpus(parse_flags(argv)).rows
+    assert (on_gpus & DOCUMENT_START).sum() >= 10 and not (on_cpus & DOCUMENT_START).any()
+    assert np.array_equal(on_gpus & TOKEN_ID, on_cpus & TOKEN_ID)
+
+
 # FlexAttention compiles its kernel on first use (about 13 s on the CPU), so it runs with the slow tests.
 @pytest.mark.parametrize("attention", ["sdpa", pytest.param("flex", marks=pytest.mark.slow)])
 def test_a_packed_document_sees_only_itself_when_isolated(attention):
