@@ -1,6 +1,7 @@
 """The attention kernel a run trains with, and the FlexAttention mask of its isolated documents.
 
-`--attention auto` (the presets' default) is FlexAttention on GPUs. Its Triton kernels are
+`--attention auto` (the presets' default) is FlexAttention on GPUs where documents are isolated
+(`TrainConfig.wanted_attention`). Its Triton kernels are
 compiled on the device, and a GPU whose shared memory cannot hold the tiles Inductor picks (an L4
 has 99 KiB a block, an H200 227 KiB) fails that compile. So before any model exists a run
 compiles flex's forward and backward once on a small problem of the model's head shape: with
@@ -24,6 +25,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from training.config import TrainConfig
 from training.errors import UsageError
+from training.preflight import first_line
 
 # The BlockMask's block: tokens per query and key block that are skipped or computed together
 # (torch's default, which every kernel tile below divides).
@@ -43,11 +45,6 @@ SMALL_TILES: dict[str, Any] = {
 }
 # The tile choices tried in turn: None is torch's own (per GPU generation, head_dim and dtype).
 TILE_CHOICES: tuple[dict[str, Any] | None, ...] = (None, SMALL_TILES)
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:200] if text else ''}"
 
 
 def document_mask_mod(document_ids: torch.Tensor) -> Callable[..., torch.Tensor]:
@@ -103,7 +100,7 @@ def flex_compile_error(architecture: Any, device: torch.device, tiles: dict[str,
         out.float().sum().backward()
         torch.cuda.synchronize(device)
     except Exception as error:  # any compile or launch failure means: not this kernel here
-        return first_line(error)
+        return f"{type(error).__name__}: {first_line(error)[:200]}"
     return None
 
 

@@ -318,9 +318,9 @@ class CausalLMWithFusedLoss(nn.Module):
         micro-batches' labels, or, when None, over these labels alone (a step of one batch).
         `position_ids` that restart inside a row confine each document's attention to itself.
         With FlexAttention, `document_ids` (None: one document a row) give the one block mask
-        every layer takes; otherwise
-        transformers reads the positions as packed sequences (attention mask None, no cache) and
-        builds the block-diagonal causal mask, which reads them back to the host once."""
+        every layer takes; otherwise transformers reads the positions as packed sequences
+        (attention mask None, no cache) and builds the block-diagonal causal mask, which reads
+        them back to the host once."""
         labels = labels.flatten()
         if normalizer is None:
             normalizer = global_normalizer(labels)
