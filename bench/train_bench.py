@@ -5,10 +5,14 @@ AWS's EKS + Ray Train reference sample (its train.py: pure bf16 weights, plain
 AdamW, the Hugging Face loss, seq 128 x batch 1); (2) a naive FSDP2 loop (bf16
 mixed precision, the Hugging Face loss, default AdamW), eager and compiled, as
 the baseline a tuned loop must beat; (3) our tuned loop, `training.loop.train`
-itself, in several shapes; and (4) the candidates for the `throughput` preset
+itself, in several shapes, on causal rows and on rows of isolated documents (FlexAttention,
+the GPU default, or SDPA), with MFU counted as causal and on the attention done; and (4) the
+candidates for the `throughput` preset
 at world size 8, emulated with torch's fake process group (collectives are
 no-ops, every buffer is allocated as on a real rank): per-rank peak memory
-and per-rank tokens/s. It also checks the fused loss against the plain one.
+and per-rank tokens/s. It also checks the fused loss against the plain one, and with
+--flex-parity-steps trains isolated documents of a real corpus with SDPA and with flex from
+one seed and compares the losses.
 One JSON line per result, a table last, and all of it in --out.
 
     python -m bench.train_bench --out bench/results/h200.json

@@ -176,3 +176,30 @@ def test_flex_with_the_job_mask_gives_sdpas_loss_on_causal_and_isolated_rows():
                 for kernel, model in models.items()
             }
         torch.testing.assert_close(losses["flex"], losses["sdpa"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_tiles_the_check_picked_reach_every_layers_flex_call(monkeypatch):
+    """The model hands `flex_tiles` to transformers' flex call of each decoder layer (forward on the
+    CPU, which takes the options; the GPU compiles them into the kernels)."""
+    import transformers.integrations.flex_attention as flex_integration
+
+    from training.model import CausalLMWithFusedLoss, build_causal_lm
+
+    config = parse_flags(["--preset", "tiny", "--gpu", "--attention", "flex"])
+    architecture = load_architecture(config)
+    model = CausalLMWithFusedLoss(build_causal_lm(config, architecture, CPU), 64, SMALL_TILES).eval()
+    seen = []
+    original = flex_integration.compile_friendly_flex_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("kernel_options"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flex_integration, "compile_friendly_flex_attention", spy)
+    batch = model_batch(np.random.default_rng(0).integers(0, 256, size=(2, 129), dtype=np.int32), CPU)
+    with torch.no_grad():
+        assert torch.isfinite(
+            model(batch.input_ids, batch.labels, None, batch.position_ids, batch.document_ids)
+        )
+    assert seen == [SMALL_TILES] * architecture.num_hidden_layers
