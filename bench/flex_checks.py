@@ -99,9 +99,14 @@ def isolation(model_config: str, dtype: torch.dtype, device: torch.device) -> di
 @contextlib.contextmanager
 def shared_memory_limit(max_shared_bytes: int, capability: tuple[int, int]) -> Iterator[None]:
     """Inductor picks tiles as for `capability`, and Triton refuses to load a kernel that needs
-    more than `max_shared_bytes` of shared memory a block (its check of the device's limit)."""
+    more than `max_shared_bytes` of shared memory a block (its check of the device's limit); the
+    kernels are still compiled for this GPU."""
+    from torch._inductor.runtime.hints import DeviceProperties
     from triton.runtime import driver
 
+    # Inductor caches each device's properties, its compile target among them, on first use: fix
+    # them to this GPU's now, so that kernels compiled under the patch still run here.
+    DeviceProperties.create(torch.device("cuda", torch.cuda.current_device()))
     utils = driver.active.utils
     real_properties, real_capability = utils.get_device_properties, torch.cuda.get_device_capability
 
