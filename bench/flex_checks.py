@@ -7,8 +7,9 @@
   fail. The tiny model in float32 and the Qwen2.5-1.5B architecture in bf16, random weights.
 - Small shared memory: the start-up compile check (`training.attention.flex_compile_error`) of the
   Qwen2.5-1.5B head shape with each tile choice the job tries, with Inductor picking tiles as for
-  an L4 (sm_89) and Triton refusing kernels above the L4's 99 KiB of shared memory a block, and the
-  tiles torch picks there. The kernels are compiled for this GPU, so this approximates an L4.
+  an L4 (sm_89) and any kernel above the L4's 99 KiB of shared memory a block refused at load, the
+  tiles torch picks there and the shared memory each flex kernel needs. The kernels are compiled
+  for this GPU (sm_90), whose needs can differ from sm_89's, so this approximates an L4.
 - Fallback (`--fallback-only`): the job's loop with `--attention auto` on isolated documents where
   the compile check cannot fit any tiles (a shared-memory limit of 8 KiB for the check alone): one
   warning line, then training with SDPA.
@@ -97,30 +98,43 @@ def isolation(model_config: str, dtype: torch.dtype, device: torch.device) -> di
 
 
 @contextlib.contextmanager
-def shared_memory_limit(max_shared_bytes: int, capability: tuple[int, int]) -> Iterator[None]:
-    """Inductor picks tiles as for `capability`, and Triton refuses to load a kernel that needs
-    more than `max_shared_bytes` of shared memory a block (its check of the device's limit); the
-    kernels are still compiled for this GPU."""
+def shared_memory_limit(max_shared_bytes: int, capability: tuple[int, int]) -> Iterator[list[list[Any]]]:
+    """Inductor picks tiles as for `capability`, and a kernel that needs more than
+    `max_shared_bytes` of shared memory a block is refused when it is loaded (Triton's
+    OutOfResources), as on a GPU of that limit; the kernels are still compiled for this GPU. Yields
+    the [name, shared bytes] of every kernel loaded meanwhile."""
     from torch._inductor.runtime.hints import DeviceProperties
+    from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    from torch._inductor.runtime.triton_compat import OutOfResources
     from triton.runtime import driver
 
     # Inductor caches each device's properties, its compile target among them, on first use: fix
     # them to this GPU's now, so that kernels compiled under the patch still run here.
     DeviceProperties.create(torch.device("cuda", torch.cuda.current_device()))
+    loaded: list[list[Any]] = []
     utils = driver.active.utils
     real_properties, real_capability = utils.get_device_properties, torch.cuda.get_device_capability
+    real_load = StaticallyLaunchedCudaKernel.load_kernel
 
-    def properties(device: Any) -> dict[str, Any]:
+    def properties(device: Any) -> dict[str, Any]:  # Triton's own launcher reads the limit here
         return {**real_properties(device), "max_shared_mem": max_shared_bytes}
+
+    def load_kernel(kernel: Any, device: int) -> None:  # Inductor's static launcher: check it here
+        loaded.append([kernel.name, kernel.shared])
+        if kernel.shared > max_shared_bytes:
+            raise OutOfResources(kernel.shared, max_shared_bytes, "shared memory")
+        real_load(kernel, device)
 
     utils.get_device_properties = properties
     torch.cuda.get_device_capability = lambda device=None: capability
+    StaticallyLaunchedCudaKernel.load_kernel = load_kernel  # type: ignore[method-assign,assignment]
     torch._dynamo.reset()
     try:
-        yield
+        yield loaded
     finally:
         utils.get_device_properties = real_properties
         torch.cuda.get_device_capability = real_capability
+        StaticallyLaunchedCudaKernel.load_kernel = real_load  # type: ignore[method-assign]
         torch._dynamo.reset()
 
 
@@ -153,13 +167,18 @@ def small_shared_memory(device: torch.device) -> dict[str, Any]:
             "compile_errors": [flex_compile_error(architecture, device, tiles) for tiles in TILE_CHOICES],
         },
     }
-    with shared_memory_limit(L4_SHARED_MEMORY_BYTES, L4_CAPABILITY):
-        result["as_l4"] = {
-            "capability": list(L4_CAPABILITY),
-            "max_shared_bytes": L4_SHARED_MEMORY_BYTES,
-            "torch_tiles": torch_tiles(head_dim),
-            "compile_errors": [flex_compile_error(architecture, device, tiles) for tiles in TILE_CHOICES],
-        }
+    for label, limit, capability in (
+        ("as_l4", L4_SHARED_MEMORY_BYTES, L4_CAPABILITY),
+        ("this_gpu_tiles_loaded", 1 << 30, torch.cuda.get_device_capability(device)),
+    ):
+        with shared_memory_limit(limit, capability) as loaded:
+            result[label] = {
+                "capability": list(capability),
+                "max_shared_bytes": limit,
+                "torch_tiles": torch_tiles(head_dim),
+                "compile_errors": [flex_compile_error(architecture, device, tiles) for tiles in TILE_CHOICES],
+                "flex_kernels_shared_bytes": [entry for entry in loaded if "flex" in entry[0]],
+            }
     result["tile_choices"] = [tiles or "torch's own" for tiles in TILE_CHOICES]
     return result
 
@@ -175,9 +194,9 @@ def fallback_run(device: torch.device, max_shared_bytes: int = 8 * 1024) -> dict
 
     real_check = training.attention.flex_compile_error
 
-    def limited_check(architecture: Any, on: torch.device, tiles: dict[str, Any] | None) -> str | None:
+    def limited_check(architecture: Any, device: torch.device, tiles: dict[str, Any] | None) -> str | None:
         with shared_memory_limit(max_shared_bytes, L4_CAPABILITY):
-            return real_check(architecture, on, tiles)
+            return real_check(architecture, device, tiles)
 
     spec = {"seq_len": 1024, "batch_size": 4, "compile": True, "attention": "auto", "documents": 4}
     config = tuned_config("qwen2.5-1.5b", 4, spec)
@@ -227,20 +246,19 @@ def main() -> None:
         with open(args.out, "w") as handle:
             json.dump(report, handle, indent=2)
 
-    if args.fallback_only:
-        report["fallback"] = fallback_run(device)
-        print(json.dumps(report["fallback"], indent=1), flush=True)
+    if not args.fallback_only:
+        for model_config, dtype in (("tiny", torch.float32), ("qwen2.5-1.5b", torch.bfloat16)):
+            report["isolation"].append(isolation(model_config, dtype, device))
+            print(json.dumps(report["isolation"][-1]), flush=True)
+            save()
+        try:
+            report["small_shared_memory"] = small_shared_memory(device)
+        except Exception as error:  # the check leans on torch and Triton internals; record, do not stop
+            report["small_shared_memory"] = {"error": f"{type(error).__name__}: {str(error)[:500]}"}
+        print(json.dumps(report["small_shared_memory"], indent=1), flush=True)
         save()
-        return
-    for model_config, dtype in (("tiny", torch.float32), ("qwen2.5-1.5b", torch.bfloat16)):
-        report["isolation"].append(isolation(model_config, dtype, device))
-        print(json.dumps(report["isolation"][-1]), flush=True)
-        save()
-    try:
-        report["small_shared_memory"] = small_shared_memory(device)
-    except Exception as error:  # the check leans on torch and Triton internals; record, do not stop
-        report["small_shared_memory"] = {"error": f"{type(error).__name__}: {str(error)[:500]}"}
-    print(json.dumps(report["small_shared_memory"], indent=1), flush=True)
+    report["fallback"] = fallback_run(device)
+    print(json.dumps(report["fallback"], indent=1), flush=True)
     save()
 
 
