@@ -5,10 +5,14 @@ AWS's EKS + Ray Train reference sample (its train.py: pure bf16 weights, plain
 AdamW, the Hugging Face loss, seq 128 x batch 1); (2) a naive FSDP2 loop (bf16
 mixed precision, the Hugging Face loss, default AdamW), eager and compiled, as
 the baseline a tuned loop must beat; (3) our tuned loop, `training.loop.train`
-itself, in several shapes; and (4) the candidates for the `throughput` preset
+itself, in several shapes, on causal rows and on rows of isolated documents (FlexAttention,
+the GPU default, or SDPA), with MFU counted as causal and on the attention done; and (4) the
+candidates for the `throughput` preset
 at world size 8, emulated with torch's fake process group (collectives are
 no-ops, every buffer is allocated as on a real rank): per-rank peak memory
-and per-rank tokens/s. It also checks the fused loss against the plain one.
+and per-rank tokens/s. It also checks the fused loss against the plain one, and with
+--flex-parity-steps trains isolated documents of a real corpus with SDPA and with flex from
+one seed and compares the losses.
 One JSON line per result, a table last, and all of it in --out.
 
     python -m bench.train_bench --out bench/results/h200.json
@@ -31,13 +35,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from training.attention import FLEX_BLOCK
 from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
 from training.corpus_cache import in_process_corpus, in_process_rows
-from training.flops import flops_per_token, mfu, num_params, peak_flops
+from training.data import DOCUMENT_START, PackedCorpus
+from training.flops import attended_share, flops_per_token, mfu, num_params, peak_flops
 from training.loop import build, train, train_step
 from training.loss import (
     IGNORE_INDEX,
@@ -47,7 +54,11 @@ from training.loss import (
     global_normalizer,
 )
 from training.metrics import GIB
-from training.model import model_batch
+from training.model import load_architecture, model_batch
+
+# Documents a row in the isolated variants: 512 tokens each at seq 4096, an instruction-tuning
+# length (the rows of bench/results/h200-document-attention-compiled.json).
+DOCUMENTS_PER_ROW = 8
 
 # Liger Kernel's Triton replacements (GPU only): the decoder layer's parts, and its fused
 # lm_head + cross-entropy in place of training.loss's.
@@ -111,6 +122,27 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         for steps in (2, 4, 8)
         for batch in (10, 12)
     },
+    # Isolated documents (DOCUMENTS_PER_ROW a row) with FlexAttention, the GPU default, in the
+    # shapes of the fastest causal loops; and with SDPA, which computes the masked blocks.
+    **{
+        f"tuned-compiled-isolated-{kernel}-4096x12": {
+            "seq_len": 4096,
+            "batch_size": 12,
+            "compile": True,
+            "attention": kernel,
+            "documents": DOCUMENTS_PER_ROW,
+        }
+        for kernel in ("flex", "sdpa")
+    },
+    "tuned-compiled-accum8-deferred-isolated-flex-4096x10": {
+        "seq_len": 4096,
+        "batch_size": 10,
+        "compile": True,
+        "grad_accum_steps": 8,
+        "defer_grad_sync": True,
+        "attention": "flex",
+        "documents": DOCUMENTS_PER_ROW,
+    },
     "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},
     "tuned-compiled-float8-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "float8": True},
 }
@@ -130,7 +162,7 @@ DEFAULT_VARIANTS = [
     "tuned-compiled-float8-4096x12",
 ]
 # Keys of a variant that are not TrainConfig fields but switches of the benchmark.
-SWITCHES = ("liger", "no_cudnn_attention", "autotune", "coordinate_descent", "cublaslt")
+SWITCHES = ("liger", "no_cudnn_attention", "autotune", "coordinate_descent", "cublaslt", "documents")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
@@ -171,11 +203,14 @@ L4_BUDGET_GIB = 20.0
 class BenchSession:
     """Rank 0 of a (real or fake) process group: synthetic data, no checkpoints."""
 
-    def __init__(self, world_size: int, local_world_size: int, device: torch.device) -> None:
+    def __init__(
+        self, world_size: int, local_world_size: int, device: torch.device, rows: np.ndarray | None = None
+    ) -> None:
         self.rank = 0
         self.world_size = world_size
         self.local_world_size = local_world_size
         self.device = device
+        self.rows = rows  # the benchmark's own stored rows (documents_rows), else the config's corpus
         self.summary: dict[str, Any] | None = None
         self.history: list[dict[str, Any]] = []
 
@@ -188,7 +223,9 @@ class BenchSession:
         yield location
 
     def corpus(self, config: TrainConfig) -> Any:
-        """Rows of a local corpus read in this process, as under torchrun."""
+        """The benchmark's rows, or those of a local corpus read in this process, as under torchrun."""
+        if self.rows is not None:
+            return PackedCorpus(self.rows, "bench-documents")
         return in_process_corpus(config)
 
     def eval_rows(self, config: TrainConfig) -> Any:
@@ -355,6 +392,8 @@ def liger_kernels(parts: tuple[str, ...]) -> Iterator[None]:
 def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainConfig:
     """One GPU has memory to spare: no recompute, and layers stay gathered for backward."""
     overrides = {key: value for key, value in spec.items() if key not in SWITCHES}
+    # Rows of isolated documents come from the session (`documents_rows`), as a corpus of ids.
+    corpus = {"data": DOCUMENT_ROWS, "tokenizer": BYTE_TOKENIZER} if spec.get("documents") else {}
     return benchmark_config(
         model_config,
         steps,
@@ -362,9 +401,52 @@ def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainCo
             "reshard_after_forward": False,
             "hsdp_replicas": 1,
             "activation_checkpointing": False,
+            "attention": "sdpa",  # the causal loops' cuDNN kernel, as every earlier figure
+            **corpus,
             **overrides,
         },
     )
+
+
+# The `data` of a variant trained on `documents_rows` (the session hands them over).
+DOCUMENT_ROWS = "bench-document-rows"
+
+
+def documents_rows(rows: int, seq_len: int, documents: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+    """Stored rows of random ids, each row `documents` isolated documents of seq_len / documents
+    tokens (a DOCUMENT_START flag at each one's first token)."""
+    generator = np.random.default_rng(seed)
+    stored = generator.integers(0, vocab_size, size=(rows, seq_len + 1), dtype=np.int32)
+    stored[:, : seq_len + 1 : seq_len // documents] |= DOCUMENT_START
+    return stored
+
+
+def attention_shares(spec: dict[str, Any]) -> dict[str, float]:
+    """How much of the seq × seq score matrix a variant's mask leaves: `attended` query-key pairs
+    (causal inside each document), and for flex the `blocks` of FLEX_BLOCK² its kernel computes."""
+    seq, documents = spec["seq_len"], spec.get("documents", 1)
+    length = seq // documents
+    shares = {"attended": attended_share([[length] * documents], seq)}
+    if spec.get("attention") == "flex" and length % FLEX_BLOCK == 0:
+        # Each document's blocks on and below its diagonal; the diagonal ones are computed whole.
+        per_document = length // FLEX_BLOCK
+        shares["blocks"] = documents * per_document * (per_document + 1) / 2 / (seq // FLEX_BLOCK) ** 2
+    return shares
+
+
+def mfu_counts(
+    architecture: Any, spec: dict[str, Any], tokens_per_s: float, peak: float | None
+) -> dict[str, Any]:
+    """MFU two ways: `mfu` counts attention as over the whole causal row, 12·L·H·S per token, as
+    every earlier figure (and `mfu_causal` half that); `mfu_done` counts the attention FLOPs the
+    mask leaves (the pairs inside each document: the masked blocks skipped)."""
+    shares = attention_shares(spec)
+    seq = spec["seq_len"]
+    return {
+        "mfu_done": mfu(tokens_per_s, flops_per_token(architecture, seq, attended=shares["attended"]), peak),
+        "attended_share": shares["attended"],
+        "flex_blocks_share": shares.get("blocks"),
+    }
 
 
 @contextlib.contextmanager
@@ -397,7 +479,12 @@ def tuned_run(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -
     """`training.loop.train` on a 1-rank group under the variant's switches; the session holds
     its summary and per-step history."""
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
-    session = BenchSession(1, 1, device)
+    rows = None
+    if spec.get("documents"):
+        vocab_size = load_architecture(config).vocab_size
+        count = config.steps * config.batch_size * config.grad_accum_steps
+        rows = documents_rows(count, config.seq_len, spec["documents"], vocab_size, config.seed)
+    session = BenchSession(1, 1, device, rows)
     with switches(spec):
         train(config, session)
     assert session.summary is not None
@@ -435,6 +522,46 @@ def float8_parity(
         f"mean_loss_last_{tail}_steps": last,
         "relative_difference_last_steps": (last["float8"] - last["bf16"]) / last["bf16"],
         "max_abs_difference": max(abs(a - b) for a, b in zip(curves["bf16"], curves["float8"], strict=True)),
+        "losses": curves,
+    }
+
+
+def kernel_parity(
+    model_config: str, device: torch.device, data: str, steps: int, spec: dict[str, Any]
+) -> dict[str, Any]:
+    """The same run (weights, rows, order) of isolated documents with SDPA and with flex, on a
+    real-text corpus read as bytes: both loss curves and how far apart they are, step by step."""
+    run = {
+        **spec,
+        "data": data,
+        "tokenizer": BYTE_TOKENIZER,
+        "document_attention": "isolated",
+        "lr": 3e-4,
+        "warmup_steps": 10,
+    }
+    curves: dict[str, list[float]] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    for kernel in ("sdpa", "flex"):
+        run_spec = {**run, "attention": kernel}
+        session = tuned_run(tuned_config(model_config, steps, run_spec), device, run_spec)
+        assert session.summary is not None
+        curves[kernel] = [row["loss"] for row in session.history]
+        summaries[kernel] = {key: session.summary[key] for key in ("tokens_per_s", "mfu", "peak_mem_gib")}
+        release_memory()
+    differences = [flex - sdpa for sdpa, flex in zip(curves["sdpa"], curves["flex"], strict=True)]
+    tail = max(1, steps // 5)
+    last = {kernel: statistics.mean(curve[-tail:]) for kernel, curve in curves.items()}
+    return {
+        "name": "flex-parity",
+        **run,
+        "steps": steps,
+        "summaries": summaries,
+        "loss_first": {kernel: curve[0] for kernel, curve in curves.items()},
+        "loss_last": {kernel: curve[-1] for kernel, curve in curves.items()},
+        f"mean_loss_last_{tail}_steps": last,
+        "relative_difference_last_steps": (last["flex"] - last["sdpa"]) / last["sdpa"],
+        "mean_difference": statistics.mean(differences),
+        "max_abs_difference": max(abs(d) for d in differences),
         "losses": curves,
     }
 
@@ -484,8 +611,15 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
         model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
     shape = (config.batch_size, config.seq_len + 1)
     micro_batches = [
-        model_batch(torch.randint(0, architecture.vocab_size, shape).numpy(), device)
-        for _ in range(config.grad_accum_steps)
+        model_batch(
+            documents_rows(
+                config.batch_size, config.seq_len, spec["documents"], architecture.vocab_size, index
+            )
+            if spec.get("documents")
+            else torch.randint(0, architecture.vocab_size, shape).numpy(),
+            device,
+        )
+        for index in range(config.grad_accum_steps)
     ]
 
     numbers = itertools.count(1)
@@ -511,6 +645,7 @@ PROFILED_LOOPS: dict[str, dict[str, Any]] = {
     "tuned-compiled": {"compile": True},
     "tuned-eager": {"compile": False},
     "tuned-compiled-liger": {"compile": True, "liger": LIGER_LAYER},
+    "tuned-compiled-isolated-flex": {"compile": True, "attention": "flex", "documents": DOCUMENTS_PER_ROW},
     "naive-eager": {"naive": True, "compile": False},
     "naive-compiled": {"naive": True, "compile": True},
 }
@@ -521,7 +656,6 @@ def make_step(
 ) -> Callable[[], torch.Tensor]:
     """A step closure of one of PROFILED_LOOPS, on GPU 0, for bench.profile_step; it returns
     the loss without reading it, so the caller chooses where the host waits for the GPU."""
-    from training.model import load_architecture
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -559,6 +693,7 @@ def naive_loop(
         "step_time_s": step_time,
         "tokens_per_s": tokens_per_s,
         "mfu": mfu(tokens_per_s, flops_per_token(architecture, spec["seq_len"]), peak),
+        **mfu_counts(architecture, spec, tokens_per_s, peak),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None,
         "loss_first": losses[0],
         "loss_last": losses[-1],
@@ -609,7 +744,14 @@ def main() -> None:
         default=0,
         help="train this many steps in bf16 and with --float8 on --parity-data and compare the losses",
     )
-    parser.add_argument("--parity-data", help="a real-text corpus folder for the float8 parity run")
+    parser.add_argument(
+        "--flex-parity-steps",
+        type=int,
+        default=0,
+        help="train this many steps of isolated documents of --parity-data with SDPA and with flex "
+        "and compare the losses",
+    )
+    parser.add_argument("--parity-data", help="a real-text corpus folder for the parity runs")
     parser.add_argument(
         "--memory-cap-gib",
         type=float,
@@ -621,8 +763,6 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     import transformers
-
-    from training.model import load_architecture
 
     architecture = load_architecture(benchmark_config(args.model_config, 1))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -641,6 +781,7 @@ def main() -> None:
         "memory_cap_gib": args.memory_cap_gib,
         "memory_at_world_size_8": [],
         "float8_parity": None,
+        "flex_parity": None,
     }
 
     def save() -> None:
@@ -693,6 +834,7 @@ def main() -> None:
             "tokens_per_s": summary["tokens_per_s"],
             "mfu": summary["mfu"],
             "mfu_causal": summary.get("mfu_causal"),
+            **mfu_counts(architecture, spec, summary["tokens_per_s"], peak_flops(gpu_name)),
             "peak_mem_gib": summary["peak_mem_gib"],
             "loss_first": summary["loss_first"],
             "loss_last": summary["loss_last"],
@@ -712,6 +854,17 @@ def main() -> None:
         )
         parity = report["float8_parity"]
         emit({key: value for key, value in parity.items() if key != "losses"})
+        save()
+
+    if args.flex_parity_steps:
+        report["flex_parity"] = kernel_parity(
+            args.model_config,
+            device,
+            args.parity_data,
+            args.flex_parity_steps,
+            {"seq_len": 4096, "batch_size": 4, "compile": True},
+        )
+        emit({key: value for key, value in report["flex_parity"].items() if key != "losses"})
         save()
 
     if args.memory_cap_gib and device.type == "cuda":
@@ -758,15 +911,28 @@ def main() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    print(f"\n{'variant':32} {'tokens/s':>10} {'MFU':>7} {'step s':>8} {'peak GiB':>9}")
+    print(
+        f"\n{'variant':52} {'tokens/s':>10} {'MFU':>7} {'done':>7} {'step s':>8} {'peak GiB':>9} {'loss':>15}"
+    )
     for row in report["variants"]:
         if row.get("oom") or row.get("error"):
-            print(f"{row['name']:32} {'out of memory' if row.get('oom') else row['error'][:60]}")
+            print(f"{row['name']:52} {'out of memory' if row.get('oom') else row['error'][:60]}")
             continue
-        mfu_text = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+        mfu_text, done = (
+            "-" if row.get(key) is None else f"{100 * row[key]:.1f}%" for key in ("mfu", "mfu_done")
+        )
         memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
+        loss = f"{row['loss_first']:.3f}->{row['loss_last']:.3f}" if "loss_first" in row else ""
         print(
-            f"{row['name']:32} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {row['step_time_s']:>8.3f} {memory:>9}"
+            f"{row['name']:52} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {done:>7} "
+            f"{row['step_time_s']:>8.3f} {memory:>9} {loss:>15}"
+        )
+    flex = report["flex_parity"]
+    if flex:
+        print(
+            f"flex parity over {flex['steps']} steps: last loss sdpa {flex['loss_last']['sdpa']:.4f}, "
+            f"flex {flex['loss_last']['flex']:.4f}; max |difference| {flex['max_abs_difference']:.4f}, "
+            f"mean {flex['mean_difference']:+.4f}"
         )
     parity = report["float8_parity"]
     if parity:

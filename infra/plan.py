@@ -335,10 +335,24 @@ def plan_rows(plans: Sequence[StrategyPlan]) -> list[dict[str, Any]]:
     ]
 
 
+def mfu_basis(plan: StrategyPlan, gpu_name: str) -> str:
+    """Where the plan's MFU comes from: the benchmark case, and, when that ran on another GPU, that
+    the plan takes the same share of this GPU's peak (MFU_POINTS ran on synthetic tokens)."""
+    path = plan.mfu_source.split(" ", 1)[0]
+    measured_on = _record(path).get("gpu_name")
+    text = f"MFU {plan.mfu:.1%} from {plan.mfu_source}"
+    if measured_on and measured_on != gpu_name:
+        text += (
+            f", measured on one {measured_on} on causal rows and taken as the same share of the "
+            f"{gpu_name}'s bf16 peak, not measured on it"
+        )
+    return text
+
+
 def plan_table(plans: Sequence[StrategyPlan], cluster: Cluster, chosen: int | None) -> str:
     lines = [
         f"plan for {cluster.nodes} x {cluster.gpus_per_node} {cluster.gpu_name} at {cluster.line_rate_gbps:g} Gbps "
-        f"(MFU {plans[0].mfu:.1%} from {plans[0].mfu_source}):",
+        f"({mfu_basis(plans[0], cluster.gpu_name)}):",
         "  strategy     inter-node GB/step  compute s  comm s  step s  tokens/s  $/M tokens",
     ]
     for row in plans:

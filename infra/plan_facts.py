@@ -80,7 +80,9 @@ INSTANCES: dict[str, InstanceFact] = {
 FP8_GPUS = ("L4", "L40S", "H100", "H200")
 
 # Measured model FLOPs utilisation, as (file, list, case): the planner reads the number from the
-# benchmark record itself. Activation checkpointing changes the work per token, so a plan uses a
+# benchmark record itself. All ran on one H200 on synthetic tokens (causal rows, SDPA); isolated
+# documents with flex ran at more tokens/s (bench/results/h200-isolated-flex.json), so plans of
+# a corpus run are on the low side. Activation checkpointing changes the work per token, so a plan uses a
 # point with its own setting, the one nearest in tokens per micro-batch.
 MFU_POINTS = (
     ("bench/results/h200-throughput.json", "variants", "reference-bf16-adamw-128x1"),

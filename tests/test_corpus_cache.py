@@ -178,6 +178,9 @@ def test_every_input_of_the_rows_changes_the_key(corpus, tmp_path):
     keys["file rewritten"] = key_of(base)
     assert len(set(keys.values())) == len(keys), keys
     assert key_of(base) == key_of(config_for(corpus, tmp_path / "elsewhere"))  # not the root
+    # On GPUs `auto` isolates every document: the rows of `isolated`, so the same entry.
+    on_gpus = dataclasses.replace(base, use_gpu=True)
+    assert key_of(on_gpus) == key_of(dataclasses.replace(base, document_attention="isolated")) != key_of(base)
 
 
 def entry_folder(config) -> Path:

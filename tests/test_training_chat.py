@@ -270,12 +270,26 @@ def test_auto_isolates_conversations_and_the_document_after_one():
     assert model_batch(rows, CPU).position_ids is not None
 
 
+def test_a_gpu_run_packs_every_text_document_isolated_by_default(tmp_path):
+    """The packer of a run with --gpu flags each text document's start (`auto` on GPUs); the
+    same corpus without --gpu packs the text causally, as before."""
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": f"document {i} " * 5}) + "\n" for i in range(12))
+    )
+    argv = ["--data", str(tmp_path / "docs.jsonl"), "--seq-len", "64", "--storage-path", str(tmp_path)]
+    on_gpus = in_process_corpus(parse_flags([*argv, "--gpu"])).rows
+    on_cpus = in_process_corpus(parse_flags(argv)).rows
+    assert (on_gpus & DOCUMENT_START).sum() >= 10 and not (on_cpus & DOCUMENT_START).any()
+    assert np.array_equal(on_gpus & TOKEN_ID, on_cpus & TOKEN_ID)
+
+
 # FlexAttention compiles its kernel on first use (about 13 s on the CPU), so it runs with the slow tests.
 @pytest.mark.parametrize("attention", ["sdpa", pytest.param("flex", marks=pytest.mark.slow)])
 def test_a_packed_document_sees_only_itself_when_isolated(attention):
     """The logits of document 2 in a packed row equal those of document 2 run alone (float32),
     and the loss through the job's model over its labels equals its loss alone, with either
     attention kernel the job builds (flex forward only: FlexAttention has no CPU backward)."""
+    from training.attention import document_block_mask
     from training.config import parse_args
     from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
     from training.settings import ATTENTION_KERNELS
@@ -296,10 +310,12 @@ def test_a_packed_document_sees_only_itself_when_isolated(attention):
     assert batch.labels[0, second.start - 1] == IGNORE_INDEX
 
     alone_ids = torch.tensor(pieces[1] & TOKEN_ID, dtype=torch.int64).unsqueeze(0)
+    # With flex, the job's own block mask from the document ids (CausalLMWithFusedLoss's path).
+    mask = {"attention_mask": document_block_mask(batch.document_ids)} if attention == "flex" else {}
     with torch.no_grad():
         alone = causal_lm(input_ids=alone_ids, use_cache=False).logits[0]
         isolated = causal_lm(
-            input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+            input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **mask
         ).logits
         packed = causal_lm(input_ids=batch.input_ids, use_cache=False).logits
     torch.testing.assert_close(isolated[0, second], alone, rtol=1e-5, atol=1e-5)
@@ -309,6 +325,6 @@ def test_a_packed_document_sees_only_itself_when_isolated(attention):
     only_second = torch.full_like(batch.labels, IGNORE_INDEX)
     only_second[0, second.start : second.stop - 1] = batch.labels[0, second.start : second.stop - 1]
     with torch.no_grad():
-        in_the_row = model(batch.input_ids, only_second, None, batch.position_ids)
+        in_the_row = model(batch.input_ids, only_second, None, batch.position_ids, batch.document_ids)
         by_itself = model(alone_ids[:, :-1], alone_ids[:, 1:])
     torch.testing.assert_close(in_the_row, by_itself, rtol=1e-5, atol=1e-5)

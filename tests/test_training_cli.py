@@ -252,6 +252,49 @@ def test_flex_attention_without_gpus_is_refused_at_parse():
     assert parse_flags(["--preset", "throughput", "--attention", "flex"]).attention == "flex"
 
 
+@pytest.mark.parametrize(
+    ("argv", "kernel", "documents"),
+    [
+        # The GPU default: every document of a corpus isolated, with FlexAttention.
+        (["--preset", "throughput", "--data", "training/corpus"], "flex", "isolated"),
+        (["--preset", "smoke", "--data", "training/corpus"], "flex", "isolated"),
+        # A user can still ask for packing; causal rows keep cuDNN's causal SDPA kernel.
+        (
+            ["--preset", "throughput", "--data", "training/corpus", "--document-attention", "packed"],
+            "sdpa",
+            "packed",
+        ),
+        (["--preset", "throughput"], "sdpa", "isolated"),  # synthetic tokens have no documents
+        (["--preset", "throughput", "--data", "training/corpus", "--attention", "sdpa"], "sdpa", "isolated"),
+        # The CPU: SDPA (FlexAttention has no backward there), conversations alone isolated.
+        (["--preset", "tiny"], "sdpa", "auto"),
+        (["--preset", "throughput", "--data", "training/corpus", "--no-gpu"], "sdpa", "auto"),
+    ],
+)
+def test_isolated_documents_with_flex_are_the_gpu_default(argv, kernel, documents):
+    config = parse_flags(argv)
+    assert (config.wanted_attention, config.packing_attention) == (kernel, documents)
+
+
+def test_every_preset_leaves_the_attention_to_auto():
+    assert {(p["attention"], p["document_attention"]) for p in PRESETS.values()} == {("auto", "auto")}
+
+
+def test_the_stack_trains_isolated_documents_with_flex_by_default():
+    """The stack's `training` keys are the job's flags: left out, they take the same defaults."""
+    from infra.training_settings import job_arguments, parse_training
+
+    settings = parse_training({"preset": "throughput", "data": "training/corpus"})
+    args = job_arguments(settings, 8, 1, "s3://bucket/runs", ["training/corpus/a.txt"])
+    config = parse_flags(args, paths_here=False)
+    assert (config.wanted_attention, config.packing_attention) == ("flex", "isolated")
+    packed = parse_training(
+        {"preset": "throughput", "data": "training/corpus", "documentAttention": "packed"}
+    )
+    config = parse_flags(job_arguments(packed, 8, 1, "s3://b/r", ["training/corpus/a.txt"]), paths_here=False)
+    assert (config.wanted_attention, config.packing_attention) == ("sdpa", "packed")
+
+
 def test_deferred_grad_sync_without_accumulation_is_refused_at_parse():
     """With one micro-batch per step there is no reduce to defer: the flag would do nothing."""
     with pytest.raises(ArgumentsError, match=r"--defer-grad-sync .*set --grad-accum-steps > 1"):

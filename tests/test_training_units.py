@@ -112,6 +112,18 @@ def test_causal_figure_halves_the_attention_term():
     assert full - causal == 6 * QWEN["num_hidden_layers"] * QWEN["hidden_size"] * 4096
 
 
+def test_isolated_documents_count_the_attention_their_mask_leaves():
+    """Eight documents of 512 tokens in a row of 4096 attend 8 x 512·513/2 query-key pairs, 6.26% of
+    the 4096² scores; one document of the whole row is the causal figure, plus its diagonal."""
+    share = flops.attended_share([[512] * 8], 4096)
+    assert share == 8 * 512 * 513 / 2 / 4096**2
+    assert flops.attended_share([[4096]], 4096) == 4097 / 2 / 4096
+    full = flops.flops_per_token(QWEN, 4096)
+    attention = 12 * QWEN["num_hidden_layers"] * QWEN["hidden_size"] * 4096
+    assert flops.flops_per_token(QWEN, 4096, attended=share) == pytest.approx(full - attention * (1 - share))
+    assert flops.flops_per_token(QWEN, 4096, attended=0.5) == flops.flops_per_token(QWEN, 4096, causal=True)
+
+
 @pytest.mark.parametrize(
     "device_name, tflops",
     [

@@ -129,7 +129,7 @@ def cache_inputs(config: TrainConfig, sources: list[SourceFile]) -> dict[str, An
         "tokenizer": tokenizer_identity(config.tokenizer),
         "seq_len": config.seq_len,
         "text_column": config.text_column,
-        "document_attention": config.document_attention,
+        "document_attention": config.packing_attention,
     }
 
 
@@ -370,7 +370,7 @@ def _in_process_entry(config: TrainConfig, data: str, flag: str) -> CachedCorpus
 
     def pack(packer: RowPacker) -> None:
         documents = (doc for source in sources for doc in read_documents(source.path, config.text_column))
-        for tokens in tokenize(documents, config.tokenizer, config.document_attention):
+        for tokens in tokenize(documents, config.tokenizer, config.packing_attention):
             packer.add(tokens)
 
     return cached_rows(config, sources, pack)[0]

@@ -41,7 +41,7 @@ def evaluate(model: nn.Module, batches: Sequence[np.ndarray], device: torch.devi
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     for rows in batches:
         batch = model_batch(rows, device)  # the labels and positions a training step would take
-        loss_sum = model(batch.input_ids, batch.labels, unit, batch.position_ids)
+        loss_sum = model(batch.input_ids, batch.labels, unit, batch.position_ids, batch.document_ids)
         totals += torch.stack([loss_sum.double(), (batch.labels != IGNORE_INDEX).sum().double()])
     model.train(was_training)
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)

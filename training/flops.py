@@ -86,14 +86,23 @@ def matmul_params(config: Any) -> int:
     return num_params(config) - lookup
 
 
-def flops_per_token(config: Any, seq_len: int, causal: bool = False) -> float:
+def flops_per_token(config: Any, seq_len: int, causal: bool = False, attended: float | None = None) -> float:
     """Training FLOPs per token: 6·N for the weights plus 12·L·H·S for attention scores
-    (6·L·H·S with `causal`, counting only the unmasked half of the score matrix)."""
+    (6·L·H·S with `causal`, counting only the unmasked half of the score matrix; `attended`
+    times it for a mask that leaves that share of the S × S scores, e.g. isolated documents)."""
     layers = _field(config, "num_hidden_layers")
     heads = _field(config, "num_attention_heads")
     head_dim = _field(config, "head_dim") or _field(config, "hidden_size") // heads
     attention = 12 * layers * heads * head_dim * seq_len
-    return 6 * matmul_params(config) + (attention / 2 if causal else attention)
+    share = attended if attended is not None else 0.5 if causal else 1.0
+    return 6 * matmul_params(config) + attention * share
+
+
+def attended_share(document_lengths: list[list[int]], seq_len: int) -> float:
+    """The share of the rows' seq_len × seq_len scores that causal attention inside each document
+    leaves: a document of l tokens attends l·(l+1)/2 query-key pairs."""
+    pairs = sum(length * (length + 1) // 2 for row in document_lengths for length in row)
+    return pairs / (len(document_lengths) * seq_len * seq_len)
 
 
 def _names(gpu_name: str, key: str) -> bool:

@@ -20,6 +20,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from training.attention import attention_kernel
 from training.checkpoint import (
     export_hugging_face,
     load_checkpoint,
@@ -159,6 +160,10 @@ def build(
     _check_fits(config, architecture)
     replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)
     mesh = build_mesh(session.device.type, session.world_size, replicas)
+    kernel, flex_tiles = attention_kernel(
+        config, architecture, session.device, emit if session.rank == 0 else lambda line: None
+    )
+    config = dataclasses.replace(config, attention=kernel)
     # --init-from's weights replace the built ones: random ones cost no download.
     weights_from = dataclasses.replace(config, init="random") if config.init_from else config
     per_shard = weights_from.init == "pretrained"
@@ -169,7 +174,9 @@ def build(
         if per_shard or session.rank != 0
         else build_causal_lm(weights_from, architecture, session.device)
     )
-    model = CausalLMWithFusedLoss(build_meta_causal_lm(config, architecture), config.loss_chunk_tokens)
+    model = CausalLMWithFusedLoss(
+        build_meta_causal_lm(config, architecture), config.loss_chunk_tokens, flex_tiles
+    )
     if config.float8:
         convert_to_float8(model, session.device)
     parallelize(
@@ -298,7 +305,7 @@ def train_step(
             sharded = cast(FSDPModule, model)  # what `parallelize`'s fully_shard made of it
             sharded.set_requires_gradient_sync(last)
             sharded.set_reshard_after_backward(last)
-        loss = model(batch.input_ids, batch.labels, normalizer, batch.position_ids)
+        loss = model(batch.input_ids, batch.labels, normalizer, batch.position_ids, batch.document_ids)
         loss.backward()
         losses.append(loss.detach())
     # The total norm of FSDP2's sharded gradients is a replicated DTensor: one global value.

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from training.attention import document_block_mask
 from training.checkpoint import TIED_LM_HEAD
 from training.config import TrainConfig
 from training.data import DOCUMENT_START, NO_LOSS, TOKEN_ID
@@ -74,12 +75,12 @@ def build_causal_lm(config: TrainConfig, architecture: Any, device: torch.device
             config.model_id,
             config=architecture,
             dtype=torch.float32,
-            attn_implementation=ATTENTION_KERNELS[config.attention],
+            attn_implementation=ATTENTION_KERNELS[config.wanted_attention],
         )
     torch.manual_seed(config.seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(
-            architecture, dtype=torch.float32, attn_implementation=ATTENTION_KERNELS[config.attention]
+            architecture, dtype=torch.float32, attn_implementation=ATTENTION_KERNELS[config.wanted_attention]
         )
 
 
@@ -92,6 +93,9 @@ class ModelBatch(NamedTuple):
     # stays plainly causal.
     position_ids: torch.Tensor | None
     loss_tokens: int  # the labels that count, read on the host
+    # Each token's document within its row (0, 1, ...), where position_ids is not None: what
+    # FlexAttention's block mask is built from (`training.attention.document_block_mask`).
+    document_ids: torch.Tensor | None = None
 
 
 def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
@@ -105,13 +109,15 @@ def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
     skipped = (stored[:, 1:] & (NO_LOSS | DOCUMENT_START)) != 0
     labels = ids[:, 1:].masked_fill(skipped, IGNORE_INDEX)
     starts = (stored[:, :-1] & DOCUMENT_START) != 0
-    position_ids = None
+    position_ids = document_ids = None
     if starts[:, 1:].any():
         index = torch.arange(starts.shape[1]).expand_as(starts)
         last_start = torch.where(starts, index, 0).cummax(dim=1).values
         position_ids = (index - last_start).to(device)
+        document_ids = starts[:, 1:].cumsum(dim=1, dtype=torch.int32)
+        document_ids = torch.cat([torch.zeros_like(document_ids[:, :1]), document_ids], dim=1).to(device)
     loss_tokens = int((labels != IGNORE_INDEX).sum())
-    return ModelBatch(ids[:, :-1].to(device), labels.to(device), position_ids, loss_tokens)
+    return ModelBatch(ids[:, :-1].to(device), labels.to(device), position_ids, loss_tokens, document_ids)
 
 
 def build_meta_causal_lm(config: TrainConfig, architecture: Any) -> nn.Module:
@@ -122,7 +128,7 @@ def build_meta_causal_lm(config: TrainConfig, architecture: Any) -> nn.Module:
 
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(
-            architecture, dtype=torch.float32, attn_implementation=ATTENTION_KERNELS[config.attention]
+            architecture, dtype=torch.float32, attn_implementation=ATTENTION_KERNELS[config.wanted_attention]
         )
 
 
@@ -286,11 +292,15 @@ def load_shards_from_checkpoint(model: CausalLMWithFusedLoss, model_id: str, dev
 class CausalLMWithFusedLoss(nn.Module):
     """A Hugging Face causal LM whose forward returns the loss through the fused lm_head."""
 
-    def __init__(self, causal_lm: nn.Module, loss_chunk_tokens: int):
+    def __init__(
+        self, causal_lm: nn.Module, loss_chunk_tokens: int, flex_tiles: dict[str, Any] | None = None
+    ):
         super().__init__()
         self.causal_lm: Any = causal_lm
         self.loss_chunk_tokens = loss_chunk_tokens
         self.chunk_fn: ChunkFn = chunk_loss_and_logit_grad
+        # FlexAttention's kernel tiles (`training.attention.attention_kernel`); None: torch's own.
+        self.flex_tiles = flex_tiles
 
     @property
     def decoder_layers(self) -> nn.ModuleList:
@@ -302,17 +312,32 @@ class CausalLMWithFusedLoss(nn.Module):
         labels: torch.Tensor,
         normalizer: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The summed loss over `normalizer`: the step's `global_normalizer` over all its
         micro-batches' labels, or, when None, over these labels alone (a step of one batch).
-        `position_ids` that restart inside a row confine each document's attention to itself:
-        transformers reads them as packed sequences (attention mask None, no cache) and builds
-        the block-diagonal causal mask; deciding that reads them back to the host once."""
+        `position_ids` that restart inside a row confine each document's attention to itself.
+        With FlexAttention, `document_ids` (None: one document a row) give the one block mask
+        every layer takes; otherwise transformers reads the positions as packed sequences
+        (attention mask None, no cache) and builds the block-diagonal causal mask, which reads
+        them back to the host once."""
         labels = labels.flatten()
         if normalizer is None:
             normalizer = global_normalizer(labels)
+        extra: dict[str, Any] = {}
+        if self.causal_lm.config._attn_implementation == ATTENTION_KERNELS["flex"]:
+            # Rows without a document start get the same mask (one document each) and positions of
+            # the batch's shape, so the compiled layers see one mask function and one rotary shape
+            # and never recompile for transformers' causal mask or its [1, seq] positions.
+            if document_ids is None:
+                document_ids = torch.zeros_like(input_ids, dtype=torch.int32)
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            extra["attention_mask"] = document_block_mask(document_ids)
+            if self.flex_tiles:
+                extra["kernel_options"] = self.flex_tiles
         hidden = self.causal_lm.model(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
         ).last_hidden_state
         return fused_linear_cross_entropy(
             hidden.flatten(0, 1),

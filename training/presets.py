@@ -23,7 +23,7 @@ _BASE: dict[str, Any] = {
     "corpus_cache": None,
     "text_column": DEFAULT_TEXT_COLUMN,
     "document_attention": "auto",
-    "attention": "sdpa",
+    "attention": "auto",
     "grad_accum_steps": 1,
     "defer_grad_sync": False,
     "lr": 2e-5,

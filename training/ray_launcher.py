@@ -157,7 +157,7 @@ def tokenized_documents(paths: list[str], config: TrainConfig) -> ray.data.Datas
     return files.map_batches(
         functools.partial(parse_files_batch, text_column=config.text_column), batch_format="numpy"
     ).map_batches(
-        functools.partial(tokenize_batch, tokenizer=config.tokenizer, attention=config.document_attention),
+        functools.partial(tokenize_batch, tokenizer=config.tokenizer, attention=config.packing_attention),
         batch_format="numpy",
     )
 

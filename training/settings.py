@@ -20,10 +20,15 @@ from training.presets import BYTE_TOKENIZER, DEFAULT_PRESET, PRESETS
 DEFAULT_STORAGE_PATH = "runs"
 # How packed documents see each other: "packed" attends across document boundaries with running
 # positions; "isolated" restarts positions at each document, which confines its attention to
-# itself; "auto" isolates conversations (chat rows) and packs plain text.
+# itself; "auto" isolates every document on GPUs, and on CPUs only conversations (chat rows), where
+# SDPA, the CPU's kernel, computes the masked blocks too.
 DOCUMENT_ATTENTION = ("auto", "packed", "isolated")
 # The attention kernels a run can take, as transformers names them (`attn_implementation`).
 ATTENTION_KERNELS = {"sdpa": "sdpa", "flex": "flex_attention"}
+# --attention's choices: a kernel, or "auto": flex on GPUs with isolated documents (it skips the
+# blocks they mask out), else sdpa (FlexAttention has no backward on CPUs).
+AUTO = "auto"
+ATTENTION_CHOICES = (AUTO, *ATTENTION_KERNELS)
 # The learning-rate schedules after the warm-up (training/optim.py).
 LR_SCHEDULES = ("constant", "linear", "cosine", "wsd")
 # The dtypes an exported Hugging Face model's weights can take (training/checkpoint.py maps them).
@@ -253,14 +258,16 @@ class TrainConfig:
         "--document-attention",
         choices=DOCUMENT_ATTENTION,
         help="packed: documents in a row attend to the ones before them; isolated: each attends only "
-        "to itself (positions restart at each document); auto: isolated for conversations "
-        "('messages' rows), packed for text",
+        "to itself (positions restart at each document); auto: isolated with --gpu, and without it "
+        "isolated for conversations ('messages' rows), packed for text",
     )
     attention: str = setting(
         "--attention",
-        choices=tuple(ATTENTION_KERNELS),
+        choices=ATTENTION_CHOICES,
         help="attention kernel: sdpa (PyTorch's scaled_dot_product_attention); flex (FlexAttention, "
-        "GPUs only: with isolated documents it skips the masked blocks, which SDPA computes)",
+        "GPUs only: with isolated documents it skips the masked blocks, which SDPA computes); auto: "
+        "flex with --gpu and isolated documents (sdpa with a warning if flex does not compile on the "
+        "GPU at start), else sdpa",
     )
     storage_path: str = setting(
         "--storage-path",
@@ -331,6 +338,25 @@ class TrainConfig:
     @property
     def synthetic_data(self) -> bool:
         return self.data == SYNTHETIC
+
+    @property
+    def packing_attention(self) -> str:
+        """--document-attention as the packer applies it (`training.data.document_tokens`): `auto`
+        isolates every document on GPUs and keeps its CPU meaning (conversations only) without."""
+        if self.document_attention == AUTO and self.use_gpu:
+            return "isolated"
+        return self.document_attention
+
+    @property
+    def wanted_attention(self) -> str:
+        """The kernel --attention asks for: `auto` is flex on GPUs where documents are isolated
+        (`training.attention.attention_kernel` falls back to sdpa where flex does not compile),
+        else sdpa: on CPUs, and for causal rows (packed text, synthetic tokens), which cuDNN's
+        causal SDPA kernel runs as measured."""
+        if self.attention == AUTO:
+            isolated = not self.synthetic_data and self.packing_attention == "isolated"
+            return "flex" if self.use_gpu and isolated else "sdpa"
+        return self.attention
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
