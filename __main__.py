@@ -189,7 +189,15 @@ if settings.train:
             "durationS": run.duration_s,
             "efaBytes": run.efa_bytes,
             "efaCounters": run.efa_counters,
-            "probeJobId": run.probe_job_id,
+            # The fabric gate that passed before the job: its probe job and verdict, and the seconds
+            # from the pods being ready to that verdict.
+            "gate": {
+                "jobId": run.gate_job_id,
+                "transport": run.gate_transport,
+                "evidence": run.gate_evidence,
+                "efaBytes": run.gate_efa_bytes,
+                "seconds": run.gate_s,
+            },
             "busbwGbps": run.busbw_gbps,
             "lineRateGbps": run.line_rate_gbps,
             "busbwFraction": run.busbw_fraction,

@@ -25,6 +25,7 @@ from tests.training_run.fakes import (
     FALLBACK_JOB,
     HEAD_POD,
     OOM_JOB,
+    PROBE_TRAFFIC,
     WORKER_PODS,
     FakeCluster,
     FakeCoreApi,
@@ -33,6 +34,7 @@ from tests.training_run.fakes import (
     failure_of,
     gpu_node,
     main_and_tcp_head,
+    probe_job,
     props,
     ray_pod,
     run_inputs,
@@ -72,7 +74,8 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     )
     assert outs["efa_counters"][WORKER_PODS[0]]["retrans_pkts"] == 2
     assert outs["efa_counters"][WORKER_PODS[0]]["impaired_remote_conn_events"] == 0
-    # The fabric probe ran after the job, on its worker group: busbw at 1 GiB against the 40 Gbit/s line.
+    # The fabric gate ran before the job, on its worker group: its own NCCL verdict, the EFA bytes
+    # its traffic moved on every node, busbw at 1 GiB against the 40 Gbit/s line.
     (probe,) = fake.head.probe_submissions
     assert probe[probe.index("--") :] == [
         "--",
@@ -85,7 +88,15 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
         "--gpus-per-worker",
         "1",
     ]
-    assert outs["probe_job_id"].startswith("eks-ray-train-probe-main-") and outs["line_rate_gbps"] == 40.0
+    assert outs["gate_job_id"].startswith("eks-ray-train-gate-main-") and outs["line_rate_gbps"] == 40.0
+    assert (outs["gate_transport"], outs["transport"]) == ("efa", "efa")
+    assert any("via NET/Libfabric/0" in line for line in outs["gate_evidence"])
+    probed = PROBE_TRAFFIC["tx_bytes"] + PROBE_TRAFFIC["rx_bytes"]
+    assert outs["gate_efa_bytes"] == dict.fromkeys(WORKER_PODS, probed)
+    assert outs["gate_s"] == 30.0  # the fake clock: three polls of 10 s from the pods ready to the verdict
+    gate_line = next(i for i, line in enumerate(fake.logged) if "training run: fabric gate" in line)
+    submitted = next(i for i, line in enumerate(fake.logged) if "submitted job eks-ray-train-main-" in line)
+    assert gate_line < submitted
     assert outs["busbw_gbps"] == {"all_reduce": 33.6, "all_gather": 35.2, "reduce_scatter": 34.9}
     assert outs["busbw_fraction"] == {"all_reduce": 0.84, "all_gather": 0.88, "reduce_scatter": 0.872}
     progress = [line for line in fake.logged if "step 5/5" in line]
@@ -109,23 +120,57 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     assert (outs["tokens_per_s"], outs["tcp_tokens_per_s"]) == (530.6, 258.6)
     assert outs["efa_speedup"] == round(530.6 / 258.6, 3) == 2.052
     assert outs["tcp_efa_bytes"] == dict.fromkeys(WORKER_PODS, 0)  # the baseline left EFA alone
-    _, tcp_probe = fake.head.probe_submissions  # both probes, side by side
+    _, tcp_probe = fake.head.probe_submissions  # both gates, each before its job
     assert "Socket" in tcp_probe[tcp_probe.index("--runtime-env-json") + 1]
-    assert outs["tcp_probe_job_id"].startswith("eks-ray-train-probe-tcp-")
+    assert outs["tcp_gate_job_id"].startswith("eks-ray-train-gate-tcp-")
     assert outs["tcp_busbw_gbps"] == {"all_reduce": 14.2, "all_gather": 15.1, "reduce_scatter": 14.8}
 
 
-def test_a_busbw_under_the_floor_fails_efa_with_the_numbers():
+def test_a_busbw_under_the_floor_stops_before_the_job_with_the_numbers():
     fake = FakeCluster(main_and_tcp_head())
     message = failure_of(fake, run_inputs(min_busbw_fraction=0.85))
-    assert (
-        "the fabric probe (job eks-ray-train-probe-main-" in message and "1073741824 byte messages" in message
-    )
+    assert fake.head.submissions == [] and len(fake.head.probe_submissions) == 1
+    assert "\n" not in message
+    assert message.startswith("the fabric gate (probe job eks-ray-train-gate-main-")
+    assert "failed, so the training job was not submitted: the fabric is too slow for EFA" in message
+    assert "1073741824 byte messages" in message
     assert (
         "all_reduce: busbw 33.6 Gbit/s = 0.84 of the 40 Gbit/s line rate, under minBusbwFraction 0.85"
         in message
     )
     assert "all_gather: busbw" not in message and "reduce_scatter: busbw" not in message  # 0.88, 0.8725
+
+
+def test_a_socket_fallback_in_the_gate_stops_before_the_job_and_is_judged_again_on_the_same_pods():
+    head = FakeRayHead(
+        {"main": scripted(EFA_JOB, "driver_main.log")},
+        probes_by_variant={"main": probe_job(FALLBACK_JOB, efa_traffic={})},
+    )
+    fake = FakeCluster(head)
+    message = failure_of(fake)
+    assert head.submissions == [] and len(head.probe_submissions) == 1
+    assert "\n" not in message
+    assert "not submitted: NCCL used 'socket' between the nodes, not 'efa' (high confidence)" in message
+    assert "8 of 9 NCCL processes used TCP sockets between nodes" in message
+    assert (
+        "first evidence: ray-train-gpu-workers-worker-7xk2p:3100:3153 [0] NCCL INFO NET/OFI No eligible"
+        in message
+    )
+    again = failure_of(fake)  # the next `pulumi up`, pods unchanged: the probe is judged, not re-run
+    assert head.submissions == [] and len(head.probe_submissions) == 1
+    assert "SUCCEEDED earlier on these very pods" in again
+
+
+def test_a_node_whose_counters_do_not_move_stops_the_gate_naming_it():
+    fake = FakeCluster(main_and_tcp_head())
+    fake.head.efa[WORKER_PODS[1]].stuck = True
+    message = failure_of(fake)
+    assert fake.head.submissions == []
+    assert "\n" not in message and "the EFA counters of the worker nodes did not move" in message
+    assert f"{WORKER_PODS[1]}: 0 bytes sent or received through its 1 EFA port(s)" in message
+    assert f"{WORKER_PODS[0]}: 0 bytes" not in message
+    probed = PROBE_TRAFFIC["tx_bytes"] + PROBE_TRAFFIC["rx_bytes"]
+    assert f"{{'{WORKER_PODS[0]}': {probed}, '{WORKER_PODS[1]}': 0}}" in message
 
 
 def test_efa_in_the_logs_but_counters_that_did_not_move_fail_with_the_numbers():
@@ -213,7 +258,7 @@ def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
     message = failure_of(fake, run_inputs(timeout_minutes=2))
     assert "still RUNNING after timeout_minutes=2" in message
     assert "the next `pulumi up` waits for it" in message and "ray job stop eks-ray-train-main-" in message
-    assert 120 <= fake.clock.slept <= 130
+    assert 30 + 120 <= fake.clock.slept <= 30 + 130  # the gate's three polls, then the job's 2 minutes
 
 
 def _free_port() -> int:
