@@ -43,11 +43,13 @@ from tests.training_run.fakes import (
 from workloads import manifests
 from workloads.training_run import (
     errors,
+    evidence,
     jobs,
     provider,
     runner,
     schema,
 )
+from workloads.training_run.evidence import JobResult
 from workloads.training_run.kube_access import KubernetesCluster, LocalExecutor
 
 
@@ -369,28 +371,39 @@ def shipped_code(root: Path) -> tuple[Path, str]:
     return folder, manifests.code_hash(files)
 
 
-def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider.TrainingRunProvider:
-    """The provider, connected to the local head: fake nodes and pods, every pod exec run here."""
+def local_environment(ray: LocalRay, code_dir: Path, logged: list[str]) -> runner.RunEnvironment:
+    """The local head as the run sees a cluster: fake nodes and pods, every pod exec run here."""
     core = FakeCoreApi(
         [[gpu_node("local-node")]], [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]]
     )
     local = LocalExecutor(env=ray.env)
+    return runner.RunEnvironment(
+        KubernetesCluster(core, FakeCustomObjects(worker_replicas=1)),
+        executor_for=lambda pod: local,
+        dashboard_address=ray.dashboard,
+        code_dir=str(code_dir),
+        ray_log_dir=str(ray.session_logs),
+        nccl_log_dir=str(ray.root),
+        sysfs_root=str(ray.root / "no-efa-sysfs"),  # this machine has no EFA device
+        log=logged.append,
+        poll_interval_s=0.5,
+    )
+
+
+def local_provider(ray: LocalRay, code_dir: Path, logged: list[str]) -> provider.TrainingRunProvider:
+    """The provider, connected to the local head."""
 
     @contextlib.contextmanager
     def connect(inputs, aws, timings):
-        yield runner.RunEnvironment(
-            KubernetesCluster(core, FakeCustomObjects(worker_replicas=1)),
-            executor_for=lambda pod: local,
-            dashboard_address=ray.dashboard,
-            code_dir=str(code_dir),
-            ray_log_dir=str(ray.session_logs),
-            nccl_log_dir=str(ray.root),
-            sysfs_root=str(ray.root / "no-efa-sysfs"),  # this machine has no EFA device
-            log=logged.append,
-            poll_interval_s=0.5,
-        )
+        yield local_environment(ray, code_dir, logged)
 
     return provider.TrainingRunProvider(connect=connect)
+
+
+def local_job(ray: LocalRay, inputs: schema.RunInputs, code_dir: Path, logged: list[str]) -> JobResult:
+    """The training job alone on the local head, through the run's own commands (no gate first)."""
+    run = runner.TrainingRunner(inputs, local_environment(ray, code_dir, logged))
+    return run.run_job(run.wait_until_ready(), runner.MAIN_VARIANT, {})
 
 
 def ray_jobs(ray: LocalRay) -> list[dict]:
@@ -419,17 +432,32 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
     inputs = run_inputs(code_hash=code_hash, job_args=job_args, expect_transport="efa", timeout_minutes=3)
     logged: list[str] = []
 
-    # gloo on CPU prints no NCCL line: the transport is unknown, which no expectation accepts.
-    for _ in range(2):  # the second run adopts the finished job and judges its logs anew
+    # gloo on CPU prints no NCCL line: the transport is unknown, which no expectation accepts, so the
+    # gate's probe (real, on the local Ray) stops the run before the training job is submitted.
+    for _ in range(2):  # the second run adopts the finished probe and judges its logs anew
         with pytest.raises(errors.TrainingRunError) as caught:
             local_provider(local_ray, code_dir, logged).create(props(inputs))
         message = str(caught.value)
-        assert "NCCL used 'unknown' between the nodes, not 'efa'" in message
-        assert "no NCCL lines found" in message
+        assert message.startswith("the fabric gate (probe job eks-ray-train-gate-main-")
         assert (
-            "worker log files read: {'local-worker': " in message
-        )  # ... though the job's worker logs were read
-        assert "{'local-worker': 0}" not in message
+            "the training job was not submitted: NCCL used 'unknown' between the nodes, not 'efa'" in message
+        )
+        assert "no NCCL lines found" in message and "\n" not in message
+    listed = ray_jobs(local_ray)
+    gates = [job for job in listed if job["submission_id"].startswith("eks-ray-train-gate-main-")]
+    assert [job["status"] for job in gates] == ["SUCCEEDED"]
+    assert gates[0]["entrypoint"].endswith("python -m training.fabric_probe --workers 2 --no-use-gpu")
+    assert not [job for job in listed if job["submission_id"].startswith("eks-ray-train-main-")]
+
+    # The job itself, through the same commands, judged as the gate's probe was.
+    job = local_job(local_ray, inputs, code_dir, logged)
+    with pytest.raises(errors.TrainingRunError) as caught:
+        evidence.check_transport(job, "efa")
+    message = str(caught.value)
+    assert "NCCL used 'unknown' between the nodes, not 'efa'" in message
+    assert "no NCCL lines found" in message
+    assert "worker log files read: {'local-worker': " in message  # ... though the job's worker logs were read
+    assert "{'local-worker': 0}" not in message
 
     listed = [job for job in ray_jobs(local_ray) if job["submission_id"].startswith("eks-ray-train-main-")]
     assert [job["status"] for job in listed] == ["SUCCEEDED"]
@@ -438,10 +466,9 @@ def test_local_ray_runs_the_tiny_job_reports_it_and_checks_the_transport(local_r
     nccl_file = listed[0]["runtime_env"]["env_vars"]["NCCL_DEBUG_FILE"]
     assert nccl_file == f"{local_ray.root}/nccl-{listed[0]['submission_id']}.%h.%p.log"
     assert any("step 3/3" in line for line in logged)
-    reported = [
-        line for line in logged if f"job {listed[0]['submission_id']}: " in line and "tokens/s" in line
-    ]
-    assert len(reported) == 2 and "NCCL transport unknown" in reported[0]
+    reported = [line for line in logged if f"job {listed[0]['submission_id']}: " in line]
+    assert any("NCCL transport unknown" in line for line in reported)
+    assert any(line.endswith("tokens/s") for line in reported)
 
 
 @pytest.mark.slow
@@ -449,7 +476,7 @@ def test_local_ray_failed_job_fails_with_its_log(local_ray):
     code_dir, code_hash = shipped_code(local_ray.root)
     inputs = run_inputs(code_hash=code_hash, job_args=("--preset", "tiny", "--steps", "0"), timeout_minutes=1)
     with pytest.raises(errors.TrainingRunError) as caught:
-        local_provider(local_ray, code_dir, []).create(props(inputs))
+        local_job(local_ray, inputs, code_dir, [])
     message = str(caught.value)
     assert " FAILED: Job entrypoint command failed with exit code 2" in message
     assert "argument --steps: must be >= 1, got 0" in message
