@@ -43,7 +43,10 @@ worker = size_workers(settings, placement.gpu_node)
 world_size = settings.gpu_node_count * worker.gpus
 bucket_name = checkpoint_bucket_name(settings.cluster_name, settings.region)
 code_files = manifests.collect_code(Path(__file__).parent)
-job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files)
+line_rate = line_rate_gbps(placement.gpu_node.network_performance)
+job_args = job_arguments(
+    settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files, line_rate
+)
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
     # The communication plan: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
@@ -167,7 +170,7 @@ if settings.train:
             gpu_instance_type=settings.gpu_node_type,
             job_args=tuple(job_args),
             expect_transport=settings.training.expect_transport,
-            line_rate_gbps=line_rate_gbps(placement.gpu_node.network_performance),
+            line_rate_gbps=line_rate,
             min_busbw_fraction=settings.training.min_busbw_fraction,
             benchmark=settings.benchmark,
             timeout_minutes=settings.training.timeout_minutes,

@@ -66,5 +66,5 @@ def read_moved_bytes(root: str) -> dict[str, int]:
             except (OSError, ValueError):
                 continue
         if values:
-            ports[port_name(folder.parent.parent.name, folder.parent.name)] = sum(values)
+            ports[port_name(folder.parents[2].name, folder.parent.name)] = sum(values)
     return ports
