@@ -20,7 +20,7 @@ from infra.node_groups import (
     NodeGroupSpec,
     SystemNodeGroup,
 )
-from infra.plan import log_plan
+from infra.plan import log_plan, measured_against_plan
 from infra.plan_facts import line_rate_gbps
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
@@ -50,7 +50,7 @@ job_args = job_arguments(
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
     # The communication plan: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
-    predicted_tokens_per_s = log_plan(
+    predicted = log_plan(
         training_config(job_args),
         settings.gpu_node_type,
         settings.gpu_node_count,
@@ -185,8 +185,9 @@ if settings.train:
             "transport": run.transport,
             "evidence": run.evidence,
             "tokensPerS": run.tokens_per_s,
-            # The planner's figure for the configured strategy, beside the measured one.
-            "predictedTokensPerS": predicted_tokens_per_s,
+            # The planner's figures for the configured strategy, beside the measured ones.
+            "predictedTokensPerS": predicted.tokens_per_s if predicted else None,
+            "planVsMeasured": run.summary.apply(lambda summary: measured_against_plan(predicted, summary)),
             "mfu": run.mfu,
             "stepTimeS": run.step_time_s,
             "durationS": run.duration_s,
