@@ -745,6 +745,7 @@ class FakeRayPods:
                 for sysfs in self.efa.values():
                     sysfs.add(job.efa_traffic)
                 if job.nccl_lines_of is not None:
+                    assert self.nccl_logs, "give nccl_logs: a scripted job never writes into the fixtures"
                     for pod_name, logs in self.worker_logs.items():
                         write_nccl_log_files(
                             logs, self.nccl_dir(pod_name), pod_name, submission_id, job.nccl_lines_of

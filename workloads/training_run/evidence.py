@@ -155,7 +155,8 @@ class JobLog:
 
 @dataclass
 class JobResult:
-    """One finished, successful job and what its logs say."""
+    """One finished, successful job and what its logs say: the training job (`summary` its run
+    summary) or the gate's probe (`summary` its JSON report)."""
 
     submission_id: str
     status: str
