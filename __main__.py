@@ -20,7 +20,7 @@ from infra.node_groups import (
     NodeGroupSpec,
     SystemNodeGroup,
 )
-from infra.plan import log_plan
+from infra.plan import log_plan, measured_against_plan
 from infra.plan_facts import line_rate_gbps
 from infra.preflight import plan_placement
 from infra.sizing import size_workers
@@ -43,11 +43,14 @@ worker = size_workers(settings, placement.gpu_node)
 world_size = settings.gpu_node_count * worker.gpus
 bucket_name = checkpoint_bucket_name(settings.cluster_name, settings.region)
 code_files = manifests.collect_code(Path(__file__).parent)
-job_args = job_arguments(settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files)
+line_rate = line_rate_gbps(placement.gpu_node.network_performance)
+job_args = job_arguments(
+    settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files, line_rate
+)
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
     # The communication plan: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
-    predicted_tokens_per_s = log_plan(
+    predicted = log_plan(
         training_config(job_args),
         settings.gpu_node_type,
         settings.gpu_node_count,
@@ -167,7 +170,7 @@ if settings.train:
             gpu_instance_type=settings.gpu_node_type,
             job_args=tuple(job_args),
             expect_transport=settings.training.expect_transport,
-            line_rate_gbps=line_rate_gbps(placement.gpu_node.network_performance),
+            line_rate_gbps=line_rate,
             min_busbw_fraction=settings.training.min_busbw_fraction,
             benchmark=settings.benchmark,
             timeout_minutes=settings.training.timeout_minutes,
@@ -182,14 +185,23 @@ if settings.train:
             "transport": run.transport,
             "evidence": run.evidence,
             "tokensPerS": run.tokens_per_s,
-            # The planner's figure for the configured strategy, beside the measured one.
-            "predictedTokensPerS": predicted_tokens_per_s,
+            # The planner's figures for the configured strategy, beside the measured ones.
+            "predictedTokensPerS": predicted.tokens_per_s if predicted else None,
+            "planVsMeasured": run.summary.apply(lambda summary: measured_against_plan(predicted, summary)),
             "mfu": run.mfu,
             "stepTimeS": run.step_time_s,
             "durationS": run.duration_s,
             "efaBytes": run.efa_bytes,
             "efaCounters": run.efa_counters,
-            "probeJobId": run.probe_job_id,
+            # The fabric gate that passed before the job: its probe job and verdict, and the seconds
+            # from the pods being ready to that verdict.
+            "gate": {
+                "jobId": run.gate_job_id,
+                "transport": run.gate_transport,
+                "evidence": run.gate_evidence,
+                "efaBytes": run.gate_efa_bytes,
+                "seconds": run.gate_s,
+            },
             "busbwGbps": run.busbw_gbps,
             "lineRateGbps": run.line_rate_gbps,
             "busbwFraction": run.busbw_fraction,

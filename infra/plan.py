@@ -27,7 +27,7 @@ import datetime
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -382,11 +382,13 @@ def network_warning(workload: Workload, cluster: Cluster, replicas: int) -> str 
     )
 
 
-def log_plan(config: TrainConfig, instance_type: str, nodes: int, network_performance: str) -> float | None:
+def log_plan(
+    config: TrainConfig, instance_type: str, nodes: int, network_performance: str
+) -> StrategyPlan | None:
     """At preview: the plan of the stack's job as an info line, and a warning when the configured
     strategy is network-bound. The line rate is the one AWS states for the type (`network_performance`),
     the other facts the shipped ones; nothing is said for a type or model without facts. Returns the
-    configured strategy's predicted tokens/s, which the stack exports beside the measured figure."""
+    configured strategy's plan, whose predictions the stack exports beside the measured figures."""
     import pulumi
 
     fact = INSTANCES.get(instance_type)
@@ -410,7 +412,35 @@ def log_plan(config: TrainConfig, instance_type: str, nodes: int, network_perfor
     warning = network_warning(workload, cluster, chosen) if chosen in (1, cluster.nodes) else None
     if warning:
         pulumi.log.warn(warning)
-    return configured[0].tokens_per_s if configured else None
+    return configured[0] if configured else None
+
+
+def measured_against_plan(
+    predicted: StrategyPlan | None, summary: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """After a run: the planner's step time and inter-node bytes per step beside the run's, and
+    measured / predicted. The run's bytes are its summary's `efa_bytes_per_step` (sent plus
+    received through each node's EFA ports, `training.efa_meter`), halved into the one direction
+    the planner counts (FSDP's ring collectives send what they receive) and averaged over the
+    nodes; None where either side has no figure."""
+    summary = summary or {}
+    step_time = summary.get("step_time_s")
+    per_node = [value for value in (summary.get("efa_bytes_per_step") or {}).values() if value is not None]
+    measured_bytes = sum(per_node) / len(per_node) / 2 if per_node else None
+    predicted_step = predicted.step_time_s if predicted else None
+    predicted_bytes = predicted.inter_node_bytes_per_step if predicted else None
+
+    def ratio(measured: float | None, planned: float | None) -> float | None:
+        return round(measured / planned, 3) if measured is not None and planned else None
+
+    return {
+        "predictedStepTimeS": predicted_step,
+        "measuredStepTimeS": step_time,
+        "stepTimeRatio": ratio(step_time, predicted_step),
+        "predictedBytesPerStep": predicted_bytes,
+        "measuredBytesPerStep": measured_bytes,
+        "bytesPerStepRatio": ratio(measured_bytes, predicted_bytes),
+    }
 
 
 # --- the planner against published and measured figures (docs/benchmarks.md) --------------------

@@ -42,6 +42,7 @@ PROGRAM_FLAGS = {
     "--gpus-per-worker": "the program runs one worker per GPU",
     "--local": "the job runs on the cluster's Ray",
     "--launcher": "the job is submitted to the cluster's Ray",
+    "--line-rate-gbps": "the GPU node type's network line rate (ec2:DescribeInstanceTypes)",
 }
 # `ray job submit` joins the job's command line with `subprocess.list2cmdline` and Ray runs it
 # with `shell=True` (ray/dashboard/modules/job/cli.py, job_supervisor.py), so a stack value must be
@@ -229,12 +230,14 @@ def job_arguments(
     gpus_per_worker: int,
     storage_path: str,
     shipped_files: Collection[str],
+    line_rate_gbps: float | None = None,
 ) -> list[str]:
     """The stack's training flags plus the ones in `PROGRAM_FLAGS`.
 
     `world_size` is the number of training workers the GPU nodes hold (their GPUs divided by
     `gpus_per_worker`); the job uses them all unless the stack's `training.workers` asks for
-    fewer. The whole command line is checked once more by the training parser, which now sees
+    fewer. `line_rate_gbps` (the node type's, when AWS states one) lets the job's summary say what
+    share of the line EFA carried. The whole command line is checked once more by the training parser, which now sees
     the worker count. `shipped_files` are the paths of the code shipped to the pods, which a
     `training.data` path must be among.
     """
@@ -243,6 +246,8 @@ def job_arguments(
     if not workers_set:
         args += ["--workers", str(world_size)]
     args += ["--use-gpu", "--gpus-per-worker", str(gpus_per_worker), "--storage-path", storage_path]
+    if line_rate_gbps:
+        args += ["--line-rate-gbps", f"{line_rate_gbps:g}"]
     try:
         config = training_config(args)
     except ConfigError as error:

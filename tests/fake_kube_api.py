@@ -27,7 +27,11 @@ Each models the real behaviour the provider depends on, and where that is docume
   the RDMA core's sysfs (amzn/amzn-drivers kernel/linux/efa/src/efa_verbs.c, `EFA_DEFINE_PORT_STATS`;
   the RDMA core prints each as `%llu\n`): `<device>/ports/1/hw_counters/<name>`, one decimal number
   per file, growing while the job's traffic goes through the port. A worker pod's exec sees them at
-  `/sys/class/infiniband`; a scripted job adds its `efa_traffic` to every worker node once submitted.
+  `/sys/class/infiniband`; a scripted job adds its `efa_traffic` to every worker node once submitted
+  (a `stuck` device's counters stay put).
+- NCCL's own log files (`NCCL_DEBUG_FILE`, one per process, line-buffered; NCCL src/debug.cc): a
+  scripted job with `nccl_lines_of` writes them into each worker pod's `/tmp/ray` when submitted,
+  from the lines of a fixture job's processes on that pod, as the real processes would while running.
 
 Fault switches model what went wrong in the field: `unauthorized` (401 for every request, as for an
 identity without an EKS access entry), `expired_keys` (401 for a token signed with those access keys:
@@ -584,6 +588,9 @@ class ScriptedJob:
     looks: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
     efa_traffic: dict[str, int] = field(default_factory=dict)  # counter -> what it adds on each node
+    # The fixture Ray job whose NCCL lines this job's processes write to their NCCL log files
+    # (`write_nccl_log_files`); None: it leaves none (a job submitted before they existed).
+    nccl_lines_of: str | None = None
 
     def status(self) -> str:
         return self.statuses[min(self.looks, len(self.statuses) - 1)]
@@ -661,17 +668,35 @@ EFA_COUNTERS_AT_BOOT = {
 }
 
 
+def write_nccl_log_files(
+    session_logs: Path, nccl_dir: Path, pod_name: str, submission_id: str, ray_job_id: str
+) -> None:
+    """What a job submitted with `NCCL_DEBUG_FILE` leaves in a worker pod's `/tmp/ray`: one file per
+    NCCL process, `nccl-<submission id>.<host>.<pid>.log` (NCCL src/debug.cc: %h is the host name up
+    to its first dot, the pod's name; %p the pid), holding the NCCL lines that the fixture job
+    `ray_job_id`'s processes on this pod wrote to their Ray worker logs."""
+    nccl_dir.mkdir(parents=True, exist_ok=True)
+    for out in sorted(session_logs.glob(f"worker-*-{ray_job_id}-*.out")):
+        pid = out.name.rsplit("-", 1)[1].split(".")[0]
+        lines = [line for line in out.read_text().splitlines(keepends=True) if "NCCL" in line]
+        (nccl_dir / f"nccl-{submission_id}.{pod_name}.{pid}.log").write_text("".join(lines))
+
+
 class FakeEfaSysfs:
-    """One node's `/sys/class/infiniband`: an EFA device with one port and its `hw_counters` files."""
+    """One node's `/sys/class/infiniband`: an EFA device with one port and its `hw_counters` files.
+    A `stuck` device's counters do not move whatever the traffic (the job's bytes went elsewhere)."""
 
     def __init__(self, root: Path, device: str = EFA_DEVICE, counters: dict[str, int] | None = None):
         self.root = root
+        self.stuck = False
         self.folder = root / device / "ports" / "1" / "hw_counters"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.counters = dict(EFA_COUNTERS_AT_BOOT if counters is None else counters)
         self._write()
 
     def add(self, traffic: dict[str, int]) -> None:
+        if self.stuck:
+            return
         for name, count in traffic.items():
             self.counters[name] += count
         self._write()
@@ -695,8 +720,13 @@ class FakeRayPods:
     code_hash: str
     job_for_submission: Callable[[list[str]], ScriptedJob]
     efa: dict[str, FakeEfaSysfs] = field(default_factory=dict)  # worker pod -> its node's EFA sysfs
+    # Worker pod -> its emptyDir `/tmp/ray`, where NCCL log files go (default: above its session logs).
+    nccl_logs: dict[str, Path] = field(default_factory=dict)
     submissions: list[list[str]] = field(default_factory=list)
     probe_submissions: list[list[str]] = field(default_factory=list)
+
+    def nccl_dir(self, pod_name: str) -> Path:
+        return self.nccl_logs.get(pod_name, self.worker_logs[pod_name].parent)
 
     def __call__(self, pod_name: str, container: str, argv: list[str]) -> ExecReply:
         if pod_name == self.head_pod:
@@ -710,10 +740,16 @@ class FakeRayPods:
                 if "--metadata-json" in argv:
                     job.metadata = json.loads(argv[argv.index("--metadata-json") + 1])
                 self.dashboard.jobs[submission_id] = job
-                probe = "training.fabric_probe" in argv  # the probe after a job, kept apart
+                probe = "training.fabric_probe" in argv  # the gate's probe before a job, kept apart
                 (self.probe_submissions if probe else self.submissions).append(argv)
                 for sysfs in self.efa.values():
                     sysfs.add(job.efa_traffic)
+                if job.nccl_lines_of is not None:
+                    assert self.nccl_logs, "give nccl_logs: a scripted job never writes into the fixtures"
+                    for pod_name, logs in self.worker_logs.items():
+                        write_nccl_log_files(
+                            logs, self.nccl_dir(pod_name), pod_name, submission_id, job.nccl_lines_of
+                        )
                 return ExecReply(f"Job '{submission_id}' submitted successfully\n")
             if argv[:2] == ["python", "-c"]:
                 local = [sys.executable, "-c", argv[2], self.dashboard.url, *argv[4:]]
@@ -721,7 +757,7 @@ class FakeRayPods:
             return ExecReply("", f'exec: "{argv[0]}": executable file not found in $PATH', 126)
         logs = self.worker_logs[pod_name]
         # The pod's emptyDir /tmp/ray (NCCL log files) is the folder above its session logs.
-        local = {"/tmp/ray/session_latest/logs": str(logs), "/tmp/ray": str(logs.parent)}
+        local = {"/tmp/ray/session_latest/logs": str(logs), "/tmp/ray": str(self.nccl_dir(pod_name))}
         if pod_name in self.efa:
             local["/sys/class/infiniband"] = str(self.efa[pod_name].root)
         return _run([local.get(arg, arg) for arg in argv])

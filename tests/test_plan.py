@@ -257,5 +257,32 @@ def test_the_preview_returns_the_configured_strategys_prediction_for_the_stack_o
     workload = planner.workload_of(config)
     assert workload is not None
     configured = planner.strategy_plan(workload, cluster, planner.configured_replicas(config, cluster))
-    assert predicted == configured.tokens_per_s > 0
+    assert predicted == configured and configured.tokens_per_s > 0
     assert planner.log_plan(config, "g9.unknown", 2, "40 Gigabit") is None
+
+
+def test_after_a_run_the_plan_meets_the_measured_step_time_and_bytes_per_step():
+    """The stack's `training.planVsMeasured`: the run's summary (EFA bytes per node, sent plus
+    received) against the configured strategy's prediction (bytes each way through a node's NIC)."""
+    config = parse_flags(["--preset", "smoke", "--workers", "8", "--use-gpu"], paths_here=False)
+    cluster = planner.cluster_of("g6.12xlarge", 2, INSTANCES["g6.12xlarge"], 40.0)
+    workload = planner.workload_of(config)
+    assert workload is not None
+    plan = planner.strategy_plan(workload, cluster, 1)
+    summary = {
+        "step_time_s": 2 * plan.step_time_s,
+        "efa_bytes_per_step": {
+            "pod-a": 2 * plan.inter_node_bytes_per_step,
+            "pod-b": 2.2 * plan.inter_node_bytes_per_step,
+        },
+    }
+    compared = planner.measured_against_plan(plan, summary)
+    assert compared["predictedStepTimeS"] == plan.step_time_s and compared["stepTimeRatio"] == 2.0
+    assert compared["predictedBytesPerStep"] == plan.inter_node_bytes_per_step
+    assert compared["measuredBytesPerStep"] == pytest.approx(1.05 * plan.inter_node_bytes_per_step)
+    assert compared["bytesPerStepRatio"] == 1.05
+    # A run without EFA (or a plan without facts) leaves its side and the ratio empty, not zero.
+    empty = planner.measured_against_plan(plan, {"step_time_s": plan.step_time_s})
+    assert empty["measuredBytesPerStep"] is None and empty["bytesPerStepRatio"] is None
+    assert empty["stepTimeRatio"] == 1.0
+    assert planner.measured_against_plan(None, summary)["stepTimeRatio"] is None

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
+from tests.fake_kube_api import FakeEfaSysfs
+from tests.test_training_eval import read_scalars
+from training.efa_sysfs import SYSFS_ROOT_ENV
 from training.report import STEP_KEYS, SUMMARY_KEYS, parse_step_line, parse_summary
 
 pytestmark = pytest.mark.slow
@@ -50,13 +54,23 @@ def storage(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def full_run(storage) -> subprocess.CompletedProcess:
+def with_fake_efa(tmp_path_factory) -> dict[str, str]:
+    """The environment of a run on a machine with one EFA device, faked: a sysfs tree in the EFA
+    driver's layout (`FakeEfaSysfs`), where the training job's first rank of the node reads it.
+    gloo's traffic goes over loopback, not through it: its counters stay put, so each step moved 0."""
+    root = FakeEfaSysfs(tmp_path_factory.mktemp("infiniband")).root
+    return {**os.environ, SYSFS_ROOT_ENV: str(root)}
+
+
+@pytest.fixture(scope="module")
+def full_run(storage, with_fake_efa) -> subprocess.CompletedProcess:
     result = run_cli(
         "--local",
         "--steps", str(STEPS),
         "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--storage-path", str(storage),
         "--run-name", "full",
+        env=with_fake_efa,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -291,16 +305,19 @@ TORCHRUN_FLAGS = ("--launcher", "torchrun", "--data", "synthetic", "--steps", "3
 
 
 @pytest.fixture(scope="module")
-def torchrun_run(storage) -> subprocess.CompletedProcess:
-    """Plain FSDP over 2 ranks, exporting a Hugging Face model at the end."""
+def torchrun_run(storage, with_fake_efa) -> subprocess.CompletedProcess:
+    """Plain FSDP over 2 ranks, exporting a Hugging Face model at the end, with a fake EFA tree."""
     result = run_cli(
         *TORCHRUN_FLAGS,
         "--export-hf",
+        "--line-rate-gbps",
+        "40",
         "--storage-path",
         str(storage),
         "--run-name",
         "torchrun",
         launcher=TORCHRUN,
+        env=with_fake_efa,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -334,6 +351,37 @@ def test_hsdp_and_activation_checkpointing_keep_the_math_of_plain_fsdp(torchrun_
     fsdp = [entry["loss"] for entry in step_lines(torchrun_run.stdout)]
     assert len(hsdp) == 3
     assert hsdp == pytest.approx(fsdp, abs=1e-5)
+    # This machine has no EFA device and no fake tree was given: the fields are absent, not zero.
+    assert not [entry for entry in step_lines(result.stdout) if "efa_bytes_per_s" in entry]
+    assert "efa_bytes_per_s" not in last_line_summary(result.stdout) and "| EFA " not in result.stdout
+
+
+def assert_efa_bytes_in_steps_summary_and_tensorboard(
+    run: subprocess.CompletedProcess, run_dir: Path
+) -> dict:
+    """Each step line, progress line, the summary (printed and summary.json) and TensorBoard carry
+    the node's EFA bytes/s (0: the fake counters did not move); the one node is this host."""
+    node = socket.gethostname()
+    steps = step_lines(run.stdout)
+    assert steps and all(entry["efa_bytes_per_s"] == {node: 0.0} for entry in steps)
+    assert all("| EFA 0.00 GB/s" in line for line in run.stdout.splitlines() if " | loss " in line)
+    summary = last_line_summary(run.stdout)
+    assert summary["efa_bytes_per_s"] == {node: 0.0} and summary["efa_bytes_per_step"] == {node: 0.0}
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert saved["efa_bytes_per_s"] == summary["efa_bytes_per_s"]
+    curve = read_scalars(run_dir / "tensorboard")[f"network/efa_bytes_per_s/{node}"]
+    assert sorted(curve) == [entry["step"] for entry in steps] and set(curve.values()) == {0.0}
+    return summary
+
+
+def test_a_local_run_with_a_fake_efa_tree_logs_each_nodes_efa_bytes(full_run, storage):
+    summary = assert_efa_bytes_in_steps_summary_and_tensorboard(full_run, storage / "full")
+    assert "efa_line_rate_fraction" not in summary  # no --line-rate-gbps
+
+
+def test_a_torchrun_run_with_a_fake_efa_tree_logs_each_nodes_efa_bytes(torchrun_run, storage):
+    summary = assert_efa_bytes_in_steps_summary_and_tensorboard(torchrun_run, storage / "torchrun")
+    assert summary["efa_line_rate_fraction"] == 0.0
 
 
 def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):

@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ WORKER_PODS = sorted(path.name for path in (FIXTURES / "pods").iterdir())
 HEAD_POD = "ray-train-head-9bq5w"
 EFA_JOB, TCP_JOB, FALLBACK_JOB = "02000000", "03000000", "01000000"
 EFA_TRAFFIC = {"tx_bytes": 12_884_901_888, "rx_bytes": 12_884_905_984, "retrans_pkts": 2}  # per node
+PROBE_TRAFFIC = {"tx_bytes": 4_294_967_296, "rx_bytes": 4_294_971_392}  # the gate's probe, per node
 FAST = {
     "EKS_RAY_TRAIN_POLL_INTERVAL_S": "0.05",
     "EKS_RAY_TRAIN_READINESS_TIMEOUT_S": "1",
@@ -58,24 +59,46 @@ def ray_pod(registered: dict[str, Any], name: str, node_type: str, **kwargs: Any
 
 
 def scripted(
-    ray_job_id: str, log_name: str, statuses: list[str] | None = None, efa_traffic: dict | None = None
+    ray_job_id: str,
+    log_name: str,
+    statuses: list[str] | None = None,
+    efa_traffic: dict | None = None,
+    nccl_lines_of: str | None = None,
 ) -> fake.ScriptedJob:
     statuses = statuses or ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"]
     return fake.ScriptedJob(
-        ray_job_id, (FIXTURES / log_name).read_text(), statuses, efa_traffic=dict(efa_traffic or {})
+        ray_job_id,
+        (FIXTURES / log_name).read_text(),
+        statuses,
+        efa_traffic=dict(efa_traffic or {}),
+        nccl_lines_of=nccl_lines_of,
     )
 
 
+def is_probe(argv: list[str]) -> bool:
+    return "training.fabric_probe" in argv
+
+
+def healthy_probe(argv: list[str]) -> fake.ScriptedJob:
+    """The gate's probe: over EFA (the EFA run's NCCL lines in its NCCL log files, traffic on every
+    node), or with the benchmark's TCP environment over sockets."""
+    if "Socket" in argv[argv.index("--runtime-env-json") + 1]:
+        return scripted("06000000", "driver_probe_tcp.log", nccl_lines_of=TCP_JOB)
+    return scripted("05000000", "driver_probe.log", efa_traffic=PROBE_TRAFFIC, nccl_lines_of=EFA_JOB)
+
+
 def by_variant(argv: list[str]) -> fake.ScriptedJob:
-    """The main run over EFA, or the benchmark's TCP baseline; the fabric probe after either."""
-    if "training.fabric_probe" in argv:
-        tcp = "--runtime-env-json" in argv and "Socket" in argv[argv.index("--runtime-env-json") + 1]
-        return (
-            scripted("06000000", "driver_probe_tcp.log") if tcp else scripted("05000000", "driver_probe.log")
-        )
+    """The main run over EFA, or the benchmark's TCP baseline; the gate's probe before either."""
+    if is_probe(argv):
+        return healthy_probe(argv)
     if "--runtime-env-json" in argv and "Socket" in argv[argv.index("--runtime-env-json") + 1]:
         return scripted(TCP_JOB, "driver_tcp.log")
     return scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_TRAFFIC)
+
+
+def after_a_healthy_gate(job: fake.ScriptedJob) -> Callable[[list[str]], fake.ScriptedJob]:
+    """Submissions where the gate passes and the training job is `job`."""
+    return lambda argv: healthy_probe(argv) if is_probe(argv) else job
 
 
 @dataclass
@@ -101,6 +124,7 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         code_hash=registered["code_hash"],
         job_for_submission=by_variant,
         efa={name: fake.FakeEfaSysfs(tmp_path / "sysfs" / name) for name in WORKER_PODS},
+        nccl_logs={name: tmp_path / "tmp-ray" / name for name in WORKER_PODS},
     )
     kube = fake.FakeKubeApi(
         tmp_path,
@@ -212,50 +236,84 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
     assert outs["efa_bytes"] == dict.fromkeys(WORKER_PODS, 25_769_807_872)  # read by exec, before and after
     assert outs["busbw_gbps"] == {"all_reduce": 33.6, "all_gather": 35.2, "reduce_scatter": 34.9}
-    assert len(world.pods.submissions) == 1
+    # The gate passed before the job: its verdict from its own NCCL log files, beside the job's.
+    assert (outs["gate_transport"], outs["transport"]) == ("efa", "efa")
+    assert outs["gate_job_id"].startswith("eks-ray-train-gate-main-")
+    assert outs["gate_efa_bytes"] == dict.fromkeys(WORKER_PODS, 8_589_938_688)
+    assert len(world.pods.submissions) == 1 and len(world.pods.probe_submissions) == 1
+    submits = [argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
+    assert [is_probe(argv) for argv in submits] == [True, False]  # the gate first
     assert world.aws.access_keys_seen[0] == "AKIAFAKEAMBIENT"  # DescribeCluster as the ambient identity
     assert "training run: job" in world.host.stderr  # progress reaches the CLI as diagnostics
-    print(f"\nCreate against the fakes, happy path: {elapsed:.2f} s")
+    print(
+        f"\nCreate against the fakes, happy path: {elapsed:.2f} s; "
+        f"pods ready to the gate's verdict: {outs['gate_s']:.2f} s"
+    )
 
     read = world.host.read(outs)
     assert read.id == "run-id" and plain(read.properties) == outs
     world.host.delete(outs)
     again = plain(world.create().properties)  # a second `pulumi up` of the same inputs adopts the job
     assert again["job_id"] == outs["job_id"] and len(world.pods.submissions) == 1
+    assert again["gate_job_id"] == outs["gate_job_id"] and len(world.pods.probe_submissions) == 1
     assert "SUCCEEDED earlier on these very pods" in world.host.stderr
     # A node roll replaces a worker pod under its old name: the job proves nothing of the new pod.
     world.kube.pods[1] = ray_pod(world.inputs, WORKER_PODS[0], "worker", uid="created-again-by-a-node-roll")
     rolled = plain(world.create().properties)
     assert rolled["job_id"] == outs["job_id"] + "-2" and len(world.pods.submissions) == 2
+    assert rolled["gate_job_id"] == outs["gate_job_id"] + "-2" and len(world.pods.probe_submissions) == 2
     assert f"submitting {outs['job_id']}-2 to judge them" in world.host.stderr
 
 
-@pytest.mark.slow
-def test_efa_counters_that_did_not_move_fail_the_efa_verdict_with_the_numbers(world: World):
-    """NCCL's lines say EFA, but the nodes' EFA counters, read by exec before and after, stayed put."""
-    world.host.configure(STACK_CONFIG)
-    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log")  # no EFA traffic
-    details, _ = failure(world)
+def stopped_by_the_gate(world: World, **changes: Any) -> str:
+    """Create, which the gate must stop: its one-line message; no training job reached the head."""
+    details, elapsed = failure(world, **changes)
     assert_one_clear_message(details)
-    assert "NCCL's log says it used EFA" in details
-    assert f"{WORKER_PODS[0]}: 0 bytes sent or received through its 1 EFA port(s)" in details
-    assert f"EFA bytes per worker pod during the job: {dict.fromkeys(WORKER_PODS, 0)}" in details
+    message, _, log_note = details.partition("\n")  # the host adds where the traceback went
+    assert log_note.startswith("(details in") and "\n" not in log_note
+    assert "so the training job was not submitted" in message
+    assert world.pods.submissions == [] and len(world.pods.probe_submissions) == 1
+    assert not [
+        argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"] and not is_probe(argv)
+    ]
+    print(f"\ngate stopped the run {elapsed:.2f} s after Create began")
+    return details
+
+
+@pytest.mark.slow
+def test_a_socket_fallback_in_the_gate_stops_before_any_job(world: World):
+    """aws-ofi-nccl found no EFA provider on any rank: the probe's NCCL log files say sockets."""
+    world.host.configure(STACK_CONFIG)
+    fallback = scripted("05000000", "driver_probe.log", nccl_lines_of=FALLBACK_JOB)
+    world.pods.job_for_submission = lambda argv: fallback if is_probe(argv) else by_variant(argv)
+    details = stopped_by_the_gate(world)
+    assert "NCCL used 'socket' between the nodes, not 'efa' (high confidence)" in details
+    assert "8 of 9 NCCL processes used TCP sockets between nodes" in details
+    assert "NCCL_NET_PLUGIN=ofi" in details
+
+
+@pytest.mark.slow
+def test_a_node_whose_efa_counters_do_not_move_stops_the_gate_with_the_numbers(world: World):
+    """NCCL's lines say EFA, but one node's EFA counters, read by exec before and after, stayed put."""
+    world.host.configure(STACK_CONFIG)
+    world.pods.efa[WORKER_PODS[1]].stuck = True
+    details = stopped_by_the_gate(world)
+    assert "NCCL's log says EFA, but the EFA counters of the worker nodes did not move" in details
+    assert f"{WORKER_PODS[1]}: 0 bytes sent or received through its 1 EFA port(s)" in details
+    assert f"{{'{WORKER_PODS[0]}': 8589938688, '{WORKER_PODS[1]}': 0}}" in details
     reads = [
-        argv for pod, argv in world.kube.execs if pod == WORKER_PODS[0] and "/sys/class/infiniband" in argv
+        argv for pod, argv in world.kube.execs if pod == WORKER_PODS[1] and "/sys/class/infiniband" in argv
     ]
     assert len(reads) == 2
 
 
 @pytest.mark.slow
-def test_a_probe_busbw_under_the_floor_fails_the_efa_verdict_with_the_numbers(world: World):
-    """The fabric probe runs after the job through the same `ray job submit`; at 1 GiB its
-    all_reduce busbw is 0.84 of the registered node's line rate, under a floor of 0.9."""
+def test_a_probe_busbw_under_the_floor_stops_before_any_job_with_the_numbers(world: World):
+    """At 1 GiB the probe's all_reduce busbw is 0.84 of the registered node's line rate, under 0.9."""
     world.host.configure(STACK_CONFIG)
     line_rate = world.inputs["line_rate_gbps"]
-    details, _ = failure(world, min_busbw_fraction=0.9)
-    assert_one_clear_message(details)
-    assert len(world.pods.submissions) == 1 and len(world.pods.probe_submissions) == 1
-    assert "the fabric probe (job eks-ray-train-probe-main-" in details
+    details = stopped_by_the_gate(world, min_busbw_fraction=0.9)
+    assert details.startswith("the fabric gate (probe job eks-ray-train-gate-main-")
     share = round(33.6 / line_rate, 3)
     assert (
         f"all_reduce: busbw 33.6 Gbit/s = {share:g} of the {line_rate:g} Gbit/s line rate, under minBusbwFraction 0.9"
@@ -264,11 +322,28 @@ def test_a_probe_busbw_under_the_floor_fails_the_efa_verdict_with_the_numbers(wo
 
 
 @pytest.mark.slow
+def test_a_worker_pod_that_vanishes_mid_probe_says_so_and_no_job_is_submitted(world: World):
+    """The pod is deleted while the probe runs: the API server answers the next exec into it 404."""
+    world.host.configure(STACK_CONFIG)
+    gone = WORKER_PODS[1]
+
+    def submitted(argv: list[str]) -> fake.ScriptedJob:
+        if is_probe(argv):
+            world.kube.pods = [pod for pod in world.kube.pods if pod["metadata"]["name"] != gone]
+        return by_variant(argv)
+
+    world.pods.job_for_submission = submitted
+    details = stopped_by_the_gate(world)
+    assert f"pod {gone} vanished during the fabric gate" in details and "answered 404" in details
+    assert "Ready again" in details
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("closes_cleanly", [True, False], ids=["close-frame", "connection-dropped"])
 def test_a_cut_exec_stream_never_produces_a_verdict(world: World, closes_cleanly: bool):
     """A mixed run: the workers' logs say sockets, the driver relayed EFA lines; the worker reads are cut."""
     world.host.configure(STACK_CONFIG)
-    world.pods.job_for_submission = lambda argv: scripted(FALLBACK_JOB, "driver_main.log")
+    world.pods.job_for_submission = after_a_healthy_gate(scripted(FALLBACK_JOB, "driver_main.log"))
     world.kube.cut_exec = lambda pod_name, argv: 20 if pod_name in WORKER_PODS else None
     world.kube.cut_closes_cleanly = closes_cleanly
     details, elapsed = failure(world)
@@ -337,8 +412,12 @@ def test_the_assumed_role_of_the_stack_is_the_identity_used(world: World):
 
 
 def _wait_until_polled(world: World, looks: int = 3) -> None:
+    """Until the training job (after the gate's probe) was looked at `looks` times."""
     deadline = time.monotonic() + 20
-    while not any(job.looks >= looks for job in world.dashboard.jobs.values()):
+    while not any(
+        job.looks >= looks and sid.startswith("eks-ray-train-main-")
+        for sid, job in world.dashboard.jobs.items()
+    ):
         assert time.monotonic() < deadline, "the job was never polled"
         time.sleep(0.05)
 
@@ -358,7 +437,7 @@ PROMPT_S = 15
 def _interrupt_when_running(world: World, where: str) -> grpc.Future:
     """Start a Create whose job keeps RUNNING, and return once it is `where` (see INTERRUPTED_WHERE)."""
     world.host.configure(STACK_CONFIG)
-    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log", ["RUNNING"])
+    world.pods.job_for_submission = after_a_healthy_gate(scripted(EFA_JOB, "driver_main.log", ["RUNNING"]))
     pending = world.host.create_future(world.inputs, timeout_s=GRPC_DEADLINE_S)
     _wait_until_polled(world)
     if where == "in-a-stalled-exec":
@@ -426,7 +505,7 @@ def _fails_after_fault(world: World, inject) -> tuple[str, float]:
     """Start a Create whose job keeps RUNNING, inject a fault once it is polled: (message, seconds
     from the fault to the failure)."""
     world.host.configure(STACK_CONFIG)
-    world.pods.job_for_submission = lambda argv: scripted(EFA_JOB, "driver_main.log", ["RUNNING"])
+    world.pods.job_for_submission = after_a_healthy_gate(scripted(EFA_JOB, "driver_main.log", ["RUNNING"]))
     pending = world.host.create_future(world.inputs, timeout_s=GRPC_DEADLINE_S)
     _wait_until_polled(world)
     injected = time.monotonic()
@@ -472,7 +551,7 @@ def test_a_refused_exec_handshake_is_asked_again_and_the_job_is_submitted_once(w
     assert outs["status"] == "SUCCEEDED" and outs["transport"] == "efa"
     assert len(world.pods.submissions) == 1
     submits = [argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
-    assert len(submits) == 2  # the job and the probe after it: the refused handshakes never reached the pod
+    assert len(submits) == 2  # the gate's probe and the job: the refused handshakes never reached the pod
     assert len(world.pods.probe_submissions) == 1
     print(
         f"\nexec handshake {refusal.code} on every first attempt: run succeeded in {time.monotonic() - started:.2f} s"

@@ -30,6 +30,7 @@ from training.checkpoint import (
 )
 from training.config import TrainConfig, nothing_left_to_train
 from training.data import PackedCorpus, epoch_batches, position_after, synthetic_batches
+from training.efa_meter import EfaMeter
 from training.errors import DivergedError, UsageError
 from training.evaluate import eval_batches, evaluate
 from training.loss import global_normalizer
@@ -408,6 +409,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     held_out = _eval_set(config, session) if config.eval_data is not None else []
     metrics = RunMetrics(config, architecture, session.device, session.world_size, start_step)
     sink = TensorBoardSink(config) if config.tensorboard and session.rank == 0 else None
+    meter = EfaMeter.start(session.device)  # None on every rank without EFA ports
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()
@@ -428,7 +430,14 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step) else None
             record = metrics.step(
-                step, loss, step_time, loss_tokens, lr=lr, grad_norm=grad_norm, eval_loss=eval_loss
+                step,
+                loss,
+                step_time,
+                loss_tokens,
+                lr=lr,
+                grad_norm=grad_norm,
+                eval_loss=eval_loss,
+                efa=meter.sample() if meter is not None else None,
             )
             history.append({key: getattr(record, key) for key in HISTORY_KEYS})
             checkpoint_due = _checkpoint_due(config, step)

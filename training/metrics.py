@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from training.config import TrainConfig
+from training.efa_meter import EfaSample
 from training.evaluate import perplexity
 from training.flops import flops_per_token, mfu, num_params, peak_flops
 from training.report import RunSummary, StepMetrics
@@ -61,6 +62,8 @@ class RunMetrics:
         self.losses: list[float] = []
         self.eval_loss: float | None = None
         self.loss_tokens = 0  # this rank's; the summary adds the ranks' up
+        # Rank 0, with EFA: per node, the bytes and seconds of the samples after the first step.
+        self.efa_totals: dict[str, tuple[float, float] | None] | None = None
 
     def step(
         self,
@@ -72,10 +75,14 @@ class RunMetrics:
         lr: float,
         grad_norm: float,
         eval_loss: float | None,
+        efa: EfaSample | None = None,
     ) -> StepMetrics:
         """`step_time` is the training step's alone (an evaluation after it is not counted);
-        `loss_tokens`: this rank's labels that counted in the step's loss."""
+        `loss_tokens`: this rank's labels that counted in the step's loss; `efa`: what each
+        node's EFA ports moved since the step before (rank 0, with EFA)."""
         self.loss_tokens += loss_tokens
+        if efa is not None and self.step_times:  # the first step's interval is left out, as its time
+            self._add_efa(efa)
         self.step_times.append(step_time)
         self.losses.append(loss)
         if eval_loss is not None:
@@ -94,7 +101,28 @@ class RunMetrics:
             tokens_per_s_per_gpu=tokens_per_s / self.world_size,
             mfu=mfu(tokens_per_s / self.world_size, self.flops_per_token, self.peak),
             peak_mem_gib=peak_memory_gib(self.device),
+            efa_bytes_per_s=None if efa is None else _rates(efa),
         )
+
+    def _add_efa(self, efa: EfaSample) -> None:
+        totals = self.efa_totals if self.efa_totals is not None else dict.fromkeys(efa, (0.0, 0.0))
+        self.efa_totals = {host: _plus(totals.get(host), sample) for host, sample in efa.items()}
+
+    def _efa_summary(self) -> dict[str, Any]:
+        """The summary's EFA fields; none without EFA samples after the first step."""
+        if self.efa_totals is None:
+            return {}
+        steps = len(self.step_times) - 1
+        per_s = _rates(self.efa_totals)
+        known = [rate for rate in per_s.values() if rate is not None]
+        line = self.config.line_rate_gbps
+        return {
+            "efa_bytes_per_s": per_s,
+            "efa_bytes_per_step": {
+                host: None if total is None else total[0] / steps for host, total in self.efa_totals.items()
+            },
+            "efa_line_rate_fraction": max(known) * 8 / (2 * line * 1e9) if line and known else None,
+        }
 
     def summary(self, replicas: int, *, resharded: bool) -> RunSummary:
         """Collective (the peak memory is the largest over the ranks)."""
@@ -140,4 +168,20 @@ class RunMetrics:
             compile=config.compile,
             activation_checkpointing=config.activation_checkpointing,
             run_name=config.run_name,
+            **self._efa_summary(),
         )
+
+
+def _plus(
+    total: tuple[float, float] | None, sample: tuple[float, float] | None
+) -> tuple[float, float] | None:
+    """Bytes and seconds added up; once a node's count is unknown (a device reset) it stays so."""
+    return None if total is None or sample is None else (total[0] + sample[0], total[1] + sample[1])
+
+
+def _rates(samples: EfaSample) -> dict[str, float | None]:
+    """Bytes per second per node; None where unknown or no time passed."""
+    return {
+        host: None if sample is None or sample[1] <= 0 else sample[0] / sample[1]
+        for host, sample in samples.items()
+    }

@@ -51,6 +51,7 @@ _BASE: dict[str, Any] = {
     "export_hf": False,
     "export_dtype": "bf16",
     "tensorboard": True,
+    "line_rate_gbps": None,
     "launcher": "ray",
 }
 

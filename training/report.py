@@ -38,9 +38,20 @@ class StepMetrics:
     tokens_per_s_per_gpu: float
     mfu: float | None
     peak_mem_gib: float
+    # Bytes/s sent plus received through each node's EFA ports since the step before (by host
+    # name; None for a node without them); absent on a machine without EFA (`training.efa_meter`).
+    efa_bytes_per_s: dict[str, float | None] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _without_absent(dataclasses.asdict(self))
+
+
+# Fields that a run without EFA leaves out of its records, rather than writing them as null.
+EFA_FIELDS = ("efa_bytes_per_s", "efa_bytes_per_step", "efa_line_rate_fraction")
+
+
+def _without_absent(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key not in EFA_FIELDS or value is not None}
 
 
 @dataclass(frozen=True)
@@ -87,12 +98,20 @@ class RunSummary:
     run_name: str
     run_dir: str | None = None
     summary_path: str | None = None
+    # Over the steps after the first (as `step_time_s`), per node: EFA bytes/s and bytes per step
+    # (sent plus received), and the busiest node's share of its ports' capacity both ways
+    # (2 x --line-rate-gbps); absent without EFA (and the share without --line-rate-gbps).
+    efa_bytes_per_s: dict[str, float | None] | None = None
+    efa_bytes_per_step: dict[str, float | None] | None = None
+    efa_line_rate_fraction: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _without_absent(dataclasses.asdict(self))
 
 
 STEP_KEYS = tuple(field.name for field in dataclasses.fields(StepMetrics))
+# What a step line must carry; the EFA rate only where there is EFA.
+REQUIRED_STEP_KEYS = tuple(key for key in STEP_KEYS if key not in EFA_FIELDS)
 # Keys a step line has carried from the first release on; the later ones (the learning rate, the
 # gradient norm, the held-out loss) read as None from a job started by an older version, which a
 # later `pulumi up` still follows.
@@ -138,10 +157,10 @@ def _mapping(record: StepMetrics | RunSummary | Mapping[str, Any]) -> Mapping[st
 def format_step_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
     """One line per step: the marker, then the step metrics as compact JSON."""
     metrics = _mapping(metrics)
-    missing = [key for key in STEP_KEYS if key not in metrics]
+    missing = [key for key in REQUIRED_STEP_KEYS if key not in metrics]
     if missing:
         raise KeyError(f"step metrics lack {missing}")
-    payload = {key: _json_number(metrics[key]) for key in STEP_KEYS}
+    payload = {key: _json_number(metrics[key]) for key in STEP_KEYS if key in metrics}
     return f"{STEP_MARKER} {json.dumps(payload, separators=(',', ':'))}"
 
 
@@ -156,7 +175,7 @@ def parse_step_line(line: str) -> dict | None:
         return None
     if not isinstance(payload, dict) or any(key not in payload for key in FIRST_STEP_KEYS):
         return None
-    return {key: payload.get(key) for key in STEP_KEYS}
+    return {key: payload.get(key) for key in STEP_KEYS if key in REQUIRED_STEP_KEYS or key in payload}
 
 
 def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
@@ -172,6 +191,14 @@ def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
         "" if eval_loss is None else f" | eval loss {eval_loss:.4f} (ppl {metrics['eval_perplexity']:.2f})"
     )
     grad_norm = metrics["grad_norm"]
+    efa = metrics.get("efa_bytes_per_s")
+    efa_text = (
+        ""
+        if efa is None
+        else " | EFA "
+        + "/".join("n/a" if rate is None else f"{rate / 1e9:.2f}" for rate in efa.values())
+        + " GB/s"
+    )
     return (
         f"step {metrics['step']:>{width}}/{metrics['steps']}"
         f" | loss {loss_text}{eval_text}"
@@ -179,7 +206,7 @@ def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
         f" | grad norm {'nan' if grad_norm is None else f'{grad_norm:.3f}'}"
         f" | {metrics['step_time_s']:.3f} s/step"
         f" | {metrics['tokens_per_s']:,.0f} tok/s"
-        f" ({metrics['tokens_per_s_per_gpu']:,.0f}/worker)"
+        f" ({metrics['tokens_per_s_per_gpu']:,.0f}/worker){efa_text}"
         f" | MFU {mfu_text}"
         f" | peak mem {metrics['peak_mem_gib']:.2f} GiB"
     )

@@ -334,6 +334,12 @@ class TrainConfig:
         action=_BOOL,
         help="write TensorBoard event files into the run folder's tensorboard/ (rank 0)",
     )
+    line_rate_gbps: float | None = setting(
+        "--line-rate-gbps",
+        type=positive_float,
+        help="each node's network line rate in Gbit/s, for the summary's share of it that EFA carried",
+        unset="no share reported",
+    )
 
     @property
     def synthetic_data(self) -> bool:

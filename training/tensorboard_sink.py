@@ -29,6 +29,8 @@ SCALARS = {
     "throughput/step_time_s": "step_time_s",
     "memory/peak_gib": "peak_mem_gib",
 }
+# One curve per node (its host name) of a per-node step metric; absent without EFA.
+PER_NODE_SCALARS = {"network/efa_bytes_per_s": "efa_bytes_per_s"}
 
 
 def tensorboard_dir(config: TrainConfig) -> str:
@@ -52,6 +54,10 @@ class TensorBoardSink:
             value = getattr(record, key)
             if value is not None:
                 self.writer.add_scalar(tag, value, record.step)
+        for tag, key in PER_NODE_SCALARS.items():
+            for node, node_value in (getattr(record, key) or {}).items():
+                if node_value is not None:
+                    self.writer.add_scalar(f"{tag}/{node}", node_value, record.step)
 
     def sync(self) -> None:
         self.writer.flush()

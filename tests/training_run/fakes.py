@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.fake_kube_api import FakeEfaSysfs, ScriptedJob
+from tests.fake_kube_api import FakeEfaSysfs, ScriptedJob, write_nccl_log_files
 from workloads import manifests
 from workloads.training_run import (
     efa_counters,
@@ -180,17 +181,24 @@ class FakeCustomObjects:
 class FakeRayHead:
     """The head pod: answers `cat .code-hash`, `ray job submit` and the Jobs API script like a Ray head would."""
 
-    def __init__(self, jobs_by_variant: dict[str, ScriptedJob], code_hashes=(CODE_HASH,)):
+    def __init__(
+        self,
+        jobs_by_variant: dict[str, ScriptedJob],
+        code_hashes=(CODE_HASH,),
+        probes_by_variant: dict[str, ScriptedJob] | None = None,
+    ):
         self.jobs_by_variant = jobs_by_variant
         self.code_hashes = list(code_hashes)
         self.jobs: dict[str, ScriptedJob] = {}
         self.metadata: dict[str, dict] = {}  # what `--metadata-json` attached, per submission id
         self.submissions: list[list[str]] = []
         self.efa: dict[str, FakeEfaSysfs] = {}  # worker pod -> its node's EFA sysfs, set by FakeCluster
-        # The fabric probe after each job, by variant; its submissions are kept apart from the jobs'.
-        self.probes_by_variant = {
-            "main": scripted(PROBE_JOB, "driver_probe.log"),
-            "tcp": scripted(TCP_PROBE_JOB, "driver_probe_tcp.log"),
+        # The worker pods now (FakeCluster's, which a test may swap), for the NCCL log files.
+        self.workers: Callable[[], Iterable[FixturePod]] = list
+        # The gate's fabric probe before each job, by variant; its submissions are kept apart.
+        self.probes_by_variant = probes_by_variant or {
+            "main": probe_job(),
+            "tcp": scripted(TCP_PROBE_JOB, "driver_probe_tcp.log", nccl_lines_of=TCP_JOB),  # no EFA traffic
         }
         self.probe_submissions: list[list[str]] = []
 
@@ -211,8 +219,18 @@ class FakeRayHead:
             probe = fabric.PROBE_MODULE in argv
             chosen = self.probes_by_variant if probe else self.jobs_by_variant
             self.jobs[submission_id] = chosen[variant]
+            job = self.jobs[submission_id]
             for sysfs in self.efa.values():
-                sysfs.add(self.jobs[submission_id].efa_traffic)
+                sysfs.add(job.efa_traffic)
+            if job.nccl_lines_of is not None:  # the fixture's session logs hold the lines
+                for pod in self.workers():
+                    write_nccl_log_files(
+                        POD_LOGS / pod.name / "logs",
+                        pod.nccl_logs,
+                        pod.name,
+                        submission_id,
+                        job.nccl_lines_of,
+                    )
             if "--metadata-json" in argv:
                 self.metadata[submission_id] = json.loads(argv[argv.index("--metadata-json") + 1])
             (self.probe_submissions if probe else self.submissions).append(list(argv))
@@ -269,8 +287,8 @@ def stamp_write_order(logs: Path) -> None:
 
 class FixturePod:
     """A worker pod whose Ray session log folder is a fixture folder and whose NCCL log folder
-    (the emptyDir `/tmp/ray`) is `nccl_logs` (the fixtures' pod folder holds no NCCL log files: jobs
-    submitted before they existed); commands really run, here."""
+    (the emptyDir `/tmp/ray`) is `nccl_logs`, an empty folder of its own unless given (the fixtures
+    hold no NCCL log files: their jobs were submitted before they existed); commands really run, here."""
 
     def __init__(
         self,
@@ -279,8 +297,13 @@ class FixturePod:
         nccl_logs: Path | None = None,
         efa: FakeEfaSysfs | None = None,
     ):
+        self.name = name
         self.logs = logs or POD_LOGS / name / "logs"
-        self.nccl_logs = nccl_logs or POD_LOGS / name
+        if nccl_logs is None:
+            self._own = tempfile.TemporaryDirectory(prefix="tmp-ray-")
+            nccl_logs = Path(self._own.name)
+        self.nccl_logs = nccl_logs
+        self.nccl_logs.mkdir(parents=True, exist_ok=True)
         self.efa = efa
         stamp_write_order(self.logs)
         self.commands: list[list[str]] = []
@@ -312,6 +335,10 @@ def driver_log(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
+# What the gate's probe adds to each worker node's counters: three collectives at up to 1 GiB.
+PROBE_TRAFFIC = {"tx_bytes": 4_294_967_296, "rx_bytes": 4_294_971_392, "tx_pkts": 512_000, "rx_pkts": 512_004}
+
+
 # What the EFA job's traffic adds to each worker node's counters: a smoke run's FSDP collectives.
 EFA_JOB_TRAFFIC = {
     "tx_bytes": 12_884_901_888,
@@ -329,6 +356,7 @@ def scripted(
     final: str = "SUCCEEDED",
     message: str | None = None,
     efa_traffic: dict[str, int] | None = None,
+    nccl_lines_of: str | None = None,
 ):
     return ScriptedJob(
         ray_job_id,
@@ -336,7 +364,15 @@ def scripted(
         ["PENDING", "RUNNING", "RUNNING", final],
         message,
         efa_traffic=dict(efa_traffic or {}),
+        nccl_lines_of=nccl_lines_of,
     )
+
+
+def probe_job(nccl_lines_of: str = EFA_JOB, efa_traffic: dict[str, int] | None = None) -> ScriptedJob:
+    """The gate's probe over EFA: NCCL log files with the EFA run's lines, EFA traffic on every node;
+    `nccl_lines_of=FALLBACK_JOB` is one whose aws-ofi-nccl failed, so NCCL fell back to sockets."""
+    traffic = PROBE_TRAFFIC if efa_traffic is None else efa_traffic
+    return scripted(PROBE_JOB, "driver_probe.log", efa_traffic=traffic, nccl_lines_of=nccl_lines_of)
 
 
 @dataclass
@@ -360,9 +396,14 @@ class FakeCluster:
         self.core = FakeCoreApi(
             self.node_snapshots or [self.nodes], self.pod_snapshots or [pods], self.events
         )
-        self._sysfs = tempfile.TemporaryDirectory(prefix="efa-sysfs-")
-        self.head.efa = {name: FakeEfaSysfs(Path(self._sysfs.name) / name) for name in WORKER_PODS}
-        self.workers = {name: FixturePod(name, efa=self.head.efa[name]) for name in WORKER_PODS}
+        self._pods = tempfile.TemporaryDirectory(prefix="worker-pods-")
+        folder = Path(self._pods.name)
+        self.head.efa = {name: FakeEfaSysfs(folder / "sysfs" / name) for name in WORKER_PODS}
+        self.workers = {
+            name: FixturePod(name, nccl_logs=folder / "tmp-ray" / name, efa=self.head.efa[name])
+            for name in WORKER_PODS
+        }
+        self.head.workers = lambda: self.workers.values()
 
     def environment(self) -> runner.RunEnvironment:
         cluster = KubernetesCluster(self.core, FakeCustomObjects(self.worker_replicas))

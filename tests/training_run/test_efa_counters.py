@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from tests.fake_kube_api import FakeEfaSysfs
+from training.efa_sysfs import MOVED, read_moved_bytes
 from workloads.training_run.efa_counters import (
+    counters_command,
     efa_counter_delta,
     efa_problems,
     efa_traffic,
     parse_counters,
 )
+from workloads.training_run.kube_access import LocalExecutor
 
 BEFORE = "rdmap16s27/ports/1/hw_counters/tx_bytes 1000\nrdmap16s27/ports/1/hw_counters/rx_bytes 2000\n"
 AFTER = "rdmap16s27/ports/1/hw_counters/tx_bytes 5000\nrdmap16s27/ports/1/hw_counters/rx_bytes 2500\n"
@@ -39,3 +43,17 @@ def test_bytes_moved_and_the_problems_of_each_node():
     ]
     reset = efa_traffic({"r": parse_counters(AFTER)}, {"r": parse_counters(BEFORE)})
     assert efa_problems(reset) == ["r: the EFA counters went down between the reads (device reset)"]
+
+
+def test_the_pod_exec_and_the_training_jobs_own_read_agree_on_the_same_tree(tmp_path):
+    """Both readers take the layout from `training.efa_sysfs`: the exec script's lines, parsed, give
+    the bytes the training job's in-process read gives, port by port."""
+    sysfs = FakeEfaSysfs(tmp_path / "infiniband")
+    FakeEfaSysfs(tmp_path / "infiniband", device="rdmap32s27").add({"tx_bytes": 5})
+    listing = LocalExecutor().run(counters_command(str(sysfs.root)), 10)
+    parsed = parse_counters(listing.stdout)
+    assert set(parsed) == {"rdmap16s27/1", "rdmap32s27/1"}
+    assert read_moved_bytes(str(sysfs.root)) == {
+        port: sum(counts[name] for name in MOVED) for port, counts in parsed.items()
+    }
+    assert read_moved_bytes(str(tmp_path / "no-such-folder")) == {}

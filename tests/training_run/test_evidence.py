@@ -10,6 +10,7 @@ from tests.training_run.fakes import (
     FALLBACK_JOB,
     OOM_JOB,
     POD_LOGS,
+    PROBE_JOB,
     SMOKE_ARGS,
     WORKER_PODS,
     FakeCluster,
@@ -18,6 +19,7 @@ from tests.training_run.fakes import (
     driver_log,
     failure_of,
     main_and_tcp_head,
+    probe_job,
     props,
     run_inputs,
     scripted,
@@ -46,8 +48,12 @@ def test_worker_logs_of_other_jobs_never_reach_the_verdict():
     fake = FakeCluster(main_and_tcp_head())
     assert fake.provider().create(props(run_inputs())).outs["transport"] == "efa"
     base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    gate = jobs.submission_id_base(run_inputs().job_identity(), "gate-main", {})
     for pod in fake.workers.values():
         assert pod.commands == [
+            efa_counters.counters_command(),  # before the gate's probe
+            evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, gate, evidence.RAY_LOG_DIR, PROBE_JOB),
+            efa_counters.counters_command(),  # after it
             efa_counters.counters_command(),  # before the job
             evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, base, evidence.RAY_LOG_DIR, EFA_JOB),
             efa_counters.counters_command(),  # after it
@@ -156,9 +162,12 @@ def test_a_tcp_fallback_fails_the_update_with_the_evidence():
 
 
 def test_expecting_another_transport_passes_when_it_is_found():
-    head = FakeRayHead({"main": scripted(FALLBACK_JOB, "driver_tcp.log")})
+    head = FakeRayHead(
+        {"main": scripted(FALLBACK_JOB, "driver_tcp.log")},
+        probes_by_variant={"main": probe_job(FALLBACK_JOB, efa_traffic={})},
+    )
     outs = FakeCluster(head).provider().create(props(run_inputs(expect_transport="socket"))).outs
-    assert outs["transport"] == "socket"
+    assert outs["transport"] == "socket" and outs["gate_transport"] == "socket"
 
 
 def test_a_failed_job_shows_the_driver_and_worker_log_tails():

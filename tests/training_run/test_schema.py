@@ -89,7 +89,12 @@ def test_job_arguments_parse_with_the_training_cli():
     )
     config = parse_args(
         job_arguments(
-            training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs", shipped_files=SHIPPED
+            training,
+            world_size=8,
+            gpus_per_worker=1,
+            storage_path="s3://b/runs",
+            shipped_files=SHIPPED,
+            line_rate_gbps=40.0,
         )
     )
     assert (config.preset, config.steps, config.seq_len, config.batch_size, config.lr) == (
@@ -101,8 +106,15 @@ def test_job_arguments_parse_with_the_training_cli():
     )
     assert (config.workers, config.use_gpu, config.gpus_per_worker, config.hsdp_replicas) == (6, True, 1.0, 0)
     assert config.storage_path == "s3://b/runs"
-    assert (config.local, config.launcher) == (False, "ray")
-    assert set(PROGRAM_FLAGS) == {"--storage-path", "--use-gpu", "--gpus-per-worker", "--local", "--launcher"}
+    assert (config.local, config.launcher, config.line_rate_gbps) == (False, "ray", 40.0)
+    assert set(PROGRAM_FLAGS) == {
+        "--storage-path",
+        "--use-gpu",
+        "--gpus-per-worker",
+        "--local",
+        "--launcher",
+        "--line-rate-gbps",
+    }
 
 
 @pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])

@@ -1,4 +1,4 @@
-"""TrainingRun: the post-deploy step of `pulumi up` that runs the training job and proves NCCL's transport.
+"""TrainingRun: the post-deploy step of `pulumi up` that judges the fabric, runs the training job and proves NCCL's transport.
 
 One file per concern:
 
@@ -8,7 +8,9 @@ One file per concern:
 - `jobs`: how a job is submitted, adopted and followed (a typed Ray Jobs client over exec);
   `head_jobs_api` is the program it runs in the head pod;
 - `evidence`: the job's logs, the NCCL lines in them, and how the transport verdict is reached;
-- `runner`: one run, in order: readiness, job(s), verdict(s);
+- `efa_counters`, `fabric`: each worker node's EFA counters around a run; the fabric probe's numbers;
+- `gate`: the fabric judged before each job, which a failing fabric never reaches;
+- `runner`: one run, in order: readiness, gate, job(s), verdict(s);
 - `kube_access`, `eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.aws_identity`, shared with the program);
 - `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors).
 

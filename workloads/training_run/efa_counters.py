@@ -1,12 +1,9 @@
 """The EFA hardware counters of each worker node, read before and after a job: what EFA carried.
 
 NCCL's log lines say which transport NCCL chose; the counters say how much the EFA devices moved
-while the job ran. The EFA kernel driver (amzn/amzn-drivers, kernel/linux/efa/src/efa_verbs.c,
-`EFA_DEFINE_PORT_STATS`) exposes per-port counters through the RDMA core's sysfs, one decimal
-number per file, at `/sys/class/infiniband/<device>/ports/1/hw_counters/<name>` (an EFA device has
-one port). A pod sees the node's devices there: sysfs is mounted into every container, and
-rdma-core finds the devices libfabric's EFA provider opens through these very folders. The
-counters are the node's, not the pod's, which is what is wanted with one Ray worker pod per node.
+while the job ran. Where they are and how they read is `training.efa_sysfs` (the training job reads
+the same files at every step); here they are read by exec in each worker pod, where rdma-core
+finds the devices libfabric's EFA provider opens through these very folders.
 
 A counter never goes down while its device lives; one that did (a driver reload or node reboot
 between the two reads) makes the delta unknown rather than negative.
@@ -18,39 +15,20 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from training.efa_sysfs import COUNTER_GLOB, COUNTER_PATH, COUNTERS, MOVED, SYSFS_ROOT, port_name
 from workloads.training_run.kube_access import Executor, PodFacts, stdout_of_each_pod
 
-SYSFS_ROOT = "/sys/class/infiniband"
-# The counters read, by their driver names: bytes and packets through the port, by RDMA read and
-# write and by send/receive, and the signs of a sick fabric. Older drivers lack some (rdma_write_*
-# came with newer devices); a missing file is simply not reported.
-COUNTERS = (
-    "tx_bytes",
-    "rx_bytes",
-    "tx_pkts",
-    "rx_pkts",
-    "send_bytes",
-    "recv_bytes",
-    "rdma_read_bytes",
-    "rdma_write_bytes",
-    "rdma_write_recv_bytes",
-    "retrans_pkts",
-    "retrans_timeout_events",
-    "impaired_remote_conn_events",
-    "unresponsive_remote_events",
-)
-MOVED = ("tx_bytes", "rx_bytes")  # the port's bytes sent and received, whatever the verb
-COUNTERS_SCRIPT = """\
+COUNTERS_SCRIPT = f"""\
 cd "$1" 2>/dev/null || exit 0
 shift
 for name in "$@"; do
-  for file in */ports/*/hw_counters/"$name"; do
+  for file in {COUNTER_GLOB}/"$name"; do
     [ -f "$file" ] && echo "$file $(cat "$file")"
   done
 done
 exit 0
 """
-_LINE = re.compile(r"([^/\s]+)/ports/(\d+)/hw_counters/(\w+) (\d+)")
+_LINE = re.compile(COUNTER_PATH.pattern + r" (\d+)")
 
 
 def counters_command(sysfs_root: str = SYSFS_ROOT) -> list[str]:
@@ -63,7 +41,7 @@ def parse_counters(stdout: str) -> dict[str, dict[str, int]]:
     for line in stdout.splitlines():
         if match := _LINE.fullmatch(line.strip()):
             device, port, name, value = match.groups()
-            found.setdefault(f"{device}/{port}", {})[name] = int(value)
+            found.setdefault(port_name(device, port), {})[name] = int(value)
     return found
 
 
@@ -116,7 +94,7 @@ def efa_problems(traffic: EfaTraffic) -> list[str]:
     problems = []
     for pod, moved in traffic.bytes_moved().items():
         if traffic.ports[pod] == 0:
-            problems.append(f"{pod}: no EFA port counters under {SYSFS_ROOT}/*/ports/*/hw_counters")
+            problems.append(f"{pod}: no EFA port counters under {SYSFS_ROOT}/{COUNTER_GLOB}")
         elif moved is None:
             problems.append(f"{pod}: the EFA counters went down between the reads (device reset)")
         elif moved == 0:

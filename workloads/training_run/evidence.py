@@ -34,7 +34,6 @@ from training.report import parse_step_line, parse_summary
 from workloads.nccl_transport import Verdict
 from workloads.training_run.efa_counters import EfaTraffic, efa_problems
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.fabric import ProbeResult
 from workloads.training_run.jobs import NCCL_LOG_DIR, JobRecord
 from workloads.training_run.kube_access import CommandTimeout, Executor, PodFacts, stdout_of_each_pod
 
@@ -156,7 +155,8 @@ class JobLog:
 
 @dataclass
 class JobResult:
-    """One finished, successful job and what its logs say."""
+    """One finished, successful job and what its logs say: the training job (`summary` its run
+    summary) or the gate's probe (`summary` its JSON report)."""
 
     submission_id: str
     status: str
@@ -165,7 +165,6 @@ class JobResult:
     log_files: dict[str, int] = field(default_factory=dict)
     rejudged: str | None = None  # why an earlier run's succeeded job was judged again
     efa: EfaTraffic | None = None  # None: the job was adopted, its counters were not read around it
-    probe: ProbeResult | None = None  # the fabric probe run after the job
 
 
 def worker_logs(

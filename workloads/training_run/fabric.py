@@ -1,4 +1,4 @@
-"""The fabric probe run after the job (`python -m training.fabric_probe`), and what its numbers say.
+"""The fabric probe (`python -m training.fabric_probe`) that the gate runs before each job, and what its numbers say.
 
 The job's tokens/s mixes compute and communication; the probe times the job's collectives alone,
 on the same worker group, and reports nccl-tests' bus bandwidth per collective and message size.
@@ -14,8 +14,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from workloads.training_run.errors import TrainingRunError
 
 PROBE_MODULE = "training.fabric_probe"
 # The flags of the job that place its worker group, which the probe shares (same names, same meaning).
@@ -77,7 +75,7 @@ def busbw_problems(
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """The probe run beside a job: its submission id and each collective's busbw at the largest size."""
+    """The probe run before a job: its submission id and each collective's busbw at the largest size."""
 
     submission_id: str
     busbw_gbps: dict[str, float]
@@ -86,16 +84,3 @@ class ProbeResult:
 
 def probe_result(submission_id: str, report: Mapping[str, Any]) -> ProbeResult:
     return ProbeResult(submission_id, largest_busbw(report), max(row["bytes"] for row in report["results"]))
-
-
-def check_busbw(probe: ProbeResult, expect: str, line_rate_gbps: float | None, min_fraction: float) -> None:
-    """With `efa` expected, fail when a collective's busbw is under the floor, with the numbers."""
-    problems = busbw_problems(probe.busbw_gbps, line_rate_gbps, min_fraction)
-    if expect == "efa" and problems:
-        raise TrainingRunError(
-            f"the fabric probe (job {probe.submission_id}, {probe.largest_bytes} byte messages) "
-            "is too slow for EFA:\n"
-            + "\n".join(f"    {problem}" for problem in problems)
-            + "\ncheck the EFA interfaces per node against the instance type's, and the placement group; "
-            "or lower training.minBusbwFraction (0 turns the floor off)"
-        )

@@ -1,16 +1,20 @@
 """The TrainingRun dynamic resource: its outputs (declared once, here), check, diff, CRUD; its inputs
 and time limits are the run schema (`schema`).
 
-After the RayCluster exists, `pulumi up` creates this resource; its provider runs the training job
-and proves NCCL's transport (`runner`), and its outputs carry the job id, the transport verdict and
-its evidence, and the throughput.
+After the RayCluster exists, `pulumi up` creates this resource; its provider judges the fabric
+before the job (`gate`), runs the training job and proves NCCL's transport (`runner`), and its
+outputs carry the gate's verdict, the job id, the transport verdict and its evidence, and the
+throughput.
 
 Re-runs. `diff` replaces the resource, which runs the job (again), when an input marked `rerun`
 changes: the code, the job arguments, what the pods run (`run_spec_hash`: a hash of the rendered
 RayCluster: image, NCCL/EFA environment, resources, volumes, node selection; the pods carry it and
 the run waits for pods that do; `gpu_instance_type`), the
 expected transport, `benchmark`, or where the job runs. `timeout_minutes` alone changes nothing.
-An input not known yet counts as changed. `update` (reached only when the engine asks for it)
+An input not known yet counts as changed. The fabric gate runs with the job, never alone: a
+`pulumi up` without a change runs neither. The gate's probe job takes its id from the same identity
+(`gate-<variant>-...`), so after an interrupted `pulumi up` it is adopted or judged again on the
+same pods as the job is. `update` (reached only when the engine asks for it)
 runs the job as `create` does; `read` returns the recorded run unchanged (a finished job does not
 change); `delete` does nothing: a finished job holds no resources, its history goes with the
 RayCluster.
@@ -58,6 +62,7 @@ from workloads.training_run.errors import (
 )
 from workloads.training_run.evidence import JobResult
 from workloads.training_run.fabric import busbw_fractions
+from workloads.training_run.gate import GateResult
 from workloads.training_run.kube_access import KubernetesCluster
 from workloads.training_run.runner import RunEnvironment, TrainingRunner
 from workloads.training_run.schema import (
@@ -74,8 +79,10 @@ class RunOutputs:
     """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`. `efa_bytes`
     (bytes sent plus received through each worker node's EFA ports during the job) and
     `efa_counters` (each counter's delta) are None for a job this run adopted instead of submitting.
-    `busbw_gbps` is the fabric probe's bus bandwidth per collective at its largest message size, and
-    `busbw_fraction` that over the `line_rate_gbps` input (None without one)."""
+    The `gate_*` ones are the fabric gate's that passed before the job (`gate`): its probe job, its
+    NCCL verdict and evidence, its EFA bytes per worker pod, and `gate_s`, the seconds from the pods
+    being ready to its verdict; `busbw_gbps` is its bus bandwidth per collective at the largest
+    message size, and `busbw_fraction` that over the `line_rate_gbps` input (None without one)."""
 
     job_id: str
     status: str
@@ -90,7 +97,12 @@ class RunOutputs:
     summary: dict
     efa_bytes: dict[str, int | None] | None = None
     efa_counters: dict[str, dict[str, int] | None] | None = None
-    probe_job_id: str | None = None
+    gate_job_id: str | None = None
+    gate_transport: str | None = None
+    gate_transport_reason: str | None = None
+    gate_evidence: list[str] | None = None
+    gate_efa_bytes: dict[str, int | None] | None = None
+    gate_s: float | None = None
     busbw_gbps: dict[str, float] | None = None
     busbw_fraction: dict[str, float] | None = None
     tcp_job_id: str | None = None
@@ -98,43 +110,55 @@ class RunOutputs:
     tcp_evidence: list[str] | None = None
     tcp_tokens_per_s: float | None = None
     tcp_efa_bytes: dict[str, int | None] | None = None
-    tcp_probe_job_id: str | None = None
+    tcp_gate_job_id: str | None = None
     tcp_busbw_gbps: dict[str, float] | None = None
     efa_speedup: float | None = None
 
     @classmethod
-    def of(cls, main: JobResult, tcp: JobResult | None, line_rate_gbps: float | None) -> RunOutputs:
-        summary = main.summary
+    def of(
+        cls,
+        main: tuple[GateResult, JobResult],
+        tcp: tuple[GateResult, JobResult] | None,
+        line_rate_gbps: float | None,
+    ) -> RunOutputs:
+        gate, job = main
+        summary = job.summary
         outputs = cls(
-            job_id=main.submission_id,
-            status=main.status,
-            transport=main.verdict.transport,
-            transport_reason=main.verdict.reason,
-            evidence=list(main.verdict.evidence),
-            worker_log_files=dict(main.log_files),
+            job_id=job.submission_id,
+            status=job.status,
+            transport=job.verdict.transport,
+            transport_reason=job.verdict.reason,
+            evidence=list(job.verdict.evidence),
+            worker_log_files=dict(job.log_files),
             tokens_per_s=summary.get("tokens_per_s"),
             mfu=summary.get("mfu"),
             step_time_s=summary.get("step_time_s"),
             duration_s=summary.get("duration_s"),
             summary=summary,
-            efa_bytes=main.efa.bytes_moved() if main.efa else None,
-            efa_counters=dict(main.efa.deltas) if main.efa else None,
-            probe_job_id=main.probe.submission_id if main.probe else None,
-            busbw_gbps=main.probe.busbw_gbps if main.probe else None,
-            busbw_fraction=busbw_fractions(main.probe.busbw_gbps, line_rate_gbps) if main.probe else None,
+            efa_bytes=job.efa.bytes_moved() if job.efa else None,
+            efa_counters=dict(job.efa.deltas) if job.efa else None,
+            gate_job_id=gate.run.submission_id,
+            gate_transport=gate.run.verdict.transport,
+            gate_transport_reason=gate.run.verdict.reason,
+            gate_evidence=list(gate.run.verdict.evidence),
+            gate_efa_bytes=gate.run.efa.bytes_moved() if gate.run.efa else None,
+            gate_s=gate.seconds,
+            busbw_gbps=gate.probe.busbw_gbps,
+            busbw_fraction=busbw_fractions(gate.probe.busbw_gbps, line_rate_gbps),
         )
         if tcp is None:
             return outputs
-        main_rate, tcp_rate = main.summary.get("tokens_per_s"), tcp.summary.get("tokens_per_s")
+        tcp_gate, tcp_job = tcp
+        main_rate, tcp_rate = summary.get("tokens_per_s"), tcp_job.summary.get("tokens_per_s")
         return dataclasses.replace(
             outputs,
-            tcp_job_id=tcp.submission_id,
-            tcp_transport=tcp.verdict.transport,
-            tcp_evidence=list(tcp.verdict.evidence),
+            tcp_job_id=tcp_job.submission_id,
+            tcp_transport=tcp_job.verdict.transport,
+            tcp_evidence=list(tcp_job.verdict.evidence),
             tcp_tokens_per_s=tcp_rate,
-            tcp_efa_bytes=tcp.efa.bytes_moved() if tcp.efa else None,
-            tcp_probe_job_id=tcp.probe.submission_id if tcp.probe else None,
-            tcp_busbw_gbps=tcp.probe.busbw_gbps if tcp.probe else None,
+            tcp_efa_bytes=tcp_job.efa.bytes_moved() if tcp_job.efa else None,
+            tcp_gate_job_id=tcp_gate.run.submission_id,
+            tcp_busbw_gbps=tcp_gate.probe.busbw_gbps,
             efa_speedup=round(main_rate / tcp_rate, 3) if main_rate and tcp_rate else None,
         )
 

@@ -1,15 +1,12 @@
-"""One run of the TrainingRun resource: readiness, the job(s), the verdict(s), the outputs.
+"""One run of the TrainingRun resource: readiness, the gate, the job(s), the verdict(s), the outputs.
 
-After each job that passed its transport check, the fabric probe runs on the same worker group
-with the same NCCL environment (`fabric`); with `efa` expected, its busbw must clear the stack's
-floor (`min_busbw_fraction` of the line rate).
-
-The steps, each in its own module: wait until the cluster is ready (`readiness`), adopt or
-submit the job and follow it to its end (`jobs`), read its logs and judge NCCL's transport
-(`evidence`). With `benchmark` the same job then runs with NCCL forced onto TCP
-(`TCP_BASELINE_ENV`), that run must really have used sockets, and both throughputs and their
-ratio are output. A wait cut short by Ctrl-C or by `timeout_minutes` leaves the job running: the
-next `pulumi up` adopts it.
+The steps, each in its own module: wait until the cluster is ready (`readiness`); run the fabric
+probe on the job's worker group with the job's NCCL environment and judge it (`gate`): a fabric
+that fails stops the run before the job is submitted; adopt or submit the job and follow it to
+its end (`jobs`), read its logs and judge NCCL's transport (`evidence`). With `benchmark` the same
+gate and job then run with NCCL forced onto TCP (`TCP_BASELINE_ENV`), that run must really have
+used sockets, and both throughputs and their ratio are output. A wait cut short by Ctrl-C or by
+`timeout_minutes` leaves the job running: the next `pulumi up` adopts it.
 """
 
 from __future__ import annotations
@@ -24,9 +21,10 @@ from platform_facts import EFA_RESOURCE, GPU_RESOURCE
 from training.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
-from workloads.training_run import efa_counters, evidence, fabric, readiness
+from workloads.training_run import efa_counters, evidence, fabric, gate, readiness
 from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
 from workloads.training_run.evidence import JobLog, JobResult
+from workloads.training_run.gate import GateResult
 from workloads.training_run.jobs import (
     DASHBOARD_ADDRESS,
     NCCL_LOG_DIR,
@@ -53,7 +51,7 @@ TCP_BASELINE_ENV = {
     "NCCL_NSOCKS_PERTHREAD": "4",
 }
 MAIN_VARIANT, TCP_VARIANT = "main", "tcp"
-PROBE_VARIANT = "probe"  # the fabric probe after a job: `probe-main`, `probe-tcp`
+GATE_VARIANT = "gate"  # the fabric probe before a job: `gate-main`, `gate-tcp`
 
 
 @dataclass
@@ -200,23 +198,27 @@ class TrainingRunner:
                 f"`ray job stop {submission_id}` in the head pod."
             ) from None
 
-    def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
+    def judged_run(
+        self,
+        pods: RayPods,
+        variant: str,
+        env_vars: Mapping[str, str],
+        module: str = "training",
+        args: Sequence[str] | None = None,
+    ) -> tuple[JobResult, JobLog]:
+        """Run a job (the training job or the probe) to its end and judge it: NCCL's transport from
+        its lines, covering the job's ranks and worker pods, and the EFA counters around it. Its
+        `summary` is left empty for the caller to read from the log."""
         jobs = RayJobsClient(
             self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
         )
         before = efa_counters.read_counters(pods.workers, self.env.executor_for, self.env.sysfs_root)
-        plan = self.start_job(pods, jobs, variant, env_vars)
+        plan = self.start_job(pods, jobs, variant, env_vars, module, args)
         submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
         if job.status != JobStatus.SUCCEEDED:
             raise TrainingRunError(
                 evidence.failure_report(job, log, pods.workers, self.env.executor_for, self.env.ray_log_dir)
-            )
-        summary = log.summary()
-        if summary is None:
-            raise TrainingRunError(
-                f"job {submission_id} succeeded but its log ends without the run summary (a JSON line with "
-                f"world_size, steps, tokens_per_s, ...); last lines:\n" + "\n".join(log.last_lines())
             )
         ray_job_id = (
             job.ray_job_id if job.ray_job_id and evidence.RAY_JOB_ID.fullmatch(job.ray_job_id) else None
@@ -239,8 +241,8 @@ class TrainingRunner:
             "NCCL log files" if any(read.nccl_files for read in worker_logs.values()) else "Ray worker logs"
         )
         self.env.log(
-            f"training run: job {submission_id}: {summary.get('tokens_per_s')} tokens/s, NCCL transport "
-            f"{verdict.transport} ({verdict.reason}); {kind} read: {log_files}"
+            f"training run: job {submission_id}: NCCL transport {verdict.transport} ({verdict.reason}); "
+            f"{kind} read: {log_files}"
         )
         rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
         # The counters span the job only when this run submitted it: an adopted job began before
@@ -252,32 +254,49 @@ class TrainingRunner:
             self.env.log(
                 f"training run: job {submission_id}: EFA bytes per worker pod {traffic.bytes_moved()}"
             )
-        return JobResult(submission_id, job.status, summary, verdict, log_files, rejudged, traffic)
+        return JobResult(submission_id, job.status, {}, verdict, log_files, rejudged, traffic), log
 
-    def run_probe(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> fabric.ProbeResult:
-        """The fabric probe on the job's worker group, with the job's NCCL environment."""
-        jobs = RayJobsClient(
-            self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
-        )
-        args = fabric.probe_args(self.request.job_args)
-        plan = self.start_job(pods, jobs, f"{PROBE_VARIANT}-{variant}", env_vars, fabric.PROBE_MODULE, args)
-        job, log = self.follow_job(pods, jobs, plan.submission_id)
-        if job.status != JobStatus.SUCCEEDED:
+    def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
+        result, log = self.judged_run(pods, variant, env_vars)
+        summary = log.summary()
+        if summary is None:
             raise TrainingRunError(
-                evidence.failure_report(job, log, pods.workers, self.env.executor_for, self.env.ray_log_dir)
+                f"job {result.submission_id} succeeded but its log ends without the run summary (a JSON line "
+                f"with world_size, steps, tokens_per_s, ...); last lines:\n" + "\n".join(log.last_lines())
             )
+        self.env.log(f"training run: job {result.submission_id}: {summary.get('tokens_per_s')} tokens/s")
+        return replace(result, summary=summary)
+
+    def run_gate(
+        self, pods: RayPods, variant: str, env_vars: Mapping[str, str], ready_at: float
+    ) -> GateResult:
+        """The fabric probe on the job's worker group, with the job's NCCL environment, judged
+        (`gate`); a pod that vanishes meanwhile stops the run saying so."""
+        args = fabric.probe_args(self.request.job_args)
+        try:
+            result, log = self.judged_run(
+                pods, f"{GATE_VARIANT}-{variant}", env_vars, fabric.PROBE_MODULE, args
+            )
+        except PodGone as gone:
+            raise TrainingRunError(
+                f"pod {gone.pod} vanished during the fabric gate ({gone.what} answered 404), so the training "
+                f"job was not submitted. Run `pulumi up` again once the RayCluster's pods are Ready again "
+                f"(`kubectl -n {self.request.namespace} get pods`): the gate then runs on the new pods"
+            ) from gone
         report = fabric.probe_report(log.last_lines(JobLog.TAIL_LINES))
         if report is None:
             raise TrainingRunError(
-                f"fabric probe {plan.submission_id} succeeded but its log ends without its JSON line "
+                f"fabric probe {result.submission_id} succeeded but its log ends without its JSON line "
                 "(world_size, results); last lines:\n" + "\n".join(log.last_lines())
             )
-        probe = fabric.probe_result(plan.submission_id, report)
+        probe = fabric.probe_result(result.submission_id, report)
+        seconds = round(self.env.clock() - ready_at, 1)
         self.env.log(
-            f"training run: fabric probe {plan.submission_id}: busbw at {probe.largest_bytes} bytes "
-            f"{probe.busbw_gbps} Gbit/s, line rate {self.request.line_rate_gbps} Gbit/s"
+            f"training run: fabric gate {result.submission_id}: busbw at {probe.largest_bytes} bytes "
+            f"{probe.busbw_gbps} Gbit/s, line rate {self.request.line_rate_gbps} Gbit/s; verdict "
+            f"{seconds} s after the pods were ready"
         )
-        return probe
+        return GateResult(replace(result, summary=report), probe, seconds)
 
     def wait_until_ready(self) -> RayPods:
         request, env = self.request, self.env
@@ -317,22 +336,24 @@ class TrainingRunner:
         )
         return pods
 
-    def run(self) -> tuple[JobResult, JobResult | None]:
-        """The main job, checked; then the TCP baseline when benchmarking."""
+    def gated_job(
+        self, pods: RayPods, variant: str, env_vars: Mapping[str, str], expect: str, ready_at: float
+    ) -> tuple[GateResult, JobResult]:
+        """The gate, then (only when it passed) the job, then the job's own verdict."""
+        request = self.request
+        passed = self.run_gate(pods, variant, env_vars, ready_at)
+        gate.check_gate(passed, expect, request.line_rate_gbps, request.min_busbw_fraction)
+        job = self.run_job(pods, variant, env_vars)
+        evidence.check_transport(job, expect)
+        return passed, job
+
+    def run(self) -> tuple[tuple[GateResult, JobResult], tuple[GateResult, JobResult] | None]:
+        """The main gate and job, checked; then the TCP baseline's when benchmarking."""
         try:
             pods = self.wait_until_ready()
         except Interrupted:
             raise Interrupted("interrupted while waiting for the cluster; no job was submitted") from None
-        request = self.request
-        main = self.run_job(pods, MAIN_VARIANT, {})
-        evidence.check_transport(main, request.expect_transport)
-        main = replace(main, probe=self.run_probe(pods, MAIN_VARIANT, {}))
-        assert main.probe is not None
-        fabric.check_busbw(
-            main.probe, request.expect_transport, request.line_rate_gbps, request.min_busbw_fraction
-        )
-        if not request.benchmark:
+        main = self.gated_job(pods, MAIN_VARIANT, {}, self.request.expect_transport, self.env.clock())
+        if not self.request.benchmark:
             return main, None
-        tcp = self.run_job(pods, TCP_VARIANT, TCP_BASELINE_ENV)
-        evidence.check_transport(tcp, "socket")
-        return main, replace(tcp, probe=self.run_probe(pods, TCP_VARIANT, TCP_BASELINE_ENV))
+        return main, self.gated_job(pods, TCP_VARIANT, TCP_BASELINE_ENV, "socket", self.env.clock())
