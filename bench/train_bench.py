@@ -497,21 +497,30 @@ def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) 
     return summary
 
 
+def loss_curves(
+    model_config: str, device: torch.device, steps: int, runs: dict[str, dict[str, Any]]
+) -> tuple[dict[str, list[float]], dict[str, dict[str, Any]]]:
+    """Each labelled tuned run in turn, from the same seed: its loss per step and its throughput."""
+    curves: dict[str, list[float]] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    for label, run_spec in runs.items():
+        session = tuned_run(tuned_config(model_config, steps, run_spec), device, run_spec)
+        assert session.summary is not None
+        curves[label] = [row["loss"] for row in session.history]
+        summaries[label] = {key: session.summary[key] for key in ("tokens_per_s", "mfu", "peak_mem_gib")}
+        release_memory()
+    return curves, summaries
+
+
 def float8_parity(
     model_config: str, device: torch.device, data: str, steps: int, spec: dict[str, Any]
 ) -> dict[str, Any]:
     """The same run (weights, rows, order) in bf16 and with --float8, on a real-text corpus read
     as bytes: both loss curves, and how far apart they are over the last steps."""
     run = {**spec, "data": data, "tokenizer": BYTE_TOKENIZER, "lr": 3e-4, "warmup_steps": 20}
-    curves: dict[str, list[float]] = {}
-    summaries: dict[str, dict[str, Any]] = {}
-    for label, float8 in (("bf16", False), ("float8", True)):
-        run_spec = {**run, "float8": float8}
-        session = tuned_run(tuned_config(model_config, steps, run_spec), device, run_spec)
-        assert session.summary is not None
-        curves[label] = [row["loss"] for row in session.history]
-        summaries[label] = {key: session.summary[key] for key in ("tokens_per_s", "mfu", "peak_mem_gib")}
-        release_memory()
+    curves, summaries = loss_curves(
+        model_config, device, steps, {"bf16": {**run, "float8": False}, "float8": {**run, "float8": True}}
+    )
     tail = max(1, steps // 5)
     last = {label: statistics.mean(curve[-tail:]) for label, curve in curves.items()}
     return {
@@ -539,15 +548,9 @@ def kernel_parity(
         "lr": 3e-4,
         "warmup_steps": 10,
     }
-    curves: dict[str, list[float]] = {}
-    summaries: dict[str, dict[str, Any]] = {}
-    for kernel in ("sdpa", "flex"):
-        run_spec = {**run, "attention": kernel}
-        session = tuned_run(tuned_config(model_config, steps, run_spec), device, run_spec)
-        assert session.summary is not None
-        curves[kernel] = [row["loss"] for row in session.history]
-        summaries[kernel] = {key: session.summary[key] for key in ("tokens_per_s", "mfu", "peak_mem_gib")}
-        release_memory()
+    curves, summaries = loss_curves(
+        model_config, device, steps, {kernel: {**run, "attention": kernel} for kernel in ("sdpa", "flex")}
+    )
     differences = [flex - sdpa for sdpa, flex in zip(curves["sdpa"], curves["flex"], strict=True)]
     tail = max(1, steps // 5)
     last = {kernel: statistics.mean(curve[-tail:]) for kernel, curve in curves.items()}
