@@ -512,6 +512,35 @@ def loss_curves(
     return curves, summaries
 
 
+def parity_report(
+    name: str,
+    run: dict[str, Any],
+    steps: int,
+    curves: dict[str, list[float]],
+    summaries: dict[str, dict[str, Any]],
+    baseline: str,
+    candidate: str,
+) -> dict[str, Any]:
+    """How far `candidate`'s loss curve lies from `baseline`'s: step by step, and over the last
+    fifth of the steps (where noise of single steps averages out)."""
+    differences = [other - base for base, other in zip(curves[baseline], curves[candidate], strict=True)]
+    tail = max(1, steps // 5)
+    last = {label: statistics.mean(curve[-tail:]) for label, curve in curves.items()}
+    return {
+        "name": name,
+        **run,
+        "steps": steps,
+        "summaries": summaries,
+        "loss_first": {label: curve[0] for label, curve in curves.items()},
+        "loss_last": {label: curve[-1] for label, curve in curves.items()},
+        f"mean_loss_last_{tail}_steps": last,
+        "relative_difference_last_steps": (last[candidate] - last[baseline]) / last[baseline],
+        "mean_difference": statistics.mean(differences),
+        "max_abs_difference": max(abs(difference) for difference in differences),
+        "losses": curves,
+    }
+
+
 def float8_parity(
     model_config: str, device: torch.device, data: str, steps: int, spec: dict[str, Any]
 ) -> dict[str, Any]:
@@ -521,18 +550,7 @@ def float8_parity(
     curves, summaries = loss_curves(
         model_config, device, steps, {"bf16": {**run, "float8": False}, "float8": {**run, "float8": True}}
     )
-    tail = max(1, steps // 5)
-    last = {label: statistics.mean(curve[-tail:]) for label, curve in curves.items()}
-    return {
-        "name": "float8-parity",
-        **run,
-        "steps": steps,
-        "summaries": summaries,
-        f"mean_loss_last_{tail}_steps": last,
-        "relative_difference_last_steps": (last["float8"] - last["bf16"]) / last["bf16"],
-        "max_abs_difference": max(abs(a - b) for a, b in zip(curves["bf16"], curves["float8"], strict=True)),
-        "losses": curves,
-    }
+    return parity_report("float8-parity", run, steps, curves, summaries, "bf16", "float8")
 
 
 def kernel_parity(
@@ -551,22 +569,7 @@ def kernel_parity(
     curves, summaries = loss_curves(
         model_config, device, steps, {kernel: {**run, "attention": kernel} for kernel in ("sdpa", "flex")}
     )
-    differences = [flex - sdpa for sdpa, flex in zip(curves["sdpa"], curves["flex"], strict=True)]
-    tail = max(1, steps // 5)
-    last = {kernel: statistics.mean(curve[-tail:]) for kernel, curve in curves.items()}
-    return {
-        "name": "flex-parity",
-        **run,
-        "steps": steps,
-        "summaries": summaries,
-        "loss_first": {kernel: curve[0] for kernel, curve in curves.items()},
-        "loss_last": {kernel: curve[-1] for kernel, curve in curves.items()},
-        f"mean_loss_last_{tail}_steps": last,
-        "relative_difference_last_steps": (last["flex"] - last["sdpa"]) / last["sdpa"],
-        "mean_difference": statistics.mean(differences),
-        "max_abs_difference": max(abs(d) for d in differences),
-        "losses": curves,
-    }
+    return parity_report("flex-parity", run, steps, curves, summaries, "sdpa", "flex")
 
 
 def naive_step(

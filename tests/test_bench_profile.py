@@ -1,4 +1,5 @@
-"""The profiler's idle-gap reading, on a trace in the format torch.profiler exports.
+"""The benchmark's pure readings: the profiler's idle gaps, on a trace in the format
+torch.profiler exports; the document rows and attention shares; the parity report of two runs.
 
 torch.profiler's `export_chrome_trace` writes Chrome Trace Event Format "complete" events
 (`"ph": "X"`, microsecond `ts` and `dur`); GPU work has the categories `kernel`,
@@ -67,3 +68,16 @@ def test_the_isolated_variants_rows_hold_the_documents_their_mfu_counts():
     shares = attention_shares({"seq_len": 4096, "documents": 8, "attention": "flex"})
     assert shares == {"attended": 8 * 512 * 513 / 2 / 4096**2, "blocks": 80 / 1024}
     assert attention_shares({"seq_len": 4096}) == {"attended": 4097 / 2 / 4096}
+
+
+def test_a_parity_report_says_how_far_the_candidate_curve_lies_from_the_baseline():
+    from bench.train_bench import parity_report
+
+    curves = {"sdpa": [4.0, 3.0, 2.0, 1.0, 1.0], "flex": [4.0, 3.5, 2.0, 1.0, 1.5]}
+    report = parity_report("flex-parity", {"seq": 8}, 5, curves, {}, "sdpa", "flex")
+    assert (report["name"], report["seq"], report["steps"]) == ("flex-parity", 8, 5)
+    assert report["loss_first"] == {"sdpa": 4.0, "flex": 4.0}
+    assert report["loss_last"] == {"sdpa": 1.0, "flex": 1.5}
+    assert report["mean_loss_last_1_steps"] == {"sdpa": 1.0, "flex": 1.5}  # the last fifth: 1 step
+    assert report["relative_difference_last_steps"] == 0.5
+    assert report["mean_difference"] == 0.2 and report["max_abs_difference"] == 0.5
