@@ -850,28 +850,21 @@ def main() -> None:
         save()
         release_memory()
 
-    if args.float8_parity_steps:
-        report["float8_parity"] = float8_parity(
-            args.model_config,
-            device,
-            args.parity_data,
-            args.float8_parity_steps,
-            {"seq_len": 4096, "batch_size": 4, "compile": True},
-        )
-        parity = report["float8_parity"]
-        emit({key: value for key, value in parity.items() if key != "losses"})
-        save()
-
-    if args.flex_parity_steps:
-        report["flex_parity"] = kernel_parity(
-            args.model_config,
-            device,
-            args.parity_data,
-            args.flex_parity_steps,
-            {"seq_len": 4096, "batch_size": 4, "compile": True},
-        )
-        emit({key: value for key, value in report["flex_parity"].items() if key != "losses"})
-        save()
+    parity_runs = (
+        ("float8_parity", args.float8_parity_steps, float8_parity),
+        ("flex_parity", args.flex_parity_steps, kernel_parity),
+    )
+    for key, parity_steps, parity_run in parity_runs:
+        if parity_steps:
+            report[key] = parity_run(
+                args.model_config,
+                device,
+                args.parity_data,
+                parity_steps,
+                {"seq_len": 4096, "batch_size": 4, "compile": True},
+            )
+            emit({name: value for name, value in report[key].items() if name != "losses"})
+            save()
 
     if args.memory_cap_gib and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory

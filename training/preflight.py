@@ -112,14 +112,15 @@ def _local_cpu_workers_max() -> int:
     return max(os.cpu_count() or 1, 2)
 
 
-def check_worker_group(settings: WorkerGroupSettings) -> None:
-    """The worker group can start: a cluster to join, or an embedded one the machine can hold."""
+def check_worker_group(settings: WorkerGroupSettings) -> str | None:
+    """The worker group can start: a cluster to join (its address, returned), or an embedded one
+    the machine can hold (None)."""
     if not settings.local:
-        cluster_address()
-        return
+        return cluster_address()
     most = _local_cpu_workers_max()
     if not settings.use_gpu and settings.workers is not None and settings.workers > most:
         raise UsageError(
             f"--local --workers {settings.workers}: this machine has {os.cpu_count()} CPUs; a local CPU "
             f"run takes at most one worker per CPU (--workers {most} or fewer)"
         )
+    return None

@@ -53,7 +53,7 @@ from training.data import (
     tokenize_batch,
 )
 from training.errors import DivergedError, RunFailedError, UsageError
-from training.preflight import WorkerGroupSettings, check_worker_group, cluster_address
+from training.preflight import WorkerGroupSettings, check_worker_group
 from training.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 
 # Ray Train's controller takes each worker's report off a one-slot queue when it
@@ -207,10 +207,11 @@ def cached_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> Ca
     return entry
 
 
-def _start_ray(config: WorkerGroupSettings) -> None:
+def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
+    """Join the cluster at `address`, or start an embedded one (None)."""
     plain_prefixes_unless_terminal()
-    if not config.local:
-        ray.init(address=cluster_address())
+    if address is not None:
+        ray.init(address=address)
         quiet_driver_logs()
         return
     workers = config.workers or 1
@@ -254,8 +255,7 @@ def _worker_count(config: WorkerGroupSettings) -> int:
 @contextlib.contextmanager
 def _worker_group(settings: WorkerGroupSettings) -> Iterator[int]:
     """A Ray cluster joined or started for the run, and how many workers it runs."""
-    check_worker_group(settings)
-    _start_ray(settings)
+    _start_ray(settings, check_worker_group(settings))
     try:
         yield _worker_count(settings)
     finally:
