@@ -10,22 +10,26 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.cluster import Cluster, coredns_version
-from infra.config import hf_token, load_settings
-from infra.network import Network
-from infra.node_groups import (
+from infra.aws_facts.sizing import size_workers
+from infra.config.stack import hf_token, load_settings
+from infra.config.training_settings import (
+    job_arguments,
+    training_config,
+    warn_if_the_run_outlasts_its_timeout,
+)
+from infra.plan.facts import line_rate_gbps
+from infra.plan.planner import log_plan, measured_against_plan
+from infra.preflight import plan_placement
+from infra.resources.cluster import Cluster, coredns_version
+from infra.resources.network import Network
+from infra.resources.node_groups import (
     GPU_ROOT_VOLUME_GIB,
     SYSTEM_ROOT_VOLUME_GIB,
     GpuNodeGroup,
     NodeGroupSpec,
     SystemNodeGroup,
 )
-from infra.plan import log_plan, measured_against_plan
-from infra.plan_facts import line_rate_gbps
-from infra.preflight import plan_placement
-from infra.sizing import size_workers
-from infra.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
-from infra.training_settings import job_arguments, training_config, warn_if_the_run_outlasts_its_timeout
+from infra.resources.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
 from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons

@@ -7,7 +7,7 @@ documents arrive (`CorpusCache.build`, a local root). `worker` maps that entry (
 draws `--worker-batches` batches of 8 rows (`epoch_batches`), as a rank does. `ray-in-memory` and
 `ray-streamed` are the Ray driver end to end on a JSONL corpus of the byte tokenizer, Ray Data
 reading and tokenizing it on an embedded Ray of 2 CPUs: the old packing of Ray Data's batches, and
-`cached_corpus` (training/ray_launcher.py), which streams them into the cache.
+`cached_corpus` (training/launch/ray_launcher.py), which streams them into the cache.
 
 Each (size, path) runs in a fresh process, which reports the peak resident memory the work added
 (ru_maxrss) and, polled every 10 ms, the peak of each kind: RssAnon (the heap, which the kernel
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from training.corpus_cache import CorpusCache, open_rows
-from training.data import ROW_DTYPE, RowPacker, epoch_batches, pack_documents
+from training.data.corpus_cache import CorpusCache, open_rows
+from training.data.packing import ROW_DTYPE, RowPacker, epoch_batches, pack_documents
 
 MIB = 2**20
 PATHS = ("in-memory", "streamed", "worker")
@@ -125,9 +125,9 @@ def run_path(
 
 def run_ray_path(path: str, tokens: int, seq_len: int, folder: str) -> dict:
     """The Ray driver packing a JSONL corpus Ray Data reads and tokenizes; what it produced."""
-    from training.config import parse_args
-    from training.data import batch_tokens
-    from training.ray_launcher import cached_corpus, tokenized_documents
+    from training.config.run_config import parse_args
+    from training.data.packing import batch_tokens
+    from training.launch.ray_launcher import cached_corpus, tokenized_documents
 
     corpus = Path(folder) / f"corpus-{tokens}.jsonl"
     cache = Path(folder) / f"cache-{tokens}-{path}"
@@ -151,7 +151,7 @@ def measure(args: argparse.Namespace, path: str, tokens: int, folder: str) -> di
         store = {"object_store_memory": args.object_store_mib * MIB} if args.object_store_mib else {}
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, **store)
         facts["object_store_mib"] = round(ray.cluster_resources()["object_store_memory"] / MIB)
-        importlib.import_module("training.ray_launcher")  # its imports (ray.data) are no packing
+        importlib.import_module("training.launch.ray_launcher")  # its imports (ray.data) are no packing
     before, started = peak_rss(), time.perf_counter()
     with PeakSampler() as sampler:
         if path in RAY_PATHS:

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from bench.train_bench import BenchSession, benchmark_config, release_memory, start_process_group, timed_steps
-from training.data import DOCUMENT_START
+from training.data.packing import DOCUMENT_START
 from training.loop import build, train_step
-from training.model import ModelBatch, model_batch
+from training.model.causal_lm import ModelBatch, model_batch
 
 VARIANTS = ("causal", "isolated-sdpa", "isolated-flex", "causal-again")
 

@@ -1,11 +1,11 @@
 """FlexAttention on a GPU: is it exact, and would it compile on a GPU with little shared memory?
 
 - Isolation: a packed row of three documents of unaligned lengths (not multiples of the 128-token
-  block), run through the job's model with the job's block mask (`training.attention`), against
+  block), run through the job's model with the job's block mask (`training.model.attention`), against
   document 2 run alone: its logits (max |difference|, relative norm), and the job's fused loss over
   its labels in the row and alone. The same row with plain causal attention shows the check can
   fail. The tiny model in float32 and the Qwen2.5-1.5B architecture in bf16, random weights.
-- Small shared memory: the start-up compile check (`training.attention.flex_compile_error`) of the
+- Small shared memory: the start-up compile check (`training.model.attention.flex_compile_error`) of the
   Qwen2.5-1.5B head shape with each tile choice the job tries, with Inductor picking tiles as for
   an L4 (sm_89) and any kernel above the L4's 99 KiB of shared memory a block refused at load, the
   tiles torch picks there and the shared memory each flex kernel needs. The kernels are compiled
@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.attention import TILE_CHOICES, document_block_mask, flex_compile_error
-from training.config import parse_flags
-from training.data import DOCUMENT_START
-from training.loss import IGNORE_INDEX
-from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture, model_batch
+from training.config.run_config import parse_flags
+from training.data.packing import DOCUMENT_START
+from training.model.attention import TILE_CHOICES, document_block_mask, flex_compile_error
+from training.model.causal_lm import CausalLMWithFusedLoss, build_causal_lm, load_architecture, model_batch
+from training.model.loss import IGNORE_INDEX
 
 # The L4's shared memory a block (sm_89: 99 KiB, CUDA's compute-capability table) and capability.
 L4_SHARED_MEMORY_BYTES = 99 * 1024
@@ -189,10 +189,10 @@ def fallback_run(device: torch.device, max_shared_bytes: int = 8 * 1024) -> dict
     it does not), so the run should say so in one line and train with SDPA."""
     import io
 
-    import training.attention
+    import training.model.attention
     from bench.train_bench import tuned_config, tuned_run
 
-    real_check = training.attention.flex_compile_error
+    real_check = training.model.attention.flex_compile_error
 
     def limited_check(architecture: Any, device: torch.device, tiles: dict[str, Any] | None) -> str | None:
         with shared_memory_limit(max_shared_bytes, L4_CAPABILITY):
@@ -201,12 +201,12 @@ def fallback_run(device: torch.device, max_shared_bytes: int = 8 * 1024) -> dict
     spec = {"seq_len": 1024, "batch_size": 4, "compile": True, "attention": "auto", "documents": 4}
     config = tuned_config("qwen2.5-1.5b", 4, spec)
     output = io.StringIO()
-    training.attention.flex_compile_error = limited_check
+    training.model.attention.flex_compile_error = limited_check
     try:
         with contextlib.redirect_stdout(output):
             session = tuned_run(config, device, spec)
     finally:
-        training.attention.flex_compile_error = real_check
+        training.model.attention.flex_compile_error = real_check
     assert session.summary is not None
     lines = output.getvalue().splitlines()
     return {

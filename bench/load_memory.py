@@ -4,10 +4,10 @@ fp32 model, then shards it):
 
 - every-rank-full: the baseline.
 - meta-broadcast: the model built on the meta device and sharded; rank 0 alone builds the full
-  fp32 model and broadcasts it into the shards (`training/model.py:shard_weights_from_rank0`). The
+  fp32 model and broadcasts it into the shards (`training/model/causal_lm.py:shard_weights_from_rank0`). The
   loop's path for --init random.
 - per-shard: --init pretrained only. Each rank reads its own shards from the safetensors files
-  (`training/model.py:load_shards_from_checkpoint`); no rank builds the full model. The loop's path
+  (`training/model/causal_lm.py:load_shards_from_checkpoint`); no rank builds the full model. The loop's path
   for --init pretrained.
 
 Each path runs in its own torchrun job, so each rank's peak RSS is that path's alone. No corpus
@@ -49,7 +49,7 @@ GIB = 1024**3
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from training.config import parse_args
+    from training.config.run_config import parse_args
 
     flags = ["--model-config", args.model_config, "--init", args.init, "--data", "synthetic", "--no-compile"]
     return parse_args(flags + (["--model-id", args.model_id] if args.model_id else []))
@@ -57,7 +57,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 def _every_rank_full(config: Any, device: torch.device, world_size: int) -> torch.nn.Module:
     """The baseline: every rank holds the full fp32 model, then shards it."""
-    from training.model import CausalLMWithFusedLoss, build_causal_lm, load_architecture
+    from training.model.causal_lm import CausalLMWithFusedLoss, build_causal_lm, load_architecture
 
     model = CausalLMWithFusedLoss(
         build_causal_lm(config, load_architecture(config), device), config.loss_chunk_tokens
@@ -68,7 +68,7 @@ def _every_rank_full(config: Any, device: torch.device, world_size: int) -> torc
 
 def _meta_broadcast(config: Any, device: torch.device, rank: int, world_size: int) -> torch.nn.Module:
     """Shards on the meta device, filled from rank 0's full fp32 model."""
-    from training.model import (
+    from training.model.causal_lm import (
         CausalLMWithFusedLoss,
         build_causal_lm,
         build_meta_causal_lm,
@@ -85,7 +85,7 @@ def _meta_broadcast(config: Any, device: torch.device, rank: int, world_size: in
 
 
 def _parallelize(model: Any, config: Any, device: torch.device, world_size: int) -> None:
-    from training.parallelize import build_mesh, parallelize
+    from training.distributed.parallelize import build_mesh, parallelize
 
     parallelize(
         model,
@@ -146,7 +146,7 @@ def worker(args: argparse.Namespace) -> None:
 def write_pretrained(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
-    from training.model import load_architecture
+    from training.model.causal_lm import load_architecture
 
     config = _config(argparse.Namespace(**{**vars(args), "init": "random", "model_id": None}))
     torch.manual_seed(0)
@@ -157,7 +157,7 @@ def write_pretrained(args: argparse.Namespace) -> None:
 def with_layers(model_config: str, layers: int, folder: str) -> str:
     """A JSON copy of the architecture with `layers` decoder layers (a smaller model of the same
     widths and vocabulary, whose embedding dominates as at full depth)."""
-    from training.config import load_model_config
+    from training.config.run_config import load_model_config
 
     values = {**load_model_config(model_config), "num_hidden_layers": layers, "max_window_layers": layers}
     path = os.path.join(folder, f"{layers}-layers.json")

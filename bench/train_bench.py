@@ -40,28 +40,28 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from training.attention import FLEX_BLOCK
-from training.config import BYTE_TOKENIZER, PRESETS, TrainConfig
-from training.corpus_cache import in_process_corpus, in_process_rows
-from training.data import DOCUMENT_START, PackedCorpus
-from training.flops import attended_share, flops_per_token, mfu, num_params, peak_flops
+from training.config.run_config import BYTE_TOKENIZER, PRESETS, TrainConfig
+from training.data.corpus_cache import in_process_corpus, in_process_rows
+from training.data.packing import DOCUMENT_START, PackedCorpus
 from training.loop import build, train, train_step
-from training.loss import (
+from training.metrics.flops import attended_share, flops_per_token, mfu, num_params, peak_flops
+from training.metrics.run_metrics import GIB
+from training.model.attention import FLEX_BLOCK
+from training.model.causal_lm import load_architecture, model_batch
+from training.model.loss import (
     IGNORE_INDEX,
     chunk_loss_and_logit_grad,
     chunk_loss_and_logit_grad_fusable,
     fused_linear_cross_entropy,
     global_normalizer,
 )
-from training.metrics import GIB
-from training.model import load_architecture, model_batch
 
 # Documents a row in the isolated variants: 512 tokens each at seq 4096, an instruction-tuning
 # length (the rows of bench/results/h200-document-attention-compiled.json).
 DOCUMENTS_PER_ROW = 8
 
 # Liger Kernel's Triton replacements (GPU only): the decoder layer's parts, and its fused
-# lm_head + cross-entropy in place of training.loss's.
+# lm_head + cross-entropy in place of training.model.loss's.
 LIGER_LAYER = ("rope", "rms_norm", "swiglu")
 
 TUNED_VARIANTS: dict[str, dict[str, Any]] = {
@@ -364,7 +364,7 @@ def liger_kernels(parts: tuple[str, ...]) -> Iterator[None]:
     from liger_kernel.transformers import LigerRMSNorm, LigerSwiGLUMLP, liger_rotary_pos_emb
     from transformers.models.qwen2 import modeling_qwen2
 
-    import training.model
+    import training.model.causal_lm
 
     def liger_loss(hidden, weight, labels, normalizer, chunk_tokens, chunk_fn):
         loss_sum = LigerFusedLinearCrossEntropyFunction.apply(
@@ -376,7 +376,7 @@ def liger_kernels(parts: tuple[str, ...]) -> Iterator[None]:
         "rope": (modeling_qwen2, "apply_rotary_pos_emb", liger_rotary_pos_emb),
         "rms_norm": (modeling_qwen2, "Qwen2RMSNorm", LigerRMSNorm),
         "swiglu": (modeling_qwen2, "Qwen2MLP", LigerSwiGLUMLP),
-        "flce": (training.model, "fused_linear_cross_entropy", liger_loss),
+        "flce": (training.model.causal_lm, "fused_linear_cross_entropy", liger_loss),
     }
     saved = [(module, name, getattr(module, name)) for module, name, _ in (swaps[p] for p in parts)]
     for part in parts:

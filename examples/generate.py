@@ -12,9 +12,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from training.presets import BYTE_TOKENIZER
+from training.config.presets import BYTE_TOKENIZER
 
-# Where the byte tokenizer's template ends a turn (training/tokenizer.py); a Hugging Face
+# Where the byte tokenizer's template ends a turn (training/data/tokenizer.py); a Hugging Face
 # tokenizer's end of turn is a special token, which decoding drops.
 BYTE_END_OF_TURN = "<|end|>"
 
@@ -24,7 +24,7 @@ def answer(model_dir: str, question: str, *, tokenizer: str, max_new_tokens: int
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()

@@ -28,7 +28,7 @@ launch template then targets) and `ReservationType` (`capacity-block` for a Capa
 ML, which the node group must launch as such); without them the reservation is taken as a plain
 On-Demand Capacity Reservation outside any placement group.
 
-Judgements live in `infra.capacity_rules`; this module fetches facts and words the refusals.
+Judgements live in `infra.aws_facts.capacity_rules`; this module fetches facts and words the refusals.
 
 The GPU zone, without a reservation: `gpuAz` when set, else the first zone by name that offers
 both node types. Zone names map to different physical zones in each account, so this choice is
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.capacity_rules import (
+from infra.aws_facts.capacity_rules import (
     EKS_UNSUPPORTED_ZONE_IDS,
     ReservationFacts,
     ReservationMisfit,
@@ -56,18 +56,18 @@ from infra.capacity_rules import (
     usable_zones,
     vcpu_shortfall,
 )
-from infra.cluster import control_plane_log_group
-from infra.config import ConfigError, StackSettings
-from infra.live_stack import (
+from infra.aws_facts.live_stack import (
     LiveCluster,
     orphaned_log_group,
     read_live_cluster,
     version_change_problem,
     vpc_change_problem,
 )
-from infra.network import zone_cidrs
-from infra.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, SYSTEM_AMI_TYPE
-from infra.sizing import InstanceFacts, describe_instance_type
+from infra.aws_facts.sizing import InstanceFacts, describe_instance_type
+from infra.config.stack import ConfigError, StackSettings
+from infra.resources.cluster import control_plane_log_group
+from infra.resources.network import zone_cidrs
+from infra.resources.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 
 
 class PreflightError(pulumi.RunError):

@@ -55,7 +55,7 @@ RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 
 # RAY_PORTS, GPU_NODE_LABEL, the Ray pod labels, `image_pin_problem` and `_quantity` copy the program's `platform_facts`
 # and the Kubernetes client's `parse_quantity`: the pack runs in its own virtualenv and cannot import
-# them. tests/test_policy.py checks each copy equals the original.
+# them. tests/policy/test_rules.py checks each copy equals the original.
 # Ports of the Ray head that must stay inside the cluster: GCS, dashboard (job submission), client.
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
 EXTERNAL_SERVICE_TYPES = {"LoadBalancer", "NodePort"}

@@ -27,9 +27,9 @@ def one_rank_group():
 
 @pytest.fixture(scope="session")
 def ray_head():
-    """The session's one `ray start --head` (tests/ray_head.py), started by the first test that
+    """The session's one `ray start --head` (tests/harness/ray_head.py), started by the first test that
     asks for it and stopped, with every process it started, when the session ends."""
-    from tests.ray_head import running_head
+    from tests.harness.ray_head import running_head
 
     with running_head() as head:
         yield head

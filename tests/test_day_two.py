@@ -1,6 +1,6 @@
 """A later `pulumi up`: the program runs twice under mocks, the first deploy, then the world after it.
 
-`tests.program.deployed` turns the first run's plan into what AWS then reports (the EKS cluster,
+`tests.harness.program.deployed` turns the first run's plan into what AWS then reports (the EKS cluster,
 its VPC, subnets, node groups and log group); the second run sees that account, with changed
 settings or changed offerings, and must plan what AWS accepts or refuse at preview naming the key.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from infra.live_stack import OWNER_TAG
-from tests.fake_aws import FakeAws
-from tests.program import STACK_FILES, USER_SETTINGS, deployed, run_program, stack_config
+from infra.aws_facts.live_stack import OWNER_TAG
+from tests.harness.fake_aws import FakeAws
+from tests.harness.program import STACK_FILES, USER_SETTINGS, deployed, run_program, stack_config
 
 DEV = next(path for path in STACK_FILES if path.name == "Pulumi.dev.yaml")
 SUBNET = "aws:ec2/subnet:Subnet"

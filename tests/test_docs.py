@@ -10,12 +10,12 @@ import pulumi
 import pytest
 import yaml
 
-from infra.config import StackKeys
-from infra.config_table import rewritten
-from infra.parsing import key_names
-from infra.training_settings import setting_keys
-from tests.fake_aws import FakeAws
-from tests.program import ROOT, USER_SETTINGS, run_program, stack_config
+from infra.config.docs_table import rewritten
+from infra.config.parsing import key_names
+from infra.config.stack import StackKeys
+from infra.config.training_settings import setting_keys
+from tests.harness.fake_aws import FakeAws
+from tests.harness.program import ROOT, USER_SETTINGS, run_program, stack_config
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -85,7 +85,7 @@ def code(cell: str) -> str | None:
 
 
 def test_key_tables_are_generated_from_the_declaration():
-    """The stack keys, the judging keys and the program's flags, as `python -m infra.config_table`
+    """The stack keys, the judging keys and the program's flags, as `python -m infra.config.docs_table`
     writes them from the code (run it after changing a key)."""
     document = CONFIGURATION.read_text()
     assert document == rewritten(document)

@@ -14,10 +14,11 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 import platform_facts
-from infra.config import ConfigError, parse_settings
+from infra.config.stack import ConfigError, parse_settings
 from platform_facts import AVAILABILITY_ZONE, INSTANCE_TYPE, REGION, image_pin_problem, memory_mib
+from tests.harness.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 PROGRAM_PACKAGES = {"platform_facts", "infra", "workloads", "training", "policy", "bench", "tests"}
 
 
@@ -158,19 +159,19 @@ def crossings(package: str, forbidden: set[str], allowed: frozenset[str] = froze
 def test_the_graph_check_sees_a_crossing():
     """Workloads may use infra (sizes, settings): the check must see those imports, at any depth."""
     found = crossings("workloads", {"infra"})
-    assert "workloads/manifests.py imports infra.sizing.WorkerSizing" in found
-    assert "workloads/training_run/provider.py imports infra.aws_identity" in found
+    assert "workloads/manifests.py imports infra.aws_facts.sizing.WorkerSizing" in found
+    assert "workloads/training_run/provider.py imports infra.config.aws_identity" in found
 
 
 def test_infra_does_not_import_the_workloads():
     """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
 
-    It may read the training job's settings contract (`training.config`) and its FLOP arithmetic
-    (`training.flops`, the preview's run-time bound), both standard library only, never the
+    It may read the training job's settings contract (`training.config.run_config`) and its FLOP arithmetic
+    (`training.metrics.flops`, the preview's run-time bound), both standard library only, never the
     training code itself; so are the `training` modules they import (settings, presets, corpus
     discovery), followed to any depth.
     """
-    allowed = frozenset({"training.config", "training.flops"})
+    allowed = frozenset({"training.config.run_config", "training.metrics.flops"})
     assert crossings("infra", {"workloads", "training"}, allowed=allowed) == []
     standard = {*sys.stdlib_module_names, "__future__", "training"}
     pending, seen = list(allowed), set()
@@ -180,7 +181,10 @@ def test_infra_does_not_import_the_workloads():
         names = imported_modules(ROOT / f"{module.replace('.', '/')}.py")
         assert {name.split(".")[0] for name in names} <= standard, module
         pending += {name for name in names if (ROOT / f"{name.replace('.', '/')}.py").is_file()} - seen
-    assert {"training.settings", "training.presets"} <= seen  # the walk follows config's imports
+    assert {
+        "training.config.settings",
+        "training.config.presets",
+    } <= seen  # the walk follows config's imports
 
 
 def test_training_imports_nothing_of_the_program():

@@ -9,12 +9,20 @@ import pulumi
 import pytest
 from pulumi.output import Unknown
 
-from infra.cluster import names_same_principal
-from infra.config import CLUSTER_NAME_MAX
-from infra.network import zone_cidrs
-from infra.node_groups import SYSTEM_LABELS
-from tests.fake_aws import COREDNS_VERSIONS, ZONE_IDS, FakeAws, capacity_reservation
-from tests.program import ACCOUNT, STACK_FILES, USER_SETTINGS, Plan, Registration, run_program, stack_config
+from infra.config.stack import CLUSTER_NAME_MAX
+from infra.resources.cluster import names_same_principal
+from infra.resources.network import zone_cidrs
+from infra.resources.node_groups import SYSTEM_LABELS
+from tests.harness.fake_aws import COREDNS_VERSIONS, ZONE_IDS, FakeAws, capacity_reservation
+from tests.harness.program import (
+    ACCOUNT,
+    STACK_FILES,
+    USER_SETTINGS,
+    Plan,
+    Registration,
+    run_program,
+    stack_config,
+)
 
 COMPONENTS = {
     "eks-ray-train:infra:Network",
@@ -462,15 +470,15 @@ def test_the_program_needs_neither_torch_nor_ray():
     import subprocess
     import sys
 
-    from tests.program import ROOT
+    from tests.harness.program import ROOT
 
     requirements = (ROOT / "requirements.txt").read_text().lower()
     for package in ("torch", "ray", "transformers"):
         assert not any(line.strip().startswith(package) for line in requirements.splitlines()), package
     script = (
         "import sys\n"
-        "from tests.fake_aws import FakeAws\n"
-        "from tests.program import ACCOUNT, STACK_FILES, USER_SETTINGS, run_program, stack_config\n"
+        "from tests.harness.fake_aws import FakeAws\n"
+        "from tests.harness.program import ACCOUNT, STACK_FILES, USER_SETTINGS, run_program, stack_config\n"
         "config = {**stack_config(STACK_FILES[0]), **USER_SETTINGS}\n"
         "run_program(config, FakeAws(region=config['aws:region']))\n"
         "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))\n"
@@ -974,7 +982,7 @@ def test_vpc_flow_logs_go_to_a_log_group_with_the_stacks_retention():
     group = plan.one("aws:cloudwatch/logGroup:LogGroup", "eks-ray-train-flow-logs")
     assert group.inputs["name"] == "/aws/vpc-flow-logs/eks-ray-train"
     assert group.inputs["retentionInDays"] == 90
-    # The mocks' ARN of the log group (tests/program.py gives each resource one from its type and name).
+    # The mocks' ARN of the log group (tests/harness/program.py gives each resource one from its type and name).
     assert flow_log["logDestination"] == f"arn:aws:service:us-east-2:{ACCOUNT}:loggroup/{group.name}"
     assert (flow_log["trafficType"], flow_log["logDestinationType"]) == ("ALL", "cloud-watch-logs")
     assert flow_log["vpcId"] == f"{plan.one('aws:ec2/vpc:Vpc').name}-id"

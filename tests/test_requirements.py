@@ -9,7 +9,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.harness.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 CONSTRAINTS = ROOT / "constraints.txt"
 REQUIREMENT_FILES = [
     ROOT / "requirements.txt",

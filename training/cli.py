@@ -2,17 +2,17 @@
 
 Expected failures (no cluster, no GPU, a model that cannot be fetched, a corpus too
 small) end in one line naming the fix and exit status 2; a run that fails after its
-retries exits 1. A torchrun rank ends through `training.rank_exit`.
+retries exits 1. A torchrun rank ends through `training.distributed.rank_exit`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from training.config import TrainConfig, parse_args
+from training.config.run_config import TrainConfig, parse_args
 from training.errors import RunFailedError, UsageError
-from training.preflight import check_model_files, check_packages, check_worker_group
-from training.report import format_summary
+from training.launch.preflight import check_model_files, check_packages, check_worker_group
+from training.metrics.report import format_summary
 
 PROGRAM = "python -m training"
 
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     exit_code = _run(config)
     if config.launcher == "torchrun":
-        from training.rank_exit import end_rank_process
+        from training.distributed.rank_exit import end_rank_process
 
         end_rank_process(exit_code)  # a torchrun rank ends here (the module says why)
     return exit_code
@@ -34,12 +34,12 @@ def _run(config: TrainConfig) -> int:
         check_model_files(config)
         check_packages(config)
         if config.launcher == "torchrun":
-            from training.torchrun_launcher import run as run_torchrun
+            from training.launch.torchrun_launcher import run as run_torchrun
 
             run_torchrun(config)
             return 0
 
-        from training.ray_launcher import run
+        from training.launch.ray_launcher import run
 
         summary = run(config)
     except UsageError as error:

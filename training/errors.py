@@ -14,3 +14,15 @@ class DivergedError(RunFailedError):
     """The loss or gradient norm went non-finite. Every rank raises it at the same step (it
     judges all-reduced values), before that step's optimizer step and checkpoint; a retry
     from the last checkpoint would only diverge again."""
+
+
+# The fix for a model or tokenizer that neither the Hub nor the cache holds.
+MODEL_SOURCE_FIX = (
+    "connect to the Hub, or download it beforehand (`huggingface-cli download {name}`) into the "
+    "cache HF_HOME points at, or train from scratch with --init random"
+)
+
+
+def first_line(error: Exception) -> str:
+    """The first line of an exception's message, for a one-line report; its type when it has none."""
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -12,12 +12,12 @@ import sys
 import warnings
 from pathlib import Path
 
-from training.checkpoint import hugging_face_weights, read_train_state, write_hugging_face
-from training.config import TRAIN_STATE_FILE
-from training.model import CAUSAL_LM_PREFIX as PREFIX
-from training.model import load_architecture  # noqa: F401  (its log filters quiet torchao's import)
-from training.presets import BYTE_TOKENIZER
-from training.settings import EXPORT_DTYPES
+from training.components.checkpoint import hugging_face_weights, read_train_state, write_hugging_face
+from training.config.presets import BYTE_TOKENIZER
+from training.config.run_config import TRAIN_STATE_FILE
+from training.config.settings import EXPORT_DTYPES
+from training.model.causal_lm import CAUSAL_LM_PREFIX as PREFIX
+from training.model.causal_lm import load_architecture  # noqa: F401  (its log filters quiet torchao's import)
 
 PROGRAM = "python -m training.export"
 
@@ -48,7 +48,7 @@ def export(checkpoint: str, out: str, dtype: str) -> None:
     )
     tokenizer = state.get("tokenizer", BYTE_TOKENIZER)
     if tokenizer != BYTE_TOKENIZER:
-        from training.tokenizer import HuggingFaceTokenizer
+        from training.data.tokenizer import HuggingFaceTokenizer
 
         HuggingFaceTokenizer(tokenizer).save_pretrained(out)
 

@@ -9,7 +9,7 @@ verdict on the fabric and for planning the job's communication. Rates are in gig
 smaller.
 
 Like the training loop, the measuring code does not know its launcher: Ray Train
-(`training.ray_launcher`, on a cluster or `--local`) or torchrun (`--launcher torchrun`), each
+(`training.launch.ray_launcher`, on a cluster or `--local`) or torchrun (`--launcher torchrun`), each
 handing it a device whose process group is up.
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from training.config.settings import non_negative_int, positive_float, positive_int
 from training.errors import RunFailedError, UsageError
-from training.settings import non_negative_int, positive_float, positive_int
 
 PROGRAM = "python -m training.fabric_probe"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -272,8 +272,8 @@ def measure(device: torch.device, settings: ProbeSettings) -> dict[str, Any] | N
 
 
 def _run_torchrun(settings: ProbeSettings) -> dict[str, Any] | None:
-    from training.rank_exit import tear_down_process_group
-    from training.torchrun_launcher import start_process_group
+    from training.distributed.rank_exit import tear_down_process_group
+    from training.launch.torchrun_launcher import start_process_group
 
     device = start_process_group(settings.use_gpu, "training.fabric_probe", "--use-gpu measures")
     report = measure(device, settings)
@@ -286,7 +286,7 @@ def _run(settings: ProbeSettings) -> int:
         if settings.launcher == "torchrun":
             report = _run_torchrun(settings)
         else:
-            from training.ray_launcher import run_on_workers
+            from training.launch.ray_launcher import run_on_workers
 
             report = run_on_workers(settings, measure, settings)
             if report is None:
@@ -306,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
     exit_code = _run(settings)
     if settings.launcher == "torchrun":
-        from training.rank_exit import end_rank_process
+        from training.distributed.rank_exit import end_rank_process
 
-        end_rank_process(exit_code)  # a torchrun rank ends here (training.rank_exit says why)
+        end_rank_process(exit_code)  # a torchrun rank ends here (training.distributed.rank_exit says why)
     return exit_code
 
 

@@ -20,22 +20,27 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from training.attention import attention_kernel
-from training.checkpoint import (
+from training.components.checkpoint import (
     export_hugging_face,
     load_checkpoint,
     load_weights,
     read_train_state,
     save_checkpoint,
 )
-from training.config import TrainConfig, nothing_left_to_train
-from training.data import PackedCorpus, epoch_batches, position_after, synthetic_batches
-from training.efa_meter import EfaMeter
+from training.components.evaluate import eval_batches, evaluate
+from training.components.optim import build_optimizer, learning_rate, set_learning_rate
+from training.config.presets import BYTE_TOKENIZER
+from training.config.run_config import TrainConfig, nothing_left_to_train
+from training.data.packing import PackedCorpus, epoch_batches, position_after, synthetic_batches
+from training.data.tokenizer import load_tokenizer
+from training.distributed.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.errors import DivergedError, UsageError
-from training.evaluate import eval_batches, evaluate
-from training.loss import global_normalizer
-from training.metrics import RunMetrics, loss_and_grad_norm
-from training.model import (
+from training.metrics.efa_meter import EfaMeter
+from training.metrics.report import RunSummary, format_progress_line, format_step_line
+from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
+from training.metrics.tensorboard_sink import TensorBoardSink
+from training.model.attention import attention_kernel
+from training.model.causal_lm import (
     CAUSAL_LM_PREFIX,
     CausalLMWithFusedLoss,
     ModelBatch,
@@ -46,12 +51,7 @@ from training.model import (
     model_batch,
     shard_weights_from_rank0,
 )
-from training.optim import build_optimizer, learning_rate, set_learning_rate
-from training.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
-from training.presets import BYTE_TOKENIZER
-from training.report import RunSummary, format_progress_line, format_step_line
-from training.tensorboard_sink import TensorBoardSink
-from training.tokenizer import load_tokenizer
+from training.model.loss import global_normalizer
 
 
 class Session(Protocol):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.sizing import WorkerSizing
+from infra.aws_facts.sizing import WorkerSizing
 from platform_facts import (
     EFA_RESOURCE,
     GPU_NODE_SELECTOR,
@@ -259,7 +259,7 @@ def code_volume(configmap_name: str, files: dict[str, str]) -> dict:
 
 @dataclass(frozen=True)
 class RayClusterSpec:
-    """Inputs of the RayCluster; the worker numbers come from `infra.sizing.size_workers`."""
+    """Inputs of the RayCluster; the worker numbers come from `infra.aws_facts.sizing.size_workers`."""
 
     name: str
     namespace: str

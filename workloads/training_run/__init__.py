@@ -11,10 +11,10 @@ One file per concern:
 - `efa_counters`, `fabric`: each worker node's EFA counters around a run; the fabric probe's numbers;
 - `gate`: the fabric judged before each job, which a failing fabric never reaches;
 - `runner`: one run, in order: readiness, gate, job(s), verdict(s);
-- `kube_access`, `eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.aws_identity`, shared with the program);
+- `kube_access`, `eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.config.aws_identity`, shared with the program);
 - `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors).
 
-The job's command line comes from the stack's `training` settings (`infra.training_settings`).
+The job's command line comes from the stack's `training` settings (`infra.config.training_settings`).
 """
 
 from workloads.training_run.provider import TrainingRun

@@ -22,7 +22,7 @@ RayCluster.
 Credentials. The provider is serialized into the state with dill; it holds no client and no
 secret. Inputs are the cluster name and region; inside `create` the provider asks EKS for the
 endpoint and signs its own Kubernetes token (`eks_auth`) as the identity of the stack's AWS
-settings (`infra.aws_identity`). Neither a token nor a kubeconfig reaches inputs or outputs.
+settings (`infra.config.aws_identity`). Neither a token nor a kubeconfig reaches inputs or outputs.
 
 Progress and failures. The dynamic provider runs without an engine connection, so
 `pulumi.log.info` writes `info: ...` on the provider's stderr, which the CLI shows as diagnostics.
@@ -44,14 +44,10 @@ import kubernetes.client
 import pulumi
 import pulumi.dynamic
 
-from infra.aws_identity import (
-    REFUSED,
-    AwsCredentialSettings,
-    AwsSettingsError,
-    caller_identity,
-)
+from infra.config.aws_identity import REFUSED, AwsCredentialSettings, AwsSettingsError, caller_identity
 from workloads.training_run import engine_host
-from workloads.training_run.eks_auth import aws_client_config, eks_api_client
+from workloads.training_run.access.eks_auth import aws_client_config, eks_api_client
+from workloads.training_run.access.kube_access import KubernetesCluster
 from workloads.training_run.errors import (
     JOB_KEEPS_RUNNING,
     ApiRefused,
@@ -60,10 +56,6 @@ from workloads.training_run.errors import (
     EndpointNameUnresolved,
     TrainingRunError,
 )
-from workloads.training_run.evidence import JobResult
-from workloads.training_run.fabric import busbw_fractions
-from workloads.training_run.gate import GateResult
-from workloads.training_run.kube_access import KubernetesCluster
 from workloads.training_run.runner import RunEnvironment, TrainingRunner
 from workloads.training_run.schema import (
     RERUN_INPUTS,
@@ -72,6 +64,9 @@ from workloads.training_run.schema import (
     input_problems,
     is_known,
 )
+from workloads.training_run.verdicts.evidence import JobResult
+from workloads.training_run.verdicts.fabric import busbw_fractions
+from workloads.training_run.verdicts.gate import GateResult
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,14 @@ from typing import Any
 
 from platform_facts import EFA_RESOURCE, GPU_NODE_SELECTOR, GPU_PRESENT_LABEL, GPU_RESOURCE
 from workloads import manifests
+from workloads.training_run.access.kube_access import (
+    COMMAND_TIMEOUT_S,
+    ClusterApi,
+    Executor,
+    NodeFacts,
+    PodFacts,
+)
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.kube_access import COMMAND_TIMEOUT_S, ClusterApi, Executor, NodeFacts, PodFacts
 
 GPU_NODE_LABEL_SELECTOR = ",".join(f"{key}={value}" for key, value in GPU_NODE_SELECTOR.items())
 

@@ -18,14 +18,11 @@ from dataclasses import dataclass, replace
 import pulumi
 
 from platform_facts import EFA_RESOURCE, GPU_RESOURCE
-from training.report import format_progress_line
+from training.metrics.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
-from workloads.training_run import efa_counters, evidence, fabric, gate, readiness
-from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
-from workloads.training_run.evidence import JobLog, JobResult
-from workloads.training_run.gate import GateResult
-from workloads.training_run.jobs import (
+from workloads.training_run import readiness
+from workloads.training_run.access.jobs import (
     DASHBOARD_ADDRESS,
     NCCL_LOG_DIR,
     JobRecord,
@@ -35,9 +32,13 @@ from workloads.training_run.jobs import (
     plan_submission,
     submission_id_base,
 )
-from workloads.training_run.kube_access import ClusterApi, Executor, PodFacts
+from workloads.training_run.access.kube_access import ClusterApi, Executor, PodFacts
+from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
 from workloads.training_run.readiness import Pace, RayPods
 from workloads.training_run.schema import RunInputs, RunTimings
+from workloads.training_run.verdicts import efa_counters, evidence, fabric, gate
+from workloads.training_run.verdicts.evidence import JobLog, JobResult
+from workloads.training_run.verdicts.gate import GateResult
 
 # The TCP baseline of the benchmark: the reference's settings (NCCL's own socket transport, the
 # OFI plugin not loaded) plus explicit socket parallelism. In a VPC-CNI pod NCCL cannot tell

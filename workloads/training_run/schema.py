@@ -25,8 +25,8 @@ from pydantic import (
 )
 
 from platform_facts import EXPECTABLE_TRANSPORTS
+from workloads.training_run.access.kube_access import ApiTimeouts
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.kube_access import ApiTimeouts
 
 ENV_PREFIX = "EKS_RAY_TRAIN_"
 

@@ -1,0 +1,139 @@
+"""The facts the communication planner (`infra.plan`) works from offline, each with its source and
+the date it was read. AWS's own answers replace the line rates and prices when credentials are
+there (`infra.plan.planner.refreshed`); the published figures are what `docs/benchmarks.md` checks the
+planner against.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+READ_ON = "2026-12-04"
+INSTANCE_TYPES_URL = "https://aws.amazon.com/ec2/instance-types/"
+ON_DEMAND_PRICES_URL = "https://aws.amazon.com/ec2/pricing/on-demand/"  # us-east-1, Linux, shared tenancy
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A number, where it was published, and when it was read there."""
+
+    value: float
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
+class InstanceFact:
+    """What the planner needs of an instance type: its GPUs, its links and its price."""
+
+    gpus: int
+    gpu_name: str  # as `training.metrics.flops.peak_flops` reads it
+    # The node's network line rate (DescribeInstanceTypes `NetworkPerformance`), each direction.
+    line_rate_gbps: Fact
+    # GPU-to-GPU bandwidth inside the node, each direction: PCIe when the GPUs have no NVLink.
+    intra_node_gbytes_per_s: Fact
+    usd_per_hour: Fact
+    gpudirect_rdma: bool
+
+
+INSTANCES: dict[str, InstanceFact] = {
+    # 4 x L4 on PCIe Gen4 x16 (no NVLink, no GPUDirect RDMA), 1 EFA on a 40 Gbps link.
+    "g6.12xlarge": InstanceFact(
+        gpus=4,
+        gpu_name="NVIDIA L4",
+        line_rate_gbps=Fact(40, "https://aws.amazon.com/ec2/instance-types/g6/", READ_ON),
+        intra_node_gbytes_per_s=Fact(
+            32, "https://www.nvidia.com/en-us/data-center/l4/ (PCIe Gen4 x16, 64 GB/s both ways)", READ_ON
+        ),
+        usd_per_hour=Fact(4.6016, ON_DEMAND_PRICES_URL, READ_ON),
+        gpudirect_rdma=False,
+    ),
+    # The p4d and p5 prices are those after AWS's June 2025 cut of P4/P5 on-demand prices, not re-read
+    # from the price list here; `python -m infra.plan` replaces them with pricing:GetProducts' answer.
+    # 8 x A100 40GB on NVSwitch, 4 EFA (4 x 100 Gbps), GPUDirect RDMA.
+    "p4d.24xlarge": InstanceFact(
+        gpus=8,
+        gpu_name="NVIDIA A100",
+        line_rate_gbps=Fact(400, "https://aws.amazon.com/ec2/instance-types/p4/", READ_ON),
+        intra_node_gbytes_per_s=Fact(
+            300, "https://www.nvidia.com/en-us/data-center/a100/ (NVLink 600 GB/s both ways)", READ_ON
+        ),
+        usd_per_hour=Fact(21.96, ON_DEMAND_PRICES_URL, READ_ON),
+        gpudirect_rdma=True,
+    ),
+    # 8 x H100 on NVSwitch, 32 EFA (3200 Gbps), GPUDirect RDMA.
+    "p5.48xlarge": InstanceFact(
+        gpus=8,
+        gpu_name="NVIDIA H100",
+        line_rate_gbps=Fact(3200, "https://aws.amazon.com/ec2/instance-types/p5/", READ_ON),
+        intra_node_gbytes_per_s=Fact(
+            450, "https://www.nvidia.com/en-us/data-center/h100/ (NVLink 900 GB/s both ways)", READ_ON
+        ),
+        usd_per_hour=Fact(55.04, ON_DEMAND_PRICES_URL, READ_ON),
+        gpudirect_rdma=True,
+    ),
+}
+
+# GPUs with FP8 tensor cores (Ada: L4, L40S; Hopper: H100, H200), where a float8 all-gather
+# halves the gathered bytes; the A100 has none.
+FP8_GPUS = ("L4", "L40S", "H100", "H200")
+
+# Measured model FLOPs utilisation, as (file, list, case): the planner reads the number from the
+# benchmark record itself. All ran on one H200 on synthetic tokens (causal rows, SDPA); isolated
+# documents with flex ran at more tokens/s (bench/results/h200-isolated-flex.json), so plans of
+# a corpus run are on the low side. Activation checkpointing changes the work per token, so a plan uses a
+# point with its own setting, the one nearest in tokens per micro-batch.
+MFU_POINTS = (
+    ("bench/results/h200-throughput.json", "variants", "reference-bf16-adamw-128x1"),
+    ("bench/results/h200-throughput.json", "variants", "tuned-compiled-4096x4"),
+    ("bench/results/h200-deferred-and-memory.json", "memory_at_world_size_8", "seq4096x2-ac-hsdp-2x4"),
+)
+
+AWS_SAMPLE_URL = (
+    "https://github.com/aws-samples/sample-aws-deep-learning-containers/tree/main/training/ray-train "
+    "(README.md, 'Benchmark: EFA/RDMA vs TCP'; code/train.py)"
+)
+# AWS's sample: Qwen2.5-1.5B in bf16 (no mixed precision, so gradients reduce in bf16), FSDP
+# FULL_SHARD over 2 x g6.12xlarge (world size 8), seq 128 x batch 1, 20 steps, 3 discarded.
+AWS_SAMPLE_EFA_STEPS_PER_S = Fact(0.5173, AWS_SAMPLE_URL, READ_ON)
+AWS_SAMPLE_TCP_STEPS_PER_S = Fact(0.2513, AWS_SAMPLE_URL, READ_ON)
+AWS_SAMPLE_SEQ_LEN = 128
+AWS_SAMPLE_BATCH = 1
+AWS_SAMPLE_INSTANCE = "g6.12xlarge"
+AWS_SAMPLE_NODES = 2
+
+
+@dataclass(frozen=True)
+class AllReduceFigure:
+    """A published nccl-tests `all_reduce_perf` line: fp32 sum of `size_bytes` over the nodes."""
+
+    instance_type: str
+    nodes: int
+    size_bytes: int
+    time_us: Fact
+    busbw_gbytes_per_s: Fact
+
+
+NCCL_TESTS = (
+    # 2 x p4dn.24xlarge (the p4d with EFA), 16 ranks, out-of-place, FI_EFA_USE_DEVICE_RDMA=1.
+    AllReduceFigure(
+        instance_type="p4d.24xlarge",
+        nodes=2,
+        size_bytes=1073741824,
+        time_us=Fact(35215, "https://github.com/NVIDIA/nccl/issues/527 (2022-07-25)", READ_ON),
+        busbw_gbytes_per_s=Fact(57.17, "https://github.com/NVIDIA/nccl/issues/527 (2022-07-25)", READ_ON),
+    ),
+)
+
+# DescribeInstanceTypes `NetworkPerformance`: "40 Gigabit", "4x 100 Gigabit", "Up to 25 Gigabit".
+_NETWORK_PERFORMANCE = re.compile(r"(?:Up to )?(?:(\d+)x )?(\d+(?:\.\d+)?) Gigabit")
+
+
+def line_rate_gbps(network_performance: str) -> float | None:
+    """The line rate in Gbps a `NetworkPerformance` text states (the burst rate of an "Up to"), or
+    None for one without a number ("High", "Moderate")."""
+    match = _NETWORK_PERFORMANCE.fullmatch(network_performance.strip())
+    if not match:
+        return None
+    return int(match.group(1) or 1) * float(match.group(2))

@@ -1,0 +1,267 @@
+"""The EKS control plane (pulumi-eks) with KMS-encrypted secrets, OIDC, logging and API auth."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_eks as eks
+
+from infra.aws_facts.live_stack import OWNER_TAG, owner
+from infra.config.stack import StackSettings
+from platform_facts import PROJECT
+
+CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+# The EKS managed policy that makes an access entry a cluster administrator, for the whole cluster.
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """The log group EKS writes control-plane logs to (EKS user guide, "Send control plane logs to CloudWatch")."""
+    return f"/aws/eks/{cluster_name}/cluster"
+
+
+def cluster_key_policy(account_id: str, region: str, log_group_name: str) -> str:
+    """The cluster key's policy: the account manages it (the default key policy), and CloudWatch Logs
+    may use it for the control-plane log group, and no other ("Encrypt log data in CloudWatch Logs
+    using AWS KMS": the service principal of the region, bound by the log group's encryption context)."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "AccountManagesTheKey",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
+                    "Action": "kms:*",
+                    "Resource": "*",
+                },
+                {
+                    "Sid": "ControlPlaneLogGroup",
+                    "Effect": "Allow",
+                    "Principal": {"Service": f"logs.{region}.amazonaws.com"},
+                    "Action": [
+                        "kms:Encrypt*",
+                        "kms:Decrypt*",
+                        "kms:ReEncrypt*",
+                        "kms:GenerateDataKey*",
+                        "kms:Describe*",
+                    ],
+                    "Resource": "*",
+                    "Condition": {
+                        "ArnLike": {
+                            "kms:EncryptionContext:aws:logs:arn": (
+                                f"arn:aws:logs:{region}:{account_id}:log-group:{log_group_name}"
+                            )
+                        }
+                    },
+                },
+            ],
+        }
+    )
+
+
+def access_entry_name(principal_arn: str) -> str:
+    """A resource name for a principal's access entry: its account, kind and name, stable across runs."""
+    account, resource = principal_arn.split(":")[4], principal_arn.split(":", 5)[5]
+    kind, _, path_and_name = resource.partition("/")
+    return f"admin-{account}-{kind}-{path_and_name.replace('/', '-')}"
+
+
+def names_same_principal(caller_arn: str, principal_arn: str) -> bool:
+    """Whether the caller (an IAM user, or an STS session of a role) is the IAM principal `principal_arn`.
+
+    A session ARN (`arn:aws:sts::<account>:assumed-role/<role>/<session>`) carries the role's name
+    but not its path, so a role is matched by account and name.
+    """
+    if caller_arn == principal_arn:
+        return True
+    caller, principal = caller_arn.split(":", 5), principal_arn.split(":", 5)
+    if caller[2] != "sts" or not caller[5].startswith("assumed-role/"):
+        return False
+    return (
+        caller[4] == principal[4]
+        and principal[5].startswith("role/")
+        and caller[5].split("/")[1] == principal[5].rsplit("/", 1)[-1]
+    )
+
+
+class Cluster(pulumi.ComponentResource):
+    """EKS cluster without a default node group; node groups and CoreDNS come separately.
+
+    CoreDNS is installed as a managed add-on here but only after the system node group exists
+    (`install_coredns`), because the add-on stays degraded, and its creation can time out, on a
+    cluster with no node to run on.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: StackSettings,
+        vpc_id: pulumi.Input[str],
+        private_subnet_ids: list[pulumi.Input[str]],
+        public_subnet_ids: list[pulumi.Input[str]],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("eks-ray-train:infra:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.name = settings.cluster_name
+        identity = settings.aws_identity
+
+        log_group_name = control_plane_log_group(settings.cluster_name)
+        # One key for Kubernetes secrets and the control-plane logs; its policy names the log group.
+        self.secrets_key = aws.kms.Key(
+            f"{name}-secrets",
+            description=f"Envelope encryption of Kubernetes secrets and control-plane logs of EKS cluster {settings.cluster_name}",
+            enable_key_rotation=True,
+            deletion_window_in_days=7,
+            policy=cluster_key_policy(aws.get_caller_identity().account_id, settings.region, log_group_name),
+            opts=child,
+        )
+        # Created before the cluster, with a retention: EKS would otherwise create it, keeping logs
+        # forever. After the key: CloudWatch checks the key policy when the key is associated.
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-control-plane",
+            name=log_group_name,
+            retention_in_days=settings.log_retention_days,
+            kms_key_id=self.secrets_key.arn,
+            # Tells this stack's group from one a destroyed cluster left behind (`infra.aws_facts.live_stack`).
+            tags={OWNER_TAG: owner()},
+            opts=child,
+        )
+        self.eks = eks.Cluster(
+            name,
+            name=settings.cluster_name,
+            version=settings.kubernetes_version,
+            vpc_id=vpc_id,
+            private_subnet_ids=private_subnet_ids,
+            public_subnet_ids=public_subnet_ids,
+            node_associate_public_ip_address=False,
+            skip_default_node_group=True,
+            skip_default_security_groups=True,
+            authentication_mode=eks.AuthenticationMode.API,
+            endpoint_private_access=True,
+            endpoint_public_access=settings.endpoint_public_access,
+            public_access_cidrs=list(settings.endpoint_public_access_cidrs) or None,
+            encryption_config_key_arn=self.secrets_key.arn,
+            create_oidc_provider=True,
+            # Through the log group, so the control plane inside pulumi-eks waits for it too.
+            enabled_cluster_log_types=self.log_group.name.apply(lambda _: CONTROL_PLANE_LOGS),
+            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
+            kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(enabled=True),
+            # The VPC CNI's network policy agent, without which NetworkPolicy objects are not enforced
+            # (pulumi-eks sets the vpc-cni add-on's `enableNetworkPolicy: "true"`).
+            vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
+            provider_credential_opts=eks.KubeconfigOptionsArgs(
+                profile_name=identity.profile, role_arn=identity.role_arn
+            )
+            if identity.profile or identity.role_arn
+            else None,
+            tags={"project": PROJECT},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group]),
+        )
+        # The name as an Output of the cluster: whatever uses it depends on the cluster, so
+        # `pulumi destroy` removes node groups and add-ons before the control plane.
+        self.cluster_name = self.eks.cluster_security_group_id.apply(lambda _: settings.cluster_name)
+        # The control plane's version once it is applied: node groups and add-ons that take it update
+        # after the control plane, which EKS requires of an upgrade (nodes never newer than it).
+        self.kubernetes_version = self.eks.eks_cluster.version
+        # For people: no profile in it, so each user's own AWS credentials apply.
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(self.eks.kubeconfig_json)
+        # For this program's Kubernetes provider: the identity Pulumi itself runs as.
+        self.provider_kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
+            self.eks.get_kubeconfig(profile_name=identity.profile, role_arn=identity.role_arn)
+        )
+        self.security_group_id = self.eks.cluster_security_group_id
+        self.oidc_provider_arn = self.eks.oidc_provider_arn
+        self.oidc_provider_url = self.eks.oidc_provider_url
+
+        self.node_role = aws.iam.Role(
+            f"{name}-node",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ec2.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            opts=child,
+        )
+        # Exactly what an EKS node needs: join the cluster, run the VPC CNI, pull images.
+        self.node_role_policies = [
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-{policy.split('/')[-1]}",
+                role=self.node_role.name,
+                policy_arn=policy,
+                opts=child,
+            )
+            for policy in NODE_POLICIES
+        ]
+        # Admins besides the cluster's creator, who gets an access entry from EKS at creation.
+        caller = aws.get_caller_identity().arn if settings.admin_principal_arns else ""
+        for principal in settings.admin_principal_arns:
+            if names_same_principal(caller, principal):
+                pulumi.log.warn(
+                    f"config key 'adminPrincipalArns' lists {principal}, the identity running Pulumi: if it "
+                    "creates the cluster, EKS already gives it an access entry and this one fails "
+                    "(ResourceInUseException); leave the cluster's creator out of adminPrincipalArns"
+                )
+        self.admin_access = [self._admin(principal) for principal in settings.admin_principal_arns]
+        self.register_outputs({"clusterName": self.name, "securityGroupId": self.security_group_id})
+
+    def _admin(self, principal_arn: str) -> aws.eks.AccessPolicyAssociation:
+        """An access entry for the principal with the cluster-admin access policy, cluster-wide."""
+        name = access_entry_name(principal_arn)
+        entry = aws.eks.AccessEntry(
+            name,
+            cluster_name=self.cluster_name,
+            principal_arn=principal_arn,
+            type="STANDARD",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return aws.eks.AccessPolicyAssociation(
+            name,
+            cluster_name=self.cluster_name,
+            principal_arn=entry.principal_arn,
+            policy_arn=CLUSTER_ADMIN_POLICY,
+            access_scope={"type": "cluster"},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def install_coredns(self, version: str, after: list[pulumi.Resource]) -> aws.eks.Addon:
+        """The CoreDNS managed add-on at `version`, created once nodes exist to run it.
+
+        Pinned: an add-on left at the version it was created with is not upgraded with the control
+        plane, and EKS supports each CoreDNS version on a range of Kubernetes versions only
+        (`eks:DescribeAddonVersions`); `coredns_version` picks the newest for the cluster's.
+        """
+        return aws.eks.Addon(
+            "coredns",
+            cluster_name=self.cluster_name,
+            addon_name="coredns",
+            addon_version=version,
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+        )
+
+
+def coredns_version(kubernetes_version: str) -> str:
+    """The newest CoreDNS add-on version EKS offers for `kubernetes_version` (asked at preview)."""
+    return aws.eks.get_addon_version(
+        addon_name="coredns", kubernetes_version=kubernetes_version, most_recent=True
+    ).version
+
+
+NODE_POLICIES = [
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+]

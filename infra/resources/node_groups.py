@@ -1,0 +1,287 @@
+"""Managed node groups: the system group, and the GPU group with our own EFA launch template.
+
+`aws.eks.NodeGroup` is used rather than pulumi-eks's `ManagedNodeGroup` because the GPU group
+needs a launch template of its own (EFA interfaces, placement group, capacity reservation, IMDSv2,
+root volume), which `enable_efa_support` cannot be combined with, and because every property then
+shows in `pulumi preview` and in the offline tests.
+
+With a capacity reservation the GPU group creates no placement group: EC2 launches into a
+targeted reservation only when the launch matches it, placement included, so a fresh cluster
+placement group around a reservation made outside it fails with InsufficientInstanceCapacity
+(eksctl, for the same reason, creates a placement group only when no reservation is given). A
+reservation created in a cluster placement group (`PlacementGroupArn`) is launched into that
+group. A Capacity Block for ML launches as `CAPACITY_BLOCK` with the `capacity-block` market
+type and the instance type in the launch template (EKS user guide, "Create a managed node group
+with Capacity Blocks for ML").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.aws_facts.capacity_rules import ReservationFacts
+from infra.aws_facts.sizing import InstanceFacts
+from platform_facts import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
+
+# GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.
+GPU_MAX_UNAVAILABLE = 1
+# How EKS replaces GPU nodes in an update (a new launch template or AMI release). The DEFAULT
+# strategy first launches max(2 x zones, maxUnavailable) extra nodes (EKS user guide, "Understand
+# each phase of node updates"): 2 more g6.12xlarge, 96 vCPUs of GPU quota beyond what the preflight
+# asks for, and room a reservation sized to the group does not have. MINIMAL terminates each old
+# node before its replacement launches, "useful in scenarios where you are constrained to resources
+# ... such as GPUs" (EKS API reference, NodegroupUpdateConfig.updateStrategy). A training job loses
+# the node either way; the GPU group always updates with MINIMAL, one node at a time.
+GPU_UPDATE_CONFIG = {"max_unavailable": GPU_MAX_UNAVAILABLE, "update_strategy": "MINIMAL"}
+# IMDSv2 only, and a hop limit of 1: the metadata response dies at the pod network's extra hop, so
+# pods cannot take the node role's credentials (EKS best practices, "Restrict access to the instance
+# profile"). Pods get AWS credentials and the region from IRSA; host-network pods (VPC CNI,
+# kube-proxy, device plugins) still reach the metadata service.
+METADATA_OPTIONS: aws.ec2.LaunchTemplateMetadataOptionsArgsDict = {
+    "http_endpoint": "enabled",
+    "http_tokens": "required",
+    "http_put_response_hop_limit": 1,
+}
+# EKS AMI types of the node groups (EKS API `Nodegroup.amiType`) and the CPU architecture each
+# boots on: an instance type of another architecture (Graviton's arm64, a Mac) cannot run it.
+SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
+GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
+AMI_ARCHITECTURE = {SYSTEM_AMI_TYPE: "x86_64", GPU_AMI_TYPE: "x86_64"}
+# Root volumes: the system nodes hold the Ray head's image (about 20 GB), the GPU nodes the workers'.
+SYSTEM_ROOT_VOLUME_GIB = 80
+GPU_ROOT_VOLUME_GIB = 200
+
+
+def root_volume(size_gib: int) -> list[aws.ec2.LaunchTemplateBlockDeviceMappingArgsDict]:
+    """Encrypted gp3 root volume of the AL2023 AMIs (device /dev/xvda)."""
+    return [
+        {
+            "device_name": "/dev/xvda",
+            "ebs": {
+                "volume_size": size_gib,
+                "volume_type": "gp3",
+                "encrypted": "true",
+                "delete_on_termination": "true",
+            },
+        }
+    ]
+
+
+def efa_network_interfaces(
+    efa_interfaces: int, security_group_ids: list[pulumi.Input[str]]
+) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgsDict]:
+    """One EFA interface per network card: card 0 carries IP traffic too, the others are EFA-only.
+
+    Security groups sit on the interfaces (a launch template with interfaces may not set them at
+    the top level) and no subnet is named: the node group chooses it.
+    """
+    return [
+        {
+            "network_card_index": card,
+            "device_index": 0 if card == 0 else 1,
+            "interface_type": "efa" if card == 0 else "efa-only",
+            "security_groups": security_group_ids,
+            "delete_on_termination": "true",
+            "associate_public_ip_address": "false" if card == 0 else None,
+        }
+        for card in range(efa_interfaces)
+    ]
+
+
+@dataclass(frozen=True)
+class NodeGroupSpec:
+    """What differs between the two node groups."""
+
+    instance: InstanceFacts
+    count: int
+    root_volume_gib: int
+
+
+def managed_node_group(
+    name: str,
+    *,
+    parent: pulumi.Resource,
+    cluster_name: pulumi.Input[str],
+    node_role_arn: pulumi.Input[str],
+    subnet_ids: list[pulumi.Input[str]],
+    spec: NodeGroupSpec,
+    template: aws.ec2.LaunchTemplate,
+    ami_type: str,
+    labels: dict[str, str],
+    kubernetes_version: pulumi.Input[str],
+    after: list[pulumi.Resource],
+    capacity_block: bool = False,
+    replace_first: bool = False,
+    **extra,
+) -> aws.eks.NodeGroup:
+    """A fixed-size managed node group on our launch template: On-Demand, or a Capacity Block's.
+
+    A Capacity Block group names its instance type in the launch template, as the EKS guide asks,
+    and so not here: CreateNodegroup fails when both name one (EKS API reference, instanceTypes).
+    `kubernetes_version` is the control plane's: a group keeps the version it was created with, and
+    EKS refuses the next control-plane upgrade while a group lags a minor version behind
+    ("Nodegroups must be updated to match cluster version"). `replace_first`: a replacement deletes
+    this group before it creates the new one (Pulumi's default creates first).
+    """
+    return aws.eks.NodeGroup(
+        name,
+        cluster_name=cluster_name,
+        node_role_arn=node_role_arn,
+        subnet_ids=subnet_ids,
+        instance_types=None if capacity_block else [spec.instance.instance_type],
+        ami_type=ami_type,
+        capacity_type="CAPACITY_BLOCK" if capacity_block else "ON_DEMAND",
+        scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
+        labels=labels,
+        launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+        version=kubernetes_version,
+        # The role's policies must outlive the nodes, or they cannot leave the cluster cleanly; the
+        # nodes pull images through the NAT gateway, so its routes must be there first.
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=after, delete_before_replace=replace_first),
+        **extra,
+    )
+
+
+class SystemNodeGroup(pulumi.ComponentResource):
+    """Nodes for the KubeRay operator, CoreDNS and the Ray head (no GPU)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        cluster_name: pulumi.Input[str],
+        node_role_arn: pulumi.Input[str],
+        subnet_ids: list[pulumi.Input[str]],
+        spec: NodeGroupSpec,
+        kubernetes_version: pulumi.Input[str],
+        after: list[pulumi.Resource],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("eks-ray-train:infra:SystemNodeGroup", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        template = aws.ec2.LaunchTemplate(
+            name,
+            description="System nodes: IMDSv2 and an encrypted gp3 root volume",
+            metadata_options=METADATA_OPTIONS,
+            block_device_mappings=root_volume(spec.root_volume_gib),
+            opts=child,
+        )
+        self.node_group = managed_node_group(
+            name,
+            parent=self,
+            cluster_name=cluster_name,
+            node_role_arn=node_role_arn,
+            subnet_ids=subnet_ids,
+            spec=spec,
+            template=template,
+            ami_type=SYSTEM_AMI_TYPE,
+            labels=SYSTEM_LABELS,
+            kubernetes_version=kubernetes_version,
+            after=after,
+        )
+        self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    """EFA GPU nodes in one subnet of one AZ, packed in a cluster placement group (the reservation's, if any)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        cluster_name: pulumi.Input[str],
+        vpc_id: pulumi.Input[str],
+        cluster_security_group_id: pulumi.Input[str],
+        node_role_arn: pulumi.Input[str],
+        subnet_id: pulumi.Input[str],
+        zone: str,
+        spec: NodeGroupSpec,
+        reservation: ReservationFacts | None,
+        kubernetes_version: pulumi.Input[str],
+        after: list[pulumi.Resource],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("eks-ray-train:infra:GpuNodeGroup", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        # EFA's SRD traffic needs a group that admits everything from and to itself, both ways.
+        self.efa_security_group = aws.ec2.SecurityGroup(
+            f"{name}-efa",
+            description="EFA: all traffic between members of this group",
+            vpc_id=vpc_id,
+            tags={"Name": f"{name}-efa"},
+            opts=child,
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-efa-in",
+            security_group_id=self.efa_security_group.id,
+            referenced_security_group_id=self.efa_security_group.id,
+            ip_protocol="-1",
+            description="EFA from members",
+            opts=child,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-efa-out",
+            security_group_id=self.efa_security_group.id,
+            referenced_security_group_id=self.efa_security_group.id,
+            ip_protocol="-1",
+            description="EFA to members",
+            opts=child,
+        )
+        template_args: dict = {}
+        self.placement_group: aws.ec2.PlacementGroup | None = None
+        if reservation is None:
+            # One per zone: a cluster placement group holds instances of one zone, so a zone move
+            # gets a new group (the alias keeps the group of stacks deployed before this naming).
+            self.placement_group = aws.ec2.PlacementGroup(
+                f"{name}-{zone}",
+                strategy="cluster",
+                opts=pulumi.ResourceOptions(parent=self, aliases=[pulumi.Alias(name=name)]),
+            )
+            template_args["placement"] = {"group_name": self.placement_group.name}
+        else:
+            template_args["capacity_reservation_specification"] = {
+                "capacity_reservation_target": {"capacity_reservation_id": reservation.reservation_id}
+            }
+            if reservation.placement_group_name:
+                template_args["placement"] = {"group_name": reservation.placement_group_name}
+            if reservation.is_capacity_block:
+                template_args["instance_market_options"] = {"market_type": "capacity-block"}
+                template_args["instance_type"] = spec.instance.instance_type
+        self.launch_template = aws.ec2.LaunchTemplate(
+            name,
+            description=f"GPU nodes: {spec.instance.efa_interfaces} EFA interface(s), "
+            + ("placement group, IMDSv2" if "placement" in template_args else "capacity reservation, IMDSv2"),
+            metadata_options=METADATA_OPTIONS,
+            block_device_mappings=root_volume(spec.root_volume_gib),
+            network_interfaces=efa_network_interfaces(
+                spec.instance.efa_interfaces, [cluster_security_group_id, self.efa_security_group.id]
+            ),
+            opts=child,
+            **template_args,
+        )
+        self.node_group = managed_node_group(
+            name,
+            parent=self,
+            cluster_name=cluster_name,
+            node_role_arn=node_role_arn,
+            subnet_ids=[subnet_id],
+            spec=spec,
+            template=self.launch_template,
+            ami_type=GPU_AMI_TYPE,
+            labels=GPU_LABELS,
+            kubernetes_version=kubernetes_version,
+            after=after,
+            taints=[GPU_TAINT],
+            capacity_block=bool(reservation and reservation.is_capacity_block),
+            # A new zone, type or capacity type replaces the group. Created first, the new nodes
+            # would need twice the GPU quota and could not join the placement group the old ones
+            # hold in another zone (EC2 InvalidPlacementGroup.InUse): the old group goes first.
+            replace_first=True,
+            update_config=GPU_UPDATE_CONFIG,
+        )
+        placement = template_args.get("placement", {}).get("group_name")
+        self.register_outputs({"nodeGroupName": self.node_group.node_group_name, "placementGroup": placement})

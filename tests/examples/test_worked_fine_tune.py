@@ -1,0 +1,91 @@
+"""The worked fine-tune of docs/training.md, end to end on the CPU: generated instruction data in
+the chat format, a run with held-out evaluation whose eval loss falls, its TensorBoard events, and
+the exported model loaded back with `from_pretrained` answering a question.
+
+It runs the loop through the torchrun launcher's session in this process (one gloo rank), which
+reads the corpus as `--launcher torchrun` does; the docs' `--local` command reads the same rows
+through Ray Data (`test_ray_data_rows_are_exact_and_equal_the_torchrun_rows`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from examples.generate import BYTE_END_OF_TURN, answer, run_tokenizer
+from examples.instruction_data import write_dataset
+from tests.harness.paths import REPO_ROOT
+from tests.training.components.test_evaluate import read_scalars
+from training.config.presets import BYTE_TOKENIZER
+from training.config.run_config import parse_args, parse_flags
+
+DOCS = REPO_ROOT / "docs" / "training.md"
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_generated_dataset_is_conversations_whose_held_out_rows_use_unseen_values(tmp_path):
+    write_dataset(tmp_path, train_rows=400, eval_rows=100, seed=0)
+    train, held_out = _rows(tmp_path / "train.jsonl"), _rows(tmp_path / "eval.jsonl")
+    assert (len(train), len(held_out)) == (400, 100)
+    for row in train + held_out:
+        assert [message["role"] for message in row["messages"]] == ["user", "assistant"]
+    questions = {row["messages"][0]["content"] for row in train}
+    assert not questions & {row["messages"][0]["content"] for row in held_out}
+    write_dataset(tmp_path / "again", train_rows=400, eval_rows=100, seed=0)
+    assert (tmp_path / "again" / "train.jsonl").read_bytes() == (tmp_path / "train.jsonl").read_bytes()
+
+
+def test_the_docs_worked_example_runs_these_flags():
+    """The docs' worked example passes the flags the test below trains with (with the values of a
+    longer run), and its command parses."""
+    command = re.search(r"^python -m training --local (--data .*)$", DOCS.read_text(), re.MULTILINE)
+    assert command, "docs/training.md has no worked fine-tune command"
+    flags = command.group(1).split()
+    for flag in ("--data", "--eval-data", "--eval-every", "--lr-schedule", "--warmup-steps", "--export-hf"):
+        assert flag in flags, flag
+    parse_flags(flags, paths_here=False)  # the docs' command parses (its data is written first)
+
+
+@pytest.mark.slow
+def test_a_chat_fine_tune_evaluates_falling_logs_to_tensorboard_and_exports_a_model_that_answers(
+    tmp_path, monkeypatch, one_rank_group
+):
+    import torch
+
+    from training.launch.torchrun_launcher import TorchrunSession
+    from training.loop import train
+
+    write_dataset(tmp_path / "data", train_rows=600, eval_rows=60, seed=0)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    config = parse_args(
+        [
+            *("--data", str(tmp_path / "data" / "train.jsonl")),
+            *("--eval-data", str(tmp_path / "data" / "eval.jsonl")),
+            *("--eval-every", "10", "--steps", "30", "--lr-schedule", "cosine", "--warmup-steps", "3"),
+            *("--export-hf", "--storage-path", str(tmp_path / "runs"), "--run-name", "chat"),
+        ]
+    )
+    train(config, TorchrunSession(config, torch.device("cpu")))
+
+    run = tmp_path / "runs" / "chat"
+    summary = json.loads((run / "summary.json").read_text())
+    evals = [(row["step"], row["eval_loss"]) for row in summary["history"] if row["eval_loss"] is not None]
+    assert [step for step, _ in evals] == [10, 20, 30]
+    losses = [loss for _, loss in evals]
+    assert losses[0] > losses[1] > losses[2], evals
+    assert losses[-1] < 0.6 * summary["loss_first"]  # from about log(257) = 5.55 at the start
+    assert summary["loss_tokens"] < summary["tokens_seen"] / 2  # only the assistant's turns
+
+    logged = read_scalars(run / "tensorboard")["loss/eval"]
+    assert logged == {step: pytest.approx(loss, rel=1e-6) for step, loss in evals}
+
+    exported = str(run / "checkpoint_000030" / "hf")
+    assert run_tokenizer(exported, None) == BYTE_TOKENIZER
+    reply = answer(exported, "Say hello to Vera.", tokenizer=BYTE_TOKENIZER, max_new_tokens=40)
+    assert reply and BYTE_END_OF_TURN not in reply

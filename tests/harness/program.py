@@ -1,0 +1,290 @@
+"""Run `__main__.py` under Pulumi's own mocks and record every resource it registers.
+
+The fake AWS account (`tests.harness.fake_aws`) answers the invokes; this module adds the resource side:
+plausible outputs for what the program reads back (ARNs, ids, the cluster's kubeconfig) and a
+record of each registration with its parent and dependencies, so tests can assert the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from google.protobuf import struct_pb2
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime.proto import provider_pb2
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
+
+from tests.harness.fake_aws import FakeAws, FakeAwsMocks
+from tests.harness.paths import REPO_ROOT
+from workloads import addons
+
+ROOT = REPO_ROOT
+STACK_FILES = sorted(ROOT.glob("Pulumi.*.yaml"))
+ACCOUNT = "123456789012"
+# What a user adds before the first `pulumi up` (the stack files say so); tests stand in for it.
+USER_SETTINGS = {"eks-ray-train:endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
+
+
+@dataclass
+class Registration:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    dependencies: list[str]
+    inputs: dict[str, Any]
+    secret_inputs: set[str]
+    alias_names: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
+    provider: str = ""  # the explicit provider reference, `<urn>::<id>`
+    retain_on_delete: bool = False
+
+
+@dataclass
+class Plan:
+    """Everything one program run registered, in order."""
+
+    resources: list[Registration] = field(default_factory=list)
+
+    def of_type(self, type_token: str) -> list[Registration]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def one(self, type_token: str, name: str | None = None) -> Registration:
+        found = [r for r in self.of_type(type_token) if name is None or r.name == name]
+        assert len(found) == 1, f"expected one {type_token} {name or ''}, found {[r.name for r in found]}"
+        return found[0]
+
+    def by_urn(self, urn: str) -> Registration:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def ancestors(self, registration: Registration) -> list[str]:
+        """Types of the components a resource sits under, nearest first."""
+        chain, parent = [], registration.parent
+        while parent:
+            node = next((r for r in self.resources if r.urn == parent), None)
+            if node is None:
+                break
+            chain.append(node.type)
+            parent = node.parent
+        return chain
+
+
+def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[str, Any]:
+    """Outputs the program reads back from resources it creates."""
+    name, arn = args.name, f"arn:aws:service:{region}:{ACCOUNT}:{args.typ.split(':')[-1].lower()}/{args.name}"
+    outputs: dict[str, Any] = {"arn": arn, "name": args.inputs.get("name", name)}
+    if args.typ == "eks:index:Cluster":
+        issuer = f"oidc.eks.{region}.amazonaws.com/id/0123456789ABCDEF"
+        outputs.update(
+            kubeconfigJson='{"apiVersion": "v1", "kind": "Config", "clusters": []}',
+            clusterSecurityGroupId="sg-0eksclusterprimary",
+            oidcProviderArn=f"arn:aws:iam::{ACCOUNT}:oidc-provider/{issuer}",
+            oidcProviderUrl=issuer,
+        )
+    elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+        outputs["latestVersion"] = 1
+    elif args.typ == "aws:s3/bucket:Bucket":
+        outputs["bucket"] = args.inputs.get("bucket", f"{name}-0a1b2c3")
+        outputs["arn"] = f"arn:aws:s3:::{outputs['bucket']}"
+    elif args.typ == "aws:eks/nodeGroup:NodeGroup":
+        outputs["nodeGroupName"] = name
+    return outputs
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """The mock monitor, plus each registration's parent, dependencies and secret inputs.
+
+    It also answers method calls on resources (`monitor.Call`, which Pulumi's mock monitor lacks):
+    the resource the method is called on arrives as `__self__`, here as its registration.
+    """
+
+    def __init__(self, mocks: ProgramMocks) -> None:
+        super().__init__(mocks)
+        self.plan = Plan()
+
+    def Call(self, request):
+        _ensure_event_loop()
+        # `__self__` is a resource reference; read its URN rather than rebuild the resource.
+        call_args = struct_pb2.Struct()
+        call_args.CopyFrom(request.args)
+        self_urn = call_args.fields.pop("__self__").struct_value.fields["urn"].string_value
+        args = pulumi.runtime.rpc.deserialize_properties(call_args, keep_unknowns=True)
+        args["__self__"] = self.plan.by_urn(self_urn)
+        result = self.mocks.call(pulumi.runtime.MockCallArgs(request.tok, args, request.provider))
+        return provider_pb2.CallResponse(
+            **{"return": _sync_await(pulumi.runtime.rpc.serialize_properties(result, {}))}
+        )
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            inputs = pulumi.runtime.rpc.deserialize_properties(request.object, keep_unknowns=True)
+            self.plan.resources.append(
+                Registration(
+                    type=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent=request.parent,
+                    dependencies=list(request.dependencies),
+                    inputs=inputs,
+                    secret_inputs=_secret_paths(request.object),
+                    alias_names=[a.spec.name for a in request.aliases if a.HasField("spec")],
+                    delete_before_replace=request.deleteBeforeReplace,
+                    provider=request.provider,
+                    retain_on_delete=request.retainOnDelete,
+                )
+            )
+        return response
+
+
+def _secret_paths(struct) -> set[str]:
+    """Top-level input names whose value is a Pulumi secret."""
+    secret_sig = pulumi.runtime.rpc._special_sig_key
+    found = set()
+    for key, value in struct.fields.items():
+        if value.HasField("struct_value") and secret_sig in value.struct_value.fields:
+            sig = value.struct_value.fields[secret_sig].string_value
+            if sig == pulumi.runtime.rpc._special_secret_sig:
+                found.add(key)
+    return found
+
+
+def eks_kubeconfig(cluster: Registration, region: str, profile: str | None, role_arn: str | None) -> str:
+    """What pulumi-eks's `Cluster.getKubeconfig` returns: a kubeconfig whose user runs `aws eks get-token`.
+
+    As pulumi-eks's `generateKubeconfig` (nodejs/eks/cluster/cluster.ts) builds it: `--role` when a
+    role is given, `--profile` when a profile is (this method always includes the profile).
+    """
+    token_args = ["--region", region, "eks", "get-token", "--cluster-name", cluster.inputs["name"]]
+    token_args += ["--output", "json"]
+    if role_arn:
+        token_args += ["--role", role_arn]
+    if profile:
+        token_args += ["--profile", profile]
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "aws",
+            "args": token_args,
+            "env": [
+                {
+                    "name": "KUBERNETES_EXEC_INFO",
+                    "value": '{"apiVersion": "client.authentication.k8s.io/v1beta1"}',
+                }
+            ],
+        }
+    }
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"cluster": {"server": "https://example.eks.amazonaws.com"}, "name": "kubernetes"}],
+            "contexts": [{"context": {"cluster": "kubernetes", "user": "aws"}, "name": "aws"}],
+            "current-context": "aws",
+            "users": [{"name": "aws", "user": user}],
+        }
+    )
+
+
+class ProgramMocks(FakeAwsMocks):
+    """The fake account's invokes and pulumi-eks's method calls, plus outputs for the resources the program creates."""
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        if args.token == "eks:index:Cluster/getKubeconfig":
+            kubeconfig = eks_kubeconfig(
+                args.args["__self__"], self.aws.region, args.args.get("profileName"), args.args.get("roleArn")
+            )
+            return {"result": kubeconfig}
+        return super().call(args)
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
+
+
+def deployed(plan: Plan, fake_aws: FakeAws) -> FakeAws:
+    """The account after `pulumi up` applied `plan`: its EKS cluster, VPC, subnets and control-plane
+    log group exist as AWS then reports them (mocked ids are `<resource name>-id`)."""
+    vpc = plan.one("aws:ec2/vpc:Vpc")
+    cluster = plan.one("eks:index:Cluster").inputs
+    subnets = {f"{s.name}-id": s.inputs["availabilityZone"] for s in plan.of_type("aws:ec2/subnet:Subnet")}
+    log_group = plan.one("aws:cloudwatch/logGroup:LogGroup", f"{cluster['name']}-control-plane")
+    fake_aws.vpcs[f"{vpc.name}-id"] = vpc.inputs["cidrBlock"]
+    fake_aws.subnets.update(subnets)
+    fake_aws.clusters[cluster["name"]] = {
+        "version": cluster["version"],
+        "vpcId": f"{vpc.name}-id",
+        "subnetIds": [*cluster["privateSubnetIds"], *cluster["publicSubnetIds"]],
+    }
+    fake_aws.log_groups[log_group.inputs["name"]] = dict(log_group.inputs["tags"])
+    fake_aws.node_groups[cluster["name"]] = {
+        f"{group.name}-{index:07x}": {
+            "labels": group.inputs["labels"],
+            "subnetIds": group.inputs["subnetIds"],
+        }
+        for index, group in enumerate(plan.of_type("aws:eks/nodeGroup:NodeGroup"))
+    }
+    return fake_aws
+
+
+def stack_config(stack_file: Path) -> dict[str, str]:
+    """A stack file's config as the engine hands it to the program (objects as JSON text)."""
+    config = yaml.safe_load(stack_file.read_text())["config"]
+    return {key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()}
+
+
+def _schemas_left_out(crds: list[dict]) -> list[dict]:
+    """The CRDs with each version's schema replaced by one that keeps every field: the same objects,
+    names, annotations and options, without the 4 MB of OpenAPI whose serialization made each
+    program run 3 s instead of 0.5 s. Tests of the schemas themselves run with `crd_schemas=True`."""
+    for crd in crds:
+        for version in crd["spec"]["versions"]:
+            version["schema"] = {
+                "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            }
+    return crds
+
+
+def run_program(
+    config: dict[str, str],
+    fake_aws: FakeAws | None = None,
+    stack: str = "dev",
+    secret_keys: list[str] | None = None,
+    crd_schemas: bool = False,
+) -> Plan:
+    """Run `__main__.py` once under mocks with this stack config; raise what the program raises.
+
+    `crd_schemas`: apply KubeRay's CRDs with their full schemas (see `_schemas_left_out`).
+    """
+    if not crd_schemas:
+        vendored = addons.kuberay_crds
+        addons.kuberay_crds = lambda: _schemas_left_out(vendored())
+        try:
+            return run_program(config, fake_aws, stack, secret_keys, crd_schemas=True)
+        finally:
+            addons.kuberay_crds = vendored
+    region = config.get("aws:region", "us-east-2")
+    fake_aws = fake_aws or FakeAws(region=region)
+    mocks = ProgramMocks(fake_aws)
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=True, monitor=monitor)
+    pulumi.runtime.set_all_config(config, secret_keys or [])
+    failure: list[BaseException] = []
+
+    @pulumi.runtime.test
+    def program():
+        try:
+            runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+        except BaseException as err:  # surfaced below, outside Pulumi's event loop
+            failure.append(err)
+
+    program()
+    if failure:
+        failure[0].plan = monitor.plan  # what was registered before the failure, for assertions
+        raise failure[0]
+    return monitor.plan

@@ -1,0 +1,459 @@
+"""Fakes, fixture data and helpers shared by the TrainingRun tests.
+
+Three levels, no cloud anywhere:
+
+- pure logic (job arguments, input checks, diff, job identity, log parsing);
+- the provider against a fake Kubernetes API: real `kubernetes.client` models served by fake
+  `CoreV1Api`/`CustomObjectsApi` objects, a fake head pod that answers the Ray commands by
+  replaying driver logs from `tests/fixtures/training_run`, and worker pods whose session log
+  folders are fixture folders, read by the very shell commands the provider runs in the pods;
+- end to end with a real local Ray head (`ray start --head` here, stopped afterwards): the
+  provider's `create`, with its executor swapped from pod exec to local exec, submits the tiny
+  CPU training job, waits, reads its logs and reports."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.harness import paths
+from tests.harness.fake_kube_api import FakeEfaSysfs, ScriptedJob, write_nccl_log_files
+from workloads import manifests
+from workloads.training_run import errors, provider, readiness, runner, schema
+from workloads.training_run.access import jobs
+from workloads.training_run.access.kube_access import ExecResult, KubernetesCluster, LocalExecutor
+from workloads.training_run.verdicts import efa_counters, evidence, fabric
+
+FIXTURES = paths.FIXTURES / "training_run"
+
+
+POD_LOGS = FIXTURES / "pods"
+
+
+WORKER_PODS = sorted(path.name for path in POD_LOGS.iterdir())
+
+
+HEAD_POD = "ray-train-head-9bq5w"
+
+
+CODE_HASH = "5f0c2a9d81e4b7c3"
+
+
+SPEC_HASH = "7e1f0c2b9a4d8e63"
+
+
+EFA_JOB, TCP_JOB, FALLBACK_JOB, OOM_JOB = "02000000", "03000000", "01000000", "04000000"
+PROBE_JOB, TCP_PROBE_JOB = "05000000", "06000000"
+
+
+def gpu_node(
+    name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
+):
+    allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
+    if gpus is not None:
+        allocatable[readiness.GPU_RESOURCE] = gpus
+    if efa is not None:
+        allocatable[readiness.EFA_RESOURCE] = efa
+    labels = {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}
+    if present:
+        labels[readiness.GPU_PRESENT_LABEL] = "true"
+    return k8s.V1Node(
+        metadata=k8s.V1ObjectMeta(name=name, labels=labels),
+        status=k8s.V1NodeStatus(
+            allocatable=allocatable,
+            conditions=[k8s.V1NodeCondition(type="Ready", status="True" if ready else "False")],
+        ),
+    )
+
+
+def ray_pod(
+    name: str,
+    node_type: str,
+    ready: bool = True,
+    phase: str = "Running",
+    node: str | None = "node-a",
+    waiting: tuple[str, str] | None = None,
+    spec_hash: str | None = SPEC_HASH,
+    deleting: bool = False,
+    uid: str | None = None,
+):
+    """A Ray pod as KubeRay creates it: its template's annotations, here the spec hash, carried over;
+    the API server gives each pod a UID (one per pod object: `uid` models one created again)."""
+    container = "ray-head" if node_type == "head" else "ray-worker"
+    state = k8s.V1ContainerState(
+        waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None
+    )
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(
+            name=name,
+            namespace="ray-train",
+            uid=uid or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+            labels={"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
+            annotations={manifests.SPEC_HASH_ANNOTATION: spec_hash} if spec_hash else None,
+            deletion_timestamp=datetime.datetime(2026, 5, 11, 9, 0, tzinfo=datetime.UTC)
+            if deleting
+            else None,
+        ),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=container)], node_name=node),
+        status=k8s.V1PodStatus(
+            phase=phase,
+            conditions=[k8s.V1PodCondition(type="Ready", status="True" if ready else "False")],
+            container_statuses=[
+                k8s.V1ContainerStatus(
+                    name=container, image="ray", image_id="", ready=ready, restart_count=0, state=state
+                )
+            ],
+        ),
+    )
+
+
+def _selected(labels: dict, selector: str) -> bool:
+    wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+    return all((labels or {}).get(key) == value for key, value in wanted.items())
+
+
+class FakeCoreApi:
+    """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last repeats."""
+
+    def __init__(self, node_snapshots, pod_snapshots, events=()):
+        self.node_snapshots = list(node_snapshots)
+        self.pod_snapshots = list(pod_snapshots)
+        self.events = list(events)
+        self.node_calls = 0
+        self.pod_calls = 0
+
+    def list_node(self, label_selector, **_request_options):
+        nodes = self.node_snapshots[min(self.node_calls, len(self.node_snapshots) - 1)]
+        self.node_calls += 1
+        return k8s.V1NodeList(items=[n for n in nodes if _selected(n.metadata.labels, label_selector)])
+
+    def list_namespaced_pod(self, namespace, label_selector, **_request_options):
+        pods = self.pod_snapshots[
+            min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
+        ]  # head + workers per wait
+        self.pod_calls += 1
+        return k8s.V1PodList(
+            items=[
+                p
+                for p in pods
+                if p.metadata.namespace == namespace and _selected(p.metadata.labels, label_selector)
+            ]
+        )
+
+    def list_namespaced_event(self, namespace, field_selector, **_request_options):
+        wanted = dict(term.split("=", 1) for term in field_selector.split(","))
+        return k8s.CoreV1EventList(
+            items=[e for e in self.events if e.involved_object.name == wanted["involvedObject.name"]]
+        )
+
+
+class FakeCustomObjects:
+    def __init__(self, worker_replicas: int | None = 2):
+        self.worker_replicas = worker_replicas
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_request_options):
+        if self.worker_replicas is None:
+            raise ApiException(status=404, reason="Not Found")
+        assert (group, version, plural) == ("ray.io", "v1", "rayclusters")
+        return {
+            "spec": {"workerGroupSpecs": [{"groupName": "gpu-workers", "replicas": self.worker_replicas}]}
+        }
+
+
+class FakeRayHead:
+    """The head pod: answers `cat .code-hash`, `ray job submit` and the Jobs API script like a Ray head would."""
+
+    def __init__(
+        self,
+        jobs_by_variant: dict[str, ScriptedJob],
+        code_hashes=(CODE_HASH,),
+        probes_by_variant: dict[str, ScriptedJob] | None = None,
+    ):
+        self.jobs_by_variant = jobs_by_variant
+        self.code_hashes = list(code_hashes)
+        self.jobs: dict[str, ScriptedJob] = {}
+        self.metadata: dict[str, dict] = {}  # what `--metadata-json` attached, per submission id
+        self.submissions: list[list[str]] = []
+        self.efa: dict[str, FakeEfaSysfs] = {}  # worker pod -> its node's EFA sysfs, set by FakeCluster
+        # The worker pods now (FakeCluster's, which a test may swap), for the NCCL log files.
+        self.workers: Callable[[], Iterable[FixturePod]] = list
+        # The gate's fabric probe before each job, by variant; its submissions are kept apart.
+        self.probes_by_variant = probes_by_variant or {
+            "main": probe_job(),
+            "tcp": scripted(TCP_PROBE_JOB, "driver_probe_tcp.log", nccl_lines_of=TCP_JOB),  # no EFA traffic
+        }
+        self.probe_submissions: list[list[str]] = []
+
+    def run(self, argv, timeout_s):
+        if argv[0] == "cat":
+            assert argv[1] == f"{manifests.CODE_MOUNT}/{manifests.CODE_HASH_FILE}"
+            seen = self.code_hashes.pop(0) if len(self.code_hashes) > 1 else self.code_hashes[0]
+            return ExecResult(0, seen + "\n")
+        if argv[:3] == ["ray", "job", "submit"]:
+            assert argv[argv.index("--address") + 1] == jobs.DASHBOARD_ADDRESS
+            submission_id = argv[argv.index("--submission-id") + 1]
+            if submission_id in self.jobs:
+                return ExecResult(1, "", f"Job with submission_id {submission_id} already exists.")
+            env = {}
+            if "--runtime-env-json" in argv:
+                env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+            variant = "tcp" if env.get("NCCL_NET") == "Socket" else "main"
+            probe = fabric.PROBE_MODULE in argv
+            chosen = self.probes_by_variant if probe else self.jobs_by_variant
+            self.jobs[submission_id] = chosen[variant]
+            job = self.jobs[submission_id]
+            for sysfs in self.efa.values():
+                sysfs.add(job.efa_traffic)
+            if job.nccl_lines_of is not None:  # the fixture's session logs hold the lines
+                for pod in self.workers():
+                    write_nccl_log_files(
+                        POD_LOGS / pod.name / "logs",
+                        pod.nccl_logs,
+                        pod.name,
+                        submission_id,
+                        job.nccl_lines_of,
+                    )
+            if "--metadata-json" in argv:
+                self.metadata[submission_id] = json.loads(argv[argv.index("--metadata-json") + 1])
+            (self.probe_submissions if probe else self.submissions).append(list(argv))
+            return ExecResult(0, f"Job '{submission_id}' submitted successfully\n")
+        if argv[:3] == ["python", "-c", jobs.HEAD_JOBS_API_SOURCE]:
+            action, subject = argv[4], argv[5]
+            if action == "list":
+                listed = [
+                    {
+                        "submission_id": sid,
+                        "job_id": job.ray_job_id,
+                        "status": job.status(),
+                        "message": None,
+                        "metadata": self.metadata.get(sid, {}),
+                    }
+                    for sid, job in self.jobs.items()
+                    if sid.startswith(subject)
+                ]
+                return ExecResult(0, json.dumps({"jobs": listed}) + "\n")
+            job = self.jobs.get(subject)
+            if job is None:
+                return ExecResult(0, json.dumps({"job": None, "logs": "", "offset": 0}) + "\n")
+            status, logs = job.status(), job.logs()
+            job.looks += 1
+            offset = int(argv[6])
+            record = {
+                "submission_id": subject,
+                "job_id": job.ray_job_id,
+                "status": status,
+                "message": job.message if status == "FAILED" else None,
+                "metadata": self.metadata.get(subject, {}),
+            }
+            return ExecResult(
+                0, json.dumps({"job": record, "logs": logs[offset:], "offset": len(logs)}) + "\n"
+            )
+        raise AssertionError(f"the head pod got an unexpected command: {argv[:4]}")
+
+
+def stamp_write_order(logs: Path) -> None:
+    """Give the fixture logs the modification times Ray's writes would leave: `.out` files first,
+    then each worker's `.err`, where a dying worker writes its traceback last; by pid (Ray's start
+    order) within each, a rotated part (`.out.2`, `.out.1`) before the newer ones. A checkout
+    stamps files in whatever order it writes them, and the tail command orders by time (`ls -tr`),
+    so the fixture's order is set here, not left to git."""
+
+    def written(path: Path) -> tuple[bool, int, int]:
+        pid, kind, *rotated = path.name.rsplit("-", 1)[1].split(".")
+        return kind == "err", int(pid), -int(rotated[0]) if rotated else 0
+
+    files = sorted(logs.glob("worker-*"), key=written)
+    for second, path in enumerate(files):
+        os.utime(path, (1_700_000_000 + second, 1_700_000_000 + second))
+
+
+class FixturePod:
+    """A worker pod whose Ray session log folder is a fixture folder and whose NCCL log folder
+    (the emptyDir `/tmp/ray`) is `nccl_logs`, an empty folder of its own unless given (the fixtures
+    hold no NCCL log files: their jobs were submitted before they existed); commands really run, here."""
+
+    def __init__(
+        self,
+        name: str,
+        logs: Path | None = None,
+        nccl_logs: Path | None = None,
+        efa: FakeEfaSysfs | None = None,
+    ):
+        self.name = name
+        self.logs = logs or POD_LOGS / name / "logs"
+        if nccl_logs is None:
+            self._own = tempfile.TemporaryDirectory(prefix="tmp-ray-")
+            nccl_logs = Path(self._own.name)
+        self.nccl_logs = nccl_logs
+        self.nccl_logs.mkdir(parents=True, exist_ok=True)
+        self.efa = efa
+        stamp_write_order(self.logs)
+        self.commands: list[list[str]] = []
+
+    def run(self, argv, timeout_s):
+        self.commands.append(list(argv))
+        local = {evidence.RAY_LOG_DIR: str(self.logs), jobs.NCCL_LOG_DIR: str(self.nccl_logs)}
+        if self.efa is not None:
+            local[efa_counters.SYSFS_ROOT] = str(self.efa.root)
+        return LocalExecutor().run([local.get(arg, arg) for arg in argv], timeout_s)
+
+
+class FakeClock:
+    """Time that passes only when the provider sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.slept = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.slept += seconds
+
+
+def driver_log(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+# What the gate's probe adds to each worker node's counters: three collectives at up to 1 GiB.
+PROBE_TRAFFIC = {"tx_bytes": 4_294_967_296, "rx_bytes": 4_294_971_392, "tx_pkts": 512_000, "rx_pkts": 512_004}
+
+
+# What the EFA job's traffic adds to each worker node's counters: a smoke run's FSDP collectives.
+EFA_JOB_TRAFFIC = {
+    "tx_bytes": 12_884_901_888,
+    "rx_bytes": 12_884_905_984,
+    "tx_pkts": 1_536_000,
+    "rx_pkts": 1_536_004,
+    "rdma_read_bytes": 12_884_901_888,
+    "retrans_pkts": 2,
+}
+
+
+def scripted(
+    ray_job_id: str,
+    log_name: str,
+    final: str = "SUCCEEDED",
+    message: str | None = None,
+    efa_traffic: dict[str, int] | None = None,
+    nccl_lines_of: str | None = None,
+):
+    return ScriptedJob(
+        ray_job_id,
+        driver_log(log_name),
+        ["PENDING", "RUNNING", "RUNNING", final],
+        message,
+        efa_traffic=dict(efa_traffic or {}),
+        nccl_lines_of=nccl_lines_of,
+    )
+
+
+def probe_job(nccl_lines_of: str = EFA_JOB, efa_traffic: dict[str, int] | None = None) -> ScriptedJob:
+    """The gate's probe over EFA: NCCL log files with the EFA run's lines, EFA traffic on every node;
+    `nccl_lines_of=FALLBACK_JOB` is one whose aws-ofi-nccl failed, so NCCL fell back to sockets."""
+    traffic = PROBE_TRAFFIC if efa_traffic is None else efa_traffic
+    return scripted(PROBE_JOB, "driver_probe.log", efa_traffic=traffic, nccl_lines_of=nccl_lines_of)
+
+
+@dataclass
+class FakeCluster:
+    """A whole fake cluster: nodes, pods, events, head, workers, clock, and the Pulumi log lines."""
+
+    head: FakeRayHead
+    nodes: list = field(default_factory=lambda: [gpu_node("node-a"), gpu_node("node-b")])
+    node_snapshots: list | None = None
+    pod_snapshots: list | None = None
+    events: list = field(default_factory=list)
+    worker_replicas: int | None = 2
+    clock: FakeClock = field(default_factory=FakeClock)
+    logged: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        pods = [
+            ray_pod(HEAD_POD, "head", node="system-node"),
+            *(ray_pod(name, "worker") for name in WORKER_PODS),
+        ]
+        self.core = FakeCoreApi(
+            self.node_snapshots or [self.nodes], self.pod_snapshots or [pods], self.events
+        )
+        self._pods = tempfile.TemporaryDirectory(prefix="worker-pods-")
+        folder = Path(self._pods.name)
+        self.head.efa = {name: FakeEfaSysfs(folder / "sysfs" / name) for name in WORKER_PODS}
+        self.workers = {
+            name: FixturePod(name, nccl_logs=folder / "tmp-ray" / name, efa=self.head.efa[name])
+            for name in WORKER_PODS
+        }
+        self.head.workers = lambda: self.workers.values()
+
+    def environment(self) -> runner.RunEnvironment:
+        cluster = KubernetesCluster(self.core, FakeCustomObjects(self.worker_replicas))
+        return runner.RunEnvironment(
+            cluster,
+            executor_for=lambda pod: self.head if pod.name == HEAD_POD else self.workers[pod.name],
+            log=self.logged.append,
+            clock=self.clock,
+            sleep=self.clock.sleep,
+        )
+
+    def provider(self) -> provider.TrainingRunProvider:
+        @contextlib.contextmanager
+        def connect(inputs, aws, timings):
+            yield self.environment()
+
+        return provider.TrainingRunProvider(connect=connect)
+
+
+SMOKE_ARGS = ["--preset", "smoke", "--workers", "8", "--use-gpu", "--gpus-per-worker", "1"]
+
+
+def run_inputs(**changes) -> schema.RunInputs:
+    values = {
+        "cluster_name": "eks-ray-train",
+        "region": "us-east-2",
+        "namespace": "ray-train",
+        "ray_cluster_name": "ray-train",
+        "gpus_per_node": 4,
+        "efa_per_node": 1,
+        "code_hash": CODE_HASH,
+        "run_spec_hash": SPEC_HASH,
+        "gpu_instance_type": "g6.12xlarge",
+        "line_rate_gbps": 40.0,  # g6.12xlarge's NetworkPerformance, "40 Gigabit"
+        "job_args": tuple(SMOKE_ARGS),
+    }
+    values.update(changes)
+    return schema.RunInputs(**values)
+
+
+def props(inputs: schema.RunInputs) -> dict:
+    """What the engine hands `create`: the inputs, and the declared outputs as nulls."""
+    return {**inputs.props(), **dict.fromkeys(provider.OUTPUTS)}
+
+
+def main_and_tcp_head(**main_changes) -> FakeRayHead:
+    return FakeRayHead(
+        {
+            "main": replace(
+                scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_JOB_TRAFFIC), **main_changes
+            ),
+            "tcp": scripted(TCP_JOB, "driver_tcp.log"),
+        }
+    )
+
+
+def failure_of(fake: FakeCluster, inputs: schema.RunInputs | None = None) -> str:
+    with pytest.raises(errors.TrainingRunError) as caught:
+        fake.provider().create(props(inputs or run_inputs()))
+    return str(caught.value)

@@ -1,0 +1,222 @@
+"""Items of a real fine-tune: the learning-rate schedules, held-out evaluation and the
+TensorBoard event files, checked against hand-computed numbers and the step stream."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training.components.evaluate import eval_batches
+from training.components.optim import learning_rate
+from training.config.run_config import (
+    SHIPPED_CORPUS,
+    SYNTHETIC,
+    ArgumentsError,
+    parse_args,
+    parse_flags,
+)
+from training.metrics.report import parse_step_line
+from training.metrics.run_metrics import perplexity
+from training.metrics.tensorboard_sink import SCALARS, TENSORBOARD_DIR
+from training.model.loss import IGNORE_INDEX, fused_linear_cross_entropy
+
+
+def _lrs(schedule: str, steps: list[int], *extra: str) -> list[float]:
+    config = parse_args(
+        ["--lr", "0.01", "--steps", "10", "--warmup-steps", "2", "--lr-schedule", schedule, *extra]
+    )
+    return [learning_rate(config, step) for step in steps]
+
+
+def test_constant_schedule_warms_up_then_holds_the_peak():
+    assert _lrs("constant", [1, 2, 3, 10]) == pytest.approx([0.005, 0.01, 0.01, 0.01])
+
+
+def test_linear_schedule_decays_to_the_minimum_at_the_last_step():
+    # 8 steps after the warm-up; step 3 is 1/8 of the way from 0.01 to 0.001, step 6 half-way.
+    got = _lrs("linear", [2, 3, 6, 10], "--min-lr-ratio", "0.1")
+    assert got == pytest.approx([0.01, 0.008875, 0.0055, 0.001])
+
+
+def test_cosine_schedule_follows_half_a_cosine_to_the_minimum():
+    # Step 4 is a quarter of the way: 0.001 + 0.009 * (1 + cos(pi/4)) / 2 = 0.0086819805.
+    got = _lrs("cosine", [2, 4, 6, 10], "--min-lr-ratio", "0.1")
+    assert got == pytest.approx([0.01, 0.0086819805, 0.0055, 0.001])
+
+
+def test_wsd_holds_the_peak_then_decays_over_the_last_fraction():
+    # --decay-ratio 0.25 of the 8 steps after the warm-up: steps 9 and 10 decay.
+    assert _lrs("wsd", [3, 8, 9, 10], "--decay-ratio", "0.25") == pytest.approx([0.01, 0.01, 0.005, 0.0])
+    # 0.3 x 8 = 2.4 decay steps, rounded up to 3: steps 8 to 10, to 0.002 at the end.
+    got = _lrs("wsd", [7, 8, 9, 10], "--decay-ratio", "0.3", "--min-lr-ratio", "0.2")
+    assert got == pytest.approx([0.01, 0.01 * (0.2 + 0.8 * 2 / 3), 0.01 * (0.2 + 0.8 / 3), 0.002])
+
+
+def test_a_warm_up_as_long_as_the_run_never_decays():
+    config = parse_args(["--lr", "0.01", "--steps", "4", "--warmup-steps", "4", "--lr-schedule", "cosine"])
+    assert [learning_rate(config, step) for step in (1, 4)] == pytest.approx([0.0025, 0.01])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--steps", "5", "--warmup-steps", "6"],
+            "--warmup-steps 6 exceeds --steps 5: the warm-up must end by the last step",
+        ),
+        (["--min-lr-ratio", "1.5"], "argument --min-lr-ratio: must be from 0 to 1, got 1.5"),
+        (["--decay-ratio", "0"], "argument --decay-ratio: must be > 0 and <= 1, got 0"),
+        (
+            ["--lr-schedule", "step"],
+            "argument --lr-schedule: invalid choice: 'step' (choose from 'constant', 'linear', 'cosine', 'wsd')",
+        ),
+        (["--eval-every", "5"], "--eval-every 5 evaluates on --eval-data: set it"),
+        (
+            ["--eval-data", SYNTHETIC],
+            "--eval-data synthetic: random tokens hold nothing to learn; give a held-out corpus",
+        ),
+    ],
+)
+def test_bad_schedule_and_evaluation_flags_are_refused_in_one_line(flags, message):
+    with pytest.raises(ArgumentsError) as raised:
+        parse_flags(flags)
+    assert str(raised.value) == message
+
+
+def test_eval_batches_deal_whole_global_batches_in_corpus_order():
+    rows = np.arange(9 * 3).reshape(9, 3)  # 9 rows: 2 global batches of 2 ranks x 2, one row left over
+    mine = [eval_batches(rows, rank=rank, world_size=2, batch_size=2) for rank in (0, 1)]
+    assert [[batch[:, 0].tolist() for batch in batches] for batches in mine] == [
+        [[0, 6], [12, 18]],
+        [[3, 9], [15, 21]],
+    ]
+    assert all(batch.dtype == np.int64 for batches in mine for batch in batches)
+    with pytest.raises(ValueError, match="too few for 2 workers x batch 8"):
+        eval_batches(rows, rank=0, world_size=2, batch_size=8)
+
+
+def test_perplexity_is_exp_of_the_loss_and_infinite_past_a_float():
+    assert perplexity(math.log(20.0)) == pytest.approx(20.0)
+    assert perplexity(1000.0) == math.inf
+
+
+def test_the_gradient_free_loss_is_the_fused_loss():
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(50, 16, generator=generator)
+    weight = torch.randn(300, 16, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 300, (50,), generator=generator)
+    labels[[4, 17, 40]] = IGNORE_INDEX
+    normalizer = torch.tensor(47.0)
+    fused = fused_linear_cross_entropy(hidden, weight, labels, normalizer, 16)
+    with torch.no_grad():
+        plain = fused_linear_cross_entropy(hidden, weight, labels, normalizer, 16)
+    want = torch.nn.functional.cross_entropy(hidden @ weight.detach().t(), labels, ignore_index=IGNORE_INDEX)
+    assert fused.requires_grad and not plain.requires_grad
+    assert plain.item() == pytest.approx(fused.item(), rel=1e-6) == pytest.approx(want.item(), rel=1e-5)
+
+
+def read_scalars(folder: Path) -> dict[str, dict[int, float]]:
+    """Every scalar of the event files in `folder`, by tag and step. An event file is a sequence of
+    records: 8-byte little-endian length, 4-byte CRC, the serialized Event, 4-byte CRC."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars: dict[str, dict[int, float]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
+class _HeldOutSession:
+    """One rank on CPU: synthetic training rows, a fixed held-out set of random rows."""
+
+    rank, world_size, local_world_size, device = 0, 1, 1, torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.summary: dict | None = None
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self):
+        yield None
+
+    def corpus(self, config):
+        raise AssertionError("the test trains on synthetic rows")
+
+    def eval_rows(self, config):
+        return np.random.default_rng(5).integers(0, 256, size=(5, config.seq_len + 1))
+
+    def report(self, metrics, step, save):
+        pass
+
+    def finish(self, summary, history):
+        self.summary = {**summary, "history": history}
+
+
+def test_a_run_reports_eval_loss_lr_and_grad_norm_and_tensorboard_holds_the_step_stream(
+    tmp_path, capsys, one_rank_group
+):
+    from training.loop import train
+
+    config = parse_args(
+        [
+            *("--data", SYNTHETIC, "--seq-len", "32", "--batch-size", "2", "--steps", "4"),
+            *("--eval-data", str(SHIPPED_CORPUS), "--eval-every", "3", "--lr-schedule", "cosine"),
+            *("--storage-path", str(tmp_path), "--run-name", "held-out", "--checkpoint-every", "0"),
+        ]
+    )
+    session = _HeldOutSession()
+    train(config, session)
+    steps = [parsed for parsed in map(parse_step_line, capsys.readouterr().out.splitlines()) if parsed]
+
+    assert [step["step"] for step in steps] == [1, 2, 3, 4]
+    assert [step["lr"] for step in steps] == [learning_rate(config, step) for step in (1, 2, 3, 4)]
+    assert all(step["grad_norm"] > 0 for step in steps)
+    # Evaluated every 3 steps and after the last; random bytes sit near log(256) = 5.55.
+    assert [step["eval_loss"] is not None for step in steps] == [False, False, True, True]
+    for step in steps[2:]:
+        assert 4 < step["eval_loss"] < 7 and step["eval_perplexity"] == pytest.approx(
+            math.exp(step["eval_loss"])
+        )
+    assert session.summary is not None
+    assert session.summary["eval_loss"] == steps[-1]["eval_loss"]
+    assert [entry["grad_norm"] for entry in session.summary["history"]] == [
+        step["grad_norm"] for step in steps
+    ]
+
+    scalars = read_scalars(tmp_path / "held-out" / TENSORBOARD_DIR)
+    want = {
+        tag: {step["step"]: step[key] for step in steps if step[key] is not None}
+        for tag, key in SCALARS.items()
+    }
+    assert {tag for tag, values in want.items() if values} == set(scalars)
+    for tag, values in scalars.items():
+        assert values == pytest.approx(want[tag], rel=1e-6), tag  # event files hold float32
+
+
+def test_event_files_of_a_run_on_a_uri_are_copied_to_the_run_folder_there(tmp_path):
+    from training.metrics.report import StepMetrics
+    from training.metrics.tensorboard_sink import TensorBoardSink
+
+    config = parse_args(["--storage-path", f"file://{tmp_path}/bucket", "--run-name", "remote"])
+    sink = TensorBoardSink(config)
+    record = StepMetrics(
+        step=1, steps=1, loss=2.5, lr=1e-3, grad_norm=0.5, eval_loss=2.75, eval_perplexity=math.exp(2.75),
+        step_time_s=0.1, tokens_per_s=100.0, tokens_per_s_per_gpu=50.0, mfu=None, peak_mem_gib=1.0,
+    )  # fmt: skip
+    sink.write(record)
+    sink.close()
+    scalars = read_scalars(tmp_path / "bucket" / "remote" / TENSORBOARD_DIR)
+    assert scalars["loss/eval"] == {1: 2.75} and scalars["optim/lr"] == pytest.approx({1: 1e-3})
+    assert "throughput/mfu" not in scalars
+    assert not Path(sink.folder).exists()

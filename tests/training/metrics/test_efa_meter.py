@@ -1,0 +1,90 @@
+"""The EFA bytes of each node during a run: read by the node's first rank at every step, logged by
+rank 0 beside tokens/s, summed up in the summary; absent, not zero, without EFA. In process, on a
+one-rank gloo group and a fake sysfs tree in the EFA driver's layout (`tests.harness.fake_kube_api.FakeEfaSysfs`)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from tests.harness.fake_kube_api import FakeEfaSysfs
+from training.config.run_config import parse_args
+from training.metrics.efa_meter import EfaMeter
+from training.metrics.efa_sysfs import SYSFS_ROOT_ENV, sysfs_root
+from training.metrics.report import format_progress_line, format_step_line, parse_step_line
+from training.metrics.run_metrics import RunMetrics
+from training.model.causal_lm import load_architecture
+
+CPU = torch.device("cpu")
+HOST = socket.gethostname()
+
+
+def test_the_root_is_the_drivers_unless_the_environment_points_elsewhere():
+    assert sysfs_root({}) == "/sys/class/infiniband"
+    assert sysfs_root({SYSFS_ROOT_ENV: "/tmp/fake"}) == "/tmp/fake"
+
+
+def test_without_efa_ports_there_is_no_meter(one_rank_group, tmp_path):
+    assert EfaMeter.start(CPU, str(tmp_path / "no-such-folder")) is None
+    (tmp_path / "empty").mkdir()
+    assert EfaMeter.start(CPU, str(tmp_path / "empty")) is None
+
+
+def test_each_sample_is_what_the_nodes_ports_moved_since_the_last(one_rank_group, tmp_path):
+    sysfs = FakeEfaSysfs(tmp_path)
+    FakeEfaSysfs(tmp_path, device="rdmap32s27")  # a second EFA device of the node
+    meter = EfaMeter.start(CPU, str(tmp_path))
+    assert meter is not None and meter.hosts == [HOST]
+    sysfs.add({"tx_bytes": 1000, "rx_bytes": 3000, "tx_pkts": 7})  # packets are no bytes
+    sample = meter.sample()
+    assert sample is not None and sample[HOST] is not None
+    moved, seconds = sample[HOST]
+    assert moved == 4000 and seconds > 0
+    idle = meter.sample()  # nothing moved since
+    assert idle is not None and idle[HOST] is not None and idle[HOST][0] == 0
+    sysfs.counters["tx_bytes"] -= 10  # a driver reload starts the counters over
+    sysfs.add({})
+    assert meter.sample() == {HOST: None}
+
+
+def metrics(*flags: str) -> RunMetrics:
+    config = parse_args(["--preset", "tiny", "--steps", "3", *flags])
+    return RunMetrics(config, load_architecture(config), CPU, world_size=1, start_step=0)
+
+
+def test_steps_and_summary_carry_the_bytes_per_node_and_the_share_of_the_line(one_rank_group):
+    run = metrics("--line-rate-gbps", "40")
+    samples = [
+        {HOST: (8e9, 2.0), "node-b": None},
+        {HOST: (5e9, 1.0), "node-b": None},
+        {HOST: (3e9, 1.0), "node-b": None},
+    ]
+    records = [
+        run.step(step, 2.0, 1.0, 10, lr=1e-3, grad_norm=1.0, eval_loss=None, efa=sample)
+        for step, sample in enumerate(samples, start=1)
+    ]
+    assert records[0].efa_bytes_per_s == {HOST: 4e9, "node-b": None}
+    line = format_step_line(records[1])
+    assert parse_step_line(line)["efa_bytes_per_s"] == {HOST: 5e9, "node-b": None}
+    assert "| EFA 5.00/n/a GB/s" in format_progress_line(records[1])
+    summary = run.summary(1, resharded=False).as_dict()
+    # The first step's interval is left out, as its time is: (5e9 + 3e9) bytes in 2 s over 2 steps.
+    assert summary["efa_bytes_per_s"] == {HOST: 4e9, "node-b": None}
+    assert summary["efa_bytes_per_step"] == {HOST: 4e9, "node-b": None}
+    assert summary["efa_line_rate_fraction"] == pytest.approx(4e9 * 8 / (2 * 40e9))
+
+
+def test_without_efa_the_fields_are_absent_not_zero(one_rank_group):
+    run = metrics()
+    record = run.step(1, 2.0, 1.0, 10, lr=1e-3, grad_norm=1.0, eval_loss=None)
+    assert "efa_bytes_per_s" not in record.as_dict()
+    assert "efa_bytes_per_s" not in format_step_line(record) and "EFA" not in format_progress_line(record)
+    assert "efa_bytes_per_s" not in parse_step_line(format_step_line(record))
+    summary = run.summary(1, resharded=False).as_dict()
+    assert not {"efa_bytes_per_s", "efa_bytes_per_step", "efa_line_rate_fraction"} & summary.keys()
+    with_efa = metrics()  # EFA, but no line rate: no share
+    for step in (1, 2):
+        with_efa.step(step, 2.0, 1.0, 10, lr=1e-3, grad_norm=1.0, eval_loss=None, efa={HOST: (1.0, 1.0)})
+    assert "efa_line_rate_fraction" not in with_efa.summary(1, resharded=False).as_dict()

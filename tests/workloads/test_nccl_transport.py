@@ -1,0 +1,609 @@
+"""The NCCL transport check: fixtures of real log formats, decision rules, and the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.paths import REPO_ROOT
+from workloads.nccl_transport import (
+    EVIDENCE_PER_HOST,
+    EVIDENCE_TOTAL,
+    UnreadableLogError,
+    Verdict,
+    classify_files,
+    classify_lines,
+)
+
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nccl"
+POD_A = "eks-ray-train-gpu-workers-worker-4kq9z"
+POD_B = "eks-ray-train-gpu-workers-worker-v8m2t"
+ORIGIN_A = "ip-10-0-1-23:4711:4790 [0]"
+ORIGIN_B = "ip-10-0-1-87:5022:5075 [0]"
+EFA_PROVIDER = "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"
+SEND_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Libfabric/0"
+RECEIVE_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Libfabric/0"
+RECEIVE_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Socket/0"
+SEND_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Socket/0"
+EFA_DIRECT = "fabric is efa-direct (found 4 nics)"
+BUS = "cudaDev 0 nvmlDev 0 busId 65000 commId 0xbd10cc2bcb56e132"
+
+
+def _info(origin: str, message: str) -> str:
+    return f"{origin} NCCL INFO {message}"
+
+
+def _comm(rank: int, nodes: int) -> str:
+    """NCCL's communicator summary line, which tells how many nodes the communicator spans."""
+    return f"comm 0x55d3a1c0 rank {rank} nRanks 8 nNodes {nodes} localRanks 4 localRank 0 MNNVL 0"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "workloads.nccl_transport", *args],
+        cwd=REPO_ROOT,
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fixture", "transport", "confidence", "deciding"),
+    [
+        (
+            "efa_ofi_1_20_ray_session",
+            "efa",
+            "high",
+            ["[send] via NET/Libfabric/0", "Selected provider is efa, fabric is efa (found 1 nics"],
+        ),
+        (
+            "efa_ofi_1_13_nccl_2_21.log",
+            "efa",
+            "high",
+            ["via NET/Libfabric/0", "NET/OFI Selected Provider is efa (found 1 nics)"],
+        ),
+        (
+            "efa_ofi_1_7_aws_libfabric_nccl_2_18.log",
+            "efa",
+            "high",
+            ["via NET/AWS Libfabric/0", "Selected Provider is efa (found 1 nics)"],
+        ),
+        (
+            "efa_gdrdma_efa_direct_nccl_2_27.log",
+            "efa",
+            "high",
+            ["via NET/Libfabric/0/GDRDMA", "fabric is efa-direct (found 32 nics)"],
+        ),
+        (
+            "efa_ray_driver_ansi.log",
+            "efa",
+            "high",
+            ["via NET/Libfabric/0", "Selected provider is efa"],
+        ),
+        (
+            "efa_init_lines_only.log",
+            "efa",
+            "low",
+            ["Using network Libfabric", "Selected provider is efa", "nNodes 2"],
+        ),
+        (
+            "tcp_fallback_plugin_init_failed.log",
+            "socket",
+            "high",
+            ["via NET/Socket/0", "NET/OFI aws-ofi-nccl initialization failed"],
+        ),
+        (
+            "forced_socket_nccl_net_socket.log",
+            "socket",
+            "high",
+            ["via NET/Socket/0", "NCCL_NET set by environment to Socket"],
+        ),
+        (
+            "mixed_hosts_efa_and_socket.log",
+            "socket",
+            "high",
+            ["via NET/Socket/0", "NET/OFI No eligible providers were found"],
+        ),
+        (
+            "libfabric_over_tcp_provider.log",
+            "socket",
+            "high",
+            ["via NET/Libfabric/0", "Selected provider is tcp, fabric is 192.168.40.0/24"],
+        ),
+        (
+            "single_node_p2p_shm.log",
+            "intra-node",
+            "high",
+            ["via SHM/direct/direct", "via P2P/CUMEM/read", "nNodes 1"],
+        ),
+        ("ib_infiniband.log", "ib", "high", ["via NET/IB/0/GDRDMA"]),
+        ("no_nccl_lines.log", "unknown", "none", []),
+        # Logs posted in public issues; each file names its source.
+        (  # a communicator of one rank moves no bytes, whatever network it announces
+            "single_rank_comm_using_network_ib_nccl_2_18.log",
+            "intra-node",
+            "low",
+            ["rank 0 nranks 1 cudaDev 0"],
+        ),
+        (  # P2P lines from two hosts say nothing about how the hosts talk
+            "p2p_cumem_only_two_hosts_nccl_tests.log",
+            "unknown",
+            "none",
+            [],
+        ),
+        (  # libfabric's tcp provider under rxm is a TCP path, even before any channel line
+            "libfabric_tcp_ofi_rxm_provider_lines.log",
+            "socket",
+            "low",
+            ["NET/OFI Selected Provider is tcp;ofi_rxm"],
+        ),
+    ],
+)
+def test_fixture_is_classified_with_its_deciding_lines(fixture, transport, confidence, deciding):
+    verdict = classify_files([FIXTURES / fixture])
+
+    assert (verdict.transport, verdict.confidence) == (transport, confidence), verdict.reason
+    for fragment in deciding:
+        assert any(fragment in line for line in verdict.evidence), (fragment, verdict.evidence)
+    assert bool(verdict.evidence) == bool(verdict.processes)  # the lines of every process judged
+    assert not any("\x1b" in line for line in verdict.evidence)
+
+
+def test_single_node_run_that_printed_using_network_socket_is_intra_node():
+    log = (FIXTURES / "single_node_p2p_shm.log").read_text()
+    assert "NCCL INFO Using network Socket" in log
+
+    verdict = classify_files([FIXTURES / "single_node_p2p_shm.log"])
+
+    assert verdict.transport == "intra-node"
+    assert not any("Using network Socket" in line for line in verdict.evidence)
+
+
+def test_one_host_on_sockets_makes_the_run_socket_and_only_its_lines_are_evidence():
+    verdict = classify_files([FIXTURES / "mixed_hosts_efa_and_socket.log"])
+
+    assert verdict.transport == "socket"
+    assert set(verdict.processes.values()) == {"efa", "socket"}
+    for process, transport in verdict.processes.items():
+        assert transport == ("efa" if process.startswith(POD_A) else "socket"), process
+    assert list(verdict.by_host) == [POD_B]
+    assert not any(POD_A in line for line in verdict.evidence)
+
+
+def test_evidence_is_grouped_per_host_bounded_and_ordered():
+    verdict = classify_files([FIXTURES / "efa_ofi_1_20_ray_session"])
+
+    assert list(verdict.by_host) == [POD_A, POD_B]
+    for host, lines in verdict.by_host.items():
+        assert 0 < len(lines) <= EVIDENCE_PER_HOST
+        assert all(line.startswith(f"{host}:") for line in lines)
+        assert len(set(lines)) == len(lines)
+    assert verdict.evidence == verdict.by_host[POD_A] + verdict.by_host[POD_B]
+    assert len(verdict.processes) == 8
+    assert {process.split(":")[0] for process in verdict.processes} == {POD_A, POD_B}
+
+
+def test_evidence_prefers_processes_decided_by_channel_lines():
+    announced_only = "ip-10-0-1-23:1000:1050 [1]"
+    with_channels = "ip-10-0-1-23:2000:2050 [0]"
+    channels = [f"Channel {channel:02d}/0 : 7[3] -> 0[0] [receive] via NET/Libfabric/0" for channel in (0, 1)]
+    lines = [
+        _info(announced_only, EFA_PROVIDER),
+        _info(announced_only, "Assigned NET plugin Libfabric to comm"),
+        _info(announced_only, "Using network Libfabric"),
+        _info(announced_only, _comm(rank=1, nodes=2)),
+        _info(with_channels, EFA_PROVIDER),
+        *(_info(with_channels, channel) for channel in channels),
+    ]
+
+    verdict = classify_lines(lines)
+
+    assert (verdict.transport, verdict.confidence) == ("efa", "high")
+    assert len(verdict.evidence) == EVIDENCE_PER_HOST
+    for channel in channels:
+        assert _info(with_channels, channel) in verdict.evidence
+
+
+def test_reason_tells_missing_nccl_debug_from_uninformative_nccl_lines():
+    silent = classify_lines(["step 1/5 loss 12.1"])
+    uninformative = classify_lines([_info(ORIGIN_A, "cudaDriverVersion 13000")])
+    version_only = classify_lines(["NCCL version 2.18.5+cuda12.2"])
+
+    assert "NCCL_DEBUG=INFO" in silent.reason
+    assert "none tells the transport" in uninformative.reason
+    assert "none tells the transport" in version_only.reason
+
+
+def test_evidence_stays_bounded_with_many_hosts():
+    lines = []
+    for node in range(20):
+        origin = f"ip-10-0-2-{node}:{100 + node}:{200 + node} [0]"
+        lines.append(_info(origin, EFA_PROVIDER))
+        for channel in range(8):
+            message = f"Channel {channel:02d}/0 : {node}[0] -> 0[0] [send] via NET/Libfabric/0"
+            lines.append(_info(origin, message))
+
+    verdict = classify_lines(lines)
+
+    assert verdict.transport == "efa"
+    assert len(verdict.by_host) == 20
+    assert len(verdict.evidence) == EVIDENCE_TOTAL
+    assert all(len(host_lines) <= EVIDENCE_PER_HOST for host_lines in verdict.by_host.values())
+
+
+def test_classification_does_not_depend_on_which_file_comes_first():
+    session = sorted(p for p in (FIXTURES / "efa_ofi_1_20_ray_session").rglob("*.out"))
+
+    forward, backward = classify_files(session), classify_files(reversed(session))
+
+    assert forward.transport == backward.transport == "efa"
+    assert list(forward.by_host) == list(backward.by_host)
+    assert forward.processes == backward.processes
+
+
+@pytest.mark.parametrize(
+    ("messages", "transport"),
+    [
+        ([EFA_PROVIDER, SEND_LIBFABRIC], "efa"),
+        ([f"NET/OFI Selected provider is efa, {EFA_DIRECT}", SEND_LIBFABRIC], "efa"),
+        ([f"NET/OFI Selected provider is efa-direct, {EFA_DIRECT}", SEND_LIBFABRIC], "efa"),
+        (["NET/OFI Selected Provider is sockets (found 1 nics)", SEND_LIBFABRIC], "socket"),
+        (["NET/OFI Selected Provider is tcp;ofi_rxm (found 1 nics)", SEND_LIBFABRIC], "socket"),
+        ([SEND_LIBFABRIC], "unknown"),
+        (["Channel 00/0 : 3[3] -> 4[0] [send] via NET/Libfabric/1(2)/GDRDMA", EFA_PROVIDER], "efa"),
+        (["Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read"], "intra-node"),
+        (["Channel 00/0 : 0[0] -> 1[1] via P2P/direct pointer/read"], "intra-node"),
+        (["Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"], "intra-node"),
+        ([_comm(rank=0, nodes=1)], "intra-node"),
+        (["Channel 00/0 : 3[3] -> 4[0] [send] via NET/GPUDirectTCPX/0", EFA_PROVIDER], "unknown"),
+        (["NCCL version 2.29.7+cuda13.0", "cudaDriverVersion 13000"], "unknown"),
+        # One-rank communicators (2.18's `comm ..`, 2.21+'s `ncclCommInitRank comm ..`) move no bytes.
+        (["Using network Socket", f"comm 0x1 rank 0 nranks 1 {BUS} - Init COMPLETE"], "intra-node"),
+        (
+            ["Using network Socket", f"ncclCommInitRank comm 0x1 rank 0 nranks 1 {BUS} - Init START"],
+            "intra-node",
+        ),
+        (["Using network Socket", f"ncclCommInitRank comm 0x1 rank 0 nranks 2 {BUS} - Init START"], "socket"),
+        # aws-ofi-nccl on libfabric's tcp provider (FI_PROVIDER=tcp, 1.14+ wording), channels or not.
+        (["NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16 (found 1 nics)"], "socket"),
+        (
+            ["NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16 (found 1 nics)", SEND_LIBFABRIC],
+            "socket",
+        ),
+        # An efa provider line alone is no proof: NCCL initialises the plugin even when NCCL_NET
+        # then picks another network.
+        ([EFA_PROVIDER], "unknown"),
+    ],
+)
+def test_line_formats(messages, transport):
+    verdict = classify_lines(_info(ORIGIN_A, message) for message in messages)
+
+    assert verdict.transport == transport, verdict.reason
+
+
+def test_socket_channels_in_one_process_outvote_efa_in_the_others():
+    verdict = classify_lines(
+        [
+            _info(ORIGIN_A, EFA_PROVIDER),
+            _info(ORIGIN_A, SEND_LIBFABRIC),
+            _info(ORIGIN_B, RECEIVE_SOCKET),
+        ]
+    )
+
+    assert verdict.transport == "socket"
+    assert verdict.processes == {"ip-10-0-1-23:4711": "efa", "ip-10-0-1-87:5022": "socket"}
+
+
+def test_multi_node_process_without_channel_lines_is_judged_by_using_network():
+    verdict = classify_lines(
+        [
+            _info(ORIGIN_A, EFA_PROVIDER),
+            _info(ORIGIN_A, SEND_LIBFABRIC),
+            _info(ORIGIN_B, "Using network Socket"),
+            _info(ORIGIN_B, _comm(rank=4, nodes=2)),
+            _info(ORIGIN_B, "Channel 00/0 : 4[0] -> 5[1] via SHM/direct/direct"),
+        ]
+    )
+
+    assert verdict.transport == "socket"
+    assert verdict.confidence == "low"
+    assert any("Using network Socket" in line for line in verdict.evidence)
+
+
+def test_provider_of_another_host_completes_a_process_without_one():
+    verdict = classify_lines(
+        [
+            _info(ORIGIN_A, EFA_PROVIDER),
+            _info(ORIGIN_A, SEND_LIBFABRIC),
+            _info(ORIGIN_B, RECEIVE_LIBFABRIC),
+        ]
+    )
+
+    assert verdict.processes == {"ip-10-0-1-23:4711": "efa", "ip-10-0-1-87:5022": "efa"}
+    assert verdict.transport == "efa"
+    assert verdict.evidence == [
+        _info(ORIGIN_A, EFA_PROVIDER),
+        _info(ORIGIN_A, SEND_LIBFABRIC),
+        _info(ORIGIN_B, RECEIVE_LIBFABRIC),
+    ]
+
+
+def test_own_tcp_provider_wins_over_efa_on_other_hosts():
+    verdict = classify_lines(
+        [
+            _info(ORIGIN_A, EFA_PROVIDER),
+            _info(ORIGIN_A, SEND_LIBFABRIC),
+            _info(ORIGIN_B, "NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16"),
+            _info(ORIGIN_B, RECEIVE_LIBFABRIC),
+        ]
+    )
+
+    assert verdict.transport == "socket"
+    assert verdict.processes == {"ip-10-0-1-23:4711": "efa", "ip-10-0-1-87:5022": "socket"}
+
+
+def test_processes_that_disagree_without_sockets_are_unknown():
+    verdict = classify_lines(
+        [
+            _info(ORIGIN_A, EFA_PROVIDER),
+            _info(ORIGIN_A, SEND_LIBFABRIC),
+            _info(ORIGIN_B, "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/IB/0"),
+        ]
+    )
+
+    assert verdict.transport == "unknown"
+    assert "disagree" in verdict.reason
+
+
+def test_local_channels_of_a_multi_node_communicator_are_not_intra_node():
+    verdict = classify_lines(
+        [
+            _info(ORIGIN_A, _comm(rank=1, nodes=2)),
+            _info(ORIGIN_A, "Channel 00/0 : 1[1] -> 2[2] via SHM/direct/direct"),
+        ]
+    )
+
+    assert verdict.transport == "unknown"
+
+
+def test_ray_prefix_without_nccl_prefix_groups_by_ray_ip_and_pid():
+    coloured = "\x1b[36m(RayTrainWorker pid=1234, ip=10.0.1.23)\x1b[0m NCCL INFO " + SEND_SOCKET
+
+    verdict = classify_lines([coloured + " [repeated 3x across cluster]"])
+
+    assert verdict.transport == "socket"
+    assert verdict.processes == {"10.0.1.23:1234": "socket"}
+    assert verdict.by_host["10.0.1.23"] == [
+        "(RayTrainWorker pid=1234, ip=10.0.1.23) NCCL INFO " + SEND_SOCKET
+    ]
+
+
+def test_line_seen_in_worker_log_and_again_in_driver_output_is_evidence_once():
+    first, second = (
+        _info(ORIGIN_B, f"Channel {channel:02d}/0 : 3[3] -> 4[0] [receive] via NET/Socket/0")
+        for channel in (0, 1)
+    )
+
+    verdict = classify_lines([first, f"(RayTrainWorker pid=5022, ip=10.0.1.87) {first}", second])
+
+    assert verdict.evidence == [first, second]
+
+
+def test_ray_prefixed_processes_without_nccl_prefix_keep_their_own_lines():
+    lines = [f"(RayTrainWorker pid={pid}, ip=10.0.1.23) NCCL INFO {SEND_SOCKET}" for pid in (7, 8)]
+
+    verdict = classify_lines(lines)
+
+    assert verdict.evidence == lines
+
+
+def test_timestamped_warn_lines_are_attributed_to_their_host():
+    warn = (
+        "[2026-05-11 09:14:21] ip-10-0-1-87:5022:5075 [0] int nccl_net_ofi_create_plugin("
+        "nccl_net_ofi_plugin_t**):421 NCCL WARN NET/OFI aws-ofi-nccl initialization failed"
+    )
+
+    verdict = classify_lines([warn, _info(ORIGIN_B, RECEIVE_SOCKET)])
+
+    assert verdict.by_host["ip-10-0-1-87"][0] == warn
+
+
+@pytest.mark.parametrize(
+    ("transport", "expect", "ok"),
+    [
+        ("efa", None, True),
+        ("socket", None, True),
+        ("ib", None, True),
+        ("intra-node", None, False),
+        ("unknown", None, False),
+        ("efa", "efa", True),
+        ("socket", "efa", False),
+        ("intra-node", "intra-node", True),
+    ],
+)
+def test_ok_and_json(transport, expect, ok):
+    verdict = Verdict(transport, "why", "high", ["line"], {"host": ["line"]}, {"host:1": transport})
+
+    document = verdict.to_json(expect)
+
+    assert verdict.ok(expect) is ok
+    assert document == {
+        "transport": transport,
+        "ok": ok,
+        "expect": expect,
+        "confidence": "high",
+        "reason": "why",
+        "evidence": ["line"],
+        "by_host": {"host": ["line"]},
+        "processes": {"host:1": transport},
+    }
+    json.dumps(document)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "hosts", "transport", "missing"),
+    [
+        (8, 2, "efa", None),
+        (16, 2, "unknown", "nothing tells it for 8 of 16 ranks"),
+        (8, 3, "unknown", "nothing tells it for 1 of 3 hosts"),
+    ],
+)
+def test_a_verdict_covers_every_rank_and_host_or_is_unknown(ranks, hosts, transport, missing):
+    verdict = classify_files([FIXTURES / "efa_ofi_1_20_ray_session"]).covering(ranks, hosts)
+
+    assert verdict.transport == transport
+    if missing:
+        assert verdict.confidence == "none"
+        assert verdict.reason.startswith(
+            "the lines of only 8 NCCL processes on 2 hosts tell their transport (efa: "
+        )
+        assert verdict.reason.endswith(missing)
+        assert verdict.evidence  # what was judged stays visible
+
+
+def test_one_process_over_tcp_is_socket_however_few_processes_were_read():
+    verdict = classify_lines([_info(ORIGIN_B, RECEIVE_SOCKET)]).covering(8, 2)
+
+    assert (verdict.transport, verdict.confidence) == ("socket", "high")
+
+
+def test_folder_walk_reads_ray_rotated_worker_logs(tmp_path):
+    """Ray 2.58 rotates `worker-<id>-<job>-<pid>.out` by size into `.out.1`, `.out.2`, ..."""
+    (tmp_path / "worker-01-02000000-4711.out").write_text("TRAIN_STEP {}\n")
+    (tmp_path / "worker-01-02000000-4711.out.1").write_text(_info(ORIGIN_B, RECEIVE_SOCKET) + "\n")
+
+    assert classify_files([tmp_path]).transport == "socket"
+
+
+def test_folder_walk_reads_only_log_suffixes(tmp_path):
+    nested = tmp_path / "session_latest" / "logs"
+    nested.mkdir(parents=True)
+    (nested / "worker-01.out").write_text(
+        "\n".join(_info(ORIGIN_A, m) for m in (EFA_PROVIDER, SEND_LIBFABRIC)) + "\n"
+    )
+    (nested / "notes.txt").write_text(_info(ORIGIN_B, RECEIVE_SOCKET))
+
+    assert classify_files([tmp_path]).transport == "efa"
+
+
+def test_carriage_returns_split_progress_bars_from_nccl_lines(tmp_path):
+    log = tmp_path / "worker.out"
+    channel = _info(ORIGIN_B, RECEIVE_SOCKET)
+    log.write_bytes(b"Downloading shards:  50%|#####     | 1/2\r" + channel.encode() + b"\n")
+
+    verdict = classify_files([log])
+
+    assert (verdict.transport, verdict.evidence) == ("socket", [channel])
+
+
+@pytest.mark.parametrize(
+    "make_input",
+    [
+        lambda tmp: tmp / "missing.log",
+        lambda tmp: _write(tmp / "core.out", b"\x7fELF\x02\x01\x01\x00\x00\x00NCCL INFO"),
+        lambda tmp: _mkdir(tmp / "empty"),
+    ],
+    ids=["missing", "binary", "folder-without-logs"],
+)
+def test_unreadable_input_raises(tmp_path, make_input):
+    with pytest.raises(UnreadableLogError):
+        classify_files([make_input(tmp_path)])
+
+
+def test_cli_exit_0_when_expectation_holds():
+    result = _cli("--expect", "efa", str(FIXTURES / "efa_ofi_1_20_ray_session"))
+
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert (document["transport"], document["ok"], document["expect"]) == ("efa", True, "efa")
+    assert document["evidence"]
+
+
+def test_cli_exit_1_on_silent_tcp_fallback():
+    result = _cli("--expect", "efa", str(FIXTURES / "tcp_fallback_plugin_init_failed.log"))
+
+    assert result.returncode == 1
+    document = json.loads(result.stdout)
+    assert (document["transport"], document["ok"]) == ("socket", False)
+
+
+def test_cli_without_expect_is_ok_only_for_a_network_transport():
+    network = _cli(str(FIXTURES / "forced_socket_nccl_net_socket.log"))
+    local = _cli(str(FIXTURES / "single_node_p2p_shm.log"))
+
+    assert (network.returncode, json.loads(network.stdout)["ok"]) == (0, True)
+    assert (local.returncode, json.loads(local.stdout)["ok"]) == (1, False)
+
+
+def test_cli_rejects_unknown_as_an_expectation():
+    """A log without transport lines is `unknown`; no expectation is met by it."""
+    result = _cli("--expect", "unknown", str(FIXTURES / "no_nccl_lines.log"))
+
+    assert result.returncode == 2
+    assert b"invalid choice: 'unknown'" in result.stderr
+
+
+def test_cli_judges_coverage_of_ranks_and_hosts():
+    session = str(FIXTURES / "efa_ofi_1_20_ray_session")
+
+    covered = _cli("--expect", "efa", "--ranks", "8", "--hosts", "2", session)
+    short = _cli("--expect", "efa", "--ranks", "16", "--hosts", "2", session)
+
+    assert covered.returncode == 0, covered.stderr
+    assert short.returncode == 1
+    assert json.loads(short.stdout)["transport"] == "unknown"
+
+
+def test_cli_reads_stdin():
+    log = (FIXTURES / "ib_infiniband.log").read_bytes()
+
+    result = _cli("--expect", "ib", "-", stdin=log)
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["transport"] == "ib"
+
+
+def test_cli_exit_2_on_unreadable_input(tmp_path):
+    readable, missing = FIXTURES / "ib_infiniband.log", tmp_path / "nope.log"
+
+    result = _cli("--expect", "efa", str(readable), str(missing))
+
+    assert result.returncode == 2
+    assert result.stdout == b""
+    assert b"nope.log" in result.stderr
+
+
+def test_module_needs_only_the_standard_library():
+    """The Pulumi program imports it without torch or ray: -S hides every site-packages."""
+    probe = "import sys; sys.path.insert(0, '.'); import workloads.nccl_transport"
+
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", probe], cwd=REPO_ROOT, capture_output=True, timeout=60
+    )
+
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [(), ("--expect", "tcp", "x.log"), ("--bogus", "x.log"), ("--ranks", "0", "x.log")]
+)
+def test_cli_exit_2_with_usage_on_bad_arguments(args):
+    result = _cli(*args)
+
+    assert result.returncode == 2
+    assert b"usage: python -m workloads.nccl_transport" in result.stderr

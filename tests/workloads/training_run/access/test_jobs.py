@@ -1,0 +1,129 @@
+"""Jobs: the submission id, which earlier attempt is adopted, the `ray job submit` command line, the head pod's Jobs API program."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.harness.fake_kube_api import ScriptedJob
+from tests.harness.training_run_fakes import EFA_JOB, SMOKE_ARGS, run_inputs
+from workloads.training_run import runner
+from workloads.training_run.access import jobs
+
+
+def test_submission_id_is_stable_and_follows_what_the_job_runs():
+    base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    assert base == jobs.submission_id_base(run_inputs().job_identity(), "main", {})
+    assert base.startswith("eks-ray-train-main-")
+    assert base == jobs.submission_id_base(
+        run_inputs(expect_transport="socket", timeout_minutes=5).job_identity(), "main", {}
+    )
+    others = {
+        jobs.submission_id_base(run_inputs(code_hash="1" * 16).job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(job_args=("--steps", "9")).job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(cluster_name="b").job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(run_spec_hash="2" * 16).job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs(gpu_instance_type="g6.48xlarge").job_identity(), "main", {}),
+        jobs.submission_id_base(run_inputs().job_identity(), "tcp", runner.TCP_BASELINE_ENV),
+        jobs.submission_id_base(
+            run_inputs().job_identity(), "tcp", {**runner.TCP_BASELINE_ENV, "NCCL_SOCKET_NTHREADS": "8"}
+        ),
+    }
+    assert base not in others and len(others) == 7
+
+
+PODS_NOW, OTHER_PODS = "head=u1 worker-a=u2", "head=u1 worker-a=u3"
+
+
+@pytest.mark.parametrize(
+    "existing, expected, adopted",
+    [
+        ([], "B", None),
+        ([("B", "RUNNING", OTHER_PODS)], "B", "RUNNING"),
+        ([("B", "PENDING", None)], "B", "PENDING"),
+        ([("B", "SUCCEEDED", PODS_NOW)], "B", "SUCCEEDED"),
+        ([("B", "SUCCEEDED", OTHER_PODS)], "B-2", None),
+        ([("B", "SUCCEEDED", None)], "B-2", None),
+        ([("B", "FAILED", PODS_NOW)], "B-2", None),
+        ([("B", "FAILED", None), ("B-2", "STOPPED", None)], "B-3", None),
+        ([("B", "SUCCEEDED", None), ("B-2", "FAILED", None), ("B-10", "RUNNING", None)], "B-10", "RUNNING"),
+        ([("B", "SUCCEEDED", PODS_NOW), ("B-2", "SUCCEEDED", OTHER_PODS)], "B-3", None),
+        ([("B-other", "RUNNING", None), ("BB", "RUNNING", None)], "B", None),
+    ],
+)
+def test_plan_submission_adopts_live_jobs_judges_done_ones_again_only_on_their_pods(
+    existing, expected, adopted
+):
+    records = [
+        jobs.JobRecord(sid, jobs.JobStatus(status), metadata={jobs.PODS_METADATA: pods} if pods else {})
+        for sid, status, pods in existing
+    ]
+    plan = jobs.plan_submission(records, "B", PODS_NOW)
+    assert plan.submission_id == expected
+    assert (plan.adopted.status if plan.adopted else None) == adopted
+    if existing and existing[-1][1] == "SUCCEEDED":
+        assert plan.note and existing[-1][0] in plan.note
+
+
+def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
+    argv = jobs.submit_command(
+        jobs.DASHBOARD_ADDRESS, "job-1", "/opt/eks-ray-train", SMOKE_ARGS, runner.TCP_BASELINE_ENV, PODS_NOW
+    )
+    assert json.loads(argv[argv.index("--metadata-json") + 1]) == {jobs.PODS_METADATA: PODS_NOW}
+    assert argv[argv.index("--runtime-env-json") + 1].count("NCCL_DEBUG_FILE") == 1
+    assert argv[:5] == ["ray", "job", "submit", "--address", "http://localhost:8265"]
+    assert argv[argv.index("--working-dir") + 1] == "/opt/eks-ray-train"
+    assert "--no-wait" in argv and argv[argv.index("--submission-id") + 1] == "job-1"
+    entrypoint = argv[argv.index("--") + 1 :]
+    assert entrypoint == ["python", "-m", "training", *SMOKE_ARGS, "--run-name", "job-1"]
+    env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+    assert env["NCCL_DEBUG_FILE"] == "/tmp/ray/nccl-job-1.%h.%p.log"  # NCCL: %h host, %p pid
+    assert env["NCCL_NET"] == "Socket" and env["NCCL_NET_PLUGIN"] == "none"
+    assert int(env["NCCL_SOCKET_NTHREADS"]) * int(env["NCCL_NSOCKS_PERTHREAD"]) > 1
+    plain = jobs.submit_command(jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {}, PODS_NOW)
+    assert json.loads(plain[plain.index("--runtime-env-json") + 1]) == {
+        "env_vars": {"NCCL_DEBUG_FILE": "/tmp/ray/nccl-j.%h.%p.log"}
+    }
+
+
+def test_job_status_mirrors_rays():
+    from ray.job_submission import JobStatus as RayJobStatus
+
+    assert {status.value for status in jobs.JobStatus} == {status.value for status in RayJobStatus}
+    for status in RayJobStatus:
+        assert jobs.JobStatus(status.value).is_terminal == status.is_terminal()
+
+
+def test_the_head_program_answers_from_the_jobs_rest_api():
+    from tests.harness.fake_kube_api import FakeRayDashboard
+    from workloads.training_run.access import head_jobs_api
+
+    dashboard = FakeRayDashboard().start()
+    try:
+        dashboard.jobs["eks-ray-train-main-1"] = ScriptedJob(
+            EFA_JOB, "line 1\nline 2\n", ["RUNNING", "SUCCEEDED"], metadata={jobs.PODS_METADATA: PODS_NOW}
+        )
+        listed = head_jobs_api.answer(dashboard.url, "list", "eks-ray-train-main")
+        assert listed == {
+            "jobs": [
+                {
+                    "submission_id": "eks-ray-train-main-1",
+                    "job_id": EFA_JOB,
+                    "status": "RUNNING",
+                    "message": None,
+                    "metadata": {jobs.PODS_METADATA: PODS_NOW},
+                }
+            ]
+        }
+        first = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 0)
+        assert (first["job"]["status"], first["logs"], first["offset"]) == ("RUNNING", "line 1\n", 7)
+        second = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 7)
+        assert (second["job"]["status"], second["logs"]) == ("SUCCEEDED", "line 2\n")
+        assert head_jobs_api.answer(dashboard.url, "poll", "other", 0) == {
+            "job": None,
+            "logs": "",
+            "offset": 0,
+        }
+    finally:
+        dashboard.stop()

@@ -1,0 +1,198 @@
+"""The provider: diff (what runs the job again), update/delete, the AWS identity settings, no secret in the state, 401 causes."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import dill
+import pulumi
+import pytest
+from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.runtime import rpc
+
+from infra.config.aws_identity import AwsCredentialSettings
+from tests.harness.training_run_fakes import SMOKE_ARGS, FakeCluster, main_and_tcp_head, props, run_inputs
+from workloads.training_run import (
+    errors,
+    provider,
+    schema,
+)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("code_hash", "0000000000000000"),
+        ("job_args", [*SMOKE_ARGS, "--steps", "20"]),
+        ("benchmark", True),
+        ("expect_transport", "socket"),
+        ("cluster_name", "other"),
+        ("region", "us-west-2"),
+        ("namespace", "other"),
+        ("ray_cluster_name", "other"),
+        ("gpus_per_node", 8),
+        ("efa_per_node", 2),
+        ("run_spec_hash", "0" * 16),
+        ("gpu_instance_type", "g6.48xlarge"),
+    ],
+)
+def test_diff_reruns_when_code_or_training_config_changes(key, value):
+    olds = {**props(run_inputs()), "job_id": "eks-ray-train-main-0123456789ab", "status": "SUCCEEDED"}
+    result = provider.TrainingRunProvider().diff("id", olds, {**props(run_inputs()), key: value})
+    assert result.changes is True and result.replaces == [key]
+
+
+def test_diff_is_a_noop_otherwise():
+    olds = {**props(run_inputs()), "job_id": "eks-ray-train-main-0123456789ab", "tokens_per_s": 531.0}
+    olds["gpus_per_node"] = 4.0  # numbers come back from the state as floats
+    assert provider.TrainingRunProvider().diff("id", olds, props(run_inputs())).changes is False
+    assert (
+        provider.TrainingRunProvider()
+        .diff("id", olds, {**props(run_inputs()), "timeout_minutes": 90})
+        .changes
+        is False
+    )
+
+
+def test_diff_reruns_when_an_input_is_not_known_yet():
+    news = {**props(run_inputs()), "code_hash": rpc.UNKNOWN}
+    assert provider.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["code_hash"]
+
+
+def test_update_runs_the_job_again_and_delete_removes_nothing():
+    fake = FakeCluster(main_and_tcp_head())
+    run_provider = fake.provider()
+    outs = run_provider.update("id", props(run_inputs()), props(run_inputs(expect_transport="efa"))).outs
+    assert outs["transport"] == "efa" and len(fake.head.submissions) == 1
+    assert run_provider.read("id", outs).outs == outs
+    assert run_provider.delete("id", outs) is None
+
+
+def test_the_serialized_provider_holds_no_client_or_secret():
+    payload = serialize_provider(provider.TrainingRunProvider())
+    loaded = dill.loads(base64.b64decode(payload))
+    assert isinstance(loaded, provider.TrainingRunProvider) and loaded._connect is provider.connect_to_eks
+    assert len(payload) < 4000  # module references only, not pickled code or clients
+
+
+def test_configure_takes_the_stack_aws_profile():
+    configured = provider.TrainingRunProvider()
+    config = pulumi.dynamic.Config({"aws:profile": "ml-team", "aws:region": "us-east-2"}, "eks-ray-train")
+    configured.configure(pulumi.dynamic.ConfigureRequest(config))
+    assert configured._aws == AwsCredentialSettings(profile="ml-team")
+
+
+def test_the_resource_registers_only_names_and_settings():
+    registered = []
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            registered.append(args)
+            return "run-id", {**args.inputs, "transport": "efa"}
+
+        def call(self, args):
+            return {}
+
+    pulumi.runtime.set_mocks(Mocks(), project="eks-ray-train", stack="dev", preview=False)
+    transports = []
+
+    @pulumi.runtime.test
+    def program():
+        run = provider.TrainingRun("training", run_inputs())
+        return run.transport.apply(transports.append)
+
+    program()
+    assert transports == ["efa"]
+    (args,) = registered
+    assert args.typ == "pulumi-python:dynamic/workloads:TrainingRun"
+    assert set(args.inputs) == {*schema.INPUTS, "__provider"}  # the declared outputs are null, so not sent
+    text = json.dumps({key: value for key, value in args.inputs.items() if key != "__provider"})
+    assert "k8s-aws-v1" not in text and "certificate" not in text.lower() and "token" not in text.lower()
+
+
+def test_aws_settings_are_read_as_the_aws_provider_writes_them():
+    chain = [
+        {"roleArn": "arn:aws:iam::1:role/a"},
+        {"roleArn": "arn:aws:iam::2:role/b", "duration": "1h30m", "externalId": "x"},
+    ]
+    settings = AwsCredentialSettings.from_config(
+        {
+            "aws:profile": "ml",
+            "aws:assumeRoles": json.dumps(chain),
+            "aws:assumeRole": {"roleArn": "arn:aws:iam::0:role/z"},
+        }
+    )
+    assert [role.role_arn for role in settings.roles] == [
+        "arn:aws:iam::0:role/z",
+        "arn:aws:iam::1:role/a",
+        "arn:aws:iam::2:role/b",
+    ]
+    assert settings.roles[2].request() == {
+        "RoleSessionName": "eks-ray-train-training-run",
+        "RoleArn": "arn:aws:iam::2:role/b",
+        "DurationSeconds": 5400,
+        "ExternalId": "x",
+    }
+    assert settings.profile == "ml" and "role arn:aws:iam::2:role/b" in settings.describe()
+
+
+@pytest.mark.parametrize(
+    "config, key, reason",
+    [
+        (
+            {"aws:assumeRoleWithWebIdentity": '{"roleArn": "r"}'},
+            "aws:assumeRoleWithWebIdentity",
+            "not honoured",
+        ),
+        (
+            {"aws:sharedCredentialsFiles": '["/x"]'},
+            "aws:sharedCredentialsFiles",
+            "AWS_SHARED_CREDENTIALS_FILE",
+        ),
+        ({"aws:accessKey": "AKIA"}, "aws:secretKey", "need both"),
+        ({"aws:assumeRole": '{"sessionName": "s"}'}, "aws:assumeRole", "needs a roleArn"),
+        ({"aws:assumeRole": '{"roleArn": "r", "mfa": 1}'}, "aws:assumeRole", "field(s) mfa not honoured"),
+        (
+            {"aws:assumeRoles": '[{"roleArn": "r", "duration": "soon"}]'},
+            "aws:assumeRoles[0].duration",
+            "not like 1h",
+        ),
+    ],
+)
+def test_aws_settings_that_cannot_be_honoured_are_refused_naming_the_key(config, key, reason):
+    from infra.config.aws_identity import AwsSettingsError
+
+    with pytest.raises(AwsSettingsError) as caught:
+        AwsCredentialSettings.from_config(config)
+    assert caught.value.key == key and reason in caught.value.reason
+
+
+def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    settings = AwsCredentialSettings(profile="nope-profile")
+    with (
+        pytest.raises(errors.TrainingRunError) as caught,
+        provider.connect_to_eks(run_inputs(), settings, schema.RunTimings()),
+    ):
+        pass
+    assert str(caught.value) == (
+        "the stack's AWS settings (profile nope-profile (aws:profile)) give no usable credentials: "
+        "The config profile (nope-profile) could not be found"
+    )
+
+
+@pytest.mark.parametrize(
+    ("sts_error", "accepted_before", "cause"),
+    [
+        ("ExpiredToken", True, "expired"),
+        ("ExpiredToken", False, "expired"),
+        ("InvalidClientTokenId", False, "invalid"),
+        (None, True, "revoked"),
+        (None, False, "no-access-entry"),
+        ("Throttling", False, "no-access-entry"),
+    ],
+)
+def test_a_401_is_explained_by_what_sts_says_of_the_credentials(sts_error, accepted_before, cause):
+    assert provider.unauthorized_cause(sts_error, accepted_before) == cause

@@ -1,0 +1,230 @@
+"""Readiness against a fake Kubernetes API: GPU nodes, pods of the current RayCluster spec, the shipped code."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.harness.training_run_fakes import (
+    CODE_HASH,
+    HEAD_POD,
+    SPEC_HASH,
+    WORKER_PODS,
+    FakeCluster,
+    failure_of,
+    gpu_node,
+    main_and_tcp_head,
+    props,
+    ray_pod,
+    run_inputs,
+)
+from workloads.training_run import readiness
+from workloads.training_run.access import kube_access
+
+
+def pod_event(pod: str, reason: str, message: str, kind: str = "Warning", minute: int = 0):
+    return k8s.CoreV1Event(
+        metadata=k8s.V1ObjectMeta(name=f"{pod}.{minute}"),
+        involved_object=k8s.V1ObjectReference(kind="Pod", name=pod),
+        type=kind,
+        reason=reason,
+        message=message,
+        count=3,
+        last_timestamp=datetime.datetime(2026, 5, 11, 9, minute, tzinfo=datetime.UTC),
+    )
+
+
+@pytest.mark.parametrize(
+    "node, expected",
+    [
+        (
+            gpu_node("node-b", gpus=None),
+            "node node-b: allocatable nvidia.com/gpu is absent, expected 4 (is the nvidia-device-plugin",
+        ),
+        (gpu_node("node-b", gpus="2"), "node node-b: allocatable nvidia.com/gpu is 2, expected 4"),
+        (
+            gpu_node("node-b", efa=None),
+            "node node-b: allocatable vpc.amazonaws.com/efa is absent, expected at least 1 (is the aws-efa-k8s-device-plugin",
+        ),
+        (
+            gpu_node("node-b", efa="0"),
+            "node node-b: allocatable vpc.amazonaws.com/efa is 0, expected at least 1",
+        ),
+        (gpu_node("node-b", present=False), "node node-b: label nvidia.com/gpu.present=true is missing"),
+        (gpu_node("node-b", ready=False), "node node-b: the node is not Ready"),
+    ],
+)
+def test_a_gpu_node_without_what_the_job_needs_fails_naming_node_and_resource(node, expected):
+    fake = FakeCluster(main_and_tcp_head(), nodes=[gpu_node("node-a"), node])
+    message = failure_of(fake)
+    assert "GPU nodes cannot run the training job after 20 min" in message
+    assert expected in message and "node node-a" not in message
+    assert fake.head.submissions == []
+
+
+def test_missing_gpu_nodes_are_named():
+    assert "no node carries the label role=gpu-worker" in failure_of(
+        FakeCluster(main_and_tcp_head(), nodes=[])
+    )
+    fewer = failure_of(FakeCluster(main_and_tcp_head(), nodes=[gpu_node("node-a")]))
+    assert "1 GPU nodes for 2 Ray worker pods" in fewer
+
+
+def test_the_run_waits_while_the_device_plugins_register():
+    fake = FakeCluster(
+        main_and_tcp_head(),
+        node_snapshots=[
+            [gpu_node("node-a", gpus=None, efa=None), gpu_node("node-b", efa=None)],
+            [gpu_node("node-a"), gpu_node("node-b", efa=None)],
+            [gpu_node("node-a"), gpu_node("node-b")],
+        ],
+    )
+    outputs = fake.provider().create(props(run_inputs())).outs
+    assert outputs["transport"] == "efa"
+    assert fake.core.node_calls == 3 and fake.clock.slept >= 2 * 10
+
+
+def test_pods_that_never_get_ready_fail_with_phases_and_events():
+    stuck = [
+        ray_pod(HEAD_POD, "head", node="system-node"),
+        ray_pod(WORKER_PODS[0], "worker"),
+        ray_pod(WORKER_PODS[1], "worker", ready=False, phase="Pending", node=None),
+    ]
+    events = [
+        pod_event(
+            WORKER_PODS[1],
+            "FailedScheduling",
+            "0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa.",
+            minute=3,
+        ),
+        pod_event(WORKER_PODS[1], "Scheduled", "never", kind="Normal", minute=1),
+        pod_event(HEAD_POD, "Pulled", "image pulled", kind="Normal"),
+    ]
+    message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[stuck], events=events))
+    assert (
+        "RayCluster ray-train/ray-train is not ready after 20 min: waiting for 1 of 2 worker pods (2 exist)"
+        in message
+    )
+    assert f"{WORKER_PODS[1]}: Pending, not Ready (not scheduled)" in message
+    assert (
+        "event Warning FailedScheduling: 0/3 nodes are available: 2 Insufficient vpc.amazonaws.com/efa. (x3)"
+        in message
+    )
+    assert f"{WORKER_PODS[0]}: Running, Ready on node-a" in message
+
+
+def test_pod_container_problems_are_reported():
+    pulling = [
+        ray_pod(
+            HEAD_POD,
+            "head",
+            ready=False,
+            phase="Pending",
+            waiting=("ImagePullBackOff", "Back-off pulling image"),
+        ),
+        *(ray_pod(name, "worker") for name in WORKER_PODS),
+    ]
+    message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[pulling]))
+    assert "waiting for the head pod" in message
+    assert "ray-head ImagePullBackOff: Back-off pulling image" in message
+
+
+def test_no_pods_at_all_points_at_the_operator():
+    message = failure_of(FakeCluster(main_and_tcp_head(), pod_snapshots=[[]]))
+    assert "a head pod (none exists yet)" in message and "is the KubeRay operator running?" in message
+
+
+def test_a_missing_raycluster_is_reported():
+    with pytest.raises(Exception, match="RayCluster ray-train/ray-train does not exist"):
+        FakeCluster(main_and_tcp_head(), worker_replicas=None).provider().create(props(run_inputs()))
+
+
+def test_the_run_waits_for_the_new_code_before_submitting():
+    head = main_and_tcp_head()
+    head.code_hashes = ["0ld0ld0ld0ld0ld0", "0ld0ld0ld0ld0ld0", CODE_HASH]
+    fake = FakeCluster(head)
+    fake.provider().create(props(run_inputs()))
+    assert len(head.submissions) == 1 and head.code_hashes == [CODE_HASH]
+
+
+OLD_SPEC = "0ld5pec0ld5pec00"
+
+
+def old_and_new_pods() -> list[list]:
+    """A RayCluster just patched by `pulumi up`, as KubeRay (upgradeStrategy Recreate) moves it on.
+
+    kuberay v1.7.0 `raycluster_controller.go`: once the head pod's hash of the spec differs,
+    `shouldRecreatePodsForUpgrade` holds and `reconcilePods` deletes every pod; the next reconcile
+    creates them from the new templates, which carry the new spec hash. (The fake keeps the pod
+    names; KubeRay generates new ones.)
+    """
+
+    def pods(**kwargs) -> list:
+        return [
+            ray_pod(HEAD_POD, "head", node="system-node", **kwargs),
+            *(ray_pod(name, "worker", **kwargs) for name in WORKER_PODS),
+        ]
+
+    return [
+        pods(spec_hash=OLD_SPEC),  # still Ready: KubeRay has not reconciled the patch yet
+        pods(spec_hash=OLD_SPEC, deleting=True),
+        pods(ready=False, phase="Pending"),
+        pods(),
+    ]
+
+
+def test_the_run_waits_for_the_pods_of_the_new_spec():
+    """Right after the patch the old pods are still Ready: no job may go to a head KubeRay deletes."""
+    head = main_and_tcp_head()
+    fake = FakeCluster(head, pod_snapshots=old_and_new_pods())
+    outputs = fake.provider().create(props(run_inputs())).outs
+    assert outputs["transport"] == "efa"
+    assert fake.core.pod_calls == 2 * 4 and fake.clock.slept >= 3 * 10
+    assert len(head.submissions) == 1
+    assert f"2 worker pods Ready, all of RayCluster spec {SPEC_HASH}" in "\n".join(fake.logged)
+
+
+def test_pods_left_on_another_spec_fail_naming_both_hashes_and_the_fix():
+    stale = [ray_pod(HEAD_POD, "head", node="system-node", spec_hash=OLD_SPEC)]
+    stale += [ray_pod(name, "worker", spec_hash=None) for name in WORKER_PODS]
+    fake = FakeCluster(main_and_tcp_head(), pod_snapshots=[stale])
+    message = failure_of(fake)
+    assert "waiting for the head pod and 2 of 2 worker pods (2 exist)" in message
+    assert f"runs RayCluster spec {OLD_SPEC}, not {SPEC_HASH}" in message
+    assert f"runs RayCluster spec (none recorded), not {SPEC_HASH}" in message
+    assert "kubectl -n ray-train delete pod -l ray.io/cluster=ray-train" in message
+    assert fake.head.submissions == []
+
+
+def test_only_ready_pods_of_the_expected_spec_count():
+    current = [ray_pod(HEAD_POD, "head"), *(ray_pod(name, "worker") for name in WORKER_PODS)]
+    facts = [kube_access._pod_facts(pod) for pod in current]
+    head, workers = facts[0], facts[1:]
+    assert readiness.pods_waiting_for([head], workers, 2, SPEC_HASH) == []
+    assert readiness.pods_waiting_for([head], workers, 2, OLD_SPEC) == [
+        "the head pod",
+        "2 of 2 worker pods (2 exist)",
+    ]
+    assert readiness.runs_spec(head, SPEC_HASH) and not readiness.runs_spec(head, OLD_SPEC)
+    unmarked = kube_access._pod_facts(ray_pod(HEAD_POD, "head", spec_hash=None))
+    assert not readiness.runs_spec(unmarked, SPEC_HASH)
+    assert "runs RayCluster spec" not in readiness.describe_pod(head, [], SPEC_HASH)
+
+
+def test_stale_code_in_the_head_pod_fails_with_both_hashes():
+    head = main_and_tcp_head()
+    head.code_hashes = ["0ld0ld0ld0ld0ld0"]
+    message = failure_of(FakeCluster(head))
+    assert (
+        f"head pod {HEAD_POD} sees code hash 0ld0ld0ld0ld0ld0 in /opt/eks-ray-train/.code-hash, not {CODE_HASH}"
+        in message
+    )
+    # A container restart keeps the pod spec and its volumes: only a new pod mounts the ConfigMap afresh.
+    assert "restart of the head pod picks it up" not in message
+    assert "deleting the head pod makes KubeRay create it afresh" in message
+    # A container restart keeps the pod spec and its volumes: only a new pod mounts the ConfigMap afresh.
+    assert "restart of the head pod picks it up" not in message
+    assert "deleting the head pod makes KubeRay create it afresh" in message
+    assert head.submissions == []

@@ -1,0 +1,357 @@
+"""Ray Train launcher: TorchTrainer on an embedded or existing Ray cluster.
+
+The only module of the package that imports ray. Workers run `train` from
+training.loop through a `RaySession`; `run_on_workers` runs any function of a
+device on a worker group the same way (the fabric probe's). The corpus is read and tokenized by Ray
+Data in parallel and packed on the driver in corpus order (so rows do not depend
+on blocks or CPU count) as the documents stream in, into the corpus cache
+(training/data/corpus_cache.py) unless a run with the same inputs put it there already;
+each worker maps the cached rows and deals itself its share of each epoch like a
+torchrun rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import ray
+import ray.data
+import ray.train
+import ray.train.torch
+import torch
+from ray.train import Checkpoint
+
+# Ray Train V2 (the default since Ray 2.51, needed for the training function's return
+# value), imported from where it lives so type checkers see it rather than V1.
+from ray.train.v2.api.config import (
+    CheckpointConfig,
+    FailureConfig,
+    LoggingConfig,
+    RunConfig,
+    ScalingConfig,
+)
+from ray.train.v2.api.result import Result
+from ray.train.v2.torch.torch_trainer import TorchTrainer
+
+from training.components.checkpoint import CHECKPOINTS_KEPT
+from training.config.run_config import TrainConfig, check_hsdp_replicas
+from training.data.corpus_cache import CachedCorpus, cached_rows, corpus_sources, open_rows
+from training.data.packing import (
+    PackedCorpus,
+    RowPacker,
+    batch_tokens,
+    batches_per_epoch,
+    parse_files_batch,
+    tokenize_batch,
+)
+from training.errors import DivergedError, RunFailedError, UsageError
+from training.launch.preflight import WorkerGroupSettings, check_worker_group
+from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
+from training.metrics.artifacts import write_run_files
+
+# Ray Train's controller takes each worker's report off a one-slot queue when it
+# polls, by default every 2 s; until then ray.train.report blocks. Reporting every
+# step would cap training at one step per poll, so the driver (whose environment
+# Ray hands to the controller) asks for a shorter poll.
+CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+CONTROLLER_POLL_S = "0.25"
+DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
+USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with
+
+
+class RaySession:
+    """The loop's view of a Ray Train worker."""
+
+    def __init__(
+        self, resume_from: str | None, corpus: CachedCorpus | None, eval_corpus: CachedCorpus | None
+    ) -> None:
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.local_world_size = context.get_local_world_size()
+        self.device = ray.train.torch.get_device()
+        self.resume_from = resume_from
+        self.cached_corpus = corpus
+        self.cached_eval_corpus = eval_corpus
+        self.outcome: dict[str, Any] | None = None
+        quiet_report_logger()
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        # Ray's own latest checkpoint (after a restart) wins over the one to start from.
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None and self.resume_from:
+            checkpoint = Checkpoint(self.resume_from)
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as path:
+            yield path
+
+    @contextlib.contextmanager
+    def open_checkpoint(self, location: str) -> Iterator[str]:
+        # A local path or a URI (s3://): Ray downloads the latter.
+        with Checkpoint(location).as_directory() as path:
+            yield path
+
+    def corpus(self, config: TrainConfig) -> PackedCorpus:
+        if self.cached_corpus is None:
+            raise ValueError("this run was launched without a corpus")
+        # Mapped from the node's disk: the workers of a node share its page cache.
+        return PackedCorpus(open_rows(self.cached_corpus), self.cached_corpus.fingerprint)
+
+    def eval_rows(self, config: TrainConfig) -> np.ndarray:
+        if self.cached_eval_corpus is None:
+            raise ValueError("this run was launched without --eval-data")
+        return open_rows(self.cached_eval_corpus)
+
+    def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
+        if save is None:
+            ray.train.report(metrics)
+            return
+        # Each rank writes its shards to a private folder; Ray merges them in storage.
+        with tempfile.TemporaryDirectory(prefix="checkpoint-") as path:
+            save(path)
+            ray.train.report(
+                metrics,
+                checkpoint=Checkpoint.from_directory(path),
+                checkpoint_dir_name=f"checkpoint_{step:06d}",
+            )
+
+    def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        self.outcome = {"summary": summary, "history": history}
+
+
+def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Entry point of every worker; rank 0's return value reaches the driver."""
+    from training.loop import train
+
+    config = TrainConfig.from_dict(worker_config["config"])
+    session = RaySession(config.resume_from, worker_config["corpus"], worker_config["eval_corpus"])
+    try:
+        train(config, session)
+    except DivergedError as error:
+        # Returned, not raised: every rank stops at the same step, so none waits in a collective,
+        # and a raised error would print each worker's traceback and be retried (--max-failures)
+        # from the last checkpoint, to diverge again.
+        return {DIVERGED_KEY: str(error)}
+    except UsageError as error:
+        # The same on every rank (a checkpoint that does not fit the flags, a held-out corpus too
+        # small): one line at the driver, not a traceback per worker and retries.
+        return {USAGE_KEY: str(error)}
+    return session.outcome
+
+
+def tokenized_documents(paths: list[str], config: TrainConfig) -> ray.data.Dataset:
+    """Corpus files (local://, URIs, or local paths under --local) as a Ray Dataset of one token
+    array per document, in corpus order."""
+    _configure_ray_data()
+    files = ray.data.read_binary_files(paths, include_paths=True)
+    return files.map_batches(
+        functools.partial(parse_files_batch, text_column=config.text_column), batch_format="numpy"
+    ).map_batches(
+        functools.partial(tokenize_batch, tokenizer=config.tokenizer, attention=config.packing_attention),
+        batch_format="numpy",
+    )
+
+
+def pack_dataset(documents: ray.data.Dataset, packer: RowPacker) -> None:
+    """Feed a dataset of token arrays, in its order, to a packer: one streaming pass on the driver,
+    so rows cross block boundaries and only the last partial row is dropped. Ray Data's batch
+    generator is closed here, even when a batch holds a bad corpus file: its clean-up calls Ray,
+    and the error's traceback would keep it alive until after `ray.shutdown`."""
+    batches = cast(Generator[dict[str, np.ndarray]], iter(documents.iter_batches(batch_format="numpy")))
+    with contextlib.closing(batches):
+        for batch in batches:
+            for tokens in batch_tokens(batch):
+                packer.add(tokens)
+
+
+def _configure_ray_data() -> None:
+    """Set on the driver before any dataset is built."""
+    context = ray.data.DataContext.get_current()
+    # Documents reach the packer in corpus order, so the rows are the same on every
+    # run and every cluster, and a resumed run replays exactly the data it missed.
+    context.execution_options.preserve_order = True
+
+
+def cached_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> CachedCorpus:
+    """The run's corpus (`flag`: --data or --eval-data) in the corpus cache, packed there now if no
+    run with the same inputs did; a usage error if its rows cannot fill one step."""
+    data = config.data if flag == "--data" else config.eval_data
+    assert data is not None
+    # On a cluster only the driver's node holds local files: Ray Data reads them there.
+    sources = corpus_sources(data, flag, on_driver_node=config.local)
+    entry, reused = cached_rows(
+        config,
+        sources,
+        lambda packer: pack_dataset(tokenized_documents([source.path for source in sources], config), packer),
+    )
+    done = "read from the corpus cache" if reused else "tokenized into the corpus cache"
+    print(
+        f"{flag} {data}: {entry.rows} rows of {entry.seq_len + 1} tokens {done} {entry.location}", flush=True
+    )
+    try:
+        batches_per_epoch(
+            entry.rows, world_size=workers, batch_size=config.batch_size, seq_len=config.seq_len
+        )
+    except ValueError as error:
+        raise UsageError(f"{flag} {data}: {error}") from error
+    return entry
+
+
+def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
+    """Join the cluster at `address`, or start an embedded one (None)."""
+    plain_prefixes_unless_terminal()
+    if address is not None:
+        ray.init(address=address)
+        quiet_driver_logs()
+        return
+    workers = config.workers or 1
+    # Room for every worker plus one CPU for Ray Data's read and tokenize tasks.
+    cpus = max(os.cpu_count() or 1, int(workers * config.cpus_per_worker) + 1)
+    # Workers start elsewhere; they must still import this package.
+    package_root = str(Path(__file__).resolve().parents[2])
+    python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    ray.init(
+        address="local",  # a fresh embedded cluster, even when RAY_ADDRESS points elsewhere
+        num_cpus=cpus,
+        include_dashboard=False,
+        runtime_env={
+            "env_vars": {"PYTHONPATH": python_path},
+            "worker_process_setup_hook": "training.launch.ray_quiet.quiet_placement_group_cleaner",
+        },
+    )
+    quiet_driver_logs()
+
+
+def _worker_count(config: WorkerGroupSettings) -> int:
+    if config.workers is not None:
+        if config.local and config.use_gpu:
+            # An embedded Ray cannot grow: asking for absent GPUs would wait forever.
+            gpus = ray.cluster_resources().get("GPU", 0)
+            if gpus < config.workers * config.gpus_per_worker:
+                raise UsageError(
+                    f"{config.workers} workers x {config.gpus_per_worker:g} GPU, but this machine has "
+                    f"{gpus:g}: pass --no-gpu or fewer --workers"
+                )
+        return config.workers
+    if not config.use_gpu:
+        raise UsageError("--workers is required with --no-gpu on a cluster")
+    gpus = ray.cluster_resources().get("GPU", 0)
+    workers = int(gpus // config.gpus_per_worker)
+    if workers < 1:
+        raise UsageError("the Ray cluster has no GPUs: pass --no-gpu and --workers N, or add GPU nodes")
+    return workers
+
+
+@contextlib.contextmanager
+def _worker_group(settings: WorkerGroupSettings) -> Iterator[int]:
+    """A Ray cluster joined or started for the run, and how many workers it runs."""
+    _start_ray(settings, check_worker_group(settings))
+    try:
+        yield _worker_count(settings)
+    finally:
+        ray.shutdown()
+
+
+def _fit(
+    loop: Callable[[dict[str, Any]], Any],
+    loop_config: dict[str, Any],
+    settings: WorkerGroupSettings,
+    workers: int,
+    run_config: RunConfig,
+) -> Result:
+    resources = {"CPU": settings.cpus_per_worker}
+    if settings.use_gpu:
+        resources["GPU"] = settings.gpus_per_worker
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(
+            num_workers=workers, use_gpu=settings.use_gpu, resources_per_worker=resources
+        ),
+        run_config=run_config,
+    )
+    try:
+        # fit is annotated with ray.train.Result, which type checkers resolve to V1's class.
+        return cast(Result, trainer.fit())
+    except ray.train.TrainingFailedError as error:
+        raise RunFailedError(str(error)) from error
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+    """Train on Ray and return the summary (also written to the run folder)."""
+    os.environ.setdefault(CONTROLLER_POLL_ENV, CONTROLLER_POLL_S)
+    with _worker_group(config) as workers:
+        try:
+            check_hsdp_replicas(workers, config.hsdp_replicas)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        corpus = None if config.synthetic_data else cached_corpus(config, workers)
+        eval_corpus = None if config.eval_data is None else cached_corpus(config, workers, "--eval-data")
+        result = _fit(
+            train_loop_per_worker,
+            {
+                "config": {**config.to_dict(), "workers": workers},
+                "corpus": corpus,
+                "eval_corpus": eval_corpus,
+            },
+            config,
+            workers,
+            RunConfig(
+                name=config.run_name,
+                storage_path=config.storage_path,
+                failure_config=FailureConfig(max_failures=config.max_failures),
+                checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+                # A line per report would bury the training's own progress lines.
+                logging_config=LoggingConfig(log_level="WARNING"),
+            ),
+        )
+        outcome = result.return_value
+        if outcome is None:
+            raise RunFailedError("rank 0 returned no summary")
+        if DIVERGED_KEY in outcome:
+            raise DivergedError(outcome[DIVERGED_KEY])
+        if USAGE_KEY in outcome:
+            raise UsageError(outcome[USAGE_KEY])
+        filesystem, run_path = result.filesystem, result.path
+
+        def write(name: str, data: bytes) -> None:
+            with filesystem.open_output_stream(f"{run_path}/{name}") as stream:
+                stream.write(data)
+
+        run_dir = f"{config.storage_path.rstrip('/')}/{config.run_name}"
+        return write_run_files(write, run_dir, outcome["summary"], outcome["history"])
+
+
+def _call_with_device(worker_config: dict[str, Any]) -> Any:
+    """Entry point of every worker of `run_on_workers`."""
+    return worker_config["function"](ray.train.torch.get_device(), worker_config["argument"])
+
+
+def run_on_workers(
+    settings: WorkerGroupSettings, function: Callable[[torch.device, Any], Any], argument: Any
+) -> Any:
+    """`function(device, argument)` on every worker of a worker group, whose process group Ray Train
+    has set up (NCCL with GPUs, gloo without); rank 0's return value. `function` is a module-level
+    function, so workers import it rather than unpickle a copy. Nothing is checkpointed: the run's
+    folder is a temporary one on this machine (a worker on another node makes an empty one there)."""
+    with _worker_group(settings) as workers, tempfile.TemporaryDirectory(prefix="ray-train-") as storage:
+        result = _fit(
+            _call_with_device,
+            {"function": function, "argument": argument},
+            settings,
+            workers,
+            RunConfig(
+                name="workers", storage_path=storage, logging_config=LoggingConfig(log_level="WARNING")
+            ),
+        )
+    return result.return_value

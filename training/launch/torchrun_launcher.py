@@ -1,0 +1,109 @@
+"""torchrun launcher: the same loop without Ray (the GPU benchmark machine has none).
+
+Ranks come from torchrun's environment; checkpoints are DCP folders under
+`<storage-path>/<run-name>/` on a filesystem every rank can see, and so is the corpus
+cache, which one rank packs while the others wait for it (training/data/corpus_cache.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from training.components.checkpoint import CHECKPOINTS_KEPT, is_complete
+from training.config.run_config import TrainConfig
+from training.data.corpus_cache import in_process_corpus, in_process_rows
+from training.data.packing import PackedCorpus
+from training.distributed.rank_exit import tear_down_process_group
+from training.errors import UsageError
+from training.metrics.artifacts import write_run_files
+from training.metrics.report import format_summary
+
+CHECKPOINT_PREFIX = "checkpoint_"
+
+
+class TorchrunSession:
+    """The loop's view of a torchrun rank."""
+
+    def __init__(self, config: TrainConfig, device: torch.device) -> None:
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.device = device
+        self.run_dir = Path(config.storage_path) / config.run_name
+        self.resume_from = config.resume_from
+
+    def _checkpoints(self) -> list[Path]:
+        found = self.run_dir.glob(f"{CHECKPOINT_PREFIX}*") if self.run_dir.is_dir() else []
+        return sorted(path for path in found if is_complete(str(path)))
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        checkpoints = self._checkpoints()
+        yield str(checkpoints[-1]) if checkpoints else self.resume_from
+
+    @contextlib.contextmanager
+    def open_checkpoint(self, location: str) -> Iterator[str]:
+        yield location  # torchrun reads local folders only
+
+    def corpus(self, config: TrainConfig) -> PackedCorpus:
+        return in_process_corpus(config)
+
+    def eval_rows(self, config: TrainConfig) -> np.ndarray:
+        assert config.eval_data is not None
+        return in_process_rows(config, config.eval_data, "--eval-data")
+
+    def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
+        if save is None:
+            return
+        path = self.run_dir / f"{CHECKPOINT_PREFIX}{step:06d}"
+        path.mkdir(parents=True, exist_ok=True)
+        save(str(path))
+        dist.barrier()
+        if self.rank == 0:
+            for stale in self._checkpoints()[:-CHECKPOINTS_KEPT]:
+                shutil.rmtree(stale)
+
+    def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        if self.rank != 0:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        def write(name: str, data: bytes) -> None:
+            (self.run_dir / name).write_bytes(data)
+
+        completed = write_run_files(write, str(self.run_dir), summary, history)
+        print(format_summary(completed), flush=True)
+
+
+def start_process_group(use_gpu: bool, module: str, gpu_user: str) -> torch.device:
+    """This torchrun rank's device, its process group started: NCCL on its GPU, or gloo on CPU.
+    `module` is what torchrun runs, `gpu_user` what wants the GPUs (for the error lines)."""
+    if "RANK" not in os.environ:
+        raise UsageError(f"--launcher torchrun needs torchrun: torchrun --nproc-per-node=N -m {module} ...")
+    if not use_gpu:
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{gpu_user} on GPUs and this machine has none: pass --no-gpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
+def run(config: TrainConfig) -> None:
+    """Entry point of each torchrun rank."""
+    from training.loop import train
+
+    device = start_process_group(config.use_gpu, "training", f"--preset {config.preset} trains")
+    train(config, TorchrunSession(config, device))
+    tear_down_process_group()
