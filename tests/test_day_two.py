@@ -12,36 +12,27 @@ import pytest
 
 from infra.aws_facts.live_stack import OWNER_TAG
 from tests.harness.fake_aws import FakeAws
-from tests.harness.program import STACK_FILES, USER_SETTINGS, deployed, run_program, stack_config
+from tests.harness.program import deployed, dev_config, run_program
 
-DEV = next(path for path in STACK_FILES if path.name == "Pulumi.dev.yaml")
 SUBNET = "aws:ec2/subnet:Subnet"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 
 
-def config(**overrides: str) -> dict[str, str]:
-    return {
-        **stack_config(DEV),
-        **USER_SETTINGS,
-        **{name if ":" in name else f"eks-ray-train:{name}": value for name, value in overrides.items()},
-    }
-
-
 def after_first_deploy(fake: FakeAws, **overrides: str) -> FakeAws:
-    return deployed(run_program(config(**overrides), fake), fake)
+    return deployed(run_program(dev_config(**overrides), fake), fake)
 
 
 def refusal(fake: FakeAws, **overrides: str) -> str:
     with pytest.raises(pulumi.RunError) as raised:
-        run_program(config(**overrides), fake)
+        run_program(dev_config(**overrides), fake)
     assert raised.value.plan.resources == []
     return str(raised.value)
 
 
 def test_an_unchanged_second_run_plans_the_same_resources():
     fake = FakeAws(region="us-east-2")
-    first = run_program(config(), fake)
-    second = run_program(config(), deployed(first, fake))
+    first = run_program(dev_config(), fake)
+    second = run_program(dev_config(), deployed(first, fake))
     assert sorted((r.type, r.name) for r in second.resources) == sorted(
         (r.type, r.name) for r in first.resources
     )
@@ -68,7 +59,7 @@ def test_eks_upgrades_a_control_plane_one_minor_version_at_a_time(wanted, proble
     assert refusal(fake, kubernetesVersion=wanted) == (
         f"config key 'kubernetesVersion' = '{wanted}': the cluster runs 1.34, and {problem}"
     )
-    upgraded = run_program(config(kubernetesVersion="1.35"), fake)
+    upgraded = run_program(dev_config(kubernetesVersion="1.35"), fake)
     assert upgraded.one("eks:index:Cluster").inputs["version"] == "1.35"
 
 
@@ -81,22 +72,24 @@ def test_a_live_cluster_keeps_its_zones_when_aws_adds_an_offering():
         "g6.12xlarge": ["us-east-1c", "us-east-1d"],
     }
     fake = FakeAws(region=region, offerings=before)
-    first = run_program(config(**{"aws:region": region}), fake)
+    first = run_program(dev_config(**{"aws:region": region}), fake)
     deployed(first, fake)
     fake.offerings = {name: ["us-east-1a", *zones] for name, zones in before.items()}
-    second = run_program(config(**{"aws:region": region}), fake)
+    second = run_program(dev_config(**{"aws:region": region}), fake)
     for plan in (first, second):
         zones = {r.inputs["availabilityZone"] for r in plan.of_type(SUBNET) if "-public-" in r.name}
         assert zones == {"us-east-1b", "us-east-1c", "us-east-1d"}
         gpu_subnet = plan.one(NODE_GROUP, "gpu").inputs["subnetIds"][0]
         assert gpu_subnet.endswith("-private-us-east-1c-id")
-    fresh = run_program(config(**{"aws:region": region}), FakeAws(region=region, offerings=fake.offerings))
+    fresh = run_program(
+        dev_config(**{"aws:region": region}), FakeAws(region=region, offerings=fake.offerings)
+    )
     assert fresh.one(NODE_GROUP, "gpu").inputs["subnetIds"][0].endswith("-private-us-east-1a-id")
 
 
 def test_moving_the_gpu_zone_of_a_live_cluster_is_still_a_setting():
     fake = after_first_deploy(FakeAws(region="us-east-2"))
-    moved = run_program(config(gpuAz="us-east-2b"), fake)
+    moved = run_program(dev_config(gpuAz="us-east-2b"), fake)
     assert moved.one(NODE_GROUP, "gpu").inputs["subnetIds"][0].endswith("-private-us-east-2b-id")
 
 
@@ -117,4 +110,4 @@ def test_the_stacks_own_log_group_without_a_cluster_is_no_orphan():
     fake = FakeAws(
         region="us-east-2", log_groups={"/aws/eks/eks-ray-train/cluster": {OWNER_TAG: "eks-ray-train/dev"}}
     )
-    assert run_program(config(), fake).of_type("eks:index:Cluster")
+    assert run_program(dev_config(), fake).of_type("eks:index:Cluster")

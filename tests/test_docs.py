@@ -15,7 +15,7 @@ from infra.config.parsing import key_names
 from infra.config.stack import StackKeys
 from infra.config.training_settings import setting_keys
 from tests.harness.fake_aws import FakeAws
-from tests.harness.program import ROOT, USER_SETTINGS, run_program, stack_config
+from tests.harness.program import ROOT, dev_config, run_program
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -119,7 +119,7 @@ def bad_input_cases() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("given", "message"), bad_input_cases(), ids=[row[0] for row in bad_input_cases()])
 def test_bad_input_table_shows_the_real_message(given, message):
     """Each row, set on top of Pulumi.dev.yaml, fails with the message the table shows."""
-    config = {**stack_config(ROOT / "Pulumi.dev.yaml"), **USER_SETTINGS}
+    config = dev_config()
     account: dict = ACCOUNTS.get(given, {})
     if given not in ACCOUNTS:
         assert code(given), f"input {given!r} is neither a `key: value` nor a known account"

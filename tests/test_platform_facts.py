@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -16,10 +15,10 @@ from kubernetes.utils import parse_quantity
 import platform_facts
 from infra.config.stack import ConfigError, parse_settings
 from platform_facts import AVAILABILITY_ZONE, INSTANCE_TYPE, REGION, image_pin_problem, memory_mib
+from tests.harness.import_graph import imported_modules
 from tests.harness.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
-PROGRAM_PACKAGES = {"platform_facts", "infra", "workloads", "training", "policy", "bench", "tests"}
 
 
 def botocore_regions() -> list[str]:
@@ -115,86 +114,6 @@ def test_gpu_scheduling_follows_the_node_labels_and_taint():
     # EKS's NO_SCHEDULE is Kubernetes' NoSchedule (EKS API reference, Taint).
     assert (facts.GPU_TAINT["effect"], facts.GPU_TOLERATION["effect"]) == ("NO_SCHEDULE", "NoSchedule")
     assert set(facts.EXPECTABLE_TRANSPORTS) == set(facts.TRANSPORTS) - {"unknown"}
-
-
-# --- the import graph ---------------------------------------------------------------------------
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Absolute names of every module a file imports, at any depth (functions, TYPE_CHECKING too)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, f"{path}: relative import"
-            names.add(node.module or "")
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
-def imports_of(package: str) -> dict[str, set[str]]:
-    """First-party modules imported by each file of `package` (a folder, or a module file)."""
-    files = sorted((ROOT / package).rglob("*.py")) if (ROOT / package).is_dir() else [ROOT / f"{package}.py"]
-    assert files, package
-    return {
-        str(path.relative_to(ROOT)): {
-            name for name in imported_modules(path) if name.split(".")[0] in PROGRAM_PACKAGES
-        }
-        for path in files
-    }
-
-
-def crossings(package: str, forbidden: set[str], allowed: frozenset[str] = frozenset()) -> list[str]:
-    found = []
-    for path, names in imports_of(package).items():
-        for name in sorted(names):
-            if name.split(".")[0] in forbidden and not any(
-                name == ok or name.startswith(f"{ok}.") for ok in allowed
-            ):
-                found.append(f"{path} imports {name}")
-    return found
-
-
-def test_the_graph_check_sees_a_crossing():
-    """Workloads may use infra (sizes, settings): the check must see those imports, at any depth."""
-    found = crossings("workloads", {"infra"})
-    assert "workloads/manifests.py imports infra.aws_facts.sizing.WorkerSizing" in found
-    assert "workloads/training_run/provider.py imports infra.config.aws_identity" in found
-
-
-def test_infra_does_not_import_the_workloads():
-    """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
-
-    It may read the training job's settings contract (`training.config.run_config`) and its FLOP arithmetic
-    (`training.metrics.flops`, the preview's run-time bound), both standard library only, never the
-    training code itself; so are the `training` modules they import (settings, presets, corpus
-    discovery), followed to any depth.
-    """
-    allowed = frozenset({"training.config.run_config", "training.metrics.flops"})
-    assert crossings("infra", {"workloads", "training"}, allowed=allowed) == []
-    standard = {*sys.stdlib_module_names, "__future__", "training"}
-    pending, seen = list(allowed), set()
-    while pending:
-        module = pending.pop()
-        seen.add(module)
-        names = imported_modules(ROOT / f"{module.replace('.', '/')}.py")
-        assert {name.split(".")[0] for name in names} <= standard, module
-        pending += {name for name in names if (ROOT / f"{name.replace('.', '/')}.py").is_file()} - seen
-    assert {
-        "training.config.settings",
-        "training.config.presets",
-    } <= seen  # the walk follows config's imports
-
-
-def test_training_imports_nothing_of_the_program():
-    """Only the `training` package is shipped to the Ray pods, so it cannot import the rest."""
-    assert crossings("training", PROGRAM_PACKAGES - {"training"}) == []
-
-
-def test_policy_pack_imports_nothing_of_the_program():
-    """The pack runs in its own virtualenv from policy/; it keeps copies (checked in test_policy.py)."""
-    assert crossings("policy", PROGRAM_PACKAGES - {"policy"}) == []
 
 
 def test_shared_facts_import_with_the_standard_library_alone():

@@ -10,16 +10,16 @@ import pytest
 from pulumi.output import Unknown
 
 from infra.config.stack import CLUSTER_NAME_MAX
-from infra.resources.cluster import names_same_principal
 from infra.resources.network import zone_cidrs
 from infra.resources.node_groups import SYSTEM_LABELS
 from tests.harness.fake_aws import COREDNS_VERSIONS, ZONE_IDS, FakeAws, capacity_reservation
 from tests.harness.program import (
     ACCOUNT,
     STACK_FILES,
-    USER_SETTINGS,
     Plan,
     Registration,
+    config_of,
+    dev_config,
     run_program,
     stack_config,
 )
@@ -34,18 +34,6 @@ COMPONENTS = {
     "eks-ray-train:workloads:RayCluster",
 }
 TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
-
-
-def config_of(stack_file, **overrides) -> dict[str, str]:
-    return {
-        **stack_config(stack_file),
-        **USER_SETTINGS,
-        **{f"eks-ray-train:{k}": v for k, v in overrides.items()},
-    }
-
-
-def dev_config(**overrides) -> dict[str, str]:
-    return config_of(next(f for f in STACK_FILES if f.name == "Pulumi.dev.yaml"), **overrides)
 
 
 @pytest.fixture(scope="module", params=STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
@@ -721,14 +709,6 @@ def plan_cluster_subnets(plan: Plan) -> tuple[list, list]:
     return cluster["privateSubnetIds"], system.inputs["subnetIds"]
 
 
-@pytest.mark.parametrize("vpc", ["10.0.0.0/16", "10.20.0.0/20"])
-def test_subnet_blocks_follow_the_zone_letter_and_never_overlap(vpc):
-    blocks = [ipaddress.ip_network(b) for zone in "abcdefg" for b in zone_cidrs(vpc, f"x-1{zone}")]
-    assert all(block.subnet_of(ipaddress.ip_network(vpc)) for block in blocks)
-    assert not any(a.overlaps(b) for i, a in enumerate(blocks) for b in blocks[i + 1 :])
-    assert all(block.num_addresses >= 64 for block in blocks)
-
-
 def test_zones_a_to_c_keep_the_blocks_of_the_positional_plan():
     """The earlier plan: private quarters by position, public /22s from the last quarter, GPU zone first.
 
@@ -811,27 +791,6 @@ def test_admin_principals_become_cluster_admin_access_entries(stack_file):
 def test_no_access_entries_without_admin_principals(stack_plan):
     _, plan = stack_plan
     assert plan.of_type("aws:eks/accessEntry:AccessEntry") == []
-
-
-@pytest.mark.parametrize(
-    "caller, principal, same",
-    [
-        ("arn:aws:iam::123456789012:user/alice", "arn:aws:iam::123456789012:user/alice", True),
-        (
-            "arn:aws:sts::123456789012:assumed-role/ci-deployer/gh-run-7",
-            "arn:aws:iam::123456789012:role/platform/ci-deployer",
-            True,
-        ),
-        (
-            "arn:aws:sts::123456789012:assumed-role/ci-deployer/gh-run-7",
-            "arn:aws:iam::210987654321:role/ci-deployer",
-            False,
-        ),
-        ("arn:aws:iam::123456789012:user/alice", "arn:aws:iam::123456789012:role/alice", False),
-    ],
-)
-def test_the_caller_is_matched_to_a_listed_principal(caller, principal, same):
-    assert names_same_principal(caller, principal) is same
 
 
 @pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])

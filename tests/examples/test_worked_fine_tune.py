@@ -17,7 +17,7 @@ import pytest
 from examples.generate import BYTE_END_OF_TURN, answer, run_tokenizer
 from examples.instruction_data import write_dataset
 from tests.harness.paths import REPO_ROOT
-from tests.training.components.test_evaluate import read_scalars
+from tests.harness.tensorboard_events import read_scalars
 from training.config.presets import BYTE_TOKENIZER
 from training.config.run_config import parse_args, parse_flags
 

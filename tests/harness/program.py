@@ -26,6 +26,7 @@ from workloads import addons
 
 ROOT = REPO_ROOT
 STACK_FILES = sorted(ROOT.glob("Pulumi.*.yaml"))
+DEV_STACK_FILE = ROOT / "Pulumi.dev.yaml"
 ACCOUNT = "123456789012"
 # What a user adds before the first `pulumi up` (the stack files say so); tests stand in for it.
 USER_SETTINGS = {"eks-ray-train:endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
@@ -236,6 +237,21 @@ def stack_config(stack_file: Path) -> dict[str, str]:
     """A stack file's config as the engine hands it to the program (objects as JSON text)."""
     config = yaml.safe_load(stack_file.read_text())["config"]
     return {key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()}
+
+
+def config_of(stack_file: Path, **overrides: str) -> dict[str, str]:
+    """A stack file's config, what a user adds before the first `pulumi up`, and `overrides`
+    (keys of this project, or whole `namespace:key` names)."""
+    return {
+        **stack_config(stack_file),
+        **USER_SETTINGS,
+        **{key if ":" in key else f"eks-ray-train:{key}": value for key, value in overrides.items()},
+    }
+
+
+def dev_config(**overrides: str) -> dict[str, str]:
+    """`config_of` the dev stack, on which most tests set their values."""
+    return config_of(DEV_STACK_FILE, **overrides)
 
 
 def _schemas_left_out(crds: list[dict]) -> list[dict]:

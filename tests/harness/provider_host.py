@@ -31,7 +31,7 @@ from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
-from tests.harness.program import ROOT, USER_SETTINGS, run_program, stack_config
+from tests.harness.program import ROOT, dev_config, run_program
 
 TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 URN = f"urn:pulumi:dev::eks-ray-train::{TRAINING_RUN}::training"
@@ -39,7 +39,7 @@ URN = f"urn:pulumi:dev::eks-ray-train::{TRAINING_RUN}::training"
 
 def serialized_training_run() -> dict[str, Any]:
     """The TrainingRun's inputs as the program registers them on the dev stack, `__provider` included."""
-    plan = run_program({**stack_config(ROOT / "Pulumi.dev.yaml"), **USER_SETTINGS})
+    plan = run_program(dev_config())
     return {key: rpc.unwrap_rpc_secret(value) for key, value in plan.one(TRAINING_RUN).inputs.items()}
 
 

@@ -17,12 +17,11 @@ from infra.preflight import (
     plan_placement,
 )
 from tests.harness.fake_aws import ACCOUNT_ID, EKS_VERSIONS, FakeAws, FakeAwsMocks, capacity_reservation
-from tests.harness.program import STACK_FILES, USER_SETTINGS, run_program, stack_config
+from tests.harness.program import dev_config, run_program
 
 RESERVATION = "cr-0123456789abcdef0"
 QUOTA_TOKEN = "aws:servicequotas/getServiceQuota:getServiceQuota"
 CLOUD_CONTROL_TOKEN = "aws:cloudcontrol/getResource:getResource"
-DEV_STACK = next(path for path in STACK_FILES if path.name == "Pulumi.dev.yaml")
 
 
 class RecordingMocks(FakeAwsMocks):
@@ -246,9 +245,8 @@ def test_quota_that_cannot_be_read_names_the_permission():
 
 def program_refusal(fake: FakeAws, **config) -> str:
     """Run the whole program with this reservation; it must stop before registering any resource."""
-    overrides = {f"eks-ray-train:{key}": value for key, value in config.items()}
     with pytest.raises(PreflightError) as caught:
-        run_program({**stack_config(DEV_STACK), **USER_SETTINGS, **overrides}, fake)
+        run_program(dev_config(**config), fake)
     assert caught.value.plan.resources == []
     return str(caught.value)
 

@@ -13,8 +13,7 @@ import pytest
 from infra.plan import planner as planner
 from infra.plan.facts import INSTANCES, NCCL_TESTS, Fact, line_rate_gbps
 from tests.harness.fake_aws import FakeAws
-from tests.harness.program import ROOT, run_program
-from tests.test_program import dev_config
+from tests.harness.program import ROOT, dev_config, run_program
 from training.config.run_config import parse_flags
 
 

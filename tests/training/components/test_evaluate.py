@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from tests.harness.tensorboard_events import read_scalars
 from training.components.evaluate import eval_batches
 from training.components.optim import learning_rate
 from training.config.run_config import (
@@ -119,23 +119,6 @@ def test_the_gradient_free_loss_is_the_fused_loss():
     want = torch.nn.functional.cross_entropy(hidden @ weight.detach().t(), labels, ignore_index=IGNORE_INDEX)
     assert fused.requires_grad and not plain.requires_grad
     assert plain.item() == pytest.approx(fused.item(), rel=1e-6) == pytest.approx(want.item(), rel=1e-5)
-
-
-def read_scalars(folder: Path) -> dict[str, dict[int, float]]:
-    """Every scalar of the event files in `folder`, by tag and step. An event file is a sequence of
-    records: 8-byte little-endian length, 4-byte CRC, the serialized Event, 4-byte CRC."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    scalars: dict[str, dict[int, float]] = {}
-    for path in sorted(folder.glob("events.out.tfevents.*")):
-        data, offset = path.read_bytes(), 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset : offset + 8])
-            event = Event.FromString(data[offset + 12 : offset + 12 + length])
-            offset += 12 + length + 4
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
-    return scalars
 
 
 class _HeldOutSession:

@@ -24,7 +24,7 @@ import pytest
 
 from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
 from tests.harness.fake_kube_api import FakeEfaSysfs
-from tests.training.components.test_evaluate import read_scalars
+from tests.harness.tensorboard_events import read_scalars
 from training.metrics.efa_sysfs import SYSFS_ROOT_ENV
 from training.metrics.report import STEP_KEYS, SUMMARY_KEYS, parse_step_line, parse_summary
 

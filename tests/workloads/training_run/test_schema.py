@@ -215,11 +215,9 @@ def test_no_efa_is_fine_when_efa_is_not_expected():
 
 
 def _registered_run(**settings: str) -> dict:
-    from tests.harness.program import ROOT, USER_SETTINGS, run_program, stack_config
+    from tests.harness.program import dev_config, run_program
 
-    config = {**stack_config(ROOT / "Pulumi.dev.yaml"), **USER_SETTINGS}
-    config.update({f"eks-ray-train:{key}": value for key, value in settings.items()})
-    return run_program(config).one("pulumi-python:dynamic/workloads:TrainingRun").inputs
+    return run_program(dev_config(**settings)).one("pulumi-python:dynamic/workloads:TrainingRun").inputs
 
 
 @pytest.mark.slow

@@ -1,0 +1,224 @@
+"""Who may import whom: the program's packages, the layers inside each, folder sizes, tests' places.
+
+Each product package is a stack of layers, lowest first. A module may import its own unit (the
+module or subpackage a layer names) and the layers below it, never a peer of its own layer or
+anything above: an arrow back up fails here. docs/architecture.md draws the same tree.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.import_graph import (
+    PROGRAM_PACKAGES,
+    crossings,
+    imported_modules,
+    imports_of,
+    module_file,
+    module_name,
+    within,
+)
+from tests.harness.paths import REPO_ROOT as ROOT
+
+PRODUCT_FOLDERS = ("training", "infra", "workloads", "policy", "bench", "examples")
+MODULES_PER_FOLDER = 12
+
+# Each package's layers, lowest first. Modules of `training` run in the Ray pods and import
+# nothing else of the program; `infra` reads the job's settings contract and FLOP arithmetic
+# (standard library only, checked below); `workloads` reads the job's log format and EFA sysfs facts.
+LAYERS: dict[str, list[set[str]]] = {
+    "training": [
+        {"training.__init__", "training.errors", "training.config"},
+        {"training.data", "training.metrics"},
+        {"training.model"},
+        {"training.components", "training.distributed"},
+        {"training.loop"},
+        {"training.launch"},
+        {"training.cli", "training.export", "training.fabric_probe"},
+        {"training.__main__"},
+    ],
+    "infra": [
+        {"infra.__init__", "infra.config"},
+        {"infra.aws_facts"},
+        {"infra.resources", "infra.plan"},
+        {"infra.preflight", "infra.region_survey"},
+    ],
+    "workloads": [
+        {"workloads.__init__", "workloads.manifests", "workloads.nccl_transport"},
+        {"workloads.addons", "workloads.ray_cluster", "workloads.training_run.errors"},
+        {"workloads.training_run.access", "workloads.training_run.engine_host"},
+        {
+            "workloads.training_run.verdicts",
+            "workloads.training_run.readiness",
+            "workloads.training_run.schema",
+        },
+        {"workloads.training_run.runner"},
+        {"workloads.training_run.provider"},
+        {"workloads.training_run.__init__"},
+    ],
+}
+# What each package may import of the others (module prefixes).
+OUTSIDE: dict[str, set[str]] = {
+    "training": set(),
+    "infra": {"platform_facts", "training.config", "training.metrics.flops"},
+    "workloads": {"platform_facts", "infra", "training.metrics.report", "training.metrics.efa_sysfs"},
+    "policy": set(),
+}
+
+
+def unit_of(name: str, layers: list[set[str]]) -> tuple[int, str] | None:
+    """The layer and unit of a module: the longest unit that names it or a package above it.
+    A package's own __init__ is the unit `<package>.__init__`."""
+    best: tuple[int, str] | None = None
+    for rank, units in enumerate(layers):
+        for unit in units:
+            if within(name, {unit}) and (best is None or len(unit) > len(best[1])):
+                best = (rank, unit)
+    return best
+
+
+def arrows_back_up(package: str, graph: dict[str, set[str]]) -> list[str]:
+    """Every import of `graph` (module name → imported modules) that the layers of `package` forbid."""
+    layers, found = LAYERS[package], []
+    for importer, names in sorted(graph.items()):
+        placed = unit_of(importer, layers)
+        if placed is None:
+            found.append(f"{importer} is in no layer of {package}")
+            continue
+        rank, unit = placed
+        for name in sorted(names):
+            if name.split(".")[0] != package:
+                if not within(name, OUTSIDE[package]):
+                    found.append(f"{importer} imports {name}, outside what {package} may import")
+                continue
+            target = unit_of(f"{name}.__init__" if (ROOT / Path(*name.split("."))).is_dir() else name, layers)
+            if target is None:
+                found.append(f"{importer} imports {name}, which is in no layer")
+            elif target[1] != unit and target[0] >= rank:
+                found.append(f"{importer} (layer {rank}) imports {name} (layer {target[0]}, {target[1]})")
+    return found
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    graph = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        name = module_name(path)
+        graph[name.removesuffix(".__init__") + ".__init__" if path.name == "__init__.py" else name] = {
+            imported for imported in imported_modules(path) if imported.split(".")[0] in PROGRAM_PACKAGES
+        }
+    return graph
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_every_module_imports_only_its_own_unit_and_the_layers_below(package):
+    assert arrows_back_up(package, module_graph(package)) == []
+
+
+def test_the_layer_check_sees_an_arrow_back_up():
+    """The check itself: a data module that imported the loop, or a peer, or a new unplaced module."""
+    graph = {
+        "training.data.packing": {"training.loop", "training.metrics.report", "training.data.tokenizer"},
+        "training.model.attention": {"training.errors", "training.config.run_config"},
+        "training.unplaced": set(),
+        "training.config.settings": {"platform_facts"},
+    }
+    assert arrows_back_up("training", graph) == [
+        "training.config.settings imports platform_facts, outside what training may import",
+        "training.data.packing (layer 1) imports training.loop (layer 4, training.loop)",
+        "training.data.packing (layer 1) imports training.metrics.report (layer 1, training.metrics)",
+        "training.unplaced is in no layer of training",
+    ]
+    workloads = {
+        "workloads.training_run.access.jobs": {"workloads.training_run.verdicts.gate", "infra.config"}
+    }
+    assert arrows_back_up("workloads", workloads) == [
+        "workloads.training_run.access.jobs (layer 2) imports workloads.training_run.verdicts.gate "
+        "(layer 3, workloads.training_run.verdicts)"
+    ]
+
+
+def test_the_graph_check_sees_a_crossing():
+    """Workloads may use infra (sizes, settings): the check must see those imports, at any depth."""
+    found = crossings("workloads", {"infra"})
+    assert "workloads/manifests.py imports infra.aws_facts.sizing" in found
+    assert "workloads/training_run/provider.py imports infra.config.aws_identity" in found
+
+
+def test_infra_does_not_import_the_workloads():
+    """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
+
+    It may read the training job's settings contract (`training.config`) and its FLOP arithmetic
+    (`training.metrics.flops`, the preview's run-time bound), both standard library only, never the
+    training code itself; so are the `training` modules they import and the packages' own
+    `__init__` files that importing them runs, followed to any depth.
+    """
+    allowed = frozenset(OUTSIDE["infra"] - {"platform_facts"})
+    assert crossings("infra", {"workloads", "training"}, allowed=allowed) == []
+    standard = {*sys.stdlib_module_names, "__future__", "training"}
+    reached = {name for names in imports_of("infra").values() for name in names if within(name, allowed)}
+    pending, seen = sorted(reached), set()
+    while pending:
+        module = pending.pop()
+        parts = module.split(".")
+        for depth in range(1, len(parts) + 1):  # the packages above run their __init__ first
+            name = ".".join(parts[:depth])
+            path = module_file(name)
+            if name in seen or path is None:
+                continue
+            seen.add(name)
+            names = imported_modules(path)
+            assert {imported.split(".")[0] for imported in names} <= standard, name
+            pending += [imported for imported in names if imported.startswith("training")]
+    assert {"training", "training.config", "training.config.settings", "training.config.presets"} <= seen
+
+
+def test_training_imports_nothing_of_the_program():
+    """Only the `training` package is shipped to the Ray pods, so it cannot import the rest."""
+    assert crossings("training", PROGRAM_PACKAGES - {"training"}) == []
+
+
+def test_policy_pack_imports_nothing_of_the_program():
+    """The pack runs in its own virtualenv from policy/; it keeps copies (checked in tests/policy)."""
+    assert crossings("policy", PROGRAM_PACKAGES - {"policy"}) == []
+
+
+def product_folders() -> list[Path]:
+    return [
+        folder
+        for top in PRODUCT_FOLDERS
+        for folder in [ROOT / top, *(ROOT / top).rglob("*")]
+        if folder.is_dir() and "__pycache__" not in folder.parts and any(folder.glob("*.py"))
+    ]
+
+
+def test_no_product_folder_holds_more_than_a_dozen_modules():
+    crowded = {
+        str(folder.relative_to(ROOT)): count
+        for folder in product_folders()
+        if (count := len([path for path in folder.glob("*.py") if path.name != "__init__.py"]))
+        > MODULES_PER_FOLDER
+    }
+    assert crowded == {}
+
+
+def test_every_product_package_has_its_tests_under_the_same_path():
+    untested = [
+        str(folder.relative_to(ROOT))
+        for folder in product_folders()
+        if not any((ROOT / "tests" / folder.relative_to(ROOT)).glob("test_*.py"))
+    ]
+    assert untested == []
+
+
+def test_tests_share_helpers_through_the_harness_only():
+    """A test file imports no other test file: what two need lives in tests/harness."""
+    found = [
+        f"{path} imports {name}"
+        for path, names in imports_of("tests").items()
+        for name in names
+        if name.startswith("tests.") and not within(name, {"tests.harness"})
+    ]
+    assert found == []
