@@ -65,7 +65,6 @@ OUTSIDE: dict[str, set[str]] = {
     "training": set(),
     "infra": {"platform_facts", "training.config", "training.metrics.flops"},
     "workloads": {"platform_facts", "infra", "training.metrics.report", "training.metrics.efa_sysfs"},
-    "policy": set(),
 }
 
 
@@ -103,13 +102,8 @@ def arrows_back_up(package: str, graph: dict[str, set[str]]) -> list[str]:
 
 
 def module_graph(package: str) -> dict[str, set[str]]:
-    graph = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        name = module_name(path)
-        graph[name.removesuffix(".__init__") + ".__init__" if path.name == "__init__.py" else name] = {
-            imported for imported in imported_modules(path) if imported.split(".")[0] in PROGRAM_PACKAGES
-        }
-    return graph
+    """`imports_of` by module name (a package's own file is `<package>.__init__`)."""
+    return {module_name(ROOT / path): names for path, names in imports_of(package).items()}
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))
