@@ -103,8 +103,9 @@ gpu_nodes = GpuNodeGroup(
     kubernetes_version=cluster.kubernetes_version,
     after=[*cluster.node_role_policies, *network.private_egress],
 )
+# CoreDNS stays at the live add-on's version until kubernetesVersion moves.
 coredns = cluster.install_coredns(
-    coredns_version(settings.kubernetes_version), after=[system_nodes.node_group]
+    coredns_version(settings.kubernetes_version, placement.live), after=[system_nodes.node_group]
 )
 checkpoints = CheckpointStore(
     "checkpoints",

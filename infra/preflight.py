@@ -89,6 +89,8 @@ class Placement:
     gpu_node: InstanceFacts
     system_node: InstanceFacts
     reservation: ReservationFacts | None = None
+    # The cluster this stack already runs, as the preview read it; None before the first deploy.
+    live: LiveCluster | None = None
 
     @property
     def capacity_reservation_id(self) -> str | None:
@@ -147,6 +149,7 @@ def plan_placement(settings: StackSettings) -> Placement:
         gpu_node=gpu_node,
         system_node=system_node,
         reservation=reservation,
+        live=live,
     )
 
 

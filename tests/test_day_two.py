@@ -1,28 +1,97 @@
 """A later `pulumi up`: the program runs twice under mocks, the first deploy, then the world after it.
 
 `tests.harness.program.deployed` turns the first run's plan into what AWS then reports (the EKS cluster,
-its VPC, subnets, node groups and log group); the second run sees that account, with changed
-settings or changed offerings, and must plan what AWS accepts or refuse at preview naming the key.
+its VPC, subnets, node groups and log group); `deployed` here adds the cluster's CoreDNS add-on. The
+second run sees that account, with changed settings or changed offerings, and must plan what AWS
+accepts or refuse at preview naming the key.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import pulumi
 import pytest
 
 from infra.aws_facts.live_stack import OWNER_TAG
-from tests.harness.fake_aws import FakeAws
-from tests.harness.program import deployed, dev_config, run_program
+from tests.harness.fake_aws import COREDNS_VERSIONS, AwsApiError, FakeAws
+from tests.harness.program import Plan, dev_config, run_program
+from tests.harness.program import deployed as deployed_stack
 
 SUBNET = "aws:ec2/subnet:Subnet"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+ADDON = "aws:eks/addon:Addon"
+GET_ADDON = "aws:eks/getAddon:getAddon"
+CLUSTER_NAME = "eks-ray-train"
+# A CoreDNS build for 1.34 that EKS publishes after the first deploy (newer than COREDNS_VERSIONS's).
+LATER_COREDNS_BUILD = "v1.12.4-eksbuild.4"
 
 
-def after_first_deploy(fake: FakeAws, **overrides: str) -> FakeAws:
+@dataclass
+class FakeAccount(FakeAws):
+    """`FakeAws`, plus the managed add-ons of its EKS clusters and the CoreDNS builds EKS offers now.
+
+    `addons`: cluster name -> add-on name -> version. `coredns_versions`: Kubernetes version -> the
+    newest CoreDNS build for it, COREDNS_VERSIONS until a test publishes a later one.
+    """
+
+    addons: dict[str, dict[str, str]] = field(default_factory=dict)
+    coredns_versions: dict[str, str] = field(default_factory=lambda: dict(COREDNS_VERSIONS))
+
+    def call(self, token: str, args: dict) -> dict:
+        if token != GET_ADDON:
+            return super().call(token, args)
+        self.calls.append((token, dict(args)))
+        if token in self.denied:
+            raise AwsApiError(
+                token, "AccessDeniedException", f"user/tester is not authorized to perform {token}"
+            )
+        return self._addon(args)
+
+    def _addon(self, args: dict) -> dict:
+        # EKS API reference, DescribeAddon (https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeAddon.html):
+        # the add-on with its `addonVersion`, or ResourceNotFoundException when the cluster has no
+        # such add-on, which the provider's `aws_eks_addon` data source reports as "couldn't find
+        # resource" (terraform-provider-aws internal/service/eks/addon.go, findAddonByTwoPartKey).
+        cluster, name = args["clusterName"], args["addonName"]
+        if name not in self.addons.get(cluster, {}):
+            raise self._missing("EKS Add-On", f"{cluster},{name}")
+        return {
+            "id": f"{cluster}:{name}",
+            "clusterName": cluster,
+            "addonName": name,
+            "addonVersion": self.addons[cluster][name],
+            "region": self.region,
+        }
+
+    def _addon_version(self, args: dict) -> dict:
+        # EKS API reference, DescribeAddonVersions
+        # (https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeAddonVersions.html): an
+        # add-on's versions with the Kubernetes versions each is compatible with; EKS adds builds
+        # over time, and the provider's `most_recent = true` returns the newest for the version asked.
+        version = self.coredns_versions.get(args["kubernetesVersion"])
+        if args["addonName"] != "coredns" or version is None:
+            return super()._addon_version(args)
+        return {**args, "id": args["addonName"], "version": version, "region": self.region}
+
+
+def deployed(plan: Plan, fake: FakeAccount) -> FakeAccount:
+    """`tests.harness.program.deployed`, plus the CoreDNS add-on at the version `plan` gave it."""
+    deployed_stack(plan, fake)
+    cluster = plan.one("eks:index:Cluster").inputs["name"]
+    fake.addons[cluster] = {"coredns": plan.one(ADDON, "coredns").inputs["addonVersion"]}
+    return fake
+
+
+def coredns_version(plan: Plan) -> str:
+    return plan.one(ADDON, "coredns").inputs["addonVersion"]
+
+
+def after_first_deploy(fake: FakeAccount, **overrides: str) -> FakeAccount:
     return deployed(run_program(dev_config(**overrides), fake), fake)
 
 
-def refusal(fake: FakeAws, **overrides: str) -> str:
+def refusal(fake: FakeAccount, **overrides: str) -> str:
     with pytest.raises(pulumi.RunError) as raised:
         run_program(dev_config(**overrides), fake)
     assert raised.value.plan.resources == []
@@ -30,7 +99,7 @@ def refusal(fake: FakeAws, **overrides: str) -> str:
 
 
 def test_an_unchanged_second_run_plans_the_same_resources():
-    fake = FakeAws(region="us-east-2")
+    fake = FakeAccount(region="us-east-2")
     first = run_program(dev_config(), fake)
     second = run_program(dev_config(), deployed(first, fake))
     assert sorted((r.type, r.name) for r in second.resources) == sorted(
@@ -39,7 +108,7 @@ def test_an_unchanged_second_run_plans_the_same_resources():
 
 
 def test_eks_keeps_a_clusters_vpc_for_life():
-    fake = after_first_deploy(FakeAws(region="us-east-2"))
+    fake = after_first_deploy(FakeAccount(region="us-east-2"))
     message = refusal(fake, vpcCidr="10.1.0.0/16")
     assert message.startswith(
         "config key 'vpcCidr' = '10.1.0.0/16': the cluster runs in a VPC of 10.0.0.0/16"
@@ -55,7 +124,7 @@ def test_eks_keeps_a_clusters_vpc_for_life():
     ],
 )
 def test_eks_upgrades_a_control_plane_one_minor_version_at_a_time(wanted, problem):
-    fake = after_first_deploy(FakeAws(region="us-east-2"), kubernetesVersion="1.34")
+    fake = after_first_deploy(FakeAccount(region="us-east-2"), kubernetesVersion="1.34")
     assert refusal(fake, kubernetesVersion=wanted) == (
         f"config key 'kubernetesVersion' = '{wanted}': the cluster runs 1.34, and {problem}"
     )
@@ -71,7 +140,7 @@ def test_a_live_cluster_keeps_its_zones_when_aws_adds_an_offering():
         "m7i.xlarge": ["us-east-1b", "us-east-1c", "us-east-1d"],
         "g6.12xlarge": ["us-east-1c", "us-east-1d"],
     }
-    fake = FakeAws(region=region, offerings=before)
+    fake = FakeAccount(region=region, offerings=before)
     first = run_program(dev_config(**{"aws:region": region}), fake)
     deployed(first, fake)
     fake.offerings = {name: ["us-east-1a", *zones] for name, zones in before.items()}
@@ -82,13 +151,13 @@ def test_a_live_cluster_keeps_its_zones_when_aws_adds_an_offering():
         gpu_subnet = plan.one(NODE_GROUP, "gpu").inputs["subnetIds"][0]
         assert gpu_subnet.endswith("-private-us-east-1c-id")
     fresh = run_program(
-        dev_config(**{"aws:region": region}), FakeAws(region=region, offerings=fake.offerings)
+        dev_config(**{"aws:region": region}), FakeAccount(region=region, offerings=fake.offerings)
     )
     assert fresh.one(NODE_GROUP, "gpu").inputs["subnetIds"][0].endswith("-private-us-east-1a-id")
 
 
 def test_moving_the_gpu_zone_of_a_live_cluster_is_still_a_setting():
-    fake = after_first_deploy(FakeAws(region="us-east-2"))
+    fake = after_first_deploy(FakeAccount(region="us-east-2"))
     moved = run_program(dev_config(gpuAz="us-east-2b"), fake)
     assert moved.one(NODE_GROUP, "gpu").inputs["subnetIds"][0].endswith("-private-us-east-2b-id")
 
@@ -96,7 +165,7 @@ def test_moving_the_gpu_zone_of_a_live_cluster_is_still_a_setting():
 def test_a_log_group_left_by_a_destroyed_cluster_is_named_at_preview():
     """EKS writes its last logs after the program deleted the group, re-creating it without the
     program's tag (terraform-aws-eks#2763); CreateLogGroup would then fail after the VPC exists."""
-    fake = FakeAws(region="us-east-2", log_groups={"/aws/eks/eks-ray-train/cluster": {}})
+    fake = FakeAccount(region="us-east-2", log_groups={"/aws/eks/eks-ray-train/cluster": {}})
     message = refusal(fake)
     assert message.startswith("config key 'clusterName' = 'eks-ray-train': no cluster of that name runs")
     assert (
@@ -107,7 +176,54 @@ def test_a_log_group_left_by_a_destroyed_cluster_is_named_at_preview():
 
 def test_the_stacks_own_log_group_without_a_cluster_is_no_orphan():
     """A first `pulumi up` that failed after the log group and before the cluster: the group is the stack's."""
-    fake = FakeAws(
+    fake = FakeAccount(
         region="us-east-2", log_groups={"/aws/eks/eks-ray-train/cluster": {OWNER_TAG: "eks-ray-train/dev"}}
     )
     assert run_program(dev_config(), fake).of_type("eks:index:Cluster")
+
+
+def test_a_first_preview_takes_the_newest_coredns_for_the_kubernetes_version():
+    fake = FakeAccount(region="us-east-2")
+    plan = run_program(dev_config(kubernetesVersion="1.34"), fake)
+    assert coredns_version(plan) == COREDNS_VERSIONS["1.34"]
+    assert GET_ADDON not in [token for token, _ in fake.calls]  # no cluster, no add-on to read
+
+
+def test_coredns_stays_at_the_live_version_when_eks_publishes_a_newer_build():
+    """An unrelated `pulumi up` must not update CoreDNS (with OVERWRITE) because EKS published a build."""
+    fake = after_first_deploy(FakeAccount(region="us-east-2"), kubernetesVersion="1.34")
+    assert fake.addons[CLUSTER_NAME] == {"coredns": COREDNS_VERSIONS["1.34"]}
+    fake.coredns_versions["1.34"] = LATER_COREDNS_BUILD
+    second = run_program(dev_config(kubernetesVersion="1.34"), fake)
+    assert coredns_version(second) == COREDNS_VERSIONS["1.34"]
+    assert (GET_ADDON, {"addonName": "coredns", "clusterName": CLUSTER_NAME}) in [
+        (token, {key: value for key, value in args.items() if value is not None})
+        for token, args in fake.calls
+    ]
+    # A new stack takes the build EKS offers now.
+    fresh = run_program(
+        dev_config(kubernetesVersion="1.34"),
+        FakeAccount(region="us-east-2", coredns_versions=fake.coredns_versions),
+    )
+    assert coredns_version(fresh) == LATER_COREDNS_BUILD
+
+
+def test_a_kubernetes_version_change_takes_the_newest_coredns_for_the_new_version():
+    fake = after_first_deploy(FakeAccount(region="us-east-2"), kubernetesVersion="1.34")
+    fake.coredns_versions["1.34"] = LATER_COREDNS_BUILD
+    upgraded = run_program(dev_config(kubernetesVersion="1.35"), fake)
+    assert coredns_version(upgraded) == COREDNS_VERSIONS["1.35"]
+
+
+@pytest.mark.parametrize("why", ["no add-on", "DescribeAddon denied"])
+def test_a_live_cluster_whose_coredns_is_not_read_takes_the_newest(why):
+    """A cluster without the add-on (a first `pulumi up` that stopped before the system nodes it
+    waits for), or one whose add-on the caller may not read (warned): as a first deploy."""
+    fake = after_first_deploy(FakeAccount(region="us-east-2"), kubernetesVersion="1.34")
+    if why == "no add-on":
+        del fake.addons[CLUSTER_NAME]
+    else:
+        fake.denied.add(GET_ADDON)
+    fake.coredns_versions["1.34"] = LATER_COREDNS_BUILD
+    second = run_program(dev_config(kubernetesVersion="1.34"), fake)
+    assert coredns_version(second) == LATER_COREDNS_BUILD

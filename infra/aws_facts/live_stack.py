@@ -9,6 +9,9 @@ version"). So the preview reads the cluster of `clusterName`, if there is one, a
 its zones instead of choosing them anew from today's offerings; a change AWS would refuse after the
 VPC and NAT are updated is refused here, naming the key.
 
+The same read gives the version of the cluster's CoreDNS add-on (`eks:DescribeAddon`), which the
+program keeps while the cluster stays at its Kubernetes version (`infra.resources.cluster.coredns_version`).
+
 A control-plane log group without this program's tag, while no cluster exists, was left by a
 destroyed cluster: EKS writes its last logs after the program deleted the group, which re-creates it
 (terraform-aws-eks#2763), and the next CreateLogGroup fails with ResourceAlreadyExistsException.
@@ -38,6 +41,7 @@ class LiveCluster:
     vpc_cidr: str
     zones: tuple[str, ...]  # the zones of its subnets, sorted
     gpu_zone: str | None  # the zone of its GPU node group's subnet, if the group exists
+    coredns_version: str | None = None  # the version of its CoreDNS managed add-on, if it has one
 
 
 def owner() -> str:
@@ -58,7 +62,8 @@ def _read(fetch: Callable[[], T], unread: str) -> T | None:
 
 
 def read_live_cluster(cluster_name: str) -> LiveCluster | None:
-    """The cluster, its VPC's block and its subnets' zones; None when EKS has no cluster of that name."""
+    """The cluster, its VPC's block, its subnets' zones and its CoreDNS add-on's version; None when
+    EKS has no cluster of that name."""
     cluster = _read(
         lambda: aws.eks.get_cluster(name=cluster_name),
         f"EKS cluster {cluster_name}; its VPC and zones were not checked",
@@ -72,6 +77,7 @@ def read_live_cluster(cluster_name: str) -> LiveCluster | None:
         vpc_cidr=vpc.cidr_block,
         zones=tuple(sorted(zones)),
         gpu_zone=_gpu_zone(cluster_name),
+        coredns_version=_addon_version(cluster_name, "coredns"),
     )
 
 
@@ -86,6 +92,17 @@ def _gpu_zone(cluster_name: str) -> str | None:
         if GPU_LABELS.items() <= (group.labels or {}).items() and group.subnet_ids:
             return _zone(group.subnet_ids[0])
     return None
+
+
+def _addon_version(cluster_name: str, addon_name: str) -> str | None:
+    """The version of the cluster's managed add-on `addon_name` (`eks:DescribeAddon`); None when the
+    cluster has no such add-on (ResourceNotFoundException) or it could not be read."""
+    addon = _read(
+        lambda: aws.eks.get_addon(addon_name=addon_name, cluster_name=cluster_name),
+        f"the {addon_name} add-on of EKS cluster {cluster_name}; it takes the newest version EKS offers for "
+        "kubernetesVersion, which updates it if a newer one was published",
+    )
+    return addon.addon_version if addon else None
 
 
 def orphaned_log_group(name: str) -> bool:

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
-from infra.aws_facts.live_stack import OWNER_TAG, owner
+from infra.aws_facts.live_stack import OWNER_TAG, LiveCluster, owner
 from infra.config.stack import StackSettings
 from platform_facts import PROJECT
 
@@ -238,9 +238,13 @@ class Cluster(pulumi.ComponentResource):
     def install_coredns(self, version: str, after: list[pulumi.Resource]) -> aws.eks.Addon:
         """The CoreDNS managed add-on at `version`, created once nodes exist to run it.
 
-        Pinned: an add-on left at the version it was created with is not upgraded with the control
-        plane, and EKS supports each CoreDNS version on a range of Kubernetes versions only
-        (`eks:DescribeAddonVersions`); `coredns_version` picks the newest for the cluster's.
+        Pinned, and moved only with `kubernetesVersion`: EKS does not upgrade an add-on with the
+        control plane, and supports each CoreDNS version on a range of Kubernetes versions only
+        (`eks:DescribeAddonVersions`). `coredns_version` gives the newest build for the cluster's
+        version when the cluster is created or its version changes, and otherwise the version the
+        live add-on runs, so a build EKS publishes later does not reach the cluster through an
+        unrelated `pulumi up`, which would roll CoreDNS and, with OVERWRITE, set values changed on
+        its Kubernetes objects back to EKS's defaults (`eks:UpdateAddon`, resolveConflicts).
         """
         return aws.eks.Addon(
             "coredns",
@@ -253,7 +257,27 @@ class Cluster(pulumi.ComponentResource):
         )
 
 
-def coredns_version(kubernetes_version: str) -> str:
+def coredns_version(kubernetes_version: str, live: LiveCluster | None) -> str:
+    """The CoreDNS add-on version for a cluster of `kubernetes_version`, `live` as the preview read it."""
+    return kept_coredns_version(
+        live_version=live.coredns_version if live else None,
+        live_kubernetes_version=live.version if live else None,
+        kubernetes_version=kubernetes_version,
+        newest=newest_coredns_version(kubernetes_version),
+    )
+
+
+def kept_coredns_version(
+    live_version: str | None, live_kubernetes_version: str | None, kubernetes_version: str, newest: str
+) -> str:
+    """The live add-on's version while the cluster stays at `kubernetes_version`; else `newest`, the
+    newest EKS offers for it: on a first deploy, without the add-on, and when the version moves."""
+    if live_version and live_kubernetes_version == kubernetes_version:
+        return live_version
+    return newest
+
+
+def newest_coredns_version(kubernetes_version: str) -> str:
     """The newest CoreDNS add-on version EKS offers for `kubernetes_version` (asked at preview)."""
     return aws.eks.get_addon_version(
         addon_name="coredns", kubernetes_version=kubernetes_version, most_recent=True

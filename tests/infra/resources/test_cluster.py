@@ -1,10 +1,10 @@
-"""The cluster's access entries: which caller counts as a listed principal."""
+"""The cluster's access entries: which caller counts as a listed principal; the CoreDNS version it keeps."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.resources.cluster import names_same_principal
+from infra.resources.cluster import kept_coredns_version, names_same_principal
 
 
 @pytest.mark.parametrize(
@@ -26,3 +26,24 @@ from infra.resources.cluster import names_same_principal
 )
 def test_the_caller_is_matched_to_a_listed_principal(caller, principal, same):
     assert names_same_principal(caller, principal) is same
+
+
+NEWEST = "v1.12.4-eksbuild.4"
+
+
+@pytest.mark.parametrize(
+    ("live_version", "live_kubernetes_version", "wanted", "chosen"),
+    [
+        pytest.param(None, None, "1.34", NEWEST, id="no cluster yet"),
+        pytest.param(None, "1.34", "1.34", NEWEST, id="a cluster without the add-on"),
+        pytest.param(
+            "v1.12.4-eksbuild.3", "1.34", "1.34", "v1.12.4-eksbuild.3", id="kept at the same version"
+        ),
+        pytest.param("v1.12.4-eksbuild.4", "1.34", "1.34", NEWEST, id="kept, already the newest"),
+        pytest.param("v1.12.4-eksbuild.3", "1.34", "1.35", NEWEST, id="kubernetesVersion moves"),
+    ],
+)
+def test_coredns_keeps_the_live_version_until_kubernetes_version_moves(
+    live_version, live_kubernetes_version, wanted, chosen
+):
+    assert kept_coredns_version(live_version, live_kubernetes_version, wanted, NEWEST) == chosen
