@@ -82,7 +82,7 @@ class TrainingRunKeys(BaseModel):
     )
     min_busbw_fraction: Annotated[float, BeforeValidator(_fraction)] = Field(
         default=0.0,
-        description="with `expectTransport: efa`, the least share of the GPU node's line rate the fabric probe's bus bandwidth must reach at its largest message size, per collective, or `pulumi up` fails; 0 turns the floor off",
+        description="with `expectTransport: efa`, the least share of the GPU node's line rate the fabric probe's bus bandwidth must reach at its largest message size, for all_gather and reduce_scatter each, or `pulumi up` fails (all_reduce's is reported, not judged: on two nodes NCCL's tree all_reduce can go beyond the line rate); 0 turns the floor off",
     )
     timeout_minutes: Annotated[int, BeforeValidator(as_int(1, 7 * 24 * 60, "a week"))] = Field(
         default=60,
