@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -349,32 +350,86 @@ def test_a_model_config_file_that_is_no_json_object_is_one_line_naming_flag_and_
     assert last.startswith(f"python -m training: error: --model-config {bad}: {bad}")
 
 
-def test_a_run_whose_gradients_go_non_finite_exits_1_in_one_line_without_that_steps_checkpoint(tmp_path):
-    """One torchrun rank at --lr 1e30: step 1's update blows the weights up, step 2's gradient
-    norm is NaN. The run stops there, before step 2's checkpoint, instead of ending with rc 0."""
+# A `sitecustomize` for the child `python -m training`, found through PYTHONPATH: when the child
+# imports training.loop, it wraps `build` (as test_loop.py's in-process tests do) so that from the
+# model's second forward on the loss stays finite and its gradient, so every weight's, is NaN.
+POISONED_GRADIENTS = """
+import importlib.abc
+import importlib.util
+import itertools
+import math
+import sys
+
+
+def poison(loop):
+    build, forwards = loop.build, itertools.count(1)
+
+    def poison_gradients(module, args, loss):
+        if next(forwards) >= 2:
+            loss.register_hook(lambda grad: grad * math.nan)
+
+    def build_and_poison(config, session):
+        parts = build(config, session)
+        parts[0].register_forward_hook(poison_gradients)
+        return parts
+
+    loop.build = build_and_poison
+
+
+class PoisonOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "training.loop":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            poison(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, PoisonOnImport())
+"""
+
+
+def diverging_run(tmp_path, lr: str, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """One torchrun rank, 4 steps at `lr` checkpointing every step, that must fail: its one stderr
+    line (exit 1, no traceback) and the checkpoints it left."""
     rank = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
-    flags = [
-        "--data",
-        "synthetic",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "2",
-        "--lr",
-        "1e30",
-        "--warmup-steps",
-        "0",
-    ]
+    flags = ["--data", "synthetic", "--seq-len", "32", "--batch-size", "2", "--lr", lr, "--warmup-steps", "0"]
     storage = tmp_path / "runs"
     result = run_training(
         "--launcher", "torchrun", *flags, "--steps", "4", "--checkpoint-every", "1",
-        "--storage-path", str(storage), "--run-name", "diverged", env=rank,
+        "--storage-path", str(storage), "--run-name", "diverged", env={**rank, **(env or {})},
     )  # fmt: skip
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
-    assert lines[0].startswith("training failed: step 2: the gradient norm is nan;")
-    assert "Lower --lr (this step's: 1e+30)" in lines[0]
-    checkpoints = sorted(path.name for path in (storage / "diverged").glob("checkpoint_*"))
+    return lines[0], sorted(path.name for path in (storage / "diverged").glob("checkpoint_*"))
+
+
+def test_a_run_whose_gradients_go_non_finite_exits_1_in_one_line_without_that_steps_checkpoint(tmp_path):
+    """Step 2's loss is finite, its gradient norm NaN (POISONED_GRADIENTS makes it so in the child):
+    the run stops there, before step 2's optimizer step and checkpoint, instead of ending with rc 0."""
+    shim = tmp_path / "poisoned_gradients"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(POISONED_GRADIENTS)
+    python_path = os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))
+    line, checkpoints = diverging_run(tmp_path, "3e-3", env={"PYTHONPATH": python_path})
+    assert line.startswith("training failed: step 2: the gradient norm is nan;"), line
+    assert "Lower --lr (this step's: 0.003)" in line
+    assert checkpoints == ["checkpoint_000001"]
+
+
+def test_a_run_at_lr_1e30_exits_1_in_one_line_at_step_2_without_that_steps_checkpoint(tmp_path):
+    """Step 1's update blows the weights up; at step 2 the forward or the backward overflows,
+    whichever the CPU's floating-point path reaches first, so either quantity may be the one named."""
+    line, checkpoints = diverging_run(tmp_path, "1e30")
+    assert re.match(r"training failed: step 2: the (loss|gradient norm) is (nan|-?inf); ", line), line
+    assert "Lower --lr (this step's: 1e+30)" in line
     assert checkpoints == ["checkpoint_000001"]
 
 

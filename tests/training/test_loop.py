@@ -116,11 +116,21 @@ def _train_until_it_stops(monkeypatch, argv: list[str], hook=None) -> tuple[str,
 
 
 def test_a_non_finite_gradient_norm_stops_the_run_before_the_optimizer_step(monkeypatch, one_rank_group):
-    """At --lr 1e30 the first update blows the weights up; step 2's gradients overflow."""
-    message, session, weights = _train_until_it_stops(monkeypatch, ["--lr", "1e30", "--warmup-steps", "0"])
+    """From the second forward on, the loss stays finite but its gradient is NaN, and so is every
+    weight's: made so by a hook, not left to which of forward or backward overflows first at a
+    huge --lr (that depends on the CPU's floating-point path)."""
+    forwards = itertools.count(1)
+
+    def poison_gradients(module, args, loss):
+        if next(forwards) >= 2:
+            loss.register_hook(lambda grad: grad * math.nan)
+
+    message, session, weights = _train_until_it_stops(
+        monkeypatch, ["--lr", "3e-3", "--warmup-steps", "0", "--steps", "5"], poison_gradients
+    )
     assert (
         message.startswith("step 2: the gradient norm is nan;")
-        and "Lower --lr (this step's: 1e+30)" in message
+        and "Lower --lr (this step's: 0.003)" in message
     )
     assert all(weight.isfinite().all() for weight in weights.values()), (
         "a non-finite update reached the weights"
