@@ -116,7 +116,7 @@ checkpoints = CheckpointStore(
     force_destroy=settings.checkpoints_force_destroy,
 )
 
-# 5. GPU and EFA device plugins, KubeRay operator and its CRDs.
+# 5. GPU and EFA device plugins, KubeRay operator and its CRDs, the EFA counter reader.
 kubernetes = k8s.Provider(
     "eks",
     kubeconfig=cluster.provider_kubeconfig,
@@ -135,6 +135,8 @@ addons = Addons(
     provider=kubernetes,
     crd_provider=crd_owner,
     gpu_instance_type=settings.gpu_node_type,
+    region=settings.region,
+    image=settings.image,
     after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
 )
 
@@ -198,6 +200,7 @@ if settings.train:
             "durationS": run.duration_s,
             "efaBytes": run.efa_bytes,
             "efaCounters": run.efa_counters,
+            "efaUnavailable": run.efa_unavailable,
             # The fabric gate that passed before the job: its probe job and verdict, and the seconds
             # from the pods being ready to that verdict.
             "gate": {
@@ -205,6 +208,7 @@ if settings.train:
                 "transport": run.gate_transport,
                 "evidence": run.gate_evidence,
                 "efaBytes": run.gate_efa_bytes,
+                "efaUnavailable": run.gate_efa_unavailable,
                 "seconds": run.gate_s,
             },
             "busbwGbps": run.busbw_gbps,

@@ -47,7 +47,8 @@ LAYERS: dict[str, list[set[str]]] = {
         {"infra.preflight", "infra.region_survey"},
     ],
     "workloads": [
-        {"workloads.__init__", "workloads.manifests", "workloads.nccl_transport"},
+        {"workloads.__init__", "workloads.efa_counter_reader", "workloads.nccl_transport"},
+        {"workloads.manifests"},
         {"workloads.addons", "workloads.ray_cluster", "workloads.training_run.errors"},
         {"workloads.training_run.access", "workloads.training_run.engine_host"},
         {
@@ -129,8 +130,8 @@ def test_the_layer_check_sees_an_arrow_back_up():
         "workloads.training_run.access.jobs": {"workloads.training_run.verdicts.gate", "infra.config"}
     }
     assert arrows_back_up("workloads", workloads) == [
-        "workloads.training_run.access.jobs (layer 2) imports workloads.training_run.verdicts.gate "
-        "(layer 3, workloads.training_run.verdicts)"
+        "workloads.training_run.access.jobs (layer 3) imports workloads.training_run.verdicts.gate "
+        "(layer 4, workloads.training_run.verdicts)"
     ]
 
 

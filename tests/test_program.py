@@ -886,8 +886,28 @@ def test_ray_head_is_closed_to_other_namespaces_before_it_starts(stack_plan):
     assert policy.urn in plan.one("kubernetes:ray.io/v1:RayCluster").dependencies
     # Enforced only with the VPC CNI's network policy agent on.
     assert plan.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
-    labels = plan.one("kubernetes:core/v1:Namespace").inputs["metadata"]["labels"]
+    labels = plan.one("kubernetes:core/v1:Namespace", namespace).inputs["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_the_efa_counter_reader_runs_on_the_gpu_nodes_in_its_own_namespace(stack_plan):
+    """The only pods that see the nodes' EFA counters (`hostNetwork`), in a namespace that admits them
+    (the Ray namespace's `baseline` does not), from the Ray image, beside the device plugins."""
+    _, plan = stack_plan
+    daemonset = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters")
+    assert plan.ancestors(daemonset)[0] == "eks-ray-train:workloads:Addons"
+    assert daemonset.inputs["metadata"]["namespace"] == "efa-counters"
+    pod = daemonset.inputs["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["nodeSelector"] == {"role": "gpu-worker"}
+    assert (
+        pod["containers"][0]["image"]
+        == plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]["workerGroupSpecs"][0]["template"][
+            "spec"
+        ]["containers"][0]["image"]
+    )
+    namespace = plan.one("kubernetes:core/v1:Namespace", "efa-counters")
+    assert namespace.urn in daemonset.dependencies
+    assert namespace.inputs["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
 
 
 def test_control_plane_logs_are_encrypted_with_the_cluster_key(stack_plan):

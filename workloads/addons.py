@@ -1,10 +1,12 @@
-"""Cluster add-ons as pinned Helm releases: GPU and EFA device plugins, the KubeRay operator and its CRDs."""
+"""Cluster add-ons: GPU and EFA device plugins and the KubeRay operator as pinned Helm releases, KubeRay's
+CRDs, and the EFA counter reader on the GPU nodes."""
 
 from __future__ import annotations
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from workloads.efa_counter_reader import reader_daemonset, reader_namespace
 from workloads.manifests import (
     EFA_DEVICE_PLUGIN,
     KUBERAY_OPERATOR,
@@ -56,6 +58,8 @@ class Addons(pulumi.ComponentResource):
         provider: k8s.Provider,
         crd_provider: k8s.Provider,
         gpu_instance_type: str,
+        region: str,
+        image: str,
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -72,7 +76,7 @@ class Addons(pulumi.ComponentResource):
         ]
         self.nvidia_device_plugin = _release(NVIDIA_DEVICE_PLUGIN, nvidia_device_plugin_values(), child)
         self.efa_device_plugin = _release(
-            EFA_DEVICE_PLUGIN, efa_device_plugin_values(gpu_instance_type), child
+            EFA_DEVICE_PLUGIN, efa_device_plugin_values(gpu_instance_type, region), child
         )
         # After its CRDs: the operator exits when a kind it watches is not served.
         self.kuberay_operator = _release(
@@ -82,6 +86,25 @@ class Addons(pulumi.ComponentResource):
             skip_crds=True,
         )
         self.releases = [self.nvidia_device_plugin, self.efa_device_plugin, self.kuberay_operator]
+        # The GPU nodes' EFA counters, read in the host's network namespace (`workloads.efa_counter_reader`).
+        namespace = reader_namespace()
+        self.counter_reader_namespace = k8s.core.v1.Namespace(
+            namespace["metadata"]["name"], metadata=namespace["metadata"], opts=child
+        )
+        daemonset = reader_daemonset(image)
+        self.counter_reader = k8s.apps.v1.DaemonSet(
+            daemonset["metadata"]["name"],
+            metadata=daemonset["metadata"],
+            spec=daemonset["spec"],
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=provider, depends_on=[*after, self.counter_reader_namespace]
+            ),
+        )
         # What a RayCluster waits for.
         self.ready: list[pulumi.Resource] = [*self.releases, *self.kuberay_crds]
-        self.register_outputs({"releases": [release.name for release in self.releases]})
+        self.register_outputs(
+            {
+                "releases": [release.name for release in self.releases],
+                "counterReader": self.counter_reader.metadata["name"],
+            }
+        )

@@ -26,6 +26,7 @@ from platform_facts import (
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
 )
+from workloads.efa_counter_reader import counters_url_env
 
 CODE_MOUNT = "/opt/eks-ray-train"
 CODE_HASH_FILE = ".code-hash"
@@ -110,6 +111,32 @@ KUBERAY_CRD_FILES = (
 PATCH_FORCE_ANNOTATION = "pulumi.com/patchForce"
 # The node label the EFA chart's DaemonSet matches against `supportedInstanceLabels.values`.
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Amazon EKS replicates its add-on images to a registry in each region (EKS user guide, "View Amazon
+# container image registries for Amazon EKS add-ons"): account 602401143452 in most regions, these
+# accounts in the others. The EFA chart's default image is us-west-2's.
+EKS_REGISTRY_ACCOUNT = "602401143452"
+EKS_REGISTRY_ACCOUNTS = {
+    "af-south-1": "877085696533",
+    "ap-east-1": "800184023465",
+    "ap-south-2": "900889452093",
+    "ap-southeast-3": "296578399912",
+    "ap-southeast-4": "491585149902",
+    "ap-southeast-5": "151610086707",
+    "ap-southeast-6": "333609536671",
+    "ap-southeast-7": "121268973566",
+    "ca-west-1": "761377655185",
+    "cn-north-1": "918309763551",
+    "cn-northwest-1": "961992271922",
+    "eu-central-2": "900612956339",
+    "eu-south-1": "590381155156",
+    "eu-south-2": "455263428931",
+    "il-central-1": "066635153087",
+    "me-central-1": "759879836304",
+    "me-south-1": "558608220178",
+    "us-gov-east-1": "151742754352",
+    "us-gov-west-1": "013241004608",
+}
+EFA_DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
 
 
 def nvidia_device_plugin_values() -> dict:
@@ -120,8 +147,15 @@ def nvidia_device_plugin_values() -> dict:
     }
 
 
-def efa_device_plugin_values(gpu_instance_type: str) -> dict:
-    """Only on GPU nodes, which are tainted: the chart tolerates nothing by default.
+def eks_registry(region: str) -> str:
+    """The region's registry of EKS add-on images, pulled by the nodes over their own region's endpoint."""
+    suffix = ".cn" if region.startswith("cn-") else ""
+    return f"{EKS_REGISTRY_ACCOUNTS.get(region, EKS_REGISTRY_ACCOUNT)}.dkr.ecr.{region}.amazonaws.com{suffix}"
+
+
+def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
+    """Only on GPU nodes, which are tainted: the chart tolerates nothing by default; the image from
+    the stack region's EKS registry rather than the chart's us-west-2 default (a cross-region pull).
 
     The chart's DaemonSet also requires the node's instance type to be in its own list of EFA types
     (`supportedInstanceLabels`); a type missing there would get no plugin pod and no EFA device,
@@ -129,6 +163,7 @@ def efa_device_plugin_values(gpu_instance_type: str) -> dict:
     lists whole).
     """
     return {
+        "image": {"repository": f"{eks_registry(region)}/{EFA_DEVICE_PLUGIN_REPOSITORY}"},
         "nodeSelector": dict(GPU_NODE_SELECTOR),
         "tolerations": [GPU_TOLERATION],
         "supportedInstanceLabels": {"keys": [INSTANCE_TYPE_LABEL], "values": [gpu_instance_type]},
@@ -376,7 +411,8 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "name": "ray-worker",
                         "image": spec.image,
                         "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
-                        "env": [*_env(EFA_NCCL_ENV), *region_env, HF_TOKEN_ENV],
+                        # The node's EFA counters come from its counter reader: the pod's own sysfs has none.
+                        "env": [*_env(EFA_NCCL_ENV), *region_env, HF_TOKEN_ENV, *counters_url_env()],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
                         "volumeMounts": [

@@ -26,9 +26,12 @@ Each models the real behaviour the provider depends on, and where that is docume
 - A worker node's EFA port counters (`FakeEfaSysfs`), as the EFA kernel driver exposes them through
   the RDMA core's sysfs (amzn/amzn-drivers kernel/linux/efa/src/efa_verbs.c, `EFA_DEFINE_PORT_STATS`;
   the RDMA core prints each as `%llu\n`): `<device>/ports/1/hw_counters/<name>`, one decimal number
-  per file, growing while the job's traffic goes through the port. A worker pod's exec sees them at
-  `/sys/class/infiniband`; a scripted job adds its `efa_traffic` to every worker node once submitted
-  (a `stuck` device's counters stay put).
+  per file, growing while the job's traffic goes through the port. They belong to the node, and only
+  the host's network namespace sees them: a pod on the pod network (a Ray worker) sees a compat copy
+  of the device whose port has attributes but no `hw_counters` (Linux drivers/infiniband/core/device.c
+  `add_one_compat_dev`; sysfs.c `setup_port` adds `hw_counters` only `if (port_num && is_full_dev)`),
+  while a `hostNetwork` pod (the EFA counter reader, `reader_pod`) sees the full device. A scripted job
+  adds its `efa_traffic` to every worker node once submitted (a `stuck` device's counters stay put).
 - NCCL's own log files (`NCCL_DEBUG_FILE`, one per process, line-buffered; NCCL src/debug.cc): a
   scripted job with `nccl_lines_of` writes them into each worker pod's `/tmp/ray` when submitted,
   from the lines of a fixture job's processes on that pod, as the real processes would while running.
@@ -69,6 +72,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from platform_facts import PART_OF_LABELS
+from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
 
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455, section 1.3
 STDOUT, STDERR, ERROR = 1, 2, 3
@@ -164,6 +170,40 @@ def pod(
                     "ready": ready,
                     "restartCount": 0,
                     "state": {"running": {}} if ready else {"waiting": {"reason": "ContainerCreating"}},
+                }
+            ],
+        },
+    }
+
+
+def reader_pod(name: str, node_name: str, ready: bool = True) -> dict:
+    """An EFA counter reader pod of the DaemonSet, on `node_name` (`workloads.efa_counter_reader`)."""
+    labels = {**PART_OF_LABELS, **READER_LABELS}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+            "namespace": READER_NAMESPACE,
+            "labels": labels,
+        },
+        "spec": {
+            "containers": [{"name": READER_CONTAINER, "image": "ray"}],
+            "nodeName": node_name,
+            "hostNetwork": True,
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {
+                    "name": READER_CONTAINER,
+                    "image": "ray",
+                    "imageID": "",
+                    "ready": ready,
+                    "restartCount": 0,
+                    "state": {"running": {}},
                 }
             ],
         },
@@ -403,7 +443,9 @@ class FakeKubeApi:
                 )
             return self._json(handler, 200, body)
         if len(parts) == 7 and parts[4] == "pods" and parts[6] == "exec":
-            return self._exec(handler, parts[5], query.get("container", [""])[0], query.get("command", []))
+            return self._exec(
+                handler, parts[3], parts[5], query.get("container", [""])[0], query.get("command", [])
+            )
         return self._json(
             handler, 404, _status(404, "NotFound", "the server could not find the requested resource")
         )
@@ -417,8 +459,13 @@ class FakeKubeApi:
         handler.end_headers()
         handler.wfile.write(refusal.body)
 
-    def _exec(self, handler: BaseHTTPRequestHandler, pod_name: str, container: str, argv: list[str]) -> None:
-        if not any(p["metadata"]["name"] == pod_name for p in self.pods):
+    def _exec(
+        self, handler: BaseHTTPRequestHandler, namespace: str, pod_name: str, container: str, argv: list[str]
+    ) -> None:
+        # The API server looks the pod up in the request's namespace first.
+        if not any(
+            p["metadata"]["name"] == pod_name and p["metadata"]["namespace"] == namespace for p in self.pods
+        ):
             return self._refuse(handler, status_reply(404, "NotFound", f'pods "{pod_name}" not found'))
         offered = [p.strip() for p in handler.headers.get("Sec-WebSocket-Protocol", "").split(",")]
         if handler.headers.get("Upgrade", "").lower() != "websocket" or self.subprotocol not in offered:
@@ -683,14 +730,21 @@ def write_nccl_log_files(
 
 
 class FakeEfaSysfs:
-    """One node's `/sys/class/infiniband`: an EFA device with one port and its `hw_counters` files.
-    A `stuck` device's counters do not move whatever the traffic (the job's bytes went elsewhere)."""
+    """One node's `/sys/class/infiniband`, in both views the kernel gives (module doc): `root`, the
+    host's network namespace's, an EFA device with one port and its `hw_counters` files; `pod_view`,
+    a pod network namespace's, the compat device whose port has attributes (`state`) but no
+    `hw_counters`. A `stuck` device's counters do not move whatever the traffic."""
 
     def __init__(self, root: Path, device: str = EFA_DEVICE, counters: dict[str, int] | None = None):
         self.root = root
+        self.pod_view = root.parent / f"{root.name}-pod-netns"
         self.stuck = False
         self.folder = root / device / "ports" / "1" / "hw_counters"
         self.folder.mkdir(parents=True, exist_ok=True)
+        for view in (root, self.pod_view):
+            port = view / device / "ports" / "1"
+            port.mkdir(parents=True, exist_ok=True)
+            (port / "state").write_text("4: ACTIVE\n")
         self.counters = dict(EFA_COUNTERS_AT_BOOT if counters is None else counters)
         self._write()
 
@@ -698,7 +752,7 @@ class FakeEfaSysfs:
         if self.stuck:
             return
         for name, count in traffic.items():
-            self.counters[name] += count
+            self.counters[name] = self.counters.get(name, 0) + count
         self._write()
 
     def _write(self) -> None:
@@ -719,7 +773,10 @@ class FakeRayPods:
     worker_logs: dict[str, Path]  # worker pod -> its Ray session log folder
     code_hash: str
     job_for_submission: Callable[[list[str]], ScriptedJob]
-    efa: dict[str, FakeEfaSysfs] = field(default_factory=dict)  # worker pod -> its node's EFA sysfs
+    efa: dict[str, FakeEfaSysfs] = field(default_factory=dict)  # node -> its EFA sysfs
+    node_of: dict[str, str] = field(default_factory=dict)  # worker and reader pod -> its node
+    # The head pod's emptyDir `/tmp/ray`, where the TrainingRun keeps its records of each job.
+    head_tmp: Path | None = None
     # Worker pod -> its emptyDir `/tmp/ray`, where NCCL log files go (default: above its session logs).
     nccl_logs: dict[str, Path] = field(default_factory=dict)
     submissions: list[list[str]] = field(default_factory=list)
@@ -754,12 +811,20 @@ class FakeRayPods:
             if argv[:2] == ["python", "-c"]:
                 local = [sys.executable, "-c", argv[2], self.dashboard.url, *argv[4:]]
                 return _run(local)
+            if argv[0] == "sh" and self.head_tmp is not None:
+                return _run([arg.replace("/tmp/ray/", f"{self.head_tmp}/") for arg in argv])
             return ExecReply("", f'exec: "{argv[0]}": executable file not found in $PATH', 126)
+        node = self.efa.get(self.node_of.get(pod_name, ""))
+        if pod_name not in self.worker_logs:  # a reader pod: the host's view of its node's sysfs
+            assert argv[:2] == ["python", "-c"], argv
+            local = {"/sys/class/infiniband": str(node.root) if node else "/nonexistent"}
+            return _run([sys.executable, *(local.get(arg, arg) for arg in argv[1:])])
         logs = self.worker_logs[pod_name]
-        # The pod's emptyDir /tmp/ray (NCCL log files) is the folder above its session logs.
+        # The pod's emptyDir /tmp/ray (NCCL log files) is the folder above its session logs; its sysfs
+        # shows the node's EFA device as a compat device, without counters.
         local = {"/tmp/ray/session_latest/logs": str(logs), "/tmp/ray": str(self.nccl_dir(pod_name))}
-        if pod_name in self.efa:
-            local["/sys/class/infiniband"] = str(self.efa[pod_name].root)
+        if node is not None:
+            local["/sys/class/infiniband"] = str(node.pod_view)
         return _run([local.get(arg, arg) for arg in argv])
 
 

@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import json
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable
@@ -29,11 +30,13 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.harness import paths
 from tests.harness.fake_kube_api import FakeEfaSysfs, ScriptedJob, write_nccl_log_files
+from training.metrics.efa_sysfs import SYSFS_ROOT
 from workloads import manifests
+from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
 from workloads.training_run import errors, provider, readiness, runner, schema
 from workloads.training_run.access import jobs
 from workloads.training_run.access.kube_access import ExecResult, KubernetesCluster, LocalExecutor
-from workloads.training_run.verdicts import efa_counters, evidence, fabric
+from workloads.training_run.verdicts import evidence, fabric
 
 FIXTURES = paths.FIXTURES / "training_run"
 
@@ -45,6 +48,12 @@ WORKER_PODS = sorted(path.name for path in POD_LOGS.iterdir())
 
 
 HEAD_POD = "ray-train-head-9bq5w"
+
+
+# One worker pod per GPU node, as the RayCluster places them; the EFA counter reader pod of each node.
+NODES = ["node-a", "node-b"]
+WORKER_NODES = dict(zip(WORKER_PODS, NODES, strict=True))
+READER_PODS = {"node-a": "efa-counters-4hx7c", "node-b": "efa-counters-m2q9v"}
 
 
 CODE_HASH = "5f0c2a9d81e4b7c3"
@@ -118,18 +127,39 @@ def ray_pod(
     )
 
 
+def reader_pod(name: str, node: str, ready: bool = True):
+    """An EFA counter reader pod of the DaemonSet on `node` (`workloads.efa_counter_reader`)."""
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(
+            name=name,
+            namespace=READER_NAMESPACE,
+            uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+            labels=dict(READER_LABELS),
+        ),
+        spec=k8s.V1PodSpec(
+            containers=[k8s.V1Container(name=READER_CONTAINER)], node_name=node, host_network=True
+        ),
+        status=k8s.V1PodStatus(
+            phase="Running",
+            conditions=[k8s.V1PodCondition(type="Ready", status="True" if ready else "False")],
+        ),
+    )
+
+
 def _selected(labels: dict, selector: str) -> bool:
     wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
     return all((labels or {}).get(key) == value for key, value in wanted.items())
 
 
 class FakeCoreApi:
-    """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last repeats."""
+    """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last
+    repeats; the EFA counter reader pods (`readers`, their own namespace) are served as they are."""
 
-    def __init__(self, node_snapshots, pod_snapshots, events=()):
+    def __init__(self, node_snapshots, pod_snapshots, events=(), readers=()):
         self.node_snapshots = list(node_snapshots)
         self.pod_snapshots = list(pod_snapshots)
         self.events = list(events)
+        self.readers = list(readers)
         self.node_calls = 0
         self.pod_calls = 0
 
@@ -139,6 +169,10 @@ class FakeCoreApi:
         return k8s.V1NodeList(items=[n for n in nodes if _selected(n.metadata.labels, label_selector)])
 
     def list_namespaced_pod(self, namespace, label_selector, **_request_options):
+        if namespace == READER_NAMESPACE:
+            return k8s.V1PodList(
+                items=[p for p in self.readers if _selected(p.metadata.labels, label_selector)]
+            )
         pods = self.pod_snapshots[
             min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
         ]  # head + workers per wait
@@ -185,7 +219,9 @@ class FakeRayHead:
         self.jobs: dict[str, ScriptedJob] = {}
         self.metadata: dict[str, dict] = {}  # what `--metadata-json` attached, per submission id
         self.submissions: list[list[str]] = []
-        self.efa: dict[str, FakeEfaSysfs] = {}  # worker pod -> its node's EFA sysfs, set by FakeCluster
+        self.efa: dict[str, FakeEfaSysfs] = {}  # node -> its EFA sysfs, set by FakeCluster
+        # The head pod's emptyDir `/tmp/ray`, where the TrainingRun keeps its records of each job.
+        self._tmp_ray = tempfile.TemporaryDirectory(prefix="head-tmp-ray-")
         # The worker pods now (FakeCluster's, which a test may swap), for the NCCL log files.
         self.workers: Callable[[], Iterable[FixturePod]] = list
         # The gate's fabric probe before each job, by variant; its submissions are kept apart.
@@ -200,6 +236,10 @@ class FakeRayHead:
             assert argv[1] == f"{manifests.CODE_MOUNT}/{manifests.CODE_HASH_FILE}"
             seen = self.code_hashes.pop(0) if len(self.code_hashes) > 1 else self.code_hashes[0]
             return ExecResult(0, seen + "\n")
+        if argv[0] == "sh":  # the TrainingRun's record of a job, in the head pod's /tmp/ray
+            return LocalExecutor().run(
+                [arg.replace(f"{jobs.NCCL_LOG_DIR}/", f"{self._tmp_ray.name}/") for arg in argv], timeout_s
+            )
         if argv[:3] == ["ray", "job", "submit"]:
             assert argv[argv.index("--address") + 1] == jobs.DASHBOARD_ADDRESS
             submission_id = argv[argv.index("--submission-id") + 1]
@@ -281,7 +321,9 @@ def stamp_write_order(logs: Path) -> None:
 class FixturePod:
     """A worker pod whose Ray session log folder is a fixture folder and whose NCCL log folder
     (the emptyDir `/tmp/ray`) is `nccl_logs`, an empty folder of its own unless given (the fixtures
-    hold no NCCL log files: their jobs were submitted before they existed); commands really run, here."""
+    hold no NCCL log files: their jobs were submitted before they existed); commands really run, here.
+    Its `/sys/class/infiniband` is its node's (`efa`) as a pod network namespace shows it: compat
+    devices without counters (`FakeEfaSysfs.pod_view`)."""
 
     def __init__(
         self,
@@ -305,8 +347,23 @@ class FixturePod:
         self.commands.append(list(argv))
         local = {evidence.RAY_LOG_DIR: str(self.logs), jobs.NCCL_LOG_DIR: str(self.nccl_logs)}
         if self.efa is not None:
-            local[efa_counters.SYSFS_ROOT] = str(self.efa.root)
+            local[SYSFS_ROOT] = str(self.efa.pod_view)
         return LocalExecutor().run([local.get(arg, arg) for arg in argv], timeout_s)
+
+
+class ReaderPod:
+    """An EFA counter reader pod (`hostNetwork`): its sysfs is the host's view of its node's,
+    counters included; its `python` is this one, as the Ray image's would be."""
+
+    def __init__(self, efa: FakeEfaSysfs):
+        self.efa = efa
+        self.commands: list[list[str]] = []
+
+    def run(self, argv, timeout_s):
+        self.commands.append(list(argv))
+        assert argv[:2] == ["python", "-c"], argv
+        local = [sys.executable, *(str(self.efa.root) if arg == SYSFS_ROOT else arg for arg in argv[1:])]
+        return LocalExecutor().run(local, timeout_s)
 
 
 class FakeClock:
@@ -384,25 +441,34 @@ class FakeCluster:
     def __post_init__(self):
         pods = [
             ray_pod(HEAD_POD, "head", node="system-node"),
-            *(ray_pod(name, "worker") for name in WORKER_PODS),
+            *(ray_pod(name, "worker", node=WORKER_NODES[name]) for name in WORKER_PODS),
         ]
         self.core = FakeCoreApi(
-            self.node_snapshots or [self.nodes], self.pod_snapshots or [pods], self.events
+            self.node_snapshots or [self.nodes],
+            self.pod_snapshots or [pods],
+            self.events,
+            [reader_pod(READER_PODS[node], node) for node in NODES],
         )
         self._pods = tempfile.TemporaryDirectory(prefix="worker-pods-")
         folder = Path(self._pods.name)
-        self.head.efa = {name: FakeEfaSysfs(folder / "sysfs" / name) for name in WORKER_PODS}
+        self.head.efa = {node: FakeEfaSysfs(folder / "sysfs" / node) for node in NODES}
         self.workers = {
-            name: FixturePod(name, nccl_logs=folder / "tmp-ray" / name, efa=self.head.efa[name])
+            name: FixturePod(name, nccl_logs=folder / "tmp-ray" / name, efa=self.head.efa[WORKER_NODES[name]])
             for name in WORKER_PODS
         }
+        self.readers = {READER_PODS[node]: ReaderPod(self.head.efa[node]) for node in NODES}
         self.head.workers = lambda: self.workers.values()
+
+    def executor(self, pod):
+        if pod.name == HEAD_POD:
+            return self.head
+        return self.readers[pod.name] if pod.namespace == READER_NAMESPACE else self.workers[pod.name]
 
     def environment(self) -> runner.RunEnvironment:
         cluster = KubernetesCluster(self.core, FakeCustomObjects(self.worker_replicas))
         return runner.RunEnvironment(
             cluster,
-            executor_for=lambda pod: self.head if pod.name == HEAD_POD else self.workers[pod.name],
+            executor_for=self.executor,
             log=self.logged.append,
             clock=self.clock,
             sleep=self.clock.sleep,

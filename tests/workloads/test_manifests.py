@@ -16,7 +16,7 @@ from infra.aws_facts.sizing import WorkerSizing
 from infra.config.stack import StackSettings
 from platform_facts import RAY_PORTS
 from tests.harness.paths import FIXTURES, REPO_ROOT
-from workloads import manifests
+from workloads import efa_counter_reader, manifests
 from workloads.training_run.verdicts import evidence
 
 ROOT = REPO_ROOT
@@ -243,6 +243,8 @@ def test_worker_pods_match_the_reference_sizes():
         "AWS_REGION": "us-east-2",
         "AWS_DEFAULT_REGION": "us-east-2",
         "HF_TOKEN": None,
+        "NODE_IP": None,  # from the downward API
+        "TRAINING_EFA_COUNTERS_URL": "http://$(NODE_IP):9478/",
     }
     pod = worker_group["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "gpu-worker"}
@@ -288,8 +290,10 @@ def test_head_has_no_gpu_and_no_external_service():
         manifests.training_code_configmap("training-code", "ray-train", CODE),
         manifests.hf_token_secret("ray-train", "hf_example"),
         manifests.head_network_policy("ray-train", "ray-train"),
+        efa_counter_reader.reader_namespace(),
+        efa_counter_reader.reader_daemonset("763104351884.dkr.ecr.us-east-2.amazonaws.com/ray:2.58.0-gpu"),
     ],
-    ids=lambda m: m["kind"],
+    ids=lambda m: f"{m['kind']}-{m['metadata']['name']}",
 )
 def test_core_objects_match_kubernetes_schemas(manifest):
     kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
@@ -362,7 +366,7 @@ def chart_values(chart: manifests.Chart) -> dict:
     "values, chart",
     [
         (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
-        (manifests.efa_device_plugin_values("g6.12xlarge"), manifests.EFA_DEVICE_PLUGIN),
+        (manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2"), manifests.EFA_DEVICE_PLUGIN),
         (manifests.kuberay_operator_values(), manifests.KUBERAY_OPERATOR),
     ],
     ids=["nvidia", "efa", "kuberay"],
@@ -383,10 +387,28 @@ def test_efa_device_plugin_chart_schedules_on_the_gpu_type():
     assert StackSettings(region="us-east-2").gpu_node_type in supported
 
 
+@pytest.mark.parametrize(
+    "region, repository",
+    [
+        ("us-east-2", "602401143452.dkr.ecr.us-east-2.amazonaws.com/eks/aws-efa-k8s-device-plugin"),
+        ("af-south-1", "877085696533.dkr.ecr.af-south-1.amazonaws.com/eks/aws-efa-k8s-device-plugin"),
+        ("cn-north-1", "918309763551.dkr.ecr.cn-north-1.amazonaws.com.cn/eks/aws-efa-k8s-device-plugin"),
+    ],
+)
+def test_the_efa_plugin_image_comes_from_the_stack_regions_eks_registry(region, repository):
+    """The chart's default is us-west-2's registry: a cross-region pull through the NAT elsewhere.
+    Registries from the EKS user guide, "View Amazon container image registries for Amazon EKS add-ons"."""
+    default = chart_values(manifests.EFA_DEVICE_PLUGIN)["image"]["repository"]
+    assert default.startswith("602401143452.dkr.ecr.us-west-2.amazonaws.com/")
+    values = manifests.efa_device_plugin_values("g6.12xlarge", region)
+    assert values["image"]["repository"] == repository
+    assert repository.endswith(default.split("/", 1)[1])  # the same repository, the region's registry
+
+
 def test_device_plugins_tolerate_the_gpu_taint_and_mofed_is_off():
     assert manifests.nvidia_device_plugin_values()["mofedEnabled"] is False
     assert manifests.GPU_TOLERATION in manifests.nvidia_device_plugin_values()["tolerations"]
-    efa = manifests.efa_device_plugin_values("g6.12xlarge")
+    efa = manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2")
     assert manifests.GPU_TOLERATION in efa["tolerations"]
     assert efa["nodeSelector"] == {"role": "gpu-worker"}
     assert manifests.kuberay_operator_values()["nodeSelector"] == {"role": "system"}
@@ -411,7 +433,9 @@ def test_efa_device_plugin_schedules_only_on_the_configured_gpu_type(gpu_type, c
     `supportedInstanceLabels.keys`, a node label value In `supportedInstanceLabels.values`."""
     defaults = chart_values(manifests.EFA_DEVICE_PLUGIN)
     assert (gpu_type in defaults["supportedInstanceLabels"]["values"]) is chart_lists_it
-    merged = helm_merged(defaults, manifests.efa_device_plugin_values(gpu_type))["supportedInstanceLabels"]
+    merged = helm_merged(defaults, manifests.efa_device_plugin_values(gpu_type, "us-east-2"))[
+        "supportedInstanceLabels"
+    ]
     assert merged["keys"] == defaults["supportedInstanceLabels"]["keys"] == [manifests.INSTANCE_TYPE_LABEL]
     assert merged["values"] == [gpu_type]
 

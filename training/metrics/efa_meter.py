@@ -2,7 +2,8 @@
 
 The TrainingRun reads the counters around the whole job; this says when they moved. The first
 rank of each node (the lowest rank on its host, local rank 0 under both launchers) reads the
-node's counters (`training.metrics.efa_sysfs`) when the loop starts and after every step, and one
+node's counters when the loop starts and after every step (`training.metrics.efa_sysfs`: on EKS
+from the node's counter server, as a pod's own sysfs holds none), and one
 all-reduce of two numbers per node (bytes, seconds, each on the reading rank's own clock) brings
 them to rank 0, which logs them beside tokens/s. Without EFA ports on any node (CPU, `--local`, a
 machine without EFA) there is no meter: the fields are absent, not zero.
@@ -16,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from training.metrics.efa_sysfs import read_moved_bytes, sysfs_root
+from training.metrics.efa_sysfs import counters_source, read_moved_bytes
 
 UNKNOWN = -1.0  # a node without EFA ports, or whose counters went down (a device reset)
 
@@ -27,16 +28,16 @@ EfaSample = dict[str, tuple[float, float] | None]
 class EfaMeter:
     """Collective: every rank calls `sample` at the same points; rank 0 gets the sample."""
 
-    def __init__(self, hosts: list[str], slot: int | None, root: str, device: torch.device) -> None:
-        self.hosts, self.slot, self.root, self.device = hosts, slot, root, device
+    def __init__(self, hosts: list[str], slot: int | None, source: str, device: torch.device) -> None:
+        self.hosts, self.slot, self.source, self.device = hosts, slot, source, device
         self.last = self._read()
 
     @classmethod
-    def start(cls, device: torch.device, root: str | None = None) -> EfaMeter | None:
+    def start(cls, device: torch.device, source: str | None = None) -> EfaMeter | None:
         """The meter of this run, or None on every rank when no node has EFA port counters."""
-        root = root or sysfs_root()
+        source = source or counters_source()
         facts: list[tuple[str, bool] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(facts, (socket.gethostname(), bool(read_moved_bytes(root))))
+        dist.all_gather_object(facts, (socket.gethostname(), bool(read_moved_bytes(source))))
         known = [fact for fact in facts if fact is not None]
         if not any(has_ports for _, has_ports in known):
             return None
@@ -46,12 +47,12 @@ class EfaMeter:
         }
         host = socket.gethostname()
         slot = hosts.index(host) if first_ranks[host] == dist.get_rank() else None
-        return cls(hosts, slot, root, device)
+        return cls(hosts, slot, source, device)
 
     def _read(self) -> tuple[int | None, float]:
         if self.slot is None:
             return None, 0.0
-        ports = read_moved_bytes(self.root)
+        ports = read_moved_bytes(self.source)
         return (sum(ports.values()) if ports else None), time.perf_counter()
 
     def sample(self) -> EfaSample | None:

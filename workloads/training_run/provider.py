@@ -73,7 +73,8 @@ from workloads.training_run.verdicts.gate import GateResult
 class RunOutputs:
     """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`. `efa_bytes`
     (bytes sent plus received through each worker node's EFA ports during the job) and
-    `efa_counters` (each counter's delta) are None for a job this run adopted instead of submitting.
+    `efa_counters` (each counter's delta), per worker pod, are None for a node whose counters are
+    unknown; `efa_unavailable` says why for each node whose counters could not be read (None: all were).
     The `gate_*` ones are the fabric gate's that passed before the job (`gate`): its probe job, its
     NCCL verdict and evidence, its EFA bytes per worker pod, and `gate_s`, the seconds from the pods
     being ready to its verdict; `busbw_gbps` is its bus bandwidth per collective at the largest
@@ -92,11 +93,13 @@ class RunOutputs:
     summary: dict
     efa_bytes: dict[str, int | None] | None = None
     efa_counters: dict[str, dict[str, int] | None] | None = None
+    efa_unavailable: dict[str, str] | None = None
     gate_job_id: str | None = None
     gate_transport: str | None = None
     gate_transport_reason: str | None = None
     gate_evidence: list[str] | None = None
     gate_efa_bytes: dict[str, int | None] | None = None
+    gate_efa_unavailable: dict[str, str] | None = None
     gate_s: float | None = None
     busbw_gbps: dict[str, float] | None = None
     busbw_fraction: dict[str, float] | None = None
@@ -132,11 +135,15 @@ class RunOutputs:
             summary=summary,
             efa_bytes=job.efa.bytes_moved() if job.efa else None,
             efa_counters=dict(job.efa.deltas) if job.efa else None,
+            efa_unavailable=dict(job.efa.unavailable) if job.efa and job.efa.unavailable else None,
             gate_job_id=gate.run.submission_id,
             gate_transport=gate.run.verdict.transport,
             gate_transport_reason=gate.run.verdict.reason,
             gate_evidence=list(gate.run.verdict.evidence),
             gate_efa_bytes=gate.run.efa.bytes_moved() if gate.run.efa else None,
+            gate_efa_unavailable=dict(gate.run.efa.unavailable)
+            if gate.run.efa and gate.run.efa.unavailable
+            else None,
             gate_s=gate.seconds,
             busbw_gbps=gate.probe.busbw_gbps,
             busbw_fraction=busbw_fractions(gate.probe.busbw_gbps, line_rate_gbps),
@@ -289,7 +296,7 @@ def connect_to_eks(
             )
             yield RunEnvironment(
                 cluster,
-                executor_for=lambda pod: cluster.executor(inputs.namespace, pod),
+                executor_for=lambda pod: cluster.executor(pod.namespace or inputs.namespace, pod),
                 poll_interval_s=timings.poll_interval_s,
                 readiness_timeout_s=timings.readiness_timeout_s,
                 code_sync_timeout_s=timings.code_sync_timeout_s,

@@ -20,6 +20,7 @@ import pulumi
 from platform_facts import EFA_RESOURCE, GPU_RESOURCE
 from training.metrics.report import format_progress_line
 from workloads import manifests
+from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.nccl_transport import classify_lines
 from workloads.training_run import readiness
 from workloads.training_run.access.jobs import (
@@ -52,6 +53,7 @@ TCP_BASELINE_ENV = {
     "NCCL_NSOCKS_PERTHREAD": "4",
 }
 MAIN_VARIANT, TCP_VARIANT = "main", "tcp"
+READER_WAIT_S = 120.0  # for the EFA counter reader pods once the worker pods are Ready
 GATE_VARIANT = "gate"  # the fabric probe before a job: `gate-main`, `gate-tcp`
 
 
@@ -68,7 +70,6 @@ class RunEnvironment:
     dashboard_address: str = DASHBOARD_ADDRESS
     code_dir: str = manifests.CODE_MOUNT
     ray_log_dir: str = evidence.RAY_LOG_DIR
-    sysfs_root: str = efa_counters.SYSFS_ROOT
     nccl_log_dir: str = NCCL_LOG_DIR
     log: Callable[[str], None] = pulumi.log.info
     poll_interval_s: float = RunTimings().poll_interval_s
@@ -97,11 +98,21 @@ class TrainingRunner:
         env_vars: Mapping[str, str],
         module: str = "training",
         args: Sequence[str] | None = None,
+        fresh: bool = False,
     ) -> Plan:
-        """Adopt the job these inputs already started (`plan_submission`), or submit it."""
+        """Adopt the job these inputs already started (`plan_submission`), or submit it with the EFA
+        counters read just before it recorded beside it. A `fresh` job (the gate's probe) is never
+        judged again: one an earlier run left running is waited for, then a new one is submitted."""
         args = self.request.job_args if args is None else args
         base = submission_id_base(self.request.job_identity(), variant, env_vars)
-        plan = plan_submission(jobs.list(base), base, pods.identity())
+        plan = plan_submission(jobs.list(base), base, pods.identity(), rejudge=not fresh)
+        if fresh and plan.adopted is not None:
+            self.env.log(
+                f"training run: probe {plan.submission_id} ({plan.adopted.status}), started by an earlier run, "
+                "is waited for; then a fresh probe runs"
+            )
+            self.follow_job(pods, jobs, plan.submission_id)
+            plan = plan_submission(jobs.list(base), base, pods.identity(), rejudge=False)
         if plan.note:
             self.env.log(f"training run: {plan.note}")
         if plan.adopted is not None:
@@ -109,9 +120,34 @@ class TrainingRunner:
                 f"training run: following job {plan.submission_id} ({plan.adopted.status}), started by an earlier run"
             )
             return plan
+        before = efa_counters.read_counters(self.env.cluster, pods.workers, self.env.executor_for)
         jobs.submit(plan.submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
+        jobs.write_record(plan.submission_id, {"efa_before": before})
         self.env.log(f"training run: submitted job {plan.submission_id}: python -m {module} {' '.join(args)}")
         return plan
+
+    def job_traffic(self, pods: RayPods, jobs: RayJobsClient, plan: Plan) -> efa_counters.EfaTraffic:
+        """The EFA traffic of the job that just ended. When this run saw it end: the counters now
+        against those recorded before it, recorded with it. A finished job adopted from an earlier
+        run keeps what was recorded when it was judged; one that ended unwatched has no counters."""
+        submission_id = plan.submission_id
+        record = jobs.read_record(submission_id) or {}
+        workers = [pod.name for pod in pods.workers]
+        if plan.adopted is not None and plan.adopted.status.is_terminal:
+            if "efa_traffic" in record:
+                return efa_counters.traffic_from_record(record["efa_traffic"])
+            return efa_counters.unavailable_traffic(
+                workers,
+                "the job ended while no `pulumi up` watched it, so its counters were not read at its end",
+            )
+        if "efa_before" not in record:
+            return efa_counters.unavailable_traffic(
+                workers, "the job was submitted without its counters recorded before it"
+            )
+        after = efa_counters.read_counters(self.env.cluster, pods.workers, self.env.executor_for)
+        traffic = efa_counters.efa_traffic(record["efa_before"], after)
+        jobs.write_record(submission_id, {**record, "efa_traffic": efa_counters.traffic_record(traffic)})
+        return traffic
 
     def replacement_head(self, gone: PodFacts) -> PodFacts:
         """The Ready head pod that took over from `gone`, waited for as long as the readiness wait."""
@@ -206,6 +242,7 @@ class TrainingRunner:
         env_vars: Mapping[str, str],
         module: str = "training",
         args: Sequence[str] | None = None,
+        fresh: bool = False,
     ) -> tuple[JobResult, JobLog]:
         """Run a job (the training job or the probe) to its end and judge it: NCCL's transport from
         its lines, covering the job's ranks and worker pods, and the EFA counters around it. Its
@@ -213,8 +250,7 @@ class TrainingRunner:
         jobs = RayJobsClient(
             self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
         )
-        before = efa_counters.read_counters(pods.workers, self.env.executor_for, self.env.sysfs_root)
-        plan = self.start_job(pods, jobs, variant, env_vars, module, args)
+        plan = self.start_job(pods, jobs, variant, env_vars, module, args, fresh)
         submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
         if job.status != JobStatus.SUCCEEDED:
@@ -246,15 +282,11 @@ class TrainingRunner:
             f"{kind} read: {log_files}"
         )
         rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
-        # The counters span the job only when this run submitted it: an adopted job began before
-        # the first read (and a rejudged one ended before it).
-        traffic = None
-        if plan.adopted is None:
-            after = efa_counters.read_counters(pods.workers, self.env.executor_for, self.env.sysfs_root)
-            traffic = efa_counters.efa_traffic(before, after)
-            self.env.log(
-                f"training run: job {submission_id}: EFA bytes per worker pod {traffic.bytes_moved()}"
-            )
+        traffic = self.job_traffic(pods, jobs, plan)
+        self.env.log(
+            f"training run: job {submission_id}: EFA bytes per worker pod {traffic.bytes_moved()}"
+            + (f" ({note})" if (note := traffic.unavailable_note()) else "")
+        )
         return JobResult(submission_id, job.status, {}, verdict, log_files, rejudged, traffic), log
 
     def run_job(self, pods: RayPods, variant: str, env_vars: Mapping[str, str]) -> JobResult:
@@ -269,14 +301,15 @@ class TrainingRunner:
         return replace(result, summary=summary)
 
     def run_gate(
-        self, pods: RayPods, variant: str, env_vars: Mapping[str, str], ready_at: float
+        self, pods: RayPods, variant: str, env_vars: Mapping[str, str], ready_at: float, fresh: bool = True
     ) -> GateResult:
         """The fabric probe on the job's worker group, with the job's NCCL environment, judged
-        (`gate`); a pod that vanishes meanwhile stops the run saying so."""
+        (`gate`); a pod that vanishes meanwhile stops the run saying so. Not `fresh`: the probe that
+        passed before the job now in flight, judged by the counters recorded when it ran."""
         args = fabric.probe_args(self.request.job_args)
         try:
             result, log = self.judged_run(
-                pods, f"{GATE_VARIANT}-{variant}", env_vars, fabric.PROBE_MODULE, args
+                pods, f"{GATE_VARIANT}-{variant}", env_vars, fabric.PROBE_MODULE, args, fresh
             )
         except PodGone as gone:
             raise TrainingRunError(
@@ -294,7 +327,7 @@ class TrainingRunner:
         seconds = round(self.env.clock() - ready_at, 1)
         self.env.log(
             f"training run: fabric gate {result.submission_id}: busbw at {probe.largest_bytes} bytes "
-            f"{probe.busbw_gbps} Gbit/s, line rate {self.request.line_rate_gbps} Gbit/s; verdict "
+            f"{fabric.busbw_reading(probe.busbw_gbps, self.request.line_rate_gbps)}; verdict "
             f"{seconds} s after the pods were ready"
         )
         return GateResult(replace(result, summary=report), probe, seconds)
@@ -335,14 +368,40 @@ class TrainingRunner:
             env.code_dir,
             request.code_hash,
         )
+        # The counter readers start beside the worker pods, from the image those just pulled: a short
+        # wait. A node still without one has its counters reported unavailable, never as unmoved.
+        _, missing = env.pace.until(
+            min(READER_WAIT_S, env.readiness_timeout_s),
+            lambda: (not (left := efa_counters.missing_readers(env.cluster, pods.workers)), left),
+        )
+        if missing:
+            env.log(
+                f"training run: no Ready EFA counter reader on the nodes of {', '.join(missing)}; their EFA "
+                f"counters are reported unavailable (`kubectl -n {READER_NAMESPACE} get pods -o wide`)"
+            )
         return pods
 
     def gated_job(
         self, pods: RayPods, variant: str, env_vars: Mapping[str, str], expect: str, ready_at: float
     ) -> tuple[GateResult, JobResult]:
-        """The gate, then (only when it passed) the job, then the job's own verdict."""
+        """The gate, then (only when it passed) the job, then the job's own verdict.
+
+        The gate runs a fresh probe, unless an earlier run's job of these inputs is still pending or
+        running on these pods: a probe beside it would share its GPUs, and it was submitted only
+        after its own gate passed, whose recorded verdict then stands."""
         request = self.request
-        passed = self.run_gate(pods, variant, env_vars, ready_at)
+        base = submission_id_base(request.job_identity(), variant, env_vars)
+        jobs = RayJobsClient(
+            self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
+        )
+        in_flight = plan_submission(jobs.list(base), base, pods.identity()).adopted
+        fresh = in_flight is None or in_flight.status.is_terminal
+        if in_flight is not None and not fresh:
+            self.env.log(
+                f"training run: job {in_flight.submission_id} is {in_flight.status}: the gate that passed before it "
+                "stands, no probe runs beside it"
+            )
+        passed = self.run_gate(pods, variant, env_vars, ready_at, fresh)
         gate.check_gate(passed, expect, request.line_rate_gbps, request.min_busbw_fraction)
         job = self.run_job(pods, variant, env_vars)
         evidence.check_transport(job, expect)

@@ -18,6 +18,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ import pytest
 from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
 from tests.harness.fake_kube_api import FakeEfaSysfs
 from tests.harness.tensorboard_events import read_scalars
-from training.metrics.efa_sysfs import SYSFS_ROOT_ENV
+from training.metrics.efa_sysfs import COUNTERS_URL_ENV, SYSFS_ROOT_ENV, counter_server
 from training.metrics.report import STEP_KEYS, SUMMARY_KEYS, parse_step_line, parse_summary
 
 pytestmark = pytest.mark.slow
@@ -55,22 +57,42 @@ def storage(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def with_fake_efa(tmp_path_factory) -> dict[str, str]:
-    """The environment of a run on a machine with one EFA device, faked: a sysfs tree in the EFA
-    driver's layout (`FakeEfaSysfs`), where the training job's first rank of the node reads it.
+    """The environment of a run on a host with one EFA device, faked: a sysfs tree in the EFA
+    driver's layout as the host's network namespace shows it (`FakeEfaSysfs.root`), where the
+    training job's first rank of the node reads it (torchrun on an EC2 instance).
     gloo's traffic goes over loopback, not through it: its counters stay put, so each step moved 0."""
     root = FakeEfaSysfs(tmp_path_factory.mktemp("infiniband")).root
     return {**os.environ, SYSFS_ROOT_ENV: str(root)}
 
 
 @pytest.fixture(scope="module")
-def full_run(storage, with_fake_efa) -> subprocess.CompletedProcess:
+def as_in_a_worker_pod(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """The environment of a Ray worker pod on an EFA node, as on EKS: its own sysfs shows the compat
+    device without counters (`FakeEfaSysfs.pod_view`), and `TRAINING_EFA_COUNTERS_URL` names its
+    node's counter reader, served here by the reader's own server over the host's view."""
+    node = FakeEfaSysfs(tmp_path_factory.mktemp("infiniband"))
+    server = counter_server("127.0.0.1", 0, str(node.root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield {
+            **os.environ,
+            SYSFS_ROOT_ENV: str(node.pod_view),
+            COUNTERS_URL_ENV: f"http://127.0.0.1:{server.server_address[1]}/",
+        }
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def full_run(storage, as_in_a_worker_pod) -> subprocess.CompletedProcess:
     result = run_cli(
         "--local",
         "--steps", str(STEPS),
         "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--storage-path", str(storage),
         "--run-name", "full",
-        env=with_fake_efa,
+        env=as_in_a_worker_pod,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -374,7 +396,7 @@ def assert_efa_bytes_in_steps_summary_and_tensorboard(
     return summary
 
 
-def test_a_local_run_with_a_fake_efa_tree_logs_each_nodes_efa_bytes(full_run, storage):
+def test_a_ray_run_in_a_worker_pod_logs_each_nodes_efa_bytes_from_its_counter_reader(full_run, storage):
     summary = assert_efa_bytes_in_steps_summary_and_tensorboard(full_run, storage / "full")
     assert "efa_line_rate_fraction" not in summary  # no --line-rate-gbps
 
@@ -443,8 +465,9 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):
 
 
 def test_a_diverging_run_exits_1_in_one_line_and_is_not_retried(tmp_path, ray_head):
-    """At --lr 1e30 step 2's gradient norm is NaN on both workers: one line, exit 1, no step-2
-    checkpoint, and no retry from step 1's checkpoint despite --max-failures (it would diverge again)."""
+    """At --lr 1e30 step 2 goes non-finite on both workers (its loss or its gradient norm, whichever
+    the CPU's floating-point path overflows first): one line, exit 1, no step-2 checkpoint, and no
+    retry from step 1's checkpoint despite --max-failures (it would diverge again)."""
     result = run_on_head(
         ray_head,
         "--data", "synthetic",
@@ -458,6 +481,9 @@ def test_a_diverging_run_exits_1_in_one_line_and_is_not_retried(tmp_path, ray_he
     )  # fmt: skip
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("training failed: step 2: the gradient norm is nan;"), result.stderr[-4000:]
+    assert re.match(r"training failed: step 2: the (loss|gradient norm) is (nan|-?inf); ", last), (
+        result.stderr[-4000:]
+    )
+    assert "Lower --lr (this step's: 1e+30)" in last
     assert [step["step"] for step in step_lines(result.stdout)] == [1]
     assert [path.name for path in (tmp_path / "diverged").glob("checkpoint_0*")] == ["checkpoint_000001"]

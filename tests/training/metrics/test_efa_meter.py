@@ -5,6 +5,7 @@ one-rank gloo group and a fake sysfs tree in the EFA driver's layout (`tests.har
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 import torch
@@ -12,7 +13,13 @@ import torch
 from tests.harness.fake_kube_api import FakeEfaSysfs
 from training.config.run_config import parse_args
 from training.metrics.efa_meter import EfaMeter
-from training.metrics.efa_sysfs import SYSFS_ROOT_ENV, sysfs_root
+from training.metrics.efa_sysfs import (
+    COUNTERS_URL_ENV,
+    SYSFS_ROOT_ENV,
+    counter_server,
+    counters_source,
+    sysfs_root,
+)
 from training.metrics.report import format_progress_line, format_step_line, parse_step_line
 from training.metrics.run_metrics import RunMetrics
 from training.model.causal_lm import load_architecture
@@ -24,6 +31,27 @@ HOST = socket.gethostname()
 def test_the_root_is_the_drivers_unless_the_environment_points_elsewhere():
     assert sysfs_root({}) == "/sys/class/infiniband"
     assert sysfs_root({SYSFS_ROOT_ENV: "/tmp/fake"}) == "/tmp/fake"
+
+
+def test_a_pod_reads_its_nodes_counters_from_the_reader_it_was_told(one_rank_group, tmp_path):
+    """On EKS the worker pods get `TRAINING_EFA_COUNTERS_URL`, their node's counter reader: their own
+    sysfs shows compat devices without counters (`FakeEfaSysfs.pod_view`), so that URL is the source."""
+    sysfs = FakeEfaSysfs(tmp_path / "infiniband")
+    environ = {COUNTERS_URL_ENV: "http://10.0.3.7:9478/", SYSFS_ROOT_ENV: str(sysfs.pod_view)}
+    assert counters_source(environ) == "http://10.0.3.7:9478/"
+    assert counters_source({SYSFS_ROOT_ENV: str(sysfs.root)}) == str(sysfs.root)  # torchrun on a host
+    assert EfaMeter.start(CPU, str(sysfs.pod_view)) is None  # a pod's own sysfs: no meter
+    server = counter_server("127.0.0.1", 0, str(sysfs.root))  # the reader DaemonSet's server
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        meter = EfaMeter.start(CPU, f"http://127.0.0.1:{server.server_address[1]}/")
+        assert meter is not None
+        sysfs.add({"tx_bytes": 600, "rx_bytes": 400})
+        sample = meter.sample()
+        assert sample is not None and sample[HOST] is not None and sample[HOST][0] == 1000
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_without_efa_ports_there_is_no_meter(one_rank_group, tmp_path):

@@ -15,6 +15,14 @@ and UID of each, in the job's Ray metadata). On other pods it proves nothing abo
 attempt runs: a fix made outside the job's identity (an EFA security-group rule, a device plugin, a
 node roll) is proven by the next `pulumi up` once the pods were replaced. Ray keeps job history
 while the head pod lives; a new head means a new run.
+
+A fabric probe is never judged again (`rejudge=False`): it costs a minute, and the EFA counters
+must be read around the very probe that is judged, so every `pulumi up` runs a fresh one.
+
+What the TrainingRun measured around a job that Ray does not hold (the EFA counters before it, and
+their judgement once it ended) is recorded beside Ray's job history, in the head pod's `/tmp/ray`
+emptyDir (`record_path`), which lives as long as the head pod; submitting under an id overwrites
+its record, so a record never outlives the job it belongs to.
 """
 
 from __future__ import annotations
@@ -45,6 +53,10 @@ JOB_ID_PREFIX = PROJECT
 # does not create folders (it falls back to stdout), so the file lies in it directly.
 NCCL_LOG_DIR = manifests.RAY_TMP_DIR
 PODS_METADATA = f"{PROJECT}/pods"  # Ray job metadata key: the pods the job was submitted to
+RECORD_DIR = f"{PROJECT}-records"  # below the head pod's /tmp/ray: one JSON record per submission id
+WRITE_RECORD_SCRIPT = 'mkdir -p "${1%/*}" && printf "%s" "$2" > "$1"'
+READ_RECORD_SCRIPT = 'cat "$1" 2>/dev/null || true'
+
 SUBMIT_TIMEOUT_S = 600  # `ray job submit` zips and uploads the working directory first
 READ_ATTEMPTS = 3  # list and poll only read: a cut stream is simply asked again
 HEAD_JOBS_API_SOURCE = Path(head_jobs_api.__file__).read_text()
@@ -128,9 +140,15 @@ def nccl_debug_file(nccl_log_dir: str, submission_id: str) -> str:
     return f"{nccl_log_dir}/nccl-{submission_id}.%h.%p.log"
 
 
-def plan_submission(existing: Sequence[JobRecord], base: str, pods: str) -> Plan:
+def record_path(nccl_log_dir: str, submission_id: str) -> str:
+    """Where the head pod keeps what the TrainingRun measured around the job (`RECORD_DIR`)."""
+    return f"{nccl_log_dir}/{RECORD_DIR}/{submission_id}.json"
+
+
+def plan_submission(existing: Sequence[JobRecord], base: str, pods: str, rejudge: bool = True) -> Plan:
     """Adopt the latest attempt while it is pending or running, or succeeded on `pods` (the pods
-    now, `RayPods.identity`); else submit the next attempt."""
+    now, `RayPods.identity`) when finished jobs may be judged again (`rejudge`); else submit the
+    next attempt."""
     attempts = sorted(
         ((number, job) for job in existing if (number := _attempt(job.submission_id, base)) is not None),
         key=lambda pair: pair[0],
@@ -143,6 +161,13 @@ def plan_submission(existing: Sequence[JobRecord], base: str, pods: str) -> Plan
         return Plan(latest.submission_id, latest)
     if latest.status != JobStatus.SUCCEEDED:
         return Plan(following, None)
+    if not rejudge:
+        return Plan(
+            following,
+            None,
+            f"job {latest.submission_id} SUCCEEDED earlier; a probe is never judged again, so {following} "
+            "judges the fabric now",
+        )
     if latest.pods == pods:
         return Plan(
             latest.submission_id,
@@ -252,6 +277,24 @@ class RayJobsClient:
             f"polling job {submission_id}",
             parse,
         )
+
+    def write_record(self, submission_id: str, record: Mapping[str, Any]) -> None:
+        """Keep `record` beside the job in the head pod (`record_path`)."""
+        path = record_path(self.nccl_log_dir, submission_id)
+        self._run(
+            ["sh", "-c", WRITE_RECORD_SCRIPT, "sh", path, json.dumps(record, sort_keys=True)],
+            f"recording what was measured around job {submission_id} in {path}",
+        )
+
+    def read_record(self, submission_id: str) -> dict[str, Any] | None:
+        """The job's record (`write_record`); None when there is none."""
+        path = record_path(self.nccl_log_dir, submission_id)
+        stdout = self._run(["sh", "-c", READ_RECORD_SCRIPT, "sh", path], f"reading {path}")
+        try:
+            record = json.loads(stdout) if stdout.strip() else None
+        except json.JSONDecodeError:
+            return None
+        return record if isinstance(record, dict) else None
 
     def submit(
         self,

@@ -147,6 +147,7 @@ class PodFacts:
     problems: tuple[str, ...] = field(default_factory=tuple)
     annotations: Mapping[str, str] = field(default_factory=dict)
     uid: str = ""  # metadata.uid: a pod replaced under the same name has a new one
+    namespace: str = ""  # metadata.namespace: the Ray pods' or the EFA counter readers'
 
 
 def stdout_of_each_pod(
@@ -355,6 +356,7 @@ def _pod_facts(pod) -> PodFacts:
         problems=tuple(problems),
         annotations=dict(pod.metadata.annotations or {}),
         uid=pod.metadata.uid or "",
+        namespace=pod.metadata.namespace or "",
     )
 
 

@@ -1,55 +1,39 @@
 """The EFA hardware counters of each worker node, read before and after a job: what EFA carried.
 
 NCCL's log lines say which transport NCCL chose; the counters say how much the EFA devices moved
-while the job ran. Where they are and how they read is `training.metrics.efa_sysfs` (the training job reads
-the same files at every step); here they are read by exec in each worker pod, where rdma-core
-finds the devices libfabric's EFA provider opens through these very folders.
+while the job ran. A worker pod cannot see them (its network namespace shows compat devices
+without port counters: `training.metrics.efa_sysfs`), so they are read by exec in the EFA counter
+reader pod on the worker pod's node (`workloads.efa_counter_reader`, `hostNetwork`), matched by
+node name.
 
-A counter never goes down while its device lives; one that did (a driver reload or node reboot
-between the two reads) makes the delta unknown rather than negative.
+A node whose counters cannot be read (no Ready reader pod on it, an exec that fails) is
+*unavailable*, with the reason: that says nothing of the fabric, so it is never reported as
+counters that did not move. A counter never goes down while its device lives; one that did (a
+driver reload or node reboot between the two reads) makes the delta unknown rather than negative.
+
+The judgement of a job's counters is recorded beside the job (`traffic_record`), so a later
+`pulumi up` that finds the finished job judges it by what was measured when it ran.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from training.metrics.efa_sysfs import (
-    COUNTER_GLOB,
-    COUNTER_PATH,
-    COUNTERS,
-    MOVED,
-    SYSFS_ROOT,
-    port_name,
+from training.metrics.efa_sysfs import COUNTER_GLOB, MOVED, SYSFS_ROOT, PortCounters, parse_counters
+from workloads.efa_counter_reader import READER_NAME, READER_NAMESPACE, READER_SELECTOR, counters_command
+from workloads.training_run.access.kube_access import (
+    COMMAND_TIMEOUT_S,
+    ClusterApi,
+    CommandTimeout,
+    Executor,
+    PodFacts,
 )
-from workloads.training_run.access.kube_access import Executor, PodFacts, stdout_of_each_pod
+from workloads.training_run.errors import ApiRefused, ExecStreamCut, PodGone
 
-COUNTERS_SCRIPT = f"""\
-cd "$1" 2>/dev/null || exit 0
-shift
-for name in "$@"; do
-  for file in {COUNTER_GLOB}/"$name"; do
-    [ -f "$file" ] && echo "$file $(cat "$file")"
-  done
-done
-exit 0
-"""
-_LINE = re.compile(COUNTER_PATH.pattern + r" (\d+)")
-
-
-def counters_command(sysfs_root: str = SYSFS_ROOT) -> list[str]:
-    return ["sh", "-c", COUNTERS_SCRIPT, "sh", sysfs_root, *COUNTERS]
-
-
-def parse_counters(stdout: str) -> dict[str, dict[str, int]]:
-    """`<device>/ports/<port>/hw_counters/<name> <value>` lines -> {`<device>/<port>`: {name: value}}."""
-    found: dict[str, dict[str, int]] = {}
-    for line in stdout.splitlines():
-        if match := _LINE.fullmatch(line.strip()):
-            device, port, name, value = match.groups()
-            found.setdefault(port_name(device, port), {})[name] = int(value)
-    return found
+# Per worker pod: its node's counters, or why they could not be read.
+Readings = dict[str, PortCounters | str]
 
 
 def efa_counter_delta(
@@ -70,50 +54,115 @@ def efa_counter_delta(
 
 @dataclass(frozen=True)
 class EfaTraffic:
-    """Per worker pod: how many EFA ports it sees, and what they counted during the job (None:
-    unknown, the counters were reset between the reads)."""
+    """Per worker pod: how many EFA ports its node shows, what they counted during the job (None:
+    unknown, the counters were reset between the reads), and, for a node whose counters could not
+    be read, why (`unavailable`)."""
 
     ports: dict[str, int]
     deltas: dict[str, dict[str, int] | None]
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     def bytes_moved(self) -> dict[str, int | None]:
-        """Bytes sent plus received through each node's EFA ports during the job."""
-        return {
+        """Bytes sent plus received through each node's EFA ports during the job (None: unknown)."""
+        moved: dict[str, int | None] = {
             pod: None if delta is None else sum(delta.get(name, 0) for name in MOVED)
             for pod, delta in self.deltas.items()
         }
+        return {**moved, **dict.fromkeys(self.unavailable)}
+
+    def unavailable_note(self) -> str | None:
+        """One line naming the nodes whose counters were not read, and why; None when all were."""
+        if not self.unavailable:
+            return None
+        return "EFA counters unavailable for " + "; ".join(
+            f"{pod}: {why}" for pod, why in self.unavailable.items()
+        )
 
 
 def efa_traffic(
-    before: Mapping[str, Mapping[str, Mapping[str, int]]],
-    after: Mapping[str, Mapping[str, Mapping[str, int]]],
+    before: Mapping[str, PortCounters | str], after: Mapping[str, PortCounters | str]
 ) -> EfaTraffic:
-    """The traffic of each pod read both times (pod -> parsed counters)."""
-    pods = [pod for pod in after if pod in before]
-    return EfaTraffic(
-        {pod: len(after[pod]) for pod in pods},
-        {pod: efa_counter_delta(before[pod], after[pod]) for pod in pods},
-    )
+    """The traffic of each worker pod's node between two reads."""
+    ports, deltas, unavailable = {}, {}, {}
+    for pod in dict.fromkeys([*before, *after]):
+        first, last = before.get(pod, "not read before the job"), after.get(pod, "not read after the job")
+        if isinstance(last, str) or isinstance(first, str):
+            unavailable[pod] = last if isinstance(last, str) else str(first)
+            continue
+        ports[pod] = len(last)
+        deltas[pod] = efa_counter_delta(first, last)
+    return EfaTraffic(ports, deltas, unavailable)
+
+
+def unavailable_traffic(pods: Sequence[str], why: str) -> EfaTraffic:
+    return EfaTraffic({}, {}, dict.fromkeys(pods, why))
 
 
 def efa_problems(traffic: EfaTraffic) -> list[str]:
-    """Why the counters do not show the job's traffic going over EFA, one line per worker pod."""
+    """Why the counters that were read do not show the job's traffic going over EFA, one line per
+    worker pod; nodes whose counters were unavailable are not judged."""
     problems = []
-    for pod, moved in traffic.bytes_moved().items():
+    for pod, delta in traffic.deltas.items():
         if traffic.ports[pod] == 0:
-            problems.append(f"{pod}: no EFA port counters under {SYSFS_ROOT}/{COUNTER_GLOB}")
-        elif moved is None:
+            problems.append(
+                f"{pod}: its node shows no EFA port counters in the host's network namespace "
+                f"({SYSFS_ROOT}/{COUNTER_GLOB} is empty there)"
+            )
+        elif delta is None:
             problems.append(f"{pod}: the EFA counters went down between the reads (device reset)")
-        elif moved == 0:
+        elif sum(delta.get(name, 0) for name in MOVED) == 0:
             problems.append(f"{pod}: 0 bytes sent or received through its {traffic.ports[pod]} EFA port(s)")
     return problems
 
 
+def traffic_record(traffic: EfaTraffic) -> dict[str, Any]:
+    """The traffic as JSON, recorded beside the job it was measured around."""
+    return {"ports": traffic.ports, "deltas": traffic.deltas, "unavailable": traffic.unavailable}
+
+
+def traffic_from_record(record: Mapping[str, Any]) -> EfaTraffic:
+    return EfaTraffic(dict(record["ports"]), dict(record["deltas"]), dict(record.get("unavailable") or {}))
+
+
+def reader_pods(cluster: ClusterApi) -> dict[str, PodFacts]:
+    """The Ready reader pod of each node, by node name."""
+    return {
+        pod.node_name: pod
+        for pod in cluster.list_pods(READER_NAMESPACE, READER_SELECTOR)
+        if pod.ready and not pod.terminating and pod.node_name
+    }
+
+
+def missing_readers(cluster: ClusterApi, workers: Sequence[PodFacts]) -> list[str]:
+    """The worker pods whose node has no Ready reader pod (yet)."""
+    readers = reader_pods(cluster)
+    return [worker.name for worker in workers if worker.node_name not in readers]
+
+
 def read_counters(
-    workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor], sysfs_root: str = SYSFS_ROOT
-) -> dict[str, dict[str, dict[str, int]]]:
-    """Each worker pod's EFA port counters, now."""
-    listings = stdout_of_each_pod(
-        workers, executor_for, counters_command(sysfs_root), f"the EFA counters in {sysfs_root}"
-    )
-    return {name: parse_counters(stdout) for name, stdout in listings.items()}
+    cluster: ClusterApi, workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor]
+) -> Readings:
+    """Each worker pod's node's EFA port counters now, read by its node's reader pod; or why not."""
+    readers = reader_pods(cluster)
+    found: Readings = {}
+    for worker in workers:
+        reader = readers.get(worker.node_name or "")
+        if reader is None:
+            found[worker.name] = (
+                f"no Ready {READER_NAME} pod on node {worker.node_name} "
+                f"(`kubectl -n {READER_NAMESPACE} get pods -o wide`)"
+            )
+            continue
+        try:
+            result = executor_for(reader).run(counters_command(), COMMAND_TIMEOUT_S)
+        except (PodGone, ExecStreamCut, CommandTimeout, ApiRefused) as error:
+            found[worker.name] = f"reading them in {READER_NAMESPACE}/{reader.name} failed: {error}"
+            continue
+        if result.returncode != 0:
+            found[worker.name] = (
+                f"reading them in {READER_NAMESPACE}/{reader.name} failed (exit {result.returncode}): "
+                f"{result.output[-300:]}"
+            )
+            continue
+        found[worker.name] = parse_counters(result.stdout)
+    return found

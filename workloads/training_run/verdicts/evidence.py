@@ -164,7 +164,7 @@ class JobResult:
     verdict: Verdict
     log_files: dict[str, int] = field(default_factory=dict)
     rejudged: str | None = None  # why an earlier run's succeeded job was judged again
-    efa: EfaTraffic | None = None  # None: the job was adopted, its counters were not read around it
+    efa: EfaTraffic | None = None  # each worker node's EFA counters around the job (`efa_counters`)
 
 
 def worker_logs(
@@ -217,7 +217,8 @@ def check_transport(result: JobResult, expect: str) -> None:
                 + _indent(problems)
                 + f"\nEFA bytes per worker pod during the job: {result.efa.bytes_moved()}. Check that each "
                 "worker pod requests vpc.amazonaws.com/efa and that its node's EFA devices are up "
-                "(`fi_info -p efa` in the pod)"
+                "(`fi_info -p efa` in the worker pod)"
+                + (f"\nnote: {result.rejudged}" if result.rejudged else "")
             )
         return
     evidence = _indent(verdict.evidence) if verdict.evidence else "    (no line decided it)"

@@ -6,9 +6,13 @@ the fabric probe (`fabric`, `python -m training.fabric_probe`) runs on the job's
 the job's NCCL environment, for a minute or so, and its run is judged as the job's would be:
 
 1. NCCL's transport from the probe's own NCCL lines, covering every rank and worker pod (`evidence`);
-2. with `efa` expected, each worker node's EFA counters must have moved by the probe's traffic
-   (`efa_counters`), and each collective's busbw at the largest size must clear
-   `min_busbw_fraction` of the line rate (`fabric.busbw_problems`).
+2. with `efa` expected, each worker node's EFA counters, read by the node's counter reader around
+   this very probe (`efa_counters`), must have moved by the probe's traffic (a node whose counters
+   could not be read is reported unavailable, not judged), and each collective's busbw at the
+   largest size must clear `min_busbw_fraction` of the line rate (`fabric.busbw_problems`).
+
+Every `pulumi up` that runs a job runs a fresh probe (`jobs.plan_submission`, `rejudge=False`):
+re-running `up` never turns a failed gate into a passed one.
 
 The first check that fails is the one line `pulumi up` ends with; no job is submitted. The gate
 that passed goes into the stack outputs beside the job's verdict.
@@ -34,8 +38,8 @@ TRANSPORT_FIX = (
     "({files}): they say why aws-ofi-nccl did not load"
 )
 COUNTERS_FIX = (
-    "check that each worker pod requests vpc.amazonaws.com/efa and that its node's EFA devices are up "
-    "(`fi_info -p efa` in the pod)"
+    "check that each worker pod requests vpc.amazonaws.com/efa, that its node's EFA devices are up "
+    "(`fi_info -p efa` in the worker pod), and that the instance type's EFA interfaces are attached"
 )
 BUSBW_FIX = (
     "check the EFA interfaces per node against the instance type's, and the placement group; or lower "

@@ -1,16 +1,21 @@
-"""The EFA counter judgement: sysfs lines parsed, deltas per node, and why a node shows no EFA traffic."""
+"""The EFA counter judgement: counter lines parsed, deltas per node, why a node shows no EFA traffic,
+and which nodes could not be read."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 from tests.harness.fake_kube_api import FakeEfaSysfs
-from training.metrics.efa_sysfs import MOVED, read_moved_bytes
+from training.metrics.efa_sysfs import MOVED, parse_counters, read_moved_bytes
+from workloads.efa_counter_reader import counters_command
 from workloads.training_run.access.kube_access import LocalExecutor
 from workloads.training_run.verdicts.efa_counters import (
-    counters_command,
     efa_counter_delta,
     efa_problems,
     efa_traffic,
-    parse_counters,
+    traffic_from_record,
+    traffic_record,
 )
 
 BEFORE = "rdmap16s27/ports/1/hw_counters/tx_bytes 1000\nrdmap16s27/ports/1/hw_counters/rx_bytes 2000\n"
@@ -39,21 +44,45 @@ def test_bytes_moved_and_the_problems_of_each_node():
     assert traffic.bytes_moved() == {"moved": 4500, "still": 0, "none": 0}
     assert efa_problems(traffic) == [
         "still: 0 bytes sent or received through its 1 EFA port(s)",
-        "none: no EFA port counters under /sys/class/infiniband/*/ports/*/hw_counters",
+        "none: its node shows no EFA port counters in the host's network namespace "
+        "(/sys/class/infiniband/*/ports/*/hw_counters is empty there)",
     ]
     reset = efa_traffic({"r": parse_counters(AFTER)}, {"r": parse_counters(BEFORE)})
     assert efa_problems(reset) == ["r: the EFA counters went down between the reads (device reset)"]
 
 
-def test_the_pod_exec_and_the_training_jobs_own_read_agree_on_the_same_tree(tmp_path):
-    """Both readers take the layout from `training.metrics.efa_sysfs`: the exec script's lines, parsed, give
-    the bytes the training job's in-process read gives, port by port."""
+def test_counters_that_could_not_be_read_are_unavailable_and_never_judged():
+    """A node without a reader pod, or whose read failed, says why; it is not a node whose counters
+    did not move, and the nodes that were read are still judged."""
+    why = "no Ready efa-counters pod on node node-b"
+    traffic = efa_traffic({"a": parse_counters(BEFORE), "b": why}, {"a": parse_counters(BEFORE), "b": why})
+    assert traffic.unavailable == {"b": why} and traffic.bytes_moved() == {"a": 0, "b": None}
+    assert efa_problems(traffic) == ["a: 0 bytes sent or received through its 1 EFA port(s)"]
+    assert traffic.unavailable_note() == f"EFA counters unavailable for b: {why}"
+    late = efa_traffic({"a": parse_counters(BEFORE)}, {"a": "reading them failed (exit 1)"})
+    assert late.unavailable == {"a": "reading them failed (exit 1)"} and efa_problems(late) == []
+
+
+def test_the_recorded_traffic_is_the_traffic():
+    """What is recorded beside a job (JSON, in the head pod) is judged again exactly as measured."""
+    traffic = efa_traffic(
+        {"a": parse_counters(BEFORE), "b": "unread"}, {"a": parse_counters(AFTER), "b": "unread"}
+    )
+    again = traffic_from_record(json.loads(json.dumps(traffic_record(traffic))))
+    assert again == traffic and efa_problems(again) == efa_problems(traffic)
+
+
+def test_the_reader_pods_exec_and_the_training_jobs_own_read_agree_on_the_same_tree(tmp_path):
+    """Both readers run `training.metrics.efa_sysfs`: the exec's lines, parsed, give the bytes the
+    training job's in-process read gives, port by port."""
     sysfs = FakeEfaSysfs(tmp_path / "infiniband")
     FakeEfaSysfs(tmp_path / "infiniband", device="rdmap32s27").add({"tx_bytes": 5})
-    listing = LocalExecutor().run(counters_command(str(sysfs.root)), 10)
+    argv = counters_command()
+    listing = LocalExecutor().run([sys.executable, *argv[1:-1], str(sysfs.root)], 10)
     parsed = parse_counters(listing.stdout)
     assert set(parsed) == {"rdmap16s27/1", "rdmap32s27/1"}
     assert read_moved_bytes(str(sysfs.root)) == {
         port: sum(counts[name] for name in MOVED) for port, counts in parsed.items()
     }
     assert read_moved_bytes(str(tmp_path / "no-such-folder")) == {}
+    assert read_moved_bytes(str(sysfs.pod_view)) == {}  # a pod's own view: compat devices, no counters

@@ -12,6 +12,7 @@ from tests.harness.training_run_fakes import (
     POD_LOGS,
     PROBE_JOB,
     SMOKE_ARGS,
+    WORKER_NODES,
     WORKER_PODS,
     FakeCluster,
     FakeRayHead,
@@ -24,8 +25,9 @@ from tests.harness.training_run_fakes import (
     run_inputs,
     scripted,
 )
+from workloads.efa_counter_reader import counters_command
 from workloads.training_run.access import jobs
-from workloads.training_run.verdicts import efa_counters, evidence
+from workloads.training_run.verdicts import evidence
 
 
 def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
@@ -48,13 +50,12 @@ def test_worker_logs_of_other_jobs_never_reach_the_verdict():
     gate = jobs.submission_id_base(run_inputs().job_identity(), "gate-main", {})
     for pod in fake.workers.values():
         assert pod.commands == [
-            efa_counters.counters_command(),  # before the gate's probe
             evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, gate, evidence.RAY_LOG_DIR, PROBE_JOB),
-            efa_counters.counters_command(),  # after it
-            efa_counters.counters_command(),  # before the job
             evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, base, evidence.RAY_LOG_DIR, EFA_JOB),
-            efa_counters.counters_command(),  # after it
         ]
+    # The EFA counters are read in each node's reader pod, before and after the probe and the job.
+    for reader in fake.readers.values():
+        assert reader.commands == [counters_command()] * 4
 
 
 def nccl_log_files(tmp_path: Path, submission_id: str, fake: FakeCluster) -> dict[str, FixturePod]:
@@ -75,7 +76,7 @@ def nccl_log_files(tmp_path: Path, submission_id: str, fake: FakeCluster) -> dic
             out.write_text("".join(line for line in lines if "NCCL" not in line))
         socket_run = next(logs.glob(f"worker-*-{FALLBACK_JOB}-*.out")).read_text()
         (nccl / f"nccl-{submission_id}-2.{name}.1.log").write_text(socket_run)
-        pods[name] = FixturePod(name, logs, nccl, fake.head.efa[name])
+        pods[name] = FixturePod(name, logs, nccl, fake.head.efa[WORKER_NODES[name]])
     return pods
 
 
@@ -117,7 +118,7 @@ def test_an_efa_verdict_missing_a_worker_pod_is_unknown_and_names_what_is_missin
     fake = FakeCluster(main_and_tcp_head())
     (tmp_path / "restarted").mkdir()
     fake.workers[WORKER_PODS[1]] = FixturePod(
-        WORKER_PODS[1], tmp_path / "restarted", efa=fake.head.efa[WORKER_PODS[1]]
+        WORKER_PODS[1], tmp_path / "restarted", efa=fake.head.efa[WORKER_NODES[WORKER_PODS[1]]]
     )
     message = failure_of(fake)
     assert message.startswith("NCCL used 'unknown' between the nodes, not 'efa' (job eks-ray-train-main-")
@@ -143,7 +144,7 @@ def test_rotated_worker_logs_are_read(tmp_path):
         for out in logs.glob(f"worker-*-{EFA_JOB}-*.out"):
             out.rename(out.with_name(out.name + ".1"))
             out.write_text("TRAIN_STEP lines go on in the newer part\n")
-        fake.workers[name] = FixturePod(name, logs, efa=fake.head.efa[name])
+        fake.workers[name] = FixturePod(name, logs, efa=fake.head.efa[WORKER_NODES[name]])
     outs = fake.provider().create(props(run_inputs())).outs
     assert outs["transport"] == "efa"
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 12)  # 4 workers x .out.1/.out/.err

@@ -17,7 +17,7 @@ EFA = Verdict(
 MOVED = EfaTraffic(
     {"pod-a": 1, "pod-b": 1}, {"pod-a": {"tx_bytes": 9, "rx_bytes": 9}, "pod-b": {"tx_bytes": 9}}
 )
-FAST = {"all_reduce": 38.0, "all_gather": 39.0}
+FAST = {"all_reduce": 38.0, "all_gather": 39.0, "reduce_scatter": 38.5}
 
 
 def gate(verdict: Verdict = EFA, efa: EfaTraffic | None = MOVED, busbw=FAST, rejudged=None) -> GateResult:
@@ -52,18 +52,20 @@ def test_counters_that_did_not_move_on_one_node_fail_naming_it_and_the_bytes():
 
 
 def test_busbw_under_the_floor_names_the_numbers_and_the_key():
-    problem, fix = gate_problem(gate(busbw={"all_reduce": 33.6}), "efa", 40.0, 0.9) or ("", "")
+    busbw = {"all_reduce": 41.0, "all_gather": 35.2, "reduce_scatter": 38.0}
+    problem, fix = gate_problem(gate(busbw=busbw), "efa", 40.0, 0.9) or ("", "")
     assert (
-        "all_reduce: busbw 33.6 Gbit/s = 0.84 of the 40 Gbit/s line rate, under minBusbwFraction 0.9"
+        "all_gather: busbw 35.2 Gbit/s = 0.88 of the 40 Gbit/s line rate, under minBusbwFraction 0.9"
         in problem
     )
     assert "1073741824 byte messages" in problem and "training.minBusbwFraction" in fix
 
 
-def test_counters_and_the_floor_are_efas_and_an_adopted_probe_has_no_counters():
+def test_counters_and_the_floor_are_efas_and_unreadable_counters_are_not_judged():
     socket = Verdict("socket", "a channel via NET/Socket", "high")
     assert gate_problem(gate(socket, efa=None, busbw={"all_reduce": 1.0}), "socket", 40.0, 0.9) is None
-    assert gate_problem(gate(efa=None), "efa", 40.0, 0.9) is None  # re-judged: its counters were not read
+    unread = EfaTraffic({}, {}, {"pod-a": "no Ready efa-counters pod on node node-a"})
+    assert gate_problem(gate(efa=unread), "efa", 40.0, 0.9) is None  # unavailable, not unmoved
 
 
 def test_a_rejudged_gate_says_so():
