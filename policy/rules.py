@@ -66,6 +66,8 @@ RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 # The Pod Security admission label that refuses pods, and the levels that refuse privileged ones.
 POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+POD_SECURITY_WARN = "pod-security.kubernetes.io/warn"
+POD_SECURITY_AUDIT = "pod-security.kubernetes.io/audit"
 ENFORCED_LEVELS = ("baseline", "restricted")
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # The hop limit that keeps instance metadata (and the node role's credentials) from pods.
@@ -496,23 +498,6 @@ def check_container_images_pinned(resource_type: str, props: Mapping[str, Any], 
     return violations
 
 
-def check_namespace_pod_security(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
-    """Every namespace the stack creates refuses privileged pods (Pod Security `baseline` or stricter)."""
-    if resource_type != NAMESPACE:
-        return []
-    labels = _dig(props, "metadata", "labels")
-    if is_unknown(labels):
-        return []
-    level = _dig(labels, POD_SECURITY_ENFORCE)
-    if is_unknown(level) or level in ENFORCED_LEVELS:
-        return []
-    current = "not set" if level is None else repr(level)
-    return [
-        f"label {POD_SECURITY_ENFORCE} is {current}: set it to baseline or restricted so the namespace "
-        "refuses privileged pods, host namespaces and host paths"
-    ]
-
-
 # --- advisory resource rules -------------------------------------------------------------------------
 
 
@@ -785,6 +770,105 @@ def _selects_head(policy: StackResource, cluster_name: str, namespace: Any) -> b
     )
 
 
+def _pod_specs(value: Any) -> list[Mapping[str, Any]]:
+    """Every pod spec (a mapping with `containers`) anywhere inside a Kubernetes object."""
+    if isinstance(value, Mapping):
+        own = [value] if "containers" in value else []
+        return own + [spec for item in value.values() for spec in _pod_specs(item)]
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [spec for item in value for spec in _pod_specs(item)]
+    return []
+
+
+def beyond_host_network(spec: Mapping[str, Any]) -> list[str]:
+    """What a pod spec asks for that Pod Security `baseline` refuses, other than `hostNetwork`
+    (Kubernetes "Pod Security Standards", baseline: host PID/IPC, host paths and ports, privileged
+    containers, added capabilities, unconfined seccomp, proc mount, sysctls)."""
+    found = [f"{key}: true" for key in ("hostPID", "hostIPC") if _is_true(spec.get(key))]
+    found += [
+        f"volume {v.get('name')} is a hostPath"
+        for v in _items(spec.get("volumes"))
+        if isinstance(v, Mapping) and "hostPath" in v
+    ]
+    if _items(_dig(spec, "securityContext", "sysctls")):
+        found.append("sysctls")
+    if _dig(spec, "securityContext", "seccompProfile", "type") == "Unconfined":
+        found.append("an unconfined seccomp profile")
+    for container in _pod_specs_containers(spec):
+        name, context = container.get("name"), container.get("securityContext") or {}
+        if _is_true(_dig(context, "privileged")):
+            found.append(f"container {name} is privileged")
+        if _items(_dig(context, "capabilities", "add")):
+            found.append(f"container {name} adds capabilities")
+        if _dig(context, "procMount") not in (None, "Default"):
+            found.append(f"container {name} mounts /proc unmasked")
+        if _dig(context, "seccompProfile", "type") == "Unconfined":
+            found.append(f"container {name} runs without seccomp")
+        if any(isinstance(port, Mapping) and port.get("hostPort") for port in _items(container.get("ports"))):
+            found.append(f"container {name} takes a host port")
+    return found
+
+
+def check_namespace_pod_security(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """Every namespace the stack creates refuses privileged pods (Pod Security `baseline` or stricter).
+
+    The one exception is a namespace for pods that need the host's network namespace (a node agent
+    such as an EFA counter reader, which `baseline` refuses): it may enforce `privileged` when it
+    still warns and audits at `baseline` or stricter, so any other pod admitted there is flagged, and
+    the stack puts pods there that ask for nothing beyond `hostNetwork` (`beyond_host_network`)."""
+    violations = []
+    for namespace in (r for r in resources if r.type == NAMESPACE):
+        labels = _dig(namespace.props, "metadata", "labels")
+        name = _dig(namespace.props, "metadata", "name")
+        if is_unknown(labels) or is_unknown(name):
+            continue
+        level = _dig(labels, POD_SECURITY_ENFORCE)
+        if is_unknown(level) or level in ENFORCED_LEVELS:
+            continue
+        current = "not set" if level is None else repr(level)
+        refusal = (
+            f"label {POD_SECURITY_ENFORCE} is {current}: set it to baseline or restricted so the namespace "
+            "refuses privileged pods, host namespaces and host paths"
+        )
+        if level != "privileged":
+            violations.append((namespace.urn, refusal))
+            continue
+        problems = _host_network_namespace_problems(resources, labels, name)
+        if problems:
+            violations.append(
+                (
+                    namespace.urn,
+                    f"{refusal}; a namespace for host-network pods may enforce privileged only when "
+                    + "; ".join(problems),
+                )
+            )
+    return violations
+
+
+def _host_network_namespace_problems(
+    resources: Sequence[StackResource], labels: Mapping[str, Any], name: str
+) -> list[str]:
+    """Why a `privileged` namespace is not one for host-network pods alone (empty: it is)."""
+    problems = [
+        f"it {label.rsplit('/', 1)[1]}s at baseline or restricted (label {label} is {_dig(labels, label)!r})"
+        for label in (POD_SECURITY_WARN, POD_SECURITY_AUDIT)
+        if _dig(labels, label) not in ENFORCED_LEVELS
+    ]
+    pods = [
+        spec
+        for resource in resources
+        if resource.type.startswith("kubernetes:") and _dig(resource.props, "metadata", "namespace") == name
+        for spec in _pod_specs(resource.props)
+    ]
+    if not pods:
+        problems.append("the stack puts host-network pods in it (it puts none)")
+    for spec in pods:
+        if not _is_true(spec.get("hostNetwork")):
+            problems.append("each of its pods uses the host's network (one does not)")
+        problems += [f"its pods ask for nothing else ({found})" for found in beyond_host_network(spec)]
+    return problems
+
+
 def check_ray_head_network_policy(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
     """A RayCluster's head, whose GCS, dashboard and client ports take jobs without authentication, is
     isolated for ingress by a NetworkPolicy in its namespace that admits only listed peers."""
@@ -947,9 +1031,10 @@ CONTAINER_IMAGES_PINNED = ResourceRule(
     MANDATORY,
     check_container_images_pinned,
 )
-NAMESPACE_POD_SECURITY = ResourceRule(
+NAMESPACE_POD_SECURITY = StackRule(
     "namespace-pod-security-enforced",
-    "Every namespace enforces the baseline or restricted Pod Security Standard.",
+    "Every namespace enforces the baseline or restricted Pod Security Standard, but one for host-network "
+    "pods alone, which warns and audits at baseline.",
     MANDATORY,
     check_namespace_pod_security,
 )

@@ -58,15 +58,22 @@ def counters_command() -> list[str]:
     return ["python", "-c", READER_SOURCE, "print", efa_sysfs.SYSFS_ROOT]
 
 
+# Pod Security: `baseline` refuses host namespaces, so the namespace enforces `privileged`, and warns
+# and audits at `baseline`: any pod but the reader admitted there is reported to whoever applies it
+# (the policy pack's `namespace-pod-security-enforced` holds the reader's pods to that).
+READER_POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "privileged",
+    "pod-security.kubernetes.io/warn": "baseline",
+    "pod-security.kubernetes.io/audit": "baseline",
+}
+
+
 def reader_namespace() -> dict:
-    """Pod Security `privileged`: the reader's host network namespace is all it needs beyond `restricted`."""
+    """The reader's own namespace: its host network namespace is all it needs beyond `restricted`."""
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {
-            "name": READER_NAMESPACE,
-            "labels": {**PART_OF_LABELS, "pod-security.kubernetes.io/enforce": "privileged"},
-        },
+        "metadata": {"name": READER_NAMESPACE, "labels": {**PART_OF_LABELS, **READER_POD_SECURITY_LABELS}},
     }
 
 
@@ -111,9 +118,8 @@ def reader_daemonset(image: str) -> dict:
                                 str(READER_PORT),
                             ],
                             "env": [copy.deepcopy(NODE_IP)],
-                            "ports": [
-                                {"name": "counters", "containerPort": READER_PORT, "hostPort": READER_PORT}
-                            ],
+                            # With hostNetwork the container's port is the node's.
+                            "ports": [{"name": "counters", "containerPort": READER_PORT}],
                             "readinessProbe": {
                                 "httpGet": {"path": "/", "port": READER_PORT},
                                 "periodSeconds": 10,

@@ -75,6 +75,7 @@ from cryptography.x509.oid import NameOID
 
 from platform_facts import PART_OF_LABELS
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
+from workloads.training_run.readiness import host_limits_command
 
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455, section 1.3
 STDOUT, STDERR, ERROR = 1, 2, 3
@@ -699,6 +700,12 @@ class FakeRayDashboard:
         handler.wfile.write(data)
 
 
+# What `readiness.HOST_LIMITS_SCRIPT` reads in a GPU worker pod on the EKS AL2023 NVIDIA AMI: its
+# default driver branch is 580 (amazon-eks-ami issue 2470; nvidia-smi's header then says CUDA 13.0),
+# the AWS DLC's PyTorch 2.13 is built for CUDA 13.0, and the locked-memory limit is the one AWS's EFA
+# guide asks for (unlimited; what a given AMI release's containerd gives is not checked here).
+HEALTHY_HOST_LIMITS = "driver 580.95.05\ndriver_cuda 13.0\nruntime_cuda 13.0\nmemlock unlimited\n"
+
 # What a node's EFA counters hold before a job: earlier traffic (counters live as long as the device).
 EFA_DEVICE = "rdmap16s27"
 EFA_COUNTERS_AT_BOOT = {
@@ -777,6 +784,7 @@ class FakeRayPods:
     node_of: dict[str, str] = field(default_factory=dict)  # worker and reader pod -> its node
     # The head pod's emptyDir `/tmp/ray`, where the TrainingRun keeps its records of each job.
     head_tmp: Path | None = None
+    host_limits: str = HEALTHY_HOST_LIMITS  # what each worker pod's node gives it (`HEALTHY_HOST_LIMITS`)
     # Worker pod -> its emptyDir `/tmp/ray`, where NCCL log files go (default: above its session logs).
     nccl_logs: dict[str, Path] = field(default_factory=dict)
     submissions: list[list[str]] = field(default_factory=list)
@@ -819,6 +827,8 @@ class FakeRayPods:
             assert argv[:2] == ["python", "-c"], argv
             local = {"/sys/class/infiniband": str(node.root) if node else "/nonexistent"}
             return _run([sys.executable, *(local.get(arg, arg) for arg in argv[1:])])
+        if argv == host_limits_command():
+            return ExecReply(self.host_limits)
         logs = self.worker_logs[pod_name]
         # The pod's emptyDir /tmp/ray (NCCL log files) is the folder above its session logs; its sysfs
         # shows the node's EFA device as a compat device, without counters.

@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.harness import paths
-from tests.harness.fake_kube_api import FakeEfaSysfs, ScriptedJob, write_nccl_log_files
+from tests.harness.fake_kube_api import HEALTHY_HOST_LIMITS, FakeEfaSysfs, ScriptedJob, write_nccl_log_files
 from training.metrics.efa_sysfs import SYSFS_ROOT
 from workloads import manifests
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
@@ -340,11 +340,14 @@ class FixturePod:
         self.nccl_logs = nccl_logs
         self.nccl_logs.mkdir(parents=True, exist_ok=True)
         self.efa = efa
+        self.host_limits = HEALTHY_HOST_LIMITS  # what its node gives it, as `fake_kube_api` models it
         stamp_write_order(self.logs)
         self.commands: list[list[str]] = []
 
     def run(self, argv, timeout_s):
         self.commands.append(list(argv))
+        if argv == readiness.host_limits_command():
+            return ExecResult(0, self.host_limits)
         local = {evidence.RAY_LOG_DIR: str(self.logs), jobs.NCCL_LOG_DIR: str(self.nccl_logs)}
         if self.efa is not None:
             local[SYSFS_ROOT] = str(self.efa.pod_view)

@@ -33,7 +33,7 @@ from policy import rules
 from policy.rules import StackResource
 from tests.harness.paths import REPO_ROOT
 from tests.harness.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
-from workloads import manifests
+from workloads import efa_counter_reader, manifests
 
 POLICY_DIR = REPO_ROOT / "policy"
 UNKNOWN = UNKNOWN_STRING_VALUE
@@ -51,10 +51,6 @@ SVC = rules.SERVICE
 RAY = "kubernetes:ray.io/v1:RayCluster"
 ALL_LOGS = list(rules.CONTROL_PLANE_LOG_TYPES)
 NS = rules.NAMESPACE
-
-
-def namespace(labels) -> dict:
-    return {"metadata": {"name": "ray-train", "labels": labels}}
 
 
 def efa_template(**overrides) -> dict:
@@ -459,25 +455,6 @@ CASES = [
     (rules.DELETION_PROTECTION, EKS, {"deletionProtection": True}, "us-east-1", None),
     (rules.DELETION_PROTECTION, EKS, {"name": "c"}, "us-east-1", "stack us-east-1 is not a dev stack"),
     (rules.DELETION_PROTECTION, AWS_EKS, {"deletionProtection": False}, "prod", "deletionProtection"),
-    # namespace-pod-security-enforced
-    (rules.NAMESPACE_POD_SECURITY, NS, namespace({rules.POD_SECURITY_ENFORCE: "baseline"}), "dev", None),
-    (rules.NAMESPACE_POD_SECURITY, NS, namespace({rules.POD_SECURITY_ENFORCE: "restricted"}), "dev", None),
-    (rules.NAMESPACE_POD_SECURITY, NS, namespace(UNKNOWN_OBJECT_VALUE), "dev", None),
-    (
-        rules.NAMESPACE_POD_SECURITY,
-        NS,
-        namespace({"pod-security.kubernetes.io/warn": "restricted"}),
-        "dev",
-        "not set",
-    ),
-    (
-        rules.NAMESPACE_POD_SECURITY,
-        NS,
-        namespace({rules.POD_SECURITY_ENFORCE: "privileged"}),
-        "dev",
-        "'privileged'",
-    ),
-    (rules.NAMESPACE_POD_SECURITY, NS, {"metadata": {"name": "n"}}, "dev", "not set"),
     # log-groups-kms-encrypted (advisory)
     (
         rules.LOG_GROUPS_KMS_ENCRYPTED,
@@ -958,6 +935,107 @@ def mandatory_violations(plan: Plan, stack: str) -> list[str]:
     return found
 
 
+# --- namespace-pod-security-enforced: a stack rule (a host-network namespace is judged by its pods) ----
+
+
+def ns_resource(name: str, labels) -> StackResource:
+    return StackResource(NS, f"urn:ns-{name}", {"metadata": {"name": name, "labels": labels}}, ())
+
+
+HOST_NETWORK_LABELS = {
+    rules.POD_SECURITY_ENFORCE: "privileged",
+    rules.POD_SECURITY_WARN: "baseline",
+    rules.POD_SECURITY_AUDIT: "baseline",
+}
+
+
+def node_agent(namespace_name: str = "agents", **pod) -> StackResource:
+    """A DaemonSet whose pods need the host's network namespace and nothing else."""
+    spec = {
+        "hostNetwork": True,
+        "containers": [
+            {"name": "reader", "image": "repo/ray:2.58.0", "securityContext": {"privileged": False}}
+        ],
+        **pod,
+    }
+    props = {"metadata": {"name": "agent", "namespace": namespace_name}, "spec": {"template": {"spec": spec}}}
+    return StackResource("kubernetes:apps/v1:DaemonSet", "urn:ds", props, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([ns_resource("ray-train", {rules.POD_SECURITY_ENFORCE: "baseline"})], None),
+        ([ns_resource("ray-train", {rules.POD_SECURITY_ENFORCE: "restricted"})], None),
+        ([ns_resource("ray-train", UNKNOWN_OBJECT_VALUE)], None),
+        ([ns_resource("ray-train", {rules.POD_SECURITY_WARN: "restricted"})], "is not set"),
+        ([StackResource(NS, "urn:ns", {"metadata": {"name": "n"}}, ())], "is not set"),
+        # privileged: only for host-network pods alone, warned and audited at baseline
+        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent()], None),
+        ([ns_resource("agents", {rules.POD_SECURITY_ENFORCE: "privileged"})], "it warns at baseline"),
+        (
+            [ns_resource("agents", HOST_NETWORK_LABELS)],
+            "the stack puts host-network pods in it (it puts none)",
+        ),
+        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent(hostNetwork=False)], "one does not"),
+        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent(hostPID=True)], "hostPID: true"),
+        (
+            [
+                ns_resource("agents", HOST_NETWORK_LABELS),
+                node_agent(volumes=[{"name": "sys", "hostPath": {"path": "/sys"}}]),
+            ],
+            "volume sys is a hostPath",
+        ),
+        (
+            [
+                ns_resource("agents", HOST_NETWORK_LABELS),
+                node_agent(containers=[{"name": "c", "securityContext": {"privileged": True}}]),
+            ],
+            "container c is privileged",
+        ),
+        (
+            [
+                ns_resource("agents", HOST_NETWORK_LABELS),
+                node_agent(
+                    containers=[{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]
+                ),
+            ],
+            "container c adds capabilities",
+        ),
+        (
+            [
+                ns_resource("agents", HOST_NETWORK_LABELS),
+                node_agent(containers=[{"name": "c", "ports": [{"hostPort": 22}]}]),
+            ],
+            "container c takes a host port",
+        ),
+        # A pod of another namespace does not make a privileged one acceptable.
+        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent("elsewhere")], "it puts none"),
+    ],
+)
+def test_namespace_pod_security(resources, expected):
+    violations = rules.check_namespace_pod_security(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0][1], violations
+        assert violations[0][0] == resources[0].urn
+
+
+def test_the_efa_counter_readers_namespace_is_one_for_host_network_pods_alone():
+    """The program's own reader namespace and DaemonSet, as the rule sees them."""
+    resources = [
+        StackResource(NS, "urn:ns", efa_counter_reader.reader_namespace(), ()),
+        StackResource(
+            "kubernetes:apps/v1:DaemonSet",
+            "urn:ds",
+            efa_counter_reader.reader_daemonset("repo/ray:2.58.0"),
+            (),
+        ),
+    ]
+    assert rules.check_namespace_pod_security(resources) == []
+
+
 def test_every_stack_passes_every_mandatory_rule(stack_plan):
     stack, plan = stack_plan
     assert mandatory_violations(plan, stack) == []
@@ -982,8 +1060,9 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
     control_plane_logs = plan.one(rules.LOG_GROUP)
     versioning = plan.one(VERSIONING)
     default_sg = plan.one(rules.DEFAULT_SECURITY_GROUP)
-    ray_namespace = plan.one(NS)
+    ray_namespace = plan.one(NS, "ray-train")
     head_policy = plan.one(rules.NETWORK_POLICY)
+    reader_daemonset = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters")
 
     def broken(registration, change) -> list[str]:
         original = registration.inputs
@@ -1043,10 +1122,15 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
             ray_namespace,
             lambda p: p["metadata"]["labels"].pop(rules.POD_SECURITY_ENFORCE),
         ),
+        "namespace-pod-security-enforced (host network)": (
+            reader_daemonset,
+            lambda p: p["spec"]["template"]["spec"].update(hostPID=True),
+        ),
         "ray-head-network-policy": (head_policy, lambda p: p["spec"].update(ingress=[{}])),
     }
     mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}
-    assert set(breakages) == mandatory
-    for rule_name, (registration, change) in breakages.items():
+    assert {name.split(" (")[0] for name in breakages} == mandatory
+    for case, (registration, change) in breakages.items():
+        rule_name = case.split(" (")[0]
         violations = broken(registration, change)
-        assert len(violations) == 1 and violations[0].startswith(f"{rule_name} on "), (rule_name, violations)
+        assert len(violations) == 1 and violations[0].startswith(f"{rule_name} on "), (case, violations)

@@ -11,7 +11,14 @@ In the order of AWS's reference example, before anything is submitted:
    RayCluster, the old pods are still Ready until KubeRay deletes them (`upgradeStrategy:
    Recreate`); pods of another spec, and terminating pods, do not count;
 3. the head pod sees the code being deployed: `.code-hash` in the ConfigMap mount equals the
-   inputs' code hash (the kubelet refreshes ConfigMap volumes lazily).
+   inputs' code hash (the kubelet refreshes ConfigMap volumes lazily);
+4. for a job on GPUs, what each worker pod runs on (`host_limit_problems`): the node's NVIDIA
+   driver supports the CUDA major version the image's PyTorch was built for, and the locked-memory
+   limit is unlimited, as EFA needs. Neither can be fixed from inside the pod: KubeRay replaces the
+   image's entrypoint, and with it the AWS DLC's CUDA forward-compatibility shim (KubeRay v1.7.0
+   `BuildPod` sets the container's command), so the pod runs on the node's driver; and a container
+   cannot raise its memlock limit, which it inherits from the node's container runtime (AWS EFA user
+   guide, "Install the EFA software in a container").
 
 The rules are pure functions over `NodeFacts`/`PodFacts`; the waits poll them until they hold or
 the time is up, then fail naming each node or pod and what it lacks.
@@ -36,6 +43,17 @@ from workloads.training_run.access.kube_access import (
 from workloads.training_run.errors import TrainingRunError
 
 GPU_NODE_LABEL_SELECTOR = ",".join(f"{key}={value}" for key, value in GPU_NODE_SELECTOR.items())
+# The oldest Linux driver of each CUDA major version (NVIDIA CUDA Toolkit release notes, "CUDA Driver":
+# 12.x needs >= 525.60.13, 13.x >= 580.65.06), for the fix a too-old driver is told.
+MIN_DRIVER_OF_CUDA = {12: "525.60.13", 13: "580.65.06"}
+# One worker pod's NVIDIA driver, the highest CUDA version that driver supports (nvidia-smi's header),
+# the CUDA version the image's PyTorch was built for, and the locked-memory limit (KiB or unlimited).
+HOST_LIMITS_SCRIPT = """\
+echo "driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+echo "driver_cuda $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | head -n 1 | cut -d' ' -f3)"
+echo "runtime_cuda $(python -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)"
+echo "memlock $(ulimit -l)"
+"""
 
 
 @dataclass(frozen=True)
@@ -146,6 +164,80 @@ def describe_pod(pod: PodFacts, events: Sequence[str], spec_hash: str) -> str:
     lines += [f"    {problem}" for problem in pod.problems]
     lines += [f"    event {event}" for event in events]
     return "\n".join(lines)
+
+
+# The training job's GPU switches (training.config.settings, `use_gpu`; the last one given wins).
+GPU_SWITCHES = {"--use-gpu": True, "--gpu": True, "--no-use-gpu": False, "--no-gpu": False}
+
+
+def uses_gpus(job_args: Sequence[str]) -> bool:
+    """Whether the job trains on GPUs: as its last GPU switch says; the program always gives one."""
+    switches = [GPU_SWITCHES[arg] for arg in job_args if arg in GPU_SWITCHES]
+    return switches[-1] if switches else True
+
+
+def host_limits_command() -> list[str]:
+    return ["sh", "-c", HOST_LIMITS_SCRIPT]
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    """What `HOST_LIMITS_SCRIPT` read in one worker pod; "" where it read nothing."""
+
+    driver: str
+    driver_cuda: str
+    runtime_cuda: str
+    memlock: str
+
+    @classmethod
+    def parse(cls, stdout: str) -> HostLimits:
+        fields = dict(line.partition(" ")[::2] for line in stdout.splitlines() if line.strip())
+        return cls(
+            *(fields.get(name, "").strip() for name in ("driver", "driver_cuda", "runtime_cuda", "memlock"))
+        )
+
+
+def _major(version: str) -> int | None:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def host_limit_problems(pod: str, limits: HostLimits) -> list[str]:
+    """Why the worker pod's node cannot run the job, one line each (empty: it can, or nothing was read)."""
+    problems = []
+    driver, runtime = _major(limits.driver_cuda), _major(limits.runtime_cuda)
+    if driver is not None and runtime is not None and driver < runtime:
+        oldest = MIN_DRIVER_OF_CUDA.get(runtime)
+        problems.append(
+            f"{pod}: its node's NVIDIA driver {limits.driver} supports CUDA up to {limits.driver_cuda}, but the "
+            f"image's PyTorch is built for CUDA {limits.runtime_cuda}"
+            + (f", which needs driver {oldest} or later" if oldest else "")
+            + " (KubeRay replaces the image's entrypoint and its CUDA compat shim). Fix: run the GPU nodes on an "
+            "EKS AL2023 NVIDIA AMI release with a newer driver, or pick an image built for the node's CUDA"
+        )
+    if limits.memlock and limits.memlock != "unlimited":
+        problems.append(
+            f"{pod}: the locked-memory limit is {limits.memlock} KiB, not unlimited: EFA registers the memory it "
+            "sends from and fails at the first collective with a small limit, and a container cannot raise it. "
+            "Fix: raise the container runtime's limit on the GPU nodes (LimitMEMLOCK=infinity for containerd)"
+        )
+    return problems
+
+
+def check_host_limits(workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor]) -> list[str]:
+    """Stop, in one line, when a worker pod's node cannot run the job; else what was read, per pod."""
+    read, problems = [], []
+    for pod in workers:
+        result = executor_for(pod).run(host_limits_command(), COMMAND_TIMEOUT_S)
+        limits = HostLimits.parse(result.stdout)
+        problems += host_limit_problems(pod.name, limits)
+        read.append(
+            f"{pod.name}: driver {limits.driver or 'not read'} (CUDA {limits.driver_cuda or '?'}), image CUDA "
+            f"{limits.runtime_cuda or '?'}, memlock {limits.memlock or 'not read'}"
+        )
+    if problems:
+        raise TrainingRunError("; ".join(problems))
+    return read
 
 
 def code_hash_command(code_dir: str) -> list[str]:

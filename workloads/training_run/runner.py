@@ -368,6 +368,9 @@ class TrainingRunner:
             env.code_dir,
             request.code_hash,
         )
+        if readiness.uses_gpus(request.job_args):
+            read = readiness.check_host_limits(pods.workers, env.executor_for)
+            env.log(f"training run: worker pods' hosts: {'; '.join(read)}")
         # The counter readers start beside the worker pods, from the image those just pulled: a short
         # wait. A node still without one has its counters reported unavailable, never as unmoved.
         _, missing = env.pace.until(

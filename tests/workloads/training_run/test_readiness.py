@@ -228,3 +228,50 @@ def test_stale_code_in_the_head_pod_fails_with_both_hashes():
     assert "restart of the head pod picks it up" not in message
     assert "deleting the head pod makes KubeRay create it afresh" in message
     assert head.submissions == []
+
+
+# What `readiness.HOST_LIMITS_SCRIPT` reads on a node the job cannot run on: the EKS AL2023 NVIDIA AMI's
+# older 570 branch (nvidia-smi's header says CUDA 12.8) under an image built for CUDA 13.0, and a
+# container runtime that leaves the default 8 MiB locked-memory limit.
+OLD_DRIVER = "driver 570.172.08\ndriver_cuda 12.8\nruntime_cuda 13.0\nmemlock unlimited\n"
+SMALL_MEMLOCK = "driver 580.95.05\ndriver_cuda 13.0\nruntime_cuda 13.0\nmemlock 8192\n"
+
+
+@pytest.mark.parametrize(
+    "read, expected",
+    [
+        (
+            OLD_DRIVER,
+            "its node's NVIDIA driver 570.172.08 supports CUDA up to 12.8, but the image's PyTorch is built "
+            "for CUDA 13.0, which needs driver 580.65.06 or later",
+        ),
+        (SMALL_MEMLOCK, "the locked-memory limit is 8192 KiB, not unlimited"),
+    ],
+    ids=["driver", "memlock"],
+)
+def test_a_node_the_job_cannot_run_on_stops_before_the_gate_in_one_line(read, expected):
+    fake = FakeCluster(main_and_tcp_head())
+    fake.workers[WORKER_PODS[1]].host_limits = read
+    message = failure_of(fake)
+    assert "\n" not in message and message.startswith(f"{WORKER_PODS[1]}: ") and expected in message
+    assert "Fix: " in message and WORKER_PODS[0] not in message
+    assert fake.head.probe_submissions == [] and fake.head.submissions == []
+
+
+def test_host_limits_are_judged_on_what_was_read():
+    healthy = readiness.HostLimits.parse(
+        "driver 580.95.05\ndriver_cuda 13.0\nruntime_cuda 13.1\nmemlock unlimited\n"
+    )
+    assert healthy == readiness.HostLimits("580.95.05", "13.0", "13.1", "unlimited")
+    assert (
+        readiness.host_limit_problems("pod", healthy) == []
+    )  # a newer minor runs on the same major's driver
+    # Nothing read (no nvidia-smi, no torch in the image): nothing judged, never a made-up failure.
+    assert (
+        readiness.host_limit_problems("pod", readiness.HostLimits.parse("driver \nmemlock unlimited\n")) == []
+    )
+
+
+def test_a_cpu_job_reads_no_driver():
+    assert readiness.uses_gpus(["--preset", "tiny", "--no-use-gpu"]) is False
+    assert readiness.uses_gpus(["--no-gpu", "--use-gpu"]) is True and readiness.uses_gpus([]) is True

@@ -27,6 +27,7 @@ from tests.harness.training_run_fakes import (
 )
 from workloads.efa_counter_reader import counters_command
 from workloads.training_run.access import jobs
+from workloads.training_run.readiness import host_limits_command
 from workloads.training_run.verdicts import evidence
 
 
@@ -50,6 +51,7 @@ def test_worker_logs_of_other_jobs_never_reach_the_verdict():
     gate = jobs.submission_id_base(run_inputs().job_identity(), "gate-main", {})
     for pod in fake.workers.values():
         assert pod.commands == [
+            host_limits_command(),  # readiness: the node's driver and memlock limit
             evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, gate, evidence.RAY_LOG_DIR, PROBE_JOB),
             evidence.nccl_lines_command(jobs.NCCL_LOG_DIR, base, evidence.RAY_LOG_DIR, EFA_JOB),
         ]
