@@ -403,8 +403,9 @@ def test_a_silent_endpoint_fails_in_bounded_time_naming_it_and_the_cidrs(world: 
     assert "endpointPublicAccessCidrs" in details and "2 attempts" in details
     assert_one_clear_message(details)
     # FAST's limits (2 attempts of 0.5 s to connect and 1 s to read) end it in 2.3-2.6 s measured on
-    # the loaded 2-core machine; without them it would run into the test's gRPC deadline (40 s).
-    assert elapsed < 15
+    # the loaded 2-core machine; without them it would run into the test's gRPC deadline (40 s). The
+    # bound tells the two apart on a machine many times slower, not how fast this one is.
+    assert elapsed < 30
     print(f"\nsilent endpoint: failed after {elapsed:.2f} s")
 
 
@@ -466,8 +467,9 @@ INTERRUPTED_WHERE = ["between-polls", "in-a-stalled-exec"]
 # cancel flag every CANCEL_CHECK_S (0.1 s) inside an exec and at once in its sleeps; then the host
 # stops its gRPC server and its interpreter exits. Measured on the 2-core machine with one core
 # busy: Cancel 0.01-0.15 s, SIGINT 0.3-0.6 s; in one full-suite run with more work beside it, both
-# SIGINT cases took over 3 s. 15 s is 25 times the worst measured and an eighth of 120 s.
-PROMPT_S = 15
+# SIGINT cases took over 3 s. The bound is half of 120 s: it tells the two apart on a machine many
+# times slower or busier, rather than holding this machine's speed.
+PROMPT_S = 60
 
 
 def _interrupt_when_running(world: World, where: str) -> grpc.Future:
