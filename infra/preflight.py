@@ -528,10 +528,11 @@ def _read_reservation(reservation_id: str, region: str) -> dict:
     except Exception as err:  # the provider reports a missing reservation and AccessDenied as an invoke error
         where = f"config key 'capacityReservationId' = {reservation_id}"
         listing = f"`aws ec2 describe-capacity-reservations --region {region}` lists them"
-        if "ResourceNotFoundException" in str(err):
+        # The provider reports Cloud Control's ResourceNotFoundException as "couldn't find resource".
+        if "couldn't find resource" in str(err) or "ResourceNotFoundException" in str(err):
             raise PreflightError(
                 f"{where}: could not read capacity reservation {reservation_id} in {region}: it does not exist "
-                f"there (Cloud Control: ResourceNotFoundException); check the id and the region ({listing})"
+                f"there (Cloud Control: couldn't find resource); check the id and the region ({listing})"
             ) from None
         raise PreflightError(
             f"{where}: could not read capacity reservation {reservation_id} in {region} "

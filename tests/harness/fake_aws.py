@@ -471,11 +471,11 @@ class FakeAws:
             raise NotImplementedError(f"FakeAws does not read {type_name} through Cloud Control")
         reservation = (self.reservations or {}).get(identifier)
         if reservation is None:
-            raise AwsApiError(
-                "CloudControl: GetResource",
-                "ResourceNotFoundException",
-                f"Resource of type '{type_name}' with identifier '{identifier}' was not found.",
-            )
+            # Cloud Control answers ResourceNotFoundException; the provider's data source turns it into a
+            # not-found error and reports only "couldn't find resource" (terraform-provider-aws
+            # internal/service/cloudcontrol: findResource returns retry.NotFoundError, whose Error() is
+            # that text; the data source prefixes "reading Cloud Control API (<type>) Resource (<id>)").
+            raise self._missing(f"Cloud Control API ({type_name}) Resource", identifier)
         properties = {
             _RESERVATION_PROPERTIES[key]: value
             for key, value in reservation.items()

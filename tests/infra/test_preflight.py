@@ -273,7 +273,7 @@ def test_missing_reservation_names_the_key_the_id_and_the_region(run):
     message = run(FakeAws(), capacityReservationId=RESERVATION)
     assert f"config key 'capacityReservationId' = {RESERVATION}: could not read" in message
     assert f"capacity reservation {RESERVATION} in us-east-2: it does not exist there" in message
-    assert "ResourceNotFoundException" in message and "describe-capacity-reservations" in message
+    assert "couldn't find resource" in message and "describe-capacity-reservations" in message
     assert "\n" not in message.strip()  # one line, not the nested invoke error
 
 
