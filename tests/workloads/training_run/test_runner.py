@@ -119,6 +119,24 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     assert outs["tcp_busbw_gbps"] == {"all_reduce": 14.2, "all_gather": 15.1, "reduce_scatter": 14.8}
 
 
+def test_jobs_whose_nccl_lines_reach_only_their_nccl_log_files_are_judged_on_those():
+    """As a real job submitted with `NCCL_DEBUG_FILE` is (NCCL src/debug.cc: once the file opens, NCCL
+    writes there and not to stdout, so Ray relays no NCCL line to the driver's log): the probe's and
+    the job's files alone cover every rank on both pods."""
+
+    def quiet(job, lines_of):
+        driver_log = "".join(line for line in job.driver_log.splitlines(True) if "NCCL" not in line)
+        return replace(job, driver_log=driver_log, nccl_lines_of=lines_of)
+
+    head = main_and_tcp_head()
+    head.jobs_by_variant["main"] = quiet(head.jobs_by_variant["main"], EFA_JOB)
+    head.probes_by_variant["main"] = quiet(head.probes_by_variant["main"], EFA_JOB)
+    outs = FakeCluster(head).provider().create(props(run_inputs())).outs
+    assert (outs["gate_transport"], outs["transport"]) == ("efa", "efa")
+    assert outs["transport_reason"].startswith("8 NCCL processes on 2 hosts")
+    assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 4)
+
+
 def test_a_busbw_under_the_floor_stops_before_the_job_with_the_numbers():
     fake = FakeCluster(main_and_tcp_head())
     message = failure_of(fake, run_inputs(min_busbw_fraction=0.875))

@@ -4,7 +4,8 @@ Pods starting proves nothing: without the EFA device NCCL silently falls back to
 the job still completes, only slower. So after a job succeeds:
 
 1. the driver's log (`JobLog`, fed as the job is polled) gives the step metrics, the run summary
-   and the NCCL lines Ray relayed from the workers;
+   and any NCCL lines Ray relayed from the workers' stdout (none for a job submitted with
+   `NCCL_DEBUG_FILE`: NCCL then writes to that file alone, NCCL src/debug.cc);
 2. each worker pod's NCCL log files of *this* job are read: one per NCCL process, named after
    the submission id (`jobs.nccl_debug_file`), written line by line, so nothing is lost when Ray
    ends the worker. A job submitted before they existed has none: then the pod's Ray session logs
@@ -13,8 +14,10 @@ the job still completes, only slower. So after a job succeeds:
    jobs' files never count. Ray's core worker rotates them by size (`RAY_ROTATION_MAX_BYTES`,
    default 512 MiB, `RAY_ROTATION_BACKUP_COUNT` parts kept, default 5) into
    `worker-...-<pid>.out.1`, `.out.2`, ... (seen with Ray 2.58): NCCL's init lines are in the
-   oldest part of a long run, so the rotated parts are read too. A worker pod restarted since the
-   job ran has lost its logs, and the driver's relayed copy then stands in;
+   oldest part of a long run, so the rotated parts are read too. A worker pod replaced since the
+   job ran has lost its logs: only a job from before the NCCL log files has a relayed copy in the
+   driver's log to stand in, so a newer one is judged on the pods that kept theirs (coverage then
+   says what is missing);
 3. `workloads.nccl_transport.classify_lines` turns all those lines into a `Verdict`, which must
    cover the job: NCCL lines telling the transport of every rank (`--workers` of the job) on
    every worker pod the ranks need (`expected_coverage`), else it is `unknown`;
