@@ -14,13 +14,18 @@ colours, `[repeated Nx across cluster]`), and classifies the run as one of:
     unknown     no NCCL line reveals the transport, or the processes contradict each other
 
 Lines are grouped per NCCL process, keyed `host:pid` from NCCL's `host:pid:tid [cudaDev]` prefix
-(or Ray's `pid=`/`ip=` prefix when NCCL's is missing). Each process is decided first:
+(or Ray's `pid=`/`ip=` prefix when NCCL's is missing). A prefix without a host name (`:22901:22901 [0]`,
+the host cut by whoever posted the log) or with an anonymised one (`<cluster_name>:919:1150 [0]`,
+`pod-id:num:num [0]`) is keyed `unknown-host:pid` (`unknown-host` when the pid is gone too), and so are
+lines with no prefix at all. Each process is decided first:
 
 1. Channel lines decide. `Channel 00/0 : 3[3] -> 4[0] [send] via NET/<name>/0` means network
    traffic through plugin <name> (`Socket`, `IB`, `Libfabric`, `AWS Libfabric`; suffixes such as
    `/GDRDMA` or a PXN proxy rank do not matter). `via P2P/...` (IPC, CUMEM, direct pointer) and
    `via SHM/...` stay on the machine (so does P2P/MNNVL as far as this check goes: multi-node
-   NVLink is no network transport).
+   NVLink is no network transport). A CollNet channel (`CollNet 05/0 : 5 [receive] via
+   COLLNET/SHARP/5/GDRDMA`, in-network reduction) is named as such and is a plugin this check
+   does not know.
 2. A process whose communicators all have one rank (`nranks 1`) is intra-node: it moves no bytes,
    whatever network it announces. A process without NET channel lines is decided by its `Using network <name>` /
    `Assigned NET plugin <name> to comm` line when its communicators span several nodes
@@ -41,9 +46,11 @@ the network transports of the remaining processes must agree (`efa` or `ib`); di
 spans several nodes or the processes sit on several hosts (logs incomplete: `unknown`), and
 without NCCL lines it is `unknown`.
 
-Fallback lines (`NET/OFI aws-ofi-nccl initialization failed`, `NET/IB : No device found.`,
-`NET/Socket : Using [0]eth0:...`, `NCCL_NET set by environment to Socket`) never decide alone;
-they are shown as evidence next to the socket lines they explain.
+Fallback lines (`NET/OFI No eligible providers were found`, `NET/OFI aws-ofi-nccl initialization
+failed`, `NCCL_NET set by environment to Socket`, `NET/IB : No device found.`, `NET/Socket : Using
+[0]eth0:...`) never decide alone; the two that explain most (in that order) are shown as evidence
+next to the socket lines they explain. NCCL's plugin version probes (`NET/Plugin: Failed to find
+ncclCollNetPlugin_v10 symbol.`) are routine and explain nothing.
 
 Prefer the workers' session logs (`/tmp/ray/session_*/logs/worker-*.out` on each worker pod):
 Ray's driver output drops lines that differ from an earlier one only in numbers, so whole
@@ -55,8 +62,11 @@ CLI (exit 0 when the expectation holds, 1 when not, 2 on bad arguments or unread
 
 Directories are walked for *.log, *.out and *.err and their rotated parts (`.out.1`: a Ray
 session `logs/` folder). Without --expect, `ok` means an inter-node network transport (efa,
-socket or ib) was identified; `unknown` is no expectation. With --ranks/--hosts, a verdict other
-than socket must cover that many NCCL processes and hosts, else it is unknown (`Verdict.covering`).
+socket or ib) was identified; `unknown` is no expectation. With --ranks/--hosts (default 1 each), a
+verdict other than socket must cover that many NCCL processes and hosts, else it is unknown
+(`Verdict.covering`). Lines without a host name count as one host, the log's own, when no line of
+the input names one (`nNodes 1` on every rank says the same); among lines that name hosts they count
+for nothing, so a cluster's logs are judged by their host names alone.
 """
 
 from __future__ import annotations
@@ -86,7 +96,10 @@ _BINARY_PROBE_BYTES = 8192
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _RAY_DEDUP_SUFFIX = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _RAY_PREFIX = re.compile(r"\((?:[^()\s]+ )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)")
-_NCCL_ORIGIN = re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d+):\d+ \[\d+\]")
+# NCCL's `host:pid:tid [cudaDev]` prefix; the host is empty in logs whose poster (or container) left it out.
+_NCCL_ORIGIN = re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]*)?:(?P<pid>\d+):\d+ \[\d+\]")
+# The same prefix anonymised past that (`<cluster_name>:919:1150 [0]`, `pod-id:num:num [0]`): no host name.
+_ANONYMISED_ORIGIN = re.compile(r"\S*:(?P<pid>[^\s:]+):[^\s:]+ \[\d+\]")
 _NCCL_MESSAGE = re.compile(r"\bNCCL (?:INFO|WARN) (?P<message>.*)$")
 _NCCL_BARE_VERSION = re.compile(r"^NCCL version \d")
 
@@ -100,16 +113,23 @@ _PROVIDER = re.compile(r"^NET/OFI Selected [Pp]rovider is (?P<provider>[^\s,]+)"
 _COMMUNICATOR = re.compile(
     r"\bcomm 0x[0-9a-f]+ rank \d+ n[Rr]anks (?P<ranks>\d+)(?: nNodes (?P<nodes>\d+))?\b"
 )
+# Lines that explain a fallback to TCP, strongest first: the evidence shows the first two a process has.
 _FALLBACK_HINTS = (
-    re.compile(r"^NET/OFI .*(?:initialization|Initializing plugin) failed"),
+    # why aws-ofi-nccl gave up, then that it did
     re.compile(r"^NET/OFI (?:Only EFA provider is supported|No eligible providers)"),
+    re.compile(r"^NET/OFI .*initialization failed"),
+    # TCP chosen on purpose
+    re.compile(r"^NCCL_NET(?:_PLUGIN)? set by environment to (?:Socket|none)"),
+    # NCCL's side of a plugin that did not load
+    re.compile(r"^NET/OFI Initializing plugin failed|^Failed to initialize NET plugin "),
     re.compile(r"^NET/Plugin\s?: .*(?:Could not find|No plugin found|failed|internal)", re.I),
-    re.compile(r"^(?:Failed to initialize NET plugin |Initialized NET plugin Socket)"),
     re.compile(r"^NET/IB : No device found"),
-    re.compile(r"^NET/Socket : Using "),
-    re.compile(r"^NCCL_NET set by environment to Socket"),
-    re.compile(r"^NCCL_NET_PLUGIN set by environment to none"),
+    re.compile(r"^(?:Initialized NET plugin Socket|NET/Socket : Using )"),
 )
+# NCCL probing a plugin for the versions it knows (`Failed to find ncclCollNetPlugin_v10 symbol.`): routine
+# whenever a plugin lacks CollNet or an interface version, so it explains nothing.
+_PLUGIN_PROBE = re.compile(r"^NET/Plugin\s?: ?Failed to find nccl\w*Plugin")
+_COLLNET = "COLLNET/"
 
 
 class UnreadableLogError(Exception):
@@ -148,19 +168,24 @@ class Verdict:
         Else efa, ib or intra-node becomes `unknown`, naming what is missing: a process whose lines
         were not read may have fallen back to TCP. `socket` stands, since one process over TCP
         already makes the run socket.
+
+        Processes count by the host names of their lines. A log none of whose lines names a host
+        (the poster cut it, or anonymised it) is one host's, the log's own: its processes count, on
+        one host, which is also what `nNodes 1` on every rank says. Where some lines name hosts, the
+        lines that name none cannot be told from theirs and count for nothing.
         """
-        judged = [key for key in self.processes if key != UNKNOWN_HOST]
-        judged_hosts = _hosts(judged)
+        judged, judged_hosts, hostless = _coverage(self.processes)
         missing = [
-            f"{expected - len(seen)} of {expected} {what}"
-            for what, expected, seen in (("ranks", ranks, judged), ("hosts", hosts, judged_hosts))
-            if len(seen) < expected
+            f"{expected - seen} of {expected} {what}"
+            for what, expected, seen in (("ranks", ranks, len(judged)), ("hosts", hosts, judged_hosts))
+            if seen < expected
         ]
         if not missing or self.transport in {"socket", "unknown"}:
             return self
+        counted = " (lines without a host name count as one host)" if hostless else ""
         reason = (
-            f"the lines of only {len(judged)} NCCL processes on {len(judged_hosts)} hosts tell their transport "
-            f"({self.transport}: {self.reason}); nothing tells it for {' and '.join(missing)}"
+            f"the lines of only {len(judged)} NCCL processes on {judged_hosts} hosts{counted} tell their "
+            f"transport ({self.transport}: {self.reason}); nothing tells it for {' and '.join(missing)}"
         )
         return replace(self, transport="unknown", reason=reason, confidence="none")
 
@@ -205,11 +230,18 @@ class _Process:
     node_count_line: _Line | None = None
     max_ranks: int | None = None
     rank_count_line: _Line | None = None
-    fallback_hints: list[_Line] = field(default_factory=list)
+    fallback_hints: dict[int, list[_Line]] = field(default_factory=dict)  # by strength, 0 strongest
 
     @property
     def spans_nodes(self) -> bool:
         return self.max_nodes is not None and self.max_nodes > 1
+
+    def explaining(self, count: int = 2) -> tuple[_Line, ...]:
+        """The `count` strongest lines that explain a fallback to TCP (`_FALLBACK_HINTS`)."""
+        strongest = (
+            line for strength in sorted(self.fallback_hints) for line in self.fallback_hints[strength]
+        )
+        return tuple(strongest)[:count]
 
 
 @dataclass(frozen=True)
@@ -237,6 +269,7 @@ def _network_family(name: str) -> str:
     return name.strip()
 
 
+_FAMILY_NAMES = {"socket": "Socket", "ib": "IB", "libfabric": "Libfabric"}
 _PROVIDER_NAMES = {"efa": "efa", "socket": "tcp/sockets", "ib": "verbs", "unknown": "unrecognised"}
 
 
@@ -274,10 +307,16 @@ class _LogReader:
         head = line[: found.start()]
         origin = _NCCL_ORIGIN.search(head)
         ray = _RAY_PREFIX.search(head)
-        if origin is not None:
+        anonymised = _ANONYMISED_ORIGIN.search(head) if origin is None else None
+        if origin is not None and origin["host"]:
             host, pid, key = origin["host"], origin["pid"], line[origin.start() :]
         elif ray is not None:
             host, pid, key = ray["ip"] or UNKNOWN_HOST, ray["pid"], line[ray.start() :]
+        elif origin is not None:  # `:pid:tid [0]`: a host name left out
+            host, pid, key = UNKNOWN_HOST, origin["pid"], line[origin.start() :]
+        elif anonymised is not None:  # `<cluster_name>:...`, `pod-id:num:num [0]`: pid kept if it is one
+            pid = anonymised["pid"] if anonymised["pid"].isdigit() else ""
+            host, key = UNKNOWN_HOST, line[anonymised.start() :]
         else:
             host, pid, key = UNKNOWN_HOST, "", line
         process = self._processes.setdefault(f"{host}:{pid}" if pid else host, _Process(host))
@@ -288,8 +327,10 @@ class _LogReader:
         channel = _CHANNEL.match(message)
         if channel is not None:
             parts = channel["path"].split("/")
-            if parts[0] in {"NET", "COLLNET"} and len(parts) > 1:
+            if parts[0] == "NET" and len(parts) > 1:
                 _keep(process.net_channels.setdefault(_network_family(parts[1]), []), line)
+            elif parts[0] == "COLLNET" and len(parts) > 1:  # in-network reduction (SHARP), no NET plugin
+                _keep(process.net_channels.setdefault(_COLLNET + parts[1].strip(), []), line)
             elif parts[0] in {"P2P", "SHM"}:
                 _keep(process.local_channels, line)
             return
@@ -313,8 +354,11 @@ class _LogReader:
                 if process.max_nodes is None or nodes > process.max_nodes:
                     process.max_nodes, process.node_count_line = nodes, line
             return
-        if any(hint.search(message) for hint in _FALLBACK_HINTS):
-            _keep(process.fallback_hints, line)
+        if _PLUGIN_PROBE.search(message):
+            return
+        strength = next((rank for rank, hint in enumerate(_FALLBACK_HINTS) if hint.search(message)), None)
+        if strength is not None:
+            _keep(process.fallback_hints.setdefault(strength, []), line)
 
     def verdict(self) -> Verdict:
         host_providers: dict[str, dict[str, list[_Line]]] = {}
@@ -418,6 +462,23 @@ def _hosts(processes: Iterable[str]) -> set[str]:
     return {key.rsplit(":", 1)[0] for key in processes} - {UNKNOWN_HOST}
 
 
+def _coverage(processes: Iterable[str]) -> tuple[list[str], int, bool]:
+    """The processes (keyed `host:pid`) that count for coverage, on how many hosts, and whether they are
+    host-less ones: those with a host name; else, in a log none of whose lines names a host, all of them,
+    on one host (the log's own)."""
+    keys = list(processes)
+    named = [key for key in keys if key.rsplit(":", 1)[0] != UNKNOWN_HOST]
+    if named or not keys:
+        return named, len(_hosts(named)), False
+    return keys, 1, True
+
+
+def _named(source: str, family: str) -> str:
+    """A network as a reason names it: `channels via NET/IB`, `Using network Socket`, or, for a CollNet
+    channel (`CollNet 05/0 : 5 [receive] via COLLNET/SHARP/5/GDRDMA`), `CollNet channels via COLLNET/SHARP`."""
+    return f"CollNet channels via {family}" if family.startswith(_COLLNET) else f"{source}{family}"
+
+
 def _judge(
     process: _Process,
     host_providers: dict[str, list[_Line]],
@@ -439,21 +500,26 @@ def _judge(
         # aws-ofi-nccl initialised on a TCP provider: whichever of it or NCCL's own socket transport
         # carried the traffic, it went over TCP. An efa provider line alone proves nothing: NCCL
         # initialises the plugin even when NCCL_NET then picks another network.
-        lines = (*process.providers["socket"][:1], *process.fallback_hints[:2], *context)
+        lines = (*process.providers["socket"][:1], *process.explaining(), *context)
         return _ProcessVerdict("socket", False, lines, "aws-ofi-nccl on the libfabric tcp/sockets provider")
 
     if "socket" in families:
-        lines = (*families["socket"][:2], *process.fallback_hints[:2], *context)
+        lines = (*families["socket"][:2], *process.explaining(), *context)
         return _ProcessVerdict("socket", from_channels, lines, f"{source}Socket")
     if len(families) > 1:
         lines = tuple(line for group in families.values() for line in group[:1])
-        names = ", ".join(sorted(families))
-        return _ProcessVerdict("unknown", from_channels, lines, f"{source}{names} at once")
+        networks = [family for family in sorted(families) if not family.startswith(_COLLNET)]
+        names = [f"{source}{', '.join(_FAMILY_NAMES.get(f, f) for f in networks)}"] if networks else []
+        names += [_named(source, family) for family in sorted(families) if family.startswith(_COLLNET)]
+        return _ProcessVerdict("unknown", from_channels, lines, f"{' and '.join(names)} at once")
     if families:
         ((family, family_lines),) = families.items()
         lines = (*family_lines[:2], *context)
         if family == "ib":
             return _ProcessVerdict("ib", from_channels, lines, f"{source}IB")
+        if family.startswith(_COLLNET):
+            why = f"{_named(source, family)}, a CollNet plugin this check does not know"
+            return _ProcessVerdict("unknown", from_channels, lines, why)
         if family != "libfabric":
             why = f"{source}{family}, a network plugin this check does not know"
             return _ProcessVerdict("unknown", from_channels, lines, why)

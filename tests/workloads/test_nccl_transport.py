@@ -105,7 +105,11 @@ def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
             "tcp_fallback_plugin_init_failed.log",
             "socket",
             "high",
-            ["via NET/Socket/0", "NET/OFI aws-ofi-nccl initialization failed"],
+            [
+                "via NET/Socket/0",
+                "NET/OFI No eligible providers were found",
+                "NET/OFI aws-ofi-nccl initialization failed",
+            ],
         ),
         (
             "forced_socket_nccl_net_socket.log",
@@ -151,6 +155,24 @@ def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
             "socket",
             "low",
             ["NET/OFI Selected Provider is tcp;ofi_rxm"],
+        ),
+        (  # a prefix without a host name (`:pid:tid [0]`): the process is still one, its ring on IB
+            "ib_hostless_prefix_tf_nccl_2_4.log",
+            "ib",
+            "high",
+            [":5202:5683 [0] NCCL INFO Ring 00 : 0 -> 1 [send] via NET/IB/0"],
+        ),
+        (  # no prefix at all: aws-ofi-nccl on the efa provider, from its init lines
+            "efa_no_prefix_nccl_2_9_9_p4d.log",
+            "efa",
+            "low",
+            ["NCCL INFO Using network AWS Libfabric", "NCCL INFO NET/OFI Selected Provider is efa"],
+        ),
+        (  # an anonymised host name (`<cluster_name>`): processes still told apart by pid
+            "socket_anonymised_prefix_nccl_2_18.log",
+            "socket",
+            "high",
+            ["<cluster_name>:926:1151 [7] NCCL INFO Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3"],
         ),
     ],
 )
@@ -480,6 +502,173 @@ def test_one_process_over_tcp_is_socket_however_few_processes_were_read():
     verdict = classify_lines([_info(ORIGIN_B, RECEIVE_SOCKET)]).covering(8, 2)
 
     assert (verdict.transport, verdict.confidence) == ("socket", "high")
+
+
+HOSTLESS_FIXTURES = [
+    # (fixture, transport, processes): real logs whose lines carry no host name, as posted in issues
+    ("ib_hostless_prefix_tf_nccl_2_4.log", "ib", {"unknown-host:5202": "ib"}),
+    ("efa_no_prefix_nccl_2_9_9_p4d.log", "efa", {"unknown-host": "efa"}),
+    (
+        "socket_anonymised_prefix_nccl_2_18.log",
+        "socket",
+        {
+            "unknown-host:919": "intra-node",
+            "unknown-host:921": "intra-node",
+            "unknown-host:923": "intra-node",
+            "unknown-host:924": "intra-node",
+            "unknown-host:926": "socket",
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("fixture", "transport", "processes"), HOSTLESS_FIXTURES)
+def test_cli_judges_a_log_without_host_names_with_the_default_ranks_and_hosts(fixture, transport, processes):
+    """`--ranks 1 --hosts 1` (the defaults): the log's lines are its own host's, so they cover it."""
+    result = _cli(str(FIXTURES / fixture))
+
+    assert result.returncode == 0, result.stdout
+    document = json.loads(result.stdout)
+    assert (document["transport"], document["ok"]) == (transport, True), document["reason"]
+    assert document["processes"] == processes
+    assert list(document["by_host"]) == ["unknown-host"]
+
+
+def test_cli_expects_efa_of_the_log_without_any_prefix():
+    result = _cli(
+        "--expect", "efa", "--ranks", "1", "--hosts", "1", str(FIXTURES / "efa_no_prefix_nccl_2_9_9_p4d.log")
+    )
+
+    assert result.returncode == 0, result.stdout
+    assert json.loads(result.stdout)["confidence"] == "low"
+
+
+def test_a_log_without_host_names_is_one_host_however_many_the_run_had():
+    verdict = classify_files([FIXTURES / "ib_hostless_prefix_tf_nccl_2_4.log"])
+
+    assert verdict.covering(1, 1).transport == "ib"
+    short = verdict.covering(1, 2)
+    assert (short.transport, short.confidence) == ("unknown", "none")
+    assert short.reason.startswith(
+        "the lines of only 1 NCCL processes on 1 hosts (lines without a host name count as one host) tell"
+    )
+    assert short.reason.endswith("nothing tells it for 1 of 2 hosts")
+
+
+def _single_node_ranks(prefix: str) -> list[str]:
+    """Four ranks of one communicator on one node, each over P2P to the next, behind `prefix`."""
+    lines = []
+    for rank in range(4):
+        origin = prefix.format(pid=4000 + rank, tid=4100 + rank, dev=rank)
+        lines.append(
+            _info(
+                origin, f"comm 0x5{rank} rank {rank} nRanks 4 nNodes 1 localRanks 4 localRank {rank} MNNVL 0"
+            )
+        )
+        lines.append(
+            _info(
+                origin, f"Channel 00/0 : {rank}[{rank}] -> {(rank + 1) % 4}[{(rank + 1) % 4}] via P2P/CUMEM"
+            )
+        )
+    return lines
+
+
+def test_cli_judges_an_anonymised_log_whose_ranks_say_nnodes_1_as_one_host(tmp_path):
+    """`pod-id:num:num [0]`: neither host nor pid left, every rank on `nNodes 1`: intra-node, one host."""
+    log = _write(tmp_path / "pod.log", "\n".join(_single_node_ranks("pod-id:num:num [{dev}]")).encode())
+
+    default = _cli(str(log))
+    expected = _cli("--expect", "intra-node", str(log))
+    two_hosts = _cli("--expect", "intra-node", "--hosts", "2", str(log))
+
+    assert default.returncode == 1  # intra-node is no network transport: not ok without --expect
+    assert json.loads(default.stdout)["transport"] == "intra-node", default.stdout
+    assert expected.returncode == 0, expected.stdout
+    assert two_hosts.returncode == 1
+    assert json.loads(two_hosts.stdout)["reason"].endswith("nothing tells it for 1 of 2 hosts")
+
+
+def test_anonymised_host_names_keep_their_processes_apart():
+    """`<pod-id>:pid:tid [0]`: four processes, one host, all `nNodes 1`: they cover 4 ranks on 1 host."""
+    verdict = classify_lines(_single_node_ranks("<pod-id>:{pid}:{tid} [{dev}]"))
+
+    assert verdict.transport == "intra-node"
+    assert verdict.processes == {f"unknown-host:{4000 + rank}": "intra-node" for rank in range(4)}
+    assert verdict.covering(4, 1).transport == "intra-node"
+    assert verdict.covering(5, 1).transport == "unknown"
+
+
+def test_lines_without_a_host_name_count_for_nothing_beside_lines_that_name_hosts():
+    """Cluster logs carry host names: a line without one there cannot be told from theirs."""
+    named = [_info(ORIGIN_A, EFA_PROVIDER), _info(ORIGIN_A, SEND_LIBFABRIC)]
+    hostless = _info(":5022:5075 [0]", RECEIVE_LIBFABRIC)
+
+    verdict = classify_lines([*named, hostless])
+
+    assert verdict.processes == {"ip-10-0-1-23:4711": "efa", "unknown-host:5022": "efa"}
+    assert verdict.covering(1, 1).transport == "efa"
+    short = verdict.covering(2, 2)
+    assert short.transport == "unknown"
+    assert short.reason.startswith("the lines of only 1 NCCL processes on 1 hosts tell their transport")
+
+
+# A CollNet channel line as NCCL prints it, from https://github.com/NVIDIA/nccl/issues/1219.
+COLLNET_SHARP = "node:176:4360 [5] NCCL INFO CollNet 05/0 : 5 [receive] via COLLNET/SHARP/5/GDRDMA"
+
+
+@pytest.mark.parametrize(
+    ("lines", "why"),
+    [
+        ([COLLNET_SHARP], "CollNet channels via COLLNET/SHARP, a CollNet plugin this check does not know"),
+        (
+            [
+                COLLNET_SHARP,
+                "node:176:4360 [5] NCCL INFO Channel 00/0 : 5[5] -> 13[5] [send] via NET/IB/5/GDRDMA",
+            ],
+            "channels via NET/IB and CollNet channels via COLLNET/SHARP at once",
+        ),
+    ],
+    ids=["collnet-alone", "collnet-and-ib"],
+)
+def test_collnet_channel_is_named_as_such(lines, why):
+    verdict = classify_lines(lines)
+
+    assert verdict.transport == "unknown"
+    assert verdict.reason.endswith(why), verdict.reason
+    assert "via NET/SHARP" not in verdict.reason  # what it said before: SHARP as a NET plugin
+    assert COLLNET_SHARP in verdict.evidence
+
+
+def test_fallback_evidence_is_the_lines_that_explain_it_not_plugin_probes():
+    """NCCL probes every plugin for CollNet (`Failed to find ncclCollNetPlugin_v10 symbol.`) before
+    aws-ofi-nccl says why it gave up; the evidence shows why, not the probes."""
+    warn = "[2026-05-11 09:14:20] ip-10-0-1-87:5022:5075 [0] nccl_net_ofi_create_plugin:421 NCCL WARN"
+    lines = [
+        _info(ORIGIN_B, "NET/Plugin: Loaded net plugin Libfabric (v10)"),
+        _info(ORIGIN_B, "NET/Plugin: Failed to find ncclCollNetPlugin_v10 symbol."),
+        _info(
+            ORIGIN_B,
+            "NET/Plugin: Failed to find ncclCollNetPlugin symbol (>= v5). ncclCollNetPlugin symbols v4 and lower "
+            "are not supported.",
+        ),
+        _info(ORIGIN_B, "NET/OFI No eligible providers were found"),
+        f"{warn} NET/OFI aws-ofi-nccl initialization failed",
+        f"{warn} NET/OFI Initializing plugin failed",
+        _info(ORIGIN_B, "NET/IB : No device found."),
+        _info(ORIGIN_B, "NET/Socket : Using [0]eth0:10.0.1.87<0>"),
+        _info(ORIGIN_B, RECEIVE_SOCKET),
+        _info(ORIGIN_B, SEND_SOCKET),
+    ]
+
+    verdict = classify_lines(lines)
+
+    assert verdict.transport == "socket"
+    assert verdict.evidence == [
+        _info(ORIGIN_B, "NET/OFI No eligible providers were found"),
+        f"{warn} NET/OFI aws-ofi-nccl initialization failed",
+        _info(ORIGIN_B, RECEIVE_SOCKET),
+        _info(ORIGIN_B, SEND_SOCKET),
+    ]
 
 
 def test_folder_walk_reads_ray_rotated_worker_logs(tmp_path):
