@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from training.config.settings import non_negative_int, positive_float, positive_int
 from training.errors import RunFailedError, UsageError
+from training.metrics.cloudwatch_sink import publish_busbw
 
 PROGRAM = "python -m training.fabric_probe"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -299,6 +300,7 @@ def _run(settings: ProbeSettings) -> int:
         return 1
     if report is not None:
         print(json.dumps(report, separators=(",", ":")), flush=True)
+        publish_busbw(report)  # CloudWatch, with the cluster's name in the environment
     return 0
 
 

@@ -35,6 +35,7 @@ from training.data.packing import PackedCorpus, epoch_batches, position_after, s
 from training.data.tokenizer import load_tokenizer
 from training.distributed.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.errors import DivergedError, UsageError
+from training.metrics.cloudwatch_sink import publish_step
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
 from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
@@ -444,6 +445,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             if session.rank == 0:
                 emit(format_progress_line(record))
                 emit(format_step_line(record))
+                publish_step(config, record)  # CloudWatch, off the training thread
             if sink is not None:
                 sink.write(record)
                 if checkpoint_due:
