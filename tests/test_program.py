@@ -9,7 +9,9 @@ import pulumi
 import pytest
 from pulumi.output import Unknown
 
+from infra.aws_facts.container_insights import AGENT_POLICY_ARN
 from infra.config.stack import CLUSTER_NAME_MAX
+from infra.resources.cluster import NODE_POLICIES
 from infra.resources.network import zone_cidrs
 from infra.resources.node_groups import SYSTEM_LABELS
 from tests.harness.fake_aws import COREDNS_VERSIONS, ZONE_IDS, FakeAws, capacity_reservation
@@ -23,6 +25,7 @@ from tests.harness.program import (
     run_program,
     stack_config,
 )
+from workloads.training_run import readiness
 
 COMPONENTS = {
     "eks-ray-train:infra:Network",
@@ -32,6 +35,7 @@ COMPONENTS = {
     "eks-ray-train:infra:CheckpointStore",
     "eks-ray-train:workloads:Addons",
     "eks-ray-train:workloads:RayCluster",
+    "eks-ray-train:infra:Observability",
 }
 TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 
@@ -74,7 +78,7 @@ def test_cluster_settings(stack_plan):
     assert cluster["nodeAssociatePublicIpAddress"] is False
     assert plan.one("aws:kms/key:Key").inputs["enableKeyRotation"] is True
     addons = {r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")}
-    assert addons == {"coredns"}
+    assert addons == {"coredns", "amazon-cloudwatch-observability"}
 
 
 def test_network_has_nat_and_private_nodes(stack_plan):
@@ -343,15 +347,19 @@ def test_destroy_order_follows_explicit_dependencies(stack_plan):
     """Pulumi deletes dependents first: RayCluster before the operator, node groups before the cluster."""
     _, plan = stack_plan
     cluster = plan.one("eks:index:Cluster").urn
-    policies = {r.urn for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    policies = {
+        r.urn
+        for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if r.inputs["policyArn"] in NODE_POLICIES
+    }
     for group in plan.of_type("aws:eks/nodeGroup:NodeGroup"):
         assert cluster in group.dependencies, group.name
         assert policies <= set(group.dependencies), group.name
     node_groups = {r.urn for r in plan.of_type("aws:eks/nodeGroup:NodeGroup")}
     for release in plan.of_type("kubernetes:helm.sh/v3:Release"):
         assert node_groups <= set(release.dependencies), release.name
-    coredns = plan.one("aws:eks/addon:Addon")
-    assert cluster in coredns.dependencies
+    for addon in plan.of_type("aws:eks/addon:Addon"):
+        assert cluster in addon.dependencies, addon.name
     for provider in plan.of_type("pulumi:providers:kubernetes"):
         assert cluster in provider.dependencies
 
@@ -365,6 +373,7 @@ def test_training_run_follows_the_ray_cluster_and_carries_no_credentials(stack_p
     assert storage.startswith("s3://") and storage.endswith("-ckpt/runs")
     assert args[args.index("--workers") + 1] == "8"
     assert run.inputs["expect_transport"] == "efa"
+    assert readiness.uses_gpus(args)  # so readiness reads each worker pod's driver and memlock limit
     assert run.inputs["benchmark"] == (config.get("eks-ray-train:benchmark") == "true")
     text = repr(run.inputs).lower()
     for secret_word in ("kubeconfig", "token", "password", "certificate-authority", "secret"):
@@ -412,7 +421,9 @@ def test_unknown_region_stops_the_preview(region, message):
 
 
 def test_least_privilege_for_nodes_and_checkpoints(stack_plan):
-    """Nodes get only the AWS-managed node policies; only the Ray pods' service account reaches the bucket."""
+    """Nodes get only the AWS-managed node policies, the CloudWatch agent its own through a role of its
+    own (`test_the_agents_role_is_its_service_accounts_alone`); only the Ray pods' service account
+    reaches the bucket."""
     import json
 
     config, plan = stack_plan
@@ -423,6 +434,7 @@ def test_least_privilege_for_nodes_and_checkpoints(stack_plan):
         "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
         "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
         "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+        AGENT_POLICY_ARN,
     }
     block = plan.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
     assert all(
@@ -440,7 +452,9 @@ def test_least_privilege_for_nodes_and_checkpoints(stack_plan):
     assert subjects == [
         f"system:serviceaccount:{config.get('eks-ray-train:namespace', 'ray-train')}:ray-train"
     ]
-    bucket_policy = json.loads(plan.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    bucket_policy = json.loads(
+        plan.one("aws:iam/rolePolicy:RolePolicy", "checkpoints-ray-pods").inputs["policy"]
+    )
     resources = {
         r
         for s in bucket_policy["Statement"]
@@ -604,9 +618,9 @@ def test_node_groups_follow_the_control_plane_version(stack_plan):
 
 def test_coredns_is_pinned_to_the_newest_build_for_the_cluster_version():
     plan = run_program(dev_config(kubernetesVersion="1.34"), FakeAws(region="us-east-2"))
-    assert plan.one("aws:eks/addon:Addon").inputs["addonVersion"] == COREDNS_VERSIONS["1.34"]
+    assert plan.one("aws:eks/addon:Addon", "coredns").inputs["addonVersion"] == COREDNS_VERSIONS["1.34"]
     upgraded = run_program(dev_config(kubernetesVersion="1.35"), FakeAws(region="us-east-2"))
-    assert upgraded.one("aws:eks/addon:Addon").inputs["addonVersion"] == COREDNS_VERSIONS["1.35"]
+    assert upgraded.one("aws:eks/addon:Addon", "coredns").inputs["addonVersion"] == COREDNS_VERSIONS["1.35"]
 
 
 def test_node_groups_wait_for_the_nat_routes(stack_plan):

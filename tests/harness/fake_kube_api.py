@@ -291,6 +291,7 @@ class ExecReply:
     stdout: str = ""
     stderr: str = ""
     exit_code: int = 0
+    not_started: str | None = None  # the runtime could not start the command: why (see `start_failure`)
 
 
 ExecHandler = Callable[[str, str, list[str]], ExecReply]  # (pod, container, argv)
@@ -306,6 +307,21 @@ def _frame(payload: bytes, opcode: int = 0x2) -> bytes:
     else:
         header += bytes([127]) + len(payload).to_bytes(8, "big")
     return header + payload
+
+
+def start_failure(why: str) -> dict:
+    """The Status the kubelet writes when the runtime cannot start the command (a missing
+    executable): an internal error, no exit code, nothing on stderr (kubelet cri streaming `ServeExec`
+    writes `apierrors.NewInternalError(err)`; containerd words a missing binary as below)."""
+    message = f"Internal error occurred: error executing command in container: {why}"
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "InternalError",
+        "details": {"causes": [{"message": message}]},
+        "code": 500,
+    }
 
 
 def exit_status(exit_code: int, argv: list[str]) -> dict:
@@ -502,7 +518,8 @@ class FakeKubeApi:
         for channel, data in ((STDOUT, stdout), (STDERR, reply.stderr.encode())):
             for start in range(0, len(data), 32 * 1024):  # long output arrives in several frames
                 out.write(_frame(bytes([channel]) + data[start : start + 32 * 1024]))
-        out.write(_frame(bytes([ERROR]) + json.dumps(exit_status(reply.exit_code, argv)).encode()))
+        status = start_failure(reply.not_started) if reply.not_started else exit_status(reply.exit_code, argv)
+        out.write(_frame(bytes([ERROR]) + json.dumps(status).encode()))
         if self.subprotocol == "v5.channel.k8s.io":
             out.write(_frame(bytes([255, STDOUT])) + _frame(bytes([255, STDERR])))
         out.write(_frame((1000).to_bytes(2, "big"), opcode=0x8))
@@ -643,6 +660,13 @@ class ScriptedJob:
     def status(self) -> str:
         return self.statuses[min(self.looks, len(self.statuses) - 1)]
 
+    def job_id(self) -> str | None:
+        """Ray's job id, which exists once the job's driver registered (Ray 2.58
+        dashboard/modules/job/utils.py: `job_id=driver.id if driver else None`): None while the job is
+        PENDING, and for one that failed before its driver started (a runtime environment that failed)."""
+        seen = self.statuses[: min(self.looks, len(self.statuses) - 1) + 1]
+        return self.ray_job_id if {"RUNNING", "SUCCEEDED"} & set(seen) else None
+
     def logs(self) -> str:
         lines = self.driver_log.splitlines(keepends=True)
         shown = len(lines) * (min(self.looks, len(self.statuses) - 1) + 1) // len(self.statuses)
@@ -668,7 +692,7 @@ class FakeRayDashboard:
         return {
             "type": "SUBMISSION",
             "submission_id": submission_id,
-            "job_id": job.ray_job_id,
+            "job_id": job.job_id(),
             "status": status,
             "message": job.message if status == "FAILED" else None,
             "metadata": job.metadata,
@@ -785,6 +809,7 @@ class FakeRayPods:
     # The head pod's emptyDir `/tmp/ray`, where the TrainingRun keeps its records of each job.
     head_tmp: Path | None = None
     host_limits: str = HEALTHY_HOST_LIMITS  # what each worker pod's node gives it (`HEALTHY_HOST_LIMITS`)
+    readers_have_python: bool = True  # False: the reader's image has no `python` (another image than Ray's)
     # Worker pod -> its emptyDir `/tmp/ray`, where NCCL log files go (default: above its session logs).
     nccl_logs: dict[str, Path] = field(default_factory=dict)
     submissions: list[list[str]] = field(default_factory=list)
@@ -792,6 +817,16 @@ class FakeRayPods:
 
     def nccl_dir(self, pod_name: str) -> Path:
         return self.nccl_logs.get(pod_name, self.worker_logs[pod_name].parent)
+
+    @staticmethod
+    def _not_found(executable: str) -> ExecReply:
+        """A command whose executable the container's image lacks, as containerd words it."""
+        return ExecReply(
+            not_started=(
+                "failed to exec in container: failed to start exec: OCI runtime exec failed: exec failed: "
+                f'unable to start container process: exec: "{executable}": executable file not found in $PATH: unknown'
+            )
+        )
 
     def __call__(self, pod_name: str, container: str, argv: list[str]) -> ExecReply:
         if pod_name == self.head_pod:
@@ -821,10 +856,12 @@ class FakeRayPods:
                 return _run(local)
             if argv[0] == "sh" and self.head_tmp is not None:
                 return _run([arg.replace("/tmp/ray/", f"{self.head_tmp}/") for arg in argv])
-            return ExecReply("", f'exec: "{argv[0]}": executable file not found in $PATH', 126)
+            return self._not_found(argv[0])
         node = self.efa.get(self.node_of.get(pod_name, ""))
         if pod_name not in self.worker_logs:  # a reader pod: the host's view of its node's sysfs
             assert argv[:2] == ["python", "-c"], argv
+            if not self.readers_have_python:
+                return self._not_found(argv[0])
             local = {"/sys/class/infiniband": str(node.root) if node else "/nonexistent"}
             return _run([sys.executable, *(local.get(arg, arg) for arg in argv[1:])])
         if argv == host_limits_command():

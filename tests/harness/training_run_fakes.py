@@ -274,7 +274,7 @@ class FakeRayHead:
                 listed = [
                     {
                         "submission_id": sid,
-                        "job_id": job.ray_job_id,
+                        "job_id": job.job_id(),
                         "status": job.status(),
                         "message": None,
                         "metadata": self.metadata.get(sid, {}),
@@ -291,7 +291,7 @@ class FakeRayHead:
             offset = int(argv[6])
             record = {
                 "submission_id": subject,
-                "job_id": job.ray_job_id,
+                "job_id": job.job_id(),
                 "status": status,
                 "message": job.message if status == "FAILED" else None,
                 "metadata": self.metadata.get(subject, {}),

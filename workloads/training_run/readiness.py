@@ -171,9 +171,11 @@ GPU_SWITCHES = {"--use-gpu": True, "--gpu": True, "--no-use-gpu": False, "--no-g
 
 
 def uses_gpus(job_args: Sequence[str]) -> bool:
-    """Whether the job trains on GPUs: as its last GPU switch says; the program always gives one."""
+    """Whether the job trains on GPUs, as its last GPU switch says: the program always gives
+    `--use-gpu` (`infra.config.training_settings.job_arguments`); without a switch the job's preset
+    decides, which this side does not read, so no GPU is assumed."""
     switches = [GPU_SWITCHES[arg] for arg in job_args if arg in GPU_SWITCHES]
-    return switches[-1] if switches else True
+    return switches[-1] if switches else False
 
 
 def host_limits_command() -> list[str]:

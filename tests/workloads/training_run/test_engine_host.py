@@ -342,6 +342,18 @@ def test_counters_that_cannot_be_read_are_unavailable_never_unmoved(world: World
 
 
 @pytest.mark.slow
+def test_a_reader_that_cannot_run_its_command_says_why_through_the_exec_status(world: World):
+    """The runtime cannot start the reader's command (its image has no `python`): the kubelet answers
+    with an InternalError Status and nothing on stderr; its message reaches `efaUnavailable`."""
+    world.host.configure(STACK_CONFIG)
+    world.pods.readers_have_python = False
+    outputs = plain(world.create().properties)
+    assert outputs["transport"] == "efa" and outputs["efa_bytes"] == dict.fromkeys(WORKER_PODS)
+    reason = outputs["gate_efa_unavailable"][WORKER_PODS[0]]
+    assert "failed (exit 126)" in reason and '"python": executable file not found in $PATH' in reason
+
+
+@pytest.mark.slow
 def test_a_probe_busbw_under_the_floor_stops_before_any_job_with_the_numbers(world: World):
     """At 1 GiB the probe's all_gather busbw is 0.88 of the registered node's line rate, under 0.9
     (all_reduce's is reported, not judged)."""

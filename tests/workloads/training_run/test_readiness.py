@@ -274,4 +274,4 @@ def test_host_limits_are_judged_on_what_was_read():
 
 def test_a_cpu_job_reads_no_driver():
     assert readiness.uses_gpus(["--preset", "tiny", "--no-use-gpu"]) is False
-    assert readiness.uses_gpus(["--no-gpu", "--use-gpu"]) is True and readiness.uses_gpus([]) is True
+    assert readiness.uses_gpus(["--no-gpu", "--use-gpu"]) is True and readiness.uses_gpus([]) is False

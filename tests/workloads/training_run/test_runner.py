@@ -266,6 +266,20 @@ def test_a_failed_earlier_attempt_is_retried_under_the_next_id():
     assert outs["job_id"] == f"{base}-2" and len(head.submissions) == 1
 
 
+def test_a_job_whose_runtime_environment_failed_reports_rays_reason_without_a_job_id():
+    """Ray sets no job id when the job fails before its driver starts (PENDING to FAILED, e.g. its
+    runtime environment): the failure says Ray's reason and the driver's tail, and reads no worker logs."""
+    why = "runtime_env setup failed: Failed to set up runtime environment.\nTraceback: ..."
+    head = main_and_tcp_head()
+    head.jobs_by_variant["main"] = replace(
+        head.jobs_by_variant["main"], statuses=["PENDING", "FAILED"], message=why
+    )
+    fake = FakeCluster(head)
+    message = failure_of(fake)
+    assert message.startswith("job eks-ray-train-main-") and "FAILED: runtime_env setup failed" in message
+    assert "worker log files" not in message
+
+
 def test_a_succeeded_job_that_failed_its_check_is_judged_again_only_while_its_pods_live():
     """The next `pulumi up` re-judges it on the same pods (saying so), and runs a new attempt once a
     worker pod was replaced (a node roll after a security-group fix): the new pods are what is proven."""

@@ -452,7 +452,10 @@ class PodExecutor:
                 f"{len(stdout)} characters of output (connection cut{lost}): the output may be incomplete "
                 "and was not used"
             )
-        return ExecResult(_exec_status(status), stdout, stderr)
+        code = _exec_status(status)
+        if code == 126 and not stderr:  # the command never started: the Status says why
+            stderr = _status_message(status)
+        return ExecResult(code, stdout, stderr)
 
     def _wait(self, response, argv: Sequence[str], timeout_s: float) -> None:
         """The client's `run_forever(timeout)`, in slices that look at `cancelled` between them."""
@@ -484,6 +487,15 @@ def handshake_refusal(error: ApiException) -> tuple[int, str | None, str] | None
         return cause.status_code, headers.get("retry-after"), _short(cause.status_message, body)
     status = _HANDSHAKE_STATUS.search(str(error.reason or ""))
     return (int(status.group(1)), None, _short(str(error.reason))) if status else None
+
+
+def _status_message(error_channel: str) -> str:
+    """The message of a failure Status: a command the runtime could not start is reported as an
+    `InternalError` Status with nothing on stderr (kubelet's exec streaming answers a failed start
+    with `apierrors.NewInternalError`)."""
+    with contextlib.suppress(yaml.YAMLError, AttributeError):
+        return str(yaml.safe_load(error_channel).get("message") or "")
+    return ""
 
 
 def _exec_status(error_channel: str) -> int:
