@@ -2,8 +2,9 @@
 
 Loads a Hugging Face folder written by `--export-hf` or `python -m training.export` with
 `from_pretrained`, renders the question as a one-turn conversation with the run's tokenizer's chat
-template (the byte tokenizer's own for the tiny CPU model), and prints the assistant's reply up to
-its end of turn.
+template (the byte tokenizer's own for the tiny CPU model), and prints the assistant's reply:
+generation stops at the template's end of turn (`training.data.packing.end_of_turn`: Qwen2.5's
+`<|im_end|>`, the byte tokenizer's `<|end|>`) or at the EOS, whichever comes first.
 """
 
 from __future__ import annotations
@@ -14,16 +15,31 @@ from typing import Any
 
 from training.config.presets import BYTE_TOKENIZER
 
-# Where the byte tokenizer's template ends a turn (training/data/tokenizer.py); a Hugging Face
-# tokenizer's end of turn is a special token, which decoding drops.
-BYTE_END_OF_TURN = "<|end|>"
+
+def stops_at(marker: list[int], prompt_length: int) -> Any:
+    """A `generate()` stopping criterion: the reply ends with `marker` (a token sequence)."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class EndsWith(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            if marker and input_ids.shape[1] - prompt_length >= len(marker):
+                done = (input_ids[:, -len(marker) :] == torch.tensor(marker, device=input_ids.device)).all(
+                    dim=1
+                )
+            return done
+
+    return EndsWith()
 
 
 def answer(model_dir: str, question: str, *, tokenizer: str, max_new_tokens: int) -> str:
-    """The model's greedy reply to `question`, rendered with `tokenizer`'s chat template."""
+    """The model's greedy reply to `question`, rendered with `tokenizer`'s chat template, up to its
+    end of turn (not included)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, StoppingCriteriaList
 
+    from training.data.packing import end_of_turn
     from training.data.tokenizer import load_tokenizer
 
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -31,6 +47,7 @@ def answer(model_dir: str, question: str, *, tokenizer: str, max_new_tokens: int
     encoder = load_tokenizer(tokenizer)
     prompt = encoder.render_chat([{"role": "user", "content": question}], generation_prompt=True)
     prompt_ids = torch.tensor([encoder.encode(prompt)])
+    marker = end_of_turn(encoder)
     with torch.no_grad():
         output = model.generate(
             prompt_ids,
@@ -39,9 +56,12 @@ def answer(model_dir: str, question: str, *, tokenizer: str, max_new_tokens: int
             do_sample=False,
             eos_token_id=encoder.eos_id,
             pad_token_id=encoder.eos_id,
+            stopping_criteria=StoppingCriteriaList([stops_at(marker, prompt_ids.shape[1])]),
         )
-    reply = encoder.decode(output[0, prompt_ids.shape[1] :].tolist())
-    return reply.split(BYTE_END_OF_TURN)[0].strip()
+    reply = output[0, prompt_ids.shape[1] :].tolist()
+    if marker and reply[-len(marker) :] == marker:
+        reply = reply[: -len(marker)]
+    return encoder.decode(reply).strip()
 
 
 def run_tokenizer(model_dir: str, flag: str | None) -> str:

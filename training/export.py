@@ -16,6 +16,7 @@ from training.components.checkpoint import hugging_face_weights, read_train_stat
 from training.config.presets import BYTE_TOKENIZER
 from training.config.run_config import TRAIN_STATE_FILE
 from training.config.settings import EXPORT_DTYPES
+from training.data.tokenizer import load_tokenizer
 from training.model.causal_lm import CAUSAL_LM_PREFIX as PREFIX
 from training.model.causal_lm import load_architecture  # noqa: F401  (its log filters quiet torchao's import)
 
@@ -43,14 +44,9 @@ def export(checkpoint: str, out: str, dtype: str) -> None:
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load({"model": weights}, checkpoint_id=checkpoint)
     tied = bool(getattr(architecture, "tie_word_embeddings", False))
-    write_hugging_face(
-        out, hugging_face_weights(weights, PREFIX, tied=tied, dtype=dtype), architecture, dtype
-    )
-    tokenizer = state.get("tokenizer", BYTE_TOKENIZER)
-    if tokenizer != BYTE_TOKENIZER:
-        from training.data.tokenizer import HuggingFaceTokenizer
-
-        HuggingFaceTokenizer(tokenizer).save_pretrained(out)
+    tokenizer = load_tokenizer(state.get("tokenizer", BYTE_TOKENIZER))
+    weights = hugging_face_weights(weights, PREFIX, tied=tied, dtype=dtype)
+    write_hugging_face(out, weights, architecture, dtype, tokenizer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,21 +21,26 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from training.components.checkpoint import (
+    CHECKPOINT_SCORE,
     export_hugging_face,
     load_checkpoint,
     load_weights,
     read_train_state,
     save_checkpoint,
 )
-from training.components.evaluate import eval_batches, evaluate
-from training.components.optim import build_optimizer, learning_rate, set_learning_rate
-from training.config.presets import BYTE_TOKENIZER
-from training.config.run_config import TrainConfig, nothing_left_to_train
-from training.data.packing import PackedCorpus, epoch_batches, position_after, synthetic_batches
+from training.components.evaluate import best_evaluation, eval_batches, evaluate, evaluations_since_best
+from training.components.optim import build_optimizer, learning_rate, schedule_settings, set_learning_rate
+from training.config.run_config import TrainConfig, flag_name, nothing_left_to_train
+from training.data.packing import (
+    PackedCorpus,
+    PackingStats,
+    epoch_batches,
+    position_after,
+    synthetic_batches,
+)
 from training.data.tokenizer import load_tokenizer
 from training.distributed.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.errors import DivergedError, UsageError
-from training.metrics.cloudwatch_sink import publish_step
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
 from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
@@ -70,11 +75,12 @@ class Session(Protocol):
         """The checkpoint at `location` (--init-from) as a local folder."""
 
     def corpus(self, config: TrainConfig) -> PackedCorpus:
-        """All packed [rows, seq_len + 1] rows of the corpus `config.data`, in corpus order, and
-        their fingerprint."""
+        """All packed [rows, seq_len + 1] rows of the corpus `config.data`, in corpus order, their
+        fingerprint and what packing did."""
 
-    def eval_rows(self, config: TrainConfig) -> np.ndarray:
-        """All packed [rows, seq_len + 1] rows of the held-out corpus `config.eval_data`."""
+    def eval_rows(self, config: TrainConfig) -> PackedCorpus | np.ndarray:
+        """All packed [rows, seq_len + 1] rows of the held-out corpus `config.eval_data`, with what
+        packing did (a PackedCorpus), or the rows alone."""
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Publish a step's metrics; `save(folder)` writes a checkpoint when one is due."""
@@ -93,26 +99,44 @@ def emit(line: str) -> None:
 HISTORY_KEYS = ("step", "loss", "lr", "grad_norm", "eval_loss", "tokens_per_s", "step_time_s")
 
 
-def _checkpoint_due(config: TrainConfig, step: int) -> bool:
-    due = config.checkpoint_every and (step % config.checkpoint_every == 0 or step == config.steps)
-    return bool(due or (config.export_hf and step == config.steps))
+def _checkpoint_due(config: TrainConfig, step: int, last: bool) -> bool:
+    """A checkpoint every --checkpoint-every steps and at the run's last step (--steps, or where
+    it stops early); at the last for --export-hf too."""
+    due = config.checkpoint_every and (step % config.checkpoint_every == 0 or last)
+    return bool(due or (config.export_hf and last))
 
 
-def _eval_due(config: TrainConfig, step: int) -> bool:
+def _eval_due(config: TrainConfig, step: int, checkpoint_due: bool) -> bool:
+    """Every --eval-every steps, after the last, and at every checkpoint, whose eval_loss ranks it
+    among the checkpoints kept (`training.components.checkpoint.checkpoints_kept`)."""
     every = config.eval_every
-    return config.eval_data is not None and (step == config.steps or bool(every and step % every == 0))
+    return config.eval_data is not None and (
+        step == config.steps or checkpoint_due or bool(every and step % every == 0)
+    )
 
 
-def _eval_set(config: TrainConfig, session: Session) -> list[np.ndarray]:
+def _eval_set(config: TrainConfig, session: Session) -> tuple[list[np.ndarray], PackingStats | None]:
+    held_out = session.eval_rows(config)
+    rows, packing = (
+        (held_out.rows, held_out.packing) if isinstance(held_out, PackedCorpus) else (held_out, None)
+    )
     try:
-        return eval_batches(
-            session.eval_rows(config),
-            rank=session.rank,
-            world_size=session.world_size,
-            batch_size=config.batch_size,
+        batches = eval_batches(
+            rows, rank=session.rank, world_size=session.world_size, batch_size=config.batch_size
         )
     except ValueError as error:
         raise UsageError(f"--eval-data {config.eval_data}: {error}") from None
+    return batches, packing
+
+
+def truncation_line(flag: str, data: str, packing: PackingStats, seq_len: int) -> str | None:
+    """What packing cut, for the log: None when no document was longer than a row."""
+    if not packing.documents_truncated:
+        return None
+    return (
+        f"{flag} {data}: {packing.documents_truncated:,} of {packing.documents:,} documents longer than "
+        f"a row of {seq_len + 1} tokens, truncated to it ({packing.tokens_truncated:,} tokens dropped)"
+    )
 
 
 def _batches(
@@ -139,6 +163,7 @@ def _batches(
         rank=session.rank,
         world_size=session.world_size,
         batch_size=config.batch_size,
+        grad_accum_steps=config.grad_accum_steps,
         start=position,
     )
 
@@ -197,44 +222,89 @@ def build(
     return model, build_optimizer(model, config, session.device), architecture, replicas
 
 
-# What the replayed data depends on, saved with each checkpoint, and the flag that sets each.
-REPLAY_FLAGS = {
-    "seq_len": "--seq-len",
-    "seed": "--seed",
-    "corpus": "--data",
-    "batch_size": "--batch-size",
-    "grad_accum_steps": "--grad-accum-steps",
-}
+# What the replayed data depends on, saved with each checkpoint (with the global batch and the
+# schedule's settings, below); a resume must keep each.
+REPLAY_KEYS = ("seq_len", "seed", "corpus", "batch_size")
+WEIGHTS_ALONE = "or take its weights alone with --init-from"
 
 
 def replay_facts(config: TrainConfig, world_size: int, corpus: str) -> dict[str, Any]:
-    """`corpus`: the packed rows' `corpus_fingerprint`, or 'synthetic'."""
+    """What a checkpoint records for a resume to train as the uninterrupted run would: the data
+    replay's inputs (`corpus`: the packed rows' `corpus_fingerprint`, or 'synthetic'), the global
+    batch in sequences (world size x --batch-size x --grad-accum-steps) and the settings the
+    learning rate of each step depends on (`schedule_settings`)."""
     return {
         "world_size": world_size,
+        "grad_accum_steps": config.grad_accum_steps,
+        "global_batch": world_size * config.batch_size * config.grad_accum_steps,
         "corpus": corpus,
-        **{key: getattr(config, key) for key in REPLAY_FLAGS if key != "corpus"},
+        **{key: getattr(config, key) for key in REPLAY_KEYS if key != "corpus"},
+        "schedule": schedule_settings(config),
     }
+
+
+def recorded_global_batch(state: dict[str, Any]) -> int | None:
+    """A checkpoint's global batch; from its world size and batch size where it predates the key
+    (before accumulation existed: one micro-batch)."""
+    if "global_batch" in state:
+        return int(state["global_batch"])
+    if "world_size" in state and "batch_size" in state:
+        return int(state["world_size"] * state["batch_size"] * state.get("grad_accum_steps", 1))
+    return None
+
+
+def _global_batch_problem(state: dict[str, Any], facts: dict[str, Any], checkpoint: str) -> str | None:
+    saved = recorded_global_batch(state)
+    if saved is None or saved == facts["global_batch"]:
+        return None
+    per_micro = facts["world_size"] * facts["batch_size"]
+    fix = (
+        f"pass --grad-accum-steps {saved // per_micro}"
+        if saved % per_micro == 0
+        else f"run workers x --grad-accum-steps = {saved // facts['batch_size']}"
+    )
+    was = f"world size {state.get('world_size')} x --batch-size {state.get('batch_size')} x --grad-accum-steps {state.get('grad_accum_steps', 1)}"
+    now = f"{facts['world_size']} x {facts['batch_size']} x {facts['grad_accum_steps']}"
+    return (
+        f"{checkpoint} was written with a global batch of {saved} sequences ({was}); this run's is "
+        f"{facts['global_batch']} ({now}): {fix} to keep it, {WEIGHTS_ALONE}"
+    )
 
 
 def check_resume(state: dict[str, Any], facts: dict[str, Any], steps: int, checkpoint: str) -> None:
     """Raises a one-line `UsageError` when the run cannot continue from `state`: it is at or past
-    --steps, or a value the data replay depends on differs (the world size may: the replay goes by
-    global sample index, and DCP reshards). Checkpoints older than a key did not record it; the
-    oldest had no accumulation (1)."""
+    --steps, a value the data replay depends on differs, the global batch differs (any split of it
+    into workers and micro-batches resumes: a step's rows are the same, `epoch_batches`), or a
+    setting of the learning-rate schedule does. Checkpoints older than a key did not record it;
+    the oldest had no accumulation (1)."""
     if problem := nothing_left_to_train(state["step"], steps, checkpoint):
         raise UsageError(problem)
-    for key, flag in REPLAY_FLAGS.items():
-        saved = state.get(key, 1 if key == "grad_accum_steps" else None)
+    for key in REPLAY_KEYS:
+        saved = state.get(key)
         if saved is None or saved == facts[key]:
             continue
         if key == "corpus":
             raise UsageError(
-                f"{checkpoint} was trained on other rows ({flag} or --tokenizer differ from its run's): "
-                "resume with its corpus, or take its weights alone with --init-from"
+                f"{checkpoint} was trained on other rows (--data or --tokenizer differ from its run's): "
+                f"resume with its corpus, {WEIGHTS_ALONE}"
             )
         raise UsageError(
-            f"{checkpoint} was written with {flag} {saved}: resume with the same, or take its weights "
-            "alone with --init-from"
+            f"{checkpoint} was written with {flag_name(key)} {saved}: resume with the same, {WEIGHTS_ALONE}"
+        )
+    if problem := _global_batch_problem(state, facts, checkpoint):
+        raise UsageError(problem)
+    saved_schedule = state.get("schedule", {})
+    for key, saved in saved_schedule.items():  # --lr-schedule first: it decides the other keys
+        if facts["schedule"].get(key) == saved:
+            continue
+        why = (
+            f" (its --lr-schedule {saved_schedule['lr_schedule']} decays towards the last step)"
+            if key == "steps"
+            else ""
+        )
+        raise UsageError(
+            f"{checkpoint} was written with {flag_name(key)} {saved}{why}: resume with the same, so the "
+            f"learning rate of every step is the uninterrupted run's, {WEIGHTS_ALONE}"
         )
 
 
@@ -339,20 +409,34 @@ def _prepare_device(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def _corpus(config: TrainConfig, session: Session) -> tuple[np.ndarray | None, str]:
-    """The packed corpus rows (None for synthetic data) and their fingerprint."""
-    if config.synthetic_data:
-        return None, "synthetic"
-    return session.corpus(config)
+def _corpus(config: TrainConfig, session: Session) -> PackedCorpus | None:
+    """The packed corpus (None for synthetic data)."""
+    return None if config.synthetic_data else session.corpus(config)
+
+
+def early_stop_line(step: int, history: list[dict[str, Any]], patience: int) -> str:
+    best = best_evaluation(history)
+    assert best is not None
+    return (
+        f"stopping early at step {step}: {patience} evaluations without an eval_loss below "
+        f"{best[1]:.4f} (step {best[0]}; --early-stop-patience {patience})"
+    )
+
+
+def _stops_early(config: TrainConfig, history: list[dict[str, Any]]) -> bool:
+    """--early-stop-patience N: the last N evaluations found no eval_loss below the best before."""
+    patience = config.early_stop_patience
+    return bool(patience) and evaluations_since_best(history) >= patience
 
 
 def train(config: TrainConfig, session: Session) -> RunSummary:
     """Build, resume if a checkpoint exists (or take --init-from's weights), train up to
-    config.steps, hand the summary to the session."""
+    config.steps (or until the held-out loss stops improving), hand the summary to the session."""
     _prepare_device(session.device)
     model, optimizer, architecture, replicas = build(config, session)
-    rows, fingerprint = _corpus(config, session)
-    facts = replay_facts(config, session.world_size, fingerprint)
+    corpus = _corpus(config, session)
+    rows = None if corpus is None else corpus.rows
+    facts = replay_facts(config, session.world_size, "synthetic" if corpus is None else corpus.fingerprint)
     start_step, history, resharded = 0, [], False
     position: tuple[int, int] = (0, 0)
     with session.latest_checkpoint() as checkpoint_path:
@@ -364,14 +448,16 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             saved_world = state.get("world_size", session.world_size)
             resharded = saved_world != session.world_size
             if rows is not None:
-                # Checkpoints older than the saved position consumed step x accumulation batches.
-                consumed = start_step * config.grad_accum_steps
+                # Checkpoints older than the saved position consumed step x global batch rows.
                 saved_position = state.get("data_position")
                 position = (
                     (saved_position[0], saved_position[1])
                     if saved_position is not None
                     else position_after(
-                        (0, 0), consumed, rows=len(rows), world_size=saved_world, batch_size=config.batch_size
+                        (0, 0),
+                        start_step,
+                        rows=len(rows),
+                        global_batch=recorded_global_batch(state) or facts["global_batch"],
                     )
                 )
             if session.rank == 0:
@@ -384,22 +470,18 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         if session.rank == 0:
             emit(f"initialised from the weights of {config.init_from}; optimizer and step counter fresh")
 
-    def saver(step: int) -> Callable[[str], None]:
+    def saver(step: int, eval_loss: float | None, last: bool) -> Callable[[str], None]:
         def write(path: str) -> None:
-            state: dict[str, Any] = {"step": step, "history": history, **facts}
+            state: dict[str, Any] = {"step": step, "history": history, **facts, CHECKPOINT_SCORE: eval_loss}
             if rows is not None:
                 state["data_position"] = position_after(
-                    position,
-                    (step - start_step) * config.grad_accum_steps,
-                    rows=len(rows),
-                    world_size=session.world_size,
-                    batch_size=config.batch_size,
+                    position, step - start_step, rows=len(rows), global_batch=facts["global_batch"]
                 )
             state["architecture"] = json.loads(architecture.to_json_string(use_diff=False))
             state["tokenizer"] = config.tokenizer
             save_checkpoint(path, model, optimizer, state, session.rank)
-            if config.export_hf and step == config.steps:
-                tokenizer = None if config.tokenizer == BYTE_TOKENIZER else load_tokenizer(config.tokenizer)
+            if config.export_hf and last:
+                tokenizer = load_tokenizer(config.tokenizer)
                 export_hugging_face(
                     path, model, architecture, CAUSAL_LM_PREFIX, config.export_dtype, tokenizer, session.rank
                 )
@@ -407,10 +489,27 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         return write
 
     batches = _batches(config, session, architecture.vocab_size, start_step, rows, position)
-    held_out = _eval_set(config, session) if config.eval_data is not None else []
+    held_out, eval_packing = _eval_set(config, session) if config.eval_data is not None else ([], None)
+    packing = {
+        name: dataclasses.asdict(stats)
+        for name, stats in (("data", corpus and corpus.packing), ("eval_data", eval_packing))
+        if stats is not None
+    }
+    if session.rank == 0:
+        for flag, data, stats in (
+            ("--data", config.data, corpus and corpus.packing),
+            ("--eval-data", config.eval_data, eval_packing),
+        ):
+            if (
+                stats is not None
+                and data is not None
+                and (line := truncation_line(flag, data, stats, config.seq_len))
+            ):
+                emit(line)
     metrics = RunMetrics(config, architecture, session.device, session.world_size, start_step)
     sink = TensorBoardSink(config) if config.tensorboard and session.rank == 0 else None
     meter = EfaMeter.start(session.device)  # None on every rank without EFA ports
+    stopped_early = False
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()
@@ -429,7 +528,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             )
             step_time = time.perf_counter() - step_start
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
-            eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step) else None
+            due = _checkpoint_due(config, step, last=step == config.steps)
+            eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
             record = metrics.step(
                 step,
                 loss,
@@ -441,21 +541,34 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 efa=meter.sample() if meter is not None else None,
             )
             history.append({key: getattr(record, key) for key in HISTORY_KEYS})
-            checkpoint_due = _checkpoint_due(config, step)
+            # The eval loss is all-reduced: every rank decides alike.
+            stopped_early = eval_loss is not None and step < config.steps and _stops_early(config, history)
+            last = step == config.steps or stopped_early
+            checkpoint_due = _checkpoint_due(config, step, last)
             if session.rank == 0:
                 emit(format_progress_line(record))
                 emit(format_step_line(record))
-                publish_step(config, record)  # CloudWatch, off the training thread
+                if stopped_early:
+                    emit(early_stop_line(step, history, config.early_stop_patience))
             if sink is not None:
                 sink.write(record)
                 if checkpoint_due:
                     sink.sync()
-            session.report(record.as_dict(), step, saver(step) if checkpoint_due else None)
+            session.report(record.as_dict(), step, saver(step, eval_loss, last) if checkpoint_due else None)
+            if stopped_early:
+                break
     finally:
         # Also when a step diverges: its events up to there are what explains it.
         if sink is not None:
             sink.close()
 
-    summary = metrics.summary(replicas, resharded=resharded)
+    best = best_evaluation(history)
+    summary = dataclasses.replace(
+        metrics.summary(replicas, resharded=resharded),
+        stopped_early=stopped_early,
+        best_eval_step=None if best is None else best[0],
+        best_eval_loss=None if best is None else best[1],
+        packing=packing or None,
+    )
     session.finish(summary.as_dict(), history)
     return summary

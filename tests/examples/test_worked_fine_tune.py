@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.generate import BYTE_END_OF_TURN, answer, run_tokenizer
+from examples.generate import answer, run_tokenizer
 from examples.instruction_data import write_dataset
 from tests.harness.paths import REPO_ROOT
 from tests.harness.tensorboard_events import read_scalars
@@ -67,7 +67,8 @@ def test_a_chat_fine_tune_evaluates_falling_logs_to_tensorboard_and_exports_a_mo
         [
             *("--data", str(tmp_path / "data" / "train.jsonl")),
             *("--eval-data", str(tmp_path / "data" / "eval.jsonl")),
-            *("--eval-every", "10", "--steps", "30", "--lr-schedule", "cosine", "--warmup-steps", "3"),
+            *("--eval-every", "20", "--checkpoint-every", "20", "--steps", "60"),
+            *("--lr-schedule", "cosine", "--warmup-steps", "3"),
             *("--export-hf", "--storage-path", str(tmp_path / "runs"), "--run-name", "chat"),
         ]
     )
@@ -76,7 +77,7 @@ def test_a_chat_fine_tune_evaluates_falling_logs_to_tensorboard_and_exports_a_mo
     run = tmp_path / "runs" / "chat"
     summary = json.loads((run / "summary.json").read_text())
     evals = [(row["step"], row["eval_loss"]) for row in summary["history"] if row["eval_loss"] is not None]
-    assert [step for step, _ in evals] == [10, 20, 30]
+    assert [step for step, _ in evals] == [20, 40, 60]
     losses = [loss for _, loss in evals]
     assert losses[0] > losses[1] > losses[2], evals
     assert losses[-1] < 0.6 * summary["loss_first"]  # from about log(257) = 5.55 at the start
@@ -85,7 +86,59 @@ def test_a_chat_fine_tune_evaluates_falling_logs_to_tensorboard_and_exports_a_mo
     logged = read_scalars(run / "tensorboard")["loss/eval"]
     assert logged == {step: pytest.approx(loss, rel=1e-6) for step, loss in evals}
 
-    exported = str(run / "checkpoint_000030" / "hf")
+    exported = str(run / "checkpoint_000060" / "hf")
     assert run_tokenizer(exported, None) == BYTE_TOKENIZER
     reply = answer(exported, "Say hello to Vera.", tokenizer=BYTE_TOKENIZER, max_new_tokens=40)
-    assert reply and BYTE_END_OF_TURN not in reply
+    assert reply and "<|end|>" not in reply
+    # Whole conversations, none cut or truncated: at seq 128 a row holds one, the rest filler.
+    packing = summary["packing"]["data"]
+    assert (packing["documents"], packing["documents_truncated"], packing["tokens_truncated"]) == (600, 0, 0)
+    assert packing["filler_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_a_chat_fine_tune_with_a_chatml_tokenizer_exports_a_model_whose_generate_stops_at_its_turns_end(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """With a tokenizer whose template ends a turn in a special token (`<|im_end|>`, as Qwen2.5's),
+    the export's generation_config.json stops `generate()` there: each reply ends in it, well before
+    max_new_tokens. The base config's `eos_token_id` alone (`<|endoftext|>`, which a chat
+    fine-tune never learns to emit after a turn) ran every reply to max_new_tokens.
+    examples/generate.py stops at the same token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.harness.chat_tokenizer import IM_END, chatml_model_config, chatml_tokenizer
+    from training.data.tokenizer import load_tokenizer
+    from training.launch.torchrun_launcher import TorchrunSession
+    from training.loop import train
+
+    write_dataset(tmp_path / "data", train_rows=600, eval_rows=60, seed=0)
+    tokenizer, ids = chatml_tokenizer(tmp_path / "tokenizer")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    config = parse_args(
+        [
+            *("--data", str(tmp_path / "data" / "train.jsonl"), "--steps", "150", "--warmup-steps", "3"),
+            *("--lr-schedule", "cosine", "--tokenizer", tokenizer, "--checkpoint-every", "0"),
+            *("--model-config", chatml_model_config(tmp_path / "arch.json", ids), "--export-hf"),
+            *("--storage-path", str(tmp_path / "runs"), "--run-name", "chatml", "--no-tensorboard"),
+        ]
+    )
+    train(config, TorchrunSession(config, torch.device("cpu")))
+
+    exported = tmp_path / "runs" / "chatml" / "checkpoint_000150" / "hf"
+    assert run_tokenizer(str(exported), None) == str(exported)  # the export's own tokenizer
+    model = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    assert model.generation_config.eos_token_id == [ids[IM_END], ids["<|endoftext|>"]]
+    encoder = load_tokenizer(str(exported))
+    for question in ("Say hello to Vera.", "Repeat stone 3 times.", "What is 12 plus 30?"):
+        prompt = encoder.render_chat([{"role": "user", "content": question}], generation_prompt=True)
+        prompt_ids = torch.tensor([encoder.encode(prompt)])
+        output = model.generate(prompt_ids, max_new_tokens=80, do_sample=False)  # its own config
+        reply = output[0, prompt_ids.shape[1] :].tolist()
+        assert reply[-1] == ids[IM_END] and len(reply) < 80, (question, encoder.decode(reply))
+        assert (
+            answer(str(exported), question, tokenizer=str(exported), max_new_tokens=80)
+            == encoder.decode(reply[:-1]).strip()
+        )

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -27,12 +29,16 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from training.config.run_config import TRAIN_STATE_FILE
+from training.data.packing import end_of_turn
+from training.data.tokenizer import HuggingFaceTokenizer, Tokenizer
 from training.model.causal_lm import TIED_LM_HEAD
 
 HF_EXPORT_DIR = "hf"
 HF_WEIGHTS_FILE = "model.safetensors"
-# Newest complete checkpoints a run keeps, under either launcher; older ones are deleted.
-CHECKPOINTS_KEPT = 2
+HF_CONFIG_FILE = "config.json"
+# What checkpoints are ranked by when the run evaluates (--eval-data), lower being better: the key
+# of the step metrics Ray Train scores them on, and of the train state a torchrun run reads it from.
+CHECKPOINT_SCORE = "eval_loss"
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -72,6 +78,27 @@ def is_complete(path: str) -> bool:
     return os.path.isfile(os.path.join(path, TRAIN_STATE_FILE))
 
 
+def checkpoints_kept(scores: Sequence[float | None], keep: int) -> set[int]:
+    """Which of a run's checkpoints, in the order written, it keeps (--keep-checkpoints `keep`):
+    the `keep` of lowest score (eval_loss), or, none scored, the `keep` latest; and the latest
+    always, which a resume starts from. A missing or NaN score ranks last; of equal scores the
+    later is kept. Ray Train keeps the same ones with `CheckpointConfig(num_to_keep=keep,
+    checkpoint_score_attribute=CHECKPOINT_SCORE, checkpoint_score_order="min")` (ray 2.58:
+    train/v2/_internal/execution/checkpoint/checkpoint_manager.py, which never deletes the latest);
+    the torchrun launcher applies this rule itself."""
+    if all(score is None for score in scores):
+        ranked = list(range(len(scores)))
+    else:
+
+        def worth(index: int) -> tuple[bool, float, int]:
+            score = scores[index]
+            valid = score is not None and not math.isnan(score)
+            return valid, -score if valid and score is not None else 0.0, index
+
+        ranked = sorted(range(len(scores)), key=worth)
+    return set(ranked[-keep:]) | ({len(scores) - 1} if scores else set())
+
+
 def hugging_face_weights(
     state: dict[str, torch.Tensor], prefix: str, *, tied: bool, dtype: str
 ) -> dict[str, torch.Tensor]:
@@ -84,19 +111,63 @@ def hugging_face_weights(
     return {key: value.to(EXPORT_DTYPES[dtype]).contiguous() for key, value in weights.items()}
 
 
-def write_hugging_face(target: str, weights: dict[str, torch.Tensor], architecture: Any, dtype: str) -> None:
-    """A `from_pretrained` folder: one safetensors file and the config, which names the dtype."""
+def legacy_config_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """A config.json as transformers 5 writes it, with the top-level keys transformers 4 reads in
+    their place beside its own: `rope_theta` (transformers 5 keeps it inside `rope_parameters`;
+    transformers 4's Qwen2Config reads the top-level key and, without it, takes 10000 where
+    Qwen2.5 has 1,000,000, silently), `rope_scaling` for a RoPE type other than the default, and
+    `torch_dtype` (transformers 5 writes `dtype`). Keys already there are left as they are."""
+    legacy: dict[str, Any] = {}
+    rope = values.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        legacy["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default":
+            legacy["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
+    if "dtype" in values:
+        legacy["torch_dtype"] = values["dtype"]
+    return {**legacy, **values}
+
+
+def generation_settings(architecture: Any, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The export's generation_config.json: generation stops at the chat template's end of turn as
+    well as at the tokenizer's EOS (Qwen2.5-Instruct's has `eos_token_id` [151645, 151643],
+    `<|im_end|>` and `<|endoftext|>`), and pads with the EOS. Without it `generate()` stops only
+    at the base model's `eos_token_id`, which a chat fine-tune learns not to emit after its turn.
+    A template whose end of turn is several tokens (the byte tokenizer's `<|end|>`) gives the EOS
+    alone: `eos_token_id` stops at any one of its tokens."""
+    turn = end_of_turn(tokenizer)
+    stops = [*turn, tokenizer.eos_id] if len(turn) == 1 else [tokenizer.eos_id]
+    settings = {"eos_token_id": list(dict.fromkeys(stops)), "pad_token_id": tokenizer.eos_id}
+    bos = getattr(architecture, "bos_token_id", None)
+    return settings if bos is None else {"bos_token_id": bos, **settings}
+
+
+def write_hugging_face(
+    target: str, weights: dict[str, torch.Tensor], architecture: Any, dtype: str, tokenizer: Tokenizer
+) -> None:
+    """A `from_pretrained` folder: one safetensors file, the config (which names the dtype, in
+    transformers 5's keys and 4's), the generation config, and a Hugging Face tokenizer's files."""
     from safetensors.torch import save_file
+    from transformers import GenerationConfig
 
     os.makedirs(target, exist_ok=True)
     save_file(weights, os.path.join(target, HF_WEIGHTS_FILE), metadata={"format": "pt"})
     config = copy.deepcopy(architecture)
     config.dtype = EXPORT_DTYPES[dtype]
     config.save_pretrained(target)
+    config_path = os.path.join(target, HF_CONFIG_FILE)
+    with open(config_path) as handle:
+        values = json.load(handle)
+    with open(config_path, "w") as handle:
+        json.dump(legacy_config_keys(values), handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    GenerationConfig(**generation_settings(architecture, tokenizer)).save_pretrained(target)
+    if isinstance(tokenizer, HuggingFaceTokenizer):
+        tokenizer.save_pretrained(target)
 
 
 def export_hugging_face(
-    path: str, model: nn.Module, architecture: Any, prefix: str, dtype: str, tokenizer: Any, rank: int
+    path: str, model: nn.Module, architecture: Any, prefix: str, dtype: str, tokenizer: Tokenizer, rank: int
 ) -> None:
     """Collective: gathers full weights to rank 0's CPU, which writes `path`/hf."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -105,8 +176,5 @@ def export_hugging_face(
         return
     tied = bool(getattr(architecture, "tie_word_embeddings", False))
     target = os.path.join(path, HF_EXPORT_DIR)
-    write_hugging_face(
-        target, hugging_face_weights(full_state, prefix, tied=tied, dtype=dtype), architecture, dtype
-    )
-    if hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(target)
+    weights = hugging_face_weights(full_state, prefix, tied=tied, dtype=dtype)
+    write_hugging_face(target, weights, architecture, dtype, tokenizer)

@@ -7,27 +7,32 @@ its gradient-free path (training/model/loss.py), so an evaluation costs forwards
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.data.packing import batches_per_epoch
+from training.data.packing import NO_LOSS
 from training.model.causal_lm import model_batch
 from training.model.loss import IGNORE_INDEX
 
 
 def eval_batches(rows: np.ndarray, *, rank: int, world_size: int, batch_size: int) -> list[np.ndarray]:
     """This rank's [batch, seq_len + 1] int64 batches of the held-out rows, in corpus order, row i
-    to rank i mod world size. The rows that do not fill a global batch are left out, so every
-    rank runs as many forwards (FSDP's all-gathers are collective). ValueError when the rows
-    cannot fill one global batch."""
-    batches = batches_per_epoch(
-        len(rows), world_size=world_size, batch_size=batch_size, seq_len=rows.shape[1] - 1
-    )
-    mine = rows[: batches * batch_size * world_size][rank::world_size]
-    return [mine[index * batch_size : (index + 1) * batch_size].astype(np.int64) for index in range(batches)]
+    to rank i mod world size. Every row is evaluated once: the last global batch is filled with
+    rows that carry no loss (every token NO_LOSS), so the loss is over the same labels whatever
+    the world size and batch size, and every rank runs as many forwards (FSDP's all-gathers are
+    collective). ValueError when there are no rows."""
+    if not len(rows):
+        raise ValueError(f"the corpus packs into no rows of {rows.shape[1]} tokens: nothing to evaluate")
+    global_batch = batch_size * world_size
+    batches = -(-len(rows) // global_batch)
+    mine = np.full((batches * batch_size, rows.shape[1]), NO_LOSS, dtype=np.int64)
+    own = rows[rank::world_size]
+    mine[: len(own)] = own
+    return [mine[index * batch_size : (index + 1) * batch_size] for index in range(batches)]
 
 
 @torch.no_grad()
@@ -46,3 +51,23 @@ def evaluate(model: nn.Module, batches: Sequence[np.ndarray], device: torch.devi
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     loss_sum, count = totals.tolist()
     return loss_sum / max(count, 1.0)
+
+
+def best_evaluation(history: Sequence[dict[str, Any]]) -> tuple[int, float] | None:
+    """The step of the lowest eval_loss in a run's history (the first, of equal ones) and that
+    loss; None without an evaluation."""
+    evaluated = [
+        (entry["eval_loss"], entry["step"]) for entry in history if entry.get("eval_loss") is not None
+    ]
+    if not evaluated:
+        return None
+    loss, step = min(evaluated, key=lambda pair: pair[0])
+    return step, loss
+
+
+def evaluations_since_best(history: Sequence[dict[str, Any]]) -> int:
+    """How many evaluations came after the best one (`best_evaluation`): none of them lower."""
+    best = best_evaluation(history)
+    if best is None:
+        return 0
+    return sum(1 for entry in history if entry.get("eval_loss") is not None and entry["step"] > best[0])

@@ -41,6 +41,8 @@ _BASE: dict[str, Any] = {
     "resume_from": None,
     "init_from": None,
     "checkpoint_every": 0,
+    "keep_checkpoints": 2,
+    "early_stop_patience": 0,
     "max_failures": 0,
     "hsdp_replicas": 1,
     "compile": False,

@@ -37,6 +37,11 @@ TRAIN_STATE_FILE = "train_state.json"
 _FIELDS = {field.name: field for field in dataclasses.fields(TrainConfig)}
 
 
+def flag_name(key: str) -> str:
+    """The flag of a `TrainConfig` field, as a message names it (`seq_len`: --seq-len)."""
+    return flag_of(_FIELDS[key]).names[0]
+
+
 def _shown(key: str, value: Any) -> str:
     """A setting's value as --help shows it."""
     if value is None:
@@ -149,6 +154,10 @@ def _validate(config: TrainConfig, paths_here: bool, warmup_given: bool) -> None
         raise ValueError("--eval-data synthetic: random tokens hold nothing to learn; give a held-out corpus")
     if config.eval_every and config.eval_data is None:
         raise ValueError(f"--eval-every {config.eval_every} evaluates on --eval-data: set it")
+    if config.early_stop_patience and config.eval_data is None:
+        raise ValueError(
+            f"--early-stop-patience {config.early_stop_patience} stops on the loss of --eval-data: set it"
+        )
     if paths_here and config.eval_data and not is_uri(config.eval_data):
         corpus_files(config.eval_data, flag="--eval-data")
     shipped_config = is_shipped(config.model_config)

@@ -299,6 +299,18 @@ class TrainConfig:
     checkpoint_every: int = setting(
         "--checkpoint-every", type=non_negative_int, help="checkpoint every N steps and at the end; 0 never"
     )
+    keep_checkpoints: int = setting(
+        "--keep-checkpoints",
+        type=positive_int,
+        help="checkpoints kept: the N latest, or with --eval-data the N of lowest eval_loss (every "
+        "checkpoint is evaluated); the latest is always kept too, to resume from",
+    )
+    early_stop_patience: int = setting(
+        "--early-stop-patience",
+        type=non_negative_int,
+        help="with --eval-data: stop after N evaluations in a row without a lower eval_loss than the "
+        "best so far (the run's last checkpoint is written at that step); 0 never",
+    )
     max_failures: int = setting(
         "--max-failures", type=integer, help="worker-group restarts from the latest checkpoint; -1 unlimited"
     )

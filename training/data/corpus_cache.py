@@ -9,7 +9,8 @@ later run with the same inputs reads no corpus file and loads no tokenizer.
 
     <root>/<key>/rows-00000.bin   the rows, int32 little-endian, seq_len + 1 tokens each, row
                                   after row (a URI root: rows-00001.bin ... past 64 GiB)
-    <root>/<key>/meta.json        written last: the row count, seq_len, the rows' fingerprint, the inputs
+    <root>/<key>/meta.json        written last: the row count, seq_len, the rows' fingerprint, what
+                                  packing did (documents, truncated, filler), the inputs
 
 `<root>` is --corpus-cache, by default `<--storage-path>/corpus-cache` (S3 on the cluster). A
 folder without meta.json, or whose rows files are not the sizes meta.json gives (a run that stopped
@@ -27,7 +28,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,19 @@ from pyarrow import fs as pyarrow_fs
 from training.config.corpus_files import CORPUS_SUFFIXES, corpus_files
 from training.config.presets import BYTE_TOKENIZER
 from training.config.run_config import TrainConfig, is_uri
-from training.data.packing import ROW_DTYPE, PackedCorpus, RowPacker, read_documents, tokenize
+from training.data.packing import (
+    ROW_DTYPE,
+    PackedCorpus,
+    PackingStats,
+    RowPacker,
+    read_documents,
+    tokenize,
+)
 from training.errors import UsageError
 
 # Bump when the rows a given input packs into change (a tokenization or packing rule), so that
-# caches of the old rows are no longer found.
-FORMAT_VERSION = 1
+# caches of the old rows are no longer found. 2: isolated documents packed whole (next-fit).
+FORMAT_VERSION = 2
 CACHE_FOLDER = "corpus-cache"  # under --storage-path, unless --corpus-cache names the root
 # S3 objects written through pyarrow are uploaded in parts of a fixed 10 MiB, and S3 takes at most
 # 10,000 parts, so one object holds at most 97.7 GiB (Arrow's cpp/src/arrow/filesystem/s3fs.cc,
@@ -206,6 +214,7 @@ class CachedCorpus:
     seq_len: int
     fingerprint: str
     shard_bytes: int = 0  # the rows file's size limit: 0, none (one file)
+    packing: PackingStats = field(default_factory=PackingStats)
 
     @property
     def shard_sizes(self) -> list[int]:
@@ -261,7 +270,13 @@ class CorpusCache:
         with self._filesystem.open_input_stream(meta_path) as stream:
             meta = json.loads(stream.read())
         entry = CachedCorpus(
-            self.root, key, meta["rows"], meta["seq_len"], meta["fingerprint"], meta["shard_bytes"]
+            self.root,
+            key,
+            meta["rows"],
+            meta["seq_len"],
+            meta["fingerprint"],
+            meta["shard_bytes"],
+            PackingStats(**meta["packing"]),
         )
         paths = [self._path(key, rows_file(index)) for index in range(len(entry.shard_sizes))]
         infos = self._filesystem.get_file_info(paths)
@@ -285,7 +300,9 @@ class CorpusCache:
         except BaseException:
             writer.discard()
             raise
-        entry = CachedCorpus(self.root, key, packer.rows, inputs["seq_len"], fingerprint, shard_bytes)
+        entry = CachedCorpus(
+            self.root, key, packer.rows, inputs["seq_len"], fingerprint, shard_bytes, packer.stats
+        )
         meta = {**asdict(entry), "inputs": inputs}
         del meta["root"]
         meta_path = self._path(key, META_FILE)
@@ -352,17 +369,21 @@ def open_rows(entry: CachedCorpus, node_copies: Path = NODE_COPIES) -> np.ndarra
     return _map(path, entry)
 
 
-def in_process_corpus(config: TrainConfig) -> PackedCorpus:
-    """The rows of the local corpus --data with their fingerprint (see `in_process_rows`)."""
-    entry = _in_process_entry(config, config.data, "--data")
-    return PackedCorpus(open_rows(entry), entry.fingerprint)
+def cached_corpus_rows(entry: CachedCorpus) -> PackedCorpus:
+    """A cache entry's rows, mapped (`open_rows`), with its fingerprint and packing figures."""
+    return PackedCorpus(open_rows(entry), entry.fingerprint, entry.packing)
+
+
+def in_process_corpus(config: TrainConfig, data: str | None = None, flag: str = "--data") -> PackedCorpus:
+    """The packed rows of a local corpus (`flag`'s value `data`, by default --data), from the cache
+    or read and tokenized in this process (the torchrun launcher and the benchmark; under Ray, Ray
+    Data reads it). The ranks of one run share the local root: one packs while the others wait."""
+    return cached_corpus_rows(_in_process_entry(config, config.data if data is None else data, flag))
 
 
 def in_process_rows(config: TrainConfig, data: str, flag: str = "--data") -> np.ndarray:
-    """The packed rows of a local corpus (`flag`'s value `data`), from the cache or read and
-    tokenized in this process (the torchrun launcher and the benchmark; under Ray, Ray Data reads
-    it). The ranks of one run share the local root: one packs while the others wait."""
-    return open_rows(_in_process_entry(config, data, flag))
+    """`in_process_corpus`'s rows alone."""
+    return in_process_corpus(config, data, flag).rows
 
 
 def _in_process_entry(config: TrainConfig, data: str, flag: str) -> CachedCorpus:

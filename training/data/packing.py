@@ -2,13 +2,17 @@
 
 Synthetic rows reproduce the reference job (uniform random ids). Real text is
 tokenized per document, each document followed by an end-of-document token, and
-the whole token stream, in corpus order, is cut into fixed rows ("packing"), so no
-compute is spent on padding and only the last partial row is dropped. Packing sees
-the ordered stream once, so rows do not depend on how the documents were split
-into blocks or tasks: Ray Data (which tokenizes in parallel) and the in-process
-torchrun reader give the same rows. Runs pack with `RowPacker`, which writes rows as
-the documents arrive (into the corpus cache, training/data/corpus_cache.py); `pack_documents`
-is the same rule in memory. Each epoch then deals the rows to the ranks
+the documents, in corpus order, are laid into fixed rows ("packing"). A document that
+attends only to itself (an isolated one: a conversation, or any document under
+--document-attention isolated) is kept whole: when it does not fit the rest of a row, filler
+that carries no loss ends that row and the document starts the next ("next-fit", streaming and in
+corpus order); one longer than a row is truncated to a row. Text packed across documents
+(--document-attention packed) is cut into rows wherever they end, so no compute is spent on
+filler and only the last partial row is dropped. Packing sees the ordered stream once, so rows do
+not depend on how the documents were split into blocks or tasks: Ray Data (which tokenizes in
+parallel) and the in-process torchrun reader give the same rows. Runs pack with `RowPacker`, which
+writes rows as the documents arrive (into the corpus cache, training/data/corpus_cache.py);
+`pack_documents` is the same packer into memory. Each epoch then deals the rows to the ranks
 in a fresh seeded order, so the few rows that do not fill a global batch differ
 from epoch to epoch, and a resumed run can replay the exact batches it missed.
 
@@ -26,6 +30,7 @@ import io
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -209,6 +214,27 @@ def chat_segments(messages: list[Message], render: Callable[..., str]) -> list[t
     return segments
 
 
+# An answer that no chat template alters, to find where a template ends an assistant turn.
+PROBE_ANSWER = "Probe answer."
+
+
+def end_of_turn(tokenizer: Tokenizer) -> list[int]:
+    """The tokens the tokenizer's chat template closes an assistant turn with: what rendering a
+    turn adds after its content, without the white space after it (Qwen2.5's `<|im_end|>`, one
+    token; the byte tokenizer's `<|end|>`, seven). None for a tokenizer without a template, or a
+    template that does not render the content as given."""
+    conversation = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PROBE_ANSWER}]
+    try:
+        segments = chat_segments(conversation, tokenizer.render_chat)
+    except UsageError:
+        return []
+    turn = "".join(text for text, assistant in segments if assistant)
+    if PROBE_ANSWER not in turn:
+        return []
+    marker = turn[turn.index(PROBE_ANSWER) + len(PROBE_ANSWER) :].strip()
+    return tokenizer.encode(marker) if marker else []
+
+
 def document_tokens(document: Document, tokenizer: Tokenizer, attention: str) -> np.ndarray:
     """A document's stored tokens, its end-of-document token included, with their flags:
     a conversation's tokens outside the assistant's turns (and its EOS) are NO_LOSS, and the
@@ -286,29 +312,40 @@ def batch_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
     return batch[TOKENS_COLUMN]
 
 
-def pack_documents(documents: Iterable[np.ndarray | list[int]], seq_len: int) -> np.ndarray:
-    """Concatenate documents' stored tokens (EOS included) in order and cut rows of
-    seq_len + 1; only the final partial row is dropped. A document after one that attends
-    only to itself starts afresh too, so that nothing sees into an isolated document."""
-    pieces: list[np.ndarray] = []
-    after_isolated = False
-    for tokens in documents:
-        piece = np.array(tokens, dtype=ROW_DTYPE)
-        isolated = bool(piece[0] & DOCUMENT_START)
-        if after_isolated:
-            piece[0] |= DOCUMENT_START
-        after_isolated = isolated
-        pieces.append(piece)
-    stream = np.concatenate(pieces) if pieces else np.empty(0, dtype=ROW_DTYPE)
-    row_length = seq_len + 1
-    rows = len(stream) // row_length
-    return stream[: rows * row_length].reshape(rows, row_length)
+@dataclass(frozen=True)
+class PackingStats:
+    """What packing did to a corpus's documents, for the run's summary. An isolated document
+    longer than a row is truncated to one row: `documents_truncated` of them, whose
+    `tokens_truncated` tokens past the row are dropped (TRL's best-fit packing truncates too, by
+    default: huggingface/trl, trl/data_utils.py, `_pack_bfd`). `filler_tokens` end rows where the
+    next isolated document did not fit, and the last row; they carry no loss."""
+
+    documents: int = 0
+    documents_truncated: int = 0
+    tokens_truncated: int = 0
+    filler_tokens: int = 0
+
+
+def filler(length: int, token: int) -> np.ndarray:
+    """`length` tokens that end a row: `token` (the end-of-document token before them), no loss,
+    one document of their own, so nothing attends to them and they attend to nothing before."""
+    tokens = np.full(length, (token & TOKEN_ID) | NO_LOSS, dtype=ROW_DTYPE)
+    if length:
+        tokens[0] |= DOCUMENT_START
+    return tokens
 
 
 class RowPacker:
-    """`pack_documents` as the documents arrive: full rows go to `write` (bytes, row after row)
-    and into a SHA-256 equal to `corpus_fingerprint` of the same rows, so memory holds the tokens
-    of at most one flush block and one document, however large the corpus."""
+    """Documents' stored tokens (EOS included), in order, into rows of seq_len + 1, written to
+    `write` (bytes, row after row) as they fill and hashed into a SHA-256 equal to
+    `corpus_fingerprint` of the same rows, so memory holds the tokens of at most one flush block
+    and one document, however large the corpus.
+
+    An isolated document (its first token a DOCUMENT_START) is laid whole into the row it fits,
+    else into the next, the rest of the row `filler`; one longer than a row is truncated to a row.
+    A document after an isolated one starts afresh too (DOCUMENT_START), so that nothing sees
+    into an isolated document; otherwise (packed text) documents run on across rows, and the last
+    partial row is dropped. After an isolated document the last row is kept, filled."""
 
     def __init__(self, write: Callable[[bytes], object], seq_len: int) -> None:
         self._write = write
@@ -316,19 +353,47 @@ class RowPacker:
         self._flush_at = max(self._row_length, PACK_BLOCK_TOKENS)
         self._pieces: list[np.ndarray] = []
         self._pending = 0
+        self._used = 0  # tokens in the row being filled
         self._after_isolated = False
+        self._last_token = 0  # of the document before: what filler repeats
         self._digest = hashlib.sha256()
+        self._counts = dict.fromkeys(
+            ("documents", "documents_truncated", "tokens_truncated", "filler_tokens"), 0
+        )
         self.rows = 0
 
+    @property
+    def stats(self) -> PackingStats:
+        return PackingStats(**self._counts)
+
     def add(self, tokens: np.ndarray | list[int]) -> None:
-        """One document's stored tokens (EOS included), with pack_documents' carry of isolation."""
+        """One document's stored tokens (EOS included)."""
         piece = np.array(tokens, dtype=ROW_DTYPE)
         isolated = bool(piece[0] & DOCUMENT_START)
         if self._after_isolated:
             piece[0] |= DOCUMENT_START
         self._after_isolated = isolated
+        self._counts["documents"] += 1
+        last_token = int(piece[-1])
+        if isolated:
+            if len(piece) > self._row_length:
+                self._counts["documents_truncated"] += 1
+                self._counts["tokens_truncated"] += len(piece) - self._row_length
+                piece = piece[: self._row_length]
+            if self._used and len(piece) > self._row_length - self._used:
+                self._fill_row()
+        self._last_token = last_token
+        self._append(piece)
+
+    def _fill_row(self) -> None:
+        room = self._row_length - self._used
+        self._counts["filler_tokens"] += room
+        self._append(filler(room, self._last_token))
+
+    def _append(self, piece: np.ndarray) -> None:
         self._pieces.append(piece)
         self._pending += len(piece)
+        self._used = (self._used + len(piece)) % self._row_length
         if self._pending >= self._flush_at:
             self._flush()
 
@@ -344,29 +409,46 @@ class RowPacker:
         self._pieces, self._pending = [rest], len(rest)
 
     def finish(self) -> str:
-        """Write the last full rows (the final partial row is dropped); the rows' fingerprint."""
+        """Write the last full rows, and the partial one when it ends in an isolated document
+        (filled: no conversation is left out); the rows' fingerprint."""
+        if self._after_isolated and self._used:
+            self._fill_row()
         self._flush()
-        self._pieces, self._pending = [], 0
+        self._pieces, self._pending, self._used = [], 0, 0
         return self._digest.hexdigest()
 
 
+def pack_documents(documents: Iterable[np.ndarray | list[int]], seq_len: int) -> np.ndarray:
+    """`RowPacker`'s rows of documents' stored tokens, in memory."""
+    written = io.BytesIO()
+    packer = RowPacker(written.write, seq_len)
+    for tokens in documents:
+        packer.add(tokens)
+    packer.finish()
+    return np.frombuffer(written.getvalue(), dtype=ROW_DTYPE).reshape(-1, seq_len + 1).copy()
+
+
 class PackedCorpus(NamedTuple):
-    """A corpus's packed rows and their `corpus_fingerprint`, which a cache entry stores, so that
-    no rank hashes a corpus it maps from disk."""
+    """A corpus's packed rows, their `corpus_fingerprint`, which a cache entry stores, so that
+    no rank hashes a corpus it maps from disk, and what packing did (`PackingStats`)."""
 
     rows: np.ndarray
     fingerprint: str
+    packing: PackingStats = PackingStats()
 
 
-def batches_per_epoch(rows: int, *, world_size: int, batch_size: int, seq_len: int) -> int:
-    """Steps in one pass over the rows; an error when the corpus cannot fill one step."""
-    batches = rows // (world_size * batch_size)
-    if batches == 0:
+def steps_per_epoch(
+    rows: int, *, world_size: int, batch_size: int, seq_len: int, grad_accum_steps: int = 1
+) -> int:
+    """Optimizer steps in one pass over the rows; an error when the corpus cannot fill one step."""
+    steps = rows // (world_size * batch_size * grad_accum_steps)
+    if steps == 0:
+        micro = f" x {grad_accum_steps} micro-batches" if grad_accum_steps > 1 else ""
         raise ValueError(
             f"the corpus packs into {rows} rows of {seq_len + 1} tokens: too few for "
-            f"{world_size} workers x batch {batch_size}"
+            f"{world_size} workers x batch {batch_size}{micro}"
         )
-    return batches
+    return steps
 
 
 def epoch_order(rows: int, *, seed: int, epoch: int) -> np.ndarray:
@@ -381,35 +463,45 @@ def epoch_batches(
     rank: int,
     world_size: int,
     batch_size: int,
+    grad_accum_steps: int = 1,
     start: tuple[int, int] = (0, 0),
 ) -> Iterator[np.ndarray]:
-    """This rank's endless stream of [batch, seq_len + 1] int64 batches. Each epoch takes the rows
-    in `epoch_order` and cuts global batches of `batch_size x world_size` off it, from sample
-    `offset` of epoch `epoch` (`start`) on; each global batch deals its rows to the ranks in
-    turn (its row i to rank i mod world); the rows left that do not fill one are left over.
-    The position is a global sample index, so a run resumed on another worker count continues
-    with the rows the interrupted one had not reached."""
-    batches_per_epoch(len(rows), world_size=world_size, batch_size=batch_size, seq_len=rows.shape[1] - 1)
-    global_batch = batch_size * world_size
+    """This rank's endless stream of [batch, seq_len + 1] int64 micro-batches, `grad_accum_steps`
+    per step. Each epoch takes the rows in `epoch_order` and cuts it into steps of
+    `batch_size x world_size x grad_accum_steps` rows (the global batch), from sample `offset` of
+    epoch `epoch` (`start`) on; micro-batch m of a step takes the step's rows m x batch_size x
+    world_size onwards and deals them to the ranks in turn (row i to rank i mod world). The rows
+    left that do not fill a step are left over. So a step trains on the same rows whatever the
+    split of its global batch into workers and micro-batches (2 x 1 or 1 x 2), and the position is
+    a global sample index: a run resumed on another worker count continues with the rows the
+    interrupted one had not reached."""
+    steps_per_epoch(
+        len(rows),
+        world_size=world_size,
+        batch_size=batch_size,
+        seq_len=rows.shape[1] - 1,
+        grad_accum_steps=grad_accum_steps,
+    )
+    micro = batch_size * world_size
+    global_batch = micro * grad_accum_steps
     epoch, offset = start
     while True:
         order = epoch_order(len(rows), seed=seed, epoch=epoch)
         for first in range(offset, len(rows) - global_batch + 1, global_batch):
-            yield rows[order[first + rank : first + global_batch : world_size]].astype(np.int64)
+            for low in range(first, first + global_batch, micro):
+                yield rows[order[low + rank : low + micro : world_size]].astype(np.int64)
         epoch, offset = epoch + 1, 0
 
 
-def position_after(
-    start: tuple[int, int], batches: int, *, rows: int, world_size: int, batch_size: int
-) -> tuple[int, int]:
-    """The (epoch, sample offset) `epoch_batches` reaches after `batches` batches from `start`."""
-    global_batch = batch_size * world_size
+def position_after(start: tuple[int, int], steps: int, *, rows: int, global_batch: int) -> tuple[int, int]:
+    """The (epoch, sample offset) `epoch_batches` reaches after `steps` steps of `global_batch`
+    rows from `start`."""
     epoch, offset = start
     left = (rows - offset) // global_batch
-    while batches >= left:
-        batches -= left
+    while steps >= left:
+        steps -= left
         epoch, offset, left = epoch + 1, 0, rows // global_batch
-    return epoch, offset + batches * global_batch
+    return epoch, offset + steps * global_batch
 
 
 def corpus_fingerprint(rows: np.ndarray) -> str:

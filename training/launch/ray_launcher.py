@@ -40,15 +40,15 @@ from ray.train.v2.api.config import (
 from ray.train.v2.api.result import Result
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-from training.components.checkpoint import CHECKPOINTS_KEPT
+from training.components.checkpoint import CHECKPOINT_SCORE
 from training.config.run_config import TrainConfig, check_hsdp_replicas
-from training.data.corpus_cache import CachedCorpus, cached_rows, corpus_sources, open_rows
+from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
 from training.data.packing import (
     PackedCorpus,
     RowPacker,
     batch_tokens,
-    batches_per_epoch,
     parse_files_batch,
+    steps_per_epoch,
     tokenize_batch,
 )
 from training.errors import DivergedError, RunFailedError, UsageError
@@ -105,12 +105,12 @@ class RaySession:
         if self.cached_corpus is None:
             raise ValueError("this run was launched without a corpus")
         # Mapped from the node's disk: the workers of a node share its page cache.
-        return PackedCorpus(open_rows(self.cached_corpus), self.cached_corpus.fingerprint)
+        return cached_corpus_rows(self.cached_corpus)
 
-    def eval_rows(self, config: TrainConfig) -> np.ndarray:
+    def eval_rows(self, config: TrainConfig) -> PackedCorpus:
         if self.cached_eval_corpus is None:
             raise ValueError("this run was launched without --eval-data")
-        return open_rows(self.cached_eval_corpus)
+        return cached_corpus_rows(self.cached_eval_corpus)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
@@ -184,7 +184,9 @@ def _configure_ray_data() -> None:
 
 def cached_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> CachedCorpus:
     """The run's corpus (`flag`: --data or --eval-data) in the corpus cache, packed there now if no
-    run with the same inputs did; a usage error if its rows cannot fill one step."""
+    run with the same inputs did; a usage error if the rows of --data cannot fill one step (those of
+    --eval-data need not: the evaluation fills its last batch, and a set of no rows is the loop's
+    error)."""
     data = config.data if flag == "--data" else config.eval_data
     assert data is not None
     # On a cluster only the driver's node holds local files: Ray Data reads them there.
@@ -198,9 +200,15 @@ def cached_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> Ca
     print(
         f"{flag} {data}: {entry.rows} rows of {entry.seq_len + 1} tokens {done} {entry.location}", flush=True
     )
+    if flag != "--data":
+        return entry
     try:
-        batches_per_epoch(
-            entry.rows, world_size=workers, batch_size=config.batch_size, seq_len=config.seq_len
+        steps_per_epoch(
+            entry.rows,
+            world_size=workers,
+            batch_size=config.batch_size,
+            seq_len=config.seq_len,
+            grad_accum_steps=config.grad_accum_steps,
         )
     except ValueError as error:
         raise UsageError(f"{flag} {data}: {error}") from error
@@ -310,7 +318,14 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 name=config.run_name,
                 storage_path=config.storage_path,
                 failure_config=FailureConfig(max_failures=config.max_failures),
-                checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+                # The latest checkpoint is always kept too (to resume from); with --eval-data every
+                # checkpoint is evaluated and the lowest eval_loss ranks first
+                # (training.components.checkpoint.checkpoints_kept, which torchrun applies).
+                checkpoint_config=CheckpointConfig(
+                    num_to_keep=config.keep_checkpoints,
+                    checkpoint_score_attribute=None if config.eval_data is None else CHECKPOINT_SCORE,
+                    checkpoint_score_order="min",
+                ),
                 # A line per report would bury the training's own progress lines.
                 logging_config=LoggingConfig(log_level="WARNING"),
             ),

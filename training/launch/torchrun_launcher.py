@@ -14,13 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from training.components.checkpoint import CHECKPOINTS_KEPT, is_complete
+from training.components.checkpoint import CHECKPOINT_SCORE, checkpoints_kept, is_complete, read_train_state
 from training.config.run_config import TrainConfig
-from training.data.corpus_cache import in_process_corpus, in_process_rows
+from training.data.corpus_cache import in_process_corpus
 from training.data.packing import PackedCorpus
 from training.distributed.rank_exit import tear_down_process_group
 from training.errors import UsageError
@@ -40,6 +39,7 @@ class TorchrunSession:
         self.device = device
         self.run_dir = Path(config.storage_path) / config.run_name
         self.resume_from = config.resume_from
+        self.keep_checkpoints = config.keep_checkpoints
 
     def _checkpoints(self) -> list[Path]:
         found = self.run_dir.glob(f"{CHECKPOINT_PREFIX}*") if self.run_dir.is_dir() else []
@@ -57,9 +57,9 @@ class TorchrunSession:
     def corpus(self, config: TrainConfig) -> PackedCorpus:
         return in_process_corpus(config)
 
-    def eval_rows(self, config: TrainConfig) -> np.ndarray:
+    def eval_rows(self, config: TrainConfig) -> PackedCorpus:
         assert config.eval_data is not None
-        return in_process_rows(config, config.eval_data, "--eval-data")
+        return in_process_corpus(config, config.eval_data, "--eval-data")
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
@@ -69,8 +69,12 @@ class TorchrunSession:
         save(str(path))
         dist.barrier()
         if self.rank == 0:
-            for stale in self._checkpoints()[:-CHECKPOINTS_KEPT]:
-                shutil.rmtree(stale)
+            checkpoints = self._checkpoints()
+            scores = [read_train_state(str(path)).get(CHECKPOINT_SCORE) for path in checkpoints]
+            kept = checkpoints_kept(scores, self.keep_checkpoints)
+            for index, stale in enumerate(checkpoints):
+                if index not in kept:
+                    shutil.rmtree(stale)
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         if self.rank != 0:

@@ -98,6 +98,15 @@ class RunSummary:
     run_name: str
     run_dir: str | None = None
     summary_path: str | None = None
+    # With --eval-data: the lowest held-out loss and its step (a checkpoint kept, where the step
+    # had one), and whether --early-stop-patience ended the run before --steps.
+    best_eval_loss: float | None = None
+    best_eval_step: int | None = None
+    stopped_early: bool = False
+    # Per corpus ("data", "eval_data"; none for synthetic tokens): documents packed, those longer
+    # than a row truncated to one and the tokens that cost, and filler tokens (no loss) that end
+    # rows where the next whole document did not fit (training.data.packing.PackingStats).
+    packing: dict[str, dict[str, int]] | None = None
     # Over the steps after the first (as `step_time_s`), per node: EFA bytes/s and bytes per step
     # (sent plus received), and the busiest node's share of its ports' capacity both ways
     # (2 x --line-rate-gbps); absent without EFA (and the share without --line-rate-gbps).

@@ -88,23 +88,40 @@ def test_a_resume_with_nothing_left_to_train_is_refused_at_parse(tmp_path):
 
 
 def test_a_resume_on_another_world_size_continues_at_the_next_global_sample():
-    """Steps 1-3 at 2 workers x batch 3 took the epoch's samples 0-17; at 1 worker the run goes on
-    with samples 18-20, then 21-23, ...; past the epoch's end it starts the next epoch's order."""
+    """Steps 1-3 at 2 workers x batch 3 took the epoch's samples 0-17; at 1 worker x 2 micro-batches
+    (the same 6 sequences a step) the run goes on with samples 18-20 and 21-23, ...; past the
+    epoch's end it starts the next epoch's order."""
     rows = corpus_rows(FILES, tokenizer="bytes", seq_len=32)
     order = epoch_order(len(rows), seed=0, epoch=0)
     at_two = [epoch_batches(rows, seed=0, rank=rank, world_size=2, batch_size=3) for rank in (0, 1)]
     seen = [index for _ in range(3) for stream in at_two for index in _indices(rows, next(stream))]
     assert sorted(seen) == sorted(order[:18])
-    position = position_after((0, 0), 3, rows=len(rows), world_size=2, batch_size=3)
+    position = position_after((0, 0), 3, rows=len(rows), global_batch=6)
     assert position == (0, 18)
-    at_one = epoch_batches(rows, seed=0, rank=0, world_size=1, batch_size=3, start=position)
+    at_one = epoch_batches(
+        rows, seed=0, rank=0, world_size=1, batch_size=3, grad_accum_steps=2, start=position
+    )
     assert _indices(rows, next(at_one)) == list(order[18:21])
-    # The epoch holds len(rows) // 3 batches at 1 worker; the one after the last is epoch 1's first.
-    per_epoch = len(rows) // 3
-    end = position_after(position, per_epoch - 6, rows=len(rows), world_size=1, batch_size=3)
+    assert _indices(rows, next(at_one)) == list(order[21:24])
+    # The epoch holds len(rows) // 6 steps; the one after the last is epoch 1's first.
+    per_epoch = len(rows) // 6
+    end = position_after(position, per_epoch - 3, rows=len(rows), global_batch=6)
     assert end == (1, 0)
     later = epoch_batches(rows, seed=0, rank=0, world_size=1, batch_size=3, start=end)
     assert _indices(rows, next(later)) == list(epoch_order(len(rows), seed=0, epoch=1)[:3])
+
+
+def test_a_step_trains_on_the_same_rows_however_workers_and_micro_batches_split_it():
+    """2 workers x 1 micro-batch and 1 worker x 2 micro-batches of 3 rows: each step the same 6
+    rows, over more than an epoch (whose leftover rows, fewer than a step, are the same too)."""
+    rows = corpus_rows(FILES, tokenizer="bytes", seq_len=32)
+    steps = len(rows) // 6 + 3
+    at_two = [epoch_batches(rows, seed=0, rank=rank, world_size=2, batch_size=3) for rank in (0, 1)]
+    at_one = epoch_batches(rows, seed=0, rank=0, world_size=1, batch_size=3, grad_accum_steps=2)
+    for step in range(steps):
+        two = sorted(index for stream in at_two for index in _indices(rows, next(stream)))
+        one = sorted(index for _ in range(2) for index in _indices(rows, next(at_one)))
+        assert two == one, step
 
 
 def _indices(rows: np.ndarray, batch: np.ndarray) -> list[int]:
@@ -118,7 +135,6 @@ def _indices(rows: np.ndarray, batch: np.ndarray) -> list[int]:
         ("--seq-len", "64", "--seq-len 128"),
         ("--seed", "1", "--seed 0"),
         ("--batch-size", "4", "--batch-size 8"),
-        ("--grad-accum-steps", "2", "--grad-accum-steps 1"),
     ],
 )
 def test_a_resume_names_the_flag_whose_value_differs_from_the_checkpoint(flag, value, named):
@@ -128,8 +144,9 @@ def test_a_resume_names_the_flag_whose_value_differs_from_the_checkpoint(flag, v
     changed = parse_args([flag, value])
     with pytest.raises(UsageError, match=rf"^ckpt was written with {named}: resume with the same"):
         check_resume(saved, replay_facts(changed, 2, "abc"), 30, "ckpt")
-    # Another world size resumes (the replay goes by global sample index); another corpus does not.
-    check_resume(saved, replay_facts(parse_args([]), 4, "abc"), 30, "ckpt")
+    # Another split of the global batch resumes (the replay goes by global sample index); another
+    # corpus does not.
+    check_resume(saved, replay_facts(parse_args(["--grad-accum-steps", "2"]), 1, "abc"), 30, "ckpt")
     with pytest.raises(UsageError, match=r"^ckpt was trained on other rows \(--data or --tokenizer"):
         check_resume(saved, replay_facts(parse_args([]), 2, "other"), 30, "ckpt")
 
@@ -350,3 +367,78 @@ def test_exporting_a_folder_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
         capsys.readouterr().err
         == f"python -m training.export: error: {tmp_path}: not a checkpoint folder (no train_state.json)\n"
     )
+
+
+# --- exports that serve: the generation config and the keys transformers 4 reads ----------------
+
+# transformers 4's Qwen2Config (4.57.1, models/qwen2/configuration_qwen2.py) reads the top-level
+# `rope_theta` of config.json, and takes this when it is absent.
+TRANSFORMERS_4_ROPE_THETA_DEFAULT = 10000.0
+
+
+def test_a_chat_export_stops_at_the_end_of_turn_and_keeps_its_rope_base_for_transformers_4(tmp_path):
+    """Qwen2.5-1.5B's architecture exported with a ChatML tokenizer: generation_config.json stops
+    at `<|im_end|>` and at the EOS; config.json carries transformers 5's `rope_parameters` and
+    `dtype` and, beside them, the `rope_theta` and `torch_dtype` transformers 4 reads (without
+    them it reads RoPE base 10000 for Qwen2.5's 1,000,000)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from tests.harness.chat_tokenizer import IM_END, chatml_tokenizer
+    from training.components.checkpoint import write_hugging_face
+    from training.config.model_configs import load_model_config
+    from training.data.tokenizer import load_tokenizer
+
+    tokenizer_path, ids = chatml_tokenizer(tmp_path / "tokenizer")
+    architecture = AutoConfig.for_model(**load_model_config("qwen2.5-1.5b"))
+    write_hugging_face(str(tmp_path / "hf"), {}, architecture, "bf16", load_tokenizer(tokenizer_path))
+
+    generation = GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert generation.eos_token_id == [ids[IM_END], ids["<|endoftext|>"]]
+    assert generation.pad_token_id == ids["<|endoftext|>"] and generation.bos_token_id == 151643
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["rope_parameters"] == {"rope_theta": 1000000.0, "rope_type": "default"}
+    assert written["dtype"] == "bfloat16"
+    # As transformers 4 reads them:
+    assert written.get("rope_theta", TRANSFORMERS_4_ROPE_THETA_DEFAULT) == 1000000.0
+    assert written["torch_dtype"] == "bfloat16" and "rope_scaling" not in written
+    # And transformers as installed loads the same configuration back.
+    loaded = AutoConfig.from_pretrained(tmp_path / "hf")
+    assert loaded.rope_parameters == {"rope_theta": 1000000.0, "rope_type": "default"}
+    differ = {
+        key
+        for key, value in architecture.to_dict().items()
+        if loaded.to_dict().get(key) != value
+        and key not in ("_name_or_path", "dtype", "transformers_version")
+    }
+    assert not differ and loaded.dtype == torch.bfloat16
+
+
+def test_the_legacy_keys_carry_a_scaled_rope_and_leave_keys_already_there():
+    from training.components.checkpoint import legacy_config_keys
+
+    yarn = {"rope_theta": 5e5, "rope_type": "yarn", "factor": 4.0}
+    assert legacy_config_keys({"rope_parameters": yarn, "dtype": "float32"}) == {
+        "rope_parameters": yarn,
+        "dtype": "float32",
+        "rope_theta": 5e5,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+        "torch_dtype": "float32",
+    }
+    assert (
+        legacy_config_keys({"rope_theta": 7.0, "rope_parameters": {"rope_theta": 1e6}})["rope_theta"] == 7.0
+    )
+
+
+def test_the_byte_tokenizers_export_stops_at_its_eos(trained):
+    """Its template ends a turn in seven byte tokens (`<|end|>`), which an `eos_token_id` list cannot
+    name (any one of them would stop): the EOS alone, and examples/generate.py stops at the bytes."""
+    from transformers import GenerationConfig
+
+    from training.data.packing import end_of_turn
+    from training.data.tokenizer import ByteTokenizer
+
+    assert end_of_turn(ByteTokenizer()) == list(b"<|end|>")
+    generation = GenerationConfig.from_pretrained(trained / "3" / "hf")
+    assert generation.eos_token_id == [256] and generation.pad_token_id == 256
+    written = json.loads((trained / "3" / "hf" / "config.json").read_text())
+    assert written["rope_theta"] == written["rope_parameters"]["rope_theta"] == 10000.0

@@ -21,9 +21,11 @@ from training.config.run_config import (
     parse_args,
     parse_flags,
 )
+from training.data.packing import NO_LOSS
 from training.metrics.report import parse_step_line
 from training.metrics.run_metrics import perplexity
 from training.metrics.tensorboard_sink import SCALARS, TENSORBOARD_DIR
+from training.model.causal_lm import model_batch
 from training.model.loss import IGNORE_INDEX, fused_linear_cross_entropy
 
 
@@ -89,16 +91,32 @@ def test_bad_schedule_and_evaluation_flags_are_refused_in_one_line(flags, messag
     assert str(raised.value) == message
 
 
-def test_eval_batches_deal_whole_global_batches_in_corpus_order():
-    rows = np.arange(9 * 3).reshape(9, 3)  # 9 rows: 2 global batches of 2 ranks x 2, one row left over
+def test_eval_batches_deal_every_row_in_corpus_order_and_fill_the_last_global_batch():
+    rows = np.arange(9 * 3).reshape(9, 3)  # 9 rows: 3 global batches of 2 ranks x 2, the last filled
     mine = [eval_batches(rows, rank=rank, world_size=2, batch_size=2) for rank in (0, 1)]
     assert [[batch[:, 0].tolist() for batch in batches] for batches in mine] == [
-        [[0, 6], [12, 18]],
-        [[3, 9], [15, 21]],
+        [[0, 6], [12, 18], [24, NO_LOSS]],
+        [[3, 9], [15, 21], [NO_LOSS, NO_LOSS]],
     ]
     assert all(batch.dtype == np.int64 for batches in mine for batch in batches)
-    with pytest.raises(ValueError, match="too few for 2 workers x batch 8"):
-        eval_batches(rows, rank=0, world_size=2, batch_size=8)
+    filler = mine[1][-1]
+    assert (filler == NO_LOSS).all() and model_batch(filler, torch.device("cpu")).loss_tokens == 0
+    with pytest.raises(ValueError, match=r"^the corpus packs into no rows of 3 tokens: nothing to evaluate$"):
+        eval_batches(rows[:0], rank=0, world_size=2, batch_size=8)
+
+
+@pytest.mark.parametrize(("world_size", "batch_size"), [(1, 8), (2, 8), (4, 8), (8, 2), (4, 64)])
+def test_every_held_out_row_is_evaluated_once_on_any_world_size(world_size, batch_size):
+    """125 rows (the worked example's held-out set at seq 128): dealt whole global batches only,
+    2 x 8 evaluated 112 of them, 4 x 8 96, 1 x 8 120."""
+    rows = np.arange(125 * 4).reshape(125, 4)
+    dealt = [
+        eval_batches(rows, rank=rank, world_size=world_size, batch_size=batch_size)
+        for rank in range(world_size)
+    ]
+    assert len({len(batches) for batches in dealt}) == 1  # as many forwards on every rank
+    evaluated = [row[0] for batches in dealt for batch in batches for row in batch if row[0] != NO_LOSS]
+    assert sorted(evaluated) == rows[:, 0].tolist()
 
 
 def test_perplexity_is_exp_of_the_loss_and_infinite_past_a_float():
@@ -203,3 +221,52 @@ def test_event_files_of_a_run_on_a_uri_are_copied_to_the_run_folder_there(tmp_pa
     assert scalars["loss/eval"] == {1: 2.75} and scalars["optim/lr"] == pytest.approx({1: 1e-3})
     assert "throughput/mfu" not in scalars
     assert not Path(sink.folder).exists()
+
+
+# --- the same weights, the same eval_loss on any world size ------------------------------------
+
+
+def _evaluate_on_ranks(rank: int, world_size: int, init_file: str, rows_file: str, out: str) -> None:
+    """The tiny model's seeded random init, sharded over `world_size` gloo ranks by the loop's
+    `build`, evaluated by the loop's `evaluate` on the held-out rows dealt as a run deals them."""
+    import torch.distributed as dist
+
+    from tests.harness.build_session import BuildSession
+    from training.components.evaluate import evaluate
+    from training.distributed.rank_exit import end_rank_process, tear_down_process_group
+    from training.loop import build
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    config = parse_args(["--preset", "tiny"])
+    model, _, _, _ = build(config, BuildSession(rank, world_size, world_size, torch.device("cpu")))
+    rows = np.load(rows_file)
+    batches = eval_batches(rows, rank=rank, world_size=world_size, batch_size=config.batch_size)
+    loss = evaluate(model, batches, torch.device("cpu"))
+    tear_down_process_group()
+    if rank == 0:
+        Path(out).write_text(repr(loss))
+    end_rank_process(0)
+
+
+@pytest.mark.slow
+def test_the_same_weights_give_the_same_eval_loss_on_1_2_and_4_workers(tmp_path):
+    """The worked example's held-out conversations (60 of them: 38 rows at seq 128, which fill no
+    whole global batch of 4 x 8), evaluated by the same weights on 1, 2 and 4 ranks: the same loss,
+    up to the order in which the ranks' sums are added (relative 1e-6)."""
+    import torch.multiprocessing as mp
+
+    from examples.instruction_data import write_dataset
+    from tests.harness.packing_reference import corpus_rows
+
+    write_dataset(tmp_path, train_rows=1, eval_rows=60, seed=0)
+    rows = corpus_rows([str(tmp_path / "eval.jsonl")], tokenizer="bytes", seq_len=128)
+    assert len(rows) % 32 and len(rows) % 16
+    np.save(tmp_path / "rows.npy", rows)
+    losses = {}
+    for world_size in (1, 2, 4):
+        out = tmp_path / f"loss{world_size}"
+        args = (world_size, str(tmp_path / f"pg{world_size}"), str(tmp_path / "rows.npy"), str(out))
+        mp.spawn(_evaluate_on_ranks, args=args, nprocs=world_size)
+        losses[world_size] = float(out.read_text())
+    assert 4 < losses[1] < 7  # a random model's loss over 257 tokens, near log(257) = 5.55
+    assert losses[2] == pytest.approx(losses[1], rel=1e-6) and losses[4] == pytest.approx(losses[1], rel=1e-6)

@@ -92,9 +92,7 @@ def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(dat
     rows = None if data == SYNTHETIC else corpus_rows(files, tokenizer="bytes", seq_len=32)
     uninterrupted = _batches(config, _CorpusSession(), 257, 0, rows, (0, 0))
     per_step = [[next(uninterrupted) for _ in range(2)] for _ in range(6)]
-    position = (
-        (0, 0) if rows is None else position_after((0, 0), 6, rows=len(rows), world_size=1, batch_size=3)
-    )
+    position = (0, 0) if rows is None else position_after((0, 0), 3, rows=len(rows), global_batch=6)
     resumed = _batches(config, _CorpusSession(), 257, 3, rows, position)
     for step in per_step[3:]:
         for expected in step:

@@ -271,16 +271,26 @@ def test_auto_isolates_conversations_and_the_document_after_one():
 
 
 def test_a_gpu_run_packs_every_text_document_isolated_by_default(tmp_path):
-    """The packer of a run with --gpu flags each text document's start (`auto` on GPUs); the
-    same corpus without --gpu packs the text causally, as before."""
+    """The packer of a run with --gpu flags each text document's start (`auto` on GPUs) and lays
+    each whole in a row; the same corpus without --gpu packs the text causally, cut wherever a row
+    ends, as before."""
     (tmp_path / "docs.jsonl").write_text(
         "".join(json.dumps({"text": f"document {i} " * 5}) + "\n" for i in range(12))
     )
     argv = ["--data", str(tmp_path / "docs.jsonl"), "--seq-len", "64", "--storage-path", str(tmp_path)]
-    on_gpus = in_process_corpus(parse_flags([*argv, "--gpu"])).rows
+    on_gpus = in_process_corpus(parse_flags([*argv, "--gpu"]))
     on_cpus = in_process_corpus(parse_flags(argv)).rows
-    assert (on_gpus & DOCUMENT_START).sum() >= 10 and not (on_cpus & DOCUMENT_START).any()
-    assert np.array_equal(on_gpus & TOKEN_ID, on_cpus & TOKEN_ID)
+    assert (on_gpus.rows & DOCUMENT_START).sum() >= 12 and not (on_cpus & DOCUMENT_START).any()
+    assert (on_gpus.rows[:, 0] & DOCUMENT_START).all()  # no document continues from a row before
+    documents = on_gpus.rows[(on_gpus.rows & NO_LOSS) == 0] & TOKEN_ID  # filler aside
+    stream = np.concatenate(
+        [document_tokens(f"document {i} " * 5, ByteTokenizer(), "packed") for i in range(12)]
+    )
+    np.testing.assert_array_equal(documents, stream)
+    np.testing.assert_array_equal(on_cpus.reshape(-1) & TOKEN_ID, stream[: on_cpus.size])
+    assert on_gpus.packing.documents == 12 and on_gpus.packing.filler_tokens == on_gpus.rows.size - len(
+        stream
+    )
 
 
 # FlexAttention compiles its kernel on first use (about 13 s on the CPU), so it runs with the slow tests.

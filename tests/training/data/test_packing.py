@@ -2,8 +2,9 @@
 
 The in-process reader is what torchrun ranks use; the Ray Data path tokenizes on
 a real local Ray and packs on the driver. Both must give the same rows, whatever
-the block layout, with an end-of-document token between every two documents and
-at most one partial row dropped.
+the block layout. Text packed across documents is the document stream cut in order, with an
+end-of-document token between every two documents and at most one partial row dropped; an
+isolated document (a conversation) lies whole in one row, next-fit.
 """
 
 from __future__ import annotations
@@ -17,19 +18,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from examples.instruction_data import write_dataset
 from tests.harness.packing_reference import corpus_rows, local_corpus_batches
 from training.config.run_config import SHIPPED_CORPUS, corpus_files, parse_args
 from training.data.packing import (
+    DOCUMENT_START,
+    NO_LOSS,
     ROW_DTYPE,
+    TOKEN_ID,
+    PackingStats,
     RowPacker,
     corpus_fingerprint,
     document_tokens,
     pack_documents,
     read_documents,
+    tokenize,
 )
 from training.data.tokenizer import ByteTokenizer
 from training.errors import UsageError
+from training.model.causal_lm import model_batch
+from training.model.loss import IGNORE_INDEX
 
 SEQ_LEN = 32
 EOS = ByteTokenizer.eos_id
@@ -84,6 +94,103 @@ def test_packing_keeps_every_document_and_its_eos():
     documents = [[1, 2, 3, 0], [0], [4, 0], [5, 6, 7, 8, 9, 10, 11, 0], [12, 13, 0]]
     rows = pack_documents(documents, seq_len=3)
     np.testing.assert_array_equal(rows, [[1, 2, 3, 0], [0, 4, 0, 5], [6, 7, 8, 9], [10, 11, 0, 12]])
+
+
+def isolated(*lengths: int, first: int = 1) -> list[np.ndarray]:
+    """Documents of these lengths, each attending only to itself: ids from `first` on, the last
+    token an end-of-document token (0)."""
+    documents, token = [], first
+    for length in lengths:
+        tokens = np.arange(token, token + length, dtype=ROW_DTYPE)
+        tokens[-1], tokens[0] = 0, tokens[0] | DOCUMENT_START
+        documents.append(tokens)
+        token += length
+    return documents
+
+
+FILL = NO_LOSS | 0  # filler: the end-of-document token before it (0), no loss
+
+
+def test_isolated_documents_lie_whole_in_a_row_next_fit():
+    """A document that does not fit the rest of a row starts the next; filler that carries no loss
+    (one document of its own) ends the row; the last row is kept, filled."""
+    one, two, three = isolated(3, 3, 2)
+    packer_rows = pack_documents([one, two, three], seq_len=4)
+    start = DOCUMENT_START
+    np.testing.assert_array_equal(
+        packer_rows,
+        [
+            [*one, FILL | start, FILL],  # `two` (3) does not fit the 2 left
+            [*two, *three[:1], three[1]],  # `three` (2) fits the 2 left
+        ],
+    )
+    four, five = isolated(2, 2, first=9)
+    np.testing.assert_array_equal(
+        pack_documents([one, four, five], seq_len=4), [[*one, *four], [*five, FILL | start, FILL, FILL]]
+    )
+
+
+def test_an_isolated_document_longer_than_a_row_is_truncated_to_one_and_counted():
+    written: list[bytes] = []
+    packer = RowPacker(written.append, seq_len=4)
+    short, long, last = isolated(2, 8, 3)
+    for document in (short, long, last):
+        packer.add(document)
+    packer.finish()
+    rows = np.frombuffer(b"".join(written), dtype=ROW_DTYPE).reshape(-1, 5)
+    np.testing.assert_array_equal(
+        rows,
+        [[*short, FILL | DOCUMENT_START, FILL, FILL], long[:5], [*last, FILL | DOCUMENT_START, FILL]],
+    )
+    assert packer.stats == PackingStats(
+        documents=3, documents_truncated=1, tokens_truncated=3, filler_tokens=5
+    )
+
+
+def test_text_after_a_conversation_starts_afresh_and_runs_on_across_rows():
+    """Packed text is cut wherever a row ends, as before; the document after an isolated one starts
+    afresh (nothing sees into the isolated one) but is not moved to a new row."""
+    [conversation] = isolated(3)
+    text, more = np.arange(20, 25, dtype=ROW_DTYPE), np.arange(30, 33, dtype=ROW_DTYPE)
+    rows = pack_documents([conversation, text, more], seq_len=3)
+    np.testing.assert_array_equal(
+        rows, [[*conversation, 20 | DOCUMENT_START], [21, 22, 23, 24]]
+    )  # `more`'s 3 tokens: the last partial row of packed text, dropped
+
+
+def conversation_labels(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of each row's labels, those that count in the loss, and those of them in a document that
+    began in an earlier row (no document start at or before the label's token in its row)."""
+    labels = model_batch(rows, torch.device("cpu")).labels.numpy()
+    started = np.maximum.accumulate((rows & DOCUMENT_START) != 0, axis=1)[:, 1:]
+    counted = labels != IGNORE_INDEX
+    return counted, counted & ~started
+
+
+@pytest.mark.parametrize("seq_len", [128, 512])
+def test_the_worked_examples_conversations_train_whole_in_their_rows(tmp_path, seq_len):
+    """docs/training.md's fine-tune data (2,000 conversations): every loss label lies in a
+    conversation that begins in its own row, and every assistant token of every conversation is a
+    label once. Packed across rows, 50.8% of the labels at seq 128 and 12.8% at 512 lay in a
+    conversation begun in the row before."""
+    write_dataset(tmp_path, train_rows=2000, eval_rows=1, seed=0)
+    conversations = read_documents(str(tmp_path / "train.jsonl"))
+    documents = list(tokenize(conversations, "bytes", "auto"))
+    written: list[bytes] = []
+    packer = RowPacker(written.append, seq_len)
+    for tokens in documents:
+        packer.add(tokens)
+    packer.finish()
+    rows = np.frombuffer(b"".join(written), dtype=ROW_DTYPE).reshape(-1, seq_len + 1)
+    counted, carried_over = conversation_labels(rows)
+    assert counted.sum() > 0 and carried_over.sum() == 0
+    assert (rows[:, 0] & DOCUMENT_START).all()
+    # Each conversation's loss tokens (its assistant turns), all of them, and nothing else.
+    assert counted.sum() == sum(int(((tokens & NO_LOSS) == 0).sum()) for tokens in documents)
+    assert packer.stats.documents == 2000 and packer.stats.documents_truncated == 0
+    kept = rows[(rows & NO_LOSS) == 0] & TOKEN_ID
+    assert len(kept) == counted.sum()  # no filler token is a loss target
+    assert packer.stats.filler_tokens == rows.size - sum(len(tokens) for tokens in documents)
 
 
 def test_a_text_document_and_an_empty_one_end_in_eos():
