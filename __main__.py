@@ -20,7 +20,7 @@ from infra.config.training_settings import (
 from infra.plan.facts import line_rate_gbps
 from infra.plan.planner import log_plan, measured_against_plan
 from infra.preflight import plan_placement
-from infra.resources.cluster import Cluster, coredns_version
+from infra.resources.cluster import Cluster, addon_version
 from infra.resources.network import Network
 from infra.resources.node_groups import (
     GPU_ROOT_VOLUME_GIB,
@@ -29,6 +29,7 @@ from infra.resources.node_groups import (
     NodeGroupSpec,
     SystemNodeGroup,
 )
+from infra.resources.observability import Observability, checked_addon_version
 from infra.resources.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
 from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
@@ -105,7 +106,7 @@ gpu_nodes = GpuNodeGroup(
 )
 # CoreDNS stays at the live add-on's version until kubernetesVersion moves.
 coredns = cluster.install_coredns(
-    coredns_version(settings.kubernetes_version, placement.live), after=[system_nodes.node_group]
+    addon_version("coredns", settings.kubernetes_version, placement.live), after=[system_nodes.node_group]
 )
 checkpoints = CheckpointStore(
     "checkpoints",
@@ -114,6 +115,23 @@ checkpoints = CheckpointStore(
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
     force_destroy=settings.checkpoints_force_destroy,
+)
+# See the run: the CloudWatch Observability add-on on every node, the job's right to publish its
+# metrics, and the dashboard of both.
+observability = (
+    Observability(
+        "observability",
+        cluster_name=settings.cluster_name,
+        eks_cluster_name=cluster.cluster_name,
+        region=settings.region,
+        addon_version=checked_addon_version(settings.kubernetes_version, placement.live),
+        oidc_provider_arn=cluster.oidc_provider_arn,
+        oidc_provider_url=cluster.oidc_provider_url,
+        ray_pods_role=checkpoints.role,
+        after=[system_nodes.node_group, gpu_nodes.node_group],
+    )
+    if settings.observability
+    else None
 )
 
 # 5. GPU and EFA device plugins, KubeRay operator and its CRDs, the EFA counter reader.
@@ -154,6 +172,7 @@ ray = RayCluster(
         service_account=RAY_SERVICE_ACCOUNT,
         code_configmap="training-code",
         code_files=code_files,
+        metrics_cluster_name=settings.cluster_name if observability else None,
     ),
     pod_role_arn=checkpoints.role.arn,
     hf_token=hf_token() if settings.has_hf_token else None,
@@ -182,7 +201,10 @@ if settings.train:
             benchmark=settings.benchmark,
             timeout_minutes=settings.training.timeout_minutes,
         ),
-        opts=pulumi.ResourceOptions(depends_on=[ray.resource]),
+        # With observability, after the add-on and the pods' right to publish: metrics from the first step.
+        opts=pulumi.ResourceOptions(
+            depends_on=[ray.resource, *(observability.ready if observability else [])]
+        ),
     )
     pulumi.export(
         "training",
@@ -214,6 +236,7 @@ if settings.train:
             "busbwGbps": run.busbw_gbps,
             "lineRateGbps": run.line_rate_gbps,
             "busbwFraction": run.busbw_fraction,
+            "dashboard": observability.url if observability else None,
         },
     )
     if settings.benchmark:
@@ -238,6 +261,8 @@ pulumi.export("gpuAz", placement.gpu_az)
 pulumi.export("gpuSubnetId", network.gpu_subnet_id)
 pulumi.export("checkpoints", checkpoints.storage_path)
 pulumi.export("codeHash", ray.code_hash)
+if observability:
+    pulumi.export("dashboard", observability.url)
 dashboard_port = RAY_PORTS["dashboard"]
 pulumi.export(
     "rayDashboard",

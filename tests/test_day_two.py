@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import pulumi
 import pytest
 
+from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from infra.aws_facts.live_stack import OWNER_TAG
-from tests.harness.fake_aws import COREDNS_VERSIONS, AwsApiError, FakeAws
+from tests.harness.fake_aws import COREDNS_VERSIONS, OBSERVABILITY_VERSIONS, AwsApiError, FakeAws
 from tests.harness.program import Plan, dev_config, run_program
 from tests.harness.program import deployed as deployed_stack
 
@@ -25,18 +26,22 @@ GET_ADDON = "aws:eks/getAddon:getAddon"
 CLUSTER_NAME = "eks-ray-train"
 # A CoreDNS build for 1.34 that EKS publishes after the first deploy (newer than COREDNS_VERSIONS's).
 LATER_COREDNS_BUILD = "v1.12.4-eksbuild.4"
+# A CloudWatch Observability build EKS publishes after the first deploy.
+LATER_OBSERVABILITY_BUILD = "v6.5.0-eksbuild.1"
 
 
 @dataclass
 class FakeAccount(FakeAws):
-    """`FakeAws`, plus the managed add-ons of its EKS clusters and the CoreDNS builds EKS offers now.
+    """`FakeAws`, plus the managed add-ons of its EKS clusters and the builds EKS offers now.
 
-    `addons`: cluster name -> add-on name -> version. `coredns_versions`: Kubernetes version -> the
-    newest CoreDNS build for it, COREDNS_VERSIONS until a test publishes a later one.
+    `addons`: cluster name -> add-on name -> version. `coredns_versions`, `observability_versions`:
+    Kubernetes version -> the newest build of CoreDNS or of the CloudWatch Observability add-on for
+    it, COREDNS_VERSIONS and OBSERVABILITY_VERSIONS until a test publishes a later one.
     """
 
     addons: dict[str, dict[str, str]] = field(default_factory=dict)
     coredns_versions: dict[str, str] = field(default_factory=lambda: dict(COREDNS_VERSIONS))
+    observability_versions: dict[str, str] = field(default_factory=lambda: dict(OBSERVABILITY_VERSIONS))
 
     def call(self, token: str, args: dict) -> dict:
         if token != GET_ADDON:
@@ -69,17 +74,18 @@ class FakeAccount(FakeAws):
         # (https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeAddonVersions.html): an
         # add-on's versions with the Kubernetes versions each is compatible with; EKS adds builds
         # over time, and the provider's `most_recent = true` returns the newest for the version asked.
-        version = self.coredns_versions.get(args["kubernetesVersion"])
-        if args["addonName"] != "coredns" or version is None:
+        builds = {"coredns": self.coredns_versions, OBSERVABILITY_ADDON: self.observability_versions}
+        version = builds.get(args["addonName"], {}).get(args["kubernetesVersion"])
+        if version is None:
             return super()._addon_version(args)
         return {**args, "id": args["addonName"], "version": version, "region": self.region}
 
 
 def deployed(plan: Plan, fake: FakeAccount) -> FakeAccount:
-    """`tests.harness.program.deployed`, plus the CoreDNS add-on at the version `plan` gave it."""
+    """`tests.harness.program.deployed`, plus the managed add-ons at the versions `plan` gave them."""
     deployed_stack(plan, fake)
     cluster = plan.one("eks:index:Cluster").inputs["name"]
-    fake.addons[cluster] = {"coredns": plan.one(ADDON, "coredns").inputs["addonVersion"]}
+    fake.addons[cluster] = {addon.name: addon.inputs["addonVersion"] for addon in plan.of_type(ADDON)}
     return fake
 
 
@@ -192,7 +198,7 @@ def test_a_first_preview_takes_the_newest_coredns_for_the_kubernetes_version():
 def test_coredns_stays_at_the_live_version_when_eks_publishes_a_newer_build():
     """An unrelated `pulumi up` must not update CoreDNS (with OVERWRITE) because EKS published a build."""
     fake = after_first_deploy(FakeAccount(region="us-east-2"), kubernetesVersion="1.34")
-    assert fake.addons[CLUSTER_NAME] == {"coredns": COREDNS_VERSIONS["1.34"]}
+    assert fake.addons[CLUSTER_NAME]["coredns"] == COREDNS_VERSIONS["1.34"]
     fake.coredns_versions["1.34"] = LATER_COREDNS_BUILD
     second = run_program(dev_config(kubernetesVersion="1.34"), fake)
     assert coredns_version(second) == COREDNS_VERSIONS["1.34"]
@@ -227,3 +233,26 @@ def test_a_live_cluster_whose_coredns_is_not_read_takes_the_newest(why):
     fake.coredns_versions["1.34"] = LATER_COREDNS_BUILD
     second = run_program(dev_config(kubernetesVersion="1.34"), fake)
     assert coredns_version(second) == LATER_COREDNS_BUILD
+
+
+def observability_version(plan: Plan) -> str:
+    return plan.one(ADDON, OBSERVABILITY_ADDON).inputs["addonVersion"]
+
+
+def test_the_observability_add_on_is_kept_as_coredns_is():
+    """The same rule (`infra.resources.cluster.addon_version`): the live version while
+    kubernetesVersion stays, the newest for the new version once it moves."""
+    fake = after_first_deploy(FakeAccount(region="us-east-2"), kubernetesVersion="1.34")
+    assert fake.addons[CLUSTER_NAME][OBSERVABILITY_ADDON] == OBSERVABILITY_VERSIONS["1.34"]
+    fake.observability_versions["1.34"] = LATER_OBSERVABILITY_BUILD
+    fake.observability_versions["1.35"] = LATER_OBSERVABILITY_BUILD
+    kept = run_program(dev_config(kubernetesVersion="1.34"), fake)
+    assert observability_version(kept) == OBSERVABILITY_VERSIONS["1.34"]
+    upgraded = run_program(dev_config(kubernetesVersion="1.35"), fake)
+    assert observability_version(upgraded) == LATER_OBSERVABILITY_BUILD
+    # Turned off and on again: the add-on is gone from the cluster, so it comes back at the newest.
+    del fake.addons[CLUSTER_NAME][OBSERVABILITY_ADDON]
+    assert (
+        observability_version(run_program(dev_config(kubernetesVersion="1.34"), fake))
+        == LATER_OBSERVABILITY_BUILD
+    )

@@ -27,8 +27,9 @@ PRODUCT_FOLDERS = ("training", "infra", "workloads", "policy", "bench", "example
 MODULES_PER_FOLDER = 12
 
 # Each package's layers, lowest first. Modules of `training` run in the Ray pods and import
-# nothing else of the program; `infra` reads the job's settings contract and FLOP arithmetic
-# (standard library only, checked below); `workloads` reads the job's log format and EFA sysfs facts.
+# nothing else of the program; `infra` reads the job's settings contract, FLOP arithmetic and
+# CloudWatch metric names (standard library only, checked below); `workloads` reads the job's log
+# format, EFA sysfs facts and the variable that names the cluster for its metrics.
 LAYERS: dict[str, list[set[str]]] = {
     "training": [
         {"training.__init__", "training.errors", "training.config"},
@@ -64,8 +65,19 @@ LAYERS: dict[str, list[set[str]]] = {
 # What each package may import of the others (module prefixes).
 OUTSIDE: dict[str, set[str]] = {
     "training": set(),
-    "infra": {"platform_facts", "training.config", "training.metrics.flops"},
-    "workloads": {"platform_facts", "infra", "training.metrics.report", "training.metrics.efa_sysfs"},
+    "infra": {
+        "platform_facts",
+        "training.config",
+        "training.metrics.flops",
+        "training.metrics.cloudwatch_facts",
+    },
+    "workloads": {
+        "platform_facts",
+        "infra",
+        "training.metrics.report",
+        "training.metrics.efa_sysfs",
+        "training.metrics.cloudwatch_facts",
+    },
 }
 
 
@@ -145,8 +157,9 @@ def test_the_graph_check_sees_a_crossing():
 def test_infra_does_not_import_the_workloads():
     """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
 
-    It may read the training job's settings contract (`training.config`) and its FLOP arithmetic
-    (`training.metrics.flops`, the preview's run-time bound), both standard library only, never the
+    It may read the training job's settings contract (`training.config`), its FLOP arithmetic
+    (`training.metrics.flops`, the preview's run-time bound) and its CloudWatch metric names
+    (`training.metrics.cloudwatch_facts`, the dashboard's), all standard library only, never the
     training code itself; so are the `training` modules they import and the packages' own
     `__init__` files that importing them runs, followed to any depth.
     """

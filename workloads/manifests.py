@@ -26,6 +26,7 @@ from platform_facts import (
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
 )
+from training.metrics.cloudwatch_facts import CLUSTER_NAME_ENV
 from workloads.efa_counter_reader import counters_url_env
 
 CODE_MOUNT = "/opt/eks-ray-train"
@@ -306,6 +307,9 @@ class RayClusterSpec:
     service_account: str
     code_configmap: str
     code_files: dict[str, str]
+    # The cluster's name for the job's CloudWatch metrics (`training.metrics.cloudwatch_facts`), while
+    # the stack's `observability` key is on; None leaves the job publishing nothing.
+    metrics_cluster_name: str | None = None
     head_cpu: str = "2"
     head_memory: str = "8Gi"
     shm_size: str = "32Gi"
@@ -356,7 +360,10 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
 def _ray_cluster(spec: RayClusterSpec) -> dict:
     # The region given outright: nodes answer instance-metadata calls from the host only (hop limit 1),
     # so an AWS SDK in a pod (S3 checkpoints) must not have to ask the metadata service for it.
-    region_env = _env({"AWS_REGION": spec.region, "AWS_DEFAULT_REGION": spec.region})
+    aws_env = _env({"AWS_REGION": spec.region, "AWS_DEFAULT_REGION": spec.region})
+    # The fabric probe's driver runs in the head pod, the job's rank 0 in a worker pod: both publish.
+    if spec.metrics_cluster_name:
+        aws_env += _env({CLUSTER_NAME_ENV: spec.metrics_cluster_name})
     worker_resources = {
         "cpu": str(spec.worker.cpu),
         "memory": spec.worker.memory,
@@ -378,7 +385,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
                         "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
                         # The GPU image's NVML hook fails on a node without GPUs unless told there are none.
-                        "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), *region_env, HF_TOKEN_ENV],
+                        "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), *aws_env, HF_TOKEN_ENV],
                         "resources": {
                             "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
                             "limits": {"memory": spec.head_memory},
@@ -412,7 +419,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "image": spec.image,
                         "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
                         # The node's EFA counters come from its counter reader: the pod's own sysfs has none.
-                        "env": [*_env(EFA_NCCL_ENV), *region_env, HF_TOKEN_ENV, *counters_url_env()],
+                        "env": [*_env(EFA_NCCL_ENV), *aws_env, HF_TOKEN_ENV, *counters_url_env()],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
                         "volumeMounts": [

@@ -9,8 +9,9 @@ version"). So the preview reads the cluster of `clusterName`, if there is one, a
 its zones instead of choosing them anew from today's offerings; a change AWS would refuse after the
 VPC and NAT are updated is refused here, naming the key.
 
-The same read gives the version of the cluster's CoreDNS add-on (`eks:DescribeAddon`), which the
-program keeps while the cluster stays at its Kubernetes version (`infra.resources.cluster.coredns_version`).
+The same read gives the versions of the cluster's managed add-ons the program pins, CoreDNS and
+CloudWatch Observability (`eks:DescribeAddon`), which it keeps while the cluster stays at its
+Kubernetes version (`infra.resources.cluster.addon_version`).
 
 A control-plane log group without this program's tag, while no cluster exists, was left by a
 destroyed cluster: EKS writes its last logs after the program deleted the group, which re-creates it
@@ -19,18 +20,21 @@ destroyed cluster: EKS writes its last logs after the program deleted the group,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pulumi
 import pulumi_aws as aws
 
+from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from platform_facts import GPU_LABELS
 
 T = TypeVar("T")
 # The tag the program puts on the control-plane log group, naming the stack that owns it.
 OWNER_TAG = "eks-ray-train:stack"
+# The managed add-ons whose versions the program keeps (`infra.resources.cluster.addon_version`).
+PINNED_ADDONS = ("coredns", OBSERVABILITY_ADDON)
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,8 @@ class LiveCluster:
     vpc_cidr: str
     zones: tuple[str, ...]  # the zones of its subnets, sorted
     gpu_zone: str | None  # the zone of its GPU node group's subnet, if the group exists
-    coredns_version: str | None = None  # the version of its CoreDNS managed add-on, if it has one
+    # The version of each of its PINNED_ADDONS it runs (an add-on it lacks is left out).
+    addon_versions: Mapping[str, str] = field(default_factory=dict)
 
 
 def owner() -> str:
@@ -62,7 +67,7 @@ def _read(fetch: Callable[[], T], unread: str) -> T | None:
 
 
 def read_live_cluster(cluster_name: str) -> LiveCluster | None:
-    """The cluster, its VPC's block, its subnets' zones and its CoreDNS add-on's version; None when
+    """The cluster, its VPC's block, its subnets' zones and its pinned add-ons' versions; None when
     EKS has no cluster of that name."""
     cluster = _read(
         lambda: aws.eks.get_cluster(name=cluster_name),
@@ -77,7 +82,9 @@ def read_live_cluster(cluster_name: str) -> LiveCluster | None:
         vpc_cidr=vpc.cidr_block,
         zones=tuple(sorted(zones)),
         gpu_zone=_gpu_zone(cluster_name),
-        coredns_version=_addon_version(cluster_name, "coredns"),
+        addon_versions={
+            name: version for name in PINNED_ADDONS if (version := _addon_version(cluster_name, name))
+        },
     )
 
 

@@ -382,6 +382,10 @@ class StackKeys(BaseModel):
         default=False,
         description="record the VPC's flow logs (all traffic, accepted and rejected) in the CloudWatch log group `/aws/vpc-flow-logs/<clusterName>`, kept `logRetentionDays`, delivered through an IAM role of their own",
     )
+    observability: Annotated[bool, BeforeValidator(as_bool)] = Field(
+        default=True,
+        description="see the run in CloudWatch: the `amazon-cloudwatch-observability` EKS add-on on every node (GPU and EFA metrics per node, Container Insights with enhanced observability), the job's own metrics (namespace `EksRayTrain`) and the dashboard `<clusterName>-<region>` (`pulumi stack output dashboard`). About US$ 0.03 for a one-hour run of the default stack and US$ 18 a month while it stands ([operations](operations.md#see-the-run-the-cloudwatch-dashboard)); `false` creates none of it and the job publishes nothing",
+    )
     train: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True, description="run the training job during `pulumi up`"
     )

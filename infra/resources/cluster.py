@@ -240,11 +240,12 @@ class Cluster(pulumi.ComponentResource):
 
         Pinned, and moved only with `kubernetesVersion`: EKS does not upgrade an add-on with the
         control plane, and supports each CoreDNS version on a range of Kubernetes versions only
-        (`eks:DescribeAddonVersions`). `coredns_version` gives the newest build for the cluster's
+        (`eks:DescribeAddonVersions`). `addon_version` gives the newest build for the cluster's
         version when the cluster is created or its version changes, and otherwise the version the
         live add-on runs, so a build EKS publishes later does not reach the cluster through an
         unrelated `pulumi up`, which would roll CoreDNS and, with OVERWRITE, set values changed on
         its Kubernetes objects back to EKS's defaults (`eks:UpdateAddon`, resolveConflicts).
+        `addon_version` keeps the CloudWatch Observability add-on's version the same way.
         """
         return aws.eks.Addon(
             "coredns",
@@ -257,17 +258,18 @@ class Cluster(pulumi.ComponentResource):
         )
 
 
-def coredns_version(kubernetes_version: str, live: LiveCluster | None) -> str:
-    """The CoreDNS add-on version for a cluster of `kubernetes_version`, `live` as the preview read it."""
-    return kept_coredns_version(
-        live_version=live.coredns_version if live else None,
+def addon_version(addon_name: str, kubernetes_version: str, live: LiveCluster | None) -> str:
+    """The version of the managed add-on `addon_name` for a cluster of `kubernetes_version`, `live`
+    as the preview read it (CoreDNS, and the CloudWatch Observability add-on of `observability`)."""
+    return kept_addon_version(
+        live_version=live.addon_versions.get(addon_name) if live else None,
         live_kubernetes_version=live.version if live else None,
         kubernetes_version=kubernetes_version,
-        newest=newest_coredns_version(kubernetes_version),
+        newest=newest_addon_version(addon_name, kubernetes_version),
     )
 
 
-def kept_coredns_version(
+def kept_addon_version(
     live_version: str | None, live_kubernetes_version: str | None, kubernetes_version: str, newest: str
 ) -> str:
     """The live add-on's version while the cluster stays at `kubernetes_version`; else `newest`, the
@@ -277,10 +279,10 @@ def kept_coredns_version(
     return newest
 
 
-def newest_coredns_version(kubernetes_version: str) -> str:
-    """The newest CoreDNS add-on version EKS offers for `kubernetes_version` (asked at preview)."""
+def newest_addon_version(addon_name: str, kubernetes_version: str) -> str:
+    """The newest version of `addon_name` EKS offers for `kubernetes_version` (asked at preview)."""
     return aws.eks.get_addon_version(
-        addon_name="coredns", kubernetes_version=kubernetes_version, most_recent=True
+        addon_name=addon_name, kubernetes_version=kubernetes_version, most_recent=True
     ).version
 
 

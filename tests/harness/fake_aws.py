@@ -76,6 +76,11 @@ COREDNS_VERSIONS: dict[str, str] = {
     "1.32": "v1.11.4-eksbuild.14",
 }
 
+# The same for the CloudWatch Observability add-on (EKS names its builds `v<chart>-eksbuild.<n>`;
+# 6.4.0 is the chart whose values.yaml tests/fixtures/schemas holds; the builds are illustrative).
+OBSERVABILITY_VERSIONS: dict[str, str] = dict.fromkeys(EKS_VERSIONS, "v6.4.0-eksbuild.1")
+ADDON_VERSIONS = {"coredns": COREDNS_VERSIONS, "amazon-cloudwatch-observability": OBSERVABILITY_VERSIONS}
+
 REGION_DESCRIPTIONS = {
     "us-east-1": "US East (N. Virginia)",
     "us-east-2": "US East (Ohio)",
@@ -567,13 +572,14 @@ class FakeAws:
         return {"id": args["name"], "name": args["name"], "tags": dict(self.log_groups[args["name"]])}
 
     def _addon_version(self, args: dict) -> dict:
-        if args["addonName"] != "coredns" or args["kubernetesVersion"] not in COREDNS_VERSIONS:
+        versions = ADDON_VERSIONS.get(args["addonName"], {})
+        if args["kubernetesVersion"] not in versions:
             raise AwsApiError(
                 "EKS: DescribeAddonVersions",
                 "NotFound",
                 f"no {args['addonName']} for {args['kubernetesVersion']}",
             )
-        version = COREDNS_VERSIONS[args["kubernetesVersion"]]
+        version = versions[args["kubernetesVersion"]]
         return {**args, "id": args["addonName"], "version": version, "region": self.region}
 
     def _cluster_versions(self, args: dict) -> dict:

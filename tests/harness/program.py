@@ -49,9 +49,10 @@ class Registration:
 
 @dataclass
 class Plan:
-    """Everything one program run registered, in order."""
+    """Everything one program run registered, in order, and its stack outputs (`pulumi.export`)."""
 
     resources: list[Registration] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
 
     def of_type(self, type_token: str) -> list[Registration]:
         return [r for r in self.resources if r.type == type_token]
@@ -288,6 +289,9 @@ def run_program(
     fake_aws = fake_aws or FakeAws(region=region)
     mocks = ProgramMocks(fake_aws)
     monitor = RecordingMonitor(mocks)
+    # A root stack of its own for each run (`set_mocks` keeps the last one), so `outputs` holds this
+    # run's exports alone.
+    pulumi.runtime.settings.ROOT.set(None)
     pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=True, monitor=monitor)
     pulumi.runtime.set_all_config(config, secret_keys or [])
     failure: list[BaseException] = []
@@ -300,6 +304,8 @@ def run_program(
             failure.append(err)
 
     program()
+    # The root stack the mocks made for this run holds what the program exported.
+    monitor.plan.outputs = dict(pulumi.runtime.get_root_resource().outputs)
     if failure:
         failure[0].plan = monitor.plan  # what was registered before the failure, for assertions
         raise failure[0]

@@ -1,10 +1,10 @@
-"""The cluster's access entries: which caller counts as a listed principal; the CoreDNS version it keeps."""
+"""The cluster's access entries: which caller counts as a listed principal; the add-on versions it keeps."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.resources.cluster import kept_coredns_version, names_same_principal
+from infra.resources.cluster import kept_addon_version, names_same_principal
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ NEWEST = "v1.12.4-eksbuild.4"
         pytest.param("v1.12.4-eksbuild.3", "1.34", "1.35", NEWEST, id="kubernetesVersion moves"),
     ],
 )
-def test_coredns_keeps_the_live_version_until_kubernetes_version_moves(
+def test_an_addon_keeps_the_live_version_until_kubernetes_version_moves(
     live_version, live_kubernetes_version, wanted, chosen
 ):
-    assert kept_coredns_version(live_version, live_kubernetes_version, wanted, NEWEST) == chosen
+    assert kept_addon_version(live_version, live_kubernetes_version, wanted, NEWEST) == chosen
