@@ -442,3 +442,20 @@ def test_the_byte_tokenizers_export_stops_at_its_eos(trained):
     assert generation.eos_token_id == [256] and generation.pad_token_id == 256
     written = json.loads((trained / "3" / "hf" / "config.json").read_text())
     assert written["rope_theta"] == written["rope_parameters"]["rope_theta"] == 10000.0
+
+
+@pytest.mark.parametrize(
+    ("scores", "keep", "kept"),
+    [
+        ([None, None, None, None], 2, {2, 3}),  # no evaluation: the latest
+        ([3.0, 2.0, 2.5, 2.7], 1, {1, 3}),  # the best, and the latest to resume from
+        ([3.0, 2.0, 2.5, 2.7], 2, {1, 2, 3}),
+        ([3.0, 2.0, 2.5, 1.5], 2, {1, 3}),  # the latest is among the best
+        ([2.0, float("nan"), 2.0, 4.0], 1, {2, 3}),  # NaN last; of equal scores the later
+        ([], 2, set()),
+    ],
+)
+def test_checkpoints_kept_are_the_best_scored_and_the_latest(scores, keep, kept):
+    from training.components.checkpoint import checkpoints_kept
+
+    assert checkpoints_kept(scores, keep) == kept

@@ -79,6 +79,8 @@ def test_a_warm_up_as_long_as_the_run_never_decays():
             "argument --lr-schedule: invalid choice: 'step' (choose from 'constant', 'linear', 'cosine', 'wsd')",
         ),
         (["--eval-every", "5"], "--eval-every 5 evaluates on --eval-data: set it"),
+        (["--early-stop-patience", "2"], "--early-stop-patience 2 stops on the loss of --eval-data: set it"),
+        (["--keep-checkpoints", "0"], "argument --keep-checkpoints: must be >= 1, got 0"),
         (
             ["--eval-data", SYNTHETIC],
             "--eval-data synthetic: random tokens hold nothing to learn; give a held-out corpus",

@@ -74,12 +74,12 @@ def mixed_documents(attention: str) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("attention", ["packed", "isolated", "auto"])
 @pytest.mark.parametrize("block_tokens", [1, 50, 1 << 20])
-def test_streamed_rows_and_fingerprint_equal_the_in_memory_packing(attention, block_tokens, monkeypatch):
+def test_streamed_rows_and_fingerprint_do_not_depend_on_the_flush_block(attention, block_tokens, monkeypatch):
     """Blocks of 1 and 50 tokens flush in the middle of documents and rows; the isolation carry
-    (a document after an isolated one starts afresh) crosses them."""
-    monkeypatch.setattr(data, "PACK_BLOCK_TOKENS", block_tokens)
+    (a document after an isolated one starts afresh) and next-fit's filler cross them."""
     documents = mixed_documents(attention)
-    expected = pack_documents(documents, SEQ_LEN)
+    expected = pack_documents(documents, SEQ_LEN)  # one flush block: 1 Mi tokens
+    monkeypatch.setattr(data, "PACK_BLOCK_TOKENS", block_tokens)
     rows, fingerprint = streamed(documents, SEQ_LEN)
     np.testing.assert_array_equal(rows, expected)
     assert fingerprint == corpus_fingerprint(expected)
@@ -143,6 +143,31 @@ def test_a_second_run_reads_the_cache_without_reading_or_tokenizing(corpus, tmp_
     meta = json.loads((entry / META_FILE).read_text())
     assert meta["rows"] == len(expected) and meta["fingerprint"] == corpus_fingerprint(expected)
     assert (entry / rows_file(0)).stat().st_size == expected.nbytes
+
+
+def test_the_cache_keeps_what_packing_did_for_a_later_run(tmp_path):
+    """A conversation longer than a row is truncated to one and counted; meta.json keeps the
+    counts, and a run that reads the entry reports the same."""
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    long = [{"role": "user", "content": "tell"}, {"role": "assistant", "content": "more " * 20}]
+    (tmp_path / "chat.jsonl").write_text(
+        "".join(json.dumps({"messages": m}) + "\n" for m in [chat, long, chat])
+    )
+    config = config_for(tmp_path / "chat.jsonl", tmp_path / "cache", "--seq-len", "64")
+    first = corpus_cache.in_process_corpus(config)
+    lengths = [len(document_tokens(m, ByteTokenizer(), "auto")) for m in (chat, long, chat)]
+    assert lengths[1] > 65 > lengths[0] > 65 / 2  # one a row: 3 rows
+    assert first.rows.shape == (3, 65)
+    assert first.packing == data.PackingStats(
+        documents=3,
+        documents_truncated=1,
+        tokens_truncated=lengths[1] - 65,
+        filler_tokens=2 * (65 - lengths[0]),
+    )
+    [entry] = [path for path in (tmp_path / "cache").iterdir() if path.is_dir()]
+    assert json.loads((entry / META_FILE).read_text())["packing"] == dataclasses.asdict(first.packing)
+    again = corpus_cache.in_process_corpus(config)
+    assert again.packing == first.packing and again.fingerprint == first.fingerprint
 
 
 def test_the_default_root_is_beside_the_runs(corpus, tmp_path):

@@ -187,12 +187,17 @@ def test_a_second_run_trains_from_the_corpus_cache_the_first_one_wrote(full_run,
     assert written[0].endswith(str(storage / "corpus-cache" / written[0].rsplit("/", 1)[-1]))
 
 
-def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, storage, ray_head):
-    """DCP reshards the step-4 checkpoint of 2 workers onto 1; the data goes on by global sample."""
+def test_a_resume_on_one_worker_with_two_micro_batches_reshards_and_trains_as_the_two_workers(
+    full_run, storage, ray_head
+):
+    """DCP reshards the step-4 checkpoint of 2 workers x 8 onto 1 worker x 8 x 2 micro-batches, the
+    same global batch: steps 5 and 6 train on the rows of the uninterrupted run, to its losses (up
+    to the order of the sums)."""
     result = run_on_head(
         ray_head,
         "--steps", "6",
         "--checkpoint-every", "0",
+        "--grad-accum-steps", "2",
         "--storage-path", str(storage),
         "--run-name", "one-worker",
         "--resume-from", str(storage / "full" / "checkpoint_000004"),
@@ -200,9 +205,30 @@ def test_a_resume_on_one_worker_reshards_the_two_worker_checkpoint(full_run, sto
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "resumed from step 4" in result.stdout and "resharded from 2 workers to 1" in result.stdout
-    assert [entry["step"] for entry in step_lines(result.stdout)] == [5, 6]
+    resumed = {entry["step"]: entry["loss"] for entry in step_lines(result.stdout)}
+    uninterrupted = {entry["step"]: entry["loss"] for entry in step_lines(full_run.stdout)}
+    assert sorted(resumed) == [5, 6]
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted[step], abs=1e-3), step
     summary = last_line_summary(result.stdout)
     assert (summary["start_step"], summary["world_size"], summary["resharded"]) == (4, 1, True)
+
+
+def test_a_resume_that_would_halve_the_global_batch_exits_2_in_one_line(full_run, storage, ray_head):
+    result = run_on_head(
+        ray_head,
+        "--steps", "6",
+        "--storage-path", str(storage),
+        "--run-name", "halved",
+        "--resume-from", str(storage / "full" / "checkpoint_000004"),
+        workers=1,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-4000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"python -m training: error: {storage / 'full' / 'checkpoint_000004'} was written with a global "
+        "batch of 16 sequences (world size 2 x --batch-size 8 x --grad-accum-steps 1); this run's is 8 "
+        "(1 x 8 x 1): pass --grad-accum-steps 2 to keep it, or take its weights alone with --init-from"
+    )
 
 
 def test_a_resume_from_the_last_step_exits_2_in_one_line_before_ray_starts(full_run, storage):
@@ -487,3 +513,102 @@ def test_a_diverging_run_exits_1_in_one_line_and_is_not_retried(tmp_path, ray_he
     assert "Lower --lr (this step's: 1e+30)" in last
     assert [step["step"] for step in step_lines(result.stdout)] == [1]
     assert [path.name for path in (tmp_path / "diverged").glob("checkpoint_0*")] == ["checkpoint_000001"]
+
+
+# --- the best checkpoint kept, and early stopping ----------------------------------------------
+
+# The tiny model trained hard on 8 conversations and evaluated on 40 others: the held-out loss falls
+# for the first steps (it learns the template), then rises as it learns the 8 rows by heart (on this
+# machine from 4.26 at step 15 to 5.3 at step 40, one rank of batch 4).
+OVERFIT_FLAGS = (
+    "--steps", "40", "--checkpoint-every", "5", "--batch-size", "4", "--lr", "1e-2",
+    "--warmup-steps", "0", "--keep-checkpoints", "1", "--no-tensorboard",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def overfit_data(tmp_path_factory) -> tuple[str, ...]:
+    from examples.instruction_data import write_dataset
+
+    root = tmp_path_factory.mktemp("overfit")
+    write_dataset(root, train_rows=8, eval_rows=40, seed=0)
+    return ("--data", str(root / "train.jsonl"), "--eval-data", str(root / "eval.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def overfit_runs(storage, overfit_data, ray_head) -> dict[str, subprocess.CompletedProcess]:
+    runs = {
+        "ray": run_on_head(ray_head, *overfit_data, *OVERFIT_FLAGS, "--storage-path", str(storage), "--run-name", "overfit-ray"),
+        "torchrun": run_cli(
+            "--launcher", "torchrun", *overfit_data, *OVERFIT_FLAGS, "--storage-path", str(storage),
+            "--run-name", "overfit-torchrun", launcher=TORCHRUN,
+        ),
+    }  # fmt: skip
+    for result in runs.values():
+        assert result.returncode == 0, result.stderr[-4000:]
+    return runs
+
+
+def evaluations(result: subprocess.CompletedProcess) -> dict[int, float]:
+    return {
+        entry["step"]: entry["eval_loss"]
+        for entry in step_lines(result.stdout)
+        if entry["eval_loss"] is not None
+    }
+
+
+@pytest.mark.parametrize("launcher", ["ray", "torchrun"])
+def test_a_run_whose_eval_loss_rises_keeps_its_best_checkpoint_and_its_latest(
+    overfit_runs, storage, launcher
+):
+    """--keep-checkpoints 1 with --eval-data: every checkpoint is evaluated; the one of lowest
+    eval_loss is kept, and the latest (to resume from); the summary names the best. Only the two
+    latest were kept before, so the best was deleted."""
+    result = overfit_runs[launcher]
+    evaluated = evaluations(result)
+    assert sorted(evaluated) == list(range(5, 41, 5))  # at every checkpoint
+    best = min(evaluated, key=evaluated.__getitem__)
+    assert best < 40 and evaluated[40] > evaluated[best]  # the held-out loss rose after the best
+    summary = last_line_summary(result.stdout)
+    assert (summary["best_eval_step"], summary["best_eval_loss"]) == (best, evaluated[best])
+    kept = sorted(path.name for path in (storage / f"overfit-{launcher}").glob("checkpoint_0*"))
+    assert kept == [f"checkpoint_{best:06d}", "checkpoint_000040"]
+    state = json.loads(
+        (storage / f"overfit-{launcher}" / f"checkpoint_{best:06d}" / "train_state.json").read_text()
+    )
+    assert (state["step"], state["eval_loss"]) == (best, evaluated[best])
+
+
+def test_ray_and_torchrun_evaluate_alike(overfit_runs):
+    on_ray, on_torchrun = evaluations(overfit_runs["ray"]), evaluations(overfit_runs["torchrun"])
+    assert on_ray.keys() == on_torchrun.keys()
+    for step, loss in on_ray.items():
+        assert on_torchrun[step] == pytest.approx(loss, abs=1e-4), step
+
+
+def test_early_stopping_ends_the_run_after_its_patience_with_a_checkpoint(
+    overfit_runs, overfit_data, storage
+):
+    """--early-stop-patience 2: the run stops at the second evaluation in a row that is not below
+    the best so far, the step the full run's evaluations say; that step has its checkpoint, the
+    best is kept, and the summary says it stopped early."""
+    full = evaluations(overfit_runs["torchrun"])
+    best_loss, since, stop = float("inf"), 0, None
+    for step, loss in sorted(full.items()):
+        best_loss, since = (loss, 0) if loss < best_loss else (best_loss, since + 1)
+        if since == 2:
+            stop = step
+            break
+    assert stop is not None and stop < 40
+    result = run_cli(
+        "--launcher", "torchrun", *overfit_data, *OVERFIT_FLAGS, "--early-stop-patience", "2",
+        "--storage-path", str(storage), "--run-name", "early-stop", launcher=TORCHRUN,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert [entry["step"] for entry in step_lines(result.stdout)] == list(range(1, stop + 1))
+    summary = last_line_summary(result.stdout)
+    assert (summary["stopped_early"], summary["steps_run"], summary["steps"]) == (True, stop, 40)
+    best = summary["best_eval_step"]
+    assert f"stopping early at step {stop}: 2 evaluations without an eval_loss below" in result.stdout
+    kept = sorted(path.name for path in (storage / "early-stop").glob("checkpoint_0*"))
+    assert kept == [f"checkpoint_{best:06d}", f"checkpoint_{stop:06d}"]
