@@ -201,7 +201,7 @@ if settings.train:
             benchmark=settings.benchmark,
             timeout_minutes=settings.training.timeout_minutes,
         ),
-        # With observability, after the add-on and the pods' right to publish: metrics from the first step.
+        # With observability, after the Ray pods may publish: the job's metrics from its first step.
         opts=pulumi.ResourceOptions(
             depends_on=[ray.resource, *(observability.ready if observability else [])]
         ),

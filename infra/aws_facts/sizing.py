@@ -100,8 +100,9 @@ def kubelet_reserved_memory_mib(max_pods: int) -> int:
     return 255 + 11 * max_pods + 100
 
 
-# Requests of the daemonsets on a GPU node (vpc-cni, kube-proxy, device plugins, pod identity)
-# with room to spare; measured requests add up to well under this.
+# Requests of the daemonsets on a GPU node (vpc-cni, kube-proxy, device plugins, pod identity, the
+# EFA counter reader; with `observability`, the CloudWatch agent and DCGM exporter, 250m CPU and
+# 128 MiB each in the add-on chart's values.yaml) with room to spare; they add up to well under this.
 DAEMONSET_CPU_MILLIS = 1000
 DAEMONSET_MEMORY_MIB = 2048
 

@@ -39,17 +39,7 @@ from infra.config.parsing import ConfigError
 from infra.resources.cluster import addon_version
 from infra.resources.storage import irsa_trust_policy
 from platform_facts import GPU_TOLERATION
-from training.metrics.cloudwatch_facts import (
-    BUSBW_METRIC,
-    CLUSTER_DIMENSION,
-    EFA_METRIC,
-    GATE_DIMENSIONS,
-    NAMESPACE,
-    RUN_DIMENSIONS,
-)
-from training.metrics.cloudwatch_facts import (
-    NODE_DIMENSIONS as JOB_NODE_DIMENSIONS,
-)
+from training.metrics import cloudwatch_facts as job
 
 # Every graph's period: Container Insights collects once a minute (its metric reference).
 PERIOD_S = 60
@@ -115,7 +105,7 @@ def put_metric_data_policy() -> str:
                     "Effect": "Allow",
                     "Action": "cloudwatch:PutMetricData",
                     "Resource": "*",
-                    "Condition": {"StringEquals": {"cloudwatch:namespace": NAMESPACE}},
+                    "Condition": {"StringEquals": {"cloudwatch:namespace": job.NAMESPACE}},
                 }
             ],
         }
@@ -140,7 +130,7 @@ def search(namespace: str, dimensions: Sequence[str], metric: str, cluster_name:
     of `metric` in this cluster (CloudWatch user guide, "CloudWatch search expression syntax")."""
     schema = ",".join([namespace, *dimensions])
     return (
-        f'SEARCH(\'{{{schema}}} MetricName="{metric}" {CLUSTER_DIMENSION}="{cluster_name}"\', '
+        f'SEARCH(\'{{{schema}}} MetricName="{metric}" {job.CLUSTER_DIMENSION}="{cluster_name}"\', '
         f"'{stat}', {PERIOD_S})"
     )
 
@@ -170,8 +160,8 @@ def dashboard_body(cluster_name: str, region: str, addon_version: str) -> dict[s
     def nodes(metric: str, stat: str = "Average") -> str:
         return search(METRIC_NAMESPACE, NODE_DIMENSIONS, metric, cluster_name, stat)
 
-    def job(metric: str, dimensions: Sequence[str], stat: str = "Average") -> str:
-        return search(NAMESPACE, dimensions, metric, cluster_name, stat)
+    def run(metric: str, stat: str = "Average") -> str:
+        return search(job.NAMESPACE, job.METRICS[metric][1], metric, cluster_name, stat)
 
     rows = [
         [
@@ -190,25 +180,17 @@ def dashboard_body(cluster_name: str, region: str, addon_version: str) -> dict[s
             ),
         ],
         [
-            _metric_widget(
-                "Tokens/s per run", [job("tokens_per_s", RUN_DIMENSIONS)], region, unit="tokens/s"
-            ),
-            _metric_widget("Loss per run", [job("loss", RUN_DIMENSIONS)], region),
-            _metric_widget("MFU per run", [job("mfu", RUN_DIMENSIONS)], region, unit="fraction of peak"),
+            _metric_widget("Tokens/s per run", [run(job.TOKENS_PER_S)], region, unit="tokens/s"),
+            _metric_widget("Loss per run", [run(job.LOSS)], region),
+            _metric_widget("MFU per run", [run(job.MFU)], region, unit="fraction of peak"),
         ],
         [
-            _metric_widget("Step time per run", [job("step_time_s", RUN_DIMENSIONS)], region, unit="s"),
+            _metric_widget("Step time per run", [run(job.STEP_TIME_S)], region, unit="s"),
             _metric_widget(
-                "EFA bytes/s per node, as the job reads them",
-                [job(EFA_METRIC, JOB_NODE_DIMENSIONS)],
-                region,
-                unit="bytes/s",
+                "EFA bytes/s per node, as the job reads them", [run(job.EFA_METRIC)], region, unit="bytes/s"
             ),
             _metric_widget(
-                "Fabric gate: busbw (Gbit/s)",
-                [job(BUSBW_METRIC, GATE_DIMENSIONS, "Maximum")],
-                region,
-                view="singleValue",
+                "Fabric gate: busbw (Gbit/s)", [run(job.BUSBW_METRIC, "Maximum")], region, view="singleValue"
             ),
         ],
     ]
@@ -222,7 +204,7 @@ def dashboard_body(cluster_name: str, region: str, addon_version: str) -> dict[s
             "markdown": (
                 f"## {cluster_name} ({region})\n"
                 f"Per GPU node: Container Insights (`{METRIC_NAMESPACE}`, {ADDON_NAME} {addon_version}). "
-                f"Per run: the training job's rank 0 and the fabric gate (`{NAMESPACE}`); a run is named "
+                f"Per run: the training job's rank 0 and the fabric gate (`{job.NAMESPACE}`); a run is named "
                 "after its Ray job, the `jobId` of `pulumi stack output training`."
             )
         },
@@ -288,6 +270,8 @@ class Observability(pulumi.ComponentResource):
             opts=child,
         )
         self.url = dashboard_url(dashboard_name(cluster_name, region), region)
-        # What the training run waits for: metrics from its first step, publishing allowed.
-        self.ready: list[pulumi.Resource] = [self.addon, self.ray_pods_metrics]
+        # What the training run waits for: the right to publish from its first step. Not the add-on,
+        # which comes up beside the Ray side (the Helm releases, the image pulls and the gate take
+        # longer): an add-on that fails fails `pulumi up`, but never holds the run and its verdict.
+        self.ready: list[pulumi.Resource] = [self.ray_pods_metrics]
         self.register_outputs({"dashboardUrl": self.url, "addonVersion": self.addon.addon_version})

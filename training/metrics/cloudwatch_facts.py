@@ -29,11 +29,12 @@ HOST_DIMENSION = "Host"  # the host name the job's EFA meter reports: the Ray wo
 COLLECTIVE_DIMENSION = "Collective"  # all_reduce, all_gather, reduce_scatter
 
 # Each step of a run: the `TRAIN_STEP` field and its unit, with dimensions ClusterName, RunName.
+TOKENS_PER_S, LOSS, MFU, STEP_TIME_S = "tokens_per_s", "loss", "mfu", "step_time_s"
 STEP_METRICS: dict[str, str] = {
-    "tokens_per_s": "Count/Second",
-    "loss": "None",
-    "mfu": "None",  # a fraction of the GPUs' peak, 0 to 1; absent on CPU
-    "step_time_s": "Seconds",
+    TOKENS_PER_S: "Count/Second",
+    LOSS: "None",
+    MFU: "None",  # a fraction of the GPUs' peak, 0 to 1; absent on CPU
+    STEP_TIME_S: "Seconds",
 }
 RUN_DIMENSIONS = (CLUSTER_DIMENSION, RUN_DIMENSION)
 # Each step, per node: bytes sent plus received through its EFA ports per second (ClusterName, RunName, Host).
