@@ -129,13 +129,27 @@ def _eval_set(config: TrainConfig, session: Session) -> tuple[list[np.ndarray], 
     return batches, packing
 
 
+def _packing(
+    config: TrainConfig, rank: int, stats: dict[str, PackingStats | None]
+) -> dict[str, dict[str, int]] | None:
+    """The summary's packing counts by corpus ("data", "eval_data"; none for synthetic tokens or a
+    session that gives bare rows); rank 0 logs what packing truncated."""
+    flags = {"data": ("--data", config.data), "eval_data": ("--eval-data", str(config.eval_data))}
+    known = {name: counts for name, counts in stats.items() if counts is not None}
+    for name, counts in known.items():
+        if rank == 0 and (line := truncation_line(*flags[name], counts, config.seq_len)):
+            emit(line)
+    return {name: dataclasses.asdict(counts) for name, counts in known.items()} or None
+
+
 def truncation_line(flag: str, data: str, packing: PackingStats, seq_len: int) -> str | None:
     """What packing cut, for the log: None when no document was longer than a row."""
     if not packing.documents_truncated:
         return None
     return (
-        f"{flag} {data}: {packing.documents_truncated:,} of {packing.documents:,} documents longer than "
-        f"a row of {seq_len + 1} tokens, truncated to it ({packing.tokens_truncated:,} tokens dropped)"
+        f"{flag} {data}: {packing.documents_truncated:,} conversations of {packing.documents:,} documents "
+        f"longer than a row of {seq_len + 1} tokens, truncated to it ({packing.tokens_truncated:,} tokens "
+        "dropped)"
     )
 
 
@@ -490,22 +504,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
 
     batches = _batches(config, session, architecture.vocab_size, start_step, rows, position)
     held_out, eval_packing = _eval_set(config, session) if config.eval_data is not None else ([], None)
-    packing = {
-        name: dataclasses.asdict(stats)
-        for name, stats in (("data", corpus and corpus.packing), ("eval_data", eval_packing))
-        if stats is not None
-    }
-    if session.rank == 0:
-        for flag, data, stats in (
-            ("--data", config.data, corpus and corpus.packing),
-            ("--eval-data", config.eval_data, eval_packing),
-        ):
-            if (
-                stats is not None
-                and data is not None
-                and (line := truncation_line(flag, data, stats, config.seq_len))
-            ):
-                emit(line)
+    packing = _packing(config, session.rank, {"data": corpus and corpus.packing, "eval_data": eval_packing})
     metrics = RunMetrics(config, architecture, session.device, session.world_size, start_step)
     sink = TensorBoardSink(config) if config.tensorboard and session.rank == 0 else None
     meter = EfaMeter.start(session.device)  # None on every rank without EFA ports
@@ -568,7 +567,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         stopped_early=stopped_early,
         best_eval_step=None if best is None else best[0],
         best_eval_loss=None if best is None else best[1],
-        packing=packing or None,
+        packing=packing,
     )
     session.finish(summary.as_dict(), history)
     return summary

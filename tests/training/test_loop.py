@@ -223,7 +223,7 @@ def test_the_log_says_how_many_documents_were_truncated_to_a_row():
 
     cut = PackingStats(documents=2000, documents_truncated=3, tokens_truncated=412, filler_tokens=9)
     assert truncation_line("--data", "chat.jsonl", cut, 128) == (
-        "--data chat.jsonl: 3 of 2,000 documents longer than a row of 129 tokens, truncated to it "
-        "(412 tokens dropped)"
+        "--data chat.jsonl: 3 conversations of 2,000 documents longer than a row of 129 tokens, "
+        "truncated to it (412 tokens dropped)"
     )
     assert truncation_line("--data", "chat.jsonl", PackingStats(documents=2000), 128) is None

@@ -6,6 +6,7 @@ its gradient-free path (training/model/loss.py), so an evaluation costs forwards
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,21 +54,28 @@ def evaluate(model: nn.Module, batches: Sequence[np.ndarray], device: torch.devi
     return loss_sum / max(count, 1.0)
 
 
-def best_evaluation(history: Sequence[dict[str, Any]]) -> tuple[int, float] | None:
-    """The step of the lowest eval_loss in a run's history (the first, of equal ones) and that
-    loss; None without an evaluation."""
-    evaluated = [
-        (entry["eval_loss"], entry["step"]) for entry in history if entry.get("eval_loss") is not None
+def _evaluations(history: Sequence[dict[str, Any]]) -> list[tuple[float, int]]:
+    """(eval_loss, step) of each evaluation, in order; a NaN loss as infinite, the worst."""
+    return [
+        (math.inf if math.isnan(entry["eval_loss"]) else entry["eval_loss"], entry["step"])
+        for entry in history
+        if entry.get("eval_loss") is not None
     ]
+
+
+def best_evaluation(history: Sequence[dict[str, Any]]) -> tuple[int, float] | None:
+    """The step of the lowest eval_loss in a run's history (the latest of equal ones, as the
+    checkpoints kept are: `training.components.checkpoint.checkpoints_kept`) and that loss; None
+    without an evaluation."""
+    evaluated = _evaluations(history)
     if not evaluated:
         return None
-    loss, step = min(evaluated, key=lambda pair: pair[0])
-    return step, loss
+    lowest = min(loss for loss, _ in evaluated)
+    return max(step for loss, step in evaluated if loss == lowest), lowest
 
 
 def evaluations_since_best(history: Sequence[dict[str, Any]]) -> int:
-    """How many evaluations came after the best one (`best_evaluation`): none of them lower."""
-    best = best_evaluation(history)
-    if best is None:
-        return 0
-    return sum(1 for entry in history if entry.get("eval_loss") is not None and entry["step"] > best[0])
+    """How many evaluations came after the first that reached the lowest eval_loss: none of
+    them went below it."""
+    losses = [loss for loss, _ in _evaluations(history)]
+    return len(losses) - 1 - losses.index(min(losses)) if losses else 0

@@ -6,7 +6,8 @@ the documents, in corpus order, are laid into fixed rows ("packing"). A document
 attends only to itself (an isolated one: a conversation, or any document under
 --document-attention isolated) is kept whole: when it does not fit the rest of a row, filler
 that carries no loss ends that row and the document starts the next ("next-fit", streaming and in
-corpus order); one longer than a row is truncated to a row. Text packed across documents
+corpus order). A conversation longer than a row is truncated to a row; an isolated text longer
+than a row starts a row and runs on into the next ones, as pretraining text does. Text packed across documents
 (--document-attention packed) is cut into rows wherever they end, so no compute is spent on
 filler and only the last partial row is dropped. Packing sees the ordered stream once, so rows do
 not depend on how the documents were split into blocks or tasks: Ray Data (which tokenizes in
@@ -314,15 +315,18 @@ def batch_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PackingStats:
-    """What packing did to a corpus's documents, for the run's summary. An isolated document
-    longer than a row is truncated to one row: `documents_truncated` of them, whose
-    `tokens_truncated` tokens past the row are dropped (TRL's best-fit packing truncates too, by
-    default: huggingface/trl, trl/data_utils.py, `_pack_bfd`). `filler_tokens` end rows where the
-    next isolated document did not fit, and the last row; they carry no loss."""
+    """What packing did to a corpus's documents, for the run's summary. A conversation longer than a
+    row is truncated to one row: `documents_truncated` of them, whose `tokens_truncated` tokens past
+    the row are dropped (TRL's best-fit packing truncates too, by default: huggingface/trl,
+    trl/data_utils.py, `_pack_bfd`); its turns past the row would train without their prompt. An
+    isolated text longer than a row, whose every token is a target, runs on across rows instead:
+    `documents_split`. `filler_tokens` end rows where the next isolated document did not fit, and
+    the last row; they carry no loss."""
 
     documents: int = 0
     documents_truncated: int = 0
     tokens_truncated: int = 0
+    documents_split: int = 0
     filler_tokens: int = 0
 
 
@@ -342,7 +346,9 @@ class RowPacker:
     and one document, however large the corpus.
 
     An isolated document (its first token a DOCUMENT_START) is laid whole into the row it fits,
-    else into the next, the rest of the row `filler`; one longer than a row is truncated to a row.
+    else into the next, the rest of the row `filler`. One longer than a row starts a row: a
+    conversation (it holds tokens that carry no loss, its prompt) is truncated to the row, a text
+    runs on into the next rows.
     A document after an isolated one starts afresh too (DOCUMENT_START), so that nothing sees
     into an isolated document; otherwise (packed text) documents run on across rows, and the last
     partial row is dropped. After an isolated document the last row is kept, filled."""
@@ -358,7 +364,7 @@ class RowPacker:
         self._last_token = 0  # of the document before: what filler repeats
         self._digest = hashlib.sha256()
         self._counts = dict.fromkeys(
-            ("documents", "documents_truncated", "tokens_truncated", "filler_tokens"), 0
+            ("documents", "documents_truncated", "tokens_truncated", "documents_split", "filler_tokens"), 0
         )
         self.rows = 0
 
@@ -377,9 +383,12 @@ class RowPacker:
         last_token = int(piece[-1])
         if isolated:
             if len(piece) > self._row_length:
-                self._counts["documents_truncated"] += 1
-                self._counts["tokens_truncated"] += len(piece) - self._row_length
-                piece = piece[: self._row_length]
+                if (piece & NO_LOSS).any():
+                    self._counts["documents_truncated"] += 1
+                    self._counts["tokens_truncated"] += len(piece) - self._row_length
+                    piece = piece[: self._row_length]
+                else:
+                    self._counts["documents_split"] += 1
             if self._used and len(piece) > self._row_length - self._used:
                 self._fill_row()
         self._last_token = last_token

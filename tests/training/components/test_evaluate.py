@@ -272,3 +272,21 @@ def test_the_same_weights_give_the_same_eval_loss_on_1_2_and_4_workers(tmp_path)
         losses[world_size] = float(out.read_text())
     assert 4 < losses[1] < 7  # a random model's loss over 257 tokens, near log(257) = 5.55
     assert losses[2] == pytest.approx(losses[1], rel=1e-6) and losses[4] == pytest.approx(losses[1], rel=1e-6)
+
+
+def test_the_best_evaluation_is_the_latest_of_the_lowest_and_patience_counts_from_the_first():
+    """Equal lowest losses: the later is the best (the checkpoint kept of the two), while early
+    stopping counts the evaluations since the lowest was first reached (neither went below it);
+    a NaN loss ranks last."""
+    from training.components.evaluate import best_evaluation, evaluations_since_best
+
+    def history(*losses):
+        return [{"step": 10 * (index + 1), "eval_loss": loss} for index, loss in enumerate(losses)] + [
+            {"step": 99, "eval_loss": None}
+        ]
+
+    assert best_evaluation(history(3.0, 2.0, 2.5, 2.0, 2.7)) == (40, 2.0)
+    assert evaluations_since_best(history(3.0, 2.0, 2.5, 2.0, 2.7)) == 3
+    assert best_evaluation(history(float("nan"), 4.0)) == (20, 4.0)
+    assert evaluations_since_best(history(float("nan"), 4.0)) == 0
+    assert best_evaluation(history()) is None and evaluations_since_best(history()) == 0

@@ -130,10 +130,12 @@ def test_isolated_documents_lie_whole_in_a_row_next_fit():
     )
 
 
-def test_an_isolated_document_longer_than_a_row_is_truncated_to_one_and_counted():
+def test_a_conversation_longer_than_a_row_is_truncated_to_one_and_counted():
+    """Its turns past the row would train without their prompt (the tokens that carry no loss)."""
     written: list[bytes] = []
     packer = RowPacker(written.append, seq_len=4)
     short, long, last = isolated(2, 8, 3)
+    long[1:3] |= NO_LOSS  # a prompt
     for document in (short, long, last):
         packer.add(document)
     packer.finish()
@@ -147,6 +149,28 @@ def test_an_isolated_document_longer_than_a_row_is_truncated_to_one_and_counted(
     )
 
 
+def test_an_isolated_text_longer_than_a_row_starts_a_row_and_runs_on():
+    """Every token of a text is a target: it is split, not truncated (a book on GPUs, where text is
+    isolated, is trained whole), and the document after it goes on next-fit."""
+    short, long, last = isolated(2, 8, 3)
+    rows = pack_documents([short, long, last], seq_len=4)
+    np.testing.assert_array_equal(
+        rows,
+        [
+            [*short, FILL | DOCUMENT_START, FILL, FILL],
+            long[:5],
+            [*long[5:], FILL | DOCUMENT_START, FILL],  # `last` (3) does not fit the 2 left
+            [*last, FILL | DOCUMENT_START, FILL],
+        ],
+    )
+    written: list[bytes] = []
+    packer = RowPacker(written.append, seq_len=4)
+    for document in (short, long, last):
+        packer.add(document)
+    packer.finish()
+    assert packer.stats == PackingStats(documents=3, documents_split=1, filler_tokens=7)
+
+
 def test_text_after_a_conversation_starts_afresh_and_runs_on_across_rows():
     """Packed text is cut wherever a row ends, as before; the document after an isolated one starts
     afresh (nothing sees into the isolated one) but is not moved to a new row."""
@@ -156,6 +180,26 @@ def test_text_after_a_conversation_starts_afresh_and_runs_on_across_rows():
     np.testing.assert_array_equal(
         rows, [[*conversation, 20 | DOCUMENT_START], [21, 22, 23, 24]]
     )  # `more`'s 3 tokens: the last partial row of packed text, dropped
+
+
+def test_isolated_text_loses_no_token_of_the_shipped_corpus():
+    """Its 11 documents isolated (text on GPUs) at seq 128, each longer than a row (181 to 3,227
+    tokens): each starts a row and runs on; every token is there once, in order, filler aside.
+    Truncated to a row, 92% of the corpus would be lost."""
+    files = corpus_files(str(SHIPPED_CORPUS))
+    documents = list(tokenize((d for path in files for d in read_documents(path)), "bytes", "isolated"))
+    written: list[bytes] = []
+    packer = RowPacker(written.append, 128)
+    for tokens in documents:
+        packer.add(tokens)
+    packer.finish()
+    rows = np.frombuffer(b"".join(written), dtype=ROW_DTYPE).reshape(-1, 129)
+    np.testing.assert_array_equal(
+        rows[(rows & NO_LOSS) == 0] & TOKEN_ID, np.concatenate(documents) & TOKEN_ID
+    )
+    assert packer.stats == PackingStats(
+        documents=11, documents_split=11, filler_tokens=rows.size - sum(map(len, documents))
+    )
 
 
 def conversation_labels(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
