@@ -41,6 +41,7 @@ from training.data.packing import (
 from training.data.tokenizer import load_tokenizer
 from training.distributed.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.errors import DivergedError, UsageError
+from training.metrics.cloudwatch_sink import publish_step
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
 from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
@@ -547,6 +548,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             if session.rank == 0:
                 emit(format_progress_line(record))
                 emit(format_step_line(record))
+                publish_step(config, record)  # CloudWatch, off the training thread
                 if stopped_early:
                     emit(early_stop_line(step, history, config.early_stop_patience))
             if sink is not None:
