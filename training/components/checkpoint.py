@@ -92,8 +92,9 @@ def checkpoints_kept(scores: Sequence[float | None], keep: int) -> set[int]:
 
         def worth(index: int) -> tuple[bool, float, int]:
             score = scores[index]
-            valid = score is not None and not math.isnan(score)
-            return valid, -score if valid and score is not None else 0.0, index
+            if score is None or math.isnan(score):
+                return False, 0.0, index
+            return True, -score, index
 
         ranked = sorted(range(len(scores)), key=worth)
     return set(ranked[-keep:]) | ({len(scores) - 1} if scores else set())

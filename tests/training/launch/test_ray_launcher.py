@@ -187,22 +187,27 @@ def test_a_second_run_trains_from_the_corpus_cache_the_first_one_wrote(full_run,
     assert written[0].endswith(str(storage / "corpus-cache" / written[0].rsplit("/", 1)[-1]))
 
 
+def resumed_on_one_worker(head, storage: Path, run_name: str, *flags: str) -> subprocess.CompletedProcess:
+    """The full run's step-4 checkpoint (2 workers x --batch-size 8) resumed to step 6 on 1 worker."""
+    return run_on_head(
+        head,
+        "--steps", "6",
+        "--checkpoint-every", "0",
+        "--storage-path", str(storage),
+        "--run-name", run_name,
+        "--resume-from", str(storage / "full" / "checkpoint_000004"),
+        *flags,
+        workers=1,
+    )  # fmt: skip
+
+
 def test_a_resume_on_one_worker_with_two_micro_batches_reshards_and_trains_as_the_two_workers(
     full_run, storage, ray_head
 ):
     """DCP reshards the step-4 checkpoint of 2 workers x 8 onto 1 worker x 8 x 2 micro-batches, the
     same global batch: steps 5 and 6 train on the rows of the uninterrupted run, to its losses (up
     to the order of the sums)."""
-    result = run_on_head(
-        ray_head,
-        "--steps", "6",
-        "--checkpoint-every", "0",
-        "--grad-accum-steps", "2",
-        "--storage-path", str(storage),
-        "--run-name", "one-worker",
-        "--resume-from", str(storage / "full" / "checkpoint_000004"),
-        workers=1,
-    )  # fmt: skip
+    result = resumed_on_one_worker(ray_head, storage, "one-worker", "--grad-accum-steps", "2")
     assert result.returncode == 0, result.stderr[-4000:]
     assert "resumed from step 4" in result.stdout and "resharded from 2 workers to 1" in result.stdout
     resumed = {entry["step"]: entry["loss"] for entry in step_lines(result.stdout)}
@@ -215,14 +220,7 @@ def test_a_resume_on_one_worker_with_two_micro_batches_reshards_and_trains_as_th
 
 
 def test_a_resume_that_would_halve_the_global_batch_exits_2_in_one_line(full_run, storage, ray_head):
-    result = run_on_head(
-        ray_head,
-        "--steps", "6",
-        "--storage-path", str(storage),
-        "--run-name", "halved",
-        "--resume-from", str(storage / "full" / "checkpoint_000004"),
-        workers=1,
-    )  # fmt: skip
+    result = resumed_on_one_worker(ray_head, storage, "halved")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-4000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"python -m training: error: {storage / 'full' / 'checkpoint_000004'} was written with a global "
