@@ -131,13 +131,15 @@ def legacy_config_keys(values: dict[str, Any]) -> dict[str, Any]:
 
 def generation_settings(architecture: Any, tokenizer: Tokenizer) -> dict[str, Any]:
     """The export's generation_config.json: generation stops at the chat template's end of turn as
-    well as at the tokenizer's EOS (Qwen2.5-Instruct's has `eos_token_id` [151645, 151643],
-    `<|im_end|>` and `<|endoftext|>`), and pads with the EOS. Without it `generate()` stops only
-    at the base model's `eos_token_id`, which a chat fine-tune learns not to emit after its turn.
-    A template whose end of turn is several tokens (the byte tokenizer's `<|end|>`) gives the EOS
-    alone: `eos_token_id` stops at any one of its tokens."""
+    well as at the tokenizer's EOS and the model's (Qwen2.5-Instruct's has `eos_token_id`
+    [151645, 151643], `<|im_end|>` and `<|endoftext|>`), and pads with the tokenizer's EOS. Without
+    it `generate()` stops only at the base model's `eos_token_id`, which a chat fine-tune learns not
+    to emit after its turn. A template whose end of turn is several tokens (the byte tokenizer's
+    `<|end|>`) adds none: `eos_token_id` stops at any one of its tokens."""
     turn = end_of_turn(tokenizer)
-    stops = [*turn, tokenizer.eos_id] if len(turn) == 1 else [tokenizer.eos_id]
+    model_eos = getattr(architecture, "eos_token_id", None)
+    model_stops = model_eos if isinstance(model_eos, list) else [] if model_eos is None else [model_eos]
+    stops = [*(turn if len(turn) == 1 else []), tokenizer.eos_id, *model_stops]
     settings = {"eos_token_id": list(dict.fromkeys(stops)), "pad_token_id": tokenizer.eos_id}
     bos = getattr(architecture, "bos_token_id", None)
     return settings if bos is None else {"bos_token_id": bos, **settings}

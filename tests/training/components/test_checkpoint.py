@@ -378,7 +378,7 @@ TRANSFORMERS_4_ROPE_THETA_DEFAULT = 10000.0
 
 def test_a_chat_export_stops_at_the_end_of_turn_and_keeps_its_rope_base_for_transformers_4(tmp_path):
     """Qwen2.5-1.5B's architecture exported with a ChatML tokenizer: generation_config.json stops
-    at `<|im_end|>` and at the EOS; config.json carries transformers 5's `rope_parameters` and
+    at `<|im_end|>` and at the EOS tokens; config.json carries transformers 5's `rope_parameters` and
     `dtype` and, beside them, the `rope_theta` and `torch_dtype` transformers 4 reads (without
     them it reads RoPE base 10000 for Qwen2.5's 1,000,000)."""
     from transformers import AutoConfig, GenerationConfig
@@ -393,7 +393,8 @@ def test_a_chat_export_stops_at_the_end_of_turn_and_keeps_its_rope_base_for_tran
     write_hugging_face(str(tmp_path / "hf"), {}, architecture, "bf16", load_tokenizer(tokenizer_path))
 
     generation = GenerationConfig.from_pretrained(tmp_path / "hf")
-    assert generation.eos_token_id == [ids[IM_END], ids["<|endoftext|>"]]
+    # The end of turn, the tokenizer's EOS and the model's (Qwen2.5's `<|endoftext|>`, 151643).
+    assert generation.eos_token_id == [ids[IM_END], ids["<|endoftext|>"], 151643]
     assert generation.pad_token_id == ids["<|endoftext|>"] and generation.bos_token_id == 151643
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert written["rope_parameters"] == {"rope_theta": 1000000.0, "rope_type": "default"}
