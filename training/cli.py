@@ -8,6 +8,7 @@ retries exits 1. A torchrun rank ends through `training.distributed.rank_exit`.
 from __future__ import annotations
 
 import sys
+import time
 
 from training.config.run_config import TrainConfig, parse_args
 from training.errors import RunFailedError, UsageError
@@ -29,6 +30,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(config: TrainConfig) -> int:
     try:
+        if config.deadline is not None:
+            # A deadline already past ends here, before Ray starts; one too near to checkpoint the
+            # model ends when the loop knows the model's size (`Deadline.check_start`).
+            from training.components.deadline import refusal
+
+            if problem := refusal(config.deadline, time.time(), checkpoint_s=0.0):
+                raise UsageError(problem)
         if config.launcher == "ray":
             check_worker_group(config)
         check_model_files(config)

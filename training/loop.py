@@ -22,12 +22,14 @@ from torch.distributed.tensor import DTensor
 
 from training.components.checkpoint import (
     CHECKPOINT_SCORE,
+    EXPORT_DTYPES,
     export_hugging_face,
     load_checkpoint,
     load_weights,
     read_train_state,
     save_checkpoint,
 )
+from training.components.deadline import Deadline
 from training.components.evaluate import best_evaluation, eval_batches, evaluate, evaluations_since_best
 from training.components.optim import build_optimizer, learning_rate, schedule_settings, set_learning_rate
 from training.config.run_config import TrainConfig, flag_name, nothing_left_to_train
@@ -43,6 +45,7 @@ from training.distributed.parallelize import build_mesh, convert_to_float8, para
 from training.errors import DivergedError, UsageError
 from training.metrics.cloudwatch_sink import publish_step
 from training.metrics.efa_meter import EfaMeter
+from training.metrics.flops import num_params
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
 from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
 from training.metrics.tensorboard_sink import TensorBoardSink
@@ -194,10 +197,11 @@ def _check_fits(config: TrainConfig, architecture: Any) -> None:
 
 
 def build(
-    config: TrainConfig, session: Session
+    config: TrainConfig, session: Session, resuming: bool = False
 ) -> tuple[CausalLMWithFusedLoss, torch.optim.Optimizer, Any, int]:
     """The sharded model, its optimizer, the architecture and the HSDP replica count. A
-    pretrained model is read shard by shard on each rank, never whole; a random one is rank 0's."""
+    pretrained model is read shard by shard on each rank, never whole; a random one is rank 0's.
+    `resuming`: a checkpoint's weights replace the built ones, so the pretrained ones are not read."""
     architecture = load_architecture(config)
     _check_fits(config, architecture)
     replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)
@@ -206,8 +210,9 @@ def build(
         config, architecture, session.device, emit if session.rank == 0 else lambda line: None
     )
     config = dataclasses.replace(config, attention=kernel)
-    # --init-from's weights replace the built ones: random ones cost no download.
-    weights_from = dataclasses.replace(config, init="random") if config.init_from else config
+    # A checkpoint's or --init-from's weights replace the built ones: random ones cost no download.
+    replaced = resuming or config.init_from is not None
+    weights_from = dataclasses.replace(config, init="random") if replaced else config
     per_shard = weights_from.init == "pretrained"
     # A random init stays rank 0's seeded full model, broadcast: one RNG stream over the full
     # tensors, so the model is the same bits whatever the world size or mesh.
@@ -371,12 +376,15 @@ def train_step(
     defer_grad_sync: bool = False,
     *,
     step: int,
+    deadline: Deadline | None = None,
 ) -> tuple[float, float]:
     """Optimizer step `step` on micro-batches (`model_batch` of stored rows; forward and
     backward each in turn, then one clip and one optimizer step); returns the step's loss,
     the sum of the micro-batch losses averaged over the ranks, and the gradient norm before
     clipping. A non-finite loss or gradient
-    norm raises `DivergedError` on every rank before the optimizer step touches the weights."""
+    norm raises `DivergedError` on every rank before the optimizer step touches the weights.
+    With `deadline`, this rank's vote to stop after this step rides on the same all-reduce, and
+    `deadline.agreed` says whether any rank voted so."""
     set_learning_rate(optimizer, lr)
     # One normaliser for the whole step: each micro-batch's summed loss over the step's
     # valid-label count, so the accumulated gradient is that of the step's token mean.
@@ -407,7 +415,13 @@ def train_step(
     # than for the optimizer step, then queues the optimizer step and builds the next batch
     # while the device runs it. Both values are all-reduced, so every rank decides alike and
     # none is left waiting in a collective.
-    step_loss, norm = loss_and_grad_norm(torch.stack(losses).sum(), cast(DTensor, grad_norm).full_tensor())
+    step_loss, norm, stop = loss_and_grad_norm(
+        torch.stack(losses).sum(),
+        cast(DTensor, grad_norm).full_tensor(),
+        stop=deadline is not None and deadline.vote(),
+    )
+    if deadline is not None:
+        deadline.agreed = stop
     problem = divergence(step, loss=step_loss, grad_norm=norm, lr=lr)
     if problem:
         raise DivergedError(problem)
@@ -438,6 +452,15 @@ def early_stop_line(step: int, history: list[dict[str, Any]], patience: int) -> 
     )
 
 
+def deadline_line(step: int, steps: int, deadline: Deadline) -> str:
+    return (
+        f"stopping at step {step} of {steps} for --deadline {deadline.deadline} "
+        f"({deadline.left_s():.0f} s left; kept back: {deadline.margin_s():.0f} s for a step, its "
+        f"checkpoint ({deadline.checkpoint_s:.1f} s, {'measured' if deadline.checkpoint_measured else 'estimated'}), "
+        "evaluation and export where the run has them, and the run's end)"
+    )
+
+
 def _stops_early(config: TrainConfig, history: list[dict[str, Any]]) -> bool:
     """--early-stop-patience N: the last N evaluations found no eval_loss below the best before."""
     patience = config.early_stop_patience
@@ -448,13 +471,17 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     """Build, resume if a checkpoint exists (or take --init-from's weights), train up to
     config.steps (or until the held-out loss stops improving), hand the summary to the session."""
     _prepare_device(session.device)
-    model, optimizer, architecture, replicas = build(config, session)
-    corpus = _corpus(config, session)
-    rows = None if corpus is None else corpus.rows
-    facts = replay_facts(config, session.world_size, "synthetic" if corpus is None else corpus.fingerprint)
     start_step, history, resharded = 0, [], False
     position: tuple[int, int] = (0, 0)
     with session.latest_checkpoint() as checkpoint_path:
+        model, optimizer, architecture, replicas = build(
+            config, session, resuming=checkpoint_path is not None
+        )
+        corpus = _corpus(config, session)
+        rows = None if corpus is None else corpus.rows
+        facts = replay_facts(
+            config, session.world_size, "synthetic" if corpus is None else corpus.fingerprint
+        )
         if checkpoint_path is not None:
             state = read_train_state(checkpoint_path)
             check_resume(state, facts, config.steps, checkpoint_path)
@@ -507,12 +534,31 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     held_out, eval_packing = _eval_set(config, session) if config.eval_data is not None else ([], None)
     packing = _packing(config, session.rank, {"data": corpus and corpus.packing, "eval_data": eval_packing})
     metrics = RunMetrics(config, architecture, session.device, session.world_size, start_step)
-    sink = TensorBoardSink(config) if config.tensorboard and session.rank == 0 else None
+    # A resumed run drops the events past its checkpoint that the run before wrote, so its curves
+    # do not double back.
+    purge_step = start_step + 1 if start_step else None
+    sink = TensorBoardSink(config, purge_step) if config.tensorboard and session.rank == 0 else None
     meter = EfaMeter.start(session.device)  # None on every rank without EFA ports
-    stopped_early = False
+    deadline = (
+        None
+        if config.deadline is None
+        else Deadline(
+            config.deadline,
+            num_params(architecture),
+            evaluates=config.eval_data is not None,
+            export_bytes_per_parameter=EXPORT_DTYPES[config.export_dtype].itemsize if config.export_hf else 0,
+        )
+    )
+    if deadline is not None:
+        deadline.check_start(session.device)
+    stopped_early = stopped_at_deadline = False
+    step = start_step
+    checkpoint_s: float | None = None
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()
+            if deadline is not None:
+                deadline.start_step()
             micro_batches = [
                 model_batch(next(batches), session.device) for _ in range(config.grad_accum_steps)
             ]
@@ -525,11 +571,16 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 config.max_grad_norm,
                 config.defer_grad_sync,
                 step=step,
+                deadline=deadline,
             )
             step_time = time.perf_counter() - step_start
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
-            due = _checkpoint_due(config, step, last=step == config.steps)
+            # Every rank's vote was summed in the step's all-reduce: all stop after this step.
+            stopped_at_deadline = deadline is not None and deadline.agreed and step < config.steps
+            due = _checkpoint_due(config, step, last=step == config.steps) or stopped_at_deadline
+            eval_start = time.perf_counter()
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
+            eval_s = None if eval_loss is None else time.perf_counter() - eval_start
             record = metrics.step(
                 step,
                 loss,
@@ -543,20 +594,33 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             history.append({key: getattr(record, key) for key in HISTORY_KEYS})
             # The eval loss is all-reduced: every rank decides alike.
             stopped_early = eval_loss is not None and step < config.steps and _stops_early(config, history)
-            last = step == config.steps or stopped_early
-            checkpoint_due = _checkpoint_due(config, step, last)
+            last = step == config.steps or stopped_early or stopped_at_deadline
+            checkpoint_due = _checkpoint_due(config, step, last) or stopped_at_deadline
             if session.rank == 0:
-                emit(format_progress_line(record))
+                left = None if deadline is None else deadline.left_s()
+                emit(format_progress_line(record, deadline_left_s=left))
                 emit(format_step_line(record))
                 publish_step(config, record)  # CloudWatch, off the training thread
                 if stopped_early:
                     emit(early_stop_line(step, history, config.early_stop_patience))
+                if stopped_at_deadline and deadline is not None:
+                    emit(deadline_line(step, config.steps, deadline))
             if sink is not None:
                 sink.write(record)
                 if checkpoint_due:
                     sink.sync()
+            # The checkpoint's time is its write and, on Ray, its upload to the run's storage.
+            report_start = time.perf_counter()
             session.report(record.as_dict(), step, saver(step, eval_loss, last) if checkpoint_due else None)
-            if stopped_early:
+            if checkpoint_due:
+                checkpoint_s = time.perf_counter() - report_start
+            if deadline is not None:
+                deadline.record(
+                    iteration_s=time.perf_counter() - step_start,
+                    eval_s=eval_s,
+                    checkpoint_s=checkpoint_s if checkpoint_due else None,
+                )
+            if stopped_early or stopped_at_deadline:
                 break
     finally:
         # Also when a step diverges: its events up to there are what explains it.
@@ -570,6 +634,11 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         best_eval_step=None if best is None else best[0],
         best_eval_loss=None if best is None else best[1],
         packing=packing,
+        checkpoint_s=checkpoint_s,
+        deadline=config.deadline,
+        stopped_at_deadline=stopped_at_deadline,
+        last_step=step,
+        steps_left=config.steps - step,
     )
     session.finish(summary.as_dict(), history)
     return summary

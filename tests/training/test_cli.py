@@ -170,6 +170,7 @@ def test_every_flag_has_a_camel_case_key():
         ("maxFailures", -1, ["--max-failures", "-1"]),
         ("gradAccumSteps", 4, ["--grad-accum-steps", "4"]),
         ("local", False, []),
+        ("deadline", "2026-12-05T07:00:00Z", ["--deadline", "2026-12-05T07:00:00Z"]),
     ],
 )
 def test_a_setting_becomes_its_flags(key, value, flags):
@@ -189,6 +190,7 @@ def test_a_setting_becomes_its_flags(key, value, flags):
         ("lr", "nan", "expected a finite number, got 'nan'"),
         ("maxGradNorm", "1e999", "expected a finite number, got '1e999'"),
         ("runName", "../other", "expected a folder name of letters, digits and . _ -"),
+        ("deadline", "2026-12-05 07:00", "'2026-12-05 07:00' has no UTC offset"),
     ],
 )
 def test_a_bad_setting_names_what_its_flag_expects(key, value, reason):
@@ -203,6 +205,25 @@ def test_without_local_or_ray_address_is_one_line_and_joins_no_ray_on_the_machin
     line = one_line_error(run_training("--steps", "1", "--storage-path", str(tmp_path / "runs")))
     assert "no Ray cluster given" in line and "RAY_ADDRESS" in line and "--local" in line
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_deadline_already_past_is_one_line_before_ray_starts(tmp_path):
+    line = one_line_error(
+        run_training(
+            "--local", "--deadline", "2020-01-01T00:00:00Z", "--storage-path", str(tmp_path / "runs")
+        )
+    )
+    assert "--deadline 2020-01-01T00:00:00Z is past" in line and "pass a later time" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_deadline_without_utc_offset_is_refused_at_parse():
+    """argparse's usage and error line, exit 2, as every bad flag value."""
+    result = run_training("--deadline", "2026-12-05T07:00:00")
+    assert result.returncode == 2
+    assert (
+        "error: argument --deadline: '2026-12-05T07:00:00' has no UTC offset: end it with Z" in result.stderr
+    )
 
 
 def test_a_ray_address_nobody_answers_is_one_line_naming_it():
@@ -368,8 +389,8 @@ def poison(loop):
         if next(forwards) >= 2:
             loss.register_hook(lambda grad: grad * math.nan)
 
-    def build_and_poison(config, session):
-        parts = build(config, session)
+    def build_and_poison(config, session, **options):
+        parts = build(config, session, **options)
         parts[0].register_forward_hook(poison_gradients)
         return parts
 

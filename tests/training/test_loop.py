@@ -149,8 +149,8 @@ def _train_until_it_stops(monkeypatch, argv: list[str], hook=None) -> tuple[str,
 
     built = []
 
-    def build_and_keep(config, session):
-        parts = original_build(config, session)
+    def build_and_keep(config, session, **options):
+        parts = original_build(config, session, **options)
         if hook is not None:
             parts[0].register_forward_hook(hook)
         built.append(parts[0])

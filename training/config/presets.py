@@ -54,6 +54,7 @@ _BASE: dict[str, Any] = {
     "export_dtype": "bf16",
     "tensorboard": True,
     "line_rate_gbps": None,
+    "deadline": None,
     "launcher": "ray",
 }
 

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from training.config.corpus_files import SYNTHETIC
@@ -129,6 +130,23 @@ def column_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a column name, got {text!r}")
     return text
+
+
+DEADLINE_FLAG = "--deadline"
+
+
+def parse_deadline(text: str) -> str:
+    """An ISO 8601 time with its UTC offset (`2026-12-05T07:00:00Z`), as UTC `...Z`: the flag's
+    type. A time without an offset is refused: the machine's zone is no one's to guess."""
+    try:
+        moment = datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time in UTC such as 2026-12-05T07:00:00Z, got {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset: end it with Z (UTC), e.g. {text}Z")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -345,6 +363,13 @@ class TrainConfig:
         "--tensorboard",
         action=_BOOL,
         help="write TensorBoard event files into the run folder's tensorboard/ (rank 0)",
+    )
+    deadline: str | None = setting(
+        DEADLINE_FLAG,
+        type=parse_deadline,
+        help="ISO 8601 time in UTC (2026-12-05T07:00:00Z, a reservation's EndDate): stop with a "
+        "checkpoint of the last step, exit 0, when the next step and its checkpoint would not end by it",
+        unset="no deadline",
     )
     line_rate_gbps: float | None = setting(
         "--line-rate-gbps",

@@ -107,6 +107,15 @@ class RunSummary:
     # than a row truncated to one and the tokens that cost, and filler tokens (no loss) that end
     # rows where the next whole document did not fit (training.data.packing.PackingStats).
     packing: dict[str, dict[str, int]] | None = None
+    # The last checkpoint's seconds: its write and, on Ray, its upload (the HF export too where
+    # it had one); None where the run wrote none.
+    checkpoint_s: float | None = None
+    # The step the run ended at and the steps from there to --steps (0 when it ran them all); with
+    # --deadline (ISO 8601, UTC), whether it stopped before --steps to end by that time.
+    last_step: int | None = None
+    steps_left: int | None = None
+    deadline: str | None = None
+    stopped_at_deadline: bool = False
     # Over the steps after the first (as `step_time_s`), per node: EFA bytes/s and bytes per step
     # (sent plus received), and the busiest node's share of its ports' capacity both ways
     # (2 x --line-rate-gbps); absent without EFA (and the share without --line-rate-gbps).
@@ -187,8 +196,10 @@ def parse_step_line(line: str) -> dict | None:
     return {key: payload.get(key) for key in STEP_KEYS if key in REQUIRED_STEP_KEYS or key in payload}
 
 
-def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
-    """The human-readable console line for a step."""
+def format_progress_line(
+    metrics: StepMetrics | Mapping[str, Any], deadline_left_s: float | None = None
+) -> str:
+    """The human-readable console line for a step; with --deadline, the time left until it."""
     metrics = _mapping(metrics)
     mfu = metrics.get("mfu")
     mfu_text = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
@@ -218,7 +229,18 @@ def format_progress_line(metrics: StepMetrics | Mapping[str, Any]) -> str:
         f" ({metrics['tokens_per_s_per_gpu']:,.0f}/worker){efa_text}"
         f" | MFU {mfu_text}"
         f" | peak mem {metrics['peak_mem_gib']:.2f} GiB"
+        + ("" if deadline_left_s is None else f" | {format_duration(deadline_left_s)} to deadline")
     )
+
+
+def format_duration(seconds: float) -> str:
+    """`1h02m03s`, `2m03s`, `3s`; a time past shows as 0s."""
+    whole = max(0, int(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def format_summary(summary: RunSummary | Mapping[str, Any]) -> str:

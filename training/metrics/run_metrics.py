@@ -32,16 +32,20 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
-def loss_and_grad_norm(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
-    """The global batch's loss (this rank's, averaged over the ranks) and the gradient norm
-    (the same on every rank), through one all-reduce and one read: the step's one host
-    synchronisation. Both values are then the same on every rank. Summed in float64, so
+def loss_and_grad_norm(
+    loss: torch.Tensor, grad_norm: torch.Tensor, stop: bool = False
+) -> tuple[float, float, bool]:
+    """The global batch's loss (this rank's, averaged over the ranks), the gradient norm
+    (the same on every rank) and whether any rank votes to stop after this step (--deadline),
+    through one all-reduce and one read: the step's one host
+    synchronisation. All three are then the same on every rank. Summed in float64, so
     that no sum of finite fp32 values overflows into a spurious inf."""
-    values = torch.stack([loss.detach().double(), grad_norm.detach().double()])
+    vote = torch.tensor(1.0 if stop else 0.0, dtype=torch.float64, device=loss.device)
+    values = torch.stack([loss.detach().double(), grad_norm.detach().double(), vote])
     dist.all_reduce(values, op=dist.ReduceOp.SUM)  # gloo has no AVG
     world_size = dist.get_world_size()
-    loss_sum, norm_sum = values.tolist()
-    return loss_sum / world_size, norm_sum / world_size
+    loss_sum, norm_sum, votes = values.tolist()
+    return loss_sum / world_size, norm_sum / world_size, votes > 0
 
 
 def _across_ranks(value: float, device: torch.device, op: dist.ReduceOp.RedOpType) -> float:

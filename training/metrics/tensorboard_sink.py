@@ -41,13 +41,15 @@ def tensorboard_dir(config: TrainConfig) -> str:
 class TensorBoardSink:
     """Scalars of every step record; `sync` publishes what was written so far."""
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, purge_step: int | None = None) -> None:
+        """`purge_step`: a resumed run's first step; TensorBoard drops the events written from it on
+        by the run before (a run stopped after its last checkpoint), so no curve doubles back."""
         from tensorboardX import SummaryWriter
 
         target = tensorboard_dir(config)
         self.remote = target if is_uri(target) else None
         self.folder = tempfile.mkdtemp(prefix="tensorboard-") if self.remote else target
-        self.writer = SummaryWriter(self.folder)
+        self.writer = SummaryWriter(self.folder, purge_step=purge_step)
 
     def write(self, record: StepMetrics) -> None:
         for tag, key in SCALARS.items():

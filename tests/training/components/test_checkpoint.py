@@ -268,14 +268,18 @@ def test_init_from_starts_at_step_one_with_the_checkpoint_weights_and_a_fresh_op
     seen = []
     original = training.loop.train_step
 
-    def first_step(model, optimizer, micro_batches, lr, max_grad_norm, defer_grad_sync=False, *, step):
+    def first_step(
+        model, optimizer, micro_batches, lr, max_grad_norm, defer_grad_sync=False, *, step, **options
+    ):
         if not seen:
             weights = {
                 name.removeprefix("causal_lm."): p.detach().full_tensor().clone()
                 for name, p in model.named_parameters()
             }
             seen.append((step, len(optimizer.state), weights))
-        return original(model, optimizer, micro_batches, lr, max_grad_norm, defer_grad_sync, step=step)
+        return original(
+            model, optimizer, micro_batches, lr, max_grad_norm, defer_grad_sync, step=step, **options
+        )
 
     monkeypatch.setattr(training.loop, "train_step", first_step)
     session = _FolderSession(tmp_path)

@@ -397,3 +397,27 @@ def test_a_local_single_file_is_every_tensor_of_it(tmp_path):
         keys = set(weights.keys())
     assert "lm_head.weight" not in keys
     assert checkpoint_files(folder) == dict.fromkeys(keys, os.path.join(folder, "model.safetensors"))
+
+
+def test_a_resuming_build_reads_no_pretrained_weights(one_rank_group, tmp_path, monkeypatch):
+    """A checkpoint's weights replace the built ones: `--init pretrained` reads the folder's
+    config but not its weights (on the cluster, a download of the whole model)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import training.loop
+
+    folder = str(tmp_path / "pretrained")
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**load_model_config("tiny"))).save_pretrained(
+        folder
+    )
+    config = parse_args(["--preset", "tiny", "--init", "pretrained", "--model-id", folder])
+    read = []
+    original = training.loop.load_shards_from_checkpoint
+    monkeypatch.setattr(
+        training.loop, "load_shards_from_checkpoint", lambda *args: read.append(1) or original(*args)
+    )
+    session = BuildSession(0, 1, 1, torch.device("cpu"))
+    build(config, session, resuming=True)
+    assert read == []
+    build(config, session)
+    assert read == [1]

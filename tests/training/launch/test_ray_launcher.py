@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -610,3 +611,45 @@ def test_early_stopping_ends_the_run_after_its_patience_with_a_checkpoint(
     assert f"stopping early at step {stop}: 2 evaluations without an eval_loss below" in result.stdout
     kept = sorted(path.name for path in (storage / "early-stop").glob("checkpoint_0*"))
     assert kept == [f"checkpoint_{best:06d}", f"checkpoint_{stop:06d}"]
+
+
+def _deadline_in(seconds: float) -> tuple[str, float]:
+    end = time.time() + seconds
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end)), float(int(end))
+
+
+def test_a_run_stops_before_its_deadline_with_a_checkpoint_and_the_next_resumes_from_it(storage):
+    """--deadline two minutes away, far more steps than fit: exit 0 before it, the last step
+    checkpointed (its Hugging Face export too); the same command with a later deadline resumes
+    from there and trains on. Properties only, no timings: the margin is generous."""
+    steps, run = 100_000, storage / "deadline"
+
+    def run_until(seconds: float) -> tuple[subprocess.CompletedProcess, float, float]:
+        deadline, end = _deadline_in(seconds)
+        result = run_cli(
+            "--local", "--steps", str(steps), "--export-hf", "--storage-path", str(storage),
+            "--run-name", "deadline", "--deadline", deadline,
+        )  # fmt: skip
+        return result, time.time(), end
+
+    first, ended, end = run_until(120)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert ended < end
+    summary = last_line_summary(first.stdout)
+    last = summary["last_step"]
+    assert summary["stopped_at_deadline"] is True and summary["deadline"]
+    assert (summary["steps_run"], summary["steps_left"]) == (last, steps - last)
+    assert summary["checkpoint_s"] > 0
+    assert (run / f"checkpoint_{last:06d}" / "hf" / "model.safetensors").is_file()
+    assert [line["step"] for line in step_lines(first.stdout)][-1] == last
+    assert (
+        "to deadline" in first.stdout and f"stopping at step {last} of {steps} for --deadline" in first.stdout
+    )
+
+    second, ended, end = run_until(120)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert ended < end
+    assert f"resumed from step {last}" in second.stdout
+    assert step_lines(second.stdout)[0]["step"] == last + 1
+    resumed = last_line_summary(second.stdout)
+    assert resumed["start_step"] == last and resumed["last_step"] > last and resumed["stopped_at_deadline"]
