@@ -207,7 +207,12 @@ def example_values(key: str, flag: str) -> list:
     if action.choices:
         return list(action.choices)
     in_presets = dict.fromkeys(preset.get(action.dest) for preset in PRESETS.values())
-    return [value for value in in_presets if value is not None and accepted(key, value)] or ["example"]
+    shaped = SHAPED_EXAMPLES.get(key, ["example"])
+    return [value for value in in_presets if value is not None and accepted(key, value)] or shaped
+
+
+# Keys whose values have a shape a plain word does not meet.
+SHAPED_EXAMPLES = {"deadline": ["2099-01-01T00:00:00Z"]}
 
 
 def accepted(key: str, value) -> bool:
