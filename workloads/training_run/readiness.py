@@ -39,6 +39,7 @@ from workloads.training_run.access.kube_access import (
     Executor,
     NodeFacts,
     PodFacts,
+    stdout_of_each_pod,
 )
 from workloads.training_run.errors import TrainingRunError
 
@@ -228,13 +229,15 @@ def host_limit_problems(pod: str, limits: HostLimits) -> list[str]:
 
 def check_host_limits(workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor]) -> list[str]:
     """Stop, in one line, when a worker pod's node cannot run the job; else what was read, per pod."""
+    listings = stdout_of_each_pod(
+        workers, executor_for, host_limits_command(), "the driver and memlock limit"
+    )
     read, problems = [], []
-    for pod in workers:
-        result = executor_for(pod).run(host_limits_command(), COMMAND_TIMEOUT_S)
-        limits = HostLimits.parse(result.stdout)
-        problems += host_limit_problems(pod.name, limits)
+    for pod, stdout in listings.items():
+        limits = HostLimits.parse(stdout)
+        problems += host_limit_problems(pod, limits)
         read.append(
-            f"{pod.name}: driver {limits.driver or 'not read'} (CUDA {limits.driver_cuda or '?'}), image CUDA "
+            f"{pod}: driver {limits.driver or 'not read'} (CUDA {limits.driver_cuda or '?'}), image CUDA "
             f"{limits.runtime_cuda or '?'}, memlock {limits.memlock or 'not read'}"
         )
     if problems:

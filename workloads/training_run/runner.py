@@ -149,6 +149,10 @@ class TrainingRunner:
         jobs.write_record(submission_id, {**record, "efa_traffic": efa_counters.traffic_record(traffic)})
         return traffic
 
+    def jobs_client(self, head: PodFacts) -> RayJobsClient:
+        """The Ray Jobs client over exec in `head`."""
+        return RayJobsClient(self.env.executor_for(head), self.env.dashboard_address, self.env.nccl_log_dir)
+
     def replacement_head(self, gone: PodFacts) -> PodFacts:
         """The Ready head pod that took over from `gone`, waited for as long as the readiness wait."""
         selector = manifests.head_pod_selector(self.request.ray_cluster_name)
@@ -192,9 +196,7 @@ class TrainingRunner:
                     replaced = pods.head.name
                     pods.head = self.replacement_head(pods.head)
                     self.env.log(f"training run: head pod {replaced} was replaced by {pods.head.name}")
-                    jobs = RayJobsClient(
-                        self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
-                    )
+                    jobs = self.jobs_client(pods.head)
                     continue
                 if answer.job is None:
                     if replaced is not None:
@@ -247,9 +249,7 @@ class TrainingRunner:
         """Run a job (the training job or the probe) to its end and judge it: NCCL's transport from
         its lines, covering the job's ranks and worker pods, and the EFA counters around it. Its
         `summary` is left empty for the caller to read from the log."""
-        jobs = RayJobsClient(
-            self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
-        )
+        jobs = self.jobs_client(pods.head)
         plan = self.start_job(pods, jobs, variant, env_vars, module, args, fresh)
         submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
@@ -394,9 +394,7 @@ class TrainingRunner:
         after its own gate passed, whose recorded verdict then stands."""
         request = self.request
         base = submission_id_base(request.job_identity(), variant, env_vars)
-        jobs = RayJobsClient(
-            self.env.executor_for(pods.head), self.env.dashboard_address, self.env.nccl_log_dir
-        )
+        jobs = self.jobs_client(pods.head)
         in_flight = plan_submission(jobs.list(base), base, pods.identity()).adopted
         fresh = in_flight is None or in_flight.status.is_terminal
         if in_flight is not None and not fresh:
