@@ -441,18 +441,18 @@ class TrainingRunner:
             return self.gated_jobs()
         try:
             result = self.gated_jobs(sizer)
-        except self.UNSURE:
-            self.env.log(
-                "training run: the GPU nodes keep running (gpuNodesAfterTraining: release): this run cannot tell "
-                "whether a job still runs on them; the next `pulumi up` that sees its job end scales them to 0"
-            )
-            raise
-        except TrainingRunError:
-            if self.in_flight is None:  # every job ended: the failure is the verdict, the nodes idle
-                try:
+        except TrainingRunError as error:
+            if self.in_flight is None and not isinstance(error, self.UNSURE):
+                try:  # every job ended: the failure is the verdict, and the nodes idle
                     self.released_at = self.release(sizer)
                 except TrainingRunError as failed:
                     self.env.log(f"training run: the GPU nodes were not scaled to 0: {failed}")
+            else:
+                running = f"job {self.in_flight} still runs" if self.in_flight else "a job may still run"
+                self.env.log(
+                    f"training run: the GPU nodes keep running (gpuNodesAfterTraining: release): {running} on them; "
+                    "the next `pulumi up` that sees it end scales them to 0"
+                )
             raise
         self.released_at = self.release(sizer)
         return result
