@@ -28,6 +28,10 @@ launch template then targets) and `ReservationType` (`capacity-block` for a Capa
 ML, which the node group must launch as such); without them the reservation is taken as a plain
 On-Demand Capacity Reservation outside any placement group.
 
+The GPU node group of a live cluster is read too: a DEGRADED group is warned about with its fix
+(`infra.aws_facts.live_stack.gpu_group_warning`), and with `gpuNodesAfterTraining: keep` one info line
+says what the GPU nodes cost per hour once idle (`idle_gpu_cost`).
+
 Judgements live in `infra.aws_facts.capacity_rules`; this module fetches facts and words the refusals.
 
 The GPU zone, without a reservation: `gpuAz` when set, else the first zone by name that offers

@@ -364,7 +364,9 @@ def node_group_problem(group: NodeGroupFacts, cluster: str, region: str, wanted:
 
     A DEGRADED group is refused, not retried: its cause (no capacity, a quota, no free addresses in
     the subnet) outlives the retry, which would hold `pulumi up` for the whole readiness wait."""
-    describe = f"aws eks describe-nodegroup --cluster-name {cluster} --nodegroup-name {group.name} --region {region}"
+    describe = (
+        f"aws eks describe-nodegroup --cluster-name {cluster} --nodegroup-name {group.name} --region {region}"
+    )
     if group.status == "DEGRADED":
         issues = "; ".join(group.issues) or "EKS lists no health issue"
         return (

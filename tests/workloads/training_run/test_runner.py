@@ -39,10 +39,10 @@ from tests.harness.training_run_fakes import (
     scripted,
 )
 from workloads import manifests
-from workloads.training_run.access.node_group import utc_iso
 from workloads.training_run import errors, provider, runner, schema
 from workloads.training_run.access import jobs
 from workloads.training_run.access.kube_access import KubernetesCluster, LocalExecutor
+from workloads.training_run.access.node_group import utc_iso
 from workloads.training_run.verdicts import evidence
 from workloads.training_run.verdicts.evidence import JobResult
 
