@@ -11,7 +11,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.aws_facts.sizing import size_workers
-from infra.config.stack import hf_token, load_settings
+from infra.config.stack import RELEASE, hf_token, load_settings
 from infra.config.training_settings import (
     job_arguments,
     training_config,
@@ -99,7 +99,12 @@ gpu_nodes = GpuNodeGroup(
     node_role_arn=cluster.node_role.arn,
     subnet_id=network.gpu_subnet_id,
     zone=placement.gpu_az,
-    spec=NodeGroupSpec(placement.gpu_node, settings.gpu_node_count, GPU_ROOT_VOLUME_GIB),
+    spec=NodeGroupSpec(
+        placement.gpu_node,
+        settings.gpu_node_count,
+        GPU_ROOT_VOLUME_GIB,
+        released=settings.gpu_nodes_after_training == RELEASE,
+    ),
     reservation=placement.reservation,
     kubernetes_version=cluster.kubernetes_version,
     after=[*cluster.node_role_policies, *network.private_egress],
@@ -200,7 +205,10 @@ if settings.train:
             min_busbw_fraction=settings.training.min_busbw_fraction,
             benchmark=settings.benchmark,
             timeout_minutes=settings.training.timeout_minutes,
+            gpu_node_count=settings.gpu_node_count,
+            gpu_nodes_after_training=settings.gpu_nodes_after_training,
         ),
+        node_group_name=gpu_nodes.node_group.node_group_name,
         # With observability, after the Ray pods may publish: the job's metrics from its first step.
         opts=pulumi.ResourceOptions(
             depends_on=[ray.resource, *(observability.ready if observability else [])]
@@ -237,6 +245,8 @@ if settings.train:
             "lineRateGbps": run.line_rate_gbps,
             "busbwFraction": run.busbw_fraction,
             "dashboard": observability.url if observability else None,
+            # With gpuNodesAfterTraining: release, when EKS accepted the GPU group's scale-down to 0.
+            "gpuNodesReleasedAt": run.gpu_nodes_released_at,
         },
     )
     if settings.benchmark:

@@ -8,6 +8,7 @@ accepts or refuse at preview naming the key.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import pulumi
@@ -256,3 +257,62 @@ def test_the_observability_add_on_is_kept_as_coredns_is():
         observability_version(run_program(dev_config(kubernetesVersion="1.34"), fake))
         == LATER_OBSERVABILITY_BUILD
     )
+
+
+# --- gpuNodesAfterTraining: who owns the GPU node group's size ---------------------------------------
+
+TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
+
+
+def run_inputs_of(plan: Plan) -> dict:
+    return {key: value for key, value in plan.one(TRAINING_RUN).inputs.items() if key != "__provider"}
+
+
+def test_keep_owns_the_gpu_group_size_and_says_what_idle_nodes_cost(caplog):
+    caplog.set_level(logging.INFO)
+    plan = run_program(dev_config(), FakeAccount(region="us-east-2"))
+    group = plan.one(NODE_GROUP, "gpu")
+    assert group.inputs["scalingConfig"] == {"desiredSize": 2, "minSize": 2, "maxSize": 2}
+    assert group.ignore_changes == []
+    assert run_inputs_of(plan)["gpu_nodes_after_training"] == "keep"
+    # 2 x g6.12xlarge at the On-Demand list price in infra/plan/facts.py: 2 x 4.6016 = 9.2032.
+    assert "the 2 GPU nodes stay up after the run and bill US$ 9.20 an hour while idle" in caplog.text
+    assert "https://aws.amazon.com/ec2/pricing/on-demand/, read 2026-12-04" in caplog.text
+
+
+def test_release_leaves_the_desired_size_to_the_training_run_across_two_ups(caplog):
+    """The first `pulumi up` creates the group at 2 nodes, minimum 0; the run then scales it to 0. The
+    second plans the same group, still ignoring its desired size, and the same TrainingRun inputs, so
+    neither the group nor the run changes: the group stays at 0 and the verdict stands."""
+    caplog.set_level(logging.INFO)
+    fake = FakeAccount(region="us-east-2")
+    first = run_program(dev_config(gpuNodesAfterTraining="release"), fake)
+    deployed(first, fake)
+    (gpu_group,) = [
+        g for g in fake.node_groups[CLUSTER_NAME].values() if g["labels"].get("role") == "gpu-worker"
+    ]
+    gpu_group["scalingConfig"]["desiredSize"] = 0  # what the TrainingRun left
+    second = run_program(dev_config(gpuNodesAfterTraining="release"), fake)
+    for plan in (first, second):
+        group = plan.one(NODE_GROUP, "gpu")
+        assert group.inputs["scalingConfig"] == {"desiredSize": 2, "minSize": 0, "maxSize": 2}
+        assert group.ignore_changes == ["scalingConfig.desiredSize"]
+        assert plan.one(NODE_GROUP, "system").ignore_changes == []
+    assert run_inputs_of(second) == run_inputs_of(first)
+    inputs = run_inputs_of(second)
+    assert inputs["gpu_nodes_after_training"] == "release" and inputs["gpu_node_count"] == 2
+    assert inputs["node_group_name"] == "gpu"  # the group's own name, an output of the group
+    assert "stay up after the run" not in caplog.text and "DEGRADED" not in caplog.text
+
+
+def test_a_degraded_gpu_group_is_warned_about_at_preview_with_the_fix(caplog):
+    caplog.set_level(logging.WARNING)
+    fake = after_first_deploy(FakeAccount(region="us-east-2"), gpuNodesAfterTraining="release")
+    name, group = next(
+        (n, g) for n, g in fake.node_groups[CLUSTER_NAME].items() if g["labels"].get("role") == "gpu-worker"
+    )
+    group["status"], group["scalingConfig"]["desiredSize"] = "DEGRADED", 0
+    run_program(dev_config(gpuNodesAfterTraining="release"), fake)
+    assert f"GPU node group {name} is DEGRADED at 0 of 2 nodes" in caplog.text
+    assert f"--nodegroup-name {name} --region us-east-2 --query nodegroup.health.issues" in caplog.text
+    assert f"--nodegroup-name {name} --scaling-config desiredSize=2 --region us-east-2" in caplog.text

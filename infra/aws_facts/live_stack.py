@@ -13,6 +13,11 @@ The same read gives the versions of the cluster's managed add-ons the program pi
 CloudWatch Observability (`eks:DescribeAddon`), which it keeps while the cluster stays at its
 Kubernetes version (`infra.resources.cluster.addon_version`).
 
+The same read gives the GPU node group's state (`eks:DescribeNodegroup` through `aws.eks.get_node_group`):
+a DEGRADED group is reported at preview with the fix (`gpu_group_warning`). The provider's data source
+carries the status and the scaling config, not the health issues, so the warning gives the command
+that prints them; the TrainingRun, which reads the group through the EKS API itself, names them.
+
 A control-plane log group without this program's tag, while no cluster exists, was left by a
 destroyed cluster: EKS writes its last logs after the program deleted the group, which re-creates it
 (terraform-aws-eks#2763), and the next CreateLogGroup fails with ResourceAlreadyExistsException.
@@ -38,15 +43,30 @@ PINNED_ADDONS = ("coredns", OBSERVABILITY_ADDON)
 
 
 @dataclass(frozen=True)
+class LiveNodeGroup:
+    """The cluster's GPU node group as EKS reports it."""
+
+    name: str
+    zone: str | None  # the zone of its subnet
+    status: str  # CREATING, ACTIVE, UPDATING, DELETING, CREATE_FAILED, DELETE_FAILED or DEGRADED
+    desired_size: int
+
+
+@dataclass(frozen=True)
 class LiveCluster:
     """The EKS cluster of `clusterName` as AWS reports it."""
 
     version: str
     vpc_cidr: str
     zones: tuple[str, ...]  # the zones of its subnets, sorted
-    gpu_zone: str | None  # the zone of its GPU node group's subnet, if the group exists
+    gpu_group: LiveNodeGroup | None  # its GPU node group, if it exists
     # The version of each of its PINNED_ADDONS it runs (an add-on it lacks is left out).
     addon_versions: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gpu_zone(self) -> str | None:
+        """The zone of its GPU node group's subnet, if the group exists."""
+        return self.gpu_group.zone if self.gpu_group else None
 
 
 def owner() -> str:
@@ -81,7 +101,7 @@ def read_live_cluster(cluster_name: str) -> LiveCluster | None:
         version=cluster.version,
         vpc_cidr=vpc.cidr_block,
         zones=tuple(sorted(zones)),
-        gpu_zone=_gpu_zone(cluster_name),
+        gpu_group=_gpu_group(cluster_name),
         addon_versions={
             name: version for name in PINNED_ADDONS if (version := _addon_version(cluster_name, name))
         },
@@ -92,12 +112,18 @@ def _zone(subnet_id: str) -> str:
     return aws.ec2.get_subnet(id=subnet_id).availability_zone
 
 
-def _gpu_zone(cluster_name: str) -> str | None:
-    """The zone of the node group carrying the GPU labels (autonamed, so found by its labels)."""
+def _gpu_group(cluster_name: str) -> LiveNodeGroup | None:
+    """The node group carrying the GPU labels (autonamed, so found by its labels)."""
     for name in aws.eks.get_node_groups(cluster_name=cluster_name).names:
         group = aws.eks.get_node_group(cluster_name=cluster_name, node_group_name=name)
-        if GPU_LABELS.items() <= (group.labels or {}).items() and group.subnet_ids:
-            return _zone(group.subnet_ids[0])
+        if GPU_LABELS.items() <= (group.labels or {}).items():
+            scaling = group.scaling_configs[0] if group.scaling_configs else None
+            return LiveNodeGroup(
+                name=name,
+                zone=_zone(group.subnet_ids[0]) if group.subnet_ids else None,
+                status=group.status,
+                desired_size=scaling.desired_size if scaling else 0,
+            )
     return None
 
 
@@ -149,3 +175,24 @@ def vpc_change_problem(live: LiveCluster, vpc_cidr: str) -> str | None:
             f"to {live.vpc_cidr}, or `pulumi destroy` first"
         )
     return None
+
+
+def gpu_group_warning(cluster: str, region: str, group: LiveNodeGroup, node_count: int) -> str | None:
+    """What the preview says of a GPU node group EKS reports DEGRADED: the cause, and the fix.
+
+    A warning, not a refusal: a `pulumi up` without a run leaves the group as it is and succeeds, and
+    a run that needs the nodes is refused by the TrainingRun in one line. EKS keeps a managed node
+    group DEGRADED, even at 0 nodes, until a scale-out succeeds (aws/containers-roadmap#2326)."""
+    if group.status != "DEGRADED":
+        return None
+    describe = (
+        f"aws eks describe-nodegroup --cluster-name {cluster} --nodegroup-name {group.name} --region {region}"
+    )
+    return (
+        f"GPU node group {group.name} is DEGRADED at {group.desired_size} of {node_count} nodes: EC2 could not launch "
+        f"or EKS could not keep its nodes; `{describe} --query nodegroup.health.issues` names the cause (for a group "
+        "scaled to 0, its last scale-out failed: no capacity, a quota, no free addresses). Fix that cause, then "
+        f"`aws eks update-nodegroup-config --cluster-name {cluster} --nodegroup-name {group.name} --scaling-config "
+        f"desiredSize={node_count} --region {region}`: EKS makes it ACTIVE again once that scale-out succeeds. Until "
+        "then a training run cannot get its GPU nodes"
+    )

@@ -30,6 +30,7 @@ from infra.config.parsing import (
     did_you_mean,
     key_names,
     matching,
+    one_of,
     validated,
 )
 from infra.config.training_settings import TrainingSettings, parse_training
@@ -81,6 +82,11 @@ LOG_RETENTION_DAYS = (
     3288,
     3653,
 )
+
+
+# What becomes of the GPU nodes after the run (`gpuNodesAfterTraining`); the first is the default.
+KEEP, RELEASE = "keep", "release"
+GPU_NODES_AFTER_TRAINING = (KEEP, RELEASE)
 
 
 # EKS service quota "Nodes per managed node group": 450 by default
@@ -385,6 +391,10 @@ class StackKeys(BaseModel):
     observability: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True,
         description="see the run in CloudWatch: the `amazon-cloudwatch-observability` EKS add-on on every node (GPU and EFA metrics per node, Container Insights with enhanced observability), the job's own metrics (namespace `EksRayTrain`) and the dashboard `<clusterName>-<region>` (`pulumi stack output dashboard`). About US$ 0.03 for a one-hour run of the default stack and US$ 18 a month while it stands ([operations](operations.md#see-the-run-the-cloudwatch-dashboard)); `false` creates none of it and the job publishes nothing",
+    )
+    gpu_nodes_after_training: Annotated[str, BeforeValidator(one_of(*GPU_NODES_AFTER_TRAINING))] = Field(
+        default=KEEP,
+        description="what becomes of the GPU nodes once the training run has its verdict: `keep` leaves them running (the preview says what they cost per hour idle); `release` scales the GPU node group to 0 after the job ends, and the next run that needs them scales it back to `gpuNodeCount` and waits for the nodes. The program then creates the group with a minimum of 0 and leaves its desired size to the training run ([operations](operations.md#gpus-only-while-they-train-gpunodesaftertraining))",
     )
     train: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True, description="run the training job during `pulumi up`"

@@ -13,6 +13,14 @@ reservation created in a cluster placement group (`PlacementGroupArn`) is launch
 group. A Capacity Block for ML launches as `CAPACITY_BLOCK` with the `capacity-block` market
 type and the instance type in the launch template (EKS user guide, "Create a managed node group
 with Capacity Blocks for ML").
+
+Who owns the GPU group's size (`gpuNodesAfterTraining`). With `keep` the program does: minimum,
+maximum and desired size are all `gpuNodeCount`, and a `pulumi up` sets them back if anyone changed
+them. With `release` the program owns the bounds (minimum 0, maximum `gpuNodeCount`) and creates
+the group at `gpuNodeCount` nodes, and from then on the TrainingRun owns the desired size: it scales
+the group to `gpuNodeCount` before a run that needs the nodes and to 0 once the job has ended. The
+program ignores the desired size (`ignore_changes`), so a later `pulumi up`, with or without
+`--refresh`, leaves the group as the TrainingRun left it. The system group always has a fixed size.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ GPU_MAX_UNAVAILABLE = 1
 # ... such as GPUs" (EKS API reference, NodegroupUpdateConfig.updateStrategy). A training job loses
 # the node either way; the GPU group always updates with MINIMAL, one node at a time.
 GPU_UPDATE_CONFIG = {"max_unavailable": GPU_MAX_UNAVAILABLE, "update_strategy": "MINIMAL"}
+# The node group's desired size as Pulumi names the property (`ignore_changes` takes such paths).
+DESIRED_SIZE_PROPERTY = "scalingConfig.desiredSize"
 # IMDSv2 only, and a hop limit of 1: the metadata response dies at the pod network's extra hop, so
 # pods cannot take the node role's credentials (EKS best practices, "Restrict access to the instance
 # profile"). Pods get AWS credentials and the region from IRSA; host-network pods (VPC CNI,
@@ -93,11 +103,26 @@ def efa_network_interfaces(
 
 @dataclass(frozen=True)
 class NodeGroupSpec:
-    """What differs between the two node groups."""
+    """What differs between the two node groups. `released`: the group may stand at 0 nodes between
+    runs and its desired size belongs to the TrainingRun (module doc)."""
 
     instance: InstanceFacts
     count: int
     root_volume_gib: int
+    released: bool = False
+
+    @property
+    def scaling_config(self) -> aws.eks.NodeGroupScalingConfigArgsDict:
+        return {
+            "desired_size": self.count,
+            "min_size": 0 if self.released else self.count,
+            "max_size": self.count,
+        }
+
+    @property
+    def ignored_changes(self) -> list[str]:
+        """The desired size, when the TrainingRun owns it."""
+        return [DESIRED_SIZE_PROPERTY] if self.released else []
 
 
 def managed_node_group(
@@ -117,7 +142,7 @@ def managed_node_group(
     replace_first: bool = False,
     **extra,
 ) -> aws.eks.NodeGroup:
-    """A fixed-size managed node group on our launch template: On-Demand, or a Capacity Block's.
+    """A managed node group on our launch template, sized by `spec`: On-Demand, or a Capacity Block's.
 
     A Capacity Block group names its instance type in the launch template, as the EKS guide asks,
     and so not here: CreateNodegroup fails when both name one (EKS API reference, instanceTypes).
@@ -134,13 +159,18 @@ def managed_node_group(
         instance_types=None if capacity_block else [spec.instance.instance_type],
         ami_type=ami_type,
         capacity_type="CAPACITY_BLOCK" if capacity_block else "ON_DEMAND",
-        scaling_config={"desired_size": spec.count, "min_size": spec.count, "max_size": spec.count},
+        scaling_config=spec.scaling_config,
         labels=labels,
         launch_template={"id": template.id, "version": template.latest_version.apply(str)},
         version=kubernetes_version,
         # The role's policies must outlive the nodes, or they cannot leave the cluster cleanly; the
         # nodes pull images through the NAT gateway, so its routes must be there first.
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=after, delete_before_replace=replace_first),
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            depends_on=after,
+            delete_before_replace=replace_first,
+            ignore_changes=spec.ignored_changes,
+        ),
         **extra,
     )
 

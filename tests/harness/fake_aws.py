@@ -298,7 +298,8 @@ class FakeAws:
     # What runs in the account already (a deployed stack, or what a destroy left): EKS clusters by
     # name ({"version", "vpcId", "subnetIds"}), VPC blocks and subnet zones by id, log groups' tags.
     clusters: dict[str, dict] = field(default_factory=dict)
-    # Managed node groups by cluster and name ({"labels", "subnetIds"}).
+    # Managed node groups by cluster and name ({"labels", "subnetIds"}, and "status", "scalingConfig"
+    # ({"desiredSize", "minSize", "maxSize"}) where a test gives them).
     node_groups: dict[str, dict[str, dict]] = field(default_factory=dict)
     vpcs: dict[str, str] = field(default_factory=dict)
     subnets: dict[str, str] = field(default_factory=dict)
@@ -552,12 +553,17 @@ class FakeAws:
         return {"id": cluster, "clusterName": cluster, "names": sorted(self.node_groups.get(cluster, {}))}
 
     def _node_group(self, args: dict) -> dict:
+        # DescribeNodegroup as pulumi-aws's `aws_eks_node_group` data source flattens it: `status`,
+        # and `scalingConfigs`, a list of the one scaling config (no health issues: the data source
+        # has none).
         group = self.node_groups[args["clusterName"]][args["nodeGroupName"]]
         return {
             **args,
             "id": args["nodeGroupName"],
             "labels": dict(group["labels"]),
             "subnetIds": list(group["subnetIds"]),
+            "status": group.get("status", "ACTIVE"),
+            "scalingConfigs": [dict(group["scalingConfig"])] if "scalingConfig" in group else [],
         }
 
     def _vpc(self, args: dict) -> dict:

@@ -9,6 +9,22 @@ Each models the real behaviour the provider depends on, and where that is docume
   form-encoded POST, XML answers; AWS STS API reference). The access key id of each request's SigV4
   `Authorization` header is recorded, so tests see which identity the provider used. boto3 is pointed
   here with `AWS_ENDPOINT_URL_EKS` / `AWS_ENDPOINT_URL_STS` (botocore's service-specific endpoints).
+- EKS `DescribeNodegroup` (`GET /clusters/<c>/node-groups/<ng>`) and `UpdateNodegroupConfig` (`POST
+  /clusters/<c>/node-groups/<ng>/update-config`), shapes as in the EKS API reference (botocore's
+  `eks` model): a `FakeNodeGroup` answers its `status`, `scalingConfig` and `health.issues`; an update
+  is answered with an `update` (`type` ConfigUpdate, `params` DesiredSize, `createdAt` in epoch
+  seconds, rest-json's timestamp form) and leaves the group UPDATING for the next describe; EKS refuses
+  a desired size above the maximum (InvalidParameterException) and an update of a group that is
+  neither ACTIVE nor DEGRADED (ResourceInUseException, "Nodegroup cannot be updated as it is currently
+  not in Active State", aws/containers-roadmap#2204); a DEGRADED group takes a resize, and only a
+  scale-out that succeeds makes it ACTIVE again (aws/containers-roadmap#2326). In the cluster: a
+  scale-down removes the nodes at once (EKS drains them, forcibly after 5 minutes: EKS user guide,
+  "Delete a managed node group"), and KubeRay's replacement for each evicted worker pod is Pending,
+  without a node; after a scale-out the nodes join only after the node list has been read
+  `join_after_lists` times (a node boots and registers in minutes, never at once), each with its Ray
+  worker pod Ready on it under a new UID. A scale-out meeting `fail_scale_out` (an EKS health issue,
+  e.g. AsgInstanceLaunchFailures of InsufficientInstanceCapacity) launches nothing and leaves the group
+  DEGRADED with that issue.
 - The Kubernetes API server over TLS with a self-signed certificate whose CA is what DescribeCluster
   returns. Requests need `Authorization: Bearer k8s-aws-v1.<base64url presigned STS GetCallerIdentity
   URL>` signed over the `x-k8s-aws-id` header (the aws-iam-authenticator token format EKS accepts);
@@ -388,6 +404,8 @@ class FakeKubeApi:
     stalled: threading.Event = field(default_factory=threading.Event)  # set once a stalled exec began
     requests: list[str] = field(default_factory=list)
     execs: list[tuple[str, list[str]]] = field(default_factory=list)
+    # Nodes on their way in after a scale-out: [node lists left before it joins, node, its worker pod].
+    joining: list[list] = field(default_factory=list)
 
     def start(self) -> FakeKubeApi:
         cert_file, key_file, self.ca_pem = self_signed_certificate(self.folder)
@@ -428,6 +446,7 @@ class FakeKubeApi:
             return self._refuse(handler, refusal)
         selector = query.get("labelSelector", [""])[0]
         if parts == ["api", "v1", "nodes"]:
+            self._join_nodes()
             items = [n for n in self.nodes if _selected(n["metadata"]["labels"], selector)]
             return self._json(
                 handler, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items}
@@ -466,6 +485,31 @@ class FakeKubeApi:
         return self._json(
             handler, 404, _status(404, "NotFound", "the server could not find the requested resource")
         )
+
+    def _join_nodes(self) -> None:
+        """One more node list read: nodes whose turn came join, their worker pods scheduled and Ready."""
+        for entry in self.joining:
+            entry[0] -= 1
+        for _, node_object, worker in [entry for entry in self.joining if entry[0] <= 0]:
+            self.nodes.append(node_object)
+            self.set_worker(worker, node_object["metadata"]["name"])
+        self.joining = [entry for entry in self.joining if entry[0] > 0]
+
+    def set_worker(self, name: str, node_name: str | None) -> None:
+        """KubeRay's worker pod `name` created anew: Running and Ready on `node_name`, or Pending
+        without a node (the scheduler finds no GPU node); a new pod object gets a new UID."""
+        index = next(i for i, p in enumerate(self.pods) if p["metadata"]["name"] == name)
+        old = self.pods[index]
+        fresh = pod(
+            name,
+            "worker",
+            ready=node_name is not None,
+            phase="Running" if node_name else "Pending",
+            node_name=node_name,
+            uid=str(uuid.uuid4()),
+        )
+        fresh["metadata"]["annotations"] = dict(old["metadata"].get("annotations") or {})
+        self.pods[index] = fresh
 
     def _refuse(self, handler: BaseHTTPRequestHandler, refusal: Refusal) -> None:
         handler.send_response(refusal.code)
@@ -543,11 +587,108 @@ class SilentEndpoint:
 # --- EKS and STS ---------------------------------------------------------------------------------------
 
 
+def insufficient_capacity(instance_type: str = "g6.12xlarge", zone: str = "us-east-2a") -> dict:
+    """The health issue of a scale-out EC2 had no capacity for, as EKS lists it (EKS API `Issue`)."""
+    return {
+        "code": "AsgInstanceLaunchFailures",
+        "message": f"Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have "
+        f"sufficient {instance_type} capacity in the Availability Zone you requested ({zone}). Launching EC2 instance failed.",
+        "resourceIds": ["eks-gpu-20260511-asg"],
+    }
+
+
+@dataclass
+class FakeNodeGroup:
+    """A managed node group of the cluster `kube` serves, as EKS reports and resizes it (module doc).
+
+    `members`: node name -> its Ray worker pod, in the order the group fills; the first `desired`
+    are in `kube.nodes` (a test builds both alike)."""
+
+    kube: FakeKubeApi
+    name: str
+    members: dict[str, str]
+    desired: int
+    min_size: int = 0
+    max_size: int = 2
+    status: str = "ACTIVE"
+    issues: list[dict] = field(default_factory=list)
+    join_after_lists: int = 3
+    fail_scale_out: dict | None = None
+    updating_describes: int = 0  # describes left that still say UPDATING after an update
+    updates: list[dict] = field(default_factory=list)  # each accepted UpdateNodegroupConfig body
+
+    def describe(self, cluster: str) -> dict:
+        status = self.status
+        if self.updating_describes:
+            self.updating_describes -= 1
+            status = "UPDATING"
+        return {
+            "nodegroupName": self.name,
+            "clusterName": cluster,
+            "status": status,
+            "capacityType": "ON_DEMAND",
+            "scalingConfig": {
+                "minSize": self.min_size,
+                "maxSize": self.max_size,
+                "desiredSize": self.desired,
+            },
+            "health": {"issues": list(self.issues)},
+        }
+
+    def update(self, body: dict) -> tuple[int, str | None, dict]:
+        """(HTTP status, x-amzn-ErrorType or None, body) of UpdateNodegroupConfig."""
+        if self.status not in ("ACTIVE", "DEGRADED") or self.updating_describes:
+            return (
+                409,
+                "ResourceInUseException",
+                {"message": "Nodegroup cannot be updated as it is currently not in Active State"},
+            )
+        size = body.get("scalingConfig", {}).get("desiredSize", self.desired)
+        if not self.min_size <= size <= self.max_size:
+            return (
+                400,
+                "InvalidParameterException",
+                {
+                    "message": f"desired capacity {size} must be between min size {self.min_size} and max size {self.max_size}"
+                },
+            )
+        self.updates.append(body)
+        self.updating_describes = 1
+        names = list(self.members)
+        if size < self.desired:
+            for node_name in names[size : self.desired]:
+                self.kube.nodes = [n for n in self.kube.nodes if n["metadata"]["name"] != node_name]
+                self.kube.set_worker(self.members[node_name], None)
+        elif size > self.desired and self.fail_scale_out is not None:
+            self.status, self.issues = "DEGRADED", [self.fail_scale_out]
+        elif size > self.desired:
+            self.status, self.issues = "ACTIVE", []
+            for node_name in names[self.desired : size]:
+                self.kube.joining.append([self.join_after_lists, node(node_name), self.members[node_name]])
+        self.desired = size
+        return (
+            200,
+            None,
+            {
+                "update": {
+                    "id": str(uuid.uuid4()),
+                    "status": "InProgress",
+                    "type": "ConfigUpdate",
+                    "params": [{"type": "DesiredSize", "value": str(size)}],
+                    "errors": [],
+                }
+            },
+        )
+
+
 @dataclass
 class FakeAwsApis:
-    """EKS DescribeCluster and STS GetCallerIdentity/AssumeRole over plain HTTP on 127.0.0.1."""
+    """EKS DescribeCluster, DescribeNodegroup and UpdateNodegroupConfig, and STS GetCallerIdentity/
+    AssumeRole, over plain HTTP on 127.0.0.1."""
 
     clusters: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # name -> (endpoint, CA PEM)
+    node_groups: dict[str, FakeNodeGroup] = field(default_factory=dict)  # by name, in any cluster
+    clock: Callable[[], float] = lambda: 1_800_000_000.0  # EKS's time of an update (epoch seconds)
     account: str = "123456789012"
     caller_arn: str = "arn:aws:iam::123456789012:user/deployer"
     access_keys_seen: list[str] = field(default_factory=list)
@@ -555,7 +696,7 @@ class FakeAwsApis:
     expired_keys: set[str] = field(default_factory=set)  # session keys past their expiry
 
     def start(self) -> FakeAwsApis:
-        self.server = serve_on_loopback({"GET": self._eks, "POST": self._sts})
+        self.server = serve_on_loopback({"GET": self._eks, "POST": self._post})
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         return self
 
@@ -578,9 +719,38 @@ class FakeAwsApis:
         handler.end_headers()
         handler.wfile.write(body)
 
+    def _no_node_group(self, handler: BaseHTTPRequestHandler, name: str) -> None:
+        body = json.dumps({"message": f"No node group found for name: {name}."}).encode()
+        self._reply(
+            handler, 404, body, "application/json", **{"x-amzn-ErrorType": "ResourceNotFoundException"}
+        )
+
+    def _post(self, handler: BaseHTTPRequestHandler) -> None:
+        """STS (form POST to /) or EKS UpdateNodegroupConfig."""
+        parts = [urllib.parse.unquote(p) for p in handler.path.split("?")[0].strip("/").split("/")]
+        if len(parts) != 5 or parts[0] != "clusters" or parts[4] != "update-config":
+            return self._sts(handler)
+        self._record_key(handler)
+        request = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length", 0))) or b"{}")
+        group = self.node_groups.get(parts[3])
+        if group is None:
+            return self._no_node_group(handler, parts[3])
+        code, error, body = group.update(request)
+        if code == 200:
+            body["update"]["createdAt"] = self.clock()
+        headers = {"x-amzn-ErrorType": error} if error else {}
+        self._reply(handler, code, json.dumps(body).encode(), "application/json", **headers)
+
     def _eks(self, handler: BaseHTTPRequestHandler) -> None:
         self._record_key(handler)
-        name = urllib.parse.unquote(handler.path.split("?")[0].rstrip("/").split("/")[-1])
+        parts = [urllib.parse.unquote(p) for p in handler.path.split("?")[0].strip("/").split("/")]
+        if len(parts) == 4 and parts[2] == "node-groups":
+            group = self.node_groups.get(parts[3])
+            if group is None:
+                return self._no_node_group(handler, parts[3])
+            body = json.dumps({"nodegroup": group.describe(parts[1])}).encode()
+            return self._reply(handler, 200, body, "application/json")
+        name = parts[-1]
         if name not in self.clusters:
             body = json.dumps({"message": f"No cluster found for name: {name}."}).encode()
             return self._reply(

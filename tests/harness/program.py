@@ -45,6 +45,7 @@ class Registration:
     delete_before_replace: bool = False
     provider: str = ""  # the explicit provider reference, `<urn>::<id>`
     retain_on_delete: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -140,6 +141,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     delete_before_replace=request.deleteBeforeReplace,
                     provider=request.provider,
                     retain_on_delete=request.retainOnDelete,
+                    ignore_changes=list(request.ignoreChanges),
                 )
             )
         return response
@@ -228,6 +230,8 @@ def deployed(plan: Plan, fake_aws: FakeAws) -> FakeAws:
         f"{group.name}-{index:07x}": {
             "labels": group.inputs["labels"],
             "subnetIds": group.inputs["subnetIds"],
+            "status": "ACTIVE",
+            "scalingConfig": dict(group.inputs["scalingConfig"]),
         }
         for index, group in enumerate(plan.of_type("aws:eks/nodeGroup:NodeGroup"))
     }

@@ -37,9 +37,10 @@ TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 URN = f"urn:pulumi:dev::eks-ray-train::{TRAINING_RUN}::training"
 
 
-def serialized_training_run() -> dict[str, Any]:
-    """The TrainingRun's inputs as the program registers them on the dev stack, `__provider` included."""
-    plan = run_program(dev_config())
+def serialized_training_run(**overrides: str) -> dict[str, Any]:
+    """The TrainingRun's inputs as the program registers them on the dev stack (with `overrides` of
+    its config), `__provider` included."""
+    plan = run_program(dev_config(**overrides))
     return {key: rpc.unwrap_rpc_secret(value) for key, value in plan.one(TRAINING_RUN).inputs.items()}
 
 

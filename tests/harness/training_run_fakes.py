@@ -36,6 +36,7 @@ from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER
 from workloads.training_run import errors, provider, readiness, runner, schema
 from workloads.training_run.access import jobs
 from workloads.training_run.access.kube_access import ExecResult, KubernetesCluster, LocalExecutor
+from workloads.training_run.access.node_group import NodeGroupFacts, utc_iso
 from workloads.training_run.verdicts import evidence, fabric
 
 FIXTURES = paths.FIXTURES / "training_run"
@@ -428,9 +429,33 @@ def probe_job(nccl_lines_of: str = EFA_JOB, efa_traffic: dict[str, int] | None =
     return scripted(PROBE_JOB, "driver_probe.log", efa_traffic=traffic, nccl_lines_of=nccl_lines_of)
 
 
+# The epoch second the fake clock's 0 stands for, when the fake EKS stamps an update (2027-01-15 08:00 UTC).
+FAKE_EPOCH = 1_800_000_000
+
+
+class FakeNodeGroupSizer:
+    """The GPU node group as `EksNodeGroup` reads and resizes it, in process (`fake_kube_api.FakeNodeGroup`
+    models EKS's side over HTTP, nodes included); each resize is recorded and stamped at the fake clock."""
+
+    def __init__(
+        self, clock: FakeClock, desired: int = 2, status: str = "ACTIVE", issues: tuple[str, ...] = ()
+    ):
+        self.clock, self.desired, self.status, self.issues = clock, desired, status, issues
+        self.sizes: list[int] = []
+
+    def describe(self) -> NodeGroupFacts:
+        return NodeGroupFacts("gpu-0a1b2c3", self.status, self.desired, self.issues)
+
+    def set_desired_size(self, size: int) -> str:
+        self.sizes.append(size)
+        self.desired = size
+        return utc_iso(datetime.datetime.fromtimestamp(FAKE_EPOCH + self.clock.now, datetime.UTC))
+
+
 @dataclass
 class FakeCluster:
-    """A whole fake cluster: nodes, pods, events, head, workers, clock, and the Pulumi log lines."""
+    """A whole fake cluster: nodes, pods, events, head, workers, clock, the GPU node group (with
+    `release`), and the Pulumi log lines."""
 
     head: FakeRayHead
     nodes: list = field(default_factory=lambda: [gpu_node("node-a"), gpu_node("node-b")])
@@ -440,8 +465,10 @@ class FakeCluster:
     worker_replicas: int | None = 2
     clock: FakeClock = field(default_factory=FakeClock)
     logged: list[str] = field(default_factory=list)
+    node_group: FakeNodeGroupSizer | None = None
 
     def __post_init__(self):
+        self.node_group = self.node_group or FakeNodeGroupSizer(self.clock)
         pods = [
             ray_pod(HEAD_POD, "head", node="system-node"),
             *(ray_pod(name, "worker", node=WORKER_NODES[name]) for name in WORKER_PODS),
@@ -475,6 +502,7 @@ class FakeCluster:
             log=self.logged.append,
             clock=self.clock,
             sleep=self.clock.sleep,
+            node_group=self.node_group,
         )
 
     def provider(self) -> provider.TrainingRunProvider:

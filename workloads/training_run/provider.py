@@ -10,7 +10,10 @@ Re-runs. `diff` replaces the resource, which runs the job (again), when an input
 changes: the code, the job arguments, what the pods run (`run_spec_hash`: a hash of the rendered
 RayCluster: image, NCCL/EFA environment, resources, volumes, node selection; the pods carry it and
 the run waits for pods that do; `gpu_instance_type`), the
-expected transport, `benchmark`, or where the job runs. `timeout_minutes` alone changes nothing.
+expected transport, `benchmark`, or where the job runs. `timeout_minutes` alone changes nothing, nor
+do the GPU node group's inputs (`node_group_name`, `gpu_node_count`, `gpu_nodes_after_training`): with
+`release` the run scales the group out before the job and to 0 after it (`runner`), so a `pulumi up`
+without a change leaves the group at 0 and the verdict standing.
 An input not known yet counts as changed. The fabric gate runs with the job, never alone: a
 `pulumi up` without a change runs neither. The gate's probe job takes its id from the same identity
 (`gate-<variant>-...`), so after an interrupted `pulumi up` it is adopted or judged again on the
@@ -48,6 +51,7 @@ from infra.config.aws_identity import REFUSED, AwsCredentialSettings, AwsSetting
 from workloads.training_run import engine_host
 from workloads.training_run.access.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.access.kube_access import KubernetesCluster
+from workloads.training_run.access.node_group import EksNodeGroup
 from workloads.training_run.errors import (
     JOB_KEEPS_RUNNING,
     ApiRefused,
@@ -78,7 +82,10 @@ class RunOutputs:
     The `gate_*` ones are the fabric gate's that passed before the job (`gate`): its probe job, its
     NCCL verdict and evidence, its EFA bytes per worker pod, and `gate_s`, the seconds from the pods
     being ready to its verdict; `busbw_gbps` is its bus bandwidth per collective at the largest
-    message size, and `busbw_fraction` that over the `line_rate_gbps` input (None without one)."""
+    message size, and `busbw_fraction` that over the `line_rate_gbps` input (None without one).
+    `gpu_nodes_released_at`: with `gpu_nodes_after_training` release, when EKS accepted the GPU node
+    group's scale-down to 0 after the job (ISO 8601 UTC; the nodes drain and stop within about 5
+    minutes of it); None when the nodes were kept."""
 
     job_id: str
     status: str
@@ -111,6 +118,7 @@ class RunOutputs:
     tcp_gate_job_id: str | None = None
     tcp_busbw_gbps: dict[str, float] | None = None
     efa_speedup: float | None = None
+    gpu_nodes_released_at: str | None = None
 
     @classmethod
     def of(
@@ -118,10 +126,12 @@ class RunOutputs:
         main: tuple[GateResult, JobResult],
         tcp: tuple[GateResult, JobResult] | None,
         line_rate_gbps: float | None,
+        released_at: str | None = None,
     ) -> RunOutputs:
         gate, job = main
         summary = job.summary
         outputs = cls(
+            gpu_nodes_released_at=released_at,
             job_id=job.submission_id,
             status=job.status,
             transport=job.verdict.transport,
@@ -286,6 +296,16 @@ def connect_to_eks(
         ) from error
     cluster: KubernetesCluster | None = None
     try:
+        node_group = (
+            EksNodeGroup(
+                session.client("eks", region_name=inputs.region, config=aws_client_config(timings.api)),
+                inputs.cluster_name,
+                inputs.node_group_name,
+                inputs.region,
+            )
+            if inputs.node_group_name
+            else None
+        )
         with eks_api_client(inputs.cluster_name, inputs.region, session, timings.api) as api_client:
             cluster = KubernetesCluster(
                 kubernetes.client.CoreV1Api(api_client),
@@ -301,6 +321,7 @@ def connect_to_eks(
                 readiness_timeout_s=timings.readiness_timeout_s,
                 code_sync_timeout_s=timings.code_sync_timeout_s,
                 sleep=engine_host.cancellable_sleep,
+                node_group=node_group,
             )
     except ApiUnauthorized as error:
         arn, sts_error = caller_identity(session, inputs.region, aws_client_config(timings.api))
@@ -358,8 +379,10 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
             raise TrainingRunError(str(self._aws_problem))
         inputs = RunInputs.from_props(props)
         with self._connect(inputs, self._aws, RunTimings.from_env()) as env:
-            main, tcp = TrainingRunner(inputs, env).run()
-        return {**inputs.props(), **dataclasses.asdict(RunOutputs.of(main, tcp, inputs.line_rate_gbps))}
+            runner = TrainingRunner(inputs, env)
+            main, tcp = runner.run()
+        outputs = RunOutputs.of(main, tcp, inputs.line_rate_gbps, runner.released_at)
+        return {**inputs.props(), **dataclasses.asdict(outputs)}
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         return pulumi.dynamic.CreateResult(uuid.uuid4().hex, self._run(props))
@@ -382,5 +405,17 @@ class TrainingRun(pulumi.dynamic.Resource, module="workloads", name="TrainingRun
 
         def __getattr__(self, name: str) -> pulumi.Output[Any]: ...
 
-    def __init__(self, name: str, inputs: RunInputs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(TrainingRunProvider(), name, {**inputs.props(), **dict.fromkeys(OUTPUTS)}, opts)
+    def __init__(
+        self,
+        name: str,
+        inputs: RunInputs,
+        opts: pulumi.ResourceOptions | None = None,
+        *,
+        node_group_name: pulumi.Input[str] | None = None,
+    ) -> None:
+        """`node_group_name`: the GPU node group's, known only once the group exists, so given as an
+        Output beside the typed inputs; it becomes the `node_group_name` input."""
+        props: dict[str, Any] = {**inputs.props(), **dict.fromkeys(OUTPUTS)}
+        if node_group_name is not None:
+            props["node_group_name"] = node_group_name
+        super().__init__(TrainingRunProvider(), name, props, opts)

@@ -7,6 +7,13 @@ its end (`jobs`), read its logs and judge NCCL's transport (`evidence`). With `b
 gate and job then run with NCCL forced onto TCP (`TCP_BASELINE_ENV`), that run must really have
 used sockets, and both throughputs and their ratio are output. A wait cut short by Ctrl-C or by
 `timeout_minutes` leaves the job running: the next `pulumi up` adopts it.
+
+With `gpuNodesAfterTraining: release` the run owns the GPU node group's desired size: it scales the
+group out before the readiness wait when it has fewer than `gpuNodeCount` nodes, and to 0 once every
+job it started or followed has ended, whatever the verdict (`released_at`). The job writes its own
+checkpoints before it ends; EKS drains a node it removes and terminates it after 5 minutes at most,
+so nothing is left to write then. A run that stops while a job still runs (Ctrl-C, `timeout_minutes`,
+a cluster it cannot reach) leaves the nodes running for the job and says so.
 """
 
 from __future__ import annotations
@@ -34,9 +41,17 @@ from workloads.training_run.access.jobs import (
     submission_id_base,
 )
 from workloads.training_run.access.kube_access import ClusterApi, Executor, PodFacts
-from workloads.training_run.errors import Interrupted, PodGone, TrainingRunError
+from workloads.training_run.access.node_group import NodeGroupSizer
+from workloads.training_run.errors import (
+    ApiRefused,
+    ApiUnauthorized,
+    ApiUnreachable,
+    Interrupted,
+    PodGone,
+    TrainingRunError,
+)
 from workloads.training_run.readiness import Pace, RayPods
-from workloads.training_run.schema import RunInputs, RunTimings
+from workloads.training_run.schema import RELEASE, RunInputs, RunTimings
 from workloads.training_run.verdicts import efa_counters, evidence, fabric, gate
 from workloads.training_run.verdicts.evidence import JobLog, JobResult
 from workloads.training_run.verdicts.gate import GateResult
@@ -77,6 +92,8 @@ class RunEnvironment:
     code_sync_timeout_s: float = RunTimings().code_sync_timeout_s
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # The GPU node group's size, for `gpuNodesAfterTraining: release` (None: nothing to size).
+    node_group: NodeGroupSizer | None = None
 
     @property
     def pace(self) -> Pace:
@@ -86,9 +103,14 @@ class RunEnvironment:
 class TrainingRunner:
     """One run of the resource: checks, job(s), verdict(s), outputs."""
 
+    # Failures after which this run cannot tell whether a job still runs on the GPU nodes.
+    UNSURE = (Interrupted, ApiUnreachable, ApiUnauthorized, ApiRefused)
+
     def __init__(self, request: RunInputs, env: RunEnvironment) -> None:
         self.request = request
         self.env = env
+        self.in_flight: str | None = None  # the job started or adopted and not yet seen to end
+        self.released_at: str | None = None  # when EKS accepted the GPU group's scale-down to 0
 
     def start_job(
         self,
@@ -119,8 +141,11 @@ class TrainingRunner:
             self.env.log(
                 f"training run: following job {plan.submission_id} ({plan.adopted.status}), started by an earlier run"
             )
+            if not plan.adopted.status.is_terminal:
+                self.in_flight = plan.submission_id
             return plan
         before = efa_counters.read_counters(self.env.cluster, pods.workers, self.env.executor_for)
+        self.in_flight = plan.submission_id
         jobs.submit(plan.submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
         jobs.write_record(plan.submission_id, {"efa_before": before})
         self.env.log(f"training run: submitted job {plan.submission_id}: python -m {module} {' '.join(args)}")
@@ -220,6 +245,7 @@ class TrainingRunner:
                     status = job.status
                     self.env.log(f"training run: job {submission_id} is {status}")
                 if job.status.is_terminal:
+                    self.in_flight = None
                     return job, log
                 last = format_progress_line(log.steps[-1]) if log.steps else "no step finished yet"
                 seen = f"{job.status}, {last}"
@@ -409,8 +435,53 @@ class TrainingRunner:
         return passed, job
 
     def run(self) -> tuple[tuple[GateResult, JobResult], tuple[GateResult, JobResult] | None]:
+        """The gated job(s); with `release`, the GPU nodes scaled out before and released after (module doc)."""
+        sizer = self.env.node_group if self.request.gpu_nodes_after_training == RELEASE else None
+        if sizer is None:
+            return self.gated_jobs()
+        try:
+            result = self.gated_jobs(sizer)
+        except TrainingRunError as error:
+            if self.in_flight is None and not isinstance(error, self.UNSURE):
+                try:  # every job ended: the failure is the verdict, and the nodes idle
+                    self.released_at = self.release(sizer)
+                except TrainingRunError as failed:
+                    self.env.log(f"training run: the GPU nodes were not scaled to 0: {failed}")
+            else:
+                running = f"job {self.in_flight} still runs" if self.in_flight else "a job may still run"
+                self.env.log(
+                    f"training run: the GPU nodes keep running (gpuNodesAfterTraining: release): {running} on them; "
+                    "the next `pulumi up` that sees it end scales them to 0"
+                )
+            raise
+        self.released_at = self.release(sizer)
+        return result
+
+    def release(self, sizer: NodeGroupSizer) -> str | None:
+        return readiness.release_gpu_nodes(
+            sizer, self.env.pace, self.env.readiness_timeout_s, self.gpu_node_count, self.env.log
+        )
+
+    @property
+    def gpu_node_count(self) -> int:
+        count = self.request.gpu_node_count
+        assert count is not None, "checked: gpu_node_count is required with release"
+        return count
+
+    def gated_jobs(
+        self, sizer: NodeGroupSizer | None = None
+    ) -> tuple[tuple[GateResult, JobResult], tuple[GateResult, JobResult] | None]:
         """The main gate and job, checked; then the TCP baseline's when benchmarking."""
         try:
+            if sizer is not None:
+                readiness.scale_gpu_nodes_up(
+                    sizer,
+                    self.env.pace,
+                    self.env.readiness_timeout_s,
+                    self.gpu_node_count,
+                    (self.request.cluster_name, self.request.region),
+                    self.env.log,
+                )
             pods = self.wait_until_ready()
         except Interrupted:
             raise Interrupted("interrupted while waiting for the cluster; no job was submitted") from None

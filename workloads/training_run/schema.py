@@ -24,6 +24,7 @@ from pydantic import (
     ValidationError,
 )
 
+from infra.config.stack import GPU_NODES_AFTER_TRAINING, KEEP, RELEASE
 from platform_facts import EXPECTABLE_TRANSPORTS
 from workloads.training_run.access.kube_access import ApiTimeouts
 from workloads.training_run.errors import TrainingRunError
@@ -47,6 +48,15 @@ def _expectable(value: str) -> str:
 Name = Annotated[str, Field(strict=True, min_length=1)]
 Count = Annotated[int, BeforeValidator(_whole)]
 Transport = Annotated[str, Field(strict=True), AfterValidator(_expectable)]
+
+
+def _nodes_after(value: str) -> str:
+    if value not in GPU_NODES_AFTER_TRAINING:
+        raise ValueError("not a known mode")
+    return value
+
+
+NodesAfter = Annotated[str, Field(strict=True), AfterValidator(_nodes_after)]
 
 
 def _list(value: Any) -> Any:
@@ -90,6 +100,15 @@ class RunInputs(BaseModel):
     )
     timeout_minutes: Annotated[Count, Field(ge=1)] = _input(
         "must be a whole number of at least 1", default=60, rerun=False
+    )
+    # The GPU node group and what becomes of it after the run (`gpu_nodes`): where the job runs is
+    # the cluster, so none of them reruns the job or names it.
+    node_group_name: Name | None = _input(NON_EMPTY, default=None, rerun=False)
+    gpu_node_count: Annotated[Count, Field(ge=1)] | None = _input(
+        "must be a whole number of at least 1", default=None, rerun=False
+    )
+    gpu_nodes_after_training: NodesAfter = _input(
+        f"must be one of {', '.join(GPU_NODES_AFTER_TRAINING)}", default=KEEP, rerun=False
     )
 
     @classmethod
@@ -156,6 +175,10 @@ def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
                 valid[name] = _VALIDATORS[name].validate_python(value)
             except ValidationError:
                 problems.append((name, _meta(name, "reason")))
+    if valid.get("gpu_nodes_after_training") == RELEASE and (
+        missing := [name for name in ("node_group_name", "gpu_node_count") if props.get(name) is None]
+    ):
+        problems += [(name, "is required with gpu_nodes_after_training release") for name in missing]
     if {"expect_transport", "efa_per_node"} <= valid.keys() and (
         problem := efa_problem(valid["expect_transport"], valid["efa_per_node"])
     ):

@@ -141,6 +141,10 @@ def test_values_arrive_as_engine_text():
         ),
         ({"logRetentionDays": "0"}, "'logRetentionDays' = '0': must be at least 1"),
         ({"logRetentionDays": "forever"}, "expected a whole number"),
+        (
+            {"gpuNodesAfterTraining": "scale-to-zero"},
+            "'gpuNodesAfterTraining' = 'scale-to-zero': expected one of keep, release",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(values, message):
@@ -273,6 +277,8 @@ def test_new_keys_defaults_and_values():
     admins = ["arn:aws:iam::123456789012:role/platform/ci", "arn:aws-us-gov:iam::123456789012:user/alice"]
     settings = parse(adminPrincipalArns=json.dumps(admins), logRetentionDays="365")
     assert settings.admin_principal_arns == tuple(admins) and settings.log_retention_days == 365
+    assert settings.gpu_nodes_after_training == "keep"
+    assert parse(gpuNodesAfterTraining="release").gpu_nodes_after_training == "release"
 
 
 def test_aws_identity_comes_from_the_aws_namespace():

@@ -112,6 +112,7 @@ class World:
     pods: fake.FakeRayPods
     host: ProviderHost
     inputs: dict[str, Any]
+    group: fake.FakeNodeGroup  # the GPU node group, at its 2 nodes
 
     def create(self, **changes: Any):
         return self.host.create({**self.inputs, **changes}, timeout_s=GRPC_DEADLINE_S)
@@ -153,7 +154,12 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
             }
         },
     ).start()
-    aws = fake.FakeAwsApis(clusters={registered["cluster_name"]: (kube.endpoint, kube.ca_pem)}).start()
+    group = fake.FakeNodeGroup(
+        kube, registered["node_group_name"], dict(zip(NODES, WORKER_PODS, strict=True)), desired=len(NODES)
+    )
+    aws = fake.FakeAwsApis(
+        clusters={registered["cluster_name"]: (kube.endpoint, kube.ca_pem)}, node_groups={group.name: group}
+    ).start()
     kube.expired_keys = aws.expired_keys  # EKS asks STS about each token: both see the same expiry
     env = {
         "PATH": os.environ["PATH"],
@@ -169,7 +175,7 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
     }
     host = ProviderHost(env, tmp_path / "provider-host.stderr").start()
     try:
-        yield World(kube, aws, dashboard, pods, host, dict(registered))
+        yield World(kube, aws, dashboard, pods, host, dict(registered), group)
     finally:
         host.stop()
         aws.stop()
@@ -253,6 +259,9 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     submits = [argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
     assert [is_probe(argv) for argv in submits] == [True, False]  # the gate first
     assert world.aws.access_keys_seen[0] == "AKIAFAKEAMBIENT"  # DescribeCluster as the ambient identity
+    # gpuNodesAfterTraining: keep (the default): the run never touches the GPU node group's size.
+    assert outs["gpu_nodes_after_training"] == "keep" and outs.get("gpu_nodes_released_at") is None
+    assert world.group.updates == [] and world.group.desired == len(NODES)
     assert "training run: job" in world.host.stderr  # progress reaches the CLI as diagnostics
     print(
         f"\nCreate against the fakes, happy path: {elapsed:.2f} s; "
@@ -277,6 +286,80 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     assert rolled["job_id"] == outs["job_id"] + "-2" and len(world.pods.submissions) == 2
     assert rolled["gate_job_id"] == outs["gate_job_id"] + "-3" and len(world.pods.probe_submissions) == 3
     assert f"submitting {outs['job_id']}-2 to judge them" in world.host.stderr
+
+
+# --- gpuNodesAfterTraining: release ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def registered_release() -> dict[str, Any]:
+    """What the program registers with `gpuNodesAfterTraining: release`."""
+    return serialized_training_run(gpuNodesAfterTraining="release")
+
+
+def test_release_follows_the_run_through_three_ups(world: World, registered_release: dict[str, Any]):
+    """Up 1 creates: the job runs on the group's 2 nodes, then the group goes to 0. Up 2 without a
+    change: Diff says none, nothing runs, the group stays at 0 and the verdict stands. Up 3 changes a
+    job input: the group goes back to 2, the run waits for the nodes to join, runs, and releases them."""
+    world.host.configure(STACK_CONFIG)
+    inputs = dict(registered_release)
+    assert inputs["gpu_nodes_after_training"] == "release" and inputs["gpu_node_count"] == len(NODES)
+    assert inputs["node_group_name"] == world.group.name
+    assert {key: inputs[key] for key in ("run_spec_hash", "code_hash")} == {
+        key: world.inputs[key] for key in ("run_spec_hash", "code_hash")
+    }
+    first = plain(world.host.create(inputs, timeout_s=GRPC_DEADLINE_S).properties)
+    assert first["status"] == "SUCCEEDED" and first["transport"] == "efa"
+    assert first["gpu_nodes_released_at"] == "2027-01-15T08:00:00Z"  # the update's createdAt, in UTC
+    assert [update["scalingConfig"] for update in world.group.updates] == [{"desiredSize": 0}]
+    assert world.kube.nodes == [] and world.group.desired == 0
+    workers = [p for p in world.kube.pods if p["metadata"]["name"] in WORKER_PODS]
+    assert {p["status"]["phase"] for p in workers} == {"Pending"}  # KubeRay's new pods find no node
+    assert "scaled from 2 to 0 nodes at 2027-01-15T08:00:00Z" in world.host.stderr
+
+    # Up 2, no change: no replacement, so no Create; the group stays at 0 and the outputs stand.
+    assert world.host.diff(first, inputs).changes == 1  # DIFF_NONE
+    assert len(world.group.updates) == 1 and world.group.desired == 0
+
+    # Up 3, a changed job input: the run scales out, waits for the nodes, runs, releases.
+    steps = inputs["job_args"].index("--steps") + 1
+    changed = {**inputs, "job_args": [*inputs["job_args"][:steps], "7", *inputs["job_args"][steps + 1 :]]}
+    assert list(world.host.diff(first, changed).replaces) == ["job_args"]
+    world.aws.clock = lambda: 1_800_003_600.0
+    third = plain(world.host.create(changed, timeout_s=GRPC_DEADLINE_S).properties)
+    assert third["status"] == "SUCCEEDED" and third["job_id"] != first["job_id"]
+    assert third["gpu_nodes_released_at"] == "2027-01-15T09:00:00Z"
+    assert [update["scalingConfig"] for update in world.group.updates] == [
+        {"desiredSize": 0},
+        {"desiredSize": 2},
+        {"desiredSize": 0},
+    ]
+    assert "scaled from 0 to 2 nodes (gpuNodesAfterTraining: release); waiting for them" in world.host.stderr
+    assert world.kube.nodes == [] and len(world.pods.submissions) == 2
+
+
+def test_release_refuses_a_degraded_group_in_one_line(world: World, registered_release: dict[str, Any]):
+    """A group whose last scale-out found no capacity: DEGRADED at 0, which no run retries."""
+    world.host.configure(STACK_CONFIG)
+    # Released after an earlier run, then a scale-out found no capacity and was scaled back to 0.
+    world.kube.nodes = []
+    for worker in WORKER_PODS:
+        world.kube.set_worker(worker, None)
+    world.group.desired, world.group.status = 0, "DEGRADED"
+    world.group.issues = [fake.insufficient_capacity()]
+    assert world.group.status == "DEGRADED"
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        world.host.create(registered_release, timeout_s=GRPC_DEADLINE_S)
+    message = caught.value.details().partition("\n")[0]
+    assert_one_clear_message(caught.value.details())
+    assert (
+        f"GPU node group {world.group.name} of EKS cluster eks-ray-train is DEGRADED (AsgInstanceLaunchFailures"
+        in message
+    )
+    assert "InsufficientInstanceCapacity" in message and "--scaling-config desiredSize=2" in message
+    assert world.group.updates == [] and world.pods.probe_submissions == []
+    print(f"\nDEGRADED group refused {time.monotonic() - started:.2f} s after Create began")
 
 
 def stopped_by_the_gate(world: World, **changes: Any) -> str:

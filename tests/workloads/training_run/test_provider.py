@@ -99,7 +99,9 @@ def test_the_resource_registers_only_names_and_settings():
 
     @pulumi.runtime.test
     def program():
-        run = provider.TrainingRun("training", run_inputs())
+        run = provider.TrainingRun(
+            "training", run_inputs(gpu_node_count=2), node_group_name=pulumi.Output.from_input("gpu-0a1b2c3")
+        )
         return run.transport.apply(transports.append)
 
     program()

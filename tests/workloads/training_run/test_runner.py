@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import urllib.parse
 import urllib.request
@@ -16,6 +17,7 @@ from tests.harness.ray_head import RayHead
 from tests.harness.training_run_fakes import (
     EFA_JOB,
     EFA_JOB_TRAFFIC,
+    FAKE_EPOCH,
     FALLBACK_JOB,
     HEAD_POD,
     OOM_JOB,
@@ -40,6 +42,7 @@ from workloads import manifests
 from workloads.training_run import errors, provider, runner, schema
 from workloads.training_run.access import jobs
 from workloads.training_run.access.kube_access import KubernetesCluster, LocalExecutor
+from workloads.training_run.access.node_group import utc_iso
 from workloads.training_run.verdicts import evidence
 from workloads.training_run.verdicts.evidence import JobResult
 
@@ -317,6 +320,53 @@ def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
     assert "still RUNNING after timeout_minutes=2" in message
     assert "the next `pulumi up` waits for it" in message and "ray job stop eks-ray-train-main-" in message
     assert 30 + 120 <= fake.clock.slept <= 30 + 130  # the gate's three polls, then the job's 2 minutes
+
+
+# --- gpuNodesAfterTraining: release ---------------------------------------------------------------
+
+RELEASE = {"gpu_nodes_after_training": "release", "node_group_name": "gpu-0a1b2c3", "gpu_node_count": 2}
+
+
+def test_release_scales_the_group_out_before_the_run_and_to_zero_after_it():
+    fake = FakeCluster(main_and_tcp_head())
+    fake.node_group.desired = 0
+    outs = fake.provider().create(props(run_inputs(**RELEASE))).outs
+    assert outs["status"] == "SUCCEEDED" and fake.node_group.sizes == [2, 0]
+    assert outs["gpu_nodes_released_at"] == utc_iso(
+        datetime.datetime.fromtimestamp(FAKE_EPOCH + fake.clock.now, datetime.UTC)
+    )
+    assert any("scaled from 0 to 2 nodes" in line for line in fake.logged)
+
+
+def test_keep_never_sizes_the_group():
+    fake = FakeCluster(main_and_tcp_head())
+    outs = fake.provider().create(props(run_inputs(**{**RELEASE, "gpu_nodes_after_training": "keep"}))).outs
+    assert outs["gpu_nodes_released_at"] is None and fake.node_group.sizes == []
+
+
+def test_a_failed_job_is_the_verdict_and_releases_the_nodes_too():
+    fake = FakeCluster(main_and_tcp_head(statuses=["PENDING", "RUNNING", "FAILED"], message="OOM"))
+    with pytest.raises(errors.TrainingRunError):
+        fake.provider().create(props(run_inputs(**RELEASE)))
+    assert fake.node_group.sizes == [0]
+
+
+def test_a_job_left_running_at_the_timeout_keeps_its_nodes_and_says_so():
+    head = FakeRayHead({"main": replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING"])})
+    fake = FakeCluster(head)
+    message = failure_of(fake, run_inputs(timeout_minutes=2, **RELEASE))
+    assert "still RUNNING after timeout_minutes=2" in message and fake.node_group.sizes == []
+    assert any("the GPU nodes keep running" in line for line in fake.logged)
+
+
+def test_a_degraded_group_is_refused_before_anything_runs():
+    fake = FakeCluster(main_and_tcp_head())
+    fake.node_group.desired, fake.node_group.status = 0, "DEGRADED"
+    fake.node_group.issues = ("AsgInstanceLaunchFailures: InsufficientInstanceCapacity (eks-gpu-asg)",)
+    message = failure_of(fake, run_inputs(**RELEASE))
+    assert message.startswith("GPU node group gpu-0a1b2c3 of EKS cluster eks-ray-train is DEGRADED (")
+    assert "desiredSize=2 --region us-east-2" in message and "\n" not in message
+    assert fake.node_group.sizes == [] and fake.head.probe_submissions == []
 
 
 def shipped_code(root: Path) -> tuple[Path, str]:
