@@ -46,6 +46,7 @@ import pulumi.dynamic
 
 from infra.config.aws_identity import REFUSED, AwsCredentialSettings, AwsSettingsError, caller_identity
 from workloads.training_run import engine_host
+from workloads.training_run.access.ec2_instances import ec2_launch_times
 from workloads.training_run.access.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.access.kube_access import KubernetesCluster
 from workloads.training_run.errors import (
@@ -56,7 +57,7 @@ from workloads.training_run.errors import (
     EndpointNameUnresolved,
     TrainingRunError,
 )
-from workloads.training_run.runner import RunEnvironment, TrainingRunner
+from workloads.training_run.runner import GpuNodeLaunches, RunEnvironment, TrainingRunner
 from workloads.training_run.schema import (
     RERUN_INPUTS,
     RunInputs,
@@ -78,7 +79,10 @@ class RunOutputs:
     The `gate_*` ones are the fabric gate's that passed before the job (`gate`): its probe job, its
     NCCL verdict and evidence, its EFA bytes per worker pod, and `gate_s`, the seconds from the pods
     being ready to its verdict; `busbw_gbps` is its bus bandwidth per collective at the largest
-    message size, and `busbw_fraction` that over the `line_rate_gbps` input (None without one)."""
+    message size, and `busbw_fraction` that over the `line_rate_gbps` input (None without one).
+    `gpu_nodes` are the GPU nodes the job ran on, each with its EC2 `instanceId` and `launchTime`
+    (None with `gpu_nodes_unavailable` saying why), and `finished_at` the time these outputs were
+    made (ISO 8601, UTC): the stack's `training.cost` counts GPU node hours from the one to the other."""
 
     job_id: str
     status: str
@@ -111,6 +115,9 @@ class RunOutputs:
     tcp_gate_job_id: str | None = None
     tcp_busbw_gbps: dict[str, float] | None = None
     efa_speedup: float | None = None
+    gpu_nodes: dict[str, dict[str, str]] | None = None
+    gpu_nodes_unavailable: str | None = None
+    finished_at: str | None = None
 
     @classmethod
     def of(
@@ -118,6 +125,7 @@ class RunOutputs:
         main: tuple[GateResult, JobResult],
         tcp: tuple[GateResult, JobResult] | None,
         line_rate_gbps: float | None,
+        launches: GpuNodeLaunches,
     ) -> RunOutputs:
         gate, job = main
         summary = job.summary
@@ -147,6 +155,9 @@ class RunOutputs:
             gate_s=gate.seconds,
             busbw_gbps=gate.probe.busbw_gbps,
             busbw_fraction=busbw_fractions(gate.probe.busbw_gbps, line_rate_gbps),
+            gpu_nodes=launches.nodes,
+            gpu_nodes_unavailable=launches.unavailable,
+            finished_at=launches.at,
         )
         if tcp is None:
             return outputs
@@ -301,6 +312,10 @@ def connect_to_eks(
                 readiness_timeout_s=timings.readiness_timeout_s,
                 code_sync_timeout_s=timings.code_sync_timeout_s,
                 sleep=engine_host.cancellable_sleep,
+                launch_times=ec2_launch_times(
+                    session.client("ec2", region_name=inputs.region, config=aws_client_config(timings.api)),
+                    aws.describe(),
+                ),
             )
     except ApiUnauthorized as error:
         arn, sts_error = caller_identity(session, inputs.region, aws_client_config(timings.api))
@@ -358,8 +373,11 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
             raise TrainingRunError(str(self._aws_problem))
         inputs = RunInputs.from_props(props)
         with self._connect(inputs, self._aws, RunTimings.from_env()) as env:
-            main, tcp = TrainingRunner(inputs, env).run()
-        return {**inputs.props(), **dataclasses.asdict(RunOutputs.of(main, tcp, inputs.line_rate_gbps))}
+            runner = TrainingRunner(inputs, env)
+            main, tcp = runner.run()
+            launches = runner.gpu_node_launches()
+        outputs = RunOutputs.of(main, tcp, inputs.line_rate_gbps, launches)
+        return {**inputs.props(), **dataclasses.asdict(outputs)}
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         return pulumi.dynamic.CreateResult(uuid.uuid4().hex, self._run(props))
