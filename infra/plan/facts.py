@@ -91,7 +91,7 @@ PUBLIC_IPV4_USD_PER_HOUR = Fact(0.005, VPC_PRICING_URL, READ_ON)
 # gp3 storage per GB-month; the EBS pricing page turns months into hours at 730 hours a month.
 GP3_USD_PER_GB_MONTH = Fact(0.08, EBS_PRICING_URL, READ_ON)
 HOURS_PER_MONTH = 730
-# The system node types the stack offers by default or in its examples, On-Demand Linux.
+# The system node types: the default, and m5.large, which the preflight names as another; On-Demand Linux.
 SYSTEM_INSTANCE_USD_PER_HOUR: dict[str, Fact] = {
     "m7i.xlarge": Fact(0.2016, ON_DEMAND_PRICES_URL, READ_ON),
     "m5.large": Fact(0.096, ON_DEMAND_PRICES_URL, READ_ON),
