@@ -17,9 +17,11 @@ from infra.config.training_settings import (
     training_config,
     warn_if_the_run_outlasts_its_timeout,
 )
+from infra.plan.cost import measured_cost, planned_cost
 from infra.plan.facts import line_rate_gbps
 from infra.plan.planner import log_plan, measured_against_plan
 from infra.preflight import plan_placement
+from infra.pricing import cost_basis
 from infra.resources.cluster import Cluster, addon_version
 from infra.resources.network import Network
 from infra.resources.node_groups import (
@@ -54,13 +56,17 @@ job_args = job_arguments(
 )
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
+    config = training_config(job_args)
     # The communication plan: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
     predicted = log_plan(
-        training_config(job_args),
+        config,
         settings.gpu_node_type,
         settings.gpu_node_count,
         placement.gpu_node.network_performance,
     )
+    # What the run will be billed at (the Price List's answer, or the shipped price it names) and
+    # what the stack costs per hour at rest.
+    costs = cost_basis(settings, placement, predicted, config.steps)
 
 # 3. Network and cluster.
 network = Network(
@@ -247,6 +253,19 @@ if settings.train:
             "dashboard": observability.url if observability else None,
             # With gpuNodesAfterTraining: release, when EKS accepted the GPU group's scale-down to 0.
             "gpuNodesReleasedAt": run.gpu_nodes_released_at,
+            # An estimate from list prices: the price basis, the planner's prediction and the stack per
+            # hour at rest (known at preview), and what the run measured: GPU node hours from launch
+            # to their release or the output, their US$ and US$ per million tokens.
+            "cost": {
+                **planned_cost(costs),
+                "measured": pulumi.Output.all(
+                    run.gpu_nodes,
+                    run.gpu_nodes_unavailable,
+                    run.finished_at,
+                    run.summary,
+                    run.gpu_nodes_released_at,
+                ).apply(lambda facts: measured_cost(costs, *facts)),
+            },
         },
     )
     if settings.benchmark:

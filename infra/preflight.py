@@ -97,6 +97,9 @@ class Placement:
     reservation: ReservationFacts | None = None
     # The cluster this stack already runs, as the preview read it; None before the first deploy.
     live: LiveCluster | None = None
+    # eks:DescribeClusterVersions' `versionStatus` of kubernetesVersion (STANDARD_SUPPORT,
+    # EXTENDED_SUPPORT), which sets the control plane's hourly price; None where it was not read.
+    kubernetes_version_status: str | None = None
 
     @property
     def capacity_reservation_id(self) -> str | None:
@@ -123,7 +126,7 @@ def plan_placement(settings: StackSettings) -> Placement:
     _require_architecture(gpu_node, "gpuNodeType", GPU_AMI_TYPE)
     _require_architecture(system_node, "systemNodeType", SYSTEM_AMI_TYPE)
     _require_efa(gpu_node, settings.region)
-    _check_kubernetes_version(settings.kubernetes_version, settings.region)
+    version_status = _check_kubernetes_version(settings.kubernetes_version, settings.region)
     _check_vcpu_quotas(settings, gpu_node, system_node)
     zones = _Zones(settings, zone_ids, gpu_zones, system_zones)
 
@@ -155,6 +158,7 @@ def plan_placement(settings: StackSettings) -> Placement:
         home_azs=list(live.zones) if live else zones.system_zones[:3],
         gpu_node=gpu_node,
         system_node=system_node,
+        kubernetes_version_status=version_status,
         reservation=reservation,
         live=live,
     )
@@ -283,16 +287,17 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
-def _check_kubernetes_version(version: str, region: str) -> None:
+def _check_kubernetes_version(version: str, region: str) -> str | None:
     """EKS creates clusters only of the versions DescribeClusterVersions lists; one in extended
-    support costs more per cluster-hour (EKS pricing), which the preview says."""
+    support costs more per cluster-hour (EKS pricing), which the preview says. Returns the
+    version's status, None where it could not be read."""
     try:
         answer = aws.eks.get_cluster_versions()
     except Exception as err:  # e.g. no eks:DescribeClusterVersions permission: EKS judges at create
         pulumi.log.warn(
             f"kubernetesVersion {version} was not checked against EKS's versions in {region} ({err})"
         )
-        return
+        return None
     offered = {item.cluster_version: item.version_status for item in answer.cluster_versions}
     problem = kubernetes_version_problem(version, offered)
     if problem:
@@ -302,6 +307,7 @@ def _check_kubernetes_version(version: str, region: str) -> None:
             f"kubernetesVersion {version} is in EKS extended support in {region}, billed at a higher rate per "
             "cluster-hour than standard support: plan an upgrade"
         )
+    return offered[version]
 
 
 # AWS reserves five addresses of every subnet (VPC user guide, "Subnet CIDR blocks").

@@ -12,7 +12,7 @@ from pulumi.output import Unknown
 from infra.aws_facts.container_insights import AGENT_POLICY_ARN
 from infra.config.stack import CLUSTER_NAME_MAX
 from infra.resources.cluster import NODE_POLICIES
-from infra.resources.network import zone_cidrs
+from infra.resources.network import NAT_GATEWAYS, zone_cidrs
 from infra.resources.node_groups import SYSTEM_LABELS
 from infra.resources.observability import addon_configuration, dashboard_body, put_metric_data_policy
 from platform_facts import GPU_TOLERATION
@@ -25,6 +25,7 @@ from tests.harness.fake_aws import (
 )
 from tests.harness.program import (
     ACCOUNT,
+    ROOT,
     STACK_FILES,
     Plan,
     Registration,
@@ -47,6 +48,7 @@ COMPONENTS = {
     "eks-ray-train:infra:Observability",
 }
 TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
+PRICE_LIST_PROVIDER = ("pulumi:providers:aws", "price-list")  # `infra.pricing`, outside us-east-1
 
 
 @pytest.fixture(scope="module", params=STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
@@ -202,6 +204,8 @@ def test_every_resource_sits_under_a_component(stack_plan):
     for registration in plan.resources:
         if registration.type in COMPONENTS | {TRAINING_RUN}:
             continue
+        if (registration.type, registration.name) == PRICE_LIST_PROVIDER:
+            continue  # it serves the Price List invoke at preview alone and manages nothing
         assert set(plan.ancestors(registration)) & COMPONENTS, (
             f"{registration.type} {registration.name} has no component"
         )
@@ -1258,3 +1262,77 @@ def test_an_add_on_version_without_the_dashboards_metrics_stops_the_preview(monk
     )
     assert "observability: false" in message and "\n" not in message.strip()
     assert not any(r.type == DASHBOARD for r in raised.value.plan.resources)
+
+
+# --- training.cost: what preview knows of it -----------------------------------------------------
+
+PRICE_LIST = "aws:pricing/getProduct:getProduct"
+DEPLOYER = f"arn:aws:iam::{ACCOUNT}:role/ml-deployer"
+
+
+def test_the_cost_names_the_price_lists_price_read_through_a_us_east_1_provider():
+    """us-east-2 has no Price List endpoint: the invoke goes through the `price-list` provider in
+    us-east-1 with the stack's profile and role, filtering on the stack's region."""
+    fake = FakeAws(region="us-east-2")
+    config = dev_config(**{"aws:profile": "ml", "aws:assumeRole": json.dumps({"roleArn": DEPLOYER})})
+    plan = run_program(config, fake)
+    cost = plan.outputs["training"]["cost"]
+    assert cost["priceBasis"] == "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview"
+    assert cost["usdPerGpuNodeHour"] == 4.6016
+    assert cost["atRestUsdPerHour"]["systemNodeBasis"].endswith(
+        "of m7i.xlarge in us-east-2, AWS Price List at preview"
+    )
+    assert cost["atRestUsdPerHour"]["parts"]["gpuNodes"] == 2 * 4.6016
+    assert cost["predictedUsd"] is not None and "not the invoice" in cost["note"]
+    (provider,) = plan.of_type("pulumi:providers:aws")
+    assert (provider.name, provider.inputs["region"], provider.inputs["profile"]) == (
+        "price-list",
+        "us-east-1",
+        "ml",
+    )
+    assert json.loads(provider.inputs["assumeRoles"])[0]["roleArn"] == DEPLOYER
+    priced = [
+        {f["field"]: f["value"] for f in args["filters"]} for token, args in fake.calls if token == PRICE_LIST
+    ]
+    assert [(f["instanceType"], f["regionCode"]) for f in priced] == [
+        ("m7i.xlarge", "us-east-2"),
+        ("g6.12xlarge", "us-east-2"),
+    ]
+    assert isinstance(cost["measured"], pulumi.Output)  # known once the TrainingRun has run
+
+
+def test_in_a_price_list_region_the_stacks_own_provider_asks():
+    plan = run_program(config_of(ROOT / "Pulumi.us-east-1.yaml"), FakeAws(region="us-east-1"))
+    assert plan.of_type("pulumi:providers:aws") == []
+    assert plan.outputs["training"]["cost"]["priceBasis"].endswith("in us-east-1, AWS Price List at preview")
+
+
+def test_a_refused_price_list_falls_back_to_the_shipped_prices_naming_the_refusal():
+    plan = run_program(dev_config(), FakeAws(region="us-east-2", denied={PRICE_LIST}))
+    cost = plan.outputs["training"]["cost"]
+    assert cost["usdPerGpuNodeHour"] == 4.6016
+    assert cost["priceBasis"].startswith(
+        "On-Demand list price of g6.12xlarge shipped with the stack (us-east-1"
+    )
+    assert (
+        "the Price List was not used" in cost["priceBasis"] and "AccessDeniedException" in cost["priceBasis"]
+    )
+    assert cost["atRestUsdPerHour"]["parts"]["systemNodes"] == 0.2016
+
+
+def test_a_capacity_blocks_cost_is_its_upfront_fee_which_no_api_returns():
+    fake = FakeAws(
+        region="us-east-2",
+        reservations={RESERVATION: capacity_reservation("us-east-2b", reservation_type="capacity-block")},
+    )
+    cost = run_program(dev_config(capacityReservationId=RESERVATION), fake).outputs["training"]["cost"]
+    assert cost["usdPerGpuNodeHour"] is None and cost["predictedUsd"] is None
+    assert cost["priceBasis"].startswith(f"Capacity Block {RESERVATION}: its upfront fee")
+    assert cost["atRestUsdPerHour"]["gpuNodesRunning"] is None
+    assert cost["atRestUsdPerHour"]["gpuNodesAtZero"] is not None
+
+
+def test_the_network_has_the_nat_gateways_the_cost_counts(stack_plan):
+    _, plan = stack_plan
+    assert len(plan.of_type("aws:ec2/natGateway:NatGateway")) == NAT_GATEWAYS
+    assert len(plan.of_type("aws:ec2/eip:Eip")) == NAT_GATEWAYS

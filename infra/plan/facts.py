@@ -1,7 +1,7 @@
-"""The facts the communication planner (`infra.plan`) works from offline, each with its source and
-the date it was read. AWS's own answers replace the line rates and prices when credentials are
-there (`infra.plan.planner.refreshed`); the published figures are what `docs/benchmarks.md` checks the
-planner against.
+"""The facts the communication planner and the cost figures (`infra.plan`) work from offline, each
+with its source and the date it was read. AWS's own answers replace the line rates and prices when
+credentials are there (`infra.plan.planner.refreshed`, and the Price List at preview for the stack's
+cost); the published figures are what `docs/benchmarks.md` checks the planner against.
 """
 
 from __future__ import annotations
@@ -74,6 +74,42 @@ INSTANCES: dict[str, InstanceFact] = {
         gpudirect_rdma=True,
     ),
 }
+
+# --- what the rest of the stack costs per hour, whatever the GPUs do (us-east-1 list prices; us-east-2's
+# are the same for each of these) ----------------------------------------------------------------
+EKS_PRICING_URL = "https://aws.amazon.com/eks/pricing/"
+VPC_PRICING_URL = "https://aws.amazon.com/vpc/pricing/"
+EBS_PRICING_URL = "https://aws.amazon.com/ebs/pricing/"
+# The control plane per cluster-hour: standard support, and a Kubernetes version in extended support
+# (US$ 0.60 in all, since April 2024).
+EKS_STANDARD_SUPPORT_USD_PER_HOUR = Fact(0.10, EKS_PRICING_URL, READ_ON)
+EKS_EXTENDED_SUPPORT_USD_PER_HOUR = Fact(0.60, EKS_PRICING_URL, READ_ON)
+# A NAT gateway per hour it exists (its per-GB processing charge comes on top), and the public IPv4
+# address it holds (an Elastic IP, billed per hour since February 2024).
+NAT_GATEWAY_USD_PER_HOUR = Fact(0.045, VPC_PRICING_URL, READ_ON)
+PUBLIC_IPV4_USD_PER_HOUR = Fact(0.005, VPC_PRICING_URL, READ_ON)
+# gp3 storage per GB-month; the EBS pricing page turns months into hours at 730 hours a month.
+GP3_USD_PER_GB_MONTH = Fact(0.08, EBS_PRICING_URL, READ_ON)
+HOURS_PER_MONTH = 730
+# The system node types: the default, and m5.large, which the preflight names as another; On-Demand Linux.
+SYSTEM_INSTANCE_USD_PER_HOUR: dict[str, Fact] = {
+    "m7i.xlarge": Fact(0.2016, ON_DEMAND_PRICES_URL, READ_ON),
+    "m5.large": Fact(0.096, ON_DEMAND_PRICES_URL, READ_ON),
+}
+# EC2 bills a Linux On-Demand instance per second while it is `running`, with a minimum of 60 seconds
+# each time it starts (AWS announcement of per-second billing, 2017-10-02; EC2 user guide, "Instance
+# state changes": billed in `running` only).
+EC2_BILLING_URL = (
+    "https://aws.amazon.com/about-aws/whats-new/2017/10/announcing-amazon-ec2-per-second-billing/"
+)
+EC2_MINIMUM_BILLED_S = 60
+
+
+def shipped_on_demand_usd(instance_type: str) -> Fact | None:
+    """The shipped On-Demand hourly price of a type, GPU or system, or None for a type without one."""
+    gpu = INSTANCES.get(instance_type)
+    return gpu.usd_per_hour if gpu else SYSTEM_INSTANCE_USD_PER_HOUR.get(instance_type)
+
 
 # GPUs with FP8 tensor cores (Ada: L4, L40S; Hopper: H100, H200), where a float8 all-gather
 # halves the gathered bytes; the A100 has none.

@@ -27,6 +27,10 @@ import pulumi_aws as aws
 # plan this replaces, so stacks first deployed in zones a and b keep their subnets.
 _ZONE_LETTERS = "abcdefg"
 
+# NAT gateways the network has, each with its Elastic IP: one, in the first public subnet, whose hourly
+# price (and its address's) the stack pays whatever the nodes do (`infra.plan.cost`).
+NAT_GATEWAYS = 1
+
 
 def flow_log_group(cluster_name: str) -> str:
     """Where the VPC's flow logs go, when they are on."""

@@ -91,6 +91,75 @@ REGION_DESCRIPTIONS = {
 }
 
 
+# On-Demand Linux list prices per hour, US$, as the Price List gives them (aws.amazon.com/ec2/pricing/
+# on-demand; the same in each region faked here, which is true of us-east-1 and us-east-2 only: the
+# other regions' figures are stand-ins).
+LIST_PRICES: dict[str, str] = {
+    "g6.12xlarge": "4.6016000000",
+    "m7i.xlarge": "0.2016000000",
+    "m5.large": "0.0960000000",
+}
+# Where the Price List API answers (its endpoints; the pulumi-aws pricing data source works only
+# with a provider in us-east-1 or ap-south-1).
+PRICE_LIST_REGIONS = ("us-east-1", "ap-south-1")
+
+
+def price_list_item(instance_type: str, region: str, usd: str) -> str:
+    """One `pricing:GetProducts` PriceList item of a Linux On-Demand instance type, a JSON text, in
+    the shape the AWS Price List API reference (GetProducts) and the Price List user guide ("Service
+    price list" files) document: `product` with its `attributes`, `terms.OnDemand.<sku>.<offer
+    term>.priceDimensions.<rate code>.pricePerUnit.USD`. JRTCKXETXF is the On-Demand offer term code
+    and 6YS6EN2CT7 the hourly rate code of every On-Demand EC2 product; the SKU is made up."""
+    sku = "FAKESKU" + instance_type.replace(".", "").upper()
+    term = f"{sku}.JRTCKXETXF"
+    return json.dumps(
+        {
+            "product": {
+                "productFamily": "Compute Instance",
+                "attributes": {
+                    "instanceType": instance_type,
+                    "regionCode": region,
+                    "location": REGION_DESCRIPTIONS.get(region, region),
+                    "operatingSystem": "Linux",
+                    "tenancy": "Shared",
+                    "preInstalledSw": "NA",
+                    "licenseModel": "No License required",
+                    "capacitystatus": "Used",
+                    "marketoption": "OnDemand",
+                    "servicecode": "AmazonEC2",
+                    "usagetype": f"BoxUsage:{instance_type}",
+                    "operation": "RunInstances",
+                },
+                "sku": sku,
+            },
+            "serviceCode": "AmazonEC2",
+            "terms": {
+                "OnDemand": {
+                    term: {
+                        "priceDimensions": {
+                            f"{term}.6YS6EN2CT7": {
+                                "unit": "Hrs",
+                                "endRange": "Inf",
+                                "description": f"${float(usd):.4f} per On Demand Linux {instance_type} Instance Hour",
+                                "appliesTo": [],
+                                "rateCode": f"{term}.6YS6EN2CT7",
+                                "beginRange": "0",
+                                "pricePerUnit": {"USD": usd},
+                            }
+                        },
+                        "sku": sku,
+                        "effectiveDate": "2026-12-01T00:00:00Z",
+                        "offerTermCode": "JRTCKXETXF",
+                        "termAttributes": {},
+                    }
+                }
+            },
+            "version": "20261201000000",
+            "publicationDate": "2026-12-01T00:00:00Z",
+        }
+    )
+
+
 def _instance_type(
     vcpus: int,
     cores: int,
@@ -361,6 +430,7 @@ class FakeAws:
             "aws:ec2/getVpc:getVpc": self._vpc,
             "aws:ec2/getSubnet:getSubnet": self._subnet,
             "aws:cloudwatch/getLogGroup:getLogGroup": self._log_group,
+            "aws:pricing/getProduct:getProduct": self._product,
         }.get(token)
         if answer is None:
             raise NotImplementedError(
@@ -532,6 +602,35 @@ class FakeAws:
             "ipv6Addresses": [],
         }
 
+    def _product(self, args: dict) -> dict:
+        """`pricing:GetProducts` behind `aws.pricing.get_product`: its filters are TERM_MATCH on product
+        attributes, and the data source fails unless exactly one product matches (terraform-provider-aws
+        internal/service/pricing/product_data_source.go: "did not return any elements", "not precise
+        enough"); its `result` is the one PriceList item."""
+        filters = {item["field"]: item["value"] for item in args.get("filters") or []}
+        wanted = {"instanceType", "regionCode", "operatingSystem", "tenancy", "preInstalledSw"}
+        wanted |= {"licenseModel", "capacitystatus"}
+        if args.get("serviceCode") != "AmazonEC2" or set(filters) != wanted:
+            raise NotImplementedError(f"FakeAws prices EC2 instances by {sorted(wanted)}, not {args}")
+        linux_on_demand = {
+            "operatingSystem": "Linux",
+            "tenancy": "Shared",
+            "preInstalledSw": "NA",
+            "licenseModel": "No License required",
+            "capacitystatus": "Used",
+        }
+        usd = LIST_PRICES.get(filters["instanceType"])
+        if usd is None or any(filters[key] != value for key, value in linux_on_demand.items()):
+            raise AwsApiError(
+                "Pricing: GetProducts", "NotFound", "Pricing product query did not return any elements"
+            )
+        return {
+            "id": "AmazonEC2",
+            "serviceCode": "AmazonEC2",
+            "filters": args["filters"],
+            "result": price_list_item(filters["instanceType"], filters["regionCode"], usd),
+        }
+
     def _missing(self, what: str, name: str) -> AwsApiError:
         """How the AWS provider's data sources report an object that does not exist."""
         return AwsApiError(f"reading {what} ({name})", "NotFound", "couldn't find resource")
@@ -660,6 +759,16 @@ class FakeAwsMocks(pulumi.runtime.Mocks):
         self.aws = aws
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        if (
+            args.token == "aws:pricing/getProduct:getProduct"
+            and not args.provider
+            and self.aws.region not in PRICE_LIST_REGIONS
+        ):
+            # The stack's own provider asks the Price List endpoint of its region, which does not exist.
+            raise EngineError(
+                f"invocation of {args.token} returned an error: operation error Pricing: GetProducts, "
+                f"https response error: dial tcp: lookup api.pricing.{self.aws.region}.amazonaws.com: no such host"
+            )
         try:
             return self.aws.call(args.token, args.args)
         except AwsApiError as err:

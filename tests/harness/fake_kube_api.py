@@ -8,7 +8,9 @@ Each models the real behaviour the provider depends on, and where that is docume
   `x-amzn-ErrorType: ResourceNotFoundException`. STS `GetCallerIdentity`/`AssumeRole` (query protocol,
   form-encoded POST, XML answers; AWS STS API reference). The access key id of each request's SigV4
   `Authorization` header is recorded, so tests see which identity the provider used. boto3 is pointed
-  here with `AWS_ENDPOINT_URL_EKS` / `AWS_ENDPOINT_URL_STS` (botocore's service-specific endpoints).
+  here with `AWS_ENDPOINT_URL_EKS` / `_STS` / `_EC2` (botocore's service-specific endpoints).
+- EC2 `DescribeInstances` (query protocol, XML; EC2 API reference): each GPU node's instance with its
+  `launchTime`, named by the node's `spec.providerID`.
 - EKS `DescribeNodegroup` (`GET /clusters/<c>/node-groups/<ng>`) and `UpdateNodegroupConfig` (`POST
   /clusters/<c>/node-groups/<ng>/update-config`), shapes as in the EKS API reference (botocore's
   `eks` model): a `FakeNodeGroup` answers its `status`, `scalingConfig` and `health.issues`; an update
@@ -136,8 +138,15 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path, bytes]:
 
 
 def node(
-    name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
+    name: str,
+    gpus: str | None = "4",
+    efa: str | None = "1",
+    present: bool = True,
+    ready: bool = True,
+    instance_id: str = "i-0f0f0f0f0f0f0f0f0",
 ) -> dict:
+    """A GPU node as the API server serves it; `spec.providerID` names its EC2 instance as EKS sets it
+    (`aws:///<zone>/<instance id>`)."""
     allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
     if gpus is not None:
         allocatable["nvidia.com/gpu"] = gpus
@@ -150,6 +159,7 @@ def node(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels},
+        "spec": {"providerID": f"aws:///us-east-2a/{instance_id}"},
         "status": {
             "allocatable": allocatable,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -683,8 +693,10 @@ class FakeNodeGroup:
 
 @dataclass
 class FakeAwsApis:
-    """EKS DescribeCluster, DescribeNodegroup and UpdateNodegroupConfig, and STS GetCallerIdentity/
-    AssumeRole, over plain HTTP on 127.0.0.1."""
+    """EKS DescribeCluster, DescribeNodegroup and UpdateNodegroupConfig, STS GetCallerIdentity/
+    AssumeRole and EC2 DescribeInstances over plain HTTP on 127.0.0.1. `instances` are the account's
+    EC2 instances (id -> LaunchTime, ISO 8601 UTC); `ec2_refused`: EC2 answers every
+    DescribeInstances with UnauthorizedOperation."""
 
     clusters: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # name -> (endpoint, CA PEM)
     node_groups: dict[str, FakeNodeGroup] = field(default_factory=dict)  # by name, in any cluster
@@ -694,6 +706,9 @@ class FakeAwsApis:
     access_keys_seen: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)
     expired_keys: set[str] = field(default_factory=set)  # session keys past their expiry
+    instances: dict[str, str] = field(default_factory=dict)
+    ec2_refused: bool = False
+    ec2_requests: list[dict[str, list[str]]] = field(default_factory=list)
 
     def start(self) -> FakeAwsApis:
         self.server = serve_on_loopback({"GET": self._eks, "POST": self._post})
@@ -726,10 +741,10 @@ class FakeAwsApis:
         )
 
     def _post(self, handler: BaseHTTPRequestHandler) -> None:
-        """STS (form POST to /) or EKS UpdateNodegroupConfig."""
+        """STS or EC2 (form POST to /), or EKS UpdateNodegroupConfig."""
         parts = [urllib.parse.unquote(p) for p in handler.path.split("?")[0].strip("/").split("/")]
         if len(parts) != 5 or parts[0] != "clusters" or parts[4] != "update-config":
-            return self._sts(handler)
+            return self._query(handler)
         self._record_key(handler)
         request = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length", 0))) or b"{}")
         group = self.node_groups.get(parts[3])
@@ -766,11 +781,54 @@ class FakeAwsApis:
         }
         self._reply(handler, 200, json.dumps({"cluster": cluster}).encode(), "application/json")
 
-    def _sts(self, handler: BaseHTTPRequestHandler) -> None:
+    def _query(self, handler: BaseHTTPRequestHandler) -> None:
+        """STS and EC2 both speak the query protocol (form-encoded POST, XML answers): the action says which."""
         self._record_key(handler)
         form = urllib.parse.parse_qs(
             handler.rfile.read(int(handler.headers.get("Content-Length", 0))).decode()
         )
+        if form.get("Action", [""])[0] == "DescribeInstances":
+            return self._ec2_describe_instances(handler, form)
+        return self._sts(handler, form)
+
+    def _ec2_describe_instances(self, handler: BaseHTTPRequestHandler, form: dict[str, list[str]]) -> None:
+        """EC2 DescribeInstances with `InstanceId.N` (EC2 API reference, DescribeInstances and its
+        example response; errors as in "Error codes" and "Error responses": an identity without
+        ec2:DescribeInstances gets 403 UnauthorizedOperation, an id EC2 does not know 400
+        InvalidInstanceID.NotFound; both in a `<Response><Errors>` document)."""
+        self.ec2_requests.append(form)
+        ids = [values[0] for key, values in sorted(form.items()) if key.startswith("InstanceId.")]
+
+        def error(code: int, name: str, message: str) -> None:
+            body = (
+                f"<Response><Errors><Error><Code>{name}</Code><Message>{message}</Message></Error></Errors>"
+                "<RequestID>ea966190-f9aa-478e-9ede-example</RequestID></Response>"
+            )
+            self._reply(handler, code, body.encode(), "text/xml")
+
+        if self.ec2_refused:
+            return error(403, "UnauthorizedOperation", "You are not authorized to perform this operation.")
+        unknown = [instance for instance in ids if instance not in self.instances]
+        if unknown:
+            return error(
+                400, "InvalidInstanceID.NotFound", f"The instance IDs '{', '.join(unknown)}' do not exist"
+            )
+        items = "".join(
+            f"<item><instanceId>{instance}</instanceId><instanceType>g6.12xlarge</instanceType>"
+            f"<launchTime>{self.instances[instance]}</launchTime>"
+            "<instanceState><code>16</code><name>running</name></instanceState></item>"
+            for instance in ids
+        )
+        body = (
+            '<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            "<requestId>8f7724cf-496f-496e-8fe3-example</requestId><reservationSet><item>"
+            f"<reservationId>r-1234567890abcdef0</reservationId><ownerId>{self.account}</ownerId>"
+            f"<groupSet/><instancesSet>{items}</instancesSet></item></reservationSet>"
+            "</DescribeInstancesResponse>"
+        )
+        self._reply(handler, 200, body.encode(), "text/xml;charset=UTF-8")
+
+    def _sts(self, handler: BaseHTTPRequestHandler, form: dict[str, list[str]]) -> None:
         action = form.get("Action", [""])[0]
         ns = "https://sts.amazonaws.com/doc/2011-06-15/"
         if self.access_keys_seen and self.access_keys_seen[-1] in self.expired_keys:

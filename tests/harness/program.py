@@ -277,16 +277,19 @@ def run_program(
     stack: str = "dev",
     secret_keys: list[str] | None = None,
     crd_schemas: bool = False,
+    preview: bool = True,
 ) -> Plan:
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises.
 
     `crd_schemas`: apply KubeRay's CRDs with their full schemas (see `_schemas_left_out`).
+    `preview`: as `pulumi preview` (outputs of new resources unknown); False as `pulumi up`, where the
+    resources' outputs are the mocks' and what the program derives from them resolves.
     """
     if not crd_schemas:
         vendored = addons.kuberay_crds
         addons.kuberay_crds = lambda: _schemas_left_out(vendored())
         try:
-            return run_program(config, fake_aws, stack, secret_keys, crd_schemas=True)
+            return run_program(config, fake_aws, stack, secret_keys, crd_schemas=True, preview=preview)
         finally:
             addons.kuberay_crds = vendored
     region = config.get("aws:region", "us-east-2")
@@ -296,7 +299,7 @@ def run_program(
     # A root stack of its own for each run (`set_mocks` keeps the last one), so `outputs` holds this
     # run's exports alone.
     pulumi.runtime.settings.ROOT.set(None)
-    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=True, monitor=monitor)
+    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=preview, monitor=monitor)
     pulumi.runtime.set_all_config(config, secret_keys or [])
     failure: list[BaseException] = []
 

@@ -35,6 +35,7 @@ from workloads import manifests
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
 from workloads.training_run import errors, provider, readiness, runner, schema
 from workloads.training_run.access import jobs
+from workloads.training_run.access.ec2_instances import ec2_launch_times
 from workloads.training_run.access.kube_access import ExecResult, KubernetesCluster, LocalExecutor
 from workloads.training_run.access.node_group import NodeGroupFacts, utc_iso
 from workloads.training_run.verdicts import evidence, fabric
@@ -67,6 +68,17 @@ EFA_JOB, TCP_JOB, FALLBACK_JOB, OOM_JOB = "02000000", "03000000", "01000000", "0
 PROBE_JOB, TCP_PROBE_JOB = "05000000", "06000000"
 
 
+# Each GPU node's EC2 instance (its providerID, as EKS sets it: `aws:///<zone>/<instance id>`) and
+# when EC2 launched it (DescribeInstances `LaunchTime`).
+INSTANCE_IDS = {"node-a": "i-0a1b2c3d4e5f60001", "node-b": "i-0a1b2c3d4e5f60002"}
+LAUNCHED = {
+    "i-0a1b2c3d4e5f60001": datetime.datetime(2026, 12, 5, 6, 0, 0, tzinfo=datetime.UTC),
+    "i-0a1b2c3d4e5f60002": datetime.datetime(2026, 12, 5, 6, 0, 30, tzinfo=datetime.UTC),
+}
+# The wall clock of the in-process runs: the outputs are dated 2026-12-05T07:00:00+00:00.
+OUTPUT_TIME = datetime.datetime(2026, 12, 5, 7, 0, 0, tzinfo=datetime.UTC)
+
+
 def gpu_node(
     name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
 ):
@@ -78,8 +90,10 @@ def gpu_node(
     labels = {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}
     if present:
         labels[readiness.GPU_PRESENT_LABEL] = "true"
+    instance = INSTANCE_IDS.get(name, "i-0f0f0f0f0f0f0f0f0")
     return k8s.V1Node(
         metadata=k8s.V1ObjectMeta(name=name, labels=labels),
+        spec=k8s.V1NodeSpec(provider_id=f"aws:///us-east-2a/{instance}"),
         status=k8s.V1NodeStatus(
             allocatable=allocatable,
             conditions=[k8s.V1NodeCondition(type="Ready", status="True" if ready else "False")],
@@ -145,6 +159,48 @@ def reader_pod(name: str, node: str, ready: bool = True):
             conditions=[k8s.V1PodCondition(type="Ready", status="True" if ready else "False")],
         ),
     )
+
+
+def stubbed_ec2(launched: dict[str, datetime.datetime] | None = None, refused: str | None = None):
+    """A boto3 EC2 client whose DescribeInstances answers from `launched` (instance id -> LaunchTime),
+    checked against EC2's own service model by botocore's `Stubber`; `refused` is an error code EC2
+    answers instead (UnauthorizedOperation, HTTP 403, for an identity without ec2:DescribeInstances:
+    EC2 API reference, "Error codes"). Each call is answered once; `stubbed_ec2` stubs one call."""
+    import boto3
+    from botocore.stub import Stubber
+
+    ec2 = boto3.client(
+        "ec2", region_name="us-east-2", aws_access_key_id="AKIAFAKE", aws_secret_access_key="fake"
+    )
+    stubber = Stubber(ec2)
+    launched = LAUNCHED if launched is None else launched
+    if refused:
+        stubber.add_client_error(
+            "describe_instances",
+            service_error_code=refused,
+            service_message="You are not authorized to perform this operation.",
+            http_status_code=403,
+        )
+    else:
+        instances = [
+            {
+                "InstanceId": instance,
+                "InstanceType": "g6.12xlarge",
+                "LaunchTime": at,
+                "State": {"Code": 16, "Name": "running"},
+            }
+            for instance, at in launched.items()
+        ]
+        stubber.add_response(
+            "describe_instances",
+            {
+                "Reservations": [
+                    {"ReservationId": "r-0fake", "OwnerId": "123456789012", "Instances": instances}
+                ]
+            },
+        )
+    stubber.activate()
+    return ec2
 
 
 def _selected(labels: dict, selector: str) -> bool:
@@ -466,6 +522,9 @@ class FakeCluster:
     clock: FakeClock = field(default_factory=FakeClock)
     logged: list[str] = field(default_factory=list)
     node_group: FakeNodeGroupSizer | None = None
+    # EC2's answer to DescribeInstances for the GPU nodes: their launch times, or a refusal's code.
+    launched: dict[str, datetime.datetime] = field(default_factory=lambda: dict(LAUNCHED))
+    ec2_refused: str | None = None
 
     def __post_init__(self):
         self.node_group = self.node_group or FakeNodeGroupSizer(self.clock)
@@ -503,6 +562,10 @@ class FakeCluster:
             clock=self.clock,
             sleep=self.clock.sleep,
             node_group=self.node_group,
+            launch_times=ec2_launch_times(
+                stubbed_ec2(self.launched, self.ec2_refused), "the ambient AWS credentials"
+            ),
+            now=lambda: OUTPUT_TIME + datetime.timedelta(seconds=self.clock.now),
         )
 
     def provider(self) -> provider.TrainingRunProvider:

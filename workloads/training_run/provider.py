@@ -49,6 +49,7 @@ import pulumi.dynamic
 
 from infra.config.aws_identity import REFUSED, AwsCredentialSettings, AwsSettingsError, caller_identity
 from workloads.training_run import engine_host
+from workloads.training_run.access.ec2_instances import ec2_launch_times
 from workloads.training_run.access.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.access.kube_access import KubernetesCluster
 from workloads.training_run.access.node_group import EksNodeGroup
@@ -60,7 +61,7 @@ from workloads.training_run.errors import (
     EndpointNameUnresolved,
     TrainingRunError,
 )
-from workloads.training_run.runner import RunEnvironment, TrainingRunner
+from workloads.training_run.runner import GpuNodeLaunches, RunEnvironment, TrainingRunner
 from workloads.training_run.schema import (
     RERUN_INPUTS,
     RunInputs,
@@ -85,7 +86,11 @@ class RunOutputs:
     message size, and `busbw_fraction` that over the `line_rate_gbps` input (None without one).
     `gpu_nodes_released_at`: with `gpu_nodes_after_training` release, when EKS accepted the GPU node
     group's scale-down to 0 after the job (ISO 8601 UTC; the nodes drain and stop within about 5
-    minutes of it); None when the nodes were kept."""
+    minutes of it); None when the nodes were kept.
+    `gpu_nodes` are the GPU nodes the job ran on, each with its EC2 `instanceId` and `launchTime`
+    (None with `gpu_nodes_unavailable` saying why), and `finished_at` the time these outputs were
+    made (ISO 8601, UTC): the stack's `training.cost` counts GPU node hours from the one to their
+    release, or to the other when they were kept."""
 
     job_id: str
     status: str
@@ -119,6 +124,9 @@ class RunOutputs:
     tcp_busbw_gbps: dict[str, float] | None = None
     efa_speedup: float | None = None
     gpu_nodes_released_at: str | None = None
+    gpu_nodes: dict[str, dict[str, str]] | None = None
+    gpu_nodes_unavailable: str | None = None
+    finished_at: str | None = None
 
     @classmethod
     def of(
@@ -126,6 +134,7 @@ class RunOutputs:
         main: tuple[GateResult, JobResult],
         tcp: tuple[GateResult, JobResult] | None,
         line_rate_gbps: float | None,
+        launches: GpuNodeLaunches,
         released_at: str | None = None,
     ) -> RunOutputs:
         gate, job = main
@@ -157,6 +166,9 @@ class RunOutputs:
             gate_s=gate.seconds,
             busbw_gbps=gate.probe.busbw_gbps,
             busbw_fraction=busbw_fractions(gate.probe.busbw_gbps, line_rate_gbps),
+            gpu_nodes=launches.nodes,
+            gpu_nodes_unavailable=launches.unavailable,
+            finished_at=launches.at,
         )
         if tcp is None:
             return outputs
@@ -322,6 +334,10 @@ def connect_to_eks(
                 code_sync_timeout_s=timings.code_sync_timeout_s,
                 sleep=engine_host.cancellable_sleep,
                 node_group=node_group,
+                launch_times=ec2_launch_times(
+                    session.client("ec2", region_name=inputs.region, config=aws_client_config(timings.api)),
+                    aws.describe(),
+                ),
             )
     except ApiUnauthorized as error:
         arn, sts_error = caller_identity(session, inputs.region, aws_client_config(timings.api))
@@ -381,7 +397,8 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
         with self._connect(inputs, self._aws, RunTimings.from_env()) as env:
             runner = TrainingRunner(inputs, env)
             main, tcp = runner.run()
-        outputs = RunOutputs.of(main, tcp, inputs.line_rate_gbps, runner.released_at)
+            launches = runner.gpu_node_launches()
+        outputs = RunOutputs.of(main, tcp, inputs.line_rate_gbps, launches, runner.released_at)
         return {**inputs.props(), **dataclasses.asdict(outputs)}
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:

@@ -18,6 +18,7 @@ a cluster it cannot reach) leaves the nodes running for the job and says so.
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -30,6 +31,12 @@ from workloads import manifests
 from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.nccl_transport import classify_lines
 from workloads.training_run import readiness
+from workloads.training_run.access.ec2_instances import (
+    LaunchTimes,
+    LaunchTimesUnavailable,
+    instance_id,
+    no_launch_times,
+)
 from workloads.training_run.access.jobs import (
     DASHBOARD_ADDRESS,
     NCCL_LOG_DIR,
@@ -40,7 +47,7 @@ from workloads.training_run.access.jobs import (
     plan_submission,
     submission_id_base,
 )
-from workloads.training_run.access.kube_access import ClusterApi, Executor, PodFacts
+from workloads.training_run.access.kube_access import ClusterApi, Executor, NodeFacts, PodFacts
 from workloads.training_run.access.node_group import NodeGroupSizer
 from workloads.training_run.errors import (
     ApiRefused,
@@ -94,10 +101,24 @@ class RunEnvironment:
     sleep: Callable[[float], None] = time.sleep
     # The GPU node group's size, for `gpuNodesAfterTraining: release` (None: nothing to size).
     node_group: NodeGroupSizer | None = None
+    # The GPU nodes' launch times by EC2 instance id (`ec2_instances`), and the wall clock in UTC
+    # that dates the outputs: what the run's cost is counted from and to.
+    launch_times: LaunchTimes = no_launch_times
+    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
 
     @property
     def pace(self) -> Pace:
         return Pace(self.poll_interval_s, self.clock, self.sleep)
+
+
+@dataclass(frozen=True)
+class GpuNodeLaunches:
+    """The GPU nodes the job ran on, each with its EC2 instance and launch time (ISO 8601, UTC), or
+    why they are unavailable; `at` is when this was read, the output's time (ISO 8601, UTC)."""
+
+    nodes: dict[str, dict[str, str]] | None
+    unavailable: str | None
+    at: str
 
 
 class TrainingRunner:
@@ -111,6 +132,7 @@ class TrainingRunner:
         self.env = env
         self.in_flight: str | None = None  # the job started or adopted and not yet seen to end
         self.released_at: str | None = None  # when EKS accepted the GPU group's scale-down to 0
+        self.gpu_nodes: list[NodeFacts] = []  # those the readiness wait found ready
 
     def start_job(
         self,
@@ -369,6 +391,7 @@ class TrainingRunner:
             request.efa_per_node,
             worker_pods,
         )
+        self.gpu_nodes = nodes
         env.log(
             f"training run: {len(nodes)} GPU nodes ready ({request.gpus_per_node} {GPU_RESOURCE}, "
             f">= {request.efa_per_node} {EFA_RESOURCE} each)"
@@ -489,3 +512,32 @@ class TrainingRunner:
         if not self.request.benchmark:
             return main, None
         return main, self.gated_job(pods, TCP_VARIANT, TCP_BASELINE_ENV, "socket", self.env.clock())
+
+    def gpu_node_launches(self) -> GpuNodeLaunches:
+        """Each GPU node's EC2 instance and launch time, read after the job: the run's cost counts
+        node hours from them. A node without an instance id, or EC2 refusing DescribeInstances,
+        makes them unavailable with the reason."""
+        nodes, unavailable = self._launches()
+        if unavailable:
+            self.env.log(f"training run: the GPU nodes' launch times are unavailable: {unavailable}")
+        return GpuNodeLaunches(nodes, unavailable, self.env.now().astimezone(datetime.UTC).isoformat())
+
+    def _launches(self) -> tuple[dict[str, dict[str, str]] | None, str | None]:
+        ids = {node.name: instance_id(node.provider_id) for node in self.gpu_nodes}
+        if not ids:
+            return None, "the run found no GPU node"
+        missing = sorted(name for name, found in ids.items() if found is None)
+        if missing:
+            return None, f"node(s) {', '.join(missing)} carry no EC2 instance id in spec.providerID"
+        instances = {name: found for name, found in ids.items() if found}
+        try:
+            launched = self.env.launch_times(sorted(set(instances.values())))
+        except LaunchTimesUnavailable as error:
+            return None, str(error)
+        gone = sorted(found for found in instances.values() if found not in launched)
+        if gone:
+            return None, f"ec2:DescribeInstances did not return {', '.join(gone)}"
+        return {
+            name: {"instanceId": found, "launchTime": launched[found].astimezone(datetime.UTC).isoformat()}
+            for name, found in instances.items()
+        }, None

@@ -9,7 +9,9 @@ through the provider's `EKS_RAY_TRAIN_*` environment variables, so a fault fails
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
 import signal
 import time
@@ -22,8 +24,10 @@ import grpc
 import pytest
 from pulumi.runtime import rpc
 
+from infra.plan.cost import CostBasis, list_price, measured_cost, parse_time, planned_cost
 from tests.harness import fake_kube_api as fake
 from tests.harness import paths
+from tests.harness.fake_aws import LIST_PRICES, price_list_item
 from tests.harness.provider_host import ProviderHost, plain, serialized_training_run
 from workloads.manifests import SPEC_HASH_ANNOTATION
 
@@ -31,6 +35,12 @@ FIXTURES = paths.FIXTURES / "training_run"
 WORKER_PODS = sorted(path.name for path in (FIXTURES / "pods").iterdir())
 HEAD_POD = "ray-train-head-9bq5w"
 NODES = ["node-a", "node-b"]  # one worker pod per GPU node, as the RayCluster places them
+# Each GPU node's EC2 instance, launched this long before the test starts (DescribeInstances `launchTime`).
+INSTANCES = {"node-a": "i-0a1b2c3d4e5f60001", "node-b": "i-0a1b2c3d4e5f60002"}
+LAUNCHED_AGO = {
+    "i-0a1b2c3d4e5f60001": datetime.timedelta(hours=2),
+    "i-0a1b2c3d4e5f60002": datetime.timedelta(minutes=90),
+}
 READER_PODS = ["efa-counters-4hx7c", "efa-counters-m2q9v"]  # the EFA counter reader pod of each node
 EFA_JOB, TCP_JOB, FALLBACK_JOB = "02000000", "03000000", "01000000"
 EFA_TRAFFIC = {"tx_bytes": 12_884_901_888, "rx_bytes": 12_884_905_984, "retrans_pkts": 2}  # per node
@@ -136,7 +146,7 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         tmp_path,
         pods,
         cluster_name=registered["cluster_name"],
-        nodes=[fake.node(node) for node in NODES],
+        nodes=[fake.node(node, instance_id=INSTANCES[node]) for node in NODES],
         pods=[
             ray_pod(registered, HEAD_POD, "head", node_name="system-node"),
             *(
@@ -157,8 +167,14 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
     group = fake.FakeNodeGroup(
         kube, registered["node_group_name"], dict(zip(NODES, WORKER_PODS, strict=True)), desired=len(NODES)
     )
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    launched = {
+        instance: (now - ago).strftime("%Y-%m-%dT%H:%M:%S.000Z") for instance, ago in LAUNCHED_AGO.items()
+    }
     aws = fake.FakeAwsApis(
-        clusters={registered["cluster_name"]: (kube.endpoint, kube.ca_pem)}, node_groups={group.name: group}
+        clusters={registered["cluster_name"]: (kube.endpoint, kube.ca_pem)},
+        node_groups={group.name: group},
+        instances=launched,
     ).start()
     kube.expired_keys = aws.expired_keys  # EKS asks STS about each token: both see the same expiry
     env = {
@@ -169,6 +185,7 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         "AWS_SECRET_ACCESS_KEY": "ambient-secret",
         "AWS_ENDPOINT_URL_EKS": aws.url,
         "AWS_ENDPOINT_URL_STS": aws.url,
+        "AWS_ENDPOINT_URL_EC2": aws.url,
         "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
         **FAST,
@@ -360,6 +377,59 @@ def test_release_refuses_a_degraded_group_in_one_line(world: World, registered_r
     assert "InsufficientInstanceCapacity" in message and "--scaling-config desiredSize=2" in message
     assert world.group.updates == [] and world.pods.probe_submissions == []
     print(f"\nDEGRADED group refused {time.monotonic() - started:.2f} s after Create began")
+
+
+def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_output(world: World):
+    """The provider reads the GPU nodes' instances (their providerID) and EC2's launch times after the
+    job; the stack's `training.cost` turns them into node hours and US$ at the Price List's price."""
+    world.host.configure(STACK_CONFIG)
+    outs = plain(world.create().properties)
+    assert outs.get("gpu_nodes_unavailable") is None  # a null output is left out of the answer
+    assert {node: facts["instanceId"] for node, facts in outs["gpu_nodes"].items()} == INSTANCES
+    assert [
+        sorted(v[0] for k, v in request.items() if k.startswith("InstanceId."))
+        for request in world.aws.ec2_requests
+    ] == [sorted(INSTANCES.values())]
+    launched = {node: parse_time(facts["launchTime"]) for node, facts in outs["gpu_nodes"].items()}
+    assert {node: world.aws.instances[INSTANCES[node]] for node in launched} == {
+        node: at.strftime("%Y-%m-%dT%H:%M:%S.000Z") for node, at in launched.items()
+    }
+    finished = parse_time(outs["finished_at"])
+    price = list_price(
+        "g6.12xlarge",
+        "us-east-2",
+        price_list_item("g6.12xlarge", "us-east-2", LIST_PRICES["g6.12xlarge"]),
+        None,
+    )
+    basis = CostBasis(price, None, {})
+    cost = {
+        **planned_cost(basis),
+        "measured": measured_cost(basis, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]),
+    }
+    assert cost["priceBasis"] == "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview"
+    seconds = sum(math.ceil((finished - at).total_seconds()) for at in launched.values())
+    measured = cost["measured"]
+    assert seconds > 3.5 * 3600 and measured["gpuNodeHours"] == round(seconds / 3600, 4)
+    assert measured["usd"] == round(seconds / 3600 * 4.6016, 2) and measured["to"] == "the output's time"
+    # The fixture's summary predates `tokens_seen`: 5 steps of 530.6 tokens/s x 1.93 s (1024 tokens each).
+    assert measured["tokens"] == 5 * 1024
+    assert measured["usdPerMillionTokens"] == round(seconds / 3600 * 4.6016 / 5120 * 1e6, 2)
+
+
+def test_ec2_refusing_describe_instances_leaves_the_cost_unavailable_naming_why(world: World):
+    world.host.configure(STACK_CONFIG)
+    world.aws.ec2_refused = True
+    outs = plain(world.create().properties)
+    assert outs["status"] == "SUCCEEDED" and outs.get("gpu_nodes") is None
+    assert outs["gpu_nodes_unavailable"] == (
+        f"AWS refused ec2:DescribeInstances of {', '.join(sorted(INSTANCES.values()))} for the ambient AWS "
+        "credentials (environment, default profile or instance role): UnauthorizedOperation: You are not "
+        "authorized to perform this operation."
+    )
+    basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "refused"), None, {})
+    measured = measured_cost(basis, None, outs["gpu_nodes_unavailable"], outs["finished_at"], outs["summary"])
+    assert measured["gpuNodeHours"] is None and measured["usd"] is None
+    assert measured["unavailable"] == outs["gpu_nodes_unavailable"]
 
 
 def stopped_by_the_gate(world: World, **changes: Any) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.plan.cost import CostBasis, list_price, measured_cost, planned_cost
 from tests.harness.paths import REPO_ROOT
 from tests.harness.ray_head import RayHead
 from tests.harness.training_run_fakes import (
@@ -21,6 +22,7 @@ from tests.harness.training_run_fakes import (
     FALLBACK_JOB,
     HEAD_POD,
     OOM_JOB,
+    OUTPUT_TIME,
     PROBE_TRAFFIC,
     WORKER_NODES,
     WORKER_PODS,
@@ -494,3 +496,50 @@ def test_ray_head_failed_job_fails_with_its_log(ray_head):
     message = str(caught.value)
     assert " FAILED: Job entrypoint command failed with exit code 2" in message
     assert "argument --steps: must be >= 1, got 0" in message
+
+
+# --- the GPU nodes' launch times, for the stack's `training.cost` ----------------------------------
+
+
+def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time():
+    """Read after the job: the instances the nodes' providerID names, their EC2 launch times
+    (DescribeInstances, stubbed on EC2's own service model), and the output's time from the run's
+    wall clock; the cost of the fake cluster then counts from them at the named price."""
+    fake = FakeCluster(main_and_tcp_head())
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["gpu_nodes"] == {
+        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T06:00:00+00:00"},
+        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T06:00:30+00:00"},
+    }
+    assert outs["gpu_nodes_unavailable"] is None
+    finished = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
+    assert outs["finished_at"] == finished.isoformat()
+    price = list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused")
+    basis = CostBasis(price, None, {})
+    measured = measured_cost(basis, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"])
+    seconds = 2 * 3600 + 2 * fake.clock.now - 30
+    assert measured["gpuNodeHours"] == round(seconds / 3600, 4)
+    assert measured["usd"] == round(seconds / 3600 * 4.6016, 2)
+    assert planned_cost(basis)["priceBasis"].startswith(
+        "On-Demand list price of g6.12xlarge shipped with the stack"
+    )
+
+
+def test_ec2_refusing_describe_instances_makes_the_launch_times_unavailable_not_the_run():
+    fake = FakeCluster(main_and_tcp_head(), ec2_refused="UnauthorizedOperation")
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["status"] == "SUCCEEDED" and outs["gpu_nodes"] is None
+    assert outs["gpu_nodes_unavailable"] == (
+        "AWS refused ec2:DescribeInstances of i-0a1b2c3d4e5f60001, i-0a1b2c3d4e5f60002 for the ambient AWS "
+        "credentials: UnauthorizedOperation: You are not authorized to perform this operation."
+    )
+    assert any("launch times are unavailable" in line for line in fake.logged)
+
+
+def test_a_node_without_an_instance_id_makes_the_launch_times_unavailable():
+    bare = gpu_node("node-b")
+    bare.spec.provider_id = None
+    fake = FakeCluster(main_and_tcp_head(), nodes=[gpu_node("node-a"), bare])
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["gpu_nodes"] is None
+    assert outs["gpu_nodes_unavailable"] == "node(s) node-b carry no EC2 instance id in spec.providerID"

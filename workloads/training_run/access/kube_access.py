@@ -128,6 +128,9 @@ class NodeFacts:
     labels: Mapping[str, str]
     allocatable: Mapping[str, str]
     ready: bool
+    # spec.providerID: on EKS `aws:///<zone>/<instance id>`, set by the cloud provider when the node
+    # registers; "" where it is not set.
+    provider_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -325,6 +328,7 @@ def _node_facts(node) -> NodeFacts:
         labels=dict(node.metadata.labels or {}),
         allocatable=dict((node.status.allocatable or {}) if node.status else {}),
         ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+        provider_id=(node.spec.provider_id or "") if node.spec else "",
     )
 
 

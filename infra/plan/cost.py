@@ -1,0 +1,254 @@
+"""What a training run cost and what the stack costs per hour at rest: arithmetic over facts fetched
+elsewhere (the GPU nodes' launch times by the TrainingRun, the prices at preview by
+`infra.pricing`), so every figure here is a pure function of what it is given.
+
+An estimate from list prices, never the invoice: no discount (Savings Plans, credits), no tax, no
+usage-based charge (NAT data processing, S3, CloudWatch, data transfer) is in it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infra.plan.facts import (
+    EC2_BILLING_URL,
+    EC2_MINIMUM_BILLED_S,
+    EKS_EXTENDED_SUPPORT_USD_PER_HOUR,
+    EKS_STANDARD_SUPPORT_USD_PER_HOUR,
+    GP3_USD_PER_GB_MONTH,
+    HOURS_PER_MONTH,
+    NAT_GATEWAY_USD_PER_HOUR,
+    PUBLIC_IPV4_USD_PER_HOUR,
+    Fact,
+    shipped_on_demand_usd,
+)
+from infra.plan.planner import on_demand_usd
+
+NOTE = (
+    "An estimate from AWS list prices, not the invoice: no discount, credit or tax, and no usage-based "
+    "charge (NAT data processing, S3, CloudWatch, data transfer). The AWS Billing console has the bill."
+)
+EXTENDED_SUPPORT = "EXTENDED_SUPPORT"  # eks:DescribeClusterVersions `versionStatus`
+
+
+@dataclass(frozen=True)
+class Price:
+    """An hourly US$ price (None: no hourly price applies or none is known) and where it comes from."""
+
+    usd_per_hour: float | None
+    basis: str
+
+
+def list_price(instance_type: str, region: str, price_item: str | None, refused: str | None) -> Price:
+    """The On-Demand price of a Linux instance type: the Price List's item where it answered, else the
+    price shipped with the stack, named as such with why the Price List was not used."""
+    usd = on_demand_usd(price_item) if price_item else None
+    if usd:
+        return Price(usd, f"On-Demand list price of {instance_type} in {region}, AWS Price List at preview")
+    why = refused or "its answer held no On-Demand price"
+    shipped = shipped_on_demand_usd(instance_type)
+    if shipped is None:
+        return Price(
+            None, f"no price for {instance_type}: the Price List was not used ({why}) and none is shipped"
+        )
+    return Price(
+        shipped.value,
+        f"On-Demand list price of {instance_type} shipped with the stack (us-east-1, {shipped.source}, read "
+        f"{shipped.date}); the Price List was not used: {why}",
+    )
+
+
+def capacity_block_price(reservation_id: str) -> Price:
+    """A Capacity Block is paid upfront at purchase, whatever its nodes do, and no EC2 API returns the
+    fee of a purchased block (DescribeCapacityBlockOfferings prices offerings; DescribeCapacityBlocks
+    and DescribeCapacityReservations carry no fee)."""
+    return Price(
+        None,
+        f"Capacity Block {reservation_id}: its upfront fee, paid at purchase whatever the nodes do; no EC2 API "
+        "returns the fee of a purchased block, so no US$ figure is given here (the AWS Billing console has it)",
+    )
+
+
+# --- the GPU node hours of a run ---------------------------------------------------------------------
+
+
+def parse_time(text: str) -> datetime.datetime:
+    """An ISO 8601 time with its offset (`2026-12-05T07:00:00+00:00`, or `Z`), as an aware datetime."""
+    parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError(f"{text!r} has no UTC offset")
+    return parsed
+
+
+def billed_seconds(launched: datetime.datetime, end: datetime.datetime) -> int:
+    """The seconds EC2 bills an On-Demand Linux instance from `launched` to `end`: whole seconds,
+    at least 60 once it ran at all (EC2 per-second billing)."""
+    seconds = math.ceil((end - launched).total_seconds())
+    return max(seconds, EC2_MINIMUM_BILLED_S) if seconds > 0 else 0
+
+
+def gpu_node_hours(launch_times: Iterable[datetime.datetime], end: datetime.datetime) -> float:
+    """Node hours from each node's launch to `end`: the release of the nodes, or the output's time."""
+    return sum(billed_seconds(launched, end) for launched in launch_times) / 3600
+
+
+def tokens_trained(summary: Mapping[str, Any] | None) -> int | None:
+    """The tokens the run trained on: the summary's `tokens_seen`; a summary from before that field
+    gives its steps times its tokens per step (`tokens_per_s x step_time_s`, the step's own tokens)."""
+    summary = summary or {}
+    if summary.get("tokens_seen") is not None:
+        return int(summary["tokens_seen"])
+    steps, rate, step_time = summary.get("steps"), summary.get("tokens_per_s"), summary.get("step_time_s")
+    if steps and rate and step_time:
+        return int(steps) * round(rate * step_time)
+    return None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The planner's step for the configured strategy (`infra.plan.planner.log_plan`), and the run's size."""
+
+    steps: int
+    step_time_s: float
+    tokens_per_s: float
+    nodes: int
+
+
+@dataclass(frozen=True)
+class CostBasis:
+    """What preview knows of the cost: the GPU nodes' price, the planner's prediction (None without
+    a plan) and the stack's hourly cost at rest (`at_rest_usd_per_hour`)."""
+
+    gpu_price: Price
+    prediction: Prediction | None
+    at_rest: Mapping[str, Any]
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def planned_cost(basis: CostBasis) -> dict[str, Any]:
+    """What `training.cost` knows at preview: the price and its basis, the planner's prediction at that
+    price (the steps' time alone, `steps x step time x nodes x price`), the stack per hour at rest."""
+    price, prediction = basis.gpu_price, basis.prediction
+    predicted_usd = predicted_per_mtoken = None
+    if prediction is not None and price.usd_per_hour is not None:
+        fleet_per_s = prediction.nodes * price.usd_per_hour / 3600
+        predicted_usd = prediction.steps * prediction.step_time_s * fleet_per_s
+        predicted_per_mtoken = fleet_per_s / prediction.tokens_per_s * 1e6
+    return {
+        "usdPerGpuNodeHour": price.usd_per_hour,
+        "priceBasis": price.basis,
+        "predictedUsd": _rounded(predicted_usd, 2),
+        "predictedUsdPerMillionTokens": _rounded(predicted_per_mtoken, 2),
+        "atRestUsdPerHour": dict(basis.at_rest),
+        "billing": f"EC2 bills per second while running, 60 s at least ({EC2_BILLING_URL})",
+        "note": NOTE,
+    }
+
+
+def measured_cost(
+    basis: CostBasis,
+    gpu_nodes: Mapping[str, Mapping[str, str]] | None,
+    gpu_nodes_unavailable: str | None,
+    finished_at: str | None,
+    summary: Mapping[str, Any] | None,
+    released_at: str | None = None,
+) -> dict[str, Any]:
+    """What the run cost, `training.cost.measured`. `gpu_nodes` are the TrainingRun's (node ->
+    instanceId, launchTime); the hours run to `released_at` (when the GPU nodes were released) or
+    else to `finished_at` (the output's time). Without the launch times (before the first run, or
+    when EC2 refused DescribeInstances) the hours and US$ are None and `unavailable` says why."""
+    end_text = released_at or finished_at
+    hours: float | None = None
+    reason = gpu_nodes_unavailable
+    if gpu_nodes and end_text and not reason:
+        end = parse_time(end_text)
+        hours = gpu_node_hours((parse_time(node["launchTime"]) for node in gpu_nodes.values()), end)
+    elif reason is None:
+        reason = "no training run has reported its GPU nodes yet"
+    price = basis.gpu_price.usd_per_hour
+    usd = hours * price if hours is not None and price is not None else None
+    tokens = tokens_trained(summary)
+    return {
+        "gpuNodeHours": _rounded(hours),
+        "from": "each GPU node's EC2 launch time",
+        "to": ("the GPU nodes' release" if released_at else "the output's time") if end_text else None,
+        "endedAt": end_text,
+        "unavailable": reason if hours is None else None,
+        "usd": _rounded(usd, 2),
+        "tokens": tokens,
+        "usdPerMillionTokens": _rounded(usd / tokens * 1e6, 2) if usd is not None and tokens else None,
+    }
+
+
+# --- the stack at rest ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StackShape:
+    """What bills by the hour whatever the GPUs do, and the GPU nodes beside it."""
+
+    version_status: str | None  # eks:DescribeClusterVersions' status of kubernetesVersion; None: not read
+    system_nodes: int
+    system_price: Price
+    system_root_gib: int
+    gpu_nodes: int
+    gpu_price: Price
+    gpu_root_gib: int
+    nat_gateways: int
+
+
+def _per_hour(fact: Fact, count: float = 1) -> float:
+    return count * fact.value
+
+
+def _sum(parts: Sequence[float | None]) -> float | None:
+    """The total, or None when a part is unknown."""
+    values = [value for value in parts if value is not None]
+    return None if len(values) < len(parts) else round(sum(values), 4)
+
+
+def at_rest_usd_per_hour(shape: StackShape) -> dict[str, Any]:
+    """US$ per hour of the stack with the GPU nodes at 0 and with them running, and each part."""
+    extended = shape.version_status == EXTENDED_SUPPORT
+    control = EKS_EXTENDED_SUPPORT_USD_PER_HOUR if extended else EKS_STANDARD_SUPPORT_USD_PER_HOUR
+    gp3_per_gib_hour = GP3_USD_PER_GB_MONTH.value / HOURS_PER_MONTH
+    system = shape.system_price.usd_per_hour
+    gpu = shape.gpu_price.usd_per_hour
+    parts = {
+        "controlPlane": control.value,
+        "systemNodes": None if system is None else round(shape.system_nodes * system, 4),
+        "natGateways": round(
+            _per_hour(NAT_GATEWAY_USD_PER_HOUR, shape.nat_gateways)
+            + _per_hour(PUBLIC_IPV4_USD_PER_HOUR, shape.nat_gateways),
+            4,
+        ),
+        "systemVolumes": round(shape.system_nodes * shape.system_root_gib * gp3_per_gib_hour, 4),
+        "gpuNodes": None if gpu is None else round(shape.gpu_nodes * gpu, 4),
+        "gpuVolumes": round(shape.gpu_nodes * shape.gpu_root_gib * gp3_per_gib_hour, 4),
+    }
+    at_zero = ("controlPlane", "systemNodes", "natGateways", "systemVolumes")
+    support = {
+        None: "standard (the version's status was not read)",
+        EXTENDED_SUPPORT: "extended",
+    }.get(shape.version_status, "standard")
+    return {
+        "gpuNodesAtZero": _sum([parts[key] for key in at_zero]),
+        "gpuNodesRunning": _sum(list(parts.values())),
+        "parts": parts,
+        "controlPlaneSupport": support,
+        "systemNodeBasis": shape.system_price.basis,
+        "sources": {
+            "controlPlane": f"{control.source} (read {control.date})",
+            "natGateways": f"{NAT_GATEWAY_USD_PER_HOUR.source}, gateway and its public IPv4 address (read "
+            f"{NAT_GATEWAY_USD_PER_HOUR.date})",
+            "volumes": f"{GP3_USD_PER_GB_MONTH.source}, gp3 per GB-month over {HOURS_PER_MONTH} h (read "
+            f"{GP3_USD_PER_GB_MONTH.date})",
+        },
+    }

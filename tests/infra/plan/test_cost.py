@@ -1,0 +1,153 @@
+"""The cost figures: EC2's per-second billing with its minimum, the price and its basis, tokens and
+US$ per million of them, the planner's prediction, and the stack per hour at rest."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from infra.plan.cost import (
+    CostBasis,
+    Prediction,
+    Price,
+    StackShape,
+    at_rest_usd_per_hour,
+    billed_seconds,
+    capacity_block_price,
+    gpu_node_hours,
+    list_price,
+    measured_cost,
+    planned_cost,
+    tokens_trained,
+)
+from tests.harness.fake_aws import price_list_item
+
+T0 = datetime.datetime(2026, 12, 5, 6, 0, 0, tzinfo=datetime.UTC)
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize(
+    ("ran_s", "billed"),
+    [(0, 0), (-5, 0), (1, 60), (59.2, 60), (60, 60), (61, 61), (3600.4, 3601)],
+)
+def test_ec2_bills_whole_seconds_and_a_minute_at_least(ran_s, billed):
+    assert billed_seconds(T0, at(ran_s)) == billed
+
+
+def test_node_hours_add_each_nodes_billed_seconds_to_the_end_given():
+    assert gpu_node_hours([T0, at(1800)], at(3600)) == pytest.approx(1.5)
+    assert gpu_node_hours([T0, at(3590)], at(3600)) == pytest.approx((3600 + 60) / 3600)
+
+
+def test_the_price_lists_item_is_the_price_and_names_its_basis():
+    price = list_price(
+        "g6.12xlarge", "us-east-2", price_list_item("g6.12xlarge", "us-east-2", "4.6016000000"), None
+    )
+    assert price == Price(
+        4.6016, "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview"
+    )
+
+
+def test_a_refused_price_list_falls_back_to_the_shipped_price_saying_so():
+    price = list_price("g6.12xlarge", "us-east-2", None, "AccessDeniedException: not authorized")
+    assert price.usd_per_hour == 4.6016
+    assert "shipped with the stack (us-east-1, https://aws.amazon.com/ec2/pricing/on-demand/" in price.basis
+    assert price.basis.endswith("the Price List was not used: AccessDeniedException: not authorized")
+    unknown = list_price("c7i.large", "us-east-2", None, "refused")
+    assert unknown.usd_per_hour is None and "none is shipped" in unknown.basis
+
+
+def test_a_capacity_block_has_no_hourly_price_and_says_why():
+    price = capacity_block_price("cr-0123456789abcdef0")
+    assert price.usd_per_hour is None
+    assert "upfront fee" in price.basis and "no EC2 API returns the fee of a purchased block" in price.basis
+
+
+def test_tokens_come_from_tokens_seen_else_steps_times_the_steps_tokens():
+    assert tokens_trained({"tokens_seen": 81920, "steps": 5, "tokens_per_s": 1, "step_time_s": 1}) == 81920
+    assert tokens_trained({"steps": 5, "tokens_per_s": 530.6, "step_time_s": 1.93}) == 5 * 1024
+    assert tokens_trained({"steps": 5}) is None and tokens_trained(None) is None
+
+
+BASIS = CostBasis(Price(4.0, "a list price"), Prediction(20, 1.8, 500.0, 2), {"gpuNodesAtZero": 0.36})
+
+
+def test_the_prediction_is_steps_times_step_time_times_the_fleet_at_the_named_price():
+    planned = planned_cost(BASIS)
+    assert planned["predictedUsd"] == round(20 * 1.8 * 2 * 4.0 / 3600, 2)
+    assert planned["predictedUsdPerMillionTokens"] == round(2 * 4.0 / 3600 / 500 * 1e6, 2)
+    assert planned["priceBasis"] == "a list price" and planned["atRestUsdPerHour"] == {"gpuNodesAtZero": 0.36}
+    assert "not the invoice" in planned["note"]
+    without = planned_cost(CostBasis(capacity_block_price("cr-1"), BASIS.prediction, {}))
+    assert without["predictedUsd"] is None and without["usdPerGpuNodeHour"] is None
+
+
+NODES = {
+    "node-a": {"instanceId": "i-1", "launchTime": "2026-12-05T06:00:00+00:00"},
+    "node-b": {"instanceId": "i-2", "launchTime": "2026-12-05T06:30:00+00:00"},
+}
+
+
+def test_the_measured_cost_runs_to_the_output_or_to_the_release():
+    summary = {"tokens_seen": 1_000_000}
+    measured = measured_cost(BASIS, NODES, None, "2026-12-05T07:00:00+00:00", summary)
+    assert measured["gpuNodeHours"] == 1.5 and measured["usd"] == 6.0
+    assert measured["usdPerMillionTokens"] == 6.0 and measured["to"] == "the output's time"
+    released = measured_cost(BASIS, NODES, None, "2026-12-05T09:00:00+00:00", summary, "2026-12-05T08:00:00Z")
+    assert released["gpuNodeHours"] == 3.5 and released["to"] == "the GPU nodes' release"
+    assert released["endedAt"] == "2026-12-05T08:00:00Z"
+
+
+def test_without_launch_times_the_measured_cost_is_unavailable_with_the_reason():
+    refused = measured_cost(BASIS, None, "AWS refused ec2:DescribeInstances", "2026-12-05T07:00:00+00:00", {})
+    assert refused["gpuNodeHours"] is None and refused["usd"] is None
+    assert refused["unavailable"] == "AWS refused ec2:DescribeInstances"
+    before = measured_cost(BASIS, None, None, None, None)
+    assert before["unavailable"] == "no training run has reported its GPU nodes yet"
+    block = measured_cost(
+        CostBasis(capacity_block_price("cr-1"), None, {}), NODES, None, "2026-12-05T07:00:00Z", {}
+    )
+    assert block["gpuNodeHours"] == 1.5 and block["usd"] is None
+
+
+def shape(**changes) -> StackShape:
+    values = {
+        "version_status": "STANDARD_SUPPORT",
+        "system_nodes": 1,
+        "system_price": Price(0.2016, "list"),
+        "system_root_gib": 80,
+        "gpu_nodes": 2,
+        "gpu_price": Price(4.6016, "list"),
+        "gpu_root_gib": 200,
+        "nat_gateways": 1,
+    }
+    return StackShape(**{**values, **changes})
+
+
+def test_at_rest_the_stack_pays_control_plane_system_node_nat_and_volumes():
+    rest = at_rest_usd_per_hour(shape())
+    gp3 = 0.08 / 730
+    assert rest["parts"] == {
+        "controlPlane": 0.1,
+        "systemNodes": 0.2016,
+        "natGateways": 0.05,
+        "systemVolumes": round(80 * gp3, 4),
+        "gpuNodes": 9.2032,
+        "gpuVolumes": round(400 * gp3, 4),
+    }
+    assert rest["gpuNodesAtZero"] == round(0.1 + 0.2016 + 0.05 + round(80 * gp3, 4), 4)
+    assert rest["gpuNodesRunning"] == round(sum(rest["parts"].values()), 4)
+    assert rest["controlPlaneSupport"] == "standard"
+
+
+def test_extended_support_costs_six_times_the_control_plane_and_unknown_parts_leave_totals_unknown():
+    extended = at_rest_usd_per_hour(shape(version_status="EXTENDED_SUPPORT"))
+    assert extended["parts"]["controlPlane"] == 0.6 and extended["controlPlaneSupport"] == "extended"
+    unread = at_rest_usd_per_hour(shape(version_status=None))
+    assert unread["controlPlaneSupport"] == "standard (the version's status was not read)"
+    block = at_rest_usd_per_hour(shape(gpu_price=capacity_block_price("cr-1")))
+    assert block["gpuNodesRunning"] is None and block["gpuNodesAtZero"] is not None
