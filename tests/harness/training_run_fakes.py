@@ -369,8 +369,12 @@ class ReaderPod:
         return LocalExecutor().run(local, timeout_s)
 
 
+# The wall time (seconds since the epoch) at which a `FakeClock` starts: 2026-12-05T09:00:00Z.
+WALL_START = 1796461200.0
+
+
 class FakeClock:
-    """Time that passes only when the provider sleeps."""
+    """Time that passes only when the provider sleeps; `wall` is the same time since the epoch."""
 
     def __init__(self):
         self.now = 0.0
@@ -378,6 +382,9 @@ class FakeClock:
 
     def __call__(self):
         return self.now
+
+    def wall(self):
+        return WALL_START + self.now
 
     def sleep(self, seconds):
         self.now += seconds
@@ -475,6 +482,7 @@ class FakeCluster:
             log=self.logged.append,
             clock=self.clock,
             sleep=self.clock.sleep,
+            wall_clock=self.clock.wall,
         )
 
     def provider(self) -> provider.TrainingRunProvider:

@@ -1,6 +1,7 @@
 """One run of the TrainingRun resource: readiness, the gate, the job(s), the verdict(s), the outputs.
 
-The steps, each in its own module: wait until the cluster is ready (`readiness`); run the fabric
+The steps, each in its own module: wait for a Capacity Block's start when it has not begun
+(`not_before`), then until the cluster is ready (`readiness`); run the fabric
 probe on the job's worker group with the job's NCCL environment and judge it (`gate`): a fabric
 that fails stops the run before the job is submitted; adopt or submit the job and follow it to
 its end (`jobs`), read its logs and judge NCCL's transport (`evidence`). With `benchmark` the same
@@ -14,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 import pulumi
 
@@ -77,6 +79,8 @@ class RunEnvironment:
     code_sync_timeout_s: float = RunTimings().code_sync_timeout_s
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # Seconds since the epoch, against AWS's dates (a Capacity Block's start); `clock` measures spans.
+    wall_clock: Callable[[], float] = time.time
 
     @property
     def pace(self) -> Pace:
@@ -332,6 +336,19 @@ class TrainingRunner:
         )
         return GateResult(replace(result, summary=report), probe, seconds)
 
+    def wait_for_the_block(self) -> None:
+        """Until `not_before`, a Capacity Block's start: its GPU nodes cannot launch before it (EKS
+        user guide, "Create a managed node group with Capacity Blocks for ML"). A line each poll."""
+        if self.request.not_before is None:
+            return
+        start = datetime.fromisoformat(self.request.not_before).timestamp()
+        while (left := start - self.env.wall_clock()) > 0:
+            self.env.log(
+                f"training run: waiting for the Capacity Block's start at {self.request.not_before} "
+                f"({left / 60:.1f} min left); its GPU nodes launch then"
+            )
+            self.env.sleep(min(self.env.poll_interval_s, left))
+
     def wait_until_ready(self) -> RayPods:
         request, env = self.request, self.env
         worker_pods = env.cluster.ray_cluster_worker_count(request.namespace, request.ray_cluster_name)
@@ -411,6 +428,7 @@ class TrainingRunner:
     def run(self) -> tuple[tuple[GateResult, JobResult], tuple[GateResult, JobResult] | None]:
         """The main gate and job, checked; then the TCP baseline's when benchmarking."""
         try:
+            self.wait_for_the_block()
             pods = self.wait_until_ready()
         except Interrupted:
             raise Interrupted("interrupted while waiting for the cluster; no job was submitted") from None
