@@ -642,8 +642,8 @@ def _deadline_source(deadline: RunDeadline, reservation: ReservationFacts | None
     end = utc_text(reservation.end_date)
     if reservation.is_capacity_block:
         return (
-            f"Capacity Block {reservation.reservation_id} ends at {end}; EKS scales its node group to 0 and "
-            f"EC2 begins terminating its instances from {deadline.text}, 40 min before"
+            f"Capacity Block {reservation.reservation_id} ends at {end}; EKS scales its node group to 0 at "
+            f"{deadline.text}, 40 min before (EC2 terminates its instances from 30 min before)"
         )
     return (
         f"capacity reservation {reservation.reservation_id} ends at {end}; EC2 cancels it within the hour after "
@@ -652,16 +652,17 @@ def _deadline_source(deadline: RunDeadline, reservation: ReservationFacts | None
 
 
 def _start_up_words(start: StartUp, now: datetime) -> str:
-    phases = [
-        ("control plane", start.control_plane_s),
+    """`control plane 15 min, the block's start at ..., then GPU nodes 5 min + image pull 10 min + fabric gate 1 min`."""
+    nodes = [
         ("GPU nodes", start.gpu_nodes_s),
         ("image pull", start.image_pull_s),
         ("fabric gate", start.gate_s),
     ]
-    words = " + ".join(f"{name} {_span(seconds)}" for name, seconds in phases if seconds)
-    if start.gpus_from is not None and start.gpus_from > now:
-        words = f"the block's start at {utc_text(start.gpus_from)}, then {words}"
-    return words
+    after = " + ".join(f"{name} {_span(seconds)}" for name, seconds in nodes if seconds)
+    before = [f"control plane {_span(start.control_plane_s)}"] if start.control_plane_s else []
+    if start.gpus_from is not None and start.gpus_from > now + timedelta(seconds=start.control_plane_s):
+        before.append(f"the block's start at {utc_text(start.gpus_from)}")
+    return ", then ".join([", ".join(before), after]) if before else after
 
 
 def _job_times(config: TrainConfig, predicted: StrategyPlan | None) -> JobTimes:
@@ -700,7 +701,11 @@ def fit_the_window(
     source = _deadline_source(deadline, reservation)
     begins = f"start-up {_start_up_words(start, now)}: the job starts about {utc_text(fit.job_starts)}"
     steps = f"{job.steps} steps x {job.step_s:.2f} s" if job.step_s is not None else f"{job.steps} steps"
-    checkpoints = f"checkpoints of an estimated {_span(job.checkpoint_s)} each"
+    checkpoints = (
+        f"{fit.checkpoints} checkpoint(s) of an estimated {_span(job.checkpoint_s)}"
+        if fit.checkpoints
+        else "no checkpoint"
+    )
     if fit.verdict is Verdict.REFUSED:
         _refuse_the_window(settings, deadline, reservation, source, begins, fit, job)
     if fit.verdict is Verdict.UNPREDICTED:
@@ -712,7 +717,7 @@ def fit_the_window(
     elif fit.verdict is Verdict.PARTIAL:
         pulumi.log.warn(
             f"run window: {source}. Predicted: {begins}; only {fit.steps} of the {job.steps} configured steps "
-            f"fit before --deadline {deadline.text} ({steps}, {checkpoints}): the job stops at its deadline with a "
+            f"fit before --deadline {deadline.text} ({steps}; {checkpoints}): the job stops at its deadline with a "
             f"checkpoint of step {fit.steps}; lower training.steps to {fit.steps}, or give the run a later window"
         )
     elif fit.verdict is Verdict.FITS:
@@ -734,7 +739,8 @@ def _refuse_the_window(
     job: JobTimes,
 ) -> None:
     one = f"{_span(fit.run_s)} for one step with its checkpoint" if fit.run_s is not None else "a checkpoint"
-    window = f"{source}. Predicted: {begins}, {_span(max(fit.available_s, 0))} before the deadline, and it needs {one}"
+    left = f"{_span(fit.available_s)} before the deadline" if fit.available_s > 0 else "after the deadline"
+    window = f"{source}. Predicted: {begins}, {left}, and it needs {one}"
     if deadline.key != RESERVATION_KEY or reservation is None:
         raise ConfigError(
             f"config key 'training.deadline' = {deadline.text!r}: {window}: not even one checkpointed step fits; "

@@ -149,6 +149,12 @@ class JobTimes:
     eval_every: int = 0
     export_s: float = 0.0
 
+    def checkpoints(self, steps: int, checkpoint: bool) -> int:
+        """Checkpoints written by a run that ends after `steps` steps, with one at its end or not."""
+        every = self.checkpoint_every
+        before = (steps - 1) // every if every else 0
+        return before + int(checkpoint)
+
     def eval_s(self, step_s: float) -> float:
         return step_s if self.evaluates else 0.0
 
@@ -211,6 +217,7 @@ class WindowFit:
     available_s: float
     run_s: float | None
     steps: int
+    checkpoints: int = 0
 
     @property
     def spare_s(self) -> float | None:
@@ -227,11 +234,10 @@ def fit_window(job: JobTimes, start: StartUp, deadline: datetime, now: datetime)
         return WindowFit(verdict, begins, available, None, 0)
     one = job.ending_after(1, job.step_s, checkpoint=True)
     if available < one:
-        return WindowFit(Verdict.REFUSED, begins, available, one, 0)
+        return WindowFit(Verdict.REFUSED, begins, available, one, 0, 1)
     steps = steps_that_fit(job, job.step_s, available)
-    if steps < job.steps:
-        return WindowFit(
-            Verdict.PARTIAL, begins, available, job.ending_after(steps, job.step_s, checkpoint=True), steps
-        )
-    whole = job.ending_after(steps, job.step_s, checkpoint=job.final_checkpoint)
-    return WindowFit(Verdict.FITS, begins, available, whole, steps)
+    # Stopped at the deadline, the job checkpoints its last step whatever its cadence.
+    checkpoint = steps < job.steps or job.final_checkpoint
+    verdict = Verdict.PARTIAL if steps < job.steps else Verdict.FITS
+    run_s = job.ending_after(steps, job.step_s, checkpoint)
+    return WindowFit(verdict, begins, available, run_s, steps, job.checkpoints(steps, checkpoint))

@@ -310,6 +310,28 @@ def test_a_succeeded_job_that_failed_its_check_is_judged_again_only_while_its_po
     )
 
 
+def test_a_capacity_block_not_begun_is_waited_for_before_the_nodes_with_a_line_each_poll():
+    """The fake wall clock starts at 09:00:00Z; the block starts 25 s later: polls of 10, 10 and 5 s."""
+    waited = FakeCluster(main_and_tcp_head())
+    waited.provider().create(props(run_inputs(not_before="2026-12-05T09:00:25Z")))
+    lines = [line for line in waited.logged if "waiting for the Capacity Block's start" in line]
+    assert [line.split("(")[1].split(")")[0] for line in lines] == [
+        "0.4 min left",
+        "0.2 min left",
+        "0.1 min left",
+    ]
+    assert lines[0] == (
+        "training run: waiting for the Capacity Block's start at 2026-12-05T09:00:25Z (0.4 min left); "
+        "its GPU nodes launch then"
+    )
+    ready = next(i for i, line in enumerate(waited.logged) if "GPU nodes ready" in line)
+    assert waited.logged.index(lines[-1]) < ready
+    at_once = FakeCluster(main_and_tcp_head())
+    at_once.provider().create(props(run_inputs(not_before="2026-12-05T08:00:00Z")))  # begun an hour ago
+    assert not [line for line in at_once.logged if "Capacity Block" in line]
+    assert waited.clock.slept - at_once.clock.slept == 25.0
+
+
 def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
     head = FakeRayHead({"main": replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING"])})
     fake = FakeCluster(head)
