@@ -10,8 +10,10 @@ names the cause and the fix:
 - the On-Demand vCPU quota of each instance class covers the node groups (`gpuNodeCount x vCPU`,
   96 for 2 x g6.12xlarge). The invoke returns the quota, not what already runs against it, so
   instances running in the region can still take the room: `python -m infra.region_survey` shows usage;
-- a capacity reservation (`capacityReservationId`) exists, is `active`, reserves the GPU type for
-  Linux/UNIX with default tenancy, can hold `gpuNodeCount` instances, and decides the GPU zone.
+- a capacity reservation (`capacityReservationId`) exists, is `active` (or is a Capacity Block
+  `scheduled` to start within `training.timeoutMinutes`, which the training run waits for),
+  reserves the GPU type for Linux/UNIX with default tenancy, can hold `gpuNodeCount` instances, and
+  decides the GPU zone.
   It can hold its available instances plus the ones this cluster already runs in it: EC2 counts
   this stack's own GPU nodes as used, so without adding them back every `pulumi up` after the
   first would be refused. They are found with `ec2:DescribeInstances`, filtered on the
@@ -29,6 +31,10 @@ ML, which the node group must launch as such); without them the reservation is t
 On-Demand Capacity Reservation outside any placement group.
 
 Judgements live in `infra.aws_facts.capacity_rules`; this module fetches facts and words the refusals.
+
+The run's window (`deadline_of`, `fit_the_window`): the reservation's usable end or
+`training.deadline`, the earlier, is the job's `--deadline`, and the predicted run is judged
+against it; the arithmetic is `infra.aws_facts.reservation_window`'s.
 
 The GPU zone, without a reservation: `gpuAz` when set, else the first zone by name that offers
 both node types. Zone names map to different physical zones in each account, so this choice is
