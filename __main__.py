@@ -20,7 +20,7 @@ from infra.config.training_settings import (
 from infra.plan.cost import measured_cost, planned_cost
 from infra.plan.facts import line_rate_gbps
 from infra.plan.planner import log_plan, measured_against_plan
-from infra.preflight import plan_placement
+from infra.preflight import deadline_of, fit_the_window, plan_placement
 from infra.pricing import cost_basis
 from infra.resources.cluster import Cluster, addon_version
 from infra.resources.network import Network
@@ -51,8 +51,16 @@ world_size = settings.gpu_node_count * worker.gpus
 bucket_name = checkpoint_bucket_name(settings.cluster_name, settings.region)
 code_files = manifests.collect_code(Path(__file__).parent)
 line_rate = line_rate_gbps(placement.gpu_node.network_performance)
+# The job's --deadline: the reservation's usable end or training.deadline, the earlier.
+deadline = deadline_of(settings, placement)
 job_args = job_arguments(
-    settings.training, world_size, 1, checkpoint_storage_path(bucket_name), code_files, line_rate
+    settings.training,
+    world_size,
+    1,
+    checkpoint_storage_path(bucket_name),
+    code_files,
+    line_rate,
+    deadline.at if deadline else None,
 )
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
@@ -64,6 +72,8 @@ if settings.train:
         settings.gpu_node_count,
         placement.gpu_node.network_performance,
     )
+    # The predicted run against that deadline: fits, stops early with a checkpoint, or refused.
+    fit_the_window(settings, placement, deadline, config, predicted)
     # What the run will be billed at (the Price List's answer, or the shipped price it names) and
     # what the stack costs per hour at rest.
     costs = cost_basis(settings, placement, predicted, config.steps)
@@ -213,6 +223,7 @@ if settings.train:
             timeout_minutes=settings.training.timeout_minutes,
             gpu_node_count=settings.gpu_node_count,
             gpu_nodes_after_training=settings.gpu_nodes_after_training,
+            not_before=placement.gpus_from.isoformat() if placement.gpus_from else None,
         ),
         node_group_name=gpu_nodes.node_group.node_group_name,
         # With observability, after the Ray pods may publish: the job's metrics from its first step.

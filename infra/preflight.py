@@ -10,8 +10,10 @@ names the cause and the fix:
 - the On-Demand vCPU quota of each instance class covers the node groups (`gpuNodeCount x vCPU`,
   96 for 2 x g6.12xlarge). The invoke returns the quota, not what already runs against it, so
   instances running in the region can still take the room: `python -m infra.region_survey` shows usage;
-- a capacity reservation (`capacityReservationId`) exists, is `active`, reserves the GPU type for
-  Linux/UNIX with default tenancy, can hold `gpuNodeCount` instances, and decides the GPU zone.
+- a capacity reservation (`capacityReservationId`) exists, is `active` (or is a Capacity Block
+  `scheduled` to start within `training.timeoutMinutes`, which the training run waits for),
+  reserves the GPU type for Linux/UNIX with default tenancy, can hold `gpuNodeCount` instances, and
+  decides the GPU zone.
   It can hold its available instances plus the ones this cluster already runs in it: EC2 counts
   this stack's own GPU nodes as used, so without adding them back every `pulumi up` after the
   first would be refused. They are found with `ec2:DescribeInstances`, filtered on the
@@ -34,6 +36,10 @@ says what the GPU nodes cost per hour once idle (`idle_gpu_cost`).
 
 Judgements live in `infra.aws_facts.capacity_rules`; this module fetches facts and words the refusals.
 
+The run's window (`deadline_of`, `fit_the_window`): the reservation's usable end or
+`training.deadline`, the earlier, is the job's `--deadline`, and the predicted run is judged
+against it; the arithmetic is `infra.aws_facts.reservation_window`'s.
+
 The GPU zone, without a reservation: `gpuAz` when set, else the first zone by name that offers
 both node types. Zone names map to different physical zones in each account, so this choice is
 stable for one account, not across accounts.
@@ -43,7 +49,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import pulumi
 import pulumi_aws as aws
@@ -68,12 +77,31 @@ from infra.aws_facts.live_stack import (
     version_change_problem,
     vpc_change_problem,
 )
+from infra.aws_facts.reservation_window import (
+    RESERVATION_KEY,
+    JobTimes,
+    RunDeadline,
+    StartUp,
+    Verdict,
+    WindowFit,
+    fit_window,
+    parse_aws_time,
+    run_deadline,
+    seconds_until,
+    start_up,
+    usable_end,
+    utc_text,
+)
 from infra.aws_facts.sizing import InstanceFacts, describe_instance_type
 from infra.config.stack import KEEP, ConfigError, StackSettings
+from infra.config.training_settings import configured_deadline
 from infra.plan.facts import INSTANCES
+from infra.plan.planner import StrategyPlan, workload_of
 from infra.resources.cluster import control_plane_log_group
 from infra.resources.network import zone_cidrs
 from infra.resources.node_groups import AMI_ARCHITECTURE, GPU_AMI_TYPE, SYSTEM_AMI_TYPE
+from training.config.deadline_margin import estimated_checkpoint_s, estimated_export_s
+from training.config.run_config import TrainConfig
 
 
 class PreflightError(pulumi.RunError):
@@ -94,6 +122,8 @@ class Placement:
     home_azs: list[str]
     gpu_node: InstanceFacts
     system_node: InstanceFacts
+    # When the preview read these facts: every judgement of time is made against it.
+    read_at: datetime
     reservation: ReservationFacts | None = None
     # The cluster this stack already runs, as the preview read it; None before the first deploy.
     live: LiveCluster | None = None
@@ -105,12 +135,23 @@ class Placement:
     def capacity_reservation_id(self) -> str | None:
         return self.reservation.reservation_id if self.reservation else None
 
+    @property
+    def gpus_from(self) -> datetime | None:
+        """The start of a Capacity Block not begun yet, which the training run waits for; else None."""
+        return self.reservation.start_date if self.reservation and self.reservation.awaits_start else None
 
-def plan_placement(settings: StackSettings) -> Placement:
-    """Run every preflight check and choose the zones.
+
+def utc_now() -> datetime:
+    """The machine's time in UTC, read once per preview (tests run the program with their own)."""
+    return datetime.now(UTC)
+
+
+def plan_placement(settings: StackSettings, now: Callable[[], datetime] | None = None) -> Placement:
+    """Run every preflight check and choose the zones; `now` is `utc_now` unless given.
 
     Raises `PreflightError`, or `ConfigError` for a type that AWS offers but cannot describe.
     """
+    read_at = (now or utc_now)()
     zone_ids = _available_zones()
     gpu_zones = _offering_zones(settings.gpu_node_type, "gpuNodeType", settings.region, zone_ids)
     system_zones = _offering_zones(settings.system_node_type, "systemNodeType", settings.region, zone_ids)
@@ -133,7 +174,7 @@ def plan_placement(settings: StackSettings) -> Placement:
     reservation = None
     if settings.capacity_reservation_id:
         reservation = _reservation(settings.capacity_reservation_id, settings)
-        gpu_az = _reservation_gpu_zone(settings, reservation, zones)
+        gpu_az = _reservation_gpu_zone(settings, reservation, zones, read_at)
     elif settings.gpu_az:
         gpu_az = zones.check_gpu_zone(
             settings.gpu_az,
@@ -161,6 +202,7 @@ def plan_placement(settings: StackSettings) -> Placement:
         kubernetes_version_status=version_status,
         reservation=reservation,
         live=live,
+        read_at=read_at,
     )
 
 
@@ -454,6 +496,8 @@ def _reservation(reservation_id: str, settings: StackSettings) -> ReservationFac
         own_instances=_own_instances(reservation_id, settings),
         placement_group_arn=found.get("PlacementGroupArn"),
         reservation_type=found.get("ReservationType"),
+        start_date=parse_aws_time(found["StartDate"]) if found.get("StartDate") else None,
+        end_date=parse_aws_time(found["EndDate"]) if found.get("EndDate") else None,
     )
 
 
@@ -477,16 +521,28 @@ def _own_instances(reservation_id: str, settings: StackSettings) -> int:
     return len(found.ids)
 
 
-def _reservation_gpu_zone(settings: StackSettings, reservation: ReservationFacts, zones: _Zones) -> str:
+def _reservation_gpu_zone(
+    settings: StackSettings, reservation: ReservationFacts, zones: _Zones, now: datetime
+) -> str:
     """Check the reservation against the settings and return its zone as the GPU zone."""
     reservation_id = reservation.reservation_id
     describe_command = f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} --region {settings.region}"
     misfit = reservation_misfit(reservation, settings.gpu_node_type, settings.gpu_node_count)
-    if misfit is ReservationMisfit.NOT_ACTIVE and reservation.is_capacity_block:
+    if (
+        misfit is ReservationMisfit.NOT_ACTIVE
+        and reservation.state == "expired"
+        and reservation.is_capacity_block
+    ):
         raise PreflightError(
-            f"config key 'capacityReservationId' = {reservation_id!r}: the Capacity Block is {reservation.state}; "
+            f"config key 'capacityReservationId' = {reservation_id!r}: the Capacity Block is expired; "
             "at its end EC2 reclaims the instances and the GPU node group keeps no nodes: buy a new block and set "
             "capacityReservationId to it, or remove the key to run On-Demand"
+        )
+    if misfit is ReservationMisfit.NOT_ACTIVE and reservation.is_capacity_block:
+        raise PreflightError(
+            f"config key 'capacityReservationId' = {reservation_id!r}: the Capacity Block is {reservation.state}, and "
+            f"only a scheduled or active block gets instances: check it with `{describe_command}`, set "
+            "capacityReservationId to another block, or remove the key to run On-Demand"
         )
     if misfit is ReservationMisfit.NOT_ACTIVE:
         raise PreflightError(
@@ -516,6 +572,8 @@ def _reservation_gpu_zone(settings: StackSettings, reservation: ReservationFacts
             f"config key 'gpuAz' = {settings.gpu_az!r}, and capacity reservation {reservation_id} is in "
             f"{reservation.zone}: remove gpuAz (the reservation decides the GPU zone) or set it to {reservation.zone}"
         )
+    if reservation.awaits_start:
+        _check_the_wait(settings, reservation, now)
     _warn_about_updates(reservation)
     _warn_about_billing(reservation, settings.region)
     return zones.check_gpu_zone(
@@ -539,6 +597,29 @@ def _too_few_message(settings: StackSettings, reservation: ReservationFacts, des
         f"capacity reservation {reservation.reservation_id} has {reservation.available} of its {reservation.total} "
         f"{reservation.instance_type} instance(s) available ({reservation.total - reservation.available} in use{held}; "
         f"{others} held by others), and gpuNodeCount is {settings.gpu_node_count}: {', or '.join(fixes)}"
+    )
+
+
+def _check_the_wait(settings: StackSettings, reservation: ReservationFacts, now: datetime) -> None:
+    """A Capacity Block not begun yet: its node group can be created now and gets its nodes at the
+    block's start (EKS user guide, "Create a managed node group with Capacity Blocks for ML": the
+    Auto Scaling group's launches fail until the block is active, then scale it to its desired
+    size). The training run waits for the start, but no longer than `training.timeoutMinutes`."""
+    start = reservation.start_date
+    assert start is not None  # awaits_start
+    wait_s = seconds_until(start, now)
+    timeout = settings.training.timeout_minutes
+    if settings.train and wait_s > timeout * 60:
+        raise PreflightError(
+            f"config key 'capacityReservationId' = {reservation.reservation_id!r}: the Capacity Block starts at "
+            f"{utc_text(start)}, in {_span(wait_s)}, and `pulumi up` waits for it at most training.timeoutMinutes "
+            f"({timeout} min): run `pulumi up` after {utc_text(start - timedelta(minutes=timeout))}, or set "
+            f"training.timeoutMinutes to {math.ceil(wait_s / 60)} or more"
+        )
+    waits = "the training run waits for it, then for the nodes" if settings.train else "no training run waits"
+    pulumi.log.info(
+        f"capacity reservation {reservation.reservation_id} is a Capacity Block that starts at {utc_text(start)}, "
+        f"in {_span(wait_s)}: its GPU nodes launch then ({waits})"
     )
 
 
@@ -592,3 +673,149 @@ def _read_reservation(reservation_id: str, region: str) -> dict:
             f"to the identity running Pulumi, and check the id and the region ({listing})"
         ) from None
     return json.loads(result.properties)
+
+
+# --- the run's window: the deadline it gets, and whether the predicted run fits before it ----------
+
+
+def deadline_of(settings: StackSettings, placement: Placement) -> RunDeadline | None:
+    """The run's deadline: the reservation's usable end or `training.deadline`, the earlier."""
+    reservation = placement.reservation
+    end = usable_end(reservation.reservation_type, reservation.end_date) if reservation else None
+    return run_deadline(end, configured_deadline(settings.training))
+
+
+def _span(seconds: float) -> str:
+    """`2 h 05 min`, `14 min`, `40 s`."""
+    if seconds < 60:
+        return f"{max(seconds, 0):.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def _deadline_source(deadline: RunDeadline, reservation: ReservationFacts | None) -> str:
+    """Where the deadline comes from, in words."""
+    if deadline.key != RESERVATION_KEY or reservation is None or reservation.end_date is None:
+        return f"training.deadline {deadline.text}"
+    end = utc_text(reservation.end_date)
+    if reservation.is_capacity_block:
+        return (
+            f"Capacity Block {reservation.reservation_id} ends at {end}; EKS scales its node group to 0 at "
+            f"{deadline.text}, 40 min before (EC2 terminates its instances from 30 min before)"
+        )
+    return (
+        f"capacity reservation {reservation.reservation_id} ends at {end}; EC2 cancels it within the hour after "
+        "and its instances then bill at the On-Demand price"
+    )
+
+
+def _start_up_words(start: StartUp, now: datetime) -> str:
+    """`control plane 15 min, the block's start at ..., then GPU nodes 5 min + image pull 10 min + fabric gate 1 min`."""
+    nodes = [
+        ("GPU nodes", start.gpu_nodes_s),
+        ("image pull", start.image_pull_s),
+        ("fabric gate", start.gate_s),
+    ]
+    after = " + ".join(f"{name} {_span(seconds)}" for name, seconds in nodes if seconds)
+    before = [f"control plane {_span(start.control_plane_s)}"] if start.control_plane_s else []
+    if start.gpus_from is not None and start.gpus_from > now + timedelta(seconds=start.control_plane_s):
+        before.append(f"the block's start at {utc_text(start.gpus_from)}")
+    return ", then ".join([", ".join(before), after]) if before else after
+
+
+def _job_times(config: TrainConfig, predicted: StrategyPlan | None) -> JobTimes:
+    """The job's steps at the planner's step time, its checkpoints and export at the training side's estimates."""
+    workload = workload_of(config)
+    parameters = workload.params if workload else 0
+    return JobTimes(
+        steps=config.steps,
+        step_s=predicted.step_time_s if predicted else None,
+        checkpoint_s=estimated_checkpoint_s(parameters),
+        checkpoint_every=config.checkpoint_every,
+        final_checkpoint=bool(config.checkpoint_every) or config.export_hf,
+        evaluates=config.eval_data is not None,
+        eval_every=config.eval_every,
+        export_s=estimated_export_s(parameters, config.export_dtype) if config.export_hf else 0.0,
+    )
+
+
+def fit_the_window(
+    settings: StackSettings,
+    placement: Placement,
+    deadline: RunDeadline | None,
+    config: TrainConfig,
+    predicted: StrategyPlan | None,
+) -> WindowFit | None:
+    """At preview: the predicted run against its deadline. Fits: an info line with the time to
+    spare; only some steps fit: a warning (the job stops at its deadline with a checkpoint); not
+    even one checkpointed step fits: refused, naming the key the deadline comes from."""
+    if deadline is None:
+        return None
+    reservation, now = placement.reservation, placement.read_at
+    nodes_running = bool(reservation and reservation.own_instances >= settings.gpu_node_count)
+    start = start_up(placement.live is not None, nodes_running, placement.gpus_from)
+    job = _job_times(config, predicted)
+    fit = fit_window(job, start, deadline.at, now)
+    source = _deadline_source(deadline, reservation)
+    begins = f"start-up {_start_up_words(start, now)}: the job starts about {utc_text(fit.job_starts)}"
+    steps = f"{job.steps} steps x {job.step_s:.2f} s" if job.step_s is not None else f"{job.steps} steps"
+    checkpoints = (
+        f"{fit.checkpoints} checkpoint(s) of an estimated {_span(job.checkpoint_s)}"
+        if fit.checkpoints
+        else "no checkpoint"
+    )
+    if fit.verdict is Verdict.REFUSED:
+        _refuse_the_window(settings, deadline, reservation, source, begins, fit, job)
+    if fit.verdict is Verdict.UNPREDICTED:
+        pulumi.log.info(
+            f"run window: {source}. The job gets --deadline {deadline.text} and stops before it with a "
+            f"checkpoint; with no step time from the planner for {settings.gpu_node_type}, its {steps} are not "
+            f"predicted ({begins})"
+        )
+    elif fit.verdict is Verdict.PARTIAL:
+        pulumi.log.warn(
+            f"run window: {source}. Predicted: {begins}; only {fit.steps} of the {job.steps} configured steps "
+            f"fit before --deadline {deadline.text} ({steps}; {checkpoints}): the job stops at its deadline with a "
+            f"checkpoint of step {fit.steps}; lower training.steps to {fit.steps}, or give the run a later window"
+        )
+    elif fit.verdict is Verdict.FITS:
+        assert fit.spare_s is not None and fit.run_s is not None
+        pulumi.log.info(
+            f"run window: {source}. Predicted: {begins}; {steps} with {checkpoints} take {_span(fit.run_s)}: "
+            f"the run fits before --deadline {deadline.text} with {_span(fit.spare_s)} to spare"
+        )
+    return fit
+
+
+def _refuse_the_window(
+    settings: StackSettings,
+    deadline: RunDeadline,
+    reservation: ReservationFacts | None,
+    source: str,
+    begins: str,
+    fit: WindowFit,
+    job: JobTimes,
+) -> None:
+    one = f"{_span(fit.run_s)} for one step with its checkpoint" if fit.run_s is not None else "a checkpoint"
+    left = f"{_span(fit.available_s)} before the deadline" if fit.available_s > 0 else "after the deadline"
+    window = f"{source}. Predicted: {begins}, {left}, and it needs {one}"
+    if deadline.key != RESERVATION_KEY or reservation is None:
+        raise ConfigError(
+            f"config key 'training.deadline' = {deadline.text!r}: {window}: not even one checkpointed step fits; "
+            "set a later training.deadline, or remove it"
+        )
+    reservation_id = reservation.reservation_id
+    if reservation.is_capacity_block:
+        fix = (
+            "extend the block (`aws ec2 describe-capacity-block-extension-offerings --capacity-reservation-id "
+            f"{reservation_id} --capacity-block-extension-duration-hours 24 --region {settings.region}` lists the "
+            "offers), set capacityReservationId to a later block, or remove it to run On-Demand"
+        )
+    else:
+        fix = (
+            f"move its end date (`aws ec2 modify-capacity-reservation --capacity-reservation-id {reservation_id} "
+            f"--end-date-type limited --end-date <later> --region {settings.region}`), or remove capacityReservationId"
+        )
+    raise PreflightError(
+        f"config key 'capacityReservationId' = {reservation_id!r}: {window}: not even one checkpointed step fits; {fix}"
+    )

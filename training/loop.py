@@ -22,7 +22,6 @@ from torch.distributed.tensor import DTensor
 
 from training.components.checkpoint import (
     CHECKPOINT_SCORE,
-    EXPORT_DTYPES,
     export_hugging_face,
     load_checkpoint,
     load_weights,
@@ -546,7 +545,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             config.deadline,
             num_params(architecture),
             evaluates=config.eval_data is not None,
-            export_bytes_per_parameter=EXPORT_DTYPES[config.export_dtype].itemsize if config.export_hf else 0,
+            export_dtype=config.export_dtype if config.export_hf else None,
         )
     )
     if deadline is not None:

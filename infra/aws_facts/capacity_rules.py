@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 
 # Zone IDs where EKS does not place cluster control planes (EKS user guide, "Subnet requirements").
@@ -48,6 +49,8 @@ class ReservationFacts:
     `own_instances`: instances of this stack's cluster pending or running in the reservation.
     They are counted out of `available` by EC2 but are the very nodes this stack keeps, so
     they are usable to it. `state` and `reservation_type` are None where the source omits them.
+    `start_date` and `end_date` are AWS's `StartDate` and `EndDate` (a reservation without an end
+    date has none: `EndDateType` `unlimited`).
     """
 
     reservation_id: str
@@ -61,6 +64,8 @@ class ReservationFacts:
     own_instances: int
     placement_group_arn: str | None = None
     reservation_type: str | None = None
+    start_date: datetime | None = None
+    end_date: datetime | None = None
 
     @property
     def usable(self) -> int:
@@ -70,6 +75,12 @@ class ReservationFacts:
     @property
     def is_capacity_block(self) -> bool:
         return self.reservation_type == CAPACITY_BLOCK
+
+    @property
+    def awaits_start(self) -> bool:
+        """A Capacity Block paid for and not started yet (`scheduled`), which EC2 makes `active` at
+        its start date (EC2 user guide, "View Capacity Blocks")."""
+        return self.is_capacity_block and self.state == "scheduled" and self.start_date is not None
 
     @property
     def placement_group_name(self) -> str | None:
@@ -92,8 +103,12 @@ class ReservationMisfit(Enum):
 def reservation_misfit(
     reservation: ReservationFacts, instance_type: str, count: int
 ) -> ReservationMisfit | None:
-    """None when `count` nodes of `instance_type` (Linux, default tenancy) can run in the reservation."""
-    if reservation.state is not None and reservation.state != "active":
+    """None when `count` nodes of `instance_type` (Linux, default tenancy) can run in the reservation.
+
+    A Capacity Block that has not started is judged as it will be: EC2 shows 0 of its instances
+    available until its start (EC2 user guide, "View Capacity Blocks"), so its count is not judged;
+    whether the run may wait for its start is `reservation_window.start_wait_problem`'s to say."""
+    if reservation.state not in (None, "active") and not reservation.awaits_start:
         return ReservationMisfit.NOT_ACTIVE
     if reservation.instance_type != instance_type:
         return ReservationMisfit.INSTANCE_TYPE
@@ -101,7 +116,7 @@ def reservation_misfit(
         return ReservationMisfit.PLATFORM
     if reservation.tenancy not in (None, "default"):
         return ReservationMisfit.TENANCY
-    if reservation.usable < count:
+    if reservation.usable < count and not reservation.awaits_start:
         return ReservationMisfit.TOO_FEW
     return None
 

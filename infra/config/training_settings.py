@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
@@ -31,6 +32,7 @@ from training.config.run_config import (
     load_model_config,
     parse_flags,
 )
+from training.config.settings import DEADLINE_FLAG, parse_deadline
 from training.metrics.flops import flops_per_token, peak_flops
 
 # What `pulumi up` trains unless the stack's `training.preset` says otherwise: AWS's reference job.
@@ -207,6 +209,12 @@ def parse_training(raw: Any) -> TrainingSettings:
     return TrainingSettings(flags=_training_flags(knobs), **judging.model_dump())
 
 
+def configured_deadline(training: TrainingSettings) -> datetime | None:
+    """The stack's `training.deadline`, as the job's parser reads it; None without one."""
+    text = training_config(training.flags).deadline
+    return datetime.fromisoformat(text) if text else None
+
+
 def data_problem(data: str, shipped_files: Collection[str]) -> str | None:
     """Why the pods cannot read `--data`: they hold the shipped code (the job's working directory)
     and reach URIs, nothing of this machine's disk."""
@@ -231,6 +239,7 @@ def job_arguments(
     storage_path: str,
     shipped_files: Collection[str],
     line_rate_gbps: float | None = None,
+    deadline: datetime | None = None,
 ) -> list[str]:
     """The stack's training flags plus the ones in `PROGRAM_FLAGS`.
 
@@ -239,9 +248,17 @@ def job_arguments(
     fewer. `line_rate_gbps` (the node type's, when AWS states one) lets the job's summary say what
     share of the line EFA carried. The whole command line is checked once more by the training parser, which now sees
     the worker count. `shipped_files` are the paths of the code shipped to the pods, which a
-    `training.data` path must be among.
+    `training.data` path must be among. `deadline` (the earlier of the reservation's usable end and
+    `training.deadline`, `infra.preflight.deadline_of`) is the job's `--deadline`, in place of the
+    stack's own.
     """
     args = list(training.flags)
+    if deadline is not None:
+        text = parse_deadline(deadline.isoformat())
+        if DEADLINE_FLAG in args:
+            args[args.index(DEADLINE_FLAG) + 1] = text
+        else:
+            args += [DEADLINE_FLAG, text]
     workers_set = "--workers" in args
     if not workers_set:
         args += ["--workers", str(world_size)]

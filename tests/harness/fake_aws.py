@@ -17,6 +17,7 @@ import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -296,13 +297,17 @@ def capacity_reservation(
     tenancy: str = "default",
     placement_group_arn: str | None = None,
     reservation_type: str | None = "default",
+    start_date: datetime | None = None,
+    end_date: datetime | None = None,
 ) -> dict[str, Any]:
     """One entry of `FakeAws.reservations`, keyed like EC2's `DescribeCapacityReservations`.
 
     `available_instance_count` defaults to `instance_count` (none in use); `state=None` or
     `reservation_type=None` stand for a Cloud Control schema that does not return them.
-    `reservation_type` is `default` or `capacity-block` (a Capacity Block for ML);
-    `placement_group_arn` is set on a reservation created in a cluster placement group.
+    `reservation_type` is `default` or `capacity-block` (a Capacity Block for ML, built with
+    `capacity_block`); `placement_group_arn` is set on a reservation created in a cluster placement
+    group. An ODCR with an `end_date` has `EndDateType` `limited`, one without `unlimited` (EC2 API
+    reference, CapacityReservation: `EndDate` is given exactly when `EndDateType` is `limited`).
     """
     return {
         "availabilityZone": availability_zone,
@@ -314,7 +319,9 @@ def capacity_reservation(
         "instancePlatform": instance_platform,
         "tenancy": tenancy,
         "instanceMatchCriteria": "targeted",
-        "endDateType": "unlimited",
+        "endDateType": "limited" if end_date else "unlimited",
+        "startDate": _timestamp(start_date),
+        "endDate": _timestamp(end_date),
         "ebsOptimized": True,
         "ephemeralStorage": False,
         "state": state,
@@ -323,7 +330,47 @@ def capacity_reservation(
     }
 
 
+def capacity_block(
+    availability_zone: str,
+    now: datetime,
+    starts: timedelta,
+    ends: timedelta,
+    instance_type: str = "p5.48xlarge",
+    instance_count: int = 2,
+) -> dict[str, Any]:
+    """A Capacity Block for ML whose start and end lie `starts` and `ends` from `now` (negative:
+    already passed), in the state EC2 gives it then (EC2 user guide, "View Capacity Blocks"): paid
+    for and not started, `scheduled`, with 0 instances available ("Before a Capacity Block
+    reservation begins, the available capacity appears as zero"); `active` from its start; `expired`
+    from its end, when EC2 has reclaimed its instances. A block always has both dates and
+    `EndDateType` `limited`. The guide states only the available count before the start; the total
+    stays the block's size here, and the preflight judges neither before the start.
+    """
+    start, end = now + starts, now + ends
+    state = "scheduled" if now < start else "active" if now < end else "expired"
+    return capacity_reservation(
+        availability_zone,
+        instance_type=instance_type,
+        instance_count=instance_count,
+        available_instance_count=instance_count if state == "active" else 0,
+        state=state,
+        reservation_type="capacity-block",
+        start_date=start,
+        end_date=end,
+    )
+
+
+def _timestamp(moment: datetime | None) -> str | None:
+    """A reservation date as Cloud Control's JSON carries it: ISO 8601 in UTC (the schema types it a
+    plain string; EC2's own API returns the same instant as an ISO 8601 timestamp)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else None
+
+
 # `FakeAws.reservations` keys -> the CloudFormation property names Cloud Control returns them under.
+# The dates and states are those the resource schema of AWS::EC2::CapacityReservation declares
+# readable (`StartDate`, `EndDate`, `EndDateType`, `State`, `ReservationType`, as pulumi-aws-native's
+# generated `ec2.get_capacity_reservation` lists them with the schema's descriptions); a reservation
+# without an end date carries no `EndDate` at all.
 _RESERVATION_PROPERTIES = {
     "availabilityZone": "AvailabilityZone",
     "instanceType": "InstanceType",
@@ -333,6 +380,8 @@ _RESERVATION_PROPERTIES = {
     "availableInstanceCount": "AvailableInstanceCount",
     "instanceMatchCriteria": "InstanceMatchCriteria",
     "endDateType": "EndDateType",
+    "startDate": "StartDate",
+    "endDate": "EndDate",
     "ebsOptimized": "EbsOptimized",
     "ephemeralStorage": "EphemeralStorage",
     "state": "State",

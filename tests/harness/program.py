@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import runpy
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.proto import provider_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
+from infra import preflight
 from tests.harness.fake_aws import FakeAws, FakeAwsMocks
 from tests.harness.paths import REPO_ROOT
 from workloads import addons
@@ -277,19 +279,25 @@ def run_program(
     stack: str = "dev",
     secret_keys: list[str] | None = None,
     crd_schemas: bool = False,
-    preview: bool = True,
+    now: datetime | None = None,
 ) -> Plan:
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises.
 
-    `crd_schemas`: apply KubeRay's CRDs with their full schemas (see `_schemas_left_out`).
-    `preview`: as `pulumi preview` (outputs of new resources unknown); False as `pulumi up`, where the
-    resources' outputs are the mocks' and what the program derives from them resolves.
+    `crd_schemas`: apply KubeRay's CRDs with their full schemas (see `_schemas_left_out`). `now`:
+    the time the preview reads (`infra.preflight.utc_now`), for tests about reservation dates.
     """
+    if now is not None:
+        machine_time = preflight.utc_now
+        preflight.utc_now = lambda: now
+        try:
+            return run_program(config, fake_aws, stack, secret_keys, crd_schemas)
+        finally:
+            preflight.utc_now = machine_time
     if not crd_schemas:
         vendored = addons.kuberay_crds
         addons.kuberay_crds = lambda: _schemas_left_out(vendored())
         try:
-            return run_program(config, fake_aws, stack, secret_keys, crd_schemas=True, preview=preview)
+            return run_program(config, fake_aws, stack, secret_keys, crd_schemas=True)
         finally:
             addons.kuberay_crds = vendored
     region = config.get("aws:region", "us-east-2")
@@ -299,7 +307,7 @@ def run_program(
     # A root stack of its own for each run (`set_mocks` keeps the last one), so `outputs` holds this
     # run's exports alone.
     pulumi.runtime.settings.ROOT.set(None)
-    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=preview, monitor=monitor)
+    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=True, monitor=monitor)
     pulumi.runtime.set_all_config(config, secret_keys or [])
     failure: list[BaseException] = []
 

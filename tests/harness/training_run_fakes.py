@@ -72,11 +72,11 @@ PROBE_JOB, TCP_PROBE_JOB = "05000000", "06000000"
 # when EC2 launched it (DescribeInstances `LaunchTime`).
 INSTANCE_IDS = {"node-a": "i-0a1b2c3d4e5f60001", "node-b": "i-0a1b2c3d4e5f60002"}
 LAUNCHED = {
-    "i-0a1b2c3d4e5f60001": datetime.datetime(2026, 12, 5, 6, 0, 0, tzinfo=datetime.UTC),
-    "i-0a1b2c3d4e5f60002": datetime.datetime(2026, 12, 5, 6, 0, 30, tzinfo=datetime.UTC),
+    "i-0a1b2c3d4e5f60001": datetime.datetime(2026, 12, 5, 7, 0, 0, tzinfo=datetime.UTC),
+    "i-0a1b2c3d4e5f60002": datetime.datetime(2026, 12, 5, 7, 0, 30, tzinfo=datetime.UTC),
 }
-# The wall clock of the in-process runs: the outputs are dated 2026-12-05T07:00:00+00:00.
-OUTPUT_TIME = datetime.datetime(2026, 12, 5, 7, 0, 0, tzinfo=datetime.UTC)
+# The wall clock of the in-process runs starts at 2026-12-05T09:00:00Z (`FakeClock.wall`).
+OUTPUT_TIME = datetime.datetime(2026, 12, 5, 9, 0, 0, tzinfo=datetime.UTC)
 
 
 def gpu_node(
@@ -426,8 +426,12 @@ class ReaderPod:
         return LocalExecutor().run(local, timeout_s)
 
 
+# The wall time (seconds since the epoch) at which a `FakeClock` starts: 2026-12-05T09:00:00Z.
+WALL_START = OUTPUT_TIME.timestamp()
+
+
 class FakeClock:
-    """Time that passes only when the provider sleeps."""
+    """Time that passes only when the provider sleeps; `wall` is the same time since the epoch."""
 
     def __init__(self):
         self.now = 0.0
@@ -435,6 +439,9 @@ class FakeClock:
 
     def __call__(self):
         return self.now
+
+    def wall(self):
+        return WALL_START + self.now
 
     def sleep(self, seconds):
         self.now += seconds
@@ -565,7 +572,7 @@ class FakeCluster:
             launch_times=ec2_launch_times(
                 stubbed_ec2(self.launched, self.ec2_refused), "the ambient AWS credentials"
             ),
-            now=lambda: OUTPUT_TIME + datetime.timedelta(seconds=self.clock.now),
+            wall_clock=self.clock.wall,
         )
 
     def provider(self) -> provider.TrainingRunProvider:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 
 import pulumi
 import pytest
@@ -16,12 +17,21 @@ from infra.preflight import (
     kubernetes_version_problem,
     plan_placement,
 )
-from tests.harness.fake_aws import ACCOUNT_ID, EKS_VERSIONS, FakeAws, FakeAwsMocks, capacity_reservation
+from tests.harness.fake_aws import (
+    ACCOUNT_ID,
+    EKS_VERSIONS,
+    FakeAws,
+    FakeAwsMocks,
+    capacity_block,
+    capacity_reservation,
+)
 from tests.harness.program import dev_config, run_program
 
 RESERVATION = "cr-0123456789abcdef0"
 QUOTA_TOKEN = "aws:servicequotas/getServiceQuota:getServiceQuota"
 CLOUD_CONTROL_TOKEN = "aws:cloudcontrol/getResource:getResource"
+# The time of every preview here: reservation dates are set against it.
+NOW = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 
 
 class RecordingMocks(FakeAwsMocks):
@@ -36,7 +46,7 @@ class RecordingMocks(FakeAwsMocks):
         return super().new_resource(args)
 
 
-def plan(fake: FakeAws, **config) -> tuple[Placement, str, list[str]]:
+def plan(fake: FakeAws, now: datetime = NOW, **config) -> tuple[Placement, str, list[str]]:
     """Run `plan_placement` in a mocked `pulumi preview`; return the placement and its zones.
 
     Fails the test when the preflight registered or read any resource, whether it passed or refused.
@@ -48,7 +58,7 @@ def plan(fake: FakeAws, **config) -> tuple[Placement, str, list[str]]:
 
     @pulumi.runtime.test
     def run():
-        planned.append(plan_placement(settings))
+        planned.append(plan_placement(settings, lambda: now))
 
     try:
         run()
@@ -421,14 +431,34 @@ def test_reservation_made_in_a_cluster_placement_group_carries_its_name():
     assert placement.reservation.placement_group_name == "gpu-pg"
 
 
+def block_in_2b(starts: timedelta, ends: timedelta) -> dict:
+    return capacity_block("us-east-2b", NOW, starts, ends)
+
+
+RUNNING_BLOCK = (timedelta(hours=-2), timedelta(hours=22))
+
+
 def test_capacity_block_is_recognised_by_its_reservation_type():
-    block = capacity_reservation("us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block")
+    block = block_in_2b(*RUNNING_BLOCK)
     placement, _, _ = plan(
         FakeAws(reservations={RESERVATION: block}),
         capacityReservationId=RESERVATION,
         gpuNodeType="p5.48xlarge",
     )
     assert placement.reservation.is_capacity_block
+    assert placement.reservation.start_date == NOW - timedelta(hours=2)
+    assert placement.reservation.end_date == NOW + timedelta(hours=22)
+    assert placement.gpus_from is None  # begun: nothing to wait for
+
+
+def test_an_odcr_reads_its_end_date_when_it_has_one():
+    end = NOW + timedelta(days=3)
+    fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", end_date=end)})
+    assert plan(fake, capacityReservationId=RESERVATION)[0].reservation.end_date == end
+    reads = [args for token, args in fake.calls if token == CLOUD_CONTROL_TOKEN]
+    assert len(reads) == 1
+    unlimited = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
+    assert plan(unlimited, capacityReservationId=RESERVATION)[0].reservation.end_date is None
 
 
 def test_schema_without_reservation_type_is_taken_as_an_on_demand_reservation():
@@ -453,9 +483,8 @@ def test_a_reservation_warns_that_it_bills_after_destroy_with_the_cancel_command
 
 def test_an_ended_capacity_block_says_it_ended():
     """EC2 reclaims a Capacity Block's instances at its end and the reservation's state leaves active."""
-    block = capacity_reservation(
-        "us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block", state="expired"
-    )
+    block = block_in_2b(timedelta(hours=-26), timedelta(hours=-2))
+    assert block["state"] == "expired"
     message = refusal(
         FakeAws(reservations={RESERVATION: block}),
         capacityReservationId=RESERVATION,
@@ -466,9 +495,78 @@ def test_an_ended_capacity_block_says_it_ended():
     )
 
 
+def test_a_capacity_block_whose_payment_is_pending_is_refused_with_the_check():
+    block = {**block_in_2b(timedelta(hours=1), timedelta(hours=25)), "state": "payment-pending"}
+    message = refusal(
+        FakeAws(reservations={RESERVATION: block}),
+        capacityReservationId=RESERVATION,
+        gpuNodeType="p5.48xlarge",
+    )
+    assert message.startswith(
+        f"config key 'capacityReservationId' = '{RESERVATION}': the Capacity Block is payment-pending, and only "
+        "a scheduled or active block gets instances"
+    )
+    assert f"--capacity-reservation-ids {RESERVATION}" in message
+
+
+def test_a_capacity_block_starting_within_the_timeout_is_waited_for(caplog):
+    """Before its start EC2 shows none of its instances available: that is no shortage."""
+    caplog.set_level(logging.INFO)
+    block = block_in_2b(timedelta(minutes=45), timedelta(hours=24, minutes=45))
+    assert (block["state"], block["availableInstanceCount"]) == ("scheduled", 0)
+    placement, gpu_az, _ = plan(
+        FakeAws(reservations={RESERVATION: block}),
+        capacityReservationId=RESERVATION,
+        gpuNodeType="p5.48xlarge",
+        training={"preset": "smoke", "timeoutMinutes": 45},
+    )
+    assert gpu_az == "us-east-2b"
+    assert placement.gpus_from == NOW + timedelta(minutes=45)
+    assert (
+        f"capacity reservation {RESERVATION} is a Capacity Block that starts at 2026-12-05T09:45:00Z, in 45 min: "
+        "its GPU nodes launch then (the training run waits for it, then for the nodes)"
+    ) in caplog.text
+
+
+def test_a_capacity_block_starting_after_the_timeout_is_refused_with_its_start():
+    block = block_in_2b(timedelta(minutes=46), timedelta(hours=24, minutes=46))
+    message = refusal(
+        FakeAws(reservations={RESERVATION: block}),
+        capacityReservationId=RESERVATION,
+        gpuNodeType="p5.48xlarge",
+        training={"preset": "smoke", "timeoutMinutes": 45},
+    )
+    assert message == (
+        f"config key 'capacityReservationId' = '{RESERVATION}': the Capacity Block starts at 2026-12-05T09:46:00Z, "
+        "in 46 min, and `pulumi up` waits for it at most training.timeoutMinutes (45 min): run `pulumi up` after "
+        "2026-12-05T09:01:00Z, or set training.timeoutMinutes to 46 or more"
+    )
+
+
+def test_without_a_training_run_a_later_capacity_block_is_accepted(caplog):
+    """Nothing waits: EKS's node group launches the nodes when the block becomes active."""
+    caplog.set_level(logging.INFO)
+    block = block_in_2b(timedelta(days=2), timedelta(days=3))
+    placement, _, _ = plan(
+        FakeAws(reservations={RESERVATION: block}),
+        capacityReservationId=RESERVATION,
+        gpuNodeType="p5.48xlarge",
+        train=False,
+    )
+    assert placement.gpus_from == NOW + timedelta(days=2)
+    assert "in 48 h 00 min: its GPU nodes launch then (no training run waits)" in caplog.text
+
+
+def test_a_scheduled_odcr_is_no_capacity_block_and_stays_refused():
+    """Only a Capacity Block's start is waited for; a future-dated ODCR is judged when active."""
+    reservation = capacity_reservation("us-east-2b", state="scheduled", start_date=NOW + timedelta(minutes=5))
+    message = refusal(FakeAws(reservations={RESERVATION: reservation}), capacityReservationId=RESERVATION)
+    assert f"capacity reservation {RESERVATION} is scheduled, and only an active reservation holds" in message
+
+
 def test_running_capacity_block_warns_that_aws_updates_it_only_at_size_zero(caplog):
     caplog.set_level(logging.WARNING)
-    block = capacity_reservation("us-east-2b", instance_type="p5.48xlarge", reservation_type="capacity-block")
+    block = block_in_2b(*RUNNING_BLOCK)
     fake = FakeAws(reservations={RESERVATION: block})
     fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
     plan(fake, capacityReservationId=RESERVATION, gpuNodeType="p5.48xlarge")

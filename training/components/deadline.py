@@ -17,34 +17,19 @@ from datetime import datetime
 import torch
 import torch.distributed as dist
 
+from training.config.deadline_margin import (
+    WIND_DOWN_S,
+    estimated_checkpoint_s,
+    estimated_export_s,
+    margin_s,
+)
 from training.config.settings import DEADLINE_FLAG as FLAG
 from training.errors import UsageError
-
-# Before the first checkpoint is measured, its time is estimated from the model's size: fp32
-# weights and AdamW's two fp32 moments, 12 bytes a parameter (18.5 GB for Qwen2.5-1.5B), written
-# at 100 MB/s, a rate below what a node's disk and S3 upload sustain: an estimate, meant to be slow.
-CHECKPOINT_BYTES_PER_PARAMETER = 12
-ESTIMATED_WRITE_BYTES_PER_S = 100e6
-# After the last step's checkpoint the run still winds down: the launcher takes the last report,
-# stops the worker group and writes the summary (4 s from the decision to the process's end on
-# `--local` with the tiny model, checkpoint and export included); 30 s keeps room for a cluster's.
-WIND_DOWN_S = 30.0
 
 
 def deadline_epoch(text: str) -> float:
     """The seconds since the epoch of a `parse_deadline` value."""
     return datetime.fromisoformat(text).timestamp()
-
-
-def estimated_checkpoint_s(parameters: int) -> float:
-    return parameters * CHECKPOINT_BYTES_PER_PARAMETER / ESTIMATED_WRITE_BYTES_PER_S
-
-
-def margin_s(*, checkpoint_s: float, slowest_step_s: float, eval_s: float, export_s: float = 0.0) -> float:
-    """The time before the deadline in which no further step starts: the rest of the step now
-    running and one more (each as long as the slowest so far), its evaluation, its checkpoint
-    and Hugging Face export, and the run's wind-down."""
-    return checkpoint_s + 2 * slowest_step_s + eval_s + export_s + WIND_DOWN_S
 
 
 def refusal(deadline: str, now: float, checkpoint_s: float) -> str | None:
@@ -71,15 +56,15 @@ class Deadline:
         deadline: str,
         parameters: int,
         evaluates: bool,
-        export_bytes_per_parameter: int = 0,
+        export_dtype: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`export_bytes_per_parameter`: with --export-hf, the exported dtype's size; the export,
-        written at the last step alone, is never measured before it and stays an estimate."""
+        """`export_dtype`: with --export-hf, the exported dtype; the export, written at the last
+        step alone, is never measured before it and stays an estimate."""
         self.deadline, self.end = deadline, deadline_epoch(deadline)
         self.evaluates, self.clock = evaluates, clock
         self.checkpoint_s = estimated_checkpoint_s(parameters)
-        self.export_s = parameters * export_bytes_per_parameter / ESTIMATED_WRITE_BYTES_PER_S
+        self.export_s = estimated_export_s(parameters, export_dtype) if export_dtype else 0.0
         self.checkpoint_measured = False
         self.slowest_step_s = 0.0
         self.eval_s: float | None = None

@@ -1,6 +1,7 @@
 """One run of the TrainingRun resource: readiness, the gate, the job(s), the verdict(s), the outputs.
 
-The steps, each in its own module: wait until the cluster is ready (`readiness`); run the fabric
+The steps, each in its own module: wait for a Capacity Block's start when it has not begun
+(`not_before`), then until the cluster is ready (`readiness`); run the fabric
 probe on the job's worker group with the job's NCCL environment and judge it (`gate`): a fabric
 that fails stops the run before the job is submitted; adopt or submit the job and follow it to
 its end (`jobs`), read its logs and judge NCCL's transport (`evidence`). With `benchmark` the same
@@ -101,10 +102,11 @@ class RunEnvironment:
     sleep: Callable[[float], None] = time.sleep
     # The GPU node group's size, for `gpuNodesAfterTraining: release` (None: nothing to size).
     node_group: NodeGroupSizer | None = None
-    # The GPU nodes' launch times by EC2 instance id (`ec2_instances`), and the wall clock in UTC
-    # that dates the outputs: what the run's cost is counted from and to.
+    # The GPU nodes' launch times by EC2 instance id (`ec2_instances`): the run's cost counts from them.
     launch_times: LaunchTimes = no_launch_times
-    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
+    # Seconds since the epoch, against AWS's dates (a Capacity Block's start, the nodes' launch) and
+    # dating the outputs; `clock` measures spans.
+    wall_clock: Callable[[], float] = time.time
 
     @property
     def pace(self) -> Pace:
@@ -380,6 +382,19 @@ class TrainingRunner:
         )
         return GateResult(replace(result, summary=report), probe, seconds)
 
+    def wait_for_the_block(self) -> None:
+        """Until `not_before`, a Capacity Block's start: its GPU nodes cannot launch before it (EKS
+        user guide, "Create a managed node group with Capacity Blocks for ML"). A line each poll."""
+        if self.request.not_before is None:
+            return
+        start = datetime.datetime.fromisoformat(self.request.not_before).timestamp()
+        while (left := start - self.env.wall_clock()) > 0:
+            self.env.log(
+                f"training run: waiting for the Capacity Block's start at {self.request.not_before} "
+                f"({left / 60:.1f} min left); its GPU nodes launch then"
+            )
+            self.env.sleep(min(self.env.poll_interval_s, left))
+
     def wait_until_ready(self) -> RayPods:
         request, env = self.request, self.env
         worker_pods = env.cluster.ray_cluster_worker_count(request.namespace, request.ray_cluster_name)
@@ -496,6 +511,7 @@ class TrainingRunner:
     ) -> tuple[tuple[GateResult, JobResult], tuple[GateResult, JobResult] | None]:
         """The main gate and job, checked; then the TCP baseline's when benchmarking."""
         try:
+            self.wait_for_the_block()
             if sizer is not None:
                 readiness.scale_gpu_nodes_up(
                     sizer,
@@ -520,7 +536,8 @@ class TrainingRunner:
         nodes, unavailable = self._launches()
         if unavailable:
             self.env.log(f"training run: the GPU nodes' launch times are unavailable: {unavailable}")
-        return GpuNodeLaunches(nodes, unavailable, self.env.now().astimezone(datetime.UTC).isoformat())
+        finished = datetime.datetime.fromtimestamp(self.env.wall_clock(), datetime.UTC)
+        return GpuNodeLaunches(nodes, unavailable, finished.isoformat())
 
     def _launches(self) -> tuple[dict[str, dict[str, str]] | None, str | None]:
         ids = {node.name: instance_id(node.provider_id) for node in self.gpu_nodes}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Annotated, Any
 
 import pulumi
@@ -37,6 +38,13 @@ def _whole(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
         raise ValueError("not a whole number")
     return int(value)
+
+
+def _utc_time(value: str) -> str:
+    """An ISO 8601 time with its offset: the engine's machine and the preview's need not share a zone."""
+    if datetime.fromisoformat(value).tzinfo is None:
+        raise ValueError("no UTC offset")
+    return value
 
 
 def _expectable(value: str) -> str:
@@ -109,6 +117,10 @@ class RunInputs(BaseModel):
     )
     gpu_nodes_after_training: NodesAfter = _input(
         f"must be one of {', '.join(GPU_NODES_AFTER_TRAINING)}", default=KEEP, rerun=False
+    )
+    # A Capacity Block's start, when it has not begun: the run waits for it before the GPU nodes.
+    not_before: Annotated[str, Field(strict=True), AfterValidator(_utc_time)] | None = _input(
+        "must be an ISO 8601 time with its UTC offset", default=None, rerun=False
     )
 
     @classmethod

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 
 import pytest
 
 from infra.aws_facts.capacity_rules import (
+    CAPACITY_BLOCK,
     ReservationFacts,
     ReservationMisfit,
     has_efa,
@@ -64,6 +66,21 @@ def test_reservation_holds_what_is_available_plus_this_clusters_own_instances():
 )
 def test_reservation_misfits_in_order(change, misfit):
     assert reservation_misfit(dataclasses.replace(RESERVATION, **change), "g6.12xlarge", 2) is misfit
+
+
+def test_a_capacity_block_not_begun_is_judged_as_it_will_be_a_scheduled_odcr_is_not():
+    """Before its start EC2 shows a block's available count as 0 (EC2 user guide, "View Capacity Blocks")."""
+    start = datetime(2026, 12, 5, 11, 30, tzinfo=UTC)
+    block = dataclasses.replace(
+        RESERVATION, state="scheduled", available=0, reservation_type=CAPACITY_BLOCK, start_date=start
+    )
+    assert block.awaits_start and reservation_misfit(block, "g6.12xlarge", 2) is None
+    odcr = dataclasses.replace(block, reservation_type="default")
+    assert (
+        not odcr.awaits_start and reservation_misfit(odcr, "g6.12xlarge", 2) is ReservationMisfit.NOT_ACTIVE
+    )
+    paying = dataclasses.replace(block, state="payment-pending")
+    assert reservation_misfit(paying, "g6.12xlarge", 2) is ReservationMisfit.NOT_ACTIVE
 
 
 def test_placement_group_name_comes_from_the_reservations_arn():

@@ -13,15 +13,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.components.deadline import (
+from training.components.checkpoint import EXPORT_DTYPES
+from training.components.deadline import Deadline, deadline_epoch, refusal
+from training.config.deadline_margin import (
     CHECKPOINT_BYTES_PER_PARAMETER,
     ESTIMATED_WRITE_BYTES_PER_S,
+    EXPORT_BYTES_PER_PARAMETER,
     WIND_DOWN_S,
-    Deadline,
-    deadline_epoch,
     estimated_checkpoint_s,
     margin_s,
-    refusal,
 )
 from training.config.run_config import ArgumentsError, parse_flags
 from training.config.settings import parse_deadline
@@ -132,8 +132,12 @@ def test_an_evaluating_run_keeps_back_its_evaluation_and_a_step_for_it_before_on
 def test_an_export_is_estimated_from_the_parameters_in_its_dtype():
     clock = FakeClock(T_END - 1000)
     plain = Deadline(END, parameters=10**9, evaluates=False, clock=clock)
-    exporting = Deadline(END, parameters=10**9, evaluates=False, export_bytes_per_parameter=2, clock=clock)
+    exporting = Deadline(END, parameters=10**9, evaluates=False, export_dtype="bf16", clock=clock)
     assert exporting.margin_s() - plain.margin_s() == pytest.approx(2e9 / ESTIMATED_WRITE_BYTES_PER_S)
+
+
+def test_the_export_sizes_the_margin_reckons_with_are_the_dtypes_the_export_writes():
+    assert {name: dtype.itemsize for name, dtype in EXPORT_DTYPES.items()} == EXPORT_BYTES_PER_PARAMETER
 
 
 def _ranks(rank: int, init_file: str, out: str) -> None:

@@ -99,8 +99,11 @@ def test_the_resource_registers_only_names_and_settings():
 
     @pulumi.runtime.test
     def program():
+        # Every input set, so every one is sent (the engine leaves out a null one).
         run = provider.TrainingRun(
-            "training", run_inputs(gpu_node_count=2), node_group_name=pulumi.Output.from_input("gpu-0a1b2c3")
+            "training",
+            run_inputs(gpu_node_count=2, not_before="2026-12-05T11:30:00Z"),
+            node_group_name=pulumi.Output.from_input("gpu-0a1b2c3"),
         )
         return run.transport.apply(transports.append)
 

@@ -315,6 +315,28 @@ def test_a_succeeded_job_that_failed_its_check_is_judged_again_only_while_its_po
     )
 
 
+def test_a_capacity_block_not_begun_is_waited_for_before_the_nodes_with_a_line_each_poll():
+    """The fake wall clock starts at 09:00:00Z; the block starts 25 s later: polls of 10, 10 and 5 s."""
+    waited = FakeCluster(main_and_tcp_head())
+    waited.provider().create(props(run_inputs(not_before="2026-12-05T09:00:25Z")))
+    lines = [line for line in waited.logged if "waiting for the Capacity Block's start" in line]
+    assert [line.split("(")[1].split(")")[0] for line in lines] == [
+        "0.4 min left",
+        "0.2 min left",
+        "0.1 min left",
+    ]
+    assert lines[0] == (
+        "training run: waiting for the Capacity Block's start at 2026-12-05T09:00:25Z (0.4 min left); "
+        "its GPU nodes launch then"
+    )
+    ready = next(i for i, line in enumerate(waited.logged) if "GPU nodes ready" in line)
+    assert waited.logged.index(lines[-1]) < ready
+    at_once = FakeCluster(main_and_tcp_head())
+    at_once.provider().create(props(run_inputs(not_before="2026-12-05T08:00:00Z")))  # begun an hour ago
+    assert not [line for line in at_once.logged if "Capacity Block" in line]
+    assert waited.clock.slept - at_once.clock.slept == 25.0
+
+
 def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
     head = FakeRayHead({"main": replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING"])})
     fake = FakeCluster(head)
@@ -508,8 +530,8 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     fake = FakeCluster(main_and_tcp_head())
     outs = fake.provider().create(props(run_inputs())).outs
     assert outs["gpu_nodes"] == {
-        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T06:00:00+00:00"},
-        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T06:00:30+00:00"},
+        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
+        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:00:30+00:00"},
     }
     assert outs["gpu_nodes_unavailable"] is None
     finished = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
@@ -517,7 +539,9 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     price = list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused")
     basis = CostBasis(price, None, {})
     measured = measured_cost(basis, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"])
-    seconds = 2 * 3600 + 2 * fake.clock.now - 30
+    seconds = (
+        2 * 2 * 3600 + 2 * fake.clock.now - 30
+    )  # two nodes launched 2 h and 1 h 59 min 30 s before 09:00
     assert measured["gpuNodeHours"] == round(seconds / 3600, 4)
     assert measured["usd"] == round(seconds / 3600 * 4.6016, 2)
     assert planned_cost(basis)["priceBasis"].startswith(

@@ -194,6 +194,8 @@ def test_check_accepts_good_inputs_and_unknown_values_of_a_preview():
         ("timeout_minutes", 0, "at least 1"),
         ("cluster_name", "", "non-empty"),
         ("benchmark", "yes", "true or false"),
+        ("not_before", "2026-12-05T11:30:00", "with its UTC offset"),
+        ("not_before", "at 11:30", "ISO 8601 time"),
     ],
 )
 def test_check_names_the_bad_input(key, value, reason):
