@@ -31,8 +31,7 @@ ML, which the node group must launch as such); without them the reservation is t
 On-Demand Capacity Reservation outside any placement group.
 
 The GPU node group of a live cluster is read too: a DEGRADED group is warned about with its fix
-(`infra.aws_facts.live_stack.gpu_group_warning`), and with `gpuNodesAfterTraining: keep` one info line
-says what the GPU nodes cost per hour once idle (`idle_gpu_cost`).
+(`infra.aws_facts.live_stack.gpu_group_warning`).
 
 Judgements live in `infra.aws_facts.capacity_rules`; this module fetches facts and words the refusals.
 
@@ -93,9 +92,8 @@ from infra.aws_facts.reservation_window import (
     utc_text,
 )
 from infra.aws_facts.sizing import InstanceFacts, describe_instance_type
-from infra.config.stack import KEEP, ConfigError, StackSettings
+from infra.config.stack import ConfigError, StackSettings
 from infra.config.training_settings import configured_deadline
-from infra.plan.facts import INSTANCES
 from infra.plan.planner import StrategyPlan, workload_of
 from infra.resources.cluster import control_plane_log_group
 from infra.resources.network import zone_cidrs
@@ -191,7 +189,7 @@ def plan_placement(settings: StackSettings, now: Callable[[], datetime] | None =
     else:
         gpu_az = zones.first_gpu_zone()
     _check_gpu_subnet_room(settings, gpu_node, gpu_az)
-    _report_gpu_nodes(settings, live, reservation)
+    _warn_about_a_degraded_gpu_group(settings, live)
     return Placement(
         gpu_az=gpu_az,
         cluster_azs=zones.cluster_zones(gpu_az),
@@ -228,43 +226,13 @@ def _live_cluster(settings: StackSettings) -> LiveCluster | None:
     return live
 
 
-def idle_gpu_cost(settings: StackSettings, reservation: ReservationFacts | None) -> str:
-    """What the GPU nodes cost per hour once the run has its verdict, with `gpuNodesAfterTraining: keep`."""
-    fact = INSTANCES.get(settings.gpu_node_type)
-    count = settings.gpu_node_count
-    if reservation is not None:
-        held = "is paid up front" if reservation.is_capacity_block else "bills every reserved instance-hour"
-        return (
-            f"gpuNodesAfterTraining: keep: the {count} GPU nodes stay up after the run, in capacity reservation "
-            f"{reservation.reservation_id}, which {held} whether they run or not: releasing them would save nothing of it"
-        )
-    if fact is None:
-        return (
-            f"gpuNodesAfterTraining: keep: the {count} {settings.gpu_node_type} GPU nodes stay up after the run and "
-            "bill until `pulumi destroy` (no price is known for the type here); gpuNodesAfterTraining: release "
-            "scales them to 0 after each run"
-        )
-    price = fact.usd_per_hour
-    return (
-        f"gpuNodesAfterTraining: keep: the {count} GPU nodes stay up after the run and bill US$ "
-        f"{count * price.value:.2f} an hour while idle ({count} x {settings.gpu_node_type} at US$ {price.value:g}/h, "
-        f"the On-Demand list price of {price.source}, read {price.date}) until `pulumi destroy`; "
-        "gpuNodesAfterTraining: release scales them to 0 after each run"
-    )
-
-
-def _report_gpu_nodes(
-    settings: StackSettings, live: LiveCluster | None, reservation: ReservationFacts | None
-) -> None:
-    """The GPU node group at preview: a DEGRADED live group, and with `keep` the cost of idle nodes."""
+def _warn_about_a_degraded_gpu_group(settings: StackSettings, live: LiveCluster | None) -> None:
     if live is not None and live.gpu_group is not None:
         warning = gpu_group_warning(
             settings.cluster_name, settings.region, live.gpu_group, settings.gpu_node_count
         )
         if warning:
             pulumi.log.warn(warning)
-    if settings.train and settings.gpu_nodes_after_training == KEEP:
-        pulumi.log.info(idle_gpu_cost(settings, reservation))
 
 
 def _available_zones() -> dict[str, str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.config.stack import StackSettings
+from infra.config.stack import KEEP, StackSettings
 from infra.plan.cost import (
     CostBasis,
     Prediction,
@@ -26,6 +26,7 @@ from infra.plan.cost import (
     StackShape,
     at_rest_usd_per_hour,
     capacity_block_price,
+    idle_gpu_cost,
     list_price,
 )
 from infra.plan.planner import StrategyPlan
@@ -74,7 +75,8 @@ def _price(instance_type: str, region: str, provider: aws.Provider | None) -> Pr
 def cost_basis(
     settings: StackSettings, placement: Placement, plan: StrategyPlan | None, steps: int
 ) -> CostBasis:
-    """The prices, the stack's hourly cost at rest and the planner's prediction, for `training.cost`."""
+    """The prices, the stack's hourly cost at rest and the planner's prediction, for `training.cost`;
+    with `gpuNodesAfterTraining: keep`, one info line of what the GPU nodes cost idle after the run."""
     provider = _price_list_provider(settings)
     system_price = _price(settings.system_node_type, settings.region, provider)
     reservation = placement.reservation
@@ -82,6 +84,16 @@ def cost_basis(
         gpu_price = capacity_block_price(reservation.reservation_id)
     else:
         gpu_price = _price(settings.gpu_node_type, settings.region, provider)
+    if settings.gpu_nodes_after_training == KEEP:
+        pulumi.log.info(
+            idle_gpu_cost(
+                settings.gpu_node_count,
+                settings.gpu_node_type,
+                gpu_price,
+                reservation.reservation_id if reservation else None,
+                bool(reservation and reservation.is_capacity_block),
+            )
+        )
     shape = StackShape(
         version_status=placement.kubernetes_version_status,
         system_nodes=settings.system_node_count,

@@ -275,9 +275,9 @@ def test_keep_owns_the_gpu_group_size_and_says_what_idle_nodes_cost(caplog):
     assert group.inputs["scalingConfig"] == {"desiredSize": 2, "minSize": 2, "maxSize": 2}
     assert group.ignore_changes == []
     assert run_inputs_of(plan)["gpu_nodes_after_training"] == "keep"
-    # 2 x g6.12xlarge at the On-Demand list price in infra/plan/facts.py: 2 x 4.6016 = 9.2032.
+    # 2 x g6.12xlarge at the Price List's On-Demand price (the fake's): 2 x 4.6016 = 9.2032.
     assert "the 2 GPU nodes stay up after the run and bill US$ 9.20 an hour while idle" in caplog.text
-    assert "https://aws.amazon.com/ec2/pricing/on-demand/, read 2026-12-04" in caplog.text
+    assert "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview" in caplog.text
 
 
 def test_release_leaves_the_desired_size_to_the_training_run_across_two_ups(caplog):

@@ -73,6 +73,29 @@ def capacity_block_price(reservation_id: str) -> Price:
     )
 
 
+def idle_gpu_cost(
+    count: int, instance_type: str, price: Price, reservation_id: str | None, capacity_block: bool
+) -> str:
+    """What the GPU nodes cost per hour once the run has its verdict, with `gpuNodesAfterTraining: keep`."""
+    release = "gpuNodesAfterTraining: release scales them to 0 after each run"
+    if reservation_id is not None:
+        held = "is paid up front" if capacity_block else "bills every reserved instance-hour"
+        return (
+            f"gpuNodesAfterTraining: keep: the {count} GPU nodes stay up after the run, in capacity reservation "
+            f"{reservation_id}, which {held} whether they run or not: releasing them would save nothing of it"
+        )
+    if price.usd_per_hour is None:
+        return (
+            f"gpuNodesAfterTraining: keep: the {count} {instance_type} GPU nodes stay up after the run and bill "
+            f"until `pulumi destroy` ({price.basis}); {release}"
+        )
+    return (
+        f"gpuNodesAfterTraining: keep: the {count} GPU nodes stay up after the run and bill US$ "
+        f"{count * price.usd_per_hour:.2f} an hour while idle ({count} x {instance_type} at US$ "
+        f"{price.usd_per_hour:g}/h, {price.basis}) until `pulumi destroy`; {release}"
+    )
+
+
 # --- the GPU node hours of a run ---------------------------------------------------------------------
 
 

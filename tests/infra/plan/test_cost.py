@@ -16,6 +16,7 @@ from infra.plan.cost import (
     billed_seconds,
     capacity_block_price,
     gpu_node_hours,
+    idle_gpu_cost,
     list_price,
     measured_cost,
     planned_cost,
@@ -151,3 +152,16 @@ def test_extended_support_costs_six_times_the_control_plane_and_unknown_parts_le
     assert unread["controlPlaneSupport"] == "standard (the version's status was not read)"
     block = at_rest_usd_per_hour(shape(gpu_price=capacity_block_price("cr-1")))
     assert block["gpuNodesRunning"] is None and block["gpuNodesAtZero"] is not None
+
+
+def test_idle_gpu_nodes_are_priced_only_where_keeping_them_costs_more():
+    price = Price(4.6016, "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview")
+    on_demand = idle_gpu_cost(2, "g6.12xlarge", price, None, capacity_block=False)
+    assert (
+        "bill US$ 9.20 an hour while idle (2 x g6.12xlarge at US$ 4.6016/h, On-Demand list price" in on_demand
+    )
+    for block in (False, True):
+        reserved = idle_gpu_cost(2, "g6.12xlarge", price, "cr-0123", capacity_block=block)
+        assert "US$" not in reserved and "releasing them would save nothing" in reserved
+    unpriced = idle_gpu_cost(2, "g6.12xlarge", Price(None, "no price for g6.12xlarge"), None, False)
+    assert "US$" not in unpriced and "(no price for g6.12xlarge)" in unpriced
