@@ -7,10 +7,18 @@ failures the provider explains further (which endpoint, which identity) before s
 
 from __future__ import annotations
 
+import botocore.exceptions
+
 # What a failure after submission leaves behind, said wherever the run stops without the job ending.
 JOB_KEEPS_RUNNING = (
     "A job already submitted keeps running on the Ray cluster; the next `pulumi up` follows it to its end"
 )
+
+
+def aws_refusal(error: botocore.exceptions.ClientError) -> str:
+    """`Code: Message` of an AWS API refusal, on one line."""
+    detail = error.response.get("Error", {})
+    return f"{detail.get('Code', '')}: {' '.join(str(detail.get('Message', '')).split())}"
 
 
 class TrainingRunError(Exception):

@@ -60,6 +60,7 @@ from workloads.training_run.errors import (
     ApiUnreachable,
     EndpointNameUnresolved,
     TrainingRunError,
+    aws_refusal,
 )
 from workloads.training_run.runner import GpuNodeLaunches, RunEnvironment, TrainingRunner
 from workloads.training_run.schema import (
@@ -288,7 +289,7 @@ def _aws_failure(
             return TrainingRunError(f"EKS cluster {inputs.cluster_name} does not exist in {inputs.region}")
         return TrainingRunError(
             f"AWS refused DescribeCluster of EKS cluster {inputs.cluster_name} in {inputs.region} for "
-            f"{aws.describe()}: {code}: {error.response.get('Error', {}).get('Message', '')}"
+            f"{aws.describe()}: {aws_refusal(error)}"
         )
     return TrainingRunError(
         f"the EKS API in {inputs.region} did not answer DescribeCluster of {inputs.cluster_name} as {aws.describe()}: {error}"

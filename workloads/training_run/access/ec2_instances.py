@@ -18,6 +18,8 @@ from typing import Any
 
 import botocore.exceptions
 
+from workloads.training_run.errors import aws_refusal
+
 PROVIDER_ID = re.compile(r"aws:///[^/]*/(i-[0-9a-f]+)")
 
 LaunchTimes = Callable[[Sequence[str]], Mapping[str, datetime.datetime]]
@@ -46,10 +48,8 @@ def ec2_launch_times(ec2: Any, identity: str) -> LaunchTimes:
         try:
             answer = ec2.describe_instances(InstanceIds=list(ids))
         except botocore.exceptions.ClientError as error:
-            detail = error.response.get("Error", {})
             raise LaunchTimesUnavailable(
-                f"AWS refused ec2:DescribeInstances of {', '.join(ids)} for {identity}: "
-                f"{detail.get('Code', '')}: {' '.join(str(detail.get('Message', '')).split())}"
+                f"AWS refused ec2:DescribeInstances of {', '.join(ids)} for {identity}: {aws_refusal(error)}"
             ) from error
         except botocore.exceptions.BotoCoreError as error:
             raise LaunchTimesUnavailable(f"the EC2 API did not answer DescribeInstances: {error}") from error

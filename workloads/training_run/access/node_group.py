@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import botocore.exceptions
 
-from workloads.training_run.errors import TrainingRunError
+from workloads.training_run.errors import TrainingRunError, aws_refusal
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,9 @@ class EksNodeGroup:
         try:
             return call()
         except botocore.exceptions.ClientError as error:
-            detail = error.response.get("Error", {})
             raise TrainingRunError(
                 f"AWS refused {operation} of node group {self.name} of EKS cluster {self.cluster} in "
-                f"{self.region}: {detail.get('Code', '')}: {detail.get('Message', '')}"
+                f"{self.region}: {aws_refusal(error)}"
             ) from error
         except botocore.exceptions.BotoCoreError as error:
             raise TrainingRunError(
