@@ -407,10 +407,22 @@ def scale_gpu_nodes_up(
     wanted: int,
     where: tuple[str, str],
     log: Callable[[str], None],
+    block_began: bool = False,
 ) -> None:
     """Scale the GPU node group (in `where`: cluster, region) to `wanted` nodes when it has fewer;
-    the GPU node wait that follows covers their joining."""
+    the GPU node wait that follows covers their joining.
+
+    `block_began`: the run has just waited for a Capacity Block's start. A group created before it
+    at `wanted` nodes had its launches fail until then, and Auto Scaling launches them once the
+    block is active (EKS user guide, "Create a managed node group with Capacity Blocks for ML"), so
+    a DEGRADED status from those failures is waited out, not refused."""
     group = wait_for_node_group(sizer, pace, timeout_s)
+    if block_began and group.status == "DEGRADED" and group.desired_size >= wanted:
+        log(
+            f"training run: GPU node group {group.name} is DEGRADED from its launches before the Capacity Block "
+            "began; Auto Scaling launches its nodes now that the block is active: waiting for them"
+        )
+        return
     problem = node_group_problem(group, *where, wanted)
     if problem:
         raise TrainingRunError(problem)

@@ -520,6 +520,7 @@ class TrainingRunner:
                     self.gpu_node_count,
                     (self.request.cluster_name, self.request.region),
                     self.env.log,
+                    block_began=self.request.not_before is not None,
                 )
             pods = self.wait_until_ready()
         except Interrupted:

@@ -393,6 +393,23 @@ def test_a_degraded_group_is_refused_before_anything_runs():
     assert fake.node_group.sizes == [] and fake.head.probe_submissions == []
 
 
+def test_a_group_degraded_by_launches_before_its_capacity_block_began_is_waited_for_not_refused():
+    """Created at 2 nodes before the block's start, the group's launches failed until then; once the
+    block has begun the run waits for the nodes instead of refusing the DEGRADED status."""
+    fake = FakeCluster(main_and_tcp_head())
+    fake.node_group.status = "DEGRADED"
+    fake.node_group.issues = ("AsgInstanceLaunchFailures: the Capacity Block is not active (eks-gpu-asg)",)
+    outs = fake.provider().create(props(run_inputs(**RELEASE, not_before="2026-12-05T09:00:25Z"))).outs
+    assert outs["status"] == "SUCCEEDED" and fake.node_group.sizes == [0]
+    assert any(
+        "is DEGRADED from its launches before the Capacity Block began" in line for line in fake.logged
+    )
+    # The same group with no block to wait for is refused, as any DEGRADED group is.
+    refused = FakeCluster(main_and_tcp_head())
+    refused.node_group.status = "DEGRADED"
+    assert "is DEGRADED (" in failure_of(refused, run_inputs(**RELEASE))
+
+
 def shipped_code(root: Path) -> tuple[Path, str]:
     """The training code as the ConfigMap mount presents it: the package files and `.code-hash`."""
     files = manifests.collect_code(REPO_ROOT)
