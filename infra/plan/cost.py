@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infra.aws_facts.reservation_window import parse_aws_time
 from infra.plan.facts import (
     EC2_BILLING_URL,
     EC2_MINIMUM_BILLED_S,
@@ -97,14 +98,6 @@ def idle_gpu_cost(
 
 
 # --- the GPU node hours of a run ---------------------------------------------------------------------
-
-
-def parse_time(text: str) -> datetime.datetime:
-    """An ISO 8601 time with its offset (`2026-12-05T07:00:00+00:00`, or `Z`), as an aware datetime."""
-    parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if parsed.tzinfo is None:
-        raise ValueError(f"{text!r} has no UTC offset")
-    return parsed
 
 
 def billed_seconds(launched: datetime.datetime, end: datetime.datetime) -> int:
@@ -191,8 +184,8 @@ def measured_cost(
     hours: float | None = None
     reason = gpu_nodes_unavailable
     if gpu_nodes and end_text and not reason:
-        end = parse_time(end_text)
-        hours = gpu_node_hours((parse_time(node["launchTime"]) for node in gpu_nodes.values()), end)
+        end = parse_aws_time(end_text)
+        hours = gpu_node_hours((parse_aws_time(node["launchTime"]) for node in gpu_nodes.values()), end)
     elif reason is None:
         reason = "no training run has reported its GPU nodes yet"
     price = basis.gpu_price.usd_per_hour

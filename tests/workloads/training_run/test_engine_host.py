@@ -24,7 +24,8 @@ import grpc
 import pytest
 from pulumi.runtime import rpc
 
-from infra.plan.cost import CostBasis, list_price, measured_cost, parse_time, planned_cost
+from infra.aws_facts.reservation_window import parse_aws_time
+from infra.plan.cost import CostBasis, list_price, measured_cost, planned_cost
 from tests.harness import fake_kube_api as fake
 from tests.harness import paths
 from tests.harness.fake_aws import LIST_PRICES, price_list_item
@@ -390,11 +391,11 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
         sorted(v[0] for k, v in request.items() if k.startswith("InstanceId."))
         for request in world.aws.ec2_requests
     ] == [sorted(INSTANCES.values())]
-    launched = {node: parse_time(facts["launchTime"]) for node, facts in outs["gpu_nodes"].items()}
+    launched = {node: parse_aws_time(facts["launchTime"]) for node, facts in outs["gpu_nodes"].items()}
     assert {node: world.aws.instances[INSTANCES[node]] for node in launched} == {
         node: at.strftime("%Y-%m-%dT%H:%M:%S.000Z") for node, at in launched.items()
     }
-    finished = parse_time(outs["finished_at"])
+    finished = parse_aws_time(outs["finished_at"])
     price = list_price(
         "g6.12xlarge",
         "us-east-2",
