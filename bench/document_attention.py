@@ -7,7 +7,7 @@ documents each, whose positions restart at every document so that transformers b
 block-diagonal causal mask (SDPA, the job's attention; flex attention, for comparison). The
 causal rows run first and again last, so their two figures bound the drift of the machine.
 
-    python -m bench.document_attention --out bench/results/h200-document-attention.json
+    python -m bench.document_attention --out bench/reports/flex-attention_HW_YYYYMM/document-attention.json
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@
   the compile check cannot fit any tiles (a shared-memory limit of 8 KiB for the check alone): one
   warning line, then training with SDPA.
 
-    python -m bench.flex_checks --out bench/results/h200-flex-checks.json
+    python -m bench.flex_checks --out bench/reports/flex-attention_HW_YYYYMM/flex-checks.json
 """
 
 from __future__ import annotations
