@@ -25,7 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.train_bench import BenchSession, benchmark_config, release_memory, start_process_group, timed_steps
+from bench.train_bench.session import (
+    BenchSession,
+    benchmark_config,
+    release_memory,
+    start_process_group,
+    timed_steps,
+)
 from training.data.packing import DOCUMENT_START
 from training.loop import build, train_step
 from training.model.causal_lm import ModelBatch, model_batch

@@ -190,7 +190,8 @@ def fallback_run(device: torch.device, max_shared_bytes: int = 8 * 1024) -> dict
     import io
 
     import training.model.attention
-    from bench.train_bench import tuned_config, tuned_run
+    from bench.train_bench.loops import tuned_run
+    from bench.train_bench.variants import tuned_config
 
     real_check = training.model.attention.flex_compile_error
 
