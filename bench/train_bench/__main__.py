@@ -50,7 +50,9 @@ from training.model.causal_lm import load_architecture
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.train_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", required=True, help="JSON file for all results")
     parser.add_argument("--model-config", default="qwen2.5-1.5b", help="architecture (random weights)")
