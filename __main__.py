@@ -19,7 +19,7 @@ from infra.config.training_settings import (
 )
 from infra.plan.cost import measured_cost, planned_cost
 from infra.plan.facts import line_rate_gbps
-from infra.plan.planner import log_plan, measured_against_plan
+from infra.plan.report import log_plan, measured_against_plan
 from infra.preflight import deadline_of, fit_the_window, plan_placement
 from infra.pricing import cost_basis
 from infra.resources.cluster import Cluster, addon_version

@@ -15,9 +15,9 @@ cannot drop), RssFile (mapped files: a mapped corpus is page cache, shared by a 
 reclaimable) and RssShmem (Ray's object store, which the driver maps zero-copy; Ray's memory guide
 counts it apart from a process's heap).
 
-    python -m bench.corpus_memory --streamed-sizes 1e9,2e9 --out bench/results/cpu-corpus-cache-memory.json
+    python -m bench.corpus_memory --streamed-sizes 1e9,2e9 --out bench/reports/corpus-memory_cpu_YYYYMM/cpu-corpus-cache-memory.json
     python -m bench.corpus_memory --sizes '' --streamed-sizes '' --ray-sizes 20e6,100e6,300e6 \\
-        --out bench/results/cpu-corpus-cache-memory-ray.json
+        --out bench/reports/corpus-memory_cpu_YYYYMM/cpu-corpus-cache-memory-ray.json
 """
 
 from __future__ import annotations

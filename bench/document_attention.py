@@ -7,7 +7,7 @@ documents each, whose positions restart at every document so that transformers b
 block-diagonal causal mask (SDPA, the job's attention; flex attention, for comparison). The
 causal rows run first and again last, so their two figures bound the drift of the machine.
 
-    python -m bench.document_attention --out bench/results/h200-document-attention.json
+    python -m bench.document_attention --out bench/reports/flex-attention_HW_YYYYMM/document-attention.json
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.train_bench import BenchSession, benchmark_config, release_memory, start_process_group, timed_steps
+from bench.train_bench.session import (
+    BenchSession,
+    benchmark_config,
+    release_memory,
+    start_process_group,
+    timed_steps,
+)
 from training.data.packing import DOCUMENT_START
 from training.loop import build, train_step
 from training.model.causal_lm import ModelBatch, model_batch

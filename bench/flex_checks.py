@@ -14,7 +14,7 @@
   the compile check cannot fit any tiles (a shared-memory limit of 8 KiB for the check alone): one
   warning line, then training with SDPA.
 
-    python -m bench.flex_checks --out bench/results/h200-flex-checks.json
+    python -m bench.flex_checks --out bench/reports/flex-attention_HW_YYYYMM/flex-checks.json
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ def fallback_run(device: torch.device, max_shared_bytes: int = 8 * 1024) -> dict
     import io
 
     import training.model.attention
-    from bench.train_bench import tuned_config, tuned_run
+    from bench.train_bench.loops import tuned_run
+    from bench.train_bench.variants import tuned_config
 
     real_check = training.model.attention.flex_compile_error
 

@@ -13,7 +13,7 @@ fp32 model, then shards it):
 Each path runs in its own torchrun job, so each rank's peak RSS is that path's alone. No corpus
 (synthetic data) and no network: --init pretrained reads a local folder.
 
-    python -m bench.load_memory --out bench/results/load.json --model-config qwen2.5-1.5b --nproc 4
+    python -m bench.load_memory --out bench/reports/load-memory_HW_YYYYMM/load.json --model-config qwen2.5-1.5b --nproc 4
     python -m bench.load_memory --out … --write-pretrained /tmp/qwen --model-config qwen2.5-1.5b
     python -m bench.load_memory --out … --init pretrained --model-id /tmp/qwen --nproc 1
 

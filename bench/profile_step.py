@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.train_bench import PROFILED_LOOPS, make_step, release_memory
+from bench.train_bench.loops import PROFILED_LOOPS, make_step
+from bench.train_bench.session import release_memory
 
 # Kernel families, first match wins; the names are those of cuBLAS/CUTLASS, cuDNN,
 # Inductor's Triton kernels and ATen's CUDA kernels as the profiler shows them.

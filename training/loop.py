@@ -263,8 +263,8 @@ def replay_facts(config: TrainConfig, world_size: int, corpus: str) -> dict[str,
 
 
 def recorded_global_batch(state: dict[str, Any]) -> int | None:
-    """A checkpoint's global batch; from its world size and batch size where it predates the key
-    (before accumulation existed: one micro-batch)."""
+    """A checkpoint's global batch; for a checkpoint without the key, one written without
+    accumulation, its world size times its batch size (one micro-batch)."""
     if "global_batch" in state:
         return int(state["global_batch"])
     if "world_size" in state and "batch_size" in state:
@@ -409,11 +409,11 @@ def train_step(
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     else:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-    # The host reads the loss here, before the optimizer step, where it used to read it after:
-    # still the step's one sync, not a second one. The host now waits for the backward rather
-    # than for the optimizer step, then queues the optimizer step and builds the next batch
-    # while the device runs it. Both values are all-reduced, so every rank decides alike and
-    # none is left waiting in a collective.
+    # The step's one sync: the host reads the loss and the gradient norm here, before the optimizer
+    # step, so a non-finite step stops before it reaches the weights. The host waits for the
+    # backward, then queues the optimizer step and builds the next batch while the device runs it.
+    # Both values are all-reduced, so every rank decides alike and none is left waiting in a
+    # collective.
     step_loss, norm, stop = loss_and_grad_norm(
         torch.stack(losses).sum(),
         cast(DTensor, grad_norm).full_tensor(),

@@ -1,7 +1,7 @@
-"""`python -m infra.plan`: the communication planner's command line (infra/plan/planner.py)."""
+"""`python -m infra.plan`: the communication planner's command line (infra/plan/cli.py)."""
 
 import sys
 
-from infra.plan.planner import main
+from infra.plan.cli import main
 
 sys.exit(main())

@@ -27,7 +27,7 @@ from infra.plan.facts import (
     Fact,
     shipped_on_demand_usd,
 )
-from infra.plan.planner import on_demand_usd
+from infra.plan.refresh import on_demand_usd
 
 NOTE = (
     "An estimate from AWS list prices, not the invoice: no discount, credit or tax, and no usage-based "

@@ -1,13 +1,16 @@
 """The facts the communication planner and the cost figures (`infra.plan`) work from offline, each
 with its source and the date it was read. AWS's own answers replace the line rates and prices when
-credentials are there (`infra.plan.planner.refreshed`, and the Price List at preview for the stack's
-cost); the published figures are what `docs/benchmarks.md` checks the planner against.
+credentials are there (`infra.plan.refresh.refreshed`, and the Price List at preview for the stack's
+cost); the published figures are what `docs/benchmarks.md` checks the planner against. The measured
+figures cite their report page and are declared here: the product never reads the
+benchmark record, and a test keeps each equal to its report's raw JSON.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 READ_ON = "2026-12-04"
 INSTANCE_TYPES_URL = "https://aws.amazon.com/ec2/instance-types/"
@@ -115,15 +118,116 @@ def shipped_on_demand_usd(instance_type: str) -> Fact | None:
 # halves the gathered bytes; the A100 has none.
 FP8_GPUS = ("L4", "L40S", "H100", "H200")
 
-# Measured model FLOPs utilisation, as (file, list, case): the planner reads the number from the
-# benchmark record itself. All ran on one H200 on synthetic tokens (causal rows, SDPA); isolated
-# documents with flex ran at more tokens/s (bench/results/h200-isolated-flex.json), so plans of
-# a corpus run are on the low side. Activation checkpointing changes the work per token, so a plan uses a
-# point with its own setting, the one nearest in tokens per micro-batch.
+# --- measured on one GPU (cited from the benchmark reports, never read) ---------------------------
+THROUGHPUT_REPORT = "bench/reports/throughput_h200_202612.md"
+MEMORY_REPORT = "bench/reports/memory_h200_202612.md"
+MEASURED_ON = "2026-12-03"
+
+
+@dataclass(frozen=True)
+class MfuPoint:
+    """A benchmark case's model FLOPs utilisation (`6·N + 12·L·H·S` FLOPs per token over its GPU's
+    bf16 peak, `training.metrics.flops`); the fact's source is the report, `record` the raw JSON
+    beside it that holds `case`."""
+
+    mfu: Fact
+    case: str
+    record: str
+    tokens_per_micro_batch: int
+    activation_checkpointing: bool
+    gpu_name: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.mfu.source} {self.case}"
+
+
+# All ran on one H200 on synthetic tokens (causal rows, SDPA); isolated documents with flex ran at
+# more tokens/s (bench/reports/flex-attention_h200_202612.md), so plans of a corpus run are on the
+# low side. Activation checkpointing changes the work per token, so a plan uses a point with its
+# own setting, the one nearest in tokens per micro-batch.
 MFU_POINTS = (
-    ("bench/results/h200-throughput.json", "variants", "reference-bf16-adamw-128x1"),
-    ("bench/results/h200-throughput.json", "variants", "tuned-compiled-4096x4"),
-    ("bench/results/h200-deferred-and-memory.json", "memory_at_world_size_8", "seq4096x2-ac-hsdp-2x4"),
+    # AWS's sample loop: bf16 weights, plain AdamW, seq 128 x 1; the record's own `mfu`.
+    MfuPoint(
+        Fact(0.008866044513304722, THROUGHPUT_REPORT, MEASURED_ON),
+        case="reference-bf16-adamw-128x1",
+        record="h200-throughput.json",
+        tokens_per_micro_batch=128,
+        activation_checkpointing=False,
+        gpu_name="NVIDIA H200",
+    ),
+    # The tuned compiled loop at 4096 x 4; the record's own `mfu`.
+    MfuPoint(
+        Fact(0.535980357172838, THROUGHPUT_REPORT, MEASURED_ON),
+        case="tuned-compiled-4096x4",
+        record="h200-throughput.json",
+        tokens_per_micro_batch=16384,
+        activation_checkpointing=False,
+        gpu_name="NVIDIA H200",
+    ),
+    # The `throughput` preset (4096 x 2, checkpointing, HSDP 2 x 4) at world size 8 under the fake
+    # process group (collectives free): its `tokens_per_s_per_gpu` by the formula.
+    MfuPoint(
+        Fact(0.3638423917401991, MEMORY_REPORT, MEASURED_ON),
+        case="seq4096x2-ac-hsdp-2x4",
+        record="h200-deferred-and-memory.json",
+        tokens_per_micro_batch=8192,
+        activation_checkpointing=True,
+        gpu_name="NVIDIA H200",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class ThroughputFigure:
+    """A measured tokens/s of the tuned compiled loop at seq 4096 on one GPU, which the planner's
+    comparison (docs/benchmarks.md) predicts from the nearest MFU point."""
+
+    tokens_per_s: Fact
+    case: str
+    record: str
+    batch_size: int
+    grad_accum_steps: int = 1
+    defer_grad_sync: bool = False
+
+
+def _h200_figure(tokens_per_s: float, case: str, batch_size: int, **accumulation: Any) -> ThroughputFigure:
+    return ThroughputFigure(
+        Fact(tokens_per_s, THROUGHPUT_REPORT, MEASURED_ON),
+        case,
+        "h200-throughput.json",
+        batch_size,
+        **accumulation,
+    )
+
+
+H200_THROUGHPUT = (
+    _h200_figure(46595.86438724147, "tuned-compiled-4096x4", 4),
+    _h200_figure(49357.26041007914, "tuned-compiled-4096x8", 8),
+    _h200_figure(50130.76754317468, "tuned-compiled-4096x12", 12),
+    _h200_figure(50679.599515085094, "tuned-compiled-accum2-4096x12", 12, grad_accum_steps=2),
+    _h200_figure(50942.24937139152, "tuned-compiled-accum4-4096x12", 12, grad_accum_steps=4),
+    _h200_figure(
+        51102.854750690945,
+        "tuned-compiled-accum4-deferred-4096x10",
+        10,
+        grad_accum_steps=4,
+        defer_grad_sync=True,
+    ),
+    _h200_figure(
+        50965.94333819446,
+        "tuned-compiled-accum4-deferred-4096x12",
+        12,
+        grad_accum_steps=4,
+        defer_grad_sync=True,
+    ),
+    _h200_figure(
+        51303.53638824143,
+        "tuned-compiled-accum8-deferred-4096x10",
+        10,
+        grad_accum_steps=8,
+        defer_grad_sync=True,
+    ),
 )
 
 AWS_SAMPLE_URL = (

@@ -1,5 +1,5 @@
-"""The benchmark's pure readings: the profiler's idle gaps, on a trace in the format
-torch.profiler exports; the document rows and attention shares; the parity report of two runs.
+"""The profile's pure readings: the profiler's idle gaps, on a trace in the format torch.profiler
+exports.
 
 torch.profiler's `export_chrome_trace` writes Chrome Trace Event Format "complete" events
 (`"ph": "X"`, microsecond `ts` and `dur`); GPU work has the categories `kernel`,
@@ -14,8 +14,6 @@ import json
 import pytest
 
 from bench.profile_step import idle_gaps
-from bench.train_bench import attention_shares, documents_rows
-from training.model.causal_lm import model_batch
 
 
 def _event(category: str, name: str, start: float, duration: float) -> dict:
@@ -53,31 +51,3 @@ def test_idle_time_counts_only_moments_when_no_stream_is_busy(tmp_path):
     ]
     assert second["after_kernel"] == "Memcpy DtoD"
     assert second["host_in"][-1] == "torch/optim/adamw.py(200): step"
-
-
-def test_the_isolated_variants_rows_hold_the_documents_their_mfu_counts():
-    """The benchmark's rows of 8 documents a row are what the loop isolates (model_batch), and their
-    attention shares are those of 8 causal documents of 512 tokens: 80 of the 1,024 flex blocks."""
-    import torch
-
-    rows = documents_rows(3, 4096, 8, vocab_size=1000)
-    batch = model_batch(rows, torch.device("cpu"))
-    assert batch.document_ids is not None
-    assert batch.document_ids[:, -1].tolist() == [7, 7, 7]
-    assert (batch.position_ids == 0).sum(dim=1).tolist() == [8, 8, 8]
-    shares = attention_shares({"seq_len": 4096, "documents": 8, "attention": "flex"})
-    assert shares == {"attended": 8 * 512 * 513 / 2 / 4096**2, "blocks": 80 / 1024}
-    assert attention_shares({"seq_len": 4096}) == {"attended": 4097 / 2 / 4096}
-
-
-def test_a_parity_report_says_how_far_the_candidate_curve_lies_from_the_baseline():
-    from bench.train_bench import parity_report
-
-    curves = {"sdpa": [4.0, 3.0, 2.0, 1.0, 1.0], "flex": [4.0, 3.5, 2.0, 1.0, 1.5]}
-    report = parity_report("flex-parity", {"seq": 8}, 5, curves, {}, "sdpa", "flex")
-    assert (report["name"], report["seq"], report["steps"]) == ("flex-parity", 8, 5)
-    assert report["loss_first"] == {"sdpa": 4.0, "flex": 4.0}
-    assert report["loss_last"] == {"sdpa": 1.0, "flex": 1.5}
-    assert report["mean_loss_last_1_steps"] == {"sdpa": 1.0, "flex": 1.5}  # the last fifth: 1 step
-    assert report["relative_difference_last_steps"] == 0.5
-    assert report["mean_difference"] == 0.2 and report["max_abs_difference"] == 0.5

@@ -89,7 +89,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Tuned for 2 x g6.12xlarge (8 x L4, 22.5 GiB usable each): shard inside a node,
     # replicate across nodes, compiled layers, fused loss, two 4096-token sequences per GPU
     # with activation checkpointing. Measured at world size 8 (fake process group,
-    # bench/results/h200-deferred-and-memory.json): 10.1 GiB per rank and the fastest per-rank
+    # bench/reports/memory_h200_202612.md): 10.1 GiB per rank and the fastest per-rank
     # rate of the HSDP candidates that fit (31.6k tokens/s on an H200, against 16.2k for one
     # sequence without checkpointing at 16.1 GiB); two sequences without checkpointing need
     # 25.1 GiB. HSDP rather than FSDP over all 8: only the gradient all-reduce crosses the

@@ -26,7 +26,7 @@ MIXED_PRECISION = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=
 # torch._scaled_mm, which torchao's float8 linears call.
 FLOAT8_MIN_CAPABILITY = (8, 9)
 # torchao's tensorwise recipe: one dynamic scale per tensor for inputs, weights and output
-# gradients. Its rowwise recipe was slower on an H200 (bench/results/h200-experiments-batch12.json).
+# gradients. Its rowwise recipe was slower on an H200 (bench/reports/rejected-variants_h200_202612.md).
 FLOAT8_RECIPE = "tensorwise"
 
 

@@ -96,7 +96,7 @@ def _accumulate(total: torch.Tensor, left: torch.Tensor, right: torch.Tensor) ->
 
     In place (`out=total`): no temporary the size of the fp32 lm_head, and no copy of it per
     chunk (5 ms of kernel time per 4096 x 12 step on an H200 in
-    bench/results/h200-profile-4096x12.json; the step time did not measurably change)."""
+    bench/reports/profile_h200_202612.md; the step time did not measurably change)."""
     if _ADDMM_INTO_FP32 and total.is_cuda and left.dtype != total.dtype:
         torch.addmm(total, left, right, out_dtype=total.dtype, out=total)
     else:

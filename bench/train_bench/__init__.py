@@ -1,0 +1,1 @@
+"""Training throughput and memory benchmark for one GPU, in one process (`python -m bench.train_bench`)."""

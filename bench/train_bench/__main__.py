@@ -1,0 +1,277 @@
+"""Training throughput and memory benchmark for one GPU, in one process.
+
+Runs, on the Qwen2.5-1.5B architecture with random weights: (1) the loop of
+AWS's EKS + Ray Train reference sample (its train.py: pure bf16 weights, plain
+AdamW, the Hugging Face loss, seq 128 x batch 1); (2) a naive FSDP2 loop (bf16
+mixed precision, the Hugging Face loss, default AdamW), eager and compiled, as
+the baseline a tuned loop must beat; (3) our tuned loop, `training.loop.train`
+itself, in several shapes, on causal rows and on rows of isolated documents (FlexAttention,
+the GPU default, or SDPA), with MFU counted as causal and on the attention done; and (4) the
+candidates for the `throughput` preset
+at world size 8, emulated with torch's fake process group (collectives are
+no-ops, every buffer is allocated as on a real rank): per-rank peak memory
+and per-rank tokens/s. It also checks the fused loss against the plain one, and with
+--flex-parity-steps trains isolated documents of a real corpus with SDPA and with flex from
+one seed and compares the losses.
+One JSON line per result, a table last, and all of it in --out.
+
+    python -m bench.train_bench --out bench/reports/throughput_HW_YYYYMM/run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import shlex
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.train_bench.loops import naive_loop, reference_loop, tuned_loop
+from bench.train_bench.memory import L4_BUDGET_GIB, MEMORY_CASES, memory_at_world_size
+from bench.train_bench.parity import float8_parity, kernel_parity, loss_check
+from bench.train_bench.session import benchmark_config, emit, release_memory, unless_out_of_memory
+from bench.train_bench.variants import (
+    DEFAULT_VARIANTS,
+    NAIVE_VARIANTS,
+    TUNED_VARIANTS,
+    mfu_counts,
+    tuned_config,
+)
+from training.metrics.flops import num_params, peak_flops
+from training.metrics.run_metrics import GIB
+from training.model.causal_lm import load_architecture
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.train_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", required=True, help="JSON file for all results")
+    parser.add_argument("--model-config", default="qwen2.5-1.5b", help="architecture (random weights)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument(
+        "--steps", type=int, default=12, help="steps per tuned variant (the first is not timed)"
+    )
+    parser.add_argument("--reference-steps", type=int, default=30)
+    parser.add_argument("--memory-steps", type=int, default=3)
+    parser.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=list(TUNED_VARIANTS))
+    parser.add_argument("--naive", nargs="*", default=list(NAIVE_VARIANTS), choices=list(NAIVE_VARIANTS))
+    parser.add_argument("--memory-cases", nargs="*", default=list(MEMORY_CASES), choices=list(MEMORY_CASES))
+    parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument(
+        "--float8-parity-steps",
+        type=int,
+        default=0,
+        help="train this many steps in bf16 and with --float8 on --parity-data and compare the losses",
+    )
+    parser.add_argument(
+        "--flex-parity-steps",
+        type=int,
+        default=0,
+        help="train this many steps of isolated documents of --parity-data with SDPA and with flex "
+        "and compare the losses",
+    )
+    parser.add_argument("--parity-data", help="a real-text corpus folder for the parity runs")
+    parser.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        help="cap this process's GPU memory for the memory cases, as an L4 would (22.5 GiB usable of its 24 GB)",
+    )
+    args = parser.parse_args()
+
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    import transformers
+
+    architecture = load_architecture(benchmark_config(args.model_config, 1))
+    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    report: dict[str, Any] = {
+        "gpu_name": gpu_name,
+        "peak_bf16_tflops": (peak_flops(gpu_name) or 0) / 1e12 or None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "command": shlex.join(["python", "-m", "bench.train_bench", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "model_config": args.model_config,
+        "parameters": num_params(architecture),
+        "loss_check": None,
+        "variants": [],
+        "memory_cap_gib": args.memory_cap_gib,
+        "memory_at_world_size_8": [],
+        "float8_parity": None,
+        "flex_parity": None,
+    }
+
+    def save() -> None:
+        with open(args.out, "w") as handle:
+            json.dump(report, handle, indent=2)
+
+    report["loss_check"] = loss_check(architecture, device)
+    emit(report["loss_check"])
+    save()
+
+    if not args.skip_reference:
+        result = reference_loop(architecture, device, args.reference_steps, warmup=5)
+        report["variants"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
+    for name in args.naive:
+        spec = NAIVE_VARIANTS[name]
+        measured = unless_out_of_memory(naive_loop, architecture, device, args.steps, name, spec)
+        result = measured or {"name": name, **spec, "oom": True}
+        report["variants"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
+    for name in args.variants:
+        spec = TUNED_VARIANTS[name]
+        config = tuned_config(args.model_config, args.steps, spec)
+        try:
+            summary = unless_out_of_memory(tuned_loop, config, device, spec)
+        except Exception as error:  # a variant that breaks is recorded, not fatal to the run
+            result = {"name": name, **spec, "error": repr(error)[:500]}
+            report["variants"].append(result)
+            emit(result)
+            release_memory()
+            continue
+        if summary is None:
+            result = {"name": name, **spec, "oom": True}
+            report["variants"].append(result)
+            emit(result)
+            release_memory()
+            continue
+        result = {
+            "name": name,
+            **spec,
+            "activation_checkpointing": config.activation_checkpointing,
+            "steps": config.steps,
+            "step_time_s": summary["step_time_s"],
+            "tokens_per_s": summary["tokens_per_s"],
+            "mfu": summary["mfu"],
+            "mfu_causal": summary.get("mfu_causal"),
+            **mfu_counts(architecture, spec, summary["tokens_per_s"], peak_flops(gpu_name)),
+            "peak_mem_gib": summary["peak_mem_gib"],
+            "loss_first": summary["loss_first"],
+            "loss_last": summary["loss_last"],
+        }
+        report["variants"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
+    parity_runs = (
+        ("float8_parity", args.float8_parity_steps, float8_parity),
+        ("flex_parity", args.flex_parity_steps, kernel_parity),
+    )
+    for key, parity_steps, parity_run in parity_runs:
+        if parity_steps:
+            report[key] = parity_run(
+                args.model_config,
+                device,
+                args.parity_data,
+                parity_steps,
+                {"seq_len": 4096, "batch_size": 4, "compile": True},
+            )
+            emit({name: value for name, value in report[key].items() if name != "losses"})
+            save()
+
+    if args.memory_cap_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.memory_cap_gib * GIB / total, device)
+    for name in args.memory_cases:
+        overrides, local_world_size = MEMORY_CASES[name]
+        config = benchmark_config(args.model_config, args.memory_steps, **overrides)
+        summary = unless_out_of_memory(memory_at_world_size, config, 8, local_world_size, device)
+        if summary is None:
+            result = {"name": name, "world_size": 8, "oom_under_cap_gib": args.memory_cap_gib}
+            report["memory_at_world_size_8"].append(result)
+            emit(result)
+            save()
+            release_memory()
+            continue
+        result = {
+            "name": name,
+            "world_size": 8,
+            "mesh": "fsdp-8"
+            if summary["hsdp_replicas"] == 1
+            else f"hsdp-{summary['hsdp_replicas']}x{8 // summary['hsdp_replicas']}",
+            **{
+                key: dataclasses.asdict(config)[key]
+                for key in (
+                    "seq_len",
+                    "batch_size",
+                    "grad_accum_steps",
+                    "defer_grad_sync",
+                    "compile",
+                    "activation_checkpointing",
+                )
+            },
+            "peak_mem_gib": summary["peak_mem_gib"],
+            "fits_l4_budget": summary["peak_mem_gib"] <= L4_BUDGET_GIB,
+            # Collectives are free under the fake group: this is the rank's compute rate.
+            "step_time_s": summary["step_time_s"],
+            "tokens_per_s_per_gpu": summary["tokens_per_s_per_gpu"],
+        }
+        report["memory_at_world_size_8"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    print(
+        f"\n{'variant':52} {'tokens/s':>10} {'MFU':>7} {'done':>7} {'step s':>8} {'peak GiB':>9} {'loss':>15}"
+    )
+    for row in report["variants"]:
+        if row.get("oom") or row.get("error"):
+            print(f"{row['name']:52} {'out of memory' if row.get('oom') else row['error'][:60]}")
+            continue
+        mfu_text, done = (
+            "-" if row.get(key) is None else f"{100 * row[key]:.1f}%" for key in ("mfu", "mfu_done")
+        )
+        memory = "-" if row["peak_mem_gib"] is None else f"{row['peak_mem_gib']:.1f}"
+        loss = f"{row['loss_first']:.3f}->{row['loss_last']:.3f}" if "loss_first" in row else ""
+        print(
+            f"{row['name']:52} {row['tokens_per_s']:>10,.0f} {mfu_text:>7} {done:>7} "
+            f"{row['step_time_s']:>8.3f} {memory:>9} {loss:>15}"
+        )
+    flex = report["flex_parity"]
+    if flex:
+        print(
+            f"flex parity over {flex['steps']} steps: last loss sdpa {flex['loss_last']['sdpa']:.4f}, "
+            f"flex {flex['loss_last']['flex']:.4f}; max |difference| {flex['max_abs_difference']:.4f}, "
+            f"mean {flex['mean_difference']:+.4f}"
+        )
+    parity = report["float8_parity"]
+    if parity:
+        tail = next(key for key in parity if key.startswith("mean_loss_last_"))
+        print(
+            f"float8 parity over {parity['steps']} steps: {tail.replace('_', ' ')} "
+            f"bf16 {parity[tail]['bf16']:.4f}, float8 {parity[tail]['float8']:.4f} "
+            f"({100 * parity['relative_difference_last_steps']:+.2f}%)"
+        )
+    for row in report["memory_at_world_size_8"]:
+        if "oom_under_cap_gib" in row:
+            print(f"{row['name']:32} out of memory under a {row['oom_under_cap_gib']} GiB cap")
+            continue
+        print(
+            f"{row['name']:32} per-rank peak at world size 8: {row['peak_mem_gib']:.1f} GiB,"
+            f" {row['tokens_per_s_per_gpu']:,.0f} tok/s per rank"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The planner's facts refreshed from AWS: the Price List's items and DescribeInstanceTypes' line rates
+replace the shipped ones, which stay without credentials."""
+
+from __future__ import annotations
+
+import json
+
+from infra.plan import refresh
+from infra.plan.facts import INSTANCES
+
+
+def test_the_price_list_item_reads_as_its_hourly_price():
+    """pricing:GetProducts returns each product as a JSON text (AWS Price List API)."""
+    item = {
+        "product": {"attributes": {"instanceType": "g6.12xlarge"}},
+        "terms": {
+            "OnDemand": {
+                "X.JRTCKXETXF": {
+                    "priceDimensions": {
+                        "X.JRTCKXETXF.6YS6EN2CT7": {"unit": "Hrs", "pricePerUnit": {"USD": "4.6016000000"}}
+                    }
+                }
+            }
+        },
+    }
+    assert refresh.on_demand_usd(json.dumps(item)) == 4.6016
+    assert refresh.on_demand_usd(json.dumps({"terms": {}})) is None
+
+
+def stubbed_aws(monkeypatch, instance_type: str, network: str | None, price: str | None):
+    """boto3 clients whose answers botocore checks against the EC2 and Price List API models."""
+    import boto3
+    from botocore.stub import Stubber
+
+    session = boto3.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-2")
+    clients = {"ec2": session.client("ec2"), "pricing": session.client("pricing", region_name="us-east-1")}
+    ec2 = Stubber(clients["ec2"])
+    pricing = Stubber(clients["pricing"])
+    if network is None:
+        ec2.add_client_error("describe_instance_types", "UnauthorizedOperation")
+    else:
+        ec2.add_response(
+            "describe_instance_types",
+            {
+                "InstanceTypes": [
+                    {"InstanceType": instance_type, "NetworkInfo": {"NetworkPerformance": network}}
+                ]
+            },
+            {"InstanceTypes": [instance_type]},
+        )
+        item = {"terms": {"OnDemand": {"T": {"priceDimensions": {"D": {"pricePerUnit": {"USD": price}}}}}}}
+        pricing.add_response("get_products", {"FormatVersion": "aws_v1", "PriceList": [json.dumps(item)]})
+    ec2.activate()
+    pricing.activate()
+    monkeypatch.setattr(boto3, "client", lambda service, region_name=None: clients[service])
+
+
+def test_aws_answers_replace_the_shipped_line_rate_and_price(monkeypatch):
+    stubbed_aws(monkeypatch, "g6.12xlarge", "50 Gigabit", "5.0000000000")
+    fact, source = refresh.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
+    assert (fact.line_rate_gbps.value, fact.usd_per_hour.value, source) == (
+        50,
+        5.0,
+        "line rate and price from AWS",
+    )
+    assert fact.line_rate_gbps.source == "ec2:DescribeInstanceTypes"
+
+
+def test_without_aws_the_shipped_facts_stay(monkeypatch):
+    stubbed_aws(monkeypatch, "g6.12xlarge", None, None)
+    fact, source = refresh.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
+    assert fact == INSTANCES["g6.12xlarge"] and source.startswith("shipped facts (ClientError")
