@@ -3,7 +3,7 @@
 Writes `train.jsonl` and `eval.jsonl`, one conversation per line (`{"messages": [{"role": "user",
 ...}, {"role": "assistant", ...}]}`), the format `python -m training --data` reads for chat data.
 The tasks (greet a name, spell a word in capitals, add two numbers, repeat a word) are generated
-from a seed, so the worked fine-tune in docs/training.md runs with no download, and the held-out
+from a seed, so the worked fine-tune in docs/training/fine-tune.md runs with no download, and the held-out
 conversations use names, words and numbers the training ones never do: a falling eval loss is
 the model learning the tasks, not recalling rows.
 """

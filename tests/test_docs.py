@@ -17,9 +17,21 @@ from infra.config.training_settings import setting_keys
 from tests.harness.fake_aws import FakeAws
 from tests.harness.program import ROOT, dev_config, run_program
 
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 README_MAX_BYTES = 12 * 1024
+# The index of the dated benchmark record (bench/reports/), which may tell what an earlier run found;
+# every other page is the reference, which says what the code does today.
+RECORD = {ROOT / "docs" / "benchmarks.md"}
+REFERENCE = [document for document in DOCUMENTS if document not in RECORD]
+PAGE_MAX_LINES = 250
+# Words that narrate a change instead of stating what is true: history goes to CHANGELOG.md, what an
+# existing stack must do to UPGRADING.md.
+HISTORY = re.compile(
+    r"\b(now|no longer|used to|any ?more|previous(ly)?|formerly|another lease|"
+    r"before these|as before|of before|the old (driver|path))\b|\bbefore: ",
+    flags=re.IGNORECASE,
+)
 # Markdown links and images: [text](target) and ![alt](target).
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"^`(.*)`$")
@@ -37,19 +49,29 @@ def anchors(document: Path) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
-def test_every_relative_link_resolves(document):
+def page_id(path: Path) -> str:
+    """A page's path under docs/ (README.md for the README)."""
+    return str(path.relative_to(ROOT / "docs")) if path.is_relative_to(ROOT / "docs") else path.name
+
+
+def broken_links(document: Path, root: Path = ROOT) -> list[str]:
+    """Relative links whose file is missing or outside `root`, or whose anchor is no heading there."""
     broken = []
     for target in relative_links(document):
         path, _, fragment = target.partition("#")
         resolved = (document.parent / path).resolve() if path else document
         if (
             not resolved.exists()
-            or not resolved.is_relative_to(ROOT)
+            or not resolved.is_relative_to(root)
             or (fragment and resolved.suffix == ".md" and fragment not in anchors(resolved))
         ):
             broken.append(target)
-    assert broken == []
+    return broken
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=page_id)
+def test_every_relative_link_resolves(document):
+    assert broken_links(document) == []
 
 
 def test_link_check_catches_a_missing_file(tmp_path):
@@ -58,11 +80,55 @@ def test_link_check_catches_a_missing_file(tmp_path):
     assert relative_links(page) == ["missing.md"]
 
 
+def test_link_check_catches_a_missing_anchor_in_another_page(tmp_path):
+    """A page moved into a folder keeps its links only if each file and heading is still there."""
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "other.md").write_text("# Other\n\n## A section\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[there](guide/other.md#a-section) [gone](guide/other.md#no-such-section) [old](other.md#a-section)\n"
+    )
+    assert broken_links(page, root=tmp_path) == ["guide/other.md#no-such-section", "other.md#a-section"]
+
+
+def prose(document: Path) -> list[tuple[int, str]]:
+    """The page's lines outside fenced code blocks and code spans, numbered from 1."""
+    lines, fenced = [], False
+    for number, line in enumerate(document.read_text().splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append((number, re.sub(r"`[^`]*`", "", line)))
+    return lines
+
+
+@pytest.mark.parametrize("document", REFERENCE, ids=page_id)
+def test_a_reference_page_holds_one_topic(document):
+    """At most about 250 lines a page: a longer one is split into a folder of pages."""
+    assert len(document.read_text().splitlines()) <= PAGE_MAX_LINES
+
+
+@pytest.mark.parametrize("document", REFERENCE, ids=page_id)
+def test_the_reference_states_what_is_true_today(document):
+    """No "now", "no longer", "used to", "before these changes" ...: a reader must not decode
+    history to learn current behaviour."""
+    assert [f"{number}: {line}" for number, line in prose(document) if HISTORY.search(line)] == []
+
+
+def test_the_history_check_catches_narration_and_spares_code(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "The probe no longer runs after the job.\n9.87 GiB before, 4.18 GiB now.\n"
+        "It stops before the job is submitted.\n`--known-now` and\n```\nnow = clock()\n```\n"
+    )
+    assert [number for number, line in prose(page) if HISTORY.search(line)] == [1, 2]
+
+
 def test_readme_stays_short():
     assert (ROOT / "README.md").stat().st_size < README_MAX_BYTES
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+@pytest.mark.parametrize("document", DOCUMENTS, ids=page_id)
 def test_no_document_cites_a_file_the_repository_lacks(document):
     assert not re.search(r"\bSPEC\b|the spec's", document.read_text())
 

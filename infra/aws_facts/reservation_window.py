@@ -45,7 +45,7 @@ GPU_NODES_READY_S = 5 * 60.0
 # The Ray image on each new GPU node: about 20 GB of layers (the AWS Deep Learning Container the
 # stack runs), fetched and unpacked; estimated at 10 minutes, about 35 MB/s.
 IMAGE_PULL_S = 10 * 60.0
-# The fabric gate's probe job: about a minute on two g6.12xlarge (docs/operations.md, "The fabric
+# The fabric gate's probe job: about a minute on two g6.12xlarge (docs/operations/fabric-gate.md, "The fabric
 # gate"), before every job.
 FABRIC_GATE_S = 60.0
 

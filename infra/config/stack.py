@@ -344,7 +344,7 @@ class StackKeys(BaseModel):
         str | None, BeforeValidator(matching(_RESERVATION, "cr-0123456789abcdef0"))
     ] = Field(
         default=None,
-        description="launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block for ML (told apart by its `ReservationType`); it decides the GPU zone. The stack then creates no placement group: create the reservation in a cluster placement group and the nodes launch into that group. The GPU node group then updates with the MINIMAL strategy (each node is terminated before its replacement launches); see [operations](operations.md#capacity-reservations-and-capacity-blocks)",
+        description="launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block for ML (told apart by its `ReservationType`); it decides the GPU zone. The stack then creates no placement group: create the reservation in a cluster placement group and the nodes launch into that group. The GPU node group then updates with the MINIMAL strategy (each node is terminated before its replacement launches); see [operations](operations/capacity-reservations.md)",
     )
     image: Annotated[str, BeforeValidator(_image)] = Field(
         default=DEFAULT_IMAGE,
@@ -382,7 +382,7 @@ class StackKeys(BaseModel):
     # `pulumi destroy` empties the checkpoint bucket (every object version) only when asked to.
     checkpoints_force_destroy: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=False,
-        description="let `pulumi destroy` delete the checkpoint bucket with everything in it, every object version included; off, the destroy stops at a bucket that still holds checkpoints. Destroy reads the value recorded by the last `pulumi up`: set it, run `pulumi up`, then `pulumi destroy` ([operations](operations.md#tearing-down-and-a-cluster-that-is-already-gone))",
+        description="let `pulumi destroy` delete the checkpoint bucket with everything in it, every object version included; off, the destroy stops at a bucket that still holds checkpoints. Destroy reads the value recorded by the last `pulumi up`: set it, run `pulumi up`, then `pulumi destroy` ([operations](operations/tearing-down.md))",
     )
     vpc_flow_logs: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=False,
@@ -390,11 +390,11 @@ class StackKeys(BaseModel):
     )
     observability: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True,
-        description="see the run in CloudWatch: the `amazon-cloudwatch-observability` EKS add-on on every node (GPU and EFA metrics per node, Container Insights with enhanced observability), the job's own metrics (namespace `EksRayTrain`) and the dashboard `<clusterName>-<region>` (`pulumi stack output dashboard`). About US$ 0.03 for a one-hour run of the default stack and US$ 18 a month while it stands ([operations](operations.md#see-the-run-the-cloudwatch-dashboard)); `false` creates none of it and the job publishes nothing",
+        description="see the run in CloudWatch: the `amazon-cloudwatch-observability` EKS add-on on every node (GPU and EFA metrics per node, Container Insights with enhanced observability), the job's own metrics (namespace `EksRayTrain`) and the dashboard `<clusterName>-<region>` (`pulumi stack output dashboard`). About US$ 0.03 for a one-hour run of the default stack and US$ 18 a month while it stands ([operations](operations/cloudwatch.md)); `false` creates none of it and the job publishes nothing",
     )
     gpu_nodes_after_training: Annotated[str, BeforeValidator(one_of(*GPU_NODES_AFTER_TRAINING))] = Field(
         default=KEEP,
-        description="what becomes of the GPU nodes once the training run has its verdict: `keep` leaves them running (the preview says what they cost per hour idle); `release` scales the GPU node group to 0 after the job ends, and the next run that needs them scales it back to `gpuNodeCount` and waits for the nodes. The program then creates the group with a minimum of 0 and leaves its desired size to the training run ([operations](operations.md#gpus-only-while-they-train-gpunodesaftertraining))",
+        description="what becomes of the GPU nodes once the training run has its verdict: `keep` leaves them running (the preview says what they cost per hour idle); `release` scales the GPU node group to 0 after the job ends, and the next run that needs them scales it back to `gpuNodeCount` and waits for the nodes. The program then creates the group with a minimum of 0 and leaves its desired size to the training run ([operations](operations/gpu-nodes-after-training.md))",
     )
     train: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True, description="run the training job during `pulumi up`"

@@ -1,4 +1,4 @@
-"""The worked fine-tune of docs/training.md, end to end on the CPU: generated instruction data in
+"""The worked fine-tune of docs/training/fine-tune.md, end to end on the CPU: generated instruction data in
 the chat format, a run with held-out evaluation whose eval loss falls, its TensorBoard events, and
 the exported model loaded back with `from_pretrained` answering a question.
 
@@ -21,7 +21,7 @@ from tests.harness.tensorboard_events import read_scalars
 from training.config.presets import BYTE_TOKENIZER
 from training.config.run_config import parse_args, parse_flags
 
-DOCS = REPO_ROOT / "docs" / "training.md"
+DOCS = REPO_ROOT / "docs" / "training" / "fine-tune.md"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -44,7 +44,7 @@ def test_the_docs_worked_example_runs_these_flags():
     """The docs' worked example passes the flags the test below trains with (with the values of a
     longer run), and its command parses."""
     command = re.search(r"^python -m training --local (--data .*)$", DOCS.read_text(), re.MULTILINE)
-    assert command, "docs/training.md has no worked fine-tune command"
+    assert command, "docs/training/fine-tune.md has no worked fine-tune command"
     flags = command.group(1).split()
     for flag in ("--data", "--eval-data", "--eval-every", "--lr-schedule", "--warmup-steps", "--export-hf"):
         assert flag in flags, flag

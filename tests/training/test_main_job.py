@@ -14,7 +14,7 @@ from training.metrics.report import SUMMARY_KEYS, parse_summary
 
 # Where the README and the training guide quote the default run's losses.
 QUOTED_LOSSES = re.compile(r"`?(loss_first|loss_last)`?\W{1,3}(\d+\.\d+)")
-DOCUMENTS_QUOTING_THE_MAIN_JOB = [REPO_ROOT / "README.md", REPO_ROOT / "docs" / "training.md"]
+DOCUMENTS_QUOTING_THE_MAIN_JOB = [REPO_ROOT / "README.md", REPO_ROOT / "docs" / "training" / "running.md"]
 # The run is deterministic on one machine, but the CPU's vector kernels move the last digits: with
 # torch 2.13.0+cpu, three x86-64 machines gave loss_first 5.5516 on all of them and loss_last
 # 2.7700, 2.7706 and 2.7735 (a spread of 0.0035). The step-1 loss (no update yet) agrees to the 4

@@ -299,7 +299,7 @@ def test_rows_of_a_local_root_missing_on_a_workers_node_are_one_line(corpus, tmp
 
 
 def test_the_shipped_corpus_packs_into_the_quoted_rows_through_the_cache(tmp_path):
-    """docs/training.md: 130 rows at seq 128; the same rows the in-memory packing gave."""
+    """docs/training/data.md: 130 rows at seq 128; the same rows the in-memory packing gave."""
     config = parse_args(["--data", str(SHIPPED_CORPUS), "--corpus-cache", str(tmp_path)])
     rows = in_process_rows(config, config.data)
     files = corpus_files(str(SHIPPED_CORPUS))

@@ -213,7 +213,7 @@ def conversation_labels(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("seq_len", [128, 512])
 def test_the_worked_examples_conversations_train_whole_in_their_rows(tmp_path, seq_len):
-    """docs/training.md's fine-tune data (2,000 conversations): every loss label lies in a
+    """docs/training/fine-tune.md's data (2,000 conversations): every loss label lies in a
     conversation that begins in its own row, and every assistant token of every conversation is a
     label once. Packed across rows, 50.8% of the labels at seq 128 and 12.8% at 512 lay in a
     conversation begun in the row before."""

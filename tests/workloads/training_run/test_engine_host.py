@@ -696,7 +696,7 @@ def test_sigint_ends_the_host_promptly_while_a_job_runs(world: World, where: str
     print(f"\nSIGINT ({where}): host exited {elapsed:.2f} s after it")
 
 
-# --- faults: what the user sees, and how long it takes (docs/operations.md, "Fault matrix") -------------
+# --- faults: what the user sees, and how long it takes (docs/operations/running-the-job.md, "Fault matrix") -------------
 
 # The longest any fault may take to reach the user. The host tests run with FAST limits; with the
 # defaults (3 attempts, waits of 1 s and 2 s, Retry-After honoured up to 30 s) a call gives up within
