@@ -355,7 +355,9 @@ class StackKeys(BaseModel):
         default=DEFAULT_IMAGE,
         description=f"image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl). A tag can move, so a node replaced later could run other bits than the head: the preview warns and prints how to pin the digest (`repo@sha256:...`)",
     )
-    ray_version: Annotated[str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), DEFAULT_RAY_VERSION))] = Field(
+    ray_version: Annotated[
+        str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), DEFAULT_RAY_VERSION))
+    ] = Field(
         default=DEFAULT_RAY_VERSION,
         description=f"Ray version of the image (KubeRay needs it); refused when the image says another: the default image carries Ray {DEFAULT_RAY_VERSION}, and Ray's own images name theirs in the tag (`rayproject/ray:{DEFAULT_RAY_VERSION}-py311-gpu`)",
     )
