@@ -37,7 +37,7 @@ from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
 from workloads.ray_cluster import RayCluster
-from workloads.training_run import RunInputs, TrainingRun
+from workloads.training_run import RunInputs, TrainingRun, training_output
 
 # 1. Configuration: every key validated, instance facts from AWS, pod sizes derived once.
 settings = load_settings()
@@ -234,36 +234,13 @@ if settings.train:
     pulumi.export(
         "training",
         {
-            "jobId": run.job_id,
-            "status": run.status,
-            "transport": run.transport,
-            "evidence": run.evidence,
-            "tokensPerS": run.tokens_per_s,
-            # The planner's figures for the configured strategy, beside the measured ones.
+            # The run's outputs as `RunOutputs` declares them (`training_output`), with the gate's in
+            # `gate`; beside them, the planner's figures for the configured strategy, the dashboard
+            # and the cost.
+            **training_output(run),
             "predictedTokensPerS": predicted.tokens_per_s if predicted else None,
             "planVsMeasured": run.summary.apply(lambda summary: measured_against_plan(predicted, summary)),
-            "mfu": run.mfu,
-            "stepTimeS": run.step_time_s,
-            "durationS": run.duration_s,
-            "efaBytes": run.efa_bytes,
-            "efaCounters": run.efa_counters,
-            "efaUnavailable": run.efa_unavailable,
-            # The fabric gate that passed before the job: its probe job and verdict, and the seconds
-            # from the pods being ready to that verdict.
-            "gate": {
-                "jobId": run.gate_job_id,
-                "transport": run.gate_transport,
-                "evidence": run.gate_evidence,
-                "efaBytes": run.gate_efa_bytes,
-                "efaUnavailable": run.gate_efa_unavailable,
-                "seconds": run.gate_s,
-            },
-            "busbwGbps": run.busbw_gbps,
-            "lineRateGbps": run.line_rate_gbps,
-            "busbwFraction": run.busbw_fraction,
             "dashboard": observability.url if observability else None,
-            # With gpuNodesAfterTraining: release, when EKS accepted the GPU group's scale-down to 0.
-            "gpuNodesReleasedAt": run.gpu_nodes_released_at,
             # An estimate from list prices: the price basis, the planner's prediction and the stack per
             # hour at rest (known at preview), and what the run measured: GPU node hours from launch
             # to their release or the output, their US$ and US$ per million tokens.

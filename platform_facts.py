@@ -5,7 +5,7 @@ transport vocabulary, and the shape rules for regions, zones, instance types, me
 image references. Both sides import them from here, so `infra` never imports `workloads`.
 Importing it needs only the standard library (the NCCL log check, which imports the transports,
 runs anywhere); reading a quantity also needs the `kubernetes` client. No Pulumi, torch or Ray.
-The policy pack runs in its own virtualenv and keeps copies; `tests/policy/test_rules.py` checks they
+The policy pack runs in its own virtualenv and keeps copies; `tests/policy/` checks they
 equal these.
 """
 

@@ -10,15 +10,19 @@ import pulumi
 import pytest
 import yaml
 
+import catalogues
 from infra.config.docs_table import rewritten
 from infra.config.parsing import key_names
 from infra.config.stack import StackKeys
 from infra.config.training_settings import setting_keys
 from tests.harness.fake_aws import FakeAws
 from tests.harness.program import ROOT, dev_config, run_program
+from workloads import training_run
+from workloads.training_run.provider import GATE, TOP, training_output_keys
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 README_MAX_BYTES = 12 * 1024
 # The index of the dated benchmark record (bench/reports/), which may tell what an earlier run found;
 # every other page is the reference, which says what the code does today.
@@ -199,3 +203,76 @@ def test_bad_input_table_shows_the_real_message(given, message):
     with pytest.raises(pulumi.RunError) as failure:
         run_program(config, FakeAws(region=region, **account))
     assert re.search(pattern, str(failure.value), flags=re.DOTALL), str(failure.value)
+
+
+@pytest.mark.parametrize("document", sorted(catalogues.tables()), ids=lambda path: path.name)
+def test_catalogues_are_generated_from_their_declarations(document):
+    """The policy rules, the chart pins and the layers, as `python -m catalogues` writes them from
+    the code (run it after changing a rule, a pin or a layer)."""
+    assert document.read_text() == catalogues.rewritten(document, document.read_text())
+
+
+def test_the_catalogue_generator_replaces_a_stale_row():
+    document = ARCHITECTURE.read_text()
+    stale = document.replace("| kuberay-operator | 1.7.0 |", "| kuberay-operator | 1.6.0 |")
+    assert stale != document
+    assert catalogues.rewritten(ARCHITECTURE, stale) == document
+
+
+def example_keys(text: str) -> dict[str, list[str]]:
+    """The keys of a JSON example written with `...` for values, by the path of the object holding them."""
+    keys: dict[str, list[str]] = {}
+    path: list[str | None] = []
+    last: str | None = ""
+    for match in re.finditer(r'"(\w+)":|[{}\[\]]|"(?:[^"\\]|\\.)*"', text):
+        token, key = match.group(0), match.group(1)
+        if token in ("{", "["):
+            path.append(last if token == "{" else None)
+        elif token in ("}", "]"):
+            path.pop()
+        elif key:
+            last = key
+            if None not in path:
+                keys.setdefault(".".join(p for p in path if p), []).append(key)
+    return keys
+
+
+def test_the_readme_shows_every_key_of_the_training_output():
+    """The example of `pulumi stack output training` names each key the program exports, at its top
+    and in `gate`: the TrainingRun's outputs as `RunOutputs` declares them, and the program's own."""
+    block = (
+        (ROOT / "README.md").read_text().split("pulumi stack output training --json\n", 1)[1].split("```")[0]
+    )
+    shown = example_keys("\n".join(line.removeprefix("#").strip() for line in block.splitlines()))
+    exported = run_program(dev_config()).outputs["training"]
+    assert sorted(shown[""]) == sorted(exported)
+    assert sorted(shown["gate"]) == sorted(exported["gate"])
+    declared = training_output_keys()
+    assert set(exported) - set(declared[TOP]) - {GATE} == {
+        "predictedTokensPerS",
+        "planVsMeasured",
+        "dashboard",
+        "cost",
+    }
+    assert set(exported["gate"]) == set(declared[GATE])
+
+
+def test_the_readme_check_sees_a_key_the_example_lacks():
+    keys = example_keys(
+        '{"jobId": "...", "gate": {"seconds": ..., "evidence": ["a {b}", ...]}, "cost": {"usd": 1}}'
+    )
+    assert keys == {"": ["jobId", "gate", "cost"], "gate": ["seconds", "evidence"], "cost": ["usd"]}
+
+
+def test_the_training_run_module_map_names_each_module():
+    """The module map in `workloads/training_run/__init__.py` lists every module of the package, and
+    no other."""
+    package = ROOT / "workloads" / "training_run"
+    bullets = (training_run.__doc__ or "").split("\n- ", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`([a-z0-9_]+(?:\.[a-z0-9_]+)?)`", bullets))
+    modules = {
+        ".".join(path.relative_to(package).with_suffix("").parts)
+        for path in package.rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    assert named == modules

@@ -2,7 +2,8 @@
 
 Each product package is a stack of layers, lowest first. A module may import its own unit (the
 module or subpackage a layer names) and the layers below it, never a peer of its own layer or
-anything above: an arrow back up fails here. docs/architecture.md draws the same tree.
+anything above: an arrow back up fails here. The layers are declared in `layers.py`, from which
+docs/architecture.md's table is generated.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from layers import LAYERS, OUTSIDE
 from tests.harness.import_graph import (
     PROGRAM_PACKAGES,
     crossings,
@@ -25,61 +27,6 @@ from tests.harness.paths import REPO_ROOT as ROOT
 
 PRODUCT_FOLDERS = ("training", "infra", "workloads", "policy", "bench", "examples")
 MODULES_PER_FOLDER = 12
-
-# Each package's layers, lowest first. Modules of `training` run in the Ray pods and import
-# nothing else of the program; `infra` reads the job's settings contract, FLOP arithmetic and
-# CloudWatch metric names (standard library only, checked below); `workloads` reads the job's log
-# format, EFA sysfs facts and the variable that names the cluster for its metrics.
-LAYERS: dict[str, list[set[str]]] = {
-    "training": [
-        {"training.__init__", "training.errors", "training.config"},
-        {"training.data", "training.metrics"},
-        {"training.model"},
-        {"training.components", "training.distributed"},
-        {"training.loop"},
-        {"training.launch"},
-        {"training.cli", "training.export", "training.fabric_probe"},
-        {"training.__main__"},
-    ],
-    "infra": [
-        {"infra.__init__", "infra.config"},
-        {"infra.aws_facts"},
-        {"infra.resources", "infra.plan"},
-        {"infra.preflight", "infra.region_survey"},
-        {"infra.pricing"},
-    ],
-    "workloads": [
-        {"workloads.__init__", "workloads.efa_counter_reader", "workloads.nccl_transport"},
-        {"workloads.manifests"},
-        {"workloads.addons", "workloads.ray_cluster", "workloads.training_run.errors"},
-        {"workloads.training_run.access", "workloads.training_run.engine_host"},
-        {
-            "workloads.training_run.verdicts",
-            "workloads.training_run.readiness",
-            "workloads.training_run.schema",
-        },
-        {"workloads.training_run.runner"},
-        {"workloads.training_run.provider"},
-        {"workloads.training_run.__init__"},
-    ],
-}
-# What each package may import of the others (module prefixes).
-OUTSIDE: dict[str, set[str]] = {
-    "training": set(),
-    "infra": {
-        "platform_facts",
-        "training.config",
-        "training.metrics.flops",
-        "training.metrics.cloudwatch_facts",
-    },
-    "workloads": {
-        "platform_facts",
-        "infra",
-        "training.metrics.report",
-        "training.metrics.efa_sysfs",
-        "training.metrics.cloudwatch_facts",
-    },
-}
 
 
 def unit_of(name: str, layers: list[set[str]]) -> tuple[int, str] | None:
@@ -104,7 +51,7 @@ def arrows_back_up(package: str, graph: dict[str, set[str]]) -> list[str]:
         rank, unit = placed
         for name in sorted(names):
             if name.split(".")[0] != package:
-                if not within(name, OUTSIDE[package]):
+                if not within(name, set(OUTSIDE[package])):
                     found.append(f"{importer} imports {name}, outside what {package} may import")
                 continue
             target = unit_of(f"{name}.__init__" if (ROOT / Path(*name.split("."))).is_dir() else name, layers)
@@ -164,7 +111,7 @@ def test_infra_does_not_import_the_workloads():
     training code itself; so are the `training` modules they import and the packages' own
     `__init__` files that importing them runs, followed to any depth.
     """
-    allowed = frozenset(OUTSIDE["infra"] - {"platform_facts"})
+    allowed = frozenset(OUTSIDE["infra"]) - {"platform_facts"}
     assert crossings("infra", {"workloads", "training"}, allowed=allowed) == []
     standard = {*sys.stdlib_module_names, "__future__", "training"}
     reached = {name for names in imports_of("infra").values() for name in names if within(name, allowed)}

@@ -53,7 +53,12 @@ def tables() -> dict[str, str]:
 
 def rewritten(document: str) -> str:
     """The document with each generated table replaced by the code's."""
-    for anchor, table in tables().items():
+    return replace_tables(document, tables())
+
+
+def replace_tables(document: str, tables: dict[str, str]) -> str:
+    """`document` with the first table after each anchor line (a key of `tables`) replaced by its value."""
+    for anchor, table in tables.items():
         before, after = document.split(f"\n{anchor}\n", 1)
         lines = after.split("\n")
         start = next(index for index, line in enumerate(lines) if line.startswith("|"))

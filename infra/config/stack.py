@@ -47,6 +47,7 @@ __all__ = ["ConfigError", "StackSettings", "load_settings", "parse_settings"]
 
 DEFAULT_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 DEFAULT_RAY_VERSION = "2.58.0"
+DEFAULT_KUBERNETES_VERSION = "1.36"
 
 # IAM role names stop at 64 characters (IAM quotas), and Pulumi autonames a role by appending "-"
 # and 7 random characters to its resource name. Two roles are named after the cluster: pulumi-eks's
@@ -117,6 +118,8 @@ _K8S_VERSION = re.compile(r"1\.\d{2}")
 # VPC ranges AWS warns against: 172.17.0.0/16 is Docker's default bridge network, whose routes shadow
 # VPC addresses on any host that runs Docker; 169.254.0.0/16 is link-local (instance metadata, the
 # Amazon DNS server).
+# The prefix lengths `vpcCidr` may have, widest first.
+VPC_PREFIX_LENGTHS = (16, 20)
 _VPC_CIDRS_TO_AVOID = {
     ipaddress.ip_network("172.17.0.0/16"): "the Docker bridge network",
     ipaddress.ip_network("169.254.0.0/16"): "link-local (instance metadata, DNS)",
@@ -125,8 +128,9 @@ _VPC_CIDRS_TO_AVOID = {
 
 def _vpc_cidr(value: Any) -> str:
     network = ipaddress.ip_network(cidr(value))
-    if not isinstance(network, ipaddress.IPv4Network) or not 16 <= network.prefixlen <= 20:
-        raise ValueError("expected an IPv4 block between /16 and /20, e.g. 10.0.0.0/16")
+    shortest, longest = VPC_PREFIX_LENGTHS
+    if not isinstance(network, ipaddress.IPv4Network) or not shortest <= network.prefixlen <= longest:
+        raise ValueError(f"expected an IPv4 block between /{shortest} and /{longest}, e.g. 10.0.0.0/16")
     for avoided, why in _VPC_CIDRS_TO_AVOID.items():
         if network.overlaps(avoided):
             raise ValueError(f"overlaps {avoided}, {why}: use another private block, e.g. 10.0.0.0/16")
@@ -308,17 +312,18 @@ class StackKeys(BaseModel):
 
     cluster_name: Annotated[str, BeforeValidator(_cluster_name)] = Field(
         default="eks-ray-train",
-        description="EKS cluster name; at most 43 characters (IAM role names stop at 64, and pulumi-eks names the cluster's role `<clusterName>-eksRole-role` plus an 8-character random suffix)",
+        description=f"EKS cluster name; at most {CLUSTER_NAME_MAX} characters (IAM role names stop at {IAM_ROLE_NAME_LIMIT}, and pulumi-eks names the cluster's role `<clusterName>{CLUSTER_ROLE_SUFFIXES[0]}` plus a random suffix of {AUTONAME_SUFFIX_LENGTH} characters)",
     )
     kubernetes_version: Annotated[
-        str, BeforeValidator(matching(_K8S_VERSION, '"1.36" (quote it in YAML)'))
+        str, BeforeValidator(matching(_K8S_VERSION, f'"{DEFAULT_KUBERNETES_VERSION}" (quote it in YAML)'))
     ] = Field(
-        default="1.36",
-        description='EKS version; quote it in YAML (`"1.36"`), or it becomes the number 1.36. The preview asks EKS which versions it offers in the region (`eks:DescribeClusterVersions`), refuses any other, and warns about one in extended support (billed at a higher rate)',
+        default=DEFAULT_KUBERNETES_VERSION,
+        description=f'EKS version; quote it in YAML (`"{DEFAULT_KUBERNETES_VERSION}"`), or it becomes the number {DEFAULT_KUBERNETES_VERSION}. The preview asks EKS which versions it offers in the region (`eks:DescribeClusterVersions`), refuses any other, and warns about one in extended support (billed at a higher rate)',
     )
     vpc_cidr: Annotated[str, BeforeValidator(_vpc_cidr)] = Field(
         default="10.0.0.0/16",
-        description="VPC range, /16 to /20; not overlapping 172.17.0.0/16 (Docker's bridge) or 169.254.0.0/16 (link-local)",
+        description=f"VPC range, /{VPC_PREFIX_LENGTHS[0]} to /{VPC_PREFIX_LENGTHS[1]}; not overlapping "
+        + ", or ".join(f"{block}, {why}" for block, why in _VPC_CIDRS_TO_AVOID.items()),
     )
     system_node_type: Annotated[str, BeforeValidator(matching(INSTANCE_TYPE, "m7i.xlarge"))] = Field(
         default="m7i.xlarge",
@@ -326,7 +331,7 @@ class StackKeys(BaseModel):
     )
     system_node_count: Annotated[int, BeforeValidator(_node_count)] = Field(
         default=1,
-        description="system nodes; at most 450 (EKS's default quota of nodes per managed node group)",
+        description=f"system nodes; at most {NODES_PER_NODE_GROUP_MAX} (EKS's default quota of nodes per managed node group)",
     )
     gpu_node_type: Annotated[str, BeforeValidator(matching(INSTANCE_TYPE, "g6.12xlarge"))] = Field(
         default="g6.12xlarge",
@@ -334,7 +339,7 @@ class StackKeys(BaseModel):
     )
     gpu_node_count: Annotated[int, BeforeValidator(_node_count)] = Field(
         default=2,
-        description="GPU nodes, one Ray worker pod each; at most 450 (EKS's default quota of nodes per managed node group). One node reaches no network transport, so with `1` the run must expect `intra-node`",
+        description=f"GPU nodes, one Ray worker pod each; at most {NODES_PER_NODE_GROUP_MAX} (EKS's default quota of nodes per managed node group). One node reaches no network transport, so with `1` the run must expect `intra-node`",
     )
     gpu_az: Annotated[str | None, BeforeValidator(matching(AVAILABILITY_ZONE, "us-east-2a"))] = Field(
         default=None,
@@ -348,11 +353,13 @@ class StackKeys(BaseModel):
     )
     image: Annotated[str, BeforeValidator(_image)] = Field(
         default=DEFAULT_IMAGE,
-        description="image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray 2.58.0, PyTorch 2.13.0, NCCL with aws-ofi-nccl). A tag can move, so a node replaced later could run other bits than the head: the preview warns and prints how to pin the digest (`repo@sha256:...`)",
+        description=f"image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl). A tag can move, so a node replaced later could run other bits than the head: the preview warns and prints how to pin the digest (`repo@sha256:...`)",
     )
-    ray_version: Annotated[str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), "2.58.0"))] = Field(
+    ray_version: Annotated[
+        str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), DEFAULT_RAY_VERSION))
+    ] = Field(
         default=DEFAULT_RAY_VERSION,
-        description="Ray version of the image (KubeRay needs it); refused when the image says another: the default image carries Ray 2.58.0, and Ray's own images name theirs in the tag (`rayproject/ray:2.58.0-py311-gpu`)",
+        description=f"Ray version of the image (KubeRay needs it); refused when the image says another: the default image carries Ray {DEFAULT_RAY_VERSION}, and Ray's own images name theirs in the tag (`rayproject/ray:{DEFAULT_RAY_VERSION}-py311-gpu`)",
     )
     namespace: Annotated[str, BeforeValidator(matching(_NAME, "ray-train"))] = Field(
         default="ray-train", description="Kubernetes namespace of the RayCluster"
@@ -369,7 +376,7 @@ class StackKeys(BaseModel):
     )
     endpoint_public_access_cidrs: Annotated[tuple[str, ...], BeforeValidator(_cidr_list)] = Field(
         default=(),
-        description="who may reach the public API endpoint; required while it is public; refused: blocks that together cover every address (`0.0.0.0/0`, its halves), private and other non-public ranges (RFC 1918, 100.64.0.0/10, loopback, link-local), more than 40 blocks (EKS's limit per cluster)",
+        description=f"who may reach the public API endpoint; required while it is public; refused: blocks that together cover every address (`0.0.0.0/0`, its halves), private and other non-public ranges (RFC 1918, 100.64.0.0/10, loopback, link-local), more than {PUBLIC_ACCESS_CIDRS_MAX} blocks (EKS's limit per cluster)",
     )
     admin_principal_arns: Annotated[tuple[str, ...], BeforeValidator(_principal_arns)] = Field(
         default=(),
@@ -377,7 +384,7 @@ class StackKeys(BaseModel):
     )
     log_retention_days: Annotated[int, BeforeValidator(_log_retention)] = Field(
         default=30,
-        description="days CloudWatch keeps the control-plane logs; one of CloudWatch's values: 1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653. The program creates the log group `/aws/eks/<clusterName>/cluster` itself, before the cluster",
+        description=f"days CloudWatch keeps the control-plane logs; one of CloudWatch's values: {', '.join(map(str, LOG_RETENTION_DAYS))}. The program creates the log group `/aws/eks/<clusterName>/cluster` itself, before the cluster",
     )
     # `pulumi destroy` empties the checkpoint bucket (every object version) only when asked to.
     checkpoints_force_destroy: Annotated[bool, BeforeValidator(as_bool)] = Field(

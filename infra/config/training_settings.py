@@ -50,6 +50,9 @@ PROGRAM_FLAGS = {
 # with `shell=True` (ray/dashboard/modules/job/cli.py, job_supervisor.py), so a stack value must be
 # a word the shell leaves as it is.
 _SHELL_WORD = re.compile(r"[A-Za-z0-9._/:@=+,-]+")  # fullmatch: no newline
+# Above the best model FLOPs utilisation this loop has reached (60% in bf16 and 68% with float8 on
+# an H200, docs/benchmarks.md): a run can be no faster than its FLOPs at this share of the peak.
+MFU_CEILING = 0.7
 # Former `training` keys, with what replaced them.
 RENAMED_TRAINING_KEYS = {
     "hsdp": "use hsdpReplicas: auto (shard inside a node, replicate across nodes) or hsdpReplicas: 1 (plain FSDP)",
@@ -88,7 +91,8 @@ class TrainingRunKeys(BaseModel):
     )
     timeout_minutes: Annotated[int, BeforeValidator(as_int(1, 7 * 24 * 60, "a week"))] = Field(
         default=60,
-        description="how long `pulumi up` follows the job before leaving it running for the next update (at most a week); the preview warns when even a run at 70% MFU would take longer",
+        description="how long `pulumi up` follows the job before leaving it running for the next update (at most a week); "
+        f"the preview warns when even a run at {MFU_CEILING:.0%} MFU would take longer",
     )
 
 
@@ -288,11 +292,6 @@ def job_arguments(
             f"{gpus_per_worker} GPU each; set training.workers to {world_size} or less, or add GPU nodes"
         )
     return args
-
-
-# Above the best model FLOPs utilisation this loop has reached (60% in bf16 and 68% with float8 on
-# an H200, docs/benchmarks.md): a run can be no faster than its FLOPs at this share of the peak.
-MFU_CEILING = 0.7
 
 
 def shortest_run_minutes(job_args: Sequence[str], gpu_name: str | None) -> float | None:

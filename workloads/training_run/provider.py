@@ -46,6 +46,7 @@ import botocore.exceptions
 import kubernetes.client
 import pulumi
 import pulumi.dynamic
+from pydantic.alias_generators import to_camel
 
 from infra.config.aws_identity import REFUSED, AwsCredentialSettings, AwsSettingsError, caller_identity
 from workloads.training_run import engine_host
@@ -74,6 +75,20 @@ from workloads.training_run.verdicts.evidence import JobResult
 from workloads.training_run.verdicts.fabric import busbw_fractions
 from workloads.training_run.verdicts.gate import GateResult
 
+# --- the outputs, and the stack output `training` built from their declaration -----------------------
+
+# Where an output shows in the stack output `training` (`training_output`): at its top or in its
+# `gate` group. An output declared without `shown` is the resource's alone.
+TOP, GATE = "", "gate"
+# Inputs the `training` output shows beside the outputs: the line rate `busbw_fraction` is a share of.
+SHOWN_INPUTS = ("line_rate_gbps",)
+
+
+def shown(group: str = TOP, *, key: str | None = None) -> dict[str, Any]:
+    """The metadata of a `RunOutputs` field that the stack output `training` shows in `group`, under
+    `key` or else its name camelCased (without the `gate_` prefix in the `gate` group)."""
+    return {"group": group, "key": key}
+
 
 @dataclass(frozen=True)
 class RunOutputs:
@@ -93,29 +108,29 @@ class RunOutputs:
     made (ISO 8601, UTC): the stack's `training.cost` counts GPU node hours from the one to their
     release, or to the other when they were kept."""
 
-    job_id: str
-    status: str
-    transport: str
+    job_id: str = dataclasses.field(metadata=shown())
+    status: str = dataclasses.field(metadata=shown())
+    transport: str = dataclasses.field(metadata=shown())
     transport_reason: str
-    evidence: list[str]
+    evidence: list[str] = dataclasses.field(metadata=shown())
     worker_log_files: dict[str, int]
-    tokens_per_s: float | None
-    mfu: float | None
-    step_time_s: float | None
-    duration_s: float | None
+    tokens_per_s: float | None = dataclasses.field(metadata=shown())
+    mfu: float | None = dataclasses.field(metadata=shown())
+    step_time_s: float | None = dataclasses.field(metadata=shown())
+    duration_s: float | None = dataclasses.field(metadata=shown())
     summary: dict
-    efa_bytes: dict[str, int | None] | None = None
-    efa_counters: dict[str, dict[str, int] | None] | None = None
-    efa_unavailable: dict[str, str] | None = None
-    gate_job_id: str | None = None
-    gate_transport: str | None = None
+    efa_bytes: dict[str, int | None] | None = dataclasses.field(default=None, metadata=shown())
+    efa_counters: dict[str, dict[str, int] | None] | None = dataclasses.field(default=None, metadata=shown())
+    efa_unavailable: dict[str, str] | None = dataclasses.field(default=None, metadata=shown())
+    gate_job_id: str | None = dataclasses.field(default=None, metadata=shown(GATE))
+    gate_transport: str | None = dataclasses.field(default=None, metadata=shown(GATE))
     gate_transport_reason: str | None = None
-    gate_evidence: list[str] | None = None
-    gate_efa_bytes: dict[str, int | None] | None = None
-    gate_efa_unavailable: dict[str, str] | None = None
-    gate_s: float | None = None
-    busbw_gbps: dict[str, float] | None = None
-    busbw_fraction: dict[str, float] | None = None
+    gate_evidence: list[str] | None = dataclasses.field(default=None, metadata=shown(GATE))
+    gate_efa_bytes: dict[str, int | None] | None = dataclasses.field(default=None, metadata=shown(GATE))
+    gate_efa_unavailable: dict[str, str] | None = dataclasses.field(default=None, metadata=shown(GATE))
+    gate_s: float | None = dataclasses.field(default=None, metadata=shown(GATE, key="seconds"))
+    busbw_gbps: dict[str, float] | None = dataclasses.field(default=None, metadata=shown())
+    busbw_fraction: dict[str, float] | None = dataclasses.field(default=None, metadata=shown())
     tcp_job_id: str | None = None
     tcp_transport: str | None = None
     tcp_evidence: list[str] | None = None
@@ -124,7 +139,7 @@ class RunOutputs:
     tcp_gate_job_id: str | None = None
     tcp_busbw_gbps: dict[str, float] | None = None
     efa_speedup: float | None = None
-    gpu_nodes_released_at: str | None = None
+    gpu_nodes_released_at: str | None = dataclasses.field(default=None, metadata=shown())
     gpu_nodes: dict[str, dict[str, str]] | None = None
     gpu_nodes_unavailable: str | None = None
     finished_at: str | None = None
@@ -189,6 +204,28 @@ class RunOutputs:
 
 
 OUTPUTS = tuple(f.name for f in dataclasses.fields(RunOutputs))
+
+
+def training_output_keys() -> dict[str, dict[str, str]]:
+    """The stack output `training`'s keys by group (`TOP`, `GATE`), each with the output or input it
+    shows: the `shown` outputs, then `SHOWN_INPUTS`, camelCased."""
+    groups: dict[str, dict[str, str]] = {TOP: {}, GATE: {}}
+    for field in dataclasses.fields(RunOutputs):
+        if "group" in field.metadata:
+            group = field.metadata["group"]
+            name = field.name.removeprefix(f"{group}_") if group else field.name
+            groups[group][field.metadata["key"] or to_camel(name)] = field.name
+    groups[TOP].update({to_camel(name): name for name in SHOWN_INPUTS})
+    return groups
+
+
+def training_output(run: TrainingRun) -> dict[str, Any]:
+    """The run's part of the stack output `training`: its outputs by `training_output_keys`, the
+    `gate` group nested."""
+    groups = training_output_keys()
+    shown_outputs: dict[str, Any] = {key: getattr(run, name) for key, name in groups[TOP].items()}
+    shown_outputs[GATE] = {key: getattr(run, name) for key, name in groups[GATE].items()}
+    return shown_outputs
 
 
 # --- check and diff ------------------------------------------------------------------------------

@@ -201,3 +201,47 @@ def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_
 )
 def test_a_401_is_explained_by_what_sts_says_of_the_credentials(sts_error, accepted_before, cause):
     assert provider.unauthorized_cause(sts_error, accepted_before) == cause
+
+
+def test_the_training_output_shows_the_declared_outputs_camelcased():
+    """The stack output `training` as `RunOutputs` declares it: the `shown` outputs at its top or in
+    `gate` (named without the prefix), the line rate input beside them; the others are the resource's."""
+    keys = provider.training_output_keys()
+    assert keys[provider.TOP] == {
+        "jobId": "job_id",
+        "status": "status",
+        "transport": "transport",
+        "evidence": "evidence",
+        "tokensPerS": "tokens_per_s",
+        "mfu": "mfu",
+        "stepTimeS": "step_time_s",
+        "durationS": "duration_s",
+        "efaBytes": "efa_bytes",
+        "efaCounters": "efa_counters",
+        "efaUnavailable": "efa_unavailable",
+        "busbwGbps": "busbw_gbps",
+        "busbwFraction": "busbw_fraction",
+        "gpuNodesReleasedAt": "gpu_nodes_released_at",
+        "lineRateGbps": "line_rate_gbps",
+    }
+    assert keys[provider.GATE] == {
+        "jobId": "gate_job_id",
+        "transport": "gate_transport",
+        "evidence": "gate_evidence",
+        "efaBytes": "gate_efa_bytes",
+        "efaUnavailable": "gate_efa_unavailable",
+        "seconds": "gate_s",
+    }
+
+
+def test_the_training_output_reads_each_shown_output_of_the_resource():
+    class Run:
+        def __getattr__(self, name: str) -> str:
+            return f"<{name}>"
+
+    shown = provider.training_output(Run())
+    assert shown["tokensPerS"] == "<tokens_per_s>" and shown["lineRateGbps"] == "<line_rate_gbps>"
+    assert shown["gate"] == {
+        key: f"<{name}>" for key, name in provider.training_output_keys()["gate"].items()
+    }
+    assert "summary" not in shown and "transportReason" not in shown

@@ -1,0 +1,97 @@
+"""Who may import whom: each program package's layers, lowest first, and what it may import of the others.
+
+A module imports its own unit (the module or subpackage a layer names) and the layers below it,
+never a peer of its own layer or anything above. `tests/test_layers.py` enforces these
+declarations; `python -m catalogues` writes them into docs/architecture.md. Standard library only.
+"""
+
+from __future__ import annotations
+
+# Each package's layers, lowest first. Modules of `training` run in the Ray pods and import
+# nothing else of the program; `infra` reads the job's settings contract, FLOP arithmetic and
+# CloudWatch metric names (standard library only, checked by the test); `workloads` reads the job's
+# log format, EFA sysfs facts and the variable that names the cluster for its metrics.
+LAYERS: dict[str, list[set[str]]] = {
+    "training": [
+        {"training.__init__", "training.errors", "training.config"},
+        {"training.data", "training.metrics"},
+        {"training.model"},
+        {"training.components", "training.distributed"},
+        {"training.loop"},
+        {"training.launch"},
+        {"training.cli", "training.export", "training.fabric_probe"},
+        {"training.__main__"},
+    ],
+    "infra": [
+        {"infra.__init__", "infra.config"},
+        {"infra.aws_facts"},
+        {"infra.resources", "infra.plan"},
+        {"infra.preflight", "infra.region_survey"},
+        {"infra.pricing"},
+    ],
+    "workloads": [
+        {"workloads.__init__", "workloads.efa_counter_reader", "workloads.nccl_transport"},
+        {"workloads.manifests"},
+        {"workloads.addons", "workloads.ray_cluster", "workloads.training_run.errors"},
+        {"workloads.training_run.access", "workloads.training_run.engine_host"},
+        {
+            "workloads.training_run.verdicts",
+            "workloads.training_run.readiness",
+            "workloads.training_run.schema",
+        },
+        {"workloads.training_run.runner"},
+        {"workloads.training_run.provider"},
+        {"workloads.training_run.__init__"},
+    ],
+}
+# What each package may import of the others (module prefixes), and why.
+OUTSIDE: dict[str, dict[str, str]] = {
+    "training": {},
+    "infra": {
+        "platform_facts": "the facts infra and workloads agree on",
+        "training.config": "the job's own parser checks the stack's `training` block at preview",
+        "training.metrics.flops": "the preview's run-time bound",
+        "training.metrics.cloudwatch_facts": "the job's metric names, which the dashboard graphs",
+    },
+    "workloads": {
+        "platform_facts": "the facts infra and workloads agree on",
+        "infra": "sizes, settings, the AWS identity",
+        "training.metrics.report": "the job's log lines",
+        "training.metrics.efa_sysfs": "the EFA counters in sysfs and the node's counter reader, which the job "
+        "reads at every step and the TrainingRun by exec around it",
+        "training.metrics.cloudwatch_facts": "the variable that names the cluster for the job's metrics",
+    },
+}
+# What a package's imports of the others come to, beyond OUTSIDE's list.
+OUTSIDE_NOTES = {
+    "training": "nothing: only `training/` is shipped to the pods",
+    "infra": "all standard library only, with every module they reach and every `__init__` that "
+    "importing them runs",
+}
+# Packages that are one unit and import nothing of the program, and why.
+ISOLATED = {
+    "policy": "the pack runs in its own virtualenv and keeps copies, checked against the program's in `tests/policy/`"
+}
+
+
+def shown_layer(package: str, units: set[str]) -> str:
+    """A layer as docs/architecture.md writes it: its units without the package's name, its own
+    `__init__` left out."""
+    names = sorted(unit.removeprefix(f"{package}.") for unit in units if unit != f"{package}.__init__")
+    return ", ".join(f"`{name.replace('.__init__', '/__init__')}`" for name in names)
+
+
+def table() -> str:
+    """docs/architecture.md's table of the layers."""
+    rows = []
+    for package, layers in LAYERS.items():
+        shown = " → ".join(filter(None, (shown_layer(package, units) for units in layers)))
+        allowed = "; ".join(f"`{name}` ({why})" for name, why in OUTSIDE[package].items())
+        outside = "; ".join(filter(None, (allowed, OUTSIDE_NOTES.get(package, ""))))
+        rows.append(f"| `{package}` | {shown} | {outside} |")
+    rows += [f"| `{package}` | one unit | nothing: {why} |" for package, why in ISOLATED.items()]
+    return (
+        "| package | layers, lowest first | of the rest of the program |\n| --- | --- | --- |\n"
+        + "\n".join(rows)
+        + "\n"
+    )

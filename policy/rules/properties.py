@@ -1,0 +1,114 @@
+"""Reading a resource as the engine shows it to a policy: resource types, unknowns, nested values."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pulumi_policy import proxy as policy_proxy
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+SUBNET = "aws:ec2/subnet:Subnet"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+AWS_EKS_CLUSTER = "aws:eks/cluster:Cluster"
+PULUMI_EKS_CLUSTER = "eks:index:Cluster"
+SERVICE = "kubernetes:core/v1:Service"
+BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
+BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+BUCKET_VERSIONING = (
+    "aws:s3/bucketVersioning:BucketVersioning",
+    "aws:s3/bucketVersioningV2:BucketVersioningV2",
+)
+VPC = "aws:ec2/vpc:Vpc"
+DEFAULT_SECURITY_GROUP = "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+
+
+# During preview the engine replaces values it cannot know yet by these strings (one per kind of value).
+UNKNOWN_SENTINELS = frozenset(
+    {
+        policy_proxy.UNKNOWN_BOOLEAN_VALUE,
+        policy_proxy.UNKNOWN_NUMBER_VALUE,
+        policy_proxy.UNKNOWN_STRING_VALUE,
+        policy_proxy.UNKNOWN_ARRAY_VALUE,
+        policy_proxy.UNKNOWN_ASSET_VALUE,
+        policy_proxy.UNKNOWN_ARCHIVE_VALUE,
+        policy_proxy.UNKNOWN_OBJECT_VALUE,
+    }
+)
+
+
+def is_unknown(value: Any) -> bool:
+    """True for a value the engine cannot know during preview."""
+    return isinstance(value, str) and value in UNKNOWN_SENTINELS
+
+
+def dig(value: Any, *path: str) -> Any:
+    """The value at `path` inside nested dicts: None where a step is missing, the sentinel where one is unknown."""
+    for key in path:
+        if is_unknown(value):
+            return value
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def items(value: Any) -> list:
+    """A list property's elements; nothing when it is missing or unknown."""
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, str) else []
+
+
+def is_true(value: Any) -> bool:
+    """Booleans arrive as bools at the top level and as "true"/"false" strings inside TF-bridged blocks."""
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def is_false(value: Any) -> bool:
+    return value is False or (isinstance(value, str) and value.lower() == "false")
+
+
+def type_kind(resource_type: str) -> tuple[str, str]:
+    """(API group with version, kind) of a Kubernetes type token, e.g. ("ray.io/v1", "RayCluster")."""
+    _, module, kind = ([*resource_type.split(":"), "", ""])[:3]
+    return module, kind
+
+
+def stack_of(urn: str) -> str:
+    """The stack name inside a URN (`urn:pulumi:<stack>::<project>::<type>::<name>`)."""
+    return urn.split("::", 1)[0].removeprefix("urn:pulumi:")
+
+
+def is_dev_stack(stack: str) -> bool:
+    """Dev stacks are thrown away freely: `dev`, `dev-<anything>`, `<anything>-dev`."""
+    return stack == "dev" or stack.startswith("dev-") or stack.endswith("-dev")
+
+
+@dataclass(frozen=True)
+class StackResource:
+    """What a stack rule needs of a resource: its properties and the URNs it depends on."""
+
+    type: str
+    urn: str
+    props: Mapping[str, Any]
+    dependencies: tuple[str, ...]
+
+
+def linked(
+    resource: StackResource, name_key: str, others: Sequence[StackResource], reference_key: str
+) -> list:
+    """`others` that point at `resource`: by its known name or id, else by depending on it (first preview)."""
+    names = {
+        value
+        for value in (resource.props.get(name_key), resource.props.get("id"))
+        if isinstance(value, str) and value and not is_unknown(value)
+    }
+    return [
+        other
+        for other in others
+        if resource.urn in other.dependencies or other.props.get(reference_key) in names
+    ]

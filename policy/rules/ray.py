@@ -1,0 +1,229 @@
+"""The RayCluster: Ray's ports kept inside the cluster, its head isolated by a NetworkPolicy, its workers QoS Guaranteed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from .properties import (
+    NETWORK_POLICY,
+    RAY_CLUSTER,
+    SERVICE,
+    StackResource,
+    dig,
+    is_unknown,
+    items,
+    type_kind,
+)
+from .registry import MANDATORY, resource_rule, stack_rule
+
+# Ports of the Ray head that must stay inside the cluster: GCS, dashboard (job submission), client.
+RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+_RAY_PORTS_NAMED = f"Ray's GCS ({RAY_PORTS['gcs-server']}), dashboard ({RAY_PORTS['dashboard']}) or client ({RAY_PORTS['client']}) ports"
+
+EXTERNAL_SERVICE_TYPES = {"LoadBalancer", "NodePort"}
+
+# The labels KubeRay puts on a RayCluster's pods (the program's `workloads.manifests`).
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+
+
+def ray_cluster_spec(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The RayCluster spec inside a KubeRay RayCluster, RayJob or RayService; None for anything else."""
+    module, kind = type_kind(resource_type)
+    if not module.startswith("ray.io/"):
+        return None
+    spec = props.get("spec")
+    inner = {
+        "RayCluster": spec,
+        "RayJob": dig(spec, "rayClusterSpec"),
+        "RayService": dig(spec, "rayClusterConfig"),
+    }
+    found = inner.get(kind)
+    return found if isinstance(found, Mapping) else None
+
+
+def _ray_port_in(port: Mapping[str, Any]) -> int | str | None:
+    """The Ray port a Service port forwards (by number or container port name), if any."""
+    for value in (dig(port, "port"), dig(port, "targetPort")):
+        if isinstance(value, str) and value in RAY_PORTS:
+            return value
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        # Numbers reach a policy as floats (JSON through protobuf).
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value in RAY_PORTS.values():
+            return int(value)
+    return None
+
+
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?")
+
+_QUANTITY_FACTORS = {
+    None: Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def _quantity(value: Any) -> Decimal | str:
+    """A Kubernetes quantity as a number (so "40" equals 40 and "1Gi" equals "1024Mi"); else its text."""
+    text = str(value).strip()
+    match = _QUANTITY.fullmatch(text)
+    if match:
+        return Decimal(match.group(1)) * _QUANTITY_FACTORS[match.group(2)]
+    try:
+        return Decimal(text)  # decimal exponent form, e.g. 1e3
+    except InvalidOperation:
+        return text
+
+
+def _container_resource_gaps(container: Mapping[str, Any]) -> list[str]:
+    """Why a container is not QoS Guaranteed: a resource whose effective request differs from its limit.
+
+    Kubernetes fills a missing request from the limit, so only limits are required; CPU and memory
+    limits are, because without them the pod is not Guaranteed whatever else it sets.
+    """
+    resources = dig(container, "resources")
+    if is_unknown(resources):
+        return []
+    requests, limits = dig(resources, "requests"), dig(resources, "limits")
+    if is_unknown(requests) or is_unknown(limits):
+        return []
+    requests = requests if isinstance(requests, Mapping) else {}
+    limits = limits if isinstance(limits, Mapping) else {}
+    gaps = [f"no {name} limit" for name in ("cpu", "memory") if name not in limits]
+    for name in sorted(set(requests) | set(limits)):
+        request, limit = requests.get(name, limits.get(name)), limits.get(name)
+        if is_unknown(request) or is_unknown(limit):
+            continue
+        if limit is None:
+            gaps.append(f"{name} requested ({request}) without a limit")
+        elif _quantity(request) != _quantity(limit):
+            gaps.append(f"{name} request {request} != limit {limit}")
+    return gaps
+
+
+def _selects_head(policy: StackResource, cluster_name: str, namespace: Any) -> bool | None:
+    """Whether a NetworkPolicy isolates a RayCluster's head pods for ingress; None while unknown."""
+    spec = policy.props.get("spec")
+    where = dig(policy.props, "metadata", "namespace")
+    match = dig(spec, "podSelector", "matchLabels")
+    types = dig(spec, "policyTypes")
+    if any(is_unknown(value) for value in (spec, where, match, types)):
+        return None
+    head = {RAY_CLUSTER_LABEL: cluster_name, RAY_NODE_TYPE_LABEL: "head"}
+    match = match if isinstance(match, Mapping) else {}
+    open_rule = any(dig(rule, "from") is None for rule in items(dig(spec, "ingress")))
+    return (
+        where == namespace and match.items() <= head.items() and "Ingress" in items(types) and not open_rule
+    )
+
+
+@resource_rule(
+    "ray-ports-not-exposed",
+    MANDATORY,
+    description=f"No LoadBalancer or NodePort Service for {_RAY_PORTS_NAMED}.",
+    resources="Services, RayCluster/RayJob/RayService",
+    requires=f"no LoadBalancer or NodePort Service for {_RAY_PORTS_NAMED}; the Ray head Service stays ClusterIP (use `kubectl port-forward`)",
+)
+def ray_ports_not_exposed(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Ray's GCS, dashboard and client ports accept jobs without authentication: cluster-internal only."""
+    violations = []
+    if resource_type == SERVICE:
+        service_type = dig(props, "spec", "type")
+        if service_type in EXTERNAL_SERVICE_TYPES:
+            exposed = sorted(
+                {str(p) for p in map(_ray_port_in, items(dig(props, "spec", "ports"))) if p is not None}
+            )
+            if exposed:
+                violations.append(
+                    f"a {service_type} Service exposes Ray port(s) {', '.join(exposed)} outside the cluster: "
+                    "use ClusterIP and `kubectl port-forward`"
+                )
+    spec = ray_cluster_spec(resource_type, props)
+    if spec is not None:
+        head = spec.get("headGroupSpec")
+        for where, value in (
+            ("headGroupSpec.serviceType", dig(head, "serviceType")),
+            ("headGroupSpec.headService.spec.type", dig(head, "headService", "spec", "type")),
+        ):
+            if value in EXTERNAL_SERVICE_TYPES:
+                violations.append(
+                    f"{where} is {value}: the head Service would expose the Ray dashboard and GCS outside the cluster; "
+                    "use ClusterIP and `kubectl port-forward`"
+                )
+    return violations
+
+
+@resource_rule(
+    "ray-worker-requests-equal-limits",
+    MANDATORY,
+    description="Ray worker containers request exactly their limits (QoS Guaranteed).",
+    resources="RayCluster/RayJob/RayService worker groups",
+    requires="every worker container's requests equal its limits, with CPU and memory limits set (QoS Guaranteed)",
+)
+def ray_workers_guaranteed(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Ray worker containers request exactly their limits, so each pod owns its node's GPUs, EFA, CPU, memory."""
+    spec = ray_cluster_spec(resource_type, props)
+    if spec is None:
+        return []
+    violations = []
+    for group_index, group in enumerate(items(spec.get("workerGroupSpecs"))):
+        group_name = dig(group, "groupName")
+        label = (
+            group_name if isinstance(group_name, str) and not is_unknown(group_name) else f"#{group_index}"
+        )
+        for container in items(dig(group, "template", "spec", "containers")):
+            gaps = _container_resource_gaps(container)
+            if gaps:
+                violations.append(
+                    f"worker group {label}, container {dig(container, 'name')}: {'; '.join(gaps)}. "
+                    "Set requests equal to limits (QoS Guaranteed)"
+                )
+    return violations
+
+
+@stack_rule(
+    "ray-head-network-policy",
+    MANDATORY,
+    description="Every RayCluster's head is isolated for ingress by a NetworkPolicy naming its peers.",
+    resources="RayClusters and NetworkPolicies",
+    requires="a NetworkPolicy in the RayCluster's namespace selects its head pods (`ray.io/cluster`, `ray.io/node-type=head`) for ingress, every rule naming its peers",
+)
+def ray_head_network_policy(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """A RayCluster's head, whose GCS, dashboard and client ports take jobs without authentication, is
+    isolated for ingress by a NetworkPolicy in its namespace that admits only listed peers."""
+    policies = [r for r in resources if r.type == NETWORK_POLICY]
+    violations = []
+    for cluster in (r for r in resources if r.type == RAY_CLUSTER):
+        name, namespace = (dig(cluster.props, "metadata", key) for key in ("name", "namespace"))
+        if not isinstance(name, str) or is_unknown(name) or is_unknown(namespace):
+            continue
+        verdicts = [_selects_head(policy, name, namespace) for policy in policies]
+        if True in verdicts or None in verdicts:
+            continue
+        violations.append(
+            (
+                cluster.urn,
+                f"no NetworkPolicy in namespace {namespace} isolates the head of RayCluster {name} "
+                f"({RAY_CLUSTER_LABEL}={name}, {RAY_NODE_TYPE_LABEL}=head) for ingress with rules that name "
+                "their peers: any pod of the cluster can reach Ray's ports",
+            )
+        )
+    return violations

@@ -1,0 +1,188 @@
+"""The RayCluster's rules: Ray's ports inside the cluster, workers QoS Guaranteed (quantities read as the Kubernetes client reads them), the head isolated by a NetworkPolicy."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.utils import parse_quantity
+from pulumi_policy.proxy import (
+    UNKNOWN_ARRAY_VALUE,
+)
+
+from policy.rules import properties, ray, registered, registry
+from policy.rules.properties import StackResource
+from tests.harness.policy_resources import (
+    GUARANTEED,
+    RAY,
+    SVC,
+    UNKNOWN,
+    ray_cluster,
+    worker_container,
+)
+from workloads import manifests
+
+# (rule, resource type, props, stack, expected fragment of the violation or None for a pass)
+CASES = [
+    # ray-ports-not-exposed
+    (
+        ray.ray_ports_not_exposed,
+        SVC,
+        {"spec": {"type": "ClusterIP", "ports": [{"port": 8265}]}},
+        "dev",
+        None,
+    ),
+    (
+        ray.ray_ports_not_exposed,
+        SVC,
+        {"spec": {"type": "LoadBalancer", "ports": [{"port": 443}]}},
+        "dev",
+        None,
+    ),
+    (ray.ray_ports_not_exposed, SVC, {"spec": {"ports": [{"port": 6379}]}}, "dev", None),
+    (ray.ray_ports_not_exposed, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
+    # Numbers reach policies as floats (JSON through protobuf).
+    (
+        ray.ray_ports_not_exposed,
+        SVC,
+        {"spec": {"type": "LoadBalancer", "ports": [{"port": 8265.0}]}},
+        "dev",
+        "Ray port(s) 8265 outside",
+    ),
+    (
+        ray.ray_ports_not_exposed,
+        SVC,
+        {
+            "spec": {
+                "type": "NodePort",
+                "ports": [{"port": 80, "targetPort": "dashboard"}, {"port": 1, "targetPort": "10001"}],
+            }
+        },
+        "dev",
+        "Ray port(s) 10001, dashboard",
+    ),
+    (
+        ray.ray_ports_not_exposed,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED), "LoadBalancer"),
+        "dev",
+        "headGroupSpec.serviceType is LoadBalancer",
+    ),
+    (
+        ray.ray_ports_not_exposed,
+        "kubernetes:ray.io/v1:RayJob",
+        {"spec": {"rayClusterSpec": {"headGroupSpec": {"headService": {"spec": {"type": "NodePort"}}}}}},
+        "dev",
+        "headService.spec.type is NodePort",
+    ),
+    # ray-worker-requests-equal-limits
+    (ray.ray_workers_guaranteed, RAY, ray_cluster(worker_container(GUARANTEED, GUARANTEED)), "dev", None),
+    (ray.ray_workers_guaranteed, RAY, ray_cluster(worker_container(None, GUARANTEED)), "dev", None),
+    (
+        ray.ray_workers_guaranteed,
+        RAY,
+        ray_cluster(
+            worker_container({"cpu": 40, "memory": "163840Mi"}, {"cpu": "40000m", "memory": "160Gi"})
+        ),
+        "dev",
+        None,
+    ),
+    (
+        ray.ray_workers_guaranteed,
+        RAY,
+        ray_cluster(worker_container({**GUARANTEED, "cpu": UNKNOWN}, GUARANTEED)),
+        "dev",
+        None,
+    ),
+    (
+        ray.ray_workers_guaranteed,
+        RAY,
+        ray_cluster(worker_container({**GUARANTEED, "cpu": "36"}, GUARANTEED)),
+        "dev",
+        "worker group gpu-workers, container ray-worker: cpu request 36 != limit 40",
+    ),
+    (
+        ray.ray_workers_guaranteed,
+        RAY,
+        ray_cluster(
+            worker_container(GUARANTEED, {k: v for k, v in GUARANTEED.items() if k != "nvidia.com/gpu"})
+        ),
+        "dev",
+        "nvidia.com/gpu requested (4) without a limit",
+    ),
+    (
+        ray.ray_workers_guaranteed,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, None)),
+        "dev",
+        "no cpu limit",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "rule, resource_type, props, stack, expected",
+    CASES,
+    ids=[f"{case[0].name}-{'fails' if case[4] else 'passes'}-{index}" for index, case in enumerate(CASES)],
+)
+def test_resource_rule(rule, resource_type, props, stack, expected):
+    violations = rule.check(resource_type, props, stack)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0], violations
+
+
+def test_every_resource_rule_has_passing_and_failing_cases():
+    area = [
+        rule
+        for rule in registered()
+        if isinstance(rule, registry.ResourceRule) and rule.check.__module__ == ray.__name__
+    ]
+    assert area
+    for rule in area:
+        outcomes = {case[4] is None for case in CASES if case[0] is rule}
+        assert outcomes == {True, False}, f"{rule.name} lacks a passing or a failing case"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["40", "1Gi", "1024Mi", "160Gi", "100m", "1.5", "0.5Gi", "2k", "3M", "1e3", "1Ei", "7n", "40 ", "+2"],
+)
+def test_pack_reads_quantities_as_the_kubernetes_client_does(text):
+    """The pack's own parser (its virtualenv has no kubernetes client) against `parse_quantity`."""
+    assert ray._quantity(text) == parse_quantity(text)
+
+
+RAY_CR = StackResource(RAY, "urn:ray", {"metadata": {"name": "ray-train", "namespace": "ray-train"}}, ())
+
+
+def network_policy(namespace_name="ray-train", **spec) -> StackResource:
+    body = manifests.head_network_policy("ray-train", namespace_name)
+    body["spec"].update(spec)
+    return StackResource(properties.NETWORK_POLICY, "urn:np", body, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([RAY_CR, network_policy()], None),
+        ([RAY_CR, network_policy(podSelector={"matchLabels": {"ray.io/cluster": "ray-train"}})], None),
+        ([RAY_CR, network_policy(podSelector={})], None),
+        ([RAY_CR, network_policy(policyTypes=UNKNOWN_ARRAY_VALUE)], None),
+        ([RAY_CR], "no NetworkPolicy in namespace ray-train"),
+        ([RAY_CR, network_policy("default")], "no NetworkPolicy"),
+        ([RAY_CR, network_policy(policyTypes=["Egress"])], "no NetworkPolicy"),
+        ([RAY_CR, network_policy(ingress=[{}])], "no NetworkPolicy"),
+        (
+            [RAY_CR, network_policy(podSelector={"matchLabels": {"ray.io/node-type": "worker"}})],
+            "no NetworkPolicy",
+        ),
+    ],
+)
+def test_ray_head_network_policy(resources, expected):
+    violations = ray.ray_head_network_policy.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:ray" and expected in violations[0][1], (
+            violations
+        )

@@ -1,0 +1,214 @@
+"""The rules of buckets and logs: TLS-only and versioned buckets, log groups with a retention and a KMS key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from policy.rules import eks, properties, registered, registry, storage
+from policy.rules.properties import StackResource
+from tests.harness.policy_resources import (
+    AWS_EKS,
+    EKS,
+    UNKNOWN,
+)
+
+ALL_LOGS = list(eks.CONTROL_PLANE_LOG_TYPES)
+
+# (rule, resource type, props, stack, expected fragment of the violation or None for a pass)
+CASES = [
+    # log-groups-kms-encrypted (advisory)
+    (
+        storage.log_groups_kms_encrypted,
+        properties.LOG_GROUP,
+        {"kmsKeyId": "arn:aws:kms:us-east-2:1:key/k"},
+        "dev",
+        None,
+    ),
+    (storage.log_groups_kms_encrypted, properties.LOG_GROUP, {"kmsKeyId": UNKNOWN}, "dev", None),
+    (storage.log_groups_kms_encrypted, properties.LOG_GROUP, {"retentionInDays": 30}, "dev", "no kmsKeyId"),
+]
+
+
+@pytest.mark.parametrize(
+    "rule, resource_type, props, stack, expected",
+    CASES,
+    ids=[f"{case[0].name}-{'fails' if case[4] else 'passes'}-{index}" for index, case in enumerate(CASES)],
+)
+def test_resource_rule(rule, resource_type, props, stack, expected):
+    violations = rule.check(resource_type, props, stack)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0], violations
+
+
+def test_every_resource_rule_has_passing_and_failing_cases():
+    area = [
+        rule
+        for rule in registered()
+        if isinstance(rule, registry.ResourceRule) and rule.check.__module__ == storage.__name__
+    ]
+    assert area
+    for rule in area:
+        outcomes = {case[4] is None for case in CASES if case[0] is rule}
+        assert outcomes == {True, False}, f"{rule.name} lacks a passing or a failing case"
+
+
+BUCKET = "aws:s3/bucket:Bucket"
+
+
+ARN = "arn:aws:s3:::ckpt"
+
+
+TLS_ONLY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:*",
+            "Resource": [ARN, f"{ARN}/*"],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+        }
+    ],
+}
+
+
+def bucket_policy(document, dependencies=("urn:bucket",), **props) -> StackResource:
+    policy = document if isinstance(document, str) else json.dumps(document)
+    return StackResource(
+        properties.BUCKET_POLICY, "urn:policy", {"bucket": UNKNOWN, "policy": policy, **props}, dependencies
+    )
+
+
+def tls_statement(**changes) -> dict:
+    return {**TLS_ONLY, "Statement": [{**TLS_ONLY["Statement"][0], **changes}]}
+
+
+CKPT_BUCKET = StackResource(BUCKET, "urn:bucket", {"bucket": "ckpt"}, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([CKPT_BUCKET, bucket_policy(TLS_ONLY)], None),
+        ([CKPT_BUCKET, bucket_policy(UNKNOWN)], None),
+        # An update's preview: linked by the known bucket name.
+        ([CKPT_BUCKET, bucket_policy(TLS_ONLY, dependencies=(), bucket="ckpt")], None),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Action=["s3:GetObject", "*"]))], None),
+        ([CKPT_BUCKET], "has no bucket policy"),
+        ([CKPT_BUCKET, bucket_policy(TLS_ONLY, dependencies=("urn:other",))], "has no bucket policy"),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Effect="Allow"))], "does not deny plain HTTP"),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Resource=[ARN]))], "does not deny plain HTTP"),
+        ([CKPT_BUCKET, bucket_policy(tls_statement(Action="s3:GetObject"))], "does not deny plain HTTP"),
+        (
+            [CKPT_BUCKET, bucket_policy(tls_statement(Condition={"Bool": {"aws:SecureTransport": "true"}}))],
+            "does not deny plain HTTP",
+        ),
+    ],
+)
+def test_buckets_tls_only(resources, expected):
+    violations = storage.buckets_tls_only.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1]
+
+
+def log_group(name="/aws/eks/c/cluster", **props) -> StackResource:
+    return StackResource(properties.LOG_GROUP, f"urn:lg-{name}", {"name": name, **props}, ())
+
+
+LOGGING_CLUSTER = StackResource(EKS, "urn:eks", {"name": "c", "enabledClusterLogTypes": ALL_LOGS}, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([LOGGING_CLUSTER, log_group(retentionInDays=30.0)], None),
+        ([LOGGING_CLUSTER, log_group(retentionInDays=UNKNOWN)], None),
+        ([StackResource(EKS, "urn:eks", {"name": "c"}, ())], None),
+        ([StackResource(AWS_EKS, "urn:eks", {"name": UNKNOWN, "enabledClusterLogTypes": ["api"]}, ())], None),
+        ([LOGGING_CLUSTER, log_group()], "no retentionInDays"),
+        ([LOGGING_CLUSTER, log_group(retentionInDays=0)], "no retentionInDays"),
+        ([LOGGING_CLUSTER, log_group("/aws/eks/other/cluster", retentionInDays=7)], "/aws/eks/c/cluster"),
+        ([LOGGING_CLUSTER], "which is not in the stack"),
+    ],
+)
+def test_log_retention(resources, expected):
+    violations = storage.log_retention.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0][1], violations
+
+
+VERSIONING = properties.BUCKET_VERSIONING[0]
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING, "urn:v", {"versioningConfiguration": {"status": "Enabled"}}, ("urn:bucket",)
+                ),
+            ],
+            None,
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING,
+                    "urn:v",
+                    {"bucket": "ckpt", "versioningConfiguration": {"status": "Enabled"}},
+                    (),
+                ),
+            ],
+            None,
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING, "urn:v", {"versioningConfiguration": {"status": UNKNOWN}}, ("urn:bucket",)
+                ),
+            ],
+            None,
+        ),
+        ([StackResource(BUCKET, "urn:bucket", {"versioning": {"enabled": "true"}}, ())], None),
+        ([CKPT_BUCKET], "does not keep versions"),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING, "urn:v", {"versioningConfiguration": {"status": "Suspended"}}, ("urn:bucket",)
+                ),
+            ],
+            "does not keep versions",
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                StackResource(
+                    VERSIONING,
+                    "urn:v",
+                    {"bucket": "other", "versioningConfiguration": {"status": "Enabled"}},
+                    (),
+                ),
+            ],
+            "does not keep versions",
+        ),
+    ],
+)
+def test_buckets_versioned(resources, expected):
+    violations = storage.buckets_versioned.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1]

@@ -1,0 +1,215 @@
+"""The pack as a whole: its entry point lists every registered rule, its copies of the program's facts
+equal the originals, and every resource of every stack's mocks run passes every mandatory rule."""
+
+from __future__ import annotations
+
+import copy
+import runpy
+import sys
+from pathlib import Path
+
+import pulumi_policy
+import pytest
+from pulumi_policy import (
+    EnforcementLevel,
+)
+
+import platform_facts
+from infra.resources.cluster import control_plane_log_group
+from infra.resources.node_groups import METADATA_OPTIONS
+from policy.rules import eks, nodes, pods, properties, ray, registered, registry, storage
+from policy.rules.properties import StackResource
+from tests.harness.paths import REPO_ROOT
+from tests.harness.policy_resources import (
+    EKS,
+    LT,
+    NG,
+    NS,
+    RAY,
+)
+from tests.harness.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
+from workloads import manifests
+
+POLICY_DIR = REPO_ROOT / "policy"
+
+
+DEFINED_RULES = registered()
+VERSIONING = properties.BUCKET_VERSIONING[0]
+
+
+RESOURCE_RULES = [rule for rule in DEFINED_RULES if isinstance(rule, registry.ResourceRule)]
+
+
+STACK_RULES = [rule for rule in DEFINED_RULES if isinstance(rule, registry.StackRule)]
+
+
+def test_entry_point_lists_every_rule_with_its_enforcement(monkeypatch):
+    packs = []
+
+    def record_pack(name, policies, **_):
+        packs.append((name, policies))
+
+    monkeypatch.setattr(pulumi_policy, "PolicyPack", record_pack)
+
+    def pack_modules() -> set[str]:
+        return {name for name in sys.modules if name == "rules" or name.startswith("rules.")}
+
+    had = pack_modules()
+    try:
+        runpy.run_path(str(POLICY_DIR), run_name="__main__")  # as Pulumi runs the pack: the directory
+    finally:
+        for name in pack_modules() - had:
+            sys.modules.pop(name)
+    [(name, policies)] = packs
+    assert name == "eks-ray-train"
+    listed = {policy.name: policy.enforcement_level for policy in policies}
+    assert listed == {rule.name: rule.enforcement for rule in DEFINED_RULES}
+    assert len(listed) == len(policies)
+    assert {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.ADVISORY} == {
+        "eks-control-plane-logging",
+        "eks-deletion-protection",
+        "log-groups-kms-encrypted",
+    }
+
+
+def test_pack_constants_match_the_program():
+    assert ray.RAY_PORTS == platform_facts.RAY_PORTS
+    assert ray.RAY_CLUSTER_LABEL == manifests.RAY_CLUSTER_LABEL
+    assert ray.RAY_NODE_TYPE_LABEL == manifests.RAY_NODE_TYPE_LABEL
+    assert manifests.POD_SECURITY_LABELS[pods.POD_SECURITY_ENFORCE] in pods.ENFORCED_LEVELS
+    assert METADATA_OPTIONS["http_put_response_hop_limit"] == nodes.POD_SAFE_HOP_LIMIT
+    assert storage.control_plane_log_group("c") == control_plane_log_group("c")
+    key, value = nodes.GPU_NODE_LABEL
+    assert platform_facts.GPU_LABELS[key] == value
+    assert {key: value} == platform_facts.GPU_NODE_SELECTOR
+
+
+def stack_name(stack_file: Path) -> str:
+    return stack_file.name.removeprefix("Pulumi.").removesuffix(".yaml")
+
+
+@pytest.fixture(scope="module", params=STACK_FILES, ids=stack_name)
+def stack_plan(request) -> tuple[str, Plan]:
+    stack = stack_name(request.param)
+    return stack, run_program({**stack_config(request.param), **USER_SETTINGS}, stack=stack)
+
+
+def stack_resources(plan: Plan) -> list[StackResource]:
+    return [StackResource(r.type, r.urn, r.inputs, tuple(r.dependencies)) for r in plan.resources]
+
+
+def mandatory_violations(plan: Plan, stack: str) -> list[str]:
+    found = [
+        f"{rule.name} on {r.type} {r.name}: {message}"
+        for rule in RESOURCE_RULES
+        if rule.enforcement is EnforcementLevel.MANDATORY
+        for r in plan.resources
+        for message in rule.check(r.type, r.inputs, stack)
+    ]
+    found += [
+        f"{rule.name} on {urn}: {message}"
+        for rule in STACK_RULES
+        if rule.enforcement is EnforcementLevel.MANDATORY
+        for urn, message in rule.check(stack_resources(plan))
+    ]
+    return found
+
+
+def test_every_stack_passes_every_mandatory_rule(stack_plan):
+    stack, plan = stack_plan
+    assert mandatory_violations(plan, stack) == []
+
+
+def test_every_stack_sends_all_control_plane_logs(stack_plan):
+    stack, plan = stack_plan
+    cluster = plan.one(EKS)
+    assert eks.control_plane_logging.check(cluster.type, cluster.inputs, stack) == []
+    group = plan.one(properties.LOG_GROUP)
+    assert storage.log_groups_kms_encrypted.check(group.type, group.inputs, stack) == []
+
+
+def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan):
+    """The rules read the property names the program really registers: break each, one is reported."""
+    stack, plan = stack_plan
+    gpu_group_ = next(r for r in plan.of_type(NG) if nodes.is_gpu_node_group(r.inputs))
+    gpu_template = next(r for r in plan.of_type(LT) if r.urn in gpu_group_.dependencies)
+    cluster = plan.one(EKS)
+    ray = plan.one(RAY)
+    tls_policy = plan.one(properties.BUCKET_POLICY)
+    control_plane_logs = plan.one(properties.LOG_GROUP)
+    versioning = plan.one(VERSIONING)
+    default_sg = plan.one(properties.DEFAULT_SECURITY_GROUP)
+    ray_namespace = plan.one(NS, "ray-train")
+    head_policy = plan.one(properties.NETWORK_POLICY)
+    reader_daemonset = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters")
+
+    def broken(registration, change) -> list[str]:
+        original = registration.inputs
+        registration.inputs = copy.deepcopy(original)
+        change(registration.inputs)
+        try:
+            return mandatory_violations(plan, stack)
+        finally:
+            registration.inputs = original
+
+    def worker(inputs: dict) -> dict:
+        return inputs["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+
+    breakages = {
+        "imdsv2-required": (gpu_template, lambda p: p["metadataOptions"].update(httpTokens="optional")),
+        "nodes-without-public-ips": (
+            gpu_template,
+            lambda p: p["networkInterfaces"][0].update(associatePublicIpAddress="true"),
+        ),
+        "gpu-node-group-efa-interface": (
+            gpu_template,
+            lambda p: [i.update(interfaceType="interface") for i in p["networkInterfaces"]],
+        ),
+        "gpu-node-group-single-subnet": (gpu_group_, lambda p: p["subnetIds"].append("subnet-elsewhere")),
+        "eks-secrets-kms-encrypted": (cluster, lambda p: p.pop("encryptionConfigKeyArn")),
+        "eks-api-not-open-to-internet": (
+            cluster,
+            lambda p: p.update(endpointPublicAccess=True, publicAccessCidrs=["0.0.0.0/0"]),
+        ),
+        "ray-ports-not-exposed": (
+            ray,
+            lambda p: p["spec"]["headGroupSpec"].update(serviceType="LoadBalancer"),
+        ),
+        "ray-worker-requests-equal-limits": (
+            ray,
+            lambda p: worker(p)["resources"]["requests"].update(cpu="1"),
+        ),
+        "container-images-pinned": (ray, lambda p: worker(p).update(image="rayproject/ray:latest")),
+        "metadata-hop-limit-1": (
+            gpu_template,
+            lambda p: p["metadataOptions"].update(httpPutResponseHopLimit=2),
+        ),
+        "s3-buckets-tls-only": (
+            tls_policy,
+            lambda p: p.update(policy=p["policy"].replace('"Deny"', '"Allow"')),
+        ),
+        "log-retention-set": (control_plane_logs, lambda p: p.pop("retentionInDays")),
+        "s3-buckets-versioned": (
+            versioning,
+            lambda p: p["versioningConfiguration"].update(status="Suspended"),
+        ),
+        "vpc-default-security-group-closed": (
+            default_sg,
+            lambda p: p.update(egress=[{"protocol": "-1", "cidrBlocks": ["0.0.0.0/0"]}]),
+        ),
+        "namespace-pod-security-enforced": (
+            ray_namespace,
+            lambda p: p["metadata"]["labels"].pop(pods.POD_SECURITY_ENFORCE),
+        ),
+        "namespace-pod-security-enforced (host network)": (
+            reader_daemonset,
+            lambda p: p["spec"]["template"]["spec"].update(hostPID=True),
+        ),
+        "ray-head-network-policy": (head_policy, lambda p: p["spec"].update(ingress=[{}])),
+    }
+    mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}
+    assert {name.split(" (")[0] for name in breakages} == mandatory
+    for case, (registration, change) in breakages.items():
+        rule_name = case.split(" (")[0]
+        violations = broken(registration, change)
+        assert len(violations) == 1 and violations[0].startswith(f"{rule_name} on "), (case, violations)
