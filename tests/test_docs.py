@@ -78,6 +78,20 @@ def test_every_relative_link_resolves(document):
     assert broken_links(document) == []
 
 
+# Pages outside the reference whose links must hold too: the history, the upgrade notes, the record.
+OTHER_PAGES = [
+    ROOT / "CHANGELOG.md",
+    ROOT / "UPGRADING.md",
+    ROOT / "policy" / "README.md",
+    *sorted((ROOT / "bench" / "reports").glob("*.md")),
+]
+
+
+@pytest.mark.parametrize("page", OTHER_PAGES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_relative_link_of_the_history_and_the_record_resolves(page):
+    assert broken_links(page) == []
+
+
 def test_link_check_catches_a_missing_file(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[gone](missing.md) and [web](https://example.com) and `[code](nowhere.md)`\n")
