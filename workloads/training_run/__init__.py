@@ -11,7 +11,7 @@ One file per concern:
 - `efa_counters`, `fabric`: each worker node's EFA counters around a run; the fabric probe's numbers;
 - `gate`: the fabric judged before each job, which a failing fabric never reaches;
 - `runner`: one run, in order: readiness, gate, job(s), verdict(s);
-- `kube_access`, `eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.config.aws_identity`, shared with the program);
+- `cluster_api`, `pod_exec`, `commands`, `call_bounds`, `eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.config.aws_identity`, shared with the program);
 - `node_group`: the GPU node group's size through the EKS API, which the run owns with `gpuNodesAfterTraining: release`;
 - `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors).
 
