@@ -1232,14 +1232,14 @@ def test_kuberay_crds_are_the_programs_applied_server_side_and_adopted_in_place(
 
 def test_a_kuberay_chart_bump_upgrades_its_crds_in_place_before_the_operator(tmp_path, monkeypatch):
     """Helm never upgrades `crds/`: the program must, or the new operator's new fields are pruned."""
-    from workloads import manifests
+    from workloads.manifests import crd
 
     first = run_program(dev_config(), FakeAws(region="us-east-2"), crd_schemas=True)
     # The next chart version's CRDs: here the pinned ones with one more RayCluster field.
     bumped = tmp_path / "kuberay-v1.8.0"
     bumped.mkdir()
-    for name in manifests.KUBERAY_CRD_FILES:
-        (bumped / name).write_text((manifests.KUBERAY_CRD_DIR / name).read_text())
+    for name in crd.KUBERAY_CRD_FILES:
+        (bumped / name).write_text((crd.KUBERAY_CRD_DIR / name).read_text())
     rayclusters = bumped / "ray.io_rayclusters.yaml"
     text = rayclusters.read_text()
     anchor = "              upgradeStrategy:\n"
@@ -1247,7 +1247,7 @@ def test_a_kuberay_chart_bump_upgrades_its_crds_in_place_before_the_operator(tmp
     rayclusters.write_text(
         text.replace(anchor, "              newField:\n                type: string\n" + anchor)
     )
-    monkeypatch.setattr(manifests, "KUBERAY_CRD_DIR", bumped)
+    monkeypatch.setattr(crd, "KUBERAY_CRD_DIR", bumped)
     second = run_program(dev_config(), FakeAws(region="us-east-2"), crd_schemas=True)
 
     steps = {
