@@ -282,7 +282,7 @@ def product_modules() -> list[str]:
     )
 
 
-def tests_of(module: str) -> Path:
+def own_test_file(module: str) -> Path:
     path = Path(module)
     return ROOT / "tests" / path.parent / f"test_{path.name}"
 
@@ -292,7 +292,7 @@ def test_every_product_module_has_a_test_file_under_the_same_path_or_says_why_no
     UNTESTED_MODULES with where it is tested instead, and an entry that has a test file, or names no
     module, is stale."""
     modules = product_modules()
-    untested = [module for module in modules if not tests_of(module).exists()]
+    untested = [module for module in modules if not own_test_file(module).exists()]
     assert sorted(set(untested) - UNTESTED_MODULES.keys()) == []
     assert sorted(UNTESTED_MODULES.keys() - set(untested)) == []
     assert all(reason.strip() for reason in UNTESTED_MODULES.values())
