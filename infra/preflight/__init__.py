@@ -21,7 +21,7 @@ modules fetch facts and word the refusals.
 """
 
 from infra.preflight.errors import PreflightError
-from infra.preflight.placement import Placement, plan_placement, utc_now
+from infra.preflight.placement import Placement, place_nodes, utc_now
 from infra.preflight.window import deadline_of, fit_the_window
 
-__all__ = ["Placement", "PreflightError", "deadline_of", "fit_the_window", "plan_placement", "utc_now"]
+__all__ = ["Placement", "PreflightError", "deadline_of", "fit_the_window", "place_nodes", "utc_now"]

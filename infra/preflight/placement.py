@@ -34,7 +34,7 @@ from infra.resources.node_groups import GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 class Placement:
     """Where the nodes go, decided and checked before any resource exists.
 
-    The zones are plain values, not Outputs: every check has run when `plan_placement` returns,
+    The zones are plain values, not Outputs: every check has run when `place_nodes` returns,
     so a failure stops the whole program rather than only the resources that take the zones.
     """
 
@@ -68,7 +68,7 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def plan_placement(settings: StackSettings, now: Callable[[], datetime] | None = None) -> Placement:
+def place_nodes(settings: StackSettings, now: Callable[[], datetime] | None = None) -> Placement:
     """Run every preflight check and choose the zones; `now` is `utc_now` unless given.
 
     Raises `PreflightError`, or `ConfigError` for a type that AWS offers but cannot describe.

@@ -11,7 +11,7 @@ import pulumi
 import pytest
 
 from infra.config.stack import parse_settings
-from infra.preflight import Placement, PreflightError, plan_placement
+from infra.preflight import Placement, PreflightError, place_nodes
 from tests.harness.fake_aws import FakeAws, FakeAwsMocks
 
 RESERVATION = "cr-0123456789abcdef0"
@@ -32,29 +32,29 @@ class RecordingMocks(FakeAwsMocks):
         return super().new_resource(args)
 
 
-def plan(fake: FakeAws, now: datetime = NOW, **config) -> tuple[Placement, str, list[str]]:
-    """Run `plan_placement` in a mocked `pulumi preview`; return the placement and its zones.
+def place(fake: FakeAws, now: datetime = NOW, **config) -> tuple[Placement, str, list[str]]:
+    """Run `place_nodes` in a mocked `pulumi preview`; return the placement and its zones.
 
     Fails the test when the preflight registered or read any resource, whether it passed or refused.
     """
     mocks = RecordingMocks(fake)
     pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack="dev", preview=True)
     settings = parse_settings({"endpointPublicAccessCidrs": ["203.0.113.7/32"], **config}, fake.region)
-    planned: list[Placement] = []
+    placed: list[Placement] = []
 
     @pulumi.runtime.test
     def run():
-        planned.append(plan_placement(settings, lambda: now))
+        placed.append(place_nodes(settings, lambda: now))
 
     try:
         run()
     finally:
         assert mocks.registered == [], f"the preflight registered {mocks.registered}"
-    placement = planned[0]
+    placement = placed[0]
     return placement, placement.gpu_az, placement.cluster_azs
 
 
 def refusal(fake: FakeAws, error: type[Exception] = PreflightError, **config) -> str:
     with pytest.raises(error) as caught:
-        plan(fake, **config)
+        place(fake, **config)
     return str(caught.value)

@@ -7,7 +7,7 @@ import pulumi
 from infra.config.stack import ConfigError
 from infra.preflight.kubernetes_version import kubernetes_version_problem
 from tests.harness.fake_aws import EKS_VERSIONS, FakeAws
-from tests.harness.preflight_run import plan, refusal
+from tests.harness.preflight_run import place, refusal
 
 
 def test_a_kubernetes_version_eks_does_not_offer_is_refused_with_the_offered_ones():
@@ -21,14 +21,14 @@ def test_a_kubernetes_version_eks_does_not_offer_is_refused_with_the_offered_one
 def test_a_version_in_extended_support_is_planned_with_a_warning(monkeypatch):
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
-    plan(FakeAws(), kubernetesVersion="1.33")
+    place(FakeAws(), kubernetesVersion="1.33")
     assert any("1.33 is in EKS extended support" in warning for warning in warnings)
 
 
 def test_the_version_check_is_skipped_with_a_warning_when_eks_refuses_to_answer(monkeypatch):
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
-    plan(FakeAws(denied={"aws:eks/getClusterVersions:getClusterVersions"}))
+    place(FakeAws(denied={"aws:eks/getClusterVersions:getClusterVersions"}))
     assert any(warning.startswith("kubernetesVersion 1.36 was not checked") for warning in warnings)
 
 

@@ -6,7 +6,7 @@ import logging
 
 from infra.preflight import quotas
 from tests.harness.fake_aws import FakeAws
-from tests.harness.preflight_run import QUOTA_TOKEN, plan, refusal
+from tests.harness.preflight_run import QUOTA_TOKEN, place, refusal
 
 
 def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog, monkeypatch):
@@ -17,7 +17,7 @@ def test_type_without_a_known_vcpu_quota_is_reported_not_blocked(caplog, monkeyp
     monkeypatch.setattr(
         quotas, "on_demand_vcpu_quota", lambda name: None if name == "m7i.xlarge" else known(name)
     )
-    _, gpu_az, _ = plan(FakeAws())
+    _, gpu_az, _ = place(FakeAws())
     assert gpu_az == "us-east-2a"
     assert "no On-Demand vCPU quota is known for m7i.xlarge" in caplog.text
 
@@ -34,7 +34,7 @@ def test_gpu_quota_too_small_gives_numbers_and_the_request_command():
 
 
 def test_quota_exactly_covering_the_gpu_nodes_passes():
-    _, gpu_az, _ = plan(FakeAws(quotas={"L-DB2E81BA": 96}))
+    _, gpu_az, _ = place(FakeAws(quotas={"L-DB2E81BA": 96}))
     assert gpu_az == "us-east-2a"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from infra.preflight import PreflightError
 from tests.harness.fake_aws import ACCOUNT_ID, FakeAws, capacity_block, capacity_reservation
-from tests.harness.preflight_run import NOW, RESERVATION, plan, refusal
+from tests.harness.preflight_run import NOW, RESERVATION, place, refusal
 from tests.harness.program import dev_config, run_program
 
 CLOUD_CONTROL_TOKEN = "aws:cloudcontrol/getResource:getResource"
@@ -25,7 +25,7 @@ def program_refusal(fake: FakeAws, **config) -> str:
 
 def test_reservation_is_read_once_through_cloud_control_as_plain_values():
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2c")})
-    _, gpu_az, cluster_azs = plan(fake, capacityReservationId=RESERVATION)
+    _, gpu_az, cluster_azs = place(fake, capacityReservationId=RESERVATION)
     assert type(gpu_az) is str and type(cluster_azs) is list
     reads = [args for token, args in fake.calls if token == CLOUD_CONTROL_TOKEN]
     assert reads == [{"typeName": "AWS::EC2::CapacityReservation", "identifier": RESERVATION}]
@@ -33,7 +33,7 @@ def test_reservation_is_read_once_through_cloud_control_as_plain_values():
 
 def test_reservation_without_a_state_property_is_judged_by_its_available_count():
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", state=None)})
-    _, gpu_az, _ = plan(fake, capacityReservationId=RESERVATION)
+    _, gpu_az, _ = place(fake, capacityReservationId=RESERVATION)
     assert gpu_az == "us-east-2b"
     fake.reservations[RESERVATION]["availableInstanceCount"] = 0
     message = refusal(fake, capacityReservationId=RESERVATION)
@@ -99,7 +99,7 @@ def test_reservation_with_too_few_available_instances_though_enough_in_total(run
 
 def test_reservation_with_exactly_enough_available_instances_passes():
     reservation = capacity_reservation("us-east-2b", instance_count=4, available_instance_count=2)
-    _, gpu_az, _ = plan(FakeAws(reservations={RESERVATION: reservation}), capacityReservationId=RESERVATION)
+    _, gpu_az, _ = place(FakeAws(reservations={RESERVATION: reservation}), capacityReservationId=RESERVATION)
     assert gpu_az == "us-east-2b"
 
 
@@ -129,7 +129,7 @@ def test_reservation_in_a_zone_eks_cannot_use():
 def test_this_clusters_running_nodes_count_back_into_a_full_reservation():
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
     fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
-    placement, gpu_az, _ = plan(fake, capacityReservationId=RESERVATION)
+    placement, gpu_az, _ = place(fake, capacityReservationId=RESERVATION)
     assert gpu_az == "us-east-2b"
     assert (placement.reservation.available, placement.reservation.own_instances) == (0, 2)
     _, args = next(call for call in fake.calls if call[0] == "aws:ec2/getInstances:getInstances")
@@ -155,7 +155,7 @@ def test_own_and_other_nodes_sharing_a_reservation_leave_only_the_own_ones_usabl
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", instance_count=3)})
     fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
     fake.launch_into_reservation(RESERVATION, "team-b", 1)
-    assert plan(fake, capacityReservationId=RESERVATION)[1] == "us-east-2b"  # the 2 nodes it runs fit
+    assert place(fake, capacityReservationId=RESERVATION)[1] == "us-east-2b"  # the 2 nodes it runs fit
     message = refusal(fake, capacityReservationId=RESERVATION, gpuNodeCount=3)
     assert (
         "has 0 of its 3 g6.12xlarge instance(s) available (3 in use, 2 of them by this cluster; 1 held by others)"
@@ -187,7 +187,7 @@ def test_instances_that_cannot_be_listed_name_the_permission():
 def test_reservation_made_in_a_cluster_placement_group_carries_its_name():
     arn = f"arn:aws:ec2:us-east-2:{ACCOUNT_ID}:placement-group/gpu-pg"
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", placement_group_arn=arn)})
-    placement, _, _ = plan(fake, capacityReservationId=RESERVATION)
+    placement, _, _ = place(fake, capacityReservationId=RESERVATION)
     assert placement.reservation.placement_group_name == "gpu-pg"
 
 
@@ -200,7 +200,7 @@ RUNNING_BLOCK = (timedelta(hours=-2), timedelta(hours=22))
 
 def test_capacity_block_is_recognised_by_its_reservation_type():
     block = block_in_2b(*RUNNING_BLOCK)
-    placement, _, _ = plan(
+    placement, _, _ = place(
         FakeAws(reservations={RESERVATION: block}),
         capacityReservationId=RESERVATION,
         gpuNodeType="p5.48xlarge",
@@ -214,23 +214,23 @@ def test_capacity_block_is_recognised_by_its_reservation_type():
 def test_an_odcr_reads_its_end_date_when_it_has_one():
     end = NOW + timedelta(days=3)
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", end_date=end)})
-    assert plan(fake, capacityReservationId=RESERVATION)[0].reservation.end_date == end
+    assert place(fake, capacityReservationId=RESERVATION)[0].reservation.end_date == end
     reads = [args for token, args in fake.calls if token == CLOUD_CONTROL_TOKEN]
     assert len(reads) == 1
     unlimited = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
-    assert plan(unlimited, capacityReservationId=RESERVATION)[0].reservation.end_date is None
+    assert place(unlimited, capacityReservationId=RESERVATION)[0].reservation.end_date is None
 
 
 def test_schema_without_reservation_type_is_taken_as_an_on_demand_reservation():
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b", reservation_type=None)})
-    placement, _, _ = plan(fake, capacityReservationId=RESERVATION)
+    placement, _, _ = place(fake, capacityReservationId=RESERVATION)
     assert not placement.reservation.is_capacity_block
 
 
 def test_a_reservation_warns_that_it_bills_after_destroy_with_the_cancel_command(caplog):
     caplog.set_level(logging.WARNING)
     fake = FakeAws(reservations={RESERVATION: capacity_reservation("us-east-2b")})
-    plan(fake, capacityReservationId=RESERVATION)
+    place(fake, capacityReservationId=RESERVATION)
     assert (
         f"capacity reservation {RESERVATION} is not part of this stack and outlives `pulumi destroy`"
         in caplog.text
@@ -274,7 +274,7 @@ def test_a_capacity_block_starting_within_the_timeout_is_waited_for(caplog):
     caplog.set_level(logging.INFO)
     block = block_in_2b(timedelta(minutes=45), timedelta(hours=24, minutes=45))
     assert (block["state"], block["availableInstanceCount"]) == ("scheduled", 0)
-    placement, gpu_az, _ = plan(
+    placement, gpu_az, _ = place(
         FakeAws(reservations={RESERVATION: block}),
         capacityReservationId=RESERVATION,
         gpuNodeType="p5.48xlarge",
@@ -307,7 +307,7 @@ def test_without_a_training_run_a_later_capacity_block_is_accepted(caplog):
     """Nothing waits: EKS's node group launches the nodes when the block becomes active."""
     caplog.set_level(logging.INFO)
     block = block_in_2b(timedelta(days=2), timedelta(days=3))
-    placement, _, _ = plan(
+    placement, _, _ = place(
         FakeAws(reservations={RESERVATION: block}),
         capacityReservationId=RESERVATION,
         gpuNodeType="p5.48xlarge",
@@ -329,7 +329,7 @@ def test_running_capacity_block_warns_that_aws_updates_it_only_at_size_zero(capl
     block = block_in_2b(*RUNNING_BLOCK)
     fake = FakeAws(reservations={RESERVATION: block})
     fake.launch_into_reservation(RESERVATION, "eks-ray-train", 2)
-    plan(fake, capacityReservationId=RESERVATION, gpuNodeType="p5.48xlarge")
+    place(fake, capacityReservationId=RESERVATION, gpuNodeType="p5.48xlarge")
     assert (
         "is a Capacity Block, and AWS supports updating a managed node group of a Capacity Block only at desired size 0"
         in caplog.text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from infra.config.stack import ConfigError
 from infra.preflight.subnet_room import gpu_subnet_shortfall
 from tests.harness.fake_aws import FakeAws
-from tests.harness.preflight_run import plan, refusal
+from tests.harness.preflight_run import place, refusal
 
 
 def test_gpu_subnet_shortfall_counts_two_full_interfaces_a_node():
@@ -27,5 +27,5 @@ def test_a_gpu_subnet_too_small_for_its_nodes_is_refused_naming_vpc_cidr():
     assert message.startswith(
         "config key 'vpcCidr' = '10.0.0.0/20': the GPU subnet in us-east-1d is 10.0.14.0/25"
     )
-    _, gpu_az, _ = plan(fake, vpcCidr="10.0.0.0/16", gpuNodeCount=3)
+    _, gpu_az, _ = place(fake, vpcCidr="10.0.0.0/16", gpuNodeCount=3)
     assert gpu_az == "us-east-1d"
