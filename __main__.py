@@ -20,7 +20,7 @@ from infra.config.training_settings import (
 from infra.plan.cost import measured_cost, planned_cost
 from infra.plan.facts import line_rate_gbps
 from infra.plan.report import log_plan, measured_against_plan
-from infra.preflight import deadline_of, fit_the_window, plan_placement
+from infra.preflight import deadline_of, fit_the_window, place_nodes
 from infra.pricing import cost_basis
 from infra.resources.cluster import Cluster, addon_version
 from infra.resources.network import Network
@@ -43,7 +43,7 @@ from workloads.training_run import RunInputs, TrainingRun, training_output
 settings = load_settings()
 
 # 2. Capacity check: offering, EFA, vCPU quota, capacity reservation, and the GPU AZ.
-placement = plan_placement(settings)
+placement = place_nodes(settings)
 worker = size_workers(settings, placement.gpu_node)
 # The job's command line, one Ray worker per GPU, checked here: a training value that does not fit
 # the cluster (say hsdpReplicas that does not divide the world size) stops before any resource.

@@ -55,7 +55,7 @@ def tables() -> dict[Path, dict[str, str]]:
         POLICY_README: {"## Rules": policy_table()},
         ARCHITECTURE: {
             "above, and a module in no layer fails the test:": layers.table(),
-            "The Helm charts, each pinned once in `workloads/manifests.py`:": chart_table(),
+            "The Helm charts, each pinned once in `workloads/manifests/charts.py`:": chart_table(),
         },
     }
 

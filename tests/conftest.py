@@ -1,4 +1,5 @@
-"""Fixtures shared by the training tests, and the tests' thread count.
+"""Fixtures shared by the tests (the program's plan of each stack file, the training tests' process
+group and Ray head), and the tests' thread count.
 
 One intra-op thread per process, as Ray gives each worker (OMP_NUM_THREADS=1): the tests spawn
 several ranks or Ray workers on a 2-core machine, where a thread pool per process oversubscribes
@@ -13,6 +14,8 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
+
+from tests.harness.paths import REPO_ROOT
 
 
 @pytest.fixture
@@ -33,3 +36,20 @@ def ray_head():
 
     with running_head() as head:
         yield head
+
+
+@pytest.fixture(
+    scope="session",
+    params=sorted(REPO_ROOT.glob("Pulumi.*.yaml")),
+    ids=lambda path: path.stem.split(".", 1)[1],
+)
+def stack_plan(request):
+    """The program's plan of one stack file (its config, the `Plan`), run once per session and read by
+    the tests of the whole program and of its components."""
+    from tests.harness.fake_aws import FakeAws
+    from tests.harness.program import config_of, run_program
+
+    config = config_of(request.param)
+    return config, run_program(
+        config, FakeAws(region=config["aws:region"]), stack=request.param.stem.split(".", 1)[1]
+    )

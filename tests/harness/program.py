@@ -21,7 +21,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.proto import provider_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from infra import preflight
+from infra.preflight import placement
 from tests.harness.fake_aws import FakeAws, FakeAwsMocks
 from tests.harness.paths import REPO_ROOT
 from workloads import addons
@@ -284,15 +284,15 @@ def run_program(
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises.
 
     `crd_schemas`: apply KubeRay's CRDs with their full schemas (see `_schemas_left_out`). `now`:
-    the time the preview reads (`infra.preflight.utc_now`), for tests about reservation dates.
+    the time the preview reads (`infra.preflight.placement.utc_now`), for tests about reservation dates.
     """
     if now is not None:
-        machine_time = preflight.utc_now
-        preflight.utc_now = lambda: now
+        machine_time = placement.utc_now
+        placement.utc_now = lambda: now
         try:
             return run_program(config, fake_aws, stack, secret_keys, crd_schemas)
         finally:
-            preflight.utc_now = machine_time
+            placement.utc_now = machine_time
     if not crd_schemas:
         vendored = addons.kuberay_crds
         addons.kuberay_crds = lambda: _schemas_left_out(vendored())

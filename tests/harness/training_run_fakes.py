@@ -35,8 +35,9 @@ from workloads import manifests
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
 from workloads.training_run import errors, provider, readiness, runner, schema
 from workloads.training_run.access import jobs
+from workloads.training_run.access.cluster_api import KubernetesCluster
+from workloads.training_run.access.commands import ExecResult, LocalExecutor
 from workloads.training_run.access.ec2_instances import ec2_launch_times
-from workloads.training_run.access.kube_access import ExecResult, KubernetesCluster, LocalExecutor
 from workloads.training_run.access.node_group import NodeGroupFacts, utc_iso
 from workloads.training_run.verdicts import evidence, fabric
 

@@ -8,7 +8,7 @@ One file per concern (each module below; `tests/test_docs.py` checks the list is
 - `runner`: one run, in order: readiness, gate, job(s), verdict(s);
 - `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors);
 - `errors`: the failures, each a whole message;
-- `access.kube_access`, `access.eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.config.aws_identity`, shared with the program);
+- `access.cluster_api`, `access.pod_exec`, `access.commands`, `access.call_bounds`, `access.eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.config.aws_identity`, shared with the program);
 - `access.jobs`: how a job is submitted, adopted and followed (a typed Ray Jobs client over exec);
   `access.head_jobs_api` is the program it runs in the head pod;
 - `access.node_group`: the GPU node group's size through the EKS API, which the run owns with `gpuNodesAfterTraining: release`;

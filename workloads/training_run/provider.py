@@ -50,9 +50,9 @@ from pydantic.alias_generators import to_camel
 
 from infra.config.aws_identity import REFUSED, AwsCredentialSettings, AwsSettingsError, caller_identity
 from workloads.training_run import engine_host
+from workloads.training_run.access.cluster_api import KubernetesCluster
 from workloads.training_run.access.ec2_instances import ec2_launch_times
 from workloads.training_run.access.eks_auth import aws_client_config, eks_api_client
-from workloads.training_run.access.kube_access import KubernetesCluster
 from workloads.training_run.access.node_group import EksNodeGroup
 from workloads.training_run.errors import (
     JOB_KEEPS_RUNNING,

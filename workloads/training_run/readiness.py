@@ -38,14 +38,8 @@ from typing import Any
 
 from platform_facts import EFA_RESOURCE, GPU_NODE_SELECTOR, GPU_PRESENT_LABEL, GPU_RESOURCE
 from workloads import manifests
-from workloads.training_run.access.kube_access import (
-    COMMAND_TIMEOUT_S,
-    ClusterApi,
-    Executor,
-    NodeFacts,
-    PodFacts,
-    stdout_of_each_pod,
-)
+from workloads.training_run.access.cluster_api import ClusterApi, NodeFacts, PodFacts, stdout_of_each_pod
+from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, Executor
 from workloads.training_run.access.node_group import NodeGroupFacts, NodeGroupSizer
 from workloads.training_run.errors import TrainingRunError
 

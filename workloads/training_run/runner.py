@@ -32,6 +32,8 @@ from workloads import manifests
 from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.nccl_transport import classify_lines
 from workloads.training_run import readiness
+from workloads.training_run.access.cluster_api import ClusterApi, NodeFacts, PodFacts
+from workloads.training_run.access.commands import Executor
 from workloads.training_run.access.ec2_instances import (
     LaunchTimes,
     LaunchTimesUnavailable,
@@ -48,7 +50,6 @@ from workloads.training_run.access.jobs import (
     plan_submission,
     submission_id_base,
 )
-from workloads.training_run.access.kube_access import ClusterApi, Executor, NodeFacts, PodFacts
 from workloads.training_run.access.node_group import NodeGroupSizer
 from workloads.training_run.errors import (
     ApiRefused,

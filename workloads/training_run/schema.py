@@ -27,7 +27,7 @@ from pydantic import (
 
 from infra.config.stack import GPU_NODES_AFTER_TRAINING, KEEP, RELEASE
 from platform_facts import EXPECTABLE_TRANSPORTS
-from workloads.training_run.access.kube_access import ApiTimeouts
+from workloads.training_run.access.call_bounds import ApiTimeouts
 from workloads.training_run.errors import TrainingRunError
 
 ENV_PREFIX = "EKS_RAY_TRAIN_"

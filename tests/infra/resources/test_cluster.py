@@ -1,10 +1,26 @@
-"""The cluster's access entries: which caller counts as a listed principal; the add-on versions it keeps."""
+"""The cluster: its access entries (which caller counts as a listed principal), the add-on versions it
+keeps, and in the program's plan its settings, kubeconfig, credentials, CoreDNS and control plane logs."""
 
 from __future__ import annotations
 
+import json
+
+import pulumi
 import pytest
 
 from infra.resources.cluster import kept_addon_version, names_same_principal
+from tests.harness.fake_aws import (
+    COREDNS_VERSIONS,
+    FakeAws,
+)
+from tests.harness.program import (
+    ACCOUNT,
+    STACK_FILES,
+    Plan,
+    config_of,
+    dev_config,
+    run_program,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,3 +63,127 @@ def test_an_addon_keeps_the_live_version_until_kubernetes_version_moves(
     live_version, live_kubernetes_version, wanted, chosen
 ):
     assert kept_addon_version(live_version, live_kubernetes_version, wanted, NEWEST) == chosen
+
+
+def test_cluster_settings(stack_plan):
+    _, plan = stack_plan
+    cluster = plan.one("eks:index:Cluster").inputs
+    assert cluster["authenticationMode"] == "API"
+    assert cluster["skipDefaultNodeGroup"] is True
+    assert cluster["endpointPrivateAccess"] is True
+    assert cluster["publicAccessCidrs"] == ["203.0.113.7/32"]
+    assert cluster["encryptionConfigKeyArn"]
+    assert cluster["createOidcProvider"] is True
+    assert set(cluster["enabledClusterLogTypes"]) == {
+        "api",
+        "audit",
+        "authenticator",
+        "controllerManager",
+        "scheduler",
+    }
+    assert cluster["version"] == "1.36"
+    assert cluster["nodeAssociatePublicIpAddress"] is False
+    assert plan.one("aws:kms/key:Key").inputs["enableKeyRotation"] is True
+    addons = {r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")}
+    assert addons == {"coredns", "amazon-cloudwatch-observability"}
+
+
+def test_kubeconfig_is_secret(stack_plan):
+    _, plan = stack_plan
+    providers = plan.of_type("pulumi:providers:kubernetes")
+    assert sorted(provider.name for provider in providers) == ["eks", "eks-crds"]
+    assert all("kubeconfig" in provider.secret_inputs for provider in providers)
+
+
+def test_coredns_is_pinned_to_the_newest_build_for_the_cluster_version():
+    plan = run_program(dev_config(kubernetesVersion="1.34"), FakeAws(region="us-east-2"))
+    assert plan.one("aws:eks/addon:Addon", "coredns").inputs["addonVersion"] == COREDNS_VERSIONS["1.34"]
+    upgraded = run_program(dev_config(kubernetesVersion="1.35"), FakeAws(region="us-east-2"))
+    assert upgraded.one("aws:eks/addon:Addon", "coredns").inputs["addonVersion"] == COREDNS_VERSIONS["1.35"]
+
+
+def kubeconfig_token_args(plan: Plan) -> list[str]:
+    provider = plan.one("pulumi:providers:kubernetes", "eks")
+    assert "kubeconfig" in provider.secret_inputs
+    kubeconfig = json.loads(pulumi.runtime.rpc.unwrap_rpc_secret(provider.inputs["kubeconfig"]))
+    return kubeconfig["users"][0]["user"]["exec"]["args"]
+
+
+def test_aws_profile_and_role_reach_the_kubernetes_provider():
+    role = "arn:aws:iam::123456789012:role/deployer"
+    config = {
+        **dev_config(),
+        "aws:profile": "team-gpu",
+        "aws:assumeRoles": json.dumps([{"roleArn": role, "sessionName": "pulumi"}]),
+    }
+    plan = run_program(config, FakeAws(region="us-east-2"))
+    args = kubeconfig_token_args(plan)
+    assert args[args.index("--profile") + 1] == "team-gpu"
+    assert args[args.index("--role") + 1] == role
+    assert args[args.index("--cluster-name") + 1] == "eks-ray-train"
+    opts = plan.one("eks:index:Cluster").inputs["providerCredentialOpts"]
+    assert opts == {"profileName": "team-gpu", "roleArn": role}
+
+
+def test_without_a_profile_the_kubeconfig_uses_the_default_credentials():
+    plan = run_program(dev_config(), FakeAws(region="us-east-2"))
+    args = kubeconfig_token_args(plan)
+    assert "--profile" not in args and "--role" not in args
+    assert "providerCredentialOpts" not in plan.one("eks:index:Cluster").inputs
+
+
+ADMINS = ["arn:aws:iam::123456789012:role/platform/ci-deployer", "arn:aws:iam::210987654321:user/alice"]
+
+
+@pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])
+def test_admin_principals_become_cluster_admin_access_entries(stack_file):
+    config = config_of(stack_file, adminPrincipalArns=json.dumps(ADMINS))
+    plan = run_program(config, FakeAws(region=config["aws:region"]))
+    cluster = plan.one("eks:index:Cluster").urn
+    entries = plan.of_type("aws:eks/accessEntry:AccessEntry")
+    assert sorted(e.inputs["principalArn"] for e in entries) == sorted(ADMINS)
+    for entry in entries:
+        assert entry.inputs["clusterName"] == config["eks-ray-train:clusterName"]
+        assert entry.inputs["type"] == "STANDARD" and cluster in entry.dependencies
+    associations = plan.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert sorted(a.inputs["principalArn"] for a in associations) == sorted(ADMINS)
+    for association in associations:
+        assert association.inputs["policyArn"] == (
+            "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+        )
+        assert association.inputs["accessScope"] == {"type": "cluster"}
+    assert len({e.name for e in entries}) == len(ADMINS)
+
+
+def test_no_access_entries_without_admin_principals(stack_plan):
+    _, plan = stack_plan
+    assert plan.of_type("aws:eks/accessEntry:AccessEntry") == []
+
+
+def test_control_plane_log_group_exists_before_the_cluster_with_a_retention(stack_plan):
+    config, plan = stack_plan
+    group = plan.one("aws:cloudwatch/logGroup:LogGroup")
+    assert group.inputs["name"] == f"/aws/eks/{config['eks-ray-train:clusterName']}/cluster"
+    assert group.inputs["retentionInDays"] == 30
+    assert group.urn in plan.one("eks:index:Cluster").dependencies
+
+
+def test_log_retention_is_configurable():
+    plan = run_program(dev_config(logRetentionDays="90"), FakeAws(region="us-east-2"))
+    assert plan.one("aws:cloudwatch/logGroup:LogGroup").inputs["retentionInDays"] == 90
+
+
+def test_control_plane_logs_are_encrypted_with_the_cluster_key(stack_plan):
+    config, plan = stack_plan
+    region, cluster_name = config["aws:region"], config["eks-ray-train:clusterName"]
+    key = plan.one("aws:kms/key:Key")
+    group = plan.one("aws:cloudwatch/logGroup:LogGroup")
+    assert group.inputs["kmsKeyId"] == f"arn:aws:service:{region}:{ACCOUNT}:key/{key.name}"
+    assert key.urn in group.dependencies and group.urn in plan.one("eks:index:Cluster").dependencies
+    root, logs = json.loads(key.inputs["policy"])["Statement"]
+    assert root["Principal"] == {"AWS": f"arn:aws:iam::{ACCOUNT}:root"} and root["Action"] == "kms:*"
+    assert logs["Principal"] == {"Service": f"logs.{region}.amazonaws.com"}
+    assert "kms:Decrypt" not in logs["Action"] and "kms:GenerateDataKey*" in logs["Action"]
+    assert logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"] == (
+        f"arn:aws:logs:{region}:{ACCOUNT}:log-group:/aws/eks/{cluster_name}/cluster"
+    )

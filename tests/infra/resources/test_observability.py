@@ -1,6 +1,7 @@
 """The observability pieces as pure values: the dashboard's body against CloudWatch's documented
 structure, naming only metrics the add-on or the job emits; the add-on's configuration against its
-chart's values.yaml; the Ray pods' one statement; the dashboard's name."""
+chart's values.yaml; the Ray pods' one statement; the dashboard's name; and in the program's plan the add-on, the Ray
+pods' permission and environment, the dashboard and its link, all of it off with `observability`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import json
 import re
 
 import jsonschema
+import pulumi
+import pytest
 import yaml
 
 from infra.aws_facts import container_insights
+from infra.aws_facts.container_insights import AGENT_POLICY_ARN
 from infra.config.stack import CLUSTER_NAME_MAX
 from infra.resources.observability import (
     addon_configuration,
@@ -18,9 +22,13 @@ from infra.resources.observability import (
     dashboard_name,
     put_metric_data_policy,
 )
-from platform_facts import GPU_TAINT
+from platform_facts import GPU_TAINT, GPU_TOLERATION
+from tests.harness.fake_aws import OBSERVABILITY_VERSIONS, FakeAws
 from tests.harness.paths import REPO_ROOT
+from tests.harness.plan_queries import NODE_GROUP, TRAINING_RUN
+from tests.harness.program import ACCOUNT, Plan, dev_config, run_program
 from training.metrics import cloudwatch_facts
+from training.metrics.cloudwatch_facts import CLUSTER_NAME_ENV
 
 CHART_VALUES = REPO_ROOT / "tests/fixtures/schemas/amazon-cloudwatch-observability-6.4.0.values.yaml"
 BODY = dashboard_body("eks-ray-train", "us-east-2", "v6.4.0-eksbuild.1")
@@ -278,3 +286,103 @@ def test_the_dashboard_name_holds_for_the_longest_cluster_name():
     name = dashboard_name("c" * CLUSTER_NAME_MAX, "ap-southeast-5")
     assert re.fullmatch(r"[A-Za-z0-9_-]{1,255}", name)
     assert dashboard_name("eks-ray-train", "us-east-2") != dashboard_name("eks-ray-train", "us-west-2")
+
+
+OBSERVABILITY_ADDON = "amazon-cloudwatch-observability"
+
+
+DASHBOARD = "aws:cloudwatch/dashboard:Dashboard"
+
+
+ROLE = "aws:iam/role:Role"
+
+
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+
+
+def ray_pod_envs(plan: Plan) -> list[dict[str, str]]:
+    spec = plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]
+    templates = [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]
+    return [{e["name"]: e.get("value") for e in t["spec"]["containers"][0]["env"]} for t in templates]
+
+
+def test_the_add_on_is_pinned_runs_on_every_node_and_has_an_identity_of_its_own(stack_plan):
+    config, plan = stack_plan
+    region = config["aws:region"]
+    addon = plan.one("aws:eks/addon:Addon", OBSERVABILITY_ADDON)
+    assert (
+        addon.inputs["addonVersion"]
+        == OBSERVABILITY_VERSIONS[plan.one("eks:index:Cluster").inputs["version"]]
+    )
+    assert json.loads(addon.inputs["configurationValues"]) == addon_configuration()
+    assert GPU_TOLERATION in addon_configuration()["tolerations"]
+    # After both node groups (its DaemonSets must run before EKS calls it active), and the control plane.
+    assert {plan.one(NODE_GROUP, "system").urn, plan.one(NODE_GROUP, "gpu").urn} <= set(addon.dependencies)
+    assert plan.one("eks:index:Cluster").urn in addon.dependencies
+    # IRSA: the agent's role trusts the cluster's OIDC provider for its service account alone.
+    role = plan.one(ROLE, "observability-agent")
+    assert addon.inputs["serviceAccountRoleArn"] == f"arn:aws:service:{region}:{ACCOUNT}:role/{role.name}"
+    (trust,) = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert trust["Principal"]["Federated"].endswith(
+        f"oidc-provider/oidc.eks.{region}.amazonaws.com/id/0123456789ABCDEF"
+    )
+    subjects = [v for k, v in trust["Condition"]["StringEquals"].items() if k.endswith(":sub")]
+    assert subjects == ["system:serviceaccount:amazon-cloudwatch:cloudwatch-agent"]
+    (attachment,) = [
+        r
+        for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if r.inputs["policyArn"] == AGENT_POLICY_ARN
+    ]
+    assert attachment.inputs["role"] == role.name
+    assert plan.ancestors(addon)[0] == "eks-ray-train:infra:Observability"
+
+
+def test_the_ray_pods_may_publish_to_the_jobs_namespace_and_name_the_cluster(stack_plan):
+    config, plan = stack_plan
+    cluster = config["eks-ray-train:clusterName"]
+    metrics = plan.one(ROLE_POLICY, "observability-ray-pods-metrics")
+    assert metrics.inputs["role"] == "checkpoints-ray-pods-id"  # the IRSA role the Ray pods assume
+    assert metrics.inputs["policy"] == put_metric_data_policy()
+    assert [env.get(CLUSTER_NAME_ENV) for env in ray_pod_envs(plan)] == [cluster, cluster]
+    # The run waits for the statement, so its first step is published; never for the add-on.
+    run = plan.one(TRAINING_RUN)
+    assert metrics.urn in run.dependencies
+    assert plan.one("aws:eks/addon:Addon", OBSERVABILITY_ADDON).urn not in run.dependencies
+
+
+def test_the_dashboard_and_its_link(stack_plan):
+    config, plan = stack_plan
+    region, cluster = config["aws:region"], config["eks-ray-train:clusterName"]
+    version = plan.one("aws:eks/addon:Addon", OBSERVABILITY_ADDON).inputs["addonVersion"]
+    dashboard = plan.one(DASHBOARD)
+    assert dashboard.inputs["dashboardName"] == f"{cluster}-{region}"
+    assert json.loads(dashboard.inputs["dashboardBody"]) == dashboard_body(cluster, region, version)
+    link = f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#dashboards/dashboard/{cluster}-{region}"
+    assert plan.outputs["dashboard"] == link
+    assert plan.outputs["training"]["dashboard"] == link
+
+
+def test_observability_off_creates_none_of_it():
+    plan = run_program(dev_config(observability="false"), FakeAws(region="us-east-2"))
+    assert [r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")] == ["coredns"]
+    assert plan.of_type(DASHBOARD) == []
+    assert plan.of_type("eks-ray-train:infra:Observability") == []
+    assert [r.name for r in plan.of_type(ROLE_POLICY)] == ["checkpoints-ray-pods"]
+    assert AGENT_POLICY_ARN not in {
+        r.inputs["policyArn"] for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    }
+    assert all(CLUSTER_NAME_ENV not in env for env in ray_pod_envs(plan))
+    assert "dashboard" not in plan.outputs
+    assert plan.outputs["training"]["dashboard"] is None
+
+
+def test_an_add_on_version_without_the_dashboards_metrics_stops_the_preview(monkeypatch):
+    monkeypatch.setitem(OBSERVABILITY_VERSIONS, "1.36", "v4.10.3-eksbuild.1")
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(dev_config(), FakeAws(region="us-east-2"))
+    message = str(raised.value)
+    assert message.startswith(
+        "config key 'observability': amazon-cloudwatch-observability v4.10.3-eksbuild.1 predates v5.3.0"
+    )
+    assert "observability: false" in message and "\n" not in message.strip()
+    assert not any(r.type == DASHBOARD for r in raised.value.plan.resources)

@@ -21,7 +21,7 @@ from tests.harness.training_run_fakes import (
     run_inputs,
 )
 from workloads.training_run import readiness
-from workloads.training_run.access import kube_access
+from workloads.training_run.access import cluster_api
 
 
 def pod_event(pod: str, reason: str, message: str, kind: str = "Warning", minute: int = 0):
@@ -200,7 +200,7 @@ def test_pods_left_on_another_spec_fail_naming_both_hashes_and_the_fix():
 
 def test_only_ready_pods_of_the_expected_spec_count():
     current = [ray_pod(HEAD_POD, "head"), *(ray_pod(name, "worker") for name in WORKER_PODS)]
-    facts = [kube_access._pod_facts(pod) for pod in current]
+    facts = [cluster_api._pod_facts(pod) for pod in current]
     head, workers = facts[0], facts[1:]
     assert readiness.pods_waiting_for([head], workers, 2, SPEC_HASH) == []
     assert readiness.pods_waiting_for([head], workers, 2, OLD_SPEC) == [
@@ -208,7 +208,7 @@ def test_only_ready_pods_of_the_expected_spec_count():
         "2 of 2 worker pods (2 exist)",
     ]
     assert readiness.runs_spec(head, SPEC_HASH) and not readiness.runs_spec(head, OLD_SPEC)
-    unmarked = kube_access._pod_facts(ray_pod(HEAD_POD, "head", spec_hash=None))
+    unmarked = cluster_api._pod_facts(ray_pod(HEAD_POD, "head", spec_hash=None))
     assert not readiness.runs_spec(unmarked, SPEC_HASH)
     assert "runs RayCluster spec" not in readiness.describe_pod(head, [], SPEC_HASH)
 

@@ -43,7 +43,8 @@ from tests.harness.training_run_fakes import (
 from workloads import manifests
 from workloads.training_run import errors, provider, runner, schema
 from workloads.training_run.access import jobs
-from workloads.training_run.access.kube_access import KubernetesCluster, LocalExecutor
+from workloads.training_run.access.cluster_api import KubernetesCluster
+from workloads.training_run.access.commands import LocalExecutor
 from workloads.training_run.access.node_group import utc_iso
 from workloads.training_run.verdicts import evidence
 from workloads.training_run.verdicts.evidence import JobResult

@@ -31,7 +31,7 @@ import botocore.config
 import kubernetes.client
 from urllib3.util.retry import Retry
 
-from workloads.training_run.access.kube_access import DEFAULT_TIMEOUTS, ApiTimeouts
+from workloads.training_run.access.call_bounds import DEFAULT_TIMEOUTS, ApiTimeouts
 
 TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_ID_HEADER = "x-k8s-aws-id"

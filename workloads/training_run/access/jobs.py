@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from platform_facts import PROJECT, RAY_PORTS
 from workloads import manifests
 from workloads.training_run.access import head_jobs_api
-from workloads.training_run.access.kube_access import COMMAND_TIMEOUT_S, CommandTimeout, Executor
+from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor
 from workloads.training_run.errors import ExecStreamCut, TrainingRunError
 
 T = TypeVar("T")

@@ -23,13 +23,8 @@ from typing import Any
 
 from training.metrics.efa_sysfs import COUNTER_GLOB, MOVED, SYSFS_ROOT, PortCounters, parse_counters
 from workloads.efa_counter_reader import READER_NAME, READER_NAMESPACE, READER_SELECTOR, counters_command
-from workloads.training_run.access.kube_access import (
-    COMMAND_TIMEOUT_S,
-    ClusterApi,
-    CommandTimeout,
-    Executor,
-    PodFacts,
-)
+from workloads.training_run.access.cluster_api import ClusterApi, PodFacts
+from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor
 from workloads.training_run.errors import ApiRefused, ExecStreamCut, PodGone
 
 # Per worker pod: its node's counters, or why they could not be read.

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 
 from training.metrics.report import parse_step_line, parse_summary
 from workloads.nccl_transport import Verdict
+from workloads.training_run.access.cluster_api import PodFacts, stdout_of_each_pod
+from workloads.training_run.access.commands import CommandTimeout, Executor
 from workloads.training_run.access.jobs import NCCL_LOG_DIR, JobRecord
-from workloads.training_run.access.kube_access import CommandTimeout, Executor, PodFacts, stdout_of_each_pod
 from workloads.training_run.errors import TrainingRunError
 from workloads.training_run.verdicts.efa_counters import EfaTraffic, efa_problems
 

@@ -9,7 +9,7 @@ import sys
 from tests.harness.fake_kube_api import FakeEfaSysfs
 from training.metrics.efa_sysfs import MOVED, parse_counters, read_moved_bytes
 from workloads.efa_counter_reader import counters_command
-from workloads.training_run.access.kube_access import LocalExecutor
+from workloads.training_run.access.commands import LocalExecutor
 from workloads.training_run.verdicts.efa_counters import (
     efa_counter_delta,
     efa_problems,

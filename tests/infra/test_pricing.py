@@ -1,0 +1,96 @@
+"""training.cost at preview: the Price List's price through a us-east-1 provider, the shipped\nprices when it refuses, a Capacity Block's upfront fee, the NAT gateways it counts."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+
+from infra.resources.network import NAT_GATEWAYS
+from tests.harness.fake_aws import (
+    FakeAws,
+    capacity_reservation,
+)
+from tests.harness.plan_queries import (
+    RESERVATION,
+)
+from tests.harness.program import (
+    ACCOUNT,
+    ROOT,
+    config_of,
+    dev_config,
+    run_program,
+)
+
+PRICE_LIST = "aws:pricing/getProduct:getProduct"
+
+
+DEPLOYER = f"arn:aws:iam::{ACCOUNT}:role/ml-deployer"
+
+
+def test_the_cost_names_the_price_lists_price_read_through_a_us_east_1_provider():
+    """us-east-2 has no Price List endpoint: the invoke goes through the `price-list` provider in
+    us-east-1 with the stack's profile and role, filtering on the stack's region."""
+    fake = FakeAws(region="us-east-2")
+    config = dev_config(**{"aws:profile": "ml", "aws:assumeRole": json.dumps({"roleArn": DEPLOYER})})
+    plan = run_program(config, fake)
+    cost = plan.outputs["training"]["cost"]
+    assert cost["priceBasis"] == "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview"
+    assert cost["usdPerGpuNodeHour"] == 4.6016
+    assert cost["atRestUsdPerHour"]["systemNodeBasis"].endswith(
+        "of m7i.xlarge in us-east-2, AWS Price List at preview"
+    )
+    assert cost["atRestUsdPerHour"]["parts"]["gpuNodes"] == 2 * 4.6016
+    assert cost["predictedUsd"] is not None and "not the invoice" in cost["note"]
+    (provider,) = plan.of_type("pulumi:providers:aws")
+    assert (provider.name, provider.inputs["region"], provider.inputs["profile"]) == (
+        "price-list",
+        "us-east-1",
+        "ml",
+    )
+    assert json.loads(provider.inputs["assumeRoles"])[0]["roleArn"] == DEPLOYER
+    priced = [
+        {f["field"]: f["value"] for f in args["filters"]} for token, args in fake.calls if token == PRICE_LIST
+    ]
+    assert [(f["instanceType"], f["regionCode"]) for f in priced] == [
+        ("m7i.xlarge", "us-east-2"),
+        ("g6.12xlarge", "us-east-2"),
+    ]
+    assert isinstance(cost["measured"], pulumi.Output)  # known once the TrainingRun has run
+
+
+def test_in_a_price_list_region_the_stacks_own_provider_asks():
+    plan = run_program(config_of(ROOT / "Pulumi.us-east-1.yaml"), FakeAws(region="us-east-1"))
+    assert plan.of_type("pulumi:providers:aws") == []
+    assert plan.outputs["training"]["cost"]["priceBasis"].endswith("in us-east-1, AWS Price List at preview")
+
+
+def test_a_refused_price_list_falls_back_to_the_shipped_prices_naming_the_refusal():
+    plan = run_program(dev_config(), FakeAws(region="us-east-2", denied={PRICE_LIST}))
+    cost = plan.outputs["training"]["cost"]
+    assert cost["usdPerGpuNodeHour"] == 4.6016
+    assert cost["priceBasis"].startswith(
+        "On-Demand list price of g6.12xlarge shipped with the stack (us-east-1"
+    )
+    assert (
+        "the Price List was not used" in cost["priceBasis"] and "AccessDeniedException" in cost["priceBasis"]
+    )
+    assert cost["atRestUsdPerHour"]["parts"]["systemNodes"] == 0.2016
+
+
+def test_a_capacity_blocks_cost_is_its_upfront_fee_which_no_api_returns():
+    fake = FakeAws(
+        region="us-east-2",
+        reservations={RESERVATION: capacity_reservation("us-east-2b", reservation_type="capacity-block")},
+    )
+    cost = run_program(dev_config(capacityReservationId=RESERVATION), fake).outputs["training"]["cost"]
+    assert cost["usdPerGpuNodeHour"] is None and cost["predictedUsd"] is None
+    assert cost["priceBasis"].startswith(f"Capacity Block {RESERVATION}: its upfront fee")
+    assert cost["atRestUsdPerHour"]["gpuNodesRunning"] is None
+    assert cost["atRestUsdPerHour"]["gpuNodesAtZero"] is not None
+
+
+def test_the_network_has_the_nat_gateways_the_cost_counts(stack_plan):
+    _, plan = stack_plan
+    assert len(plan.of_type("aws:ec2/natGateway:NatGateway")) == NAT_GATEWAYS
+    assert len(plan.of_type("aws:ec2/eip:Eip")) == NAT_GATEWAYS

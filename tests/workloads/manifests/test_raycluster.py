@@ -1,0 +1,303 @@
+"""The RayCluster against the KubeRay CRD and Kubernetes schemas: its spec hash, sizes, pods, token and pod security."""
+
+from __future__ import annotations
+
+import copy
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from infra.aws_facts.sizing import WorkerSizing
+from tests.harness.manifest_checks import CODE, KUBERNETES_VERSION, vendored_crd
+from workloads import manifests
+from workloads.training_run.verdicts import evidence
+
+WORKER = WorkerSizing(
+    gpus=4,
+    efa_interfaces=1,
+    cpu=40,
+    memory="160Gi",
+    node_allocatable_cpu_millis=46_000,
+    node_allocatable_memory_mib=190_000,
+)
+
+
+def spec(**overrides) -> manifests.RayClusterSpec:
+    fields = {
+        "name": "ray-train",
+        "namespace": "ray-train",
+        "image": manifests_image(),
+        "ray_version": "2.58.0",
+        "region": "us-east-2",
+        "worker_replicas": 2,
+        "worker": WORKER,
+        "service_account": "ray-train",
+        "code_configmap": "training-code",
+        "code_files": CODE,
+    }
+    return manifests.RayClusterSpec(**{**fields, **overrides})
+
+
+def manifests_image() -> str:
+    from infra.config.stack import DEFAULT_IMAGE
+
+    return DEFAULT_IMAGE
+
+
+def closed(schema: dict) -> dict:
+    """The CRD schema with unknown fields forbidden.
+
+    The API server silently prunes fields a structural schema does not know, so a misspelt key
+    would vanish instead of failing; closing every object schema turns that into an error here.
+    """
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if (
+                node.get("type") == "object"
+                and "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def ray_cluster_schema() -> dict:
+    crd = vendored_crd("ray.io_rayclusters.yaml")
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return closed(version["schema"]["openAPIV3Schema"])
+
+
+def test_ray_cluster_recreates_its_pods_on_a_spec_change(ray_cluster_schema):
+    """kuberay v1.7.0 `raycluster_types.go`: `upgradeStrategy.type` is Recreate or None (unset: None)."""
+    cluster = manifests.ray_cluster(spec())
+    assert cluster["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    allowed = ray_cluster_schema["properties"]["spec"]["properties"]["upgradeStrategy"]["properties"]["type"]
+    assert "Recreate" in allowed["enum"]
+
+
+def templates(cluster: dict) -> list[dict]:
+    return [
+        cluster["spec"]["headGroupSpec"]["template"],
+        *(group["template"] for group in cluster["spec"]["workerGroupSpecs"]),
+    ]
+
+
+def test_both_pod_templates_carry_the_spec_hash():
+    cluster = manifests.ray_cluster(spec())
+    stamped = [template["metadata"]["annotations"] for template in templates(cluster)]
+    assert len(stamped) == 2
+    assert all(
+        annotations == {manifests.SPEC_HASH_ANNOTATION: manifests.spec_hash(cluster)}
+        for annotations in stamped
+    )
+    # The hash is of the spec without the annotations, so stamping it does not change it.
+    bare = copy.deepcopy(cluster)
+    for template in templates(bare):
+        del template["metadata"]
+    assert manifests.spec_hash(bare) == manifests.spec_hash(cluster)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"image": "rayproject/ray:2.58.0-py311-gpu"},
+        {"region": "us-west-2"},
+        {"worker_replicas": 3},
+        {"head_memory": "16Gi"},
+        {"code_files": {**CODE, "training/new.py": ""}},
+    ],
+    ids=["image", "environment", "replicas", "resources", "code-file-list"],
+)
+def test_spec_hash_follows_what_the_pods_run(change):
+    """A new code file changes the volume's items, which only a new pod mounts: the pods must be recreated."""
+    before, after = manifests.ray_cluster(spec()), manifests.ray_cluster(spec(**change))
+    assert manifests.spec_hash(after) != manifests.spec_hash(before)
+    assert templates(after)[0]["metadata"] != templates(before)[0]["metadata"]
+
+
+def test_new_code_in_the_same_files_keeps_the_pods():
+    """The kubelet updates a ConfigMap volume in place; the training run waits for `.code-hash`."""
+    changed = {**CODE, "training/loop.py": "print('bye')\n"}
+    assert manifests.spec_hash(manifests.ray_cluster(spec(code_files=changed))) == manifests.spec_hash(
+        manifests.ray_cluster(spec())
+    )
+
+
+def test_ray_session_folder_is_an_empty_dir_on_every_pod():
+    """AWS's Ray sample mounts an emptyDir at /tmp/ray: Ray's logs, the transport evidence, outlive a
+    container restart, and object spill stays off the overlay filesystem."""
+    for template in templates(manifests.ray_cluster(spec())):
+        pod = template["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == manifests.RAY_LOGS_VOLUME)
+        assert volume == {"name": "ray-logs", "emptyDir": {}}
+        mounts = pod["containers"][0]["volumeMounts"]
+        assert {"name": "ray-logs", "mountPath": "/tmp/ray"} in mounts
+    assert evidence.RAY_LOG_DIR.startswith(manifests.RAY_TMP_DIR + "/")
+
+
+def test_ray_cluster_matches_the_kuberay_crd(ray_cluster_schema):
+    jsonschema.validate(manifests.ray_cluster(spec()), ray_cluster_schema)
+
+
+def test_crd_check_catches_a_misspelt_field(ray_cluster_schema):
+    broken = manifests.ray_cluster(spec())
+    broken["spec"]["headGroupSpec"]["rayStartParam"] = broken["spec"]["headGroupSpec"].pop("rayStartParams")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, ray_cluster_schema)
+
+
+def test_worker_pods_match_the_reference_sizes():
+    worker_group = manifests.ray_cluster(spec())["spec"]["workerGroupSpecs"][0]
+    container = worker_group["template"]["spec"]["containers"][0]
+    expected = {"cpu": "40", "memory": "160Gi", "nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "1"}
+    assert container["resources"]["requests"] == expected
+    assert container["resources"]["limits"] == expected
+    assert worker_group["rayStartParams"]["num-gpus"] == container["resources"]["limits"]["nvidia.com/gpu"]
+    assert worker_group["replicas"] == worker_group["minReplicas"] == worker_group["maxReplicas"] == 2
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env == {
+        "FI_PROVIDER": "efa",
+        "NCCL_NET_PLUGIN": "ofi",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_DEBUG": "INFO",
+        "AWS_REGION": "us-east-2",
+        "AWS_DEFAULT_REGION": "us-east-2",
+        "HF_TOKEN": None,
+        "NODE_IP": None,  # from the downward API
+        "TRAINING_EFA_COUNTERS_URL": "http://$(NODE_IP):9478/",
+    }
+    pod = worker_group["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "gpu-worker"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_gpu_count_follows_the_instance_type():
+    bigger = WorkerSizing(
+        gpus=8,
+        efa_interfaces=32,
+        cpu=100,
+        memory="1000Gi",
+        node_allocatable_cpu_millis=190_000,
+        node_allocatable_memory_mib=2_000_000,
+    )
+    worker_group = manifests.ray_cluster(spec(worker=bigger))["spec"]["workerGroupSpecs"][0]
+    limits = worker_group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert worker_group["rayStartParams"]["num-gpus"] == limits["nvidia.com/gpu"] == "8"
+    assert limits["vpc.amazonaws.com/efa"] == "32"
+
+
+def test_head_has_no_gpu_and_no_external_service():
+    head = manifests.ray_cluster(spec())["spec"]["headGroupSpec"]
+    assert head["serviceType"] == "ClusterIP"
+    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0"}
+    container = head["template"]["spec"]["containers"][0]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    # Pods cannot ask the instance metadata service (hop limit 1): the region comes in the environment.
+    assert {"name": "AWS_REGION", "value": "us-east-2"} in container["env"]
+    assert sorted(p["containerPort"] for p in container["ports"]) == [6379, 8265, 10001]
+    assert head["template"]["spec"]["nodeSelector"] == {"role": "system"}
+    assert "nvidia.com/gpu" not in container["resources"]["requests"]
+
+
+def test_pod_templates_match_kubernetes_schemas():
+    """The head and worker pod templates are core PodSpecs: validate them as Pods, strictly."""
+    cluster = manifests.ray_cluster(spec())
+    templates = [cluster["spec"]["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["spec"]["workerGroupSpecs"]]
+    for template in templates:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": template["spec"]}
+        kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+
+
+def test_schema_check_catches_a_bad_pod_field():
+    template = manifests.ray_cluster(spec())["spec"]["workerGroupSpecs"][0]["template"]
+    template["spec"]["tolerationz"] = template["spec"].pop("tolerations")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": template["spec"]}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+
+
+def test_hf_token_reaches_every_ray_pod_from_the_secret():
+    cluster = manifests.ray_cluster(spec())
+    templates = [cluster["spec"]["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["spec"]["workerGroupSpecs"]]
+    for template in templates:
+        env = {item["name"]: item for item in template["spec"]["containers"][0]["env"]}
+        reference = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert reference["name"] == manifests.HF_TOKEN_SECRET and reference["optional"] is True
+
+
+def ray_pod_specs() -> list[dict]:
+    cluster = manifests.ray_cluster(spec())
+    templates = [cluster["spec"]["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["spec"]["workerGroupSpecs"]]
+    return [template["spec"] for template in templates]
+
+
+def baseline_problems(pod: dict) -> list[str]:
+    """Controls of the Pod Security Standards' `baseline` profile a pod spec fails (the ones a pod spec
+    like ours could touch: host namespaces and paths, privilege, added capabilities beyond the
+    runtime's defaults, an unconfined seccomp profile)."""
+    allowed_adds = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD"}
+    allowed_adds |= {"NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+    problems = [f"{key} set" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
+    problems += [f"hostPath volume {v['name']}" for v in pod.get("volumes", []) if "hostPath" in v]
+    if pod.get("securityContext", {}).get("seccompProfile", {}).get("type") == "Unconfined":
+        problems.append("pod seccomp Unconfined")
+    for container in pod["containers"]:
+        context = container.get("securityContext", {})
+        if context.get("privileged"):
+            problems.append(f"{container['name']} privileged")
+        problems += [
+            f"{container['name']} adds {cap}"
+            for cap in context.get("capabilities", {}).get("add", [])
+            if cap not in allowed_adds
+        ]
+        problems += [f"{container['name']} hostPort" for p in container.get("ports", []) if p.get("hostPort")]
+    return problems
+
+
+def restricted_gaps(pod: dict) -> list[str]:
+    """What `restricted` asks beyond `baseline` that a pod spec lacks."""
+    gaps = []
+    if pod.get("securityContext", {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        gaps.append("seccompProfile")
+    for container in pod["containers"]:
+        context = container.get("securityContext", {})
+        if context.get("allowPrivilegeEscalation") is not False:
+            gaps.append("allowPrivilegeEscalation")
+        if "ALL" not in context.get("capabilities", {}).get("drop", []):
+            gaps.append("drop ALL")
+        if set(context.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            gaps.append("capabilities added")
+        if not (context.get("runAsNonRoot") or pod.get("securityContext", {}).get("runAsNonRoot")):
+            gaps.append("runAsNonRoot")
+    return gaps
+
+
+def test_ray_pods_meet_baseline_and_miss_restricted_only_by_running_as_root():
+    for pod in ray_pod_specs():
+        assert baseline_problems(pod) == []
+        assert set(restricted_gaps(pod)) == {"runAsNonRoot"}
+
+
+def test_pod_security_checks_catch_a_privileged_container():
+    pod = ray_pod_specs()[1]
+    pod["containers"][0]["securityContext"] = {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}}
+    assert baseline_problems(pod) == ["ray-worker privileged", "ray-worker adds IPC_LOCK"]
+    assert "drop ALL" in restricted_gaps(pod)

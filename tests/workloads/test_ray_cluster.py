@@ -1,0 +1,73 @@
+"""The RayCluster component in the program's plan: what it waits for, its head closed to other\nnamespaces, a changed image reaching new pods."""
+
+from __future__ import annotations
+
+from tests.harness.fake_aws import (
+    FakeAws,
+)
+from tests.harness.plan_queries import (
+    OBJECT_IDENTITY,
+    RAY_CLUSTER,
+    TRAINING_RUN,
+    engine_step,
+)
+from tests.harness.program import (
+    dev_config,
+    run_program,
+)
+
+
+def test_ray_cluster_waits_for_operator_and_both_device_plugins(stack_plan):
+    _, plan = stack_plan
+    ray_cluster = plan.one("kubernetes:ray.io/v1:RayCluster")
+    release_urns = {r.urn for r in plan.of_type("kubernetes:helm.sh/v3:Release")}
+    assert len(release_urns) == 3 and release_urns <= set(ray_cluster.dependencies)
+    worker = ray_cluster.inputs["spec"]["workerGroupSpecs"][0]
+    assert worker["replicas"] == 2 and worker["rayStartParams"]["num-gpus"] == "4"
+    assert ray_cluster.inputs["spec"]["rayVersion"] == "2.58.0"
+
+
+def test_ray_head_is_closed_to_other_namespaces_before_it_starts(stack_plan):
+    config, plan = stack_plan
+    namespace = config.get("eks-ray-train:namespace", "ray-train")
+    policy = plan.one("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+    assert plan.ancestors(policy)[0] == "eks-ray-train:workloads:RayCluster"
+    assert policy.inputs["metadata"]["namespace"] == namespace
+    assert policy.inputs["spec"]["podSelector"]["matchLabels"] == {
+        "ray.io/cluster": "ray-train",
+        "ray.io/node-type": "head",
+    }
+    assert policy.inputs["spec"]["ingress"] == [{"from": [{"podSelector": {}}]}]
+    assert policy.urn in plan.one("kubernetes:ray.io/v1:RayCluster").dependencies
+    # Enforced only with the VPC CNI's network policy agent on.
+    assert plan.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+    labels = plan.one("kubernetes:core/v1:Namespace", namespace).inputs["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_a_changed_image_reaches_new_pods_and_the_run_waits_for_them():
+    """KubeRay recreates the pods only with `upgradeStrategy: Recreate`; the RayCluster is patched,
+    never replaced; both pod templates carry the new spec hash, which the TrainingRun waits for and
+    re-runs on."""
+    from workloads.training_run import provider as training_provider
+
+    first = run_program(dev_config(), FakeAws(region="us-east-2"))
+    second = run_program(
+        dev_config(image="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.2"),
+        FakeAws(region="us-east-2"),
+    )
+    before, after = first.one(RAY_CLUSTER), second.one(RAY_CLUSTER)
+    assert engine_step(before, after, OBJECT_IDENTITY) == "update"
+    assert after.inputs["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    run_before, run_after = first.one(TRAINING_RUN).inputs, second.one(TRAINING_RUN).inputs
+    for plan, run in ((first, run_before), (second, run_after)):
+        spec = plan.one(RAY_CLUSTER).inputs["spec"]
+        templates = [spec["headGroupSpec"]["template"], spec["workerGroupSpecs"][0]["template"]]
+        stamped = {t["metadata"]["annotations"]["eks-ray-train/spec-hash"] for t in templates}
+        assert stamped == {run["run_spec_hash"]}
+    assert run_after["run_spec_hash"] != run_before["run_spec_hash"]
+    olds = {**run_before, "job_id": "eks-ray-train-main-0123456789ab"}
+    assert training_provider.diff_props(olds, run_after).replaces == ["run_spec_hash"]
+    # Ray's session folder, where the transport evidence lives, is an emptyDir on every pod.
+    for template in templates:
+        assert {"name": "ray-logs", "emptyDir": {}} in template["spec"]["volumes"]

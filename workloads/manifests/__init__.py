@@ -1,0 +1,92 @@
+"""Kubernetes objects and Helm values as pure functions returning plain dicts, one module per kind.
+
+Nothing here talks to Pulumi or a cluster, so tests validate every object against the real
+schemas (Kubernetes core, the KubeRay CRD, the charts' values.yaml). The Pulumi wiring in
+`workloads.addons` and `workloads.ray_cluster` only hands these dicts over. As KubeRay lays out its
+builders, each kind has its own module: `charts` (Helm values), `crd`, `ray_namespace`,
+`ray_service_account`, `secret`, `code_configmap` (the training code), `raycluster`, `network_policy`,
+and `pod_labels` (the labels KubeRay puts on the Ray pods, and their selectors). The names the
+program's callers use are re-exported here.
+"""
+
+from workloads.manifests.charts import (
+    EFA_DEVICE_PLUGIN,
+    INSTANCE_TYPE_LABEL,
+    KUBERAY_OPERATOR,
+    NVIDIA_DEVICE_PLUGIN,
+    Chart,
+    efa_device_plugin_values,
+    kuberay_operator_values,
+    nvidia_device_plugin_values,
+)
+from workloads.manifests.code_configmap import (
+    CODE_HASH_FILE,
+    CODE_MOUNT,
+    code_hash,
+    code_volume,
+    collect_code,
+    training_code_configmap,
+)
+from workloads.manifests.crd import (
+    KUBERAY_CRD_DIR,
+    KUBERAY_CRD_FILES,
+    PATCH_FORCE_ANNOTATION,
+    kuberay_crds,
+)
+from workloads.manifests.network_policy import head_network_policy
+from workloads.manifests.pod_labels import (
+    RAY_CLUSTER_LABEL,
+    RAY_NODE_TYPE_LABEL,
+    head_pod_labels,
+    head_pod_selector,
+    worker_pod_selector,
+)
+from workloads.manifests.ray_namespace import POD_SECURITY_LABELS, namespace
+from workloads.manifests.ray_service_account import service_account
+from workloads.manifests.raycluster import (
+    RAY_LOGS_VOLUME,
+    RAY_TMP_DIR,
+    SPEC_HASH_ANNOTATION,
+    RayClusterSpec,
+    ray_cluster,
+    spec_hash,
+)
+from workloads.manifests.secret import HF_TOKEN_SECRET, hf_token_secret
+
+__all__ = [
+    "CODE_HASH_FILE",
+    "CODE_MOUNT",
+    "EFA_DEVICE_PLUGIN",
+    "HF_TOKEN_SECRET",
+    "INSTANCE_TYPE_LABEL",
+    "KUBERAY_CRD_DIR",
+    "KUBERAY_CRD_FILES",
+    "KUBERAY_OPERATOR",
+    "NVIDIA_DEVICE_PLUGIN",
+    "PATCH_FORCE_ANNOTATION",
+    "POD_SECURITY_LABELS",
+    "RAY_CLUSTER_LABEL",
+    "RAY_LOGS_VOLUME",
+    "RAY_NODE_TYPE_LABEL",
+    "RAY_TMP_DIR",
+    "SPEC_HASH_ANNOTATION",
+    "Chart",
+    "RayClusterSpec",
+    "code_hash",
+    "code_volume",
+    "collect_code",
+    "efa_device_plugin_values",
+    "head_network_policy",
+    "head_pod_labels",
+    "head_pod_selector",
+    "hf_token_secret",
+    "kuberay_crds",
+    "kuberay_operator_values",
+    "namespace",
+    "nvidia_device_plugin_values",
+    "ray_cluster",
+    "service_account",
+    "spec_hash",
+    "training_code_configmap",
+    "worker_pod_selector",
+]

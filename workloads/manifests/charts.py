@@ -1,0 +1,98 @@
+"""The pinned Helm charts (NVIDIA and EFA device plugins, KubeRay operator) and the values the program gives them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from platform_facts import (
+    GPU_NODE_SELECTOR,
+    GPU_TOLERATION,
+    SYSTEM_NODE_SELECTOR,
+)
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A pinned Helm chart and where it comes from."""
+
+    name: str
+    version: str
+    repository: str
+    namespace: str
+
+
+NVIDIA_DEVICE_PLUGIN = Chart(
+    "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", "kube-system"
+)
+# v0.5.30 is the newest release in the chart index of aws/eks-charts (checked 2026-08) and lists
+# g6.12xlarge as supported; AWS's Ray Train sample names v0.5.32, which that index does not hold.
+EFA_DEVICE_PLUGIN = Chart(
+    "aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts", "kube-system"
+)
+KUBERAY_OPERATOR = Chart(
+    "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"
+)
+# The node label the EFA chart's DaemonSet matches against `supportedInstanceLabels.values`.
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Amazon EKS replicates its add-on images to a registry in each region (EKS user guide, "View Amazon
+# container image registries for Amazon EKS add-ons"): account 602401143452 in most regions, these
+# accounts in the others. The EFA chart's default image is us-west-2's.
+EKS_REGISTRY_ACCOUNT = "602401143452"
+EKS_REGISTRY_ACCOUNTS = {
+    "af-south-1": "877085696533",
+    "ap-east-1": "800184023465",
+    "ap-south-2": "900889452093",
+    "ap-southeast-3": "296578399912",
+    "ap-southeast-4": "491585149902",
+    "ap-southeast-5": "151610086707",
+    "ap-southeast-6": "333609536671",
+    "ap-southeast-7": "121268973566",
+    "ca-west-1": "761377655185",
+    "cn-north-1": "918309763551",
+    "cn-northwest-1": "961992271922",
+    "eu-central-2": "900612956339",
+    "eu-south-1": "590381155156",
+    "eu-south-2": "455263428931",
+    "il-central-1": "066635153087",
+    "me-central-1": "759879836304",
+    "me-south-1": "558608220178",
+    "us-gov-east-1": "151742754352",
+    "us-gov-west-1": "013241004608",
+}
+EFA_DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
+
+
+def nvidia_device_plugin_values() -> dict:
+    """MOFED off (it fights the EFA plugin in 0.19.x); tolerate the GPU taint."""
+    return {
+        "mofedEnabled": False,
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, GPU_TOLERATION],
+    }
+
+
+def eks_registry(region: str) -> str:
+    """The region's registry of EKS add-on images, pulled by the nodes over their own region's endpoint."""
+    suffix = ".cn" if region.startswith("cn-") else ""
+    return f"{EKS_REGISTRY_ACCOUNTS.get(region, EKS_REGISTRY_ACCOUNT)}.dkr.ecr.{region}.amazonaws.com{suffix}"
+
+
+def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
+    """Only on GPU nodes, which are tainted: the chart tolerates nothing by default; the image from
+    the stack region's EKS registry rather than the chart's us-west-2 default (a cross-region pull).
+
+    The chart's DaemonSet also requires the node's instance type to be in its own list of EFA types
+    (`supportedInstanceLabels`); a type missing there would get no plugin pod and no EFA device,
+    while the release still reports ready. The list is the configured GPU type (Helm replaces
+    lists whole).
+    """
+    return {
+        "image": {"repository": f"{eks_registry(region)}/{EFA_DEVICE_PLUGIN_REPOSITORY}"},
+        "nodeSelector": dict(GPU_NODE_SELECTOR),
+        "tolerations": [GPU_TOLERATION],
+        "supportedInstanceLabels": {"keys": [INSTANCE_TYPE_LABEL], "values": [gpu_instance_type]},
+    }
+
+
+def kuberay_operator_values() -> dict:
+    """The operator lives on the system node."""
+    return {"nodeSelector": dict(SYSTEM_NODE_SELECTOR)}

@@ -1,0 +1,214 @@
+"""The RayCluster (KubeRay's custom resource): the head and the GPU worker group, and the hash of the spec its pods run."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+
+from infra.aws_facts.sizing import WorkerSizing
+from platform_facts import (
+    EFA_RESOURCE,
+    GPU_NODE_SELECTOR,
+    GPU_RESOURCE,
+    GPU_TOLERATION,
+    PART_OF_LABELS,
+    RAY_PORTS,
+    SYSTEM_NODE_SELECTOR,
+)
+from training.metrics.cloudwatch_facts import CLUSTER_NAME_ENV
+from workloads.efa_counter_reader import counters_url_env
+from workloads.manifests.code_configmap import CODE_MOUNT, code_volume
+from workloads.manifests.secret import HF_TOKEN_ENV
+
+# Ray's session folder (logs, which hold the transport evidence, and object spill). On an emptyDir,
+# as in AWS's Ray sample, it outlives a container restart and stays off the overlay filesystem.
+RAY_TMP_DIR = "/tmp/ray"
+RAY_LOGS_VOLUME = "ray-logs"
+# On both pod templates: the hash of the rendered RayCluster, so the training run can tell pods of
+# the current spec from pods KubeRay has not replaced yet.
+SPEC_HASH_ANNOTATION = "eks-ray-train/spec-hash"
+# NCCL through libfabric's EFA provider; INFO logs are what the transport check reads.
+EFA_NCCL_ENV = {
+    "FI_PROVIDER": "efa",
+    "NCCL_NET_PLUGIN": "ofi",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "NCCL_DEBUG": "INFO",
+}
+# capability at all. EFA needs none: the device plugin hands the device over, and the memory libfabric
+# registers is bounded by the locked-memory limit containers inherit from the node's runtime, which
+# CAP_IPC_LOCK would only lift; that capability is not in the runtime's default set, so the workers
+# never had it (and `baseline` refuses to add it). (KubeRay copies the Ray container's context to the init container it injects.)
+RAY_POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
+RAY_CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+@dataclass(frozen=True)
+class RayClusterSpec:
+    """Inputs of the RayCluster; the worker numbers come from `infra.aws_facts.sizing.size_workers`."""
+
+    name: str
+    namespace: str
+    image: str
+    ray_version: str
+    region: str
+    worker_replicas: int
+    worker: WorkerSizing
+    service_account: str
+    code_configmap: str
+    code_files: dict[str, str]
+    # The cluster's name for the job's CloudWatch metrics (`training.metrics.cloudwatch_facts`), while
+    # the stack's `observability` key is on; None leaves the job publishing nothing.
+    metrics_cluster_name: str | None = None
+    head_cpu: str = "2"
+    head_memory: str = "8Gi"
+    shm_size: str = "32Gi"
+
+
+def _env(values: dict[str, str]) -> list[dict]:
+    return [{"name": key, "value": value} for key, value in values.items()]
+
+
+def _templates(manifest: dict) -> list[dict]:
+    """The RayCluster's pod templates: the head's, then each worker group's."""
+    spec = manifest["spec"]
+    return [spec["headGroupSpec"]["template"], *(group["template"] for group in spec["workerGroupSpecs"])]
+
+
+def spec_hash(manifest: dict) -> str:
+    """Hash of the rendered RayCluster without its spec-hash annotations: what the pods run.
+
+    It covers image, environment, resources, volumes (and the code files' list), node selection and
+    replicas. The training run takes it as an input, so a change runs the job again, and waits for
+    pods that carry it.
+    """
+    bare = copy.deepcopy(manifest)
+    for template in _templates(bare):
+        annotations = template.get("metadata", {}).get("annotations", {})
+        annotations.pop(SPEC_HASH_ANNOTATION, None)
+        if not annotations:
+            template.get("metadata", {}).pop("annotations", None)
+        if template.get("metadata") == {}:
+            template.pop("metadata")
+    return hashlib.sha256(json.dumps(bare, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ray_cluster(spec: RayClusterSpec) -> dict:
+    """Head on the system node (no GPU, no external Service), one GPU worker pod per GPU node.
+
+    KubeRay (>= 1.6) replaces running pods on a spec change only with `upgradeStrategy: Recreate`:
+    it then deletes every pod once the head pod's hash of the spec differs, so the next job runs on
+    the new image, environment, resources and code file list. Both templates carry `spec_hash`.
+    """
+    manifest = _ray_cluster(spec)
+    rendered = spec_hash(manifest)
+    for template in _templates(manifest):
+        template.setdefault("metadata", {}).setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = rendered
+    return manifest
+
+
+def _ray_cluster(spec: RayClusterSpec) -> dict:
+    # The region given outright: nodes answer instance-metadata calls from the host only (hop limit 1),
+    # so an AWS SDK in a pod (S3 checkpoints) must not have to ask the metadata service for it.
+    aws_env = _env({"AWS_REGION": spec.region, "AWS_DEFAULT_REGION": spec.region})
+    # The fabric probe's driver runs in the head pod, the job's rank 0 in a worker pod: both publish.
+    if spec.metrics_cluster_name:
+        aws_env += _env({CLUSTER_NAME_ENV: spec.metrics_cluster_name})
+    worker_resources = {
+        "cpu": str(spec.worker.cpu),
+        "memory": spec.worker.memory,
+        GPU_RESOURCE: str(spec.worker.gpus),
+        EFA_RESOURCE: str(spec.worker.efa_interfaces),
+    }
+    head = {
+        "serviceType": "ClusterIP",
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+        "template": {
+            "spec": {
+                "serviceAccountName": spec.service_account,
+                "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+                "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
+                "containers": [
+                    {
+                        "name": "ray-head",
+                        "image": spec.image,
+                        "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
+                        "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
+                        # The GPU image's NVML hook fails on a node without GPUs unless told there are none.
+                        "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), *aws_env, HF_TOKEN_ENV],
+                        "resources": {
+                            "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
+                            "limits": {"memory": spec.head_memory},
+                        },
+                        "volumeMounts": [
+                            {"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True},
+                            {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
+                        ],
+                    }
+                ],
+                "volumes": [code_volume(spec.code_configmap, spec.code_files), _ray_logs_volume()],
+            }
+        },
+    }
+    workers = {
+        "groupName": "gpu-workers",
+        "replicas": spec.worker_replicas,
+        "minReplicas": spec.worker_replicas,
+        "maxReplicas": spec.worker_replicas,
+        # Ray's GPU count and the pod's GPU request are the same number.
+        "rayStartParams": {"num-gpus": str(spec.worker.gpus)},
+        "template": {
+            "spec": {
+                "serviceAccountName": spec.service_account,
+                "nodeSelector": dict(GPU_NODE_SELECTOR),
+                "tolerations": [GPU_TOLERATION],
+                "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": spec.image,
+                        "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
+                        # The node's EFA counters come from its counter reader: the pod's own sysfs has none.
+                        "env": [*_env(EFA_NCCL_ENV), *aws_env, HF_TOKEN_ENV, *counters_url_env()],
+                        # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
+                        "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
+                        "volumeMounts": [
+                            {"name": "dshm", "mountPath": "/dev/shm"},
+                            {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
+                        ],
+                    }
+                ],
+                # NCCL and the data loaders use shared memory; the container default of 64 MiB is too small.
+                "volumes": [
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+                    _ray_logs_volume(),
+                ],
+            }
+        },
+    }
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "labels": dict(PART_OF_LABELS),
+        },
+        "spec": {
+            "rayVersion": spec.ray_version,
+            "upgradeStrategy": {"type": "Recreate"},
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": head,
+            "workerGroupSpecs": [workers],
+        },
+    }
+
+
+def _ray_logs_volume() -> dict:
+    """On the node's disk, as Ray's own session folder would be, but per pod rather than per container."""
+    return {"name": RAY_LOGS_VOLUME, "emptyDir": {}}
