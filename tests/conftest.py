@@ -44,7 +44,7 @@ def ray_head():
     ids=lambda path: path.stem.split(".", 1)[1],
 )
 def stack_plan(request):
-    """The program's plan of one stack file (its config, the `Plan`), run once per session and read by
+    """The program's plan of one stack file (its config, the `Preview`), run once per session and read by
     the tests of the whole program and of its components."""
     from tests.harness.fake_aws import FakeAws
     from tests.harness.program import config_of, run_program

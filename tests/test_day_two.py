@@ -17,7 +17,7 @@ import pytest
 from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from infra.aws_facts.live_stack import OWNER_TAG
 from tests.harness.fake_aws import COREDNS_VERSIONS, OBSERVABILITY_VERSIONS, AwsApiError, FakeAws
-from tests.harness.program import Plan, dev_config, run_program
+from tests.harness.program import Preview, dev_config, run_program
 from tests.harness.program import deployed as deployed_stack
 
 SUBNET = "aws:ec2/subnet:Subnet"
@@ -82,7 +82,7 @@ class FakeAccount(FakeAws):
         return {**args, "id": args["addonName"], "version": version, "region": self.region}
 
 
-def deployed(plan: Plan, fake: FakeAccount) -> FakeAccount:
+def deployed(plan: Preview, fake: FakeAccount) -> FakeAccount:
     """`tests.harness.program.deployed`, plus the managed add-ons at the versions `plan` gave them."""
     deployed_stack(plan, fake)
     cluster = plan.one("eks:index:Cluster").inputs["name"]
@@ -90,7 +90,7 @@ def deployed(plan: Plan, fake: FakeAccount) -> FakeAccount:
     return fake
 
 
-def coredns_version(plan: Plan) -> str:
+def coredns_version(plan: Preview) -> str:
     return plan.one(ADDON, "coredns").inputs["addonVersion"]
 
 
@@ -236,7 +236,7 @@ def test_a_live_cluster_whose_coredns_is_not_read_takes_the_newest(why):
     assert coredns_version(second) == LATER_COREDNS_BUILD
 
 
-def observability_version(plan: Plan) -> str:
+def observability_version(plan: Preview) -> str:
     return plan.one(ADDON, OBSERVABILITY_ADDON).inputs["addonVersion"]
 
 
@@ -264,7 +264,7 @@ def test_the_observability_add_on_is_kept_as_coredns_is():
 TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 
 
-def run_inputs_of(plan: Plan) -> dict:
+def run_inputs_of(plan: Preview) -> dict:
     return {key: value for key, value in plan.one(TRAINING_RUN).inputs.items() if key != "__provider"}
 
 

@@ -204,7 +204,7 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/distributed/rank_exit.py": "tested by the multi-rank runs of tests/training/distributed/test_sharded_build.py",
     "training/errors.py": "exception classes, raised in the CLI's tests (tests/training/test_cli.py)",
     "training/export.py": "tested in tests/training/components/test_checkpoint.py",
-    "training/launch/preflight.py": "tested in tests/training/test_cli.py",
+    "training/launch/launch_checks.py": "tested in tests/training/test_cli.py",
     "training/launch/ray_quiet.py": "a Ray logging set-up hook, run by every Ray test of tests/training/launch/",
     "training/launch/torchrun_launcher.py": "tested in tests/training/launch/test_ray_launcher.py beside the Ray one",
     "training/metrics/artifacts.py": "tested in tests/training/metrics/test_report.py",

@@ -15,7 +15,7 @@ from tests.harness.fake_aws import (
     FakeAws,
     capacity_reservation,
 )
-from tests.harness.plan_queries import (
+from tests.harness.preview_queries import (
     GPU_TEMPLATE,
     RESERVATION,
     TRAINING_RUN,

@@ -12,7 +12,7 @@ import time
 
 from training.config.run_config import TrainConfig, parse_args
 from training.errors import RunFailedError, UsageError
-from training.launch.preflight import check_model_files, check_packages, check_worker_group
+from training.launch.launch_checks import check_model_files, check_packages, check_worker_group
 from training.metrics.report import format_summary
 
 PROGRAM = "python -m training"

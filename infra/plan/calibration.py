@@ -21,7 +21,7 @@ from infra.plan.facts import (
 from infra.plan.planner import (
     GB,
     PARAM_BYTES,
-    Cluster,
+    ClusterShape,
     StrategyPlan,
     Workload,
     cluster_of,
@@ -50,7 +50,7 @@ def _qwen_workload(seq_len: int, batch_size: int, **changes: Any) -> Workload:
     return dataclasses.replace(base, **changes)
 
 
-def all_reduce_seconds(size_bytes: int, cluster: Cluster) -> float:
+def all_reduce_seconds(size_bytes: int, cluster: ClusterShape) -> float:
     """A ring all-reduce over every rank: 2(N-1)/N of the buffer through the slowest link."""
     line = cluster.line_rate_gbps * GB / 8
     intra = cluster.intra_node_gbytes_per_s * GB
@@ -77,7 +77,7 @@ def implied_line_rate(steps_per_s: float) -> float:
 def comparison_rows() -> list[list[str]]:
     """What the planner predicts against each measured or published figure, with its error."""
     rows = []
-    h200 = Cluster(1, 1, "NVIDIA H200", 0.0, 1.0, 0.0)
+    h200 = ClusterShape(1, 1, "NVIDIA H200", 0.0, 1.0, 0.0)
     for measured_case in H200_THROUGHPUT:
         workload = _qwen_workload(
             4096,

@@ -73,7 +73,7 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class Cluster:
+class ClusterShape:
     nodes: int
     gpus_per_node: int
     gpu_name: str
@@ -119,7 +119,7 @@ def ring_share(ranks: int) -> float:
     return (ranks - 1) / ranks
 
 
-def strategy_plan(workload: Workload, cluster: Cluster, replicas: int) -> StrategyPlan:
+def strategy_plan(workload: Workload, cluster: ClusterShape, replicas: int) -> StrategyPlan:
     """One strategy's step: `replicas` 1 is FSDP over every rank, `replicas` = nodes is HSDP with
     the shards inside a node."""
     if replicas not in (1, cluster.nodes):
@@ -158,13 +158,13 @@ def strategy_plan(workload: Workload, cluster: Cluster, replicas: int) -> Strate
     )
 
 
-def plan(workload: Workload, cluster: Cluster) -> list[StrategyPlan]:
+def plan(workload: Workload, cluster: ClusterShape) -> list[StrategyPlan]:
     """FSDP, and HSDP when there is more than one node."""
     replicas = [1, cluster.nodes] if cluster.nodes > 1 else [1]
     return [strategy_plan(workload, cluster, count) for count in replicas]
 
 
-def configured_replicas(config: TrainConfig, cluster: Cluster) -> int:
+def configured_replicas(config: TrainConfig, cluster: ClusterShape) -> int:
     """The job's `--hsdp-replicas`, 0 meaning one replica per node (training/distributed/parallelize.py)."""
     return config.hsdp_replicas or cluster.nodes
 
@@ -187,7 +187,7 @@ def workload_of(config: TrainConfig) -> Workload | None:
     )
 
 
-def remedies(workload: Workload, cluster: Cluster, replicas: int) -> list[tuple[str, StrategyPlan]]:
+def remedies(workload: Workload, cluster: ClusterShape, replicas: int) -> list[tuple[str, StrategyPlan]]:
     """The changes that raise a network-bound plan's tokens/s, each with its plan."""
     current = strategy_plan(workload, cluster, replicas)
     accumulated = max(4, 2 * workload.grad_accum_steps)
@@ -213,8 +213,10 @@ def remedies(workload: Workload, cluster: Cluster, replicas: int) -> list[tuple[
     return [(text, option) for text, option in better if option.tokens_per_s > current.tokens_per_s]
 
 
-def cluster_of(instance_type: str, nodes: int, fact: InstanceFact, line_rate: float | None = None) -> Cluster:
-    return Cluster(
+def cluster_of(
+    instance_type: str, nodes: int, fact: InstanceFact, line_rate: float | None = None
+) -> ClusterShape:
+    return ClusterShape(
         nodes=nodes,
         gpus_per_node=fact.gpus,
         gpu_name=fact.gpu_name,

@@ -9,7 +9,7 @@ from typing import Any
 from infra.plan.facts import INSTANCES, MFU_POINTS, line_rate_gbps
 from infra.plan.planner import (
     GB,
-    Cluster,
+    ClusterShape,
     StrategyPlan,
     Workload,
     cluster_of,
@@ -51,7 +51,7 @@ def mfu_basis(plan: StrategyPlan, gpu_name: str) -> str:
     return text
 
 
-def plan_table(plans: Sequence[StrategyPlan], cluster: Cluster, chosen: int | None) -> str:
+def plan_table(plans: Sequence[StrategyPlan], cluster: ClusterShape, chosen: int | None) -> str:
     lines = [
         f"plan for {cluster.nodes} x {cluster.gpus_per_node} {cluster.gpu_name} at {cluster.line_rate_gbps:g} Gbps "
         f"({mfu_basis(plans[0], cluster.gpu_name)}):",
@@ -67,7 +67,7 @@ def plan_table(plans: Sequence[StrategyPlan], cluster: Cluster, chosen: int | No
     return "\n".join(lines)
 
 
-def network_warning(workload: Workload, cluster: Cluster, replicas: int) -> str | None:
+def network_warning(workload: Workload, cluster: ClusterShape, replicas: int) -> str | None:
     """What to change when the configured strategy's communication outlasts its compute."""
     current = strategy_plan(workload, cluster, replicas)
     if not current.network_bound:

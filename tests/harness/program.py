@@ -51,7 +51,7 @@ class Registration:
 
 
 @dataclass
-class Plan:
+class Preview:
     """Everything one program run registered, in order, and its stack outputs (`pulumi.export`)."""
 
     resources: list[Registration] = field(default_factory=list)
@@ -111,7 +111,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def __init__(self, mocks: ProgramMocks) -> None:
         super().__init__(mocks)
-        self.plan = Plan()
+        self.plan = Preview()
 
     def Call(self, request):
         _ensure_event_loop()
@@ -213,7 +213,7 @@ class ProgramMocks(FakeAwsMocks):
         return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
 
 
-def deployed(plan: Plan, fake_aws: FakeAws) -> FakeAws:
+def deployed(plan: Preview, fake_aws: FakeAws) -> FakeAws:
     """The account after `pulumi up` applied `plan`: its EKS cluster, VPC, subnets and control-plane
     log group exist as AWS then reports them (mocked ids are `<resource name>-id`)."""
     vpc = plan.one("aws:ec2/vpc:Vpc")
@@ -280,7 +280,7 @@ def run_program(
     secret_keys: list[str] | None = None,
     crd_schemas: bool = False,
     now: datetime | None = None,
-) -> Plan:
+) -> Preview:
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises.
 
     `crd_schemas`: apply KubeRay's CRDs with their full schemas (see `_schemas_left_out`). `now`:

@@ -11,7 +11,7 @@ from tests.harness.fake_aws import (
     FakeAws,
     capacity_reservation,
 )
-from tests.harness.plan_queries import (
+from tests.harness.preview_queries import (
     RESERVATION,
 )
 from tests.harness.program import (

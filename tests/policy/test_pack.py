@@ -27,7 +27,7 @@ from tests.harness.policy_resources import (
     NS,
     RAY,
 )
-from tests.harness.program import STACK_FILES, USER_SETTINGS, Plan, run_program, stack_config
+from tests.harness.program import STACK_FILES, USER_SETTINGS, Preview, run_program, stack_config
 from workloads import manifests
 
 POLICY_DIR = REPO_ROOT / "policy"
@@ -89,16 +89,16 @@ def stack_name(stack_file: Path) -> str:
 
 
 @pytest.fixture(scope="module", params=STACK_FILES, ids=stack_name)
-def stack_plan(request) -> tuple[str, Plan]:
+def stack_plan(request) -> tuple[str, Preview]:
     stack = stack_name(request.param)
     return stack, run_program({**stack_config(request.param), **USER_SETTINGS}, stack=stack)
 
 
-def stack_resources(plan: Plan) -> list[StackResource]:
+def stack_resources(plan: Preview) -> list[StackResource]:
     return [StackResource(r.type, r.urn, r.inputs, tuple(r.dependencies)) for r in plan.resources]
 
 
-def mandatory_violations(plan: Plan, stack: str) -> list[str]:
+def mandatory_violations(plan: Preview, stack: str) -> list[str]:
     found = [
         f"{rule.name} on {r.type} {r.name}: {message}"
         for rule in RESOURCE_RULES

@@ -335,7 +335,7 @@ def test_deferred_grad_sync_without_accumulation_is_refused_at_parse():
 def test_float8_without_torchao_is_one_line_before_any_worker(monkeypatch):
     """A None entry in sys.modules makes `import` raise ImportError, as a missing package does."""
     from training.errors import UsageError
-    from training.launch.preflight import check_packages
+    from training.launch.launch_checks import check_packages
 
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
@@ -347,7 +347,7 @@ def test_float8_without_torchao_is_one_line_before_any_worker(monkeypatch):
 def test_tensorboard_without_tensorboardx_is_one_line_before_any_worker(monkeypatch):
     """Ray Train depends on tensorboardX; an environment for torchrun alone may lack it."""
     from training.errors import UsageError
-    from training.launch.preflight import check_packages
+    from training.launch.launch_checks import check_packages
 
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
     check_packages(parse_flags(["--no-tensorboard"]))  # not asked for: not needed

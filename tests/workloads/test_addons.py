@@ -5,13 +5,13 @@ from __future__ import annotations
 from tests.harness.fake_aws import (
     FakeAws,
 )
-from tests.harness.plan_queries import (
+from tests.harness.preview_queries import (
     OBJECT_IDENTITY,
     RAY_CLUSTER,
     engine_step,
 )
 from tests.harness.program import (
-    Plan,
+    Preview,
     Registration,
     dev_config,
     run_program,
@@ -137,7 +137,7 @@ def test_another_gpu_type_moves_the_efa_plugin_with_it():
     first = run_program(dev_config(), FakeAws(region="us-east-2"))
     second = run_program(dev_config(gpuNodeType="g5.12xlarge"), FakeAws(region="us-east-2"))
 
-    def efa(plan: Plan) -> Registration:
+    def efa(plan: Preview) -> Registration:
         return next(r for r in plan.of_type(RELEASE) if r.inputs["chart"] == "aws-efa-k8s-device-plugin")
 
     assert efa(first).inputs["values"]["supportedInstanceLabels"] == {

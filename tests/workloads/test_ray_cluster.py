@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.harness.fake_aws import (
     FakeAws,
 )
-from tests.harness.plan_queries import (
+from tests.harness.preview_queries import (
     OBJECT_IDENTITY,
     RAY_CLUSTER,
     TRAINING_RUN,

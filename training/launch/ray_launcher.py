@@ -52,7 +52,7 @@ from training.data.packing import (
     tokenize_batch,
 )
 from training.errors import DivergedError, RunFailedError, UsageError
-from training.launch.preflight import WorkerGroupSettings, check_worker_group
+from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.metrics.artifacts import write_run_files
 

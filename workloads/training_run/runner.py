@@ -45,9 +45,9 @@ from workloads.training_run.access.jobs import (
     NCCL_LOG_DIR,
     JobRecord,
     JobStatus,
-    Plan,
     RayJobsClient,
-    plan_submission,
+    SubmissionChoice,
+    choose_submission,
     submission_id_base,
 )
 from workloads.training_run.access.node_group import NodeGroupSizer
@@ -146,20 +146,20 @@ class TrainingRunner:
         module: str = "training",
         args: Sequence[str] | None = None,
         fresh: bool = False,
-    ) -> Plan:
-        """Adopt the job these inputs already started (`plan_submission`), or submit it with the EFA
+    ) -> SubmissionChoice:
+        """Adopt the job these inputs already started (`choose_submission`), or submit it with the EFA
         counters read just before it recorded beside it. A `fresh` job (the gate's probe) is never
         judged again: one an earlier run left running is waited for, then a new one is submitted."""
         args = self.request.job_args if args is None else args
         base = submission_id_base(self.request.job_identity(), variant, env_vars)
-        plan = plan_submission(jobs.list(base), base, pods.identity(), rejudge=not fresh)
+        plan = choose_submission(jobs.list(base), base, pods.identity(), rejudge=not fresh)
         if fresh and plan.adopted is not None:
             self.env.log(
                 f"training run: probe {plan.submission_id} ({plan.adopted.status}), started by an earlier run, "
                 "is waited for; then a fresh probe runs"
             )
             self.follow_job(pods, jobs, plan.submission_id)
-            plan = plan_submission(jobs.list(base), base, pods.identity(), rejudge=False)
+            plan = choose_submission(jobs.list(base), base, pods.identity(), rejudge=False)
         if plan.note:
             self.env.log(f"training run: {plan.note}")
         if plan.adopted is not None:
@@ -176,7 +176,9 @@ class TrainingRunner:
         self.env.log(f"training run: submitted job {plan.submission_id}: python -m {module} {' '.join(args)}")
         return plan
 
-    def job_traffic(self, pods: RayPods, jobs: RayJobsClient, plan: Plan) -> efa_counters.EfaTraffic:
+    def job_traffic(
+        self, pods: RayPods, jobs: RayJobsClient, plan: SubmissionChoice
+    ) -> efa_counters.EfaTraffic:
         """The EFA traffic of the job that just ended. When this run saw it end: the counters now
         against those recorded before it, recorded with it. A finished job adopted from an earlier
         run keeps what was recorded when it was judged; one that ended unwatched has no counters."""
@@ -460,7 +462,7 @@ class TrainingRunner:
         request = self.request
         base = submission_id_base(request.job_identity(), variant, env_vars)
         jobs = self.jobs_client(pods.head)
-        in_flight = plan_submission(jobs.list(base), base, pods.identity()).adopted
+        in_flight = choose_submission(jobs.list(base), base, pods.identity()).adopted
         fresh = in_flight is None or in_flight.status.is_terminal
         if in_flight is not None and not fresh:
             self.env.log(

@@ -13,13 +13,13 @@ from tests.harness.fake_aws import (
     capacity_block,
     capacity_reservation,
 )
-from tests.harness.plan_queries import (
+from tests.harness.preview_queries import (
     NOW,
     RESERVATION,
     TRAINING_RUN,
 )
 from tests.harness.program import (
-    Plan,
+    Preview,
     dev_config,
     run_program,
 )
@@ -27,7 +27,7 @@ from tests.harness.program import (
 
 def block_run(
     monkeypatch, starts: timedelta, ends: timedelta, **config: str
-) -> tuple[Plan, list[tuple[str, str]]]:
+) -> tuple[Preview, list[tuple[str, str]]]:
     """The program at NOW with a Capacity Block of p5.48xlarge in us-east-2b; its log lines."""
     logged: list[tuple[str, str]] = []
     monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: logged.append(("info", message)))
@@ -37,7 +37,7 @@ def block_run(
     return run_program(dev_config(**settings), fake, now=NOW), logged
 
 
-def job_deadline(plan: Plan) -> str | None:
+def job_deadline(plan: Preview) -> str | None:
     """The job's --deadline, checked to be given at most once."""
     args = plan.one(TRAINING_RUN).inputs["job_args"]
     assert args.count("--deadline") <= 1, args

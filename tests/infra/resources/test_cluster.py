@@ -16,7 +16,7 @@ from tests.harness.fake_aws import (
 from tests.harness.program import (
     ACCOUNT,
     STACK_FILES,
-    Plan,
+    Preview,
     config_of,
     dev_config,
     run_program,
@@ -102,7 +102,7 @@ def test_coredns_is_pinned_to_the_newest_build_for_the_cluster_version():
     assert upgraded.one("aws:eks/addon:Addon", "coredns").inputs["addonVersion"] == COREDNS_VERSIONS["1.35"]
 
 
-def kubeconfig_token_args(plan: Plan) -> list[str]:
+def kubeconfig_token_args(plan: Preview) -> list[str]:
     provider = plan.one("pulumi:providers:kubernetes", "eks")
     assert "kubeconfig" in provider.secret_inputs
     kubeconfig = json.loads(pulumi.runtime.rpc.unwrap_rpc_secret(provider.inputs["kubeconfig"]))

@@ -11,11 +11,11 @@ import pytest
 from infra.resources.network import zone_cidrs
 from infra.resources.node_groups import SYSTEM_LABELS
 from tests.harness.fake_aws import FakeAws, capacity_reservation
-from tests.harness.plan_queries import gpu_group, subnet_with_id
+from tests.harness.preview_queries import gpu_group, subnet_with_id
 from tests.harness.program import (
     ACCOUNT,
     STACK_FILES,
-    Plan,
+    Preview,
     Registration,
     config_of,
     dev_config,
@@ -52,11 +52,11 @@ SUBNET = "aws:ec2/subnet:Subnet"
 SUBNET_REPLACE_KEYS = ("vpcId", "availabilityZone", "cidrBlock")
 
 
-def subnets_by_name(plan: Plan) -> dict[str, dict]:
+def subnets_by_name(plan: Preview) -> dict[str, dict]:
     return {r.name: r.inputs for r in plan.of_type(SUBNET)}
 
 
-def subnet_conflicts(before: Plan, after: Plan) -> list[str]:
+def subnet_conflicts(before: Preview, after: Preview) -> list[str]:
     """Subnets the update would create whose block overlaps a subnet still in the VPC.
 
     Pulumi replaces a resource by creating the new one before deleting the old, and creates new
@@ -81,8 +81,8 @@ def subnet_conflicts(before: Plan, after: Plan) -> list[str]:
 def test_subnet_conflict_check_catches_positional_subnets():
     """The check itself: subnets named by position swap zones when the GPU zone moves, and collide."""
 
-    def plan_of(*subnets: tuple[str, str, str]) -> Plan:
-        plan = Plan()
+    def plan_of(*subnets: tuple[str, str, str]) -> Preview:
+        plan = Preview()
         for name, zone, block in subnets:
             inputs = {"vpcId": "vpc-1", "availabilityZone": zone, "cidrBlock": block}
             plan.resources.append(Registration(SUBNET, name, f"urn:{name}", "", [], inputs, set()))
@@ -121,7 +121,7 @@ def test_moving_the_gpu_zone_keeps_every_other_zones_subnets(region, move, new_g
     assert plan_cluster_subnets(first) == plan_cluster_subnets(second)
 
 
-def plan_cluster_subnets(plan: Plan) -> tuple[list, list]:
+def plan_cluster_subnets(plan: Preview) -> tuple[list, list]:
     cluster = plan.one("eks:index:Cluster").inputs
     system = next(
         r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs["labels"] == SYSTEM_LABELS

@@ -11,7 +11,7 @@ from tests.harness.fake_aws import (
     capacity_block,
     capacity_reservation,
 )
-from tests.harness.plan_queries import (
+from tests.harness.preview_queries import (
     GPU_TEMPLATE,
     NODE_GROUP,
     NOW,

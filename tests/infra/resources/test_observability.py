@@ -25,8 +25,8 @@ from infra.resources.observability import (
 from platform_facts import GPU_TAINT, GPU_TOLERATION
 from tests.harness.fake_aws import OBSERVABILITY_VERSIONS, FakeAws
 from tests.harness.paths import REPO_ROOT
-from tests.harness.plan_queries import NODE_GROUP, TRAINING_RUN
-from tests.harness.program import ACCOUNT, Plan, dev_config, run_program
+from tests.harness.preview_queries import NODE_GROUP, TRAINING_RUN
+from tests.harness.program import ACCOUNT, Preview, dev_config, run_program
 from training.metrics import cloudwatch_facts
 from training.metrics.cloudwatch_facts import CLUSTER_NAME_ENV
 
@@ -300,7 +300,7 @@ ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 
 
-def ray_pod_envs(plan: Plan) -> list[dict[str, str]]:
+def ray_pod_envs(plan: Preview) -> list[dict[str, str]]:
     spec = plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]
     templates = [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]
     return [{e["name"]: e.get("value") for e in t["spec"]["containers"][0]["env"]} for t in templates]

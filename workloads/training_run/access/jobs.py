@@ -8,7 +8,7 @@ there, which answers the Jobs REST API as JSON.
 Job identity. The submission id is derived from what makes the job what it is (see
 `RunInputs.job_identity`), so a `pulumi up` interrupted while the job runs is followed by one
 that finds the job and waits for it instead of starting a second one. The latest attempt
-decides (`plan_submission`): pending or running is adopted; failed or stopped is retried under
+decides (`choose_submission`): pending or running is adopted; failed or stopped is retried under
 `<id>-2`, `<id>-3`, ... A succeeded job is judged again (without retraining) only while the pods
 that ran it are the pods now: each job carries the pods it was submitted to (`PODS_METADATA`, name
 and UID of each, in the job's Ray metadata). On other pods it proves nothing about them, so a new
@@ -104,8 +104,8 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What `plan_submission` decided: the id to follow, the job to adopt (None: submit one under
+class SubmissionChoice:
+    """What `choose_submission` decided: the id to follow, the job to adopt (None: submit one under
     that id), and why, when an earlier attempt is passed over or judged again."""
 
     submission_id: str
@@ -145,7 +145,9 @@ def record_path(nccl_log_dir: str, submission_id: str) -> str:
     return f"{nccl_log_dir}/{RECORD_DIR}/{submission_id}.json"
 
 
-def plan_submission(existing: Sequence[JobRecord], base: str, pods: str, rejudge: bool = True) -> Plan:
+def choose_submission(
+    existing: Sequence[JobRecord], base: str, pods: str, rejudge: bool = True
+) -> SubmissionChoice:
     """Adopt the latest attempt while it is pending or running, or succeeded on `pods` (the pods
     now, `RayPods.identity`) when finished jobs may be judged again (`rejudge`); else submit the
     next attempt."""
@@ -154,22 +156,22 @@ def plan_submission(existing: Sequence[JobRecord], base: str, pods: str, rejudge
         key=lambda pair: pair[0],
     )
     if not attempts:
-        return Plan(base, None)
+        return SubmissionChoice(base, None)
     number, latest = attempts[-1]
     following = f"{base}-{number + 1}"
     if latest.status in (JobStatus.PENDING, JobStatus.RUNNING):
-        return Plan(latest.submission_id, latest)
+        return SubmissionChoice(latest.submission_id, latest)
     if latest.status != JobStatus.SUCCEEDED:
-        return Plan(following, None)
+        return SubmissionChoice(following, None)
     if not rejudge:
-        return Plan(
+        return SubmissionChoice(
             following,
             None,
             f"job {latest.submission_id} SUCCEEDED earlier; a probe is never judged again, so {following} "
             "judges the fabric now",
         )
     if latest.pods == pods:
-        return Plan(
+        return SubmissionChoice(
             latest.submission_id,
             latest,
             f"job {latest.submission_id} SUCCEEDED earlier on these very pods (same names and UIDs); its "
@@ -177,7 +179,7 @@ def plan_submission(existing: Sequence[JobRecord], base: str, pods: str, rejudge
             "device plugin, node) is proven only on new pods: replace the worker pods and run `pulumi up`",
         )
     ran_on = "pods it did not record" if latest.pods is None else "other pods"
-    return Plan(
+    return SubmissionChoice(
         following,
         None,
         f"job {latest.submission_id} SUCCEEDED earlier on {ran_on}, so its logs say nothing of these "

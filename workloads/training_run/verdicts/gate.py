@@ -11,7 +11,7 @@ the job's NCCL environment, for a minute or so, and its run is judged as the job
    could not be read is reported unavailable, not judged), and each collective's busbw at the
    largest size must clear `min_busbw_fraction` of the line rate (`fabric.busbw_problems`).
 
-Every `pulumi up` that runs a job runs a fresh probe (`jobs.plan_submission`, `rejudge=False`):
+Every `pulumi up` that runs a job runs a fresh probe (`jobs.choose_submission`, `rejudge=False`):
 re-running `up` never turns a failed gate into a passed one.
 
 The first check that fails is the one line `pulumi up` ends with; no job is submitted. The gate

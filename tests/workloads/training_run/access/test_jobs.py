@@ -59,7 +59,7 @@ def test_plan_submission_adopts_live_jobs_judges_done_ones_again_only_on_their_p
         jobs.JobRecord(sid, jobs.JobStatus(status), metadata={jobs.PODS_METADATA: pods} if pods else {})
         for sid, status, pods in existing
     ]
-    plan = jobs.plan_submission(records, "B", PODS_NOW)
+    plan = jobs.choose_submission(records, "B", PODS_NOW)
     assert plan.submission_id == expected
     assert (plan.adopted.status if plan.adopted else None) == adopted
     if existing and existing[-1][1] == "SUCCEEDED":

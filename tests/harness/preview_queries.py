@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from tests.harness.program import Plan, Registration
+from tests.harness.program import Preview, Registration
 
 TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 RESERVATION = "cr-0123456789abcdef0"
@@ -23,12 +23,12 @@ RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 OBJECT_IDENTITY = ("apiVersion", "kind", "metadata.name", "metadata.namespace")
 
 
-def subnet_with_id(plan: Plan, subnet_id: str):
+def subnet_with_id(plan: Preview, subnet_id: str):
     """The subnet registration behind an id (the mocks give each resource the id `<name>-id`)."""
     return next(r for r in plan.of_type("aws:ec2/subnet:Subnet") if f"{r.name}-id" == subnet_id)
 
 
-def gpu_group(plan: Plan):
+def gpu_group(plan: Preview):
     return next(
         r
         for r in plan.of_type("aws:eks/nodeGroup:NodeGroup")
