@@ -199,7 +199,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
     "training/config/model_configs.py": "tested through --init random in tests/training/components/test_checkpoint.py",
     "training/config/presets.py": "tested in tests/training/config/test_run_config.py",
-    "training/config/settings.py": "tested through the flags in tests/training/test_cli.py and test_run_config.py",
     "training/data/tokenizer.py": "tested through the corpus and packing tests of tests/training/data/",
     "training/distributed/rank_exit.py": "tested by the multi-rank runs of tests/training/distributed/test_sharded_build.py",
     "training/errors.py": "exception classes, raised in the CLI's tests (tests/training/test_cli.py)",

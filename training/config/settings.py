@@ -173,6 +173,14 @@ def flag_of(field: dataclasses.Field[Any]) -> Flag:
 _BOOL = argparse.BooleanOptionalAction
 
 
+def switch_values(name: str) -> dict[str, bool]:
+    """Each spelling of the on/off setting `name` and the value it gives, its `--no-` forms included
+    (`use_gpu`: `--use-gpu`/`--gpu` true, `--no-use-gpu`/`--no-gpu` false); the last one given wins."""
+    field = next(field for field in dataclasses.fields(TrainConfig) if field.name == name)
+    names = flag_of(field).names
+    return {**dict.fromkeys(names, True), **{f"--no-{flag[2:]}": False for flag in names}}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run needs; plain values so Ray can ship it to workers."""

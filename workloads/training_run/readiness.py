@@ -37,6 +37,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from platform_facts import EFA_RESOURCE, GPU_NODE_SELECTOR, GPU_PRESENT_LABEL, GPU_RESOURCE
+from training.config.settings import switch_values
 from workloads import manifests
 from workloads.training_run.access.cluster_api import ClusterApi, NodeFacts, PodFacts, stdout_of_each_pod
 from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, Executor
@@ -167,8 +168,8 @@ def describe_pod(pod: PodFacts, events: Sequence[str], spec_hash: str) -> str:
     return "\n".join(lines)
 
 
-# The training job's GPU switches (training.config.settings, `use_gpu`; the last one given wins).
-GPU_SWITCHES = {"--use-gpu": True, "--gpu": True, "--no-use-gpu": False, "--no-gpu": False}
+# The training job's GPU switches and what each gives (`use_gpu`; the last one given wins).
+GPU_SWITCHES = switch_values("use_gpu")
 
 
 def uses_gpus(job_args: Sequence[str]) -> bool:

@@ -17,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from training.config.settings import switch_values
+
 PROBE_MODULE = "training.fabric_probe"
 # The flags of the job that place its worker group, which the probe shares (same names, same meaning).
 _SHARED_FLAGS = ("--workers", "--gpus-per-worker", "--cpus-per-worker")
-_SHARED_SWITCHES = ("--use-gpu", "--gpu", "--no-use-gpu", "--no-gpu")
+_SHARED_SWITCHES = tuple(switch_values("use_gpu"))
 
 
 def probe_args(job_args: Sequence[str]) -> list[str]:
