@@ -18,7 +18,7 @@ from infra.config.training_settings import (
     warn_if_the_run_outlasts_its_timeout,
 )
 from infra.plan.cost import measured_cost, planned_cost
-from infra.plan.facts import line_rate_gbps
+from infra.plan.figures import line_rate_gbps
 from infra.plan.report import log_plan, measured_against_plan
 from infra.preflight import deadline_of, fit_the_window, place_nodes
 from infra.pricing import cost_basis
@@ -33,7 +33,7 @@ from infra.resources.node_groups import (
 )
 from infra.resources.observability import Observability, checked_addon_version
 from infra.resources.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
-from platform_facts import RAY_PORTS, RAY_SERVICE_ACCOUNT
+from platform_contract import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
 from workloads.ray_cluster import RayCluster

@@ -48,18 +48,18 @@ LAYERS: dict[str, list[set[str]]] = {
 OUTSIDE: dict[str, dict[str, str]] = {
     "training": {},
     "infra": {
-        "platform_facts": "the facts infra and workloads agree on",
+        "platform_contract": "the names and rules infra and workloads agree on",
         "training.config": "the job's own parser checks the stack's `training` block at preview",
         "training.metrics.flops": "the preview's run-time bound",
-        "training.metrics.cloudwatch_facts": "the job's metric names, which the dashboard graphs",
+        "training.metrics.cloudwatch_metrics": "the job's metric names, which the dashboard graphs",
     },
     "workloads": {
-        "platform_facts": "the facts infra and workloads agree on",
+        "platform_contract": "the names and rules infra and workloads agree on",
         "infra": "sizes, settings, the AWS identity",
         "training.metrics.report": "the job's log lines",
         "training.metrics.efa_sysfs": "the EFA counters in sysfs and the node's counter reader, which the job "
         "reads at every step and the TrainingRun by exec around it",
-        "training.metrics.cloudwatch_facts": "the variable that names the cluster for the job's metrics",
+        "training.metrics.cloudwatch_metrics": "the variable that names the cluster for the job's metrics",
         "training.config.settings": "the job's GPU switches, read in its arguments",
     },
 }

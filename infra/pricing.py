@@ -8,7 +8,7 @@ one product). The Price List API is served from us-east-1 and ap-south-1 only (t
 data source says it works only with a provider there), so for a stack elsewhere the invoke goes
 through a provider pinned to us-east-1 with the stack's identity (`aws:profile` and the role of
 `aws:assumeRole`, as the cluster's kubeconfig uses them); `regionCode` still names the stack's region.
-When AWS refuses or cannot answer, the price shipped in `infra.plan.facts` is used and named as such.
+When AWS refuses or cannot answer, the price shipped in `infra.plan.figures` is used and named as such.
 
 A Capacity Block's GPU nodes are paid upfront by the block (`infra.plan.cost.capacity_block_price`).
 """

@@ -57,7 +57,7 @@ from infra.aws_facts.capacity_rules import (
     usable_zones,
     vcpu_shortfall,
 )
-from platform_facts import INSTANCE_TYPE, REGION
+from platform_contract import INSTANCE_TYPE, REGION
 
 CAPACITY_CAVEAT = (
     "No read-only AWS API can promise that capacity is free right now: an offering says the zone sells the type, "

@@ -78,10 +78,10 @@ def test_the_layer_check_sees_an_arrow_back_up():
         "training.data.packing": {"training.loop", "training.metrics.report", "training.data.tokenizer"},
         "training.model.attention": {"training.errors", "training.config.run_config"},
         "training.unplaced": set(),
-        "training.config.settings": {"platform_facts"},
+        "training.config.settings": {"platform_contract"},
     }
     assert arrows_back_up("training", graph) == [
-        "training.config.settings imports platform_facts, outside what training may import",
+        "training.config.settings imports platform_contract, outside what training may import",
         "training.data.packing (layer 1) imports training.loop (layer 4, training.loop)",
         "training.data.packing (layer 1) imports training.metrics.report (layer 1, training.metrics)",
         "training.unplaced is in no layer of training",
@@ -103,15 +103,15 @@ def test_the_graph_check_sees_a_crossing():
 
 
 def test_infra_does_not_import_the_workloads():
-    """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_facts.
+    """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_contract.
 
     It may read the training job's settings contract (`training.config`), its FLOP arithmetic
     (`training.metrics.flops`, the preview's run-time bound) and its CloudWatch metric names
-    (`training.metrics.cloudwatch_facts`, the dashboard's), all standard library only, never the
+    (`training.metrics.cloudwatch_metrics`, the dashboard's), all standard library only, never the
     training code itself; so are the `training` modules they import and the packages' own
     `__init__` files that importing them runs, followed to any depth.
     """
-    allowed = frozenset(OUTSIDE["infra"]) - {"platform_facts"}
+    allowed = frozenset(OUTSIDE["infra"]) - {"platform_contract"}
     assert crossings("infra", {"workloads", "training"}, allowed=allowed) == []
     standard = {*sys.stdlib_module_names, "__future__", "training"}
     reached = {name for names in imports_of("infra").values() for name in names if within(name, allowed)}
@@ -207,7 +207,7 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/launch/ray_quiet.py": "a Ray logging set-up hook, run by every Ray test of tests/training/launch/",
     "training/launch/torchrun_launcher.py": "tested in tests/training/launch/test_ray_launcher.py beside the Ray one",
     "training/metrics/artifacts.py": "tested in tests/training/metrics/test_report.py",
-    "training/metrics/cloudwatch_facts.py": "declared names, read by tests/training/metrics/test_cloudwatch_sink.py",
+    "training/metrics/cloudwatch_metrics.py": "declared names, read by tests/training/metrics/test_cloudwatch_sink.py",
     "training/metrics/efa_sysfs.py": "declared paths, read by tests/training/metrics/test_efa_meter.py",
     "training/metrics/run_metrics.py": "tested in tests/training/metrics/test_report.py and the loop's tests",
     "training/metrics/tensorboard_sink.py": "tested in tests/training/components/test_evaluate.py",

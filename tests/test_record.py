@@ -1,7 +1,7 @@
 """The record stays a record: the benchmark reports under bench/reports/ are dated and frozen, and
 the product cites them (a report page, in a comment, docstring or a fact's source) but never reads
 them, so re-running a benchmark changes no stack's preview. The planner's measured figures are
-declared facts (`infra/plan/facts.py`), checked against the reports in tests/infra/plan/test_facts.py."""
+declared facts (`infra/plan/figures.py`), checked against the reports in tests/infra/plan/test_figures.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def product_sources() -> list:
         for package in PRODUCT_PACKAGES
         for path in sorted((ROOT / package).rglob("*.py"))
         if "__pycache__" not in path.parts
-    ] + [ROOT / "__main__.py", ROOT / "platform_facts.py"]
+    ] + [ROOT / "__main__.py", ROOT / "platform_contract.py"]
 
 
 @pytest.mark.parametrize("package", PRODUCT_PACKAGES)

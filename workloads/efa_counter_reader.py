@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from platform_facts import GPU_NODE_SELECTOR, GPU_TOLERATION, PART_OF_LABELS
+from platform_contract import GPU_NODE_SELECTOR, GPU_TOLERATION, PART_OF_LABELS
 from training.metrics import efa_sysfs
 from training.metrics.efa_sysfs import COUNTERS_URL_ENV
 

@@ -81,7 +81,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from platform_facts import EXPECTABLE_TRANSPORTS
+from platform_contract import EXPECTABLE_TRANSPORTS
 
 NETWORK_TRANSPORTS = frozenset({"efa", "socket", "ib"})
 # *.log, *.out, *.err, and their size-rotated parts (Ray's `worker-...-<pid>.out.1`).

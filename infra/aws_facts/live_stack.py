@@ -33,7 +33,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
-from platform_facts import GPU_LABELS
+from platform_contract import GPU_LABELS
 
 T = TypeVar("T")
 # The tag the program puts on the control-plane log group, naming the stack that owns it.

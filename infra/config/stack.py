@@ -34,7 +34,7 @@ from infra.config.parsing import (
     validated,
 )
 from infra.config.training_settings import TrainingSettings, parse_training
-from platform_facts import (
+from platform_contract import (
     AVAILABILITY_ZONE,
     INSTANCE_TYPE,
     PROJECT,
@@ -106,7 +106,7 @@ class AwsIdentity:
 
 # --- the parsers of single keys: each returns the typed value or raises ValueError with the reason --
 
-# Each shape is checked with `fullmatch` (see platform_facts); _STS_SESSION is a prefix.
+# Each shape is checked with `fullmatch` (see platform_contract); _STS_SESSION is a prefix.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label: 63 at most
 _CLUSTER_NAME = re.compile(r"[0-9A-Za-z][A-Za-z0-9\-_]*")
 _IAM_PRINCIPAL = re.compile(r"arn:aws(-[a-z]+)*:iam::\d{12}:(user|role)/[\w+=,.@/-]{1,512}")

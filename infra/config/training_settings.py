@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from infra.config.parsing import ConfigError, as_int, did_you_mean, key_names, one_of, validated
-from platform_facts import EXPECTABLE_TRANSPORTS
+from platform_contract import EXPECTABLE_TRANSPORTS
 from training.config.run_config import (
     CONFIG_DIR,
     CORPUS_SUFFIXES,

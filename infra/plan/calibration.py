@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any
 
-from infra.plan.facts import (
+from infra.plan.figures import (
     AWS_SAMPLE_BATCH,
     AWS_SAMPLE_EFA_STEPS_PER_S,
     AWS_SAMPLE_INSTANCE,

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from infra.plan.facts import INSTANCES
+from infra.plan.figures import INSTANCES
 from infra.plan.planner import cluster_of, configured_replicas, plan, workload_of
 from infra.plan.refresh import refreshed
 from infra.plan.report import network_warning, plan_rows, plan_table
@@ -30,7 +30,7 @@ def stack_values(stack: str) -> tuple[dict[str, Any], str | None]:
         names = ", ".join(sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml")))
         raise SystemExit(f"--stack {stack}: no Pulumi.{stack}.yaml; stacks here: {names}")
     config = yaml.safe_load(path.read_text()).get("config", {})
-    from platform_facts import PROJECT
+    from platform_contract import PROJECT
 
     prefix = f"{PROJECT}:"
     values = {
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if fact is None:
         raise SystemExit(
             f"config key 'gpuNodeType' = {keys.gpu_node_type!r}: the planner has facts for "
-            f"{', '.join(INSTANCES)} only (infra/plan/facts.py)"
+            f"{', '.join(INSTANCES)} only (infra/plan/figures.py)"
         )
     source = "shipped facts (--offline)"
     if not args.offline:

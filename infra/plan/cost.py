@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.aws_facts.reservation_window import parse_aws_time
-from infra.plan.facts import (
+from infra.plan.figures import (
     EC2_BILLING_URL,
     EC2_MINIMUM_BILLED_S,
     EKS_EXTENDED_SUPPORT_USD_PER_HOUR,
@@ -24,7 +24,7 @@ from infra.plan.facts import (
     HOURS_PER_MONTH,
     NAT_GATEWAY_USD_PER_HOUR,
     PUBLIC_IPV4_USD_PER_HOUR,
-    Fact,
+    Figure,
     shipped_on_demand_usd,
 )
 from infra.plan.refresh import on_demand_usd
@@ -220,7 +220,7 @@ class StackShape:
     nat_gateways: int
 
 
-def _per_hour(fact: Fact, count: float = 1) -> float:
+def _per_hour(fact: Figure, count: float = 1) -> float:
     return count * fact.value
 
 

@@ -3,8 +3,8 @@ in inter-node bytes, time, tokens/s and dollars, per sharding strategy.
 
 `python -m infra.plan --stack NAME [--json] [--line-rate-gbps X] [--offline]` plans from the
 stack file; `pulumi preview` logs the same plan (`log_plan`). The judgement (`plan`) is pure over
-facts: the model's size and FLOPs (`training.metrics.flops`), a measured MFU (`infra.plan.facts.MFU_POINTS`),
-the instance's line rate, intra-node bandwidth and price (`infra.plan.facts`, refreshed from AWS
+facts: the model's size and FLOPs (`training.metrics.flops`), a measured MFU (`infra.plan.figures.MFU_POINTS`),
+the instance's line rate, intra-node bandwidth and price (`infra.plan.figures`, refreshed from AWS
 when credentials are there, `infra.plan.refresh`). Around it: the plan as text and at preview
 (`infra.plan.report`), the planner against published and measured figures (`infra.plan.calibration`)
 and the command line (`infra.plan.cli`).
@@ -27,7 +27,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from infra.plan.facts import FP8_GPUS, MFU_POINTS, InstanceFact
+from infra.plan.figures import FP8_GPUS, MFU_POINTS, InstanceFigures
 from training.config.run_config import CONFIG_DIR, TrainConfig, load_model_config
 from training.metrics.flops import flops_per_token, num_params, peak_flops
 
@@ -214,7 +214,7 @@ def remedies(workload: Workload, cluster: ClusterShape, replicas: int) -> list[t
 
 
 def cluster_of(
-    instance_type: str, nodes: int, fact: InstanceFact, line_rate: float | None = None
+    instance_type: str, nodes: int, fact: InstanceFigures, line_rate: float | None = None
 ) -> ClusterShape:
     return ClusterShape(
         nodes=nodes,

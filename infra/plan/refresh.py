@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 import json
 
-from infra.plan.facts import Fact, InstanceFact, line_rate_gbps
+from infra.plan.figures import Figure, InstanceFigures, line_rate_gbps
 
 
 def on_demand_usd(price_item: str) -> float | None:
@@ -22,7 +22,7 @@ def on_demand_usd(price_item: str) -> float | None:
     return None
 
 
-def refreshed(instance_type: str, region: str, fact: InstanceFact) -> tuple[InstanceFact, str]:
+def refreshed(instance_type: str, region: str, fact: InstanceFigures) -> tuple[InstanceFigures, str]:
     """The shipped facts with the line rate (ec2:DescribeInstanceTypes) and the us-east-1
     on-demand price (pricing:GetProducts) AWS states now; the shipped ones without credentials."""
     import boto3
@@ -52,8 +52,8 @@ def refreshed(instance_type: str, region: str, fact: InstanceFact) -> tuple[Inst
     return (
         dataclasses.replace(
             fact,
-            line_rate_gbps=Fact(rate, "ec2:DescribeInstanceTypes", today) if rate else fact.line_rate_gbps,
-            usd_per_hour=Fact(usd, "pricing:GetProducts", today) if usd else fact.usd_per_hour,
+            line_rate_gbps=Figure(rate, "ec2:DescribeInstanceTypes", today) if rate else fact.line_rate_gbps,
+            usd_per_hour=Figure(usd, "pricing:GetProducts", today) if usd else fact.usd_per_hour,
         ),
         "line rate and price from AWS",
     )

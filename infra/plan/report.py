@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra.plan.facts import INSTANCES, MFU_POINTS, line_rate_gbps
+from infra.plan.figures import INSTANCES, MFU_POINTS, line_rate_gbps
 from infra.plan.planner import (
     GB,
     ClusterShape,
@@ -97,7 +97,7 @@ def log_plan(
     workload = workload_of(config)
     if fact is None or workload is None:
         pulumi.log.info(
-            f"no communication plan: the planner has no facts for {instance_type} or {config.model_config}"
+            f"no communication plan: the planner has no figures for {instance_type} or {config.model_config}"
         )
         return None
     cluster = cluster_of(instance_type, nodes, fact, line_rate_gbps(network_performance))

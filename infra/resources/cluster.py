@@ -10,7 +10,7 @@ import pulumi_eks as eks
 
 from infra.aws_facts.live_stack import OWNER_TAG, LiveCluster, owner
 from infra.config.stack import StackSettings
-from platform_facts import PROJECT
+from platform_contract import PROJECT
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 # The EKS managed policy that makes an access entry a cluster administrator, for the whole cluster.

@@ -16,7 +16,7 @@ from typing import Any
 from infra.aws_facts.container_insights import METRIC_NAMESPACE
 from infra.config.stack import StackKeys
 from infra.resources.observability import GRID_COLUMNS, dashboard_body
-from training.metrics.cloudwatch_facts import NAMESPACE as JOB_NAMESPACE
+from training.metrics.cloudwatch_metrics import NAMESPACE as JOB_NAMESPACE
 
 COLUMN_PX, ROW_PX, MARGIN_PX, GAP_PX = 48, 30, 16, 4
 LEGEND_PX = 50

@@ -32,7 +32,7 @@ import pulumi_aws as aws
 
 from infra.aws_facts.capacity_rules import ReservationFacts
 from infra.aws_facts.sizing import InstanceFacts
-from platform_facts import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
+from platform_contract import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
 
 # GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.
 GPU_MAX_UNAVAILABLE = 1

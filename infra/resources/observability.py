@@ -38,8 +38,8 @@ from infra.aws_facts.live_stack import LiveCluster
 from infra.config.parsing import ConfigError
 from infra.resources.cluster import addon_version
 from infra.resources.storage import irsa_trust_policy
-from platform_facts import GPU_TOLERATION
-from training.metrics import cloudwatch_facts as job
+from platform_contract import GPU_TOLERATION
+from training.metrics import cloudwatch_metrics as job
 
 # Every graph's period: Container Insights collects once a minute (its metric reference).
 PERIOD_S = 60

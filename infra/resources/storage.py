@@ -11,7 +11,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from platform_facts import RAY_SERVICE_ACCOUNT
+from platform_contract import RAY_SERVICE_ACCOUNT
 
 BUCKET_NAME_LIMIT = 63
 # Overwritten or deleted checkpoints stay recoverable this long; uploads cut short are cleaned up.

@@ -91,7 +91,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from platform_facts import PART_OF_LABELS
+from platform_contract import PART_OF_LABELS
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
 from workloads.training_run.readiness import host_limits_command
 

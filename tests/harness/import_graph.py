@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.harness.paths import REPO_ROOT as ROOT
 
 PROGRAM_PACKAGES = {
-    "platform_facts",
+    "platform_contract",
     "layers",
     "catalogues",
     "infra",

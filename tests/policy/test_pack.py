@@ -1,4 +1,4 @@
-"""The pack as a whole: its entry point lists every registered rule, its copies of the program's facts
+"""The pack as a whole: its entry point lists every registered rule, its copies of the program's contract
 equal the originals, and every resource of every stack's mocks run passes every mandatory rule."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pulumi_policy import (
     EnforcementLevel,
 )
 
-import platform_facts
+import platform_contract
 from infra.resources.cluster import control_plane_log_group
 from infra.resources.node_groups import METADATA_OPTIONS
 from policy.rules import eks, nodes, pods, properties, ray, registered, registry, storage
@@ -73,15 +73,15 @@ def test_entry_point_lists_every_rule_with_its_enforcement(monkeypatch):
 
 
 def test_pack_constants_match_the_program():
-    assert ray.RAY_PORTS == platform_facts.RAY_PORTS
+    assert ray.RAY_PORTS == platform_contract.RAY_PORTS
     assert ray.RAY_CLUSTER_LABEL == manifests.RAY_CLUSTER_LABEL
     assert ray.RAY_NODE_TYPE_LABEL == manifests.RAY_NODE_TYPE_LABEL
     assert manifests.POD_SECURITY_LABELS[pods.POD_SECURITY_ENFORCE] in pods.ENFORCED_LEVELS
     assert METADATA_OPTIONS["http_put_response_hop_limit"] == nodes.POD_SAFE_HOP_LIMIT
     assert storage.control_plane_log_group("c") == control_plane_log_group("c")
     key, value = nodes.GPU_NODE_LABEL
-    assert platform_facts.GPU_LABELS[key] == value
-    assert {key: value} == platform_facts.GPU_NODE_SELECTOR
+    assert platform_contract.GPU_LABELS[key] == value
+    assert {key: value} == platform_contract.GPU_NODE_SELECTOR
 
 
 def stack_name(stack_file: Path) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from platform_facts import GPU_NODE_SELECTOR, GPU_TOLERATION
+from platform_contract import GPU_NODE_SELECTOR, GPU_TOLERATION
 from tests.harness.fake_kube_api import FakeEfaSysfs
 from training.metrics.efa_sysfs import COUNTERS_URL_ENV, SYSFS_ROOT, read_counters, read_moved_bytes
 from workloads import efa_counter_reader, manifests

@@ -1,6 +1,6 @@
 """The job's numbers in CloudWatch, beside the nodes' Container Insights metrics: rank 0 publishes
 each step's tokens/s, loss, MFU, step time and each node's EFA bytes/s, and the fabric gate's probe
-its busbw (names, units and dimensions in `training.metrics.cloudwatch_facts`).
+its busbw (names, units and dimensions in `training.metrics.cloudwatch_metrics`).
 
 Publishing never slows or stops training. A step only appends its data points to a list; a
 background thread sends them with `PutMetricData` every `FLUSH_SECONDS` (or sooner when
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from training.config.run_config import TrainConfig
-from training.metrics.cloudwatch_facts import (
+from training.metrics.cloudwatch_metrics import (
     BUSBW_METRIC,
     BUSBW_UNIT,
     CLUSTER_DIMENSION,

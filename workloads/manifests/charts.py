@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from platform_facts import (
+from platform_contract import (
     GPU_NODE_SELECTOR,
     GPU_TOLERATION,
     SYSTEM_NODE_SELECTOR,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from platform_facts import (
+from platform_contract import (
     PART_OF_LABELS,
 )
 

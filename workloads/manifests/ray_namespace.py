@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from platform_facts import (
+from platform_contract import (
     PART_OF_LABELS,
 )
 

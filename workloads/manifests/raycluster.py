@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from infra.aws_facts.sizing import WorkerSizing
-from platform_facts import (
+from platform_contract import (
     EFA_RESOURCE,
     GPU_NODE_SELECTOR,
     GPU_RESOURCE,
@@ -17,7 +17,7 @@ from platform_facts import (
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
 )
-from training.metrics.cloudwatch_facts import CLUSTER_NAME_ENV
+from training.metrics.cloudwatch_metrics import CLUSTER_NAME_ENV
 from workloads.efa_counter_reader import counters_url_env
 from workloads.manifests.code_configmap import CODE_MOUNT, code_volume
 from workloads.manifests.secret import HF_TOKEN_ENV
@@ -62,7 +62,7 @@ class RayClusterSpec:
     service_account: str
     code_configmap: str
     code_files: dict[str, str]
-    # The cluster's name for the job's CloudWatch metrics (`training.metrics.cloudwatch_facts`), while
+    # The cluster's name for the job's CloudWatch metrics (`training.metrics.cloudwatch_metrics`), while
     # the stack's `observability` key is on; None leaves the job publishing nothing.
     metrics_cluster_name: str | None = None
     head_cpu: str = "2"

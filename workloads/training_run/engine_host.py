@@ -33,7 +33,7 @@ from typing import Any
 
 from google.protobuf import empty_pb2
 
-from platform_facts import PROJECT
+from platform_contract import PROJECT
 from workloads.training_run.errors import JOB_KEEPS_RUNNING, Interrupted, TrainingRunError
 
 CANCELLED = threading.Event()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from platform_facts import EFA_RESOURCE, GPU_NODE_SELECTOR, GPU_PRESENT_LABEL, GPU_RESOURCE
+from platform_contract import EFA_RESOURCE, GPU_NODE_SELECTOR, GPU_PRESENT_LABEL, GPU_RESOURCE
 from training.config.settings import switch_values
 from workloads import manifests
 from workloads.training_run.access.cluster_api import ClusterApi, NodeFacts, PodFacts, stdout_of_each_pod

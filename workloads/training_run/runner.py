@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import pulumi
 
-from platform_facts import EFA_RESOURCE, GPU_RESOURCE
+from platform_contract import EFA_RESOURCE, GPU_RESOURCE
 from training.metrics.report import format_progress_line
 from workloads import manifests
 from workloads.efa_counter_reader import READER_NAMESPACE

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from infra.config.stack import GPU_NODES_AFTER_TRAINING, KEEP, RELEASE
-from platform_facts import EXPECTABLE_TRANSPORTS
+from platform_contract import EXPECTABLE_TRANSPORTS
 from workloads.training_run.access.call_bounds import ApiTimeouts
 from workloads.training_run.errors import TrainingRunError
 

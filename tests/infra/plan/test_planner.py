@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from infra.plan import planner, report
-from infra.plan.facts import INSTANCES
+from infra.plan.figures import INSTANCES
 from training.config.run_config import parse_flags
 
 

@@ -1,4 +1,4 @@
-"""The planner's facts refreshed from AWS: the Price List's items and DescribeInstanceTypes' line rates
+"""The planner's figures refreshed from AWS: the Price List's items and DescribeInstanceTypes' line rates
 replace the shipped ones, which stay without credentials."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from infra.plan import refresh
-from infra.plan.facts import INSTANCES
+from infra.plan.figures import INSTANCES
 
 
 def test_the_price_list_item_reads_as_its_hourly_price():

@@ -7,7 +7,7 @@ import pulumi
 import pytest
 
 from infra.plan import planner, report
-from infra.plan.facts import INSTANCES
+from infra.plan.figures import INSTANCES
 from tests.harness.fake_aws import FakeAws
 from tests.harness.program import dev_config, run_program
 from training.config.run_config import parse_flags

@@ -22,13 +22,13 @@ from infra.resources.observability import (
     dashboard_name,
     put_metric_data_policy,
 )
-from platform_facts import GPU_TAINT, GPU_TOLERATION
+from platform_contract import GPU_TAINT, GPU_TOLERATION
 from tests.harness.fake_aws import OBSERVABILITY_VERSIONS, FakeAws
 from tests.harness.paths import REPO_ROOT
 from tests.harness.preview_queries import NODE_GROUP, TRAINING_RUN
 from tests.harness.program import ACCOUNT, Preview, dev_config, run_program
-from training.metrics import cloudwatch_facts
-from training.metrics.cloudwatch_facts import CLUSTER_NAME_ENV
+from training.metrics import cloudwatch_metrics
+from training.metrics.cloudwatch_metrics import CLUSTER_NAME_ENV
 
 CHART_VALUES = REPO_ROOT / "tests/fixtures/schemas/amazon-cloudwatch-observability-6.4.0.values.yaml"
 BODY = dashboard_body("eks-ray-train", "us-east-2", "v6.4.0-eksbuild.1")
@@ -217,7 +217,7 @@ def test_the_dashboard_names_only_metrics_the_add_on_or_the_job_emits_with_their
         container_insights.METRIC_NAMESPACE: dict.fromkeys(
             container_insights.METRICS, container_insights.NODE_DIMENSIONS
         ),
-        cloudwatch_facts.NAMESPACE: {name: dims for name, (_, dims) in cloudwatch_facts.METRICS.items()},
+        cloudwatch_metrics.NAMESPACE: {name: dims for name, (_, dims) in cloudwatch_metrics.METRICS.items()},
     }
     graphed: dict[str, set[str]] = {namespace: set() for namespace in emitted}
     for match in searches(BODY):
@@ -278,7 +278,7 @@ def test_the_ray_pods_may_put_metrics_in_the_jobs_namespace_only():
     (statement,) = json.loads(put_metric_data_policy())["Statement"]
     assert statement["Effect"] == "Allow"
     assert statement["Action"] == "cloudwatch:PutMetricData"
-    assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": cloudwatch_facts.NAMESPACE}}
+    assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": cloudwatch_metrics.NAMESPACE}}
 
 
 def test_the_dashboard_name_holds_for_the_longest_cluster_name():

@@ -7,7 +7,7 @@ from pulumi_policy.proxy import (
     UNKNOWN_OBJECT_VALUE,
 )
 
-import platform_facts
+import platform_contract
 from policy.rules import pods, registered, registry
 from policy.rules.properties import StackResource
 from tests.harness.policy_resources import (
@@ -128,7 +128,7 @@ def test_every_resource_rule_has_passing_and_failing_cases():
     ],
 )
 def test_pack_image_rule_is_the_programs(image):
-    assert pods.image_pin_problem(image) == platform_facts.image_pin_problem(image)
+    assert pods.image_pin_problem(image) == platform_contract.image_pin_problem(image)
 
 
 def ns_resource(name: str, labels) -> StackResource:

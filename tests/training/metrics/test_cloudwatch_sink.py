@@ -17,7 +17,7 @@ from moto import mock_aws
 from tests.harness.paths import REPO_ROOT
 from training.config.run_config import parse_flags
 from training.metrics import cloudwatch_sink
-from training.metrics.cloudwatch_facts import (
+from training.metrics.cloudwatch_metrics import (
     BUSBW_METRIC,
     CLUSTER_NAME_ENV,
     EFA_METRIC,

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from infra.config.stack import StackSettings
-from platform_facts import GPU_TOLERATION
+from platform_contract import GPU_TOLERATION
 from tests.harness.paths import FIXTURES
 from workloads import manifests
 

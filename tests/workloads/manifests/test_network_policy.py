@@ -5,7 +5,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from platform_facts import RAY_PORTS
+from platform_contract import RAY_PORTS
 from tests.harness.manifest_checks import KUBERNETES_VERSION
 from workloads import manifests
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from platform_facts import PROJECT, RAY_PORTS
+from platform_contract import PROJECT, RAY_PORTS
 from workloads import manifests
 from workloads.training_run.access import head_jobs_api
 from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor

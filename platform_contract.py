@@ -1,4 +1,4 @@
-"""Facts that the infrastructure (`infra`) and the workloads (`workloads`) must agree on, each declared once.
+"""The contract the infrastructure (`infra`) and the workloads (`workloads`) keep, each term declared once.
 
 Node labels and taints, extended resource names, Kubernetes object names, Ray's ports, the NCCL
 transport vocabulary, and the shape rules for regions, zones, instance types, memory quantities and

@@ -1,4 +1,4 @@
-"""The facts the communication planner and the cost figures (`infra.plan`) work from offline, each
+"""The figures the communication planner and the cost figures (`infra.plan`) work from offline, each
 with its source and the date it was read. AWS's own answers replace the line rates and prices when
 credentials are there (`infra.plan.refresh.refreshed`, and the Price List at preview for the stack's
 cost); the published figures are what `docs/benchmarks.md` checks the planner against. The measured
@@ -18,7 +18,7 @@ ON_DEMAND_PRICES_URL = "https://aws.amazon.com/ec2/pricing/on-demand/"  # us-eas
 
 
 @dataclass(frozen=True)
-class Fact:
+class Figure:
     """A number, where it was published, and when it was read there."""
 
     value: float
@@ -27,53 +27,53 @@ class Fact:
 
 
 @dataclass(frozen=True)
-class InstanceFact:
+class InstanceFigures:
     """What the planner needs of an instance type: its GPUs, its links and its price."""
 
     gpus: int
     gpu_name: str  # as `training.metrics.flops.peak_flops` reads it
     # The node's network line rate (DescribeInstanceTypes `NetworkPerformance`), each direction.
-    line_rate_gbps: Fact
+    line_rate_gbps: Figure
     # GPU-to-GPU bandwidth inside the node, each direction: PCIe when the GPUs have no NVLink.
-    intra_node_gbytes_per_s: Fact
-    usd_per_hour: Fact
+    intra_node_gbytes_per_s: Figure
+    usd_per_hour: Figure
     gpudirect_rdma: bool
 
 
-INSTANCES: dict[str, InstanceFact] = {
+INSTANCES: dict[str, InstanceFigures] = {
     # 4 x L4 on PCIe Gen4 x16 (no NVLink, no GPUDirect RDMA), 1 EFA on a 40 Gbps link.
-    "g6.12xlarge": InstanceFact(
+    "g6.12xlarge": InstanceFigures(
         gpus=4,
         gpu_name="NVIDIA L4",
-        line_rate_gbps=Fact(40, "https://aws.amazon.com/ec2/instance-types/g6/", READ_ON),
-        intra_node_gbytes_per_s=Fact(
+        line_rate_gbps=Figure(40, "https://aws.amazon.com/ec2/instance-types/g6/", READ_ON),
+        intra_node_gbytes_per_s=Figure(
             32, "https://www.nvidia.com/en-us/data-center/l4/ (PCIe Gen4 x16, 64 GB/s both ways)", READ_ON
         ),
-        usd_per_hour=Fact(4.6016, ON_DEMAND_PRICES_URL, READ_ON),
+        usd_per_hour=Figure(4.6016, ON_DEMAND_PRICES_URL, READ_ON),
         gpudirect_rdma=False,
     ),
     # The p4d and p5 prices are those after AWS's June 2025 cut of P4/P5 on-demand prices, not re-read
     # from the price list here; `python -m infra.plan` replaces them with pricing:GetProducts' answer.
     # 8 x A100 40GB on NVSwitch, 4 EFA (4 x 100 Gbps), GPUDirect RDMA.
-    "p4d.24xlarge": InstanceFact(
+    "p4d.24xlarge": InstanceFigures(
         gpus=8,
         gpu_name="NVIDIA A100",
-        line_rate_gbps=Fact(400, "https://aws.amazon.com/ec2/instance-types/p4/", READ_ON),
-        intra_node_gbytes_per_s=Fact(
+        line_rate_gbps=Figure(400, "https://aws.amazon.com/ec2/instance-types/p4/", READ_ON),
+        intra_node_gbytes_per_s=Figure(
             300, "https://www.nvidia.com/en-us/data-center/a100/ (NVLink 600 GB/s both ways)", READ_ON
         ),
-        usd_per_hour=Fact(21.96, ON_DEMAND_PRICES_URL, READ_ON),
+        usd_per_hour=Figure(21.96, ON_DEMAND_PRICES_URL, READ_ON),
         gpudirect_rdma=True,
     ),
     # 8 x H100 on NVSwitch, 32 EFA (3200 Gbps), GPUDirect RDMA.
-    "p5.48xlarge": InstanceFact(
+    "p5.48xlarge": InstanceFigures(
         gpus=8,
         gpu_name="NVIDIA H100",
-        line_rate_gbps=Fact(3200, "https://aws.amazon.com/ec2/instance-types/p5/", READ_ON),
-        intra_node_gbytes_per_s=Fact(
+        line_rate_gbps=Figure(3200, "https://aws.amazon.com/ec2/instance-types/p5/", READ_ON),
+        intra_node_gbytes_per_s=Figure(
             450, "https://www.nvidia.com/en-us/data-center/h100/ (NVLink 900 GB/s both ways)", READ_ON
         ),
-        usd_per_hour=Fact(55.04, ON_DEMAND_PRICES_URL, READ_ON),
+        usd_per_hour=Figure(55.04, ON_DEMAND_PRICES_URL, READ_ON),
         gpudirect_rdma=True,
     ),
 }
@@ -85,19 +85,19 @@ VPC_PRICING_URL = "https://aws.amazon.com/vpc/pricing/"
 EBS_PRICING_URL = "https://aws.amazon.com/ebs/pricing/"
 # The control plane per cluster-hour: standard support, and a Kubernetes version in extended support
 # (US$ 0.60 in all, since April 2024).
-EKS_STANDARD_SUPPORT_USD_PER_HOUR = Fact(0.10, EKS_PRICING_URL, READ_ON)
-EKS_EXTENDED_SUPPORT_USD_PER_HOUR = Fact(0.60, EKS_PRICING_URL, READ_ON)
+EKS_STANDARD_SUPPORT_USD_PER_HOUR = Figure(0.10, EKS_PRICING_URL, READ_ON)
+EKS_EXTENDED_SUPPORT_USD_PER_HOUR = Figure(0.60, EKS_PRICING_URL, READ_ON)
 # A NAT gateway per hour it exists (its per-GB processing charge comes on top), and the public IPv4
 # address it holds (an Elastic IP, billed per hour since February 2024).
-NAT_GATEWAY_USD_PER_HOUR = Fact(0.045, VPC_PRICING_URL, READ_ON)
-PUBLIC_IPV4_USD_PER_HOUR = Fact(0.005, VPC_PRICING_URL, READ_ON)
+NAT_GATEWAY_USD_PER_HOUR = Figure(0.045, VPC_PRICING_URL, READ_ON)
+PUBLIC_IPV4_USD_PER_HOUR = Figure(0.005, VPC_PRICING_URL, READ_ON)
 # gp3 storage per GB-month; the EBS pricing page turns months into hours at 730 hours a month.
-GP3_USD_PER_GB_MONTH = Fact(0.08, EBS_PRICING_URL, READ_ON)
+GP3_USD_PER_GB_MONTH = Figure(0.08, EBS_PRICING_URL, READ_ON)
 HOURS_PER_MONTH = 730
 # The system node types: the default, and m5.large, which the preflight names as another; On-Demand Linux.
-SYSTEM_INSTANCE_USD_PER_HOUR: dict[str, Fact] = {
-    "m7i.xlarge": Fact(0.2016, ON_DEMAND_PRICES_URL, READ_ON),
-    "m5.large": Fact(0.096, ON_DEMAND_PRICES_URL, READ_ON),
+SYSTEM_INSTANCE_USD_PER_HOUR: dict[str, Figure] = {
+    "m7i.xlarge": Figure(0.2016, ON_DEMAND_PRICES_URL, READ_ON),
+    "m5.large": Figure(0.096, ON_DEMAND_PRICES_URL, READ_ON),
 }
 # EC2 bills a Linux On-Demand instance per second while it is `running`, with a minimum of 60 seconds
 # each time it starts (AWS announcement of per-second billing, 2017-10-02; EC2 user guide, "Instance
@@ -108,7 +108,7 @@ EC2_BILLING_URL = (
 EC2_MINIMUM_BILLED_S = 60
 
 
-def shipped_on_demand_usd(instance_type: str) -> Fact | None:
+def shipped_on_demand_usd(instance_type: str) -> Figure | None:
     """The shipped On-Demand hourly price of a type, GPU or system, or None for a type without one."""
     gpu = INSTANCES.get(instance_type)
     return gpu.usd_per_hour if gpu else SYSTEM_INSTANCE_USD_PER_HOUR.get(instance_type)
@@ -130,7 +130,7 @@ class MfuPoint:
     bf16 peak, `training.metrics.flops`); the fact's source is the report, `record` the raw JSON
     beside it that holds `case`."""
 
-    mfu: Fact
+    mfu: Figure
     case: str
     record: str
     tokens_per_micro_batch: int
@@ -149,7 +149,7 @@ class MfuPoint:
 MFU_POINTS = (
     # AWS's sample loop: bf16 weights, plain AdamW, seq 128 x 1; the record's own `mfu`.
     MfuPoint(
-        Fact(0.008866044513304722, THROUGHPUT_REPORT, MEASURED_ON),
+        Figure(0.008866044513304722, THROUGHPUT_REPORT, MEASURED_ON),
         case="reference-bf16-adamw-128x1",
         record="h200-throughput.json",
         tokens_per_micro_batch=128,
@@ -158,7 +158,7 @@ MFU_POINTS = (
     ),
     # The tuned compiled loop at 4096 x 4; the record's own `mfu`.
     MfuPoint(
-        Fact(0.535980357172838, THROUGHPUT_REPORT, MEASURED_ON),
+        Figure(0.535980357172838, THROUGHPUT_REPORT, MEASURED_ON),
         case="tuned-compiled-4096x4",
         record="h200-throughput.json",
         tokens_per_micro_batch=16384,
@@ -168,7 +168,7 @@ MFU_POINTS = (
     # The `throughput` preset (4096 x 2, checkpointing, HSDP 2 x 4) at world size 8 under the fake
     # process group (collectives free): its `tokens_per_s_per_gpu` by the formula.
     MfuPoint(
-        Fact(0.3638423917401991, MEMORY_REPORT, MEASURED_ON),
+        Figure(0.3638423917401991, MEMORY_REPORT, MEASURED_ON),
         case="seq4096x2-ac-hsdp-2x4",
         record="h200-deferred-and-memory.json",
         tokens_per_micro_batch=8192,
@@ -183,7 +183,7 @@ class ThroughputFigure:
     """A measured tokens/s of the tuned compiled loop at seq 4096 on one GPU, which the planner's
     comparison (docs/benchmarks.md) predicts from the nearest MFU point."""
 
-    tokens_per_s: Fact
+    tokens_per_s: Figure
     case: str
     record: str
     batch_size: int
@@ -193,7 +193,7 @@ class ThroughputFigure:
 
 def _h200_figure(tokens_per_s: float, case: str, batch_size: int, **accumulation: Any) -> ThroughputFigure:
     return ThroughputFigure(
-        Fact(tokens_per_s, THROUGHPUT_REPORT, MEASURED_ON),
+        Figure(tokens_per_s, THROUGHPUT_REPORT, MEASURED_ON),
         case,
         "h200-throughput.json",
         batch_size,
@@ -236,8 +236,8 @@ AWS_SAMPLE_URL = (
 )
 # AWS's sample: Qwen2.5-1.5B in bf16 (no mixed precision, so gradients reduce in bf16), FSDP
 # FULL_SHARD over 2 x g6.12xlarge (world size 8), seq 128 x batch 1, 20 steps, 3 discarded.
-AWS_SAMPLE_EFA_STEPS_PER_S = Fact(0.5173, AWS_SAMPLE_URL, READ_ON)
-AWS_SAMPLE_TCP_STEPS_PER_S = Fact(0.2513, AWS_SAMPLE_URL, READ_ON)
+AWS_SAMPLE_EFA_STEPS_PER_S = Figure(0.5173, AWS_SAMPLE_URL, READ_ON)
+AWS_SAMPLE_TCP_STEPS_PER_S = Figure(0.2513, AWS_SAMPLE_URL, READ_ON)
 AWS_SAMPLE_SEQ_LEN = 128
 AWS_SAMPLE_BATCH = 1
 AWS_SAMPLE_INSTANCE = "g6.12xlarge"
@@ -251,8 +251,8 @@ class AllReduceFigure:
     instance_type: str
     nodes: int
     size_bytes: int
-    time_us: Fact
-    busbw_gbytes_per_s: Fact
+    time_us: Figure
+    busbw_gbytes_per_s: Figure
 
 
 NCCL_TESTS = (
@@ -261,8 +261,8 @@ NCCL_TESTS = (
         instance_type="p4d.24xlarge",
         nodes=2,
         size_bytes=1073741824,
-        time_us=Fact(35215, "https://github.com/NVIDIA/nccl/issues/527 (2022-07-25)", READ_ON),
-        busbw_gbytes_per_s=Fact(57.17, "https://github.com/NVIDIA/nccl/issues/527 (2022-07-25)", READ_ON),
+        time_us=Figure(35215, "https://github.com/NVIDIA/nccl/issues/527 (2022-07-25)", READ_ON),
+        busbw_gbytes_per_s=Figure(57.17, "https://github.com/NVIDIA/nccl/issues/527 (2022-07-25)", READ_ON),
     ),
 )
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from kubernetes.utils import parse_quantity
 
-import platform_facts
+import platform_contract
 from infra.config.stack import ConfigError, parse_settings
-from platform_facts import AVAILABILITY_ZONE, INSTANCE_TYPE, REGION, image_pin_problem, memory_mib
+from platform_contract import AVAILABILITY_ZONE, INSTANCE_TYPE, REGION, image_pin_problem, memory_mib
 from tests.harness.import_graph import imported_modules
 from tests.harness.paths import REPO_ROOT
 
@@ -103,11 +103,11 @@ def test_image_pin_rule(image, problem):
 
 
 def test_project_is_the_pulumi_projects_name():
-    assert yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"] == platform_facts.PROJECT
+    assert yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"] == platform_contract.PROJECT
 
 
 def test_gpu_scheduling_follows_the_node_labels_and_taint():
-    facts = platform_facts
+    facts = platform_contract
     assert facts.GPU_NODE_SELECTOR.items() <= facts.GPU_LABELS.items()
     assert facts.SYSTEM_NODE_SELECTOR.items() <= facts.SYSTEM_LABELS.items()
     assert facts.GPU_TOLERATION["key"] == facts.GPU_TAINT["key"] == facts.GPU_RESOURCE
@@ -118,12 +118,12 @@ def test_gpu_scheduling_follows_the_node_labels_and_taint():
 
 def test_shared_facts_import_with_the_standard_library_alone():
     """Nothing but the standard library at import (-S hides site-packages); the client only to read a quantity."""
-    probe = "import sys; sys.path.insert(0, '.'); import platform_facts"
+    probe = "import sys; sys.path.insert(0, '.'); import platform_contract"
     result = subprocess.run([sys.executable, "-S", "-c", probe], cwd=ROOT, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr
     third_party = {
         name.split(".")[0]
-        for name in imported_modules(ROOT / "platform_facts.py")
+        for name in imported_modules(ROOT / "platform_contract.py")
         if name.split(".")[0] not in sys.stdlib_module_names
     }
     assert third_party == {"kubernetes"}

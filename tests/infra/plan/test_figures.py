@@ -1,4 +1,4 @@
-"""The planner's facts: each has its source and date, AWS's texts read as numbers, and each measured
+"""The planner's figures: each has its source and date, AWS's texts read as numbers, and each measured
 figure equals its report's raw JSON (the product declares them; only this test reads the record)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from infra.plan import facts
-from infra.plan.facts import H200_THROUGHPUT, INSTANCES, MFU_POINTS, NCCL_TESTS, Fact, line_rate_gbps
+from infra.plan import figures
+from infra.plan.figures import H200_THROUGHPUT, INSTANCES, MFU_POINTS, NCCL_TESTS, Figure, line_rate_gbps
 from tests.harness.paths import REPO_ROOT as ROOT
 from training.config.run_config import load_model_config
 from training.metrics.flops import flops_per_token, peak_flops
 
 
-def facts_of(value: object) -> list[Fact]:
-    if isinstance(value, Fact):
+def facts_of(value: object) -> list[Figure]:
+    if isinstance(value, Figure):
         return [value]
     if dataclasses.is_dataclass(value):
         return [fact for field in dataclasses.fields(value) for fact in facts_of(getattr(value, field.name))]
@@ -28,8 +28,8 @@ def facts_of(value: object) -> list[Fact]:
 ALL_FACTS = [
     *(fact for instance in INSTANCES.values() for fact in facts_of(instance)),
     *(fact for figure in NCCL_TESTS for fact in facts_of(figure)),
-    facts.AWS_SAMPLE_EFA_STEPS_PER_S,
-    facts.AWS_SAMPLE_TCP_STEPS_PER_S,
+    figures.AWS_SAMPLE_EFA_STEPS_PER_S,
+    figures.AWS_SAMPLE_TCP_STEPS_PER_S,
 ]
 
 
