@@ -18,7 +18,7 @@ from infra.config.training_settings import setting_keys
 from tests.harness.fake_aws import FakeAws
 from tests.harness.program import ROOT, dev_config, run_program
 from workloads import training_run
-from workloads.training_run.provider import GATE, TOP, training_output_keys
+from workloads.training_run.provider import GATE, TOP, benchmark_output_keys, training_output_keys
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -269,6 +269,13 @@ def test_the_readme_shows_every_key_of_the_training_output():
         "cost",
     }
     assert set(exported["gate"]) == set(declared[GATE])
+
+
+def test_the_benchmark_example_shows_every_key_of_the_benchmark_output():
+    page = ROOT / "docs" / "operations" / "transport-verdict.md"
+    block = page.read_text().split("pulumi stack output benchmark --json\n", 1)[1].split("```")[0]
+    shown = example_keys("\n".join(line.removeprefix("#").strip() for line in block.splitlines()))
+    assert shown[""] == list(benchmark_output_keys())
 
 
 def test_the_readme_check_sees_a_key_the_example_lacks():

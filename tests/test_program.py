@@ -224,6 +224,23 @@ def test_no_training_run_when_train_is_off():
     assert plan.of_type(TRAINING_RUN) == []
 
 
+def test_the_benchmark_output_is_exported_only_with_benchmark_on():
+    """The EFA run beside the TCP baseline, the keys `RunOutputs` declares for it, in their order."""
+    on = run_program(dev_config(benchmark="true"), FakeAws(region="us-east-2"))
+    assert list(on.outputs["benchmark"]) == [
+        "efaTokensPerS",
+        "efaBytes",
+        "efaBusbwGbps",
+        "tcpTransport",
+        "tcpTokensPerS",
+        "tcpEfaBytes",
+        "tcpBusbwGbps",
+        "efaSpeedup",
+    ]
+    off = run_program(dev_config(benchmark="false"), FakeAws(region="us-east-2"))
+    assert "benchmark" not in off.outputs
+
+
 def test_too_many_workers_fails_in_preview():
     with pytest.raises(pulumi.RunError, match=r"'training\.workers' = 9"):
         run_program(dev_config(training='{"workers": 9}'), FakeAws(region="us-east-2"))

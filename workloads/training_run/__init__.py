@@ -20,7 +20,7 @@ One file per concern (each module below; `tests/test_docs.py` checks the list is
 The job's command line comes from the stack's `training` settings (`infra.config.training_settings`).
 """
 
-from workloads.training_run.provider import TrainingRun, training_output
+from workloads.training_run.provider import TrainingRun, benchmark_output, training_output
 from workloads.training_run.schema import RunInputs
 
-__all__ = ["RunInputs", "TrainingRun", "training_output"]
+__all__ = ["RunInputs", "TrainingRun", "benchmark_output", "training_output"]

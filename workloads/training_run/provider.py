@@ -80,14 +80,20 @@ from workloads.training_run.verdicts.gate import GateResult
 # Where an output shows in the stack output `training` (`training_output`): at its top or in its
 # `gate` group. An output declared without `shown` is the resource's alone.
 TOP, GATE = "", "gate"
+# The stack output `benchmark` (with `benchmark` on): the EFA run beside the TCP baseline.
+BENCHMARK = "benchmark"
 # Inputs the `training` output shows beside the outputs: the line rate `busbw_fraction` is a share of.
 SHOWN_INPUTS = ("line_rate_gbps",)
 
 
-def shown(group: str = TOP, *, key: str | None = None) -> dict[str, Any]:
-    """The metadata of a `RunOutputs` field that the stack output `training` shows in `group`, under
-    `key` or else its name camelCased (without the `gate_` prefix in the `gate` group)."""
-    return {"group": group, "key": key}
+def shown(group: str | None = TOP, *, key: str | None = None, benchmark: str | None = None) -> dict[str, Any]:
+    """The metadata of a `RunOutputs` field that the stack output `training` shows in `group` (None:
+    not there), under `key` or else its name camelCased (without the `gate_` prefix in the `gate`
+    group); `benchmark`: its key in the stack output `benchmark` too."""
+    placements: dict[str, str | None] = {} if group is None else {group: key}
+    if benchmark:
+        placements[BENCHMARK] = benchmark
+    return {"shown": placements}
 
 
 @dataclass(frozen=True)
@@ -114,12 +120,14 @@ class RunOutputs:
     transport_reason: str
     evidence: list[str] = dataclasses.field(metadata=shown())
     worker_log_files: dict[str, int]
-    tokens_per_s: float | None = dataclasses.field(metadata=shown())
+    tokens_per_s: float | None = dataclasses.field(metadata=shown(benchmark="efaTokensPerS"))
     mfu: float | None = dataclasses.field(metadata=shown())
     step_time_s: float | None = dataclasses.field(metadata=shown())
     duration_s: float | None = dataclasses.field(metadata=shown())
     summary: dict
-    efa_bytes: dict[str, int | None] | None = dataclasses.field(default=None, metadata=shown())
+    efa_bytes: dict[str, int | None] | None = dataclasses.field(
+        default=None, metadata=shown(benchmark="efaBytes")
+    )
     efa_counters: dict[str, dict[str, int] | None] | None = dataclasses.field(default=None, metadata=shown())
     efa_unavailable: dict[str, str] | None = dataclasses.field(default=None, metadata=shown())
     gate_job_id: str | None = dataclasses.field(default=None, metadata=shown(GATE))
@@ -129,16 +137,26 @@ class RunOutputs:
     gate_efa_bytes: dict[str, int | None] | None = dataclasses.field(default=None, metadata=shown(GATE))
     gate_efa_unavailable: dict[str, str] | None = dataclasses.field(default=None, metadata=shown(GATE))
     gate_s: float | None = dataclasses.field(default=None, metadata=shown(GATE, key="seconds"))
-    busbw_gbps: dict[str, float] | None = dataclasses.field(default=None, metadata=shown())
+    busbw_gbps: dict[str, float] | None = dataclasses.field(
+        default=None, metadata=shown(benchmark="efaBusbwGbps")
+    )
     busbw_fraction: dict[str, float] | None = dataclasses.field(default=None, metadata=shown())
     tcp_job_id: str | None = None
-    tcp_transport: str | None = None
+    tcp_transport: str | None = dataclasses.field(
+        default=None, metadata=shown(None, benchmark="tcpTransport")
+    )
     tcp_evidence: list[str] | None = None
-    tcp_tokens_per_s: float | None = None
-    tcp_efa_bytes: dict[str, int | None] | None = None
+    tcp_tokens_per_s: float | None = dataclasses.field(
+        default=None, metadata=shown(None, benchmark="tcpTokensPerS")
+    )
+    tcp_efa_bytes: dict[str, int | None] | None = dataclasses.field(
+        default=None, metadata=shown(None, benchmark="tcpEfaBytes")
+    )
     tcp_gate_job_id: str | None = None
-    tcp_busbw_gbps: dict[str, float] | None = None
-    efa_speedup: float | None = None
+    tcp_busbw_gbps: dict[str, float] | None = dataclasses.field(
+        default=None, metadata=shown(None, benchmark="tcpBusbwGbps")
+    )
+    efa_speedup: float | None = dataclasses.field(default=None, metadata=shown(None, benchmark="efaSpeedup"))
     gpu_nodes_released_at: str | None = dataclasses.field(default=None, metadata=shown())
     gpu_nodes: dict[str, dict[str, str]] | None = None
     gpu_nodes_unavailable: str | None = None
@@ -209,13 +227,22 @@ OUTPUTS = tuple(f.name for f in dataclasses.fields(RunOutputs))
 def training_output_keys() -> dict[str, dict[str, str]]:
     """The stack output `training`'s keys by group (`TOP`, `GATE`), each with the output or input it
     shows: the `shown` outputs, then `SHOWN_INPUTS`, camelCased."""
-    groups: dict[str, dict[str, str]] = {TOP: {}, GATE: {}}
-    for field in dataclasses.fields(RunOutputs):
-        if "group" in field.metadata:
-            group = field.metadata["group"]
-            name = field.name.removeprefix(f"{group}_") if group else field.name
-            groups[group][field.metadata["key"] or to_camel(name)] = field.name
+    groups = _shown_keys()
     groups[TOP].update({to_camel(name): name for name in SHOWN_INPUTS})
+    return {TOP: groups[TOP], GATE: groups[GATE]}
+
+
+def benchmark_output_keys() -> dict[str, str]:
+    """The stack output `benchmark`'s keys, each with the output it shows."""
+    return _shown_keys()[BENCHMARK]
+
+
+def _shown_keys() -> dict[str, dict[str, str]]:
+    groups: dict[str, dict[str, str]] = {TOP: {}, GATE: {}, BENCHMARK: {}}
+    for field in dataclasses.fields(RunOutputs):
+        for group, key in field.metadata.get("shown", {}).items():
+            name = field.name.removeprefix(f"{group}_") if group == GATE else field.name
+            groups[group][key or to_camel(name)] = field.name
     return groups
 
 
@@ -226,6 +253,11 @@ def training_output(run: TrainingRun) -> dict[str, Any]:
     shown_outputs: dict[str, Any] = {key: getattr(run, name) for key, name in groups[TOP].items()}
     shown_outputs[GATE] = {key: getattr(run, name) for key, name in groups[GATE].items()}
     return shown_outputs
+
+
+def benchmark_output(run: TrainingRun) -> dict[str, Any]:
+    """The stack output `benchmark`: the EFA run's figures beside the TCP baseline's, by `benchmark_output_keys`."""
+    return {key: getattr(run, name) for key, name in benchmark_output_keys().items()}
 
 
 # --- check and diff ------------------------------------------------------------------------------

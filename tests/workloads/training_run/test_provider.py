@@ -203,6 +203,21 @@ def test_a_401_is_explained_by_what_sts_says_of_the_credentials(sts_error, accep
     assert provider.unauthorized_cause(sts_error, accepted_before) == cause
 
 
+def test_the_benchmark_output_shows_the_efa_run_beside_the_tcp_baseline():
+    """The stack output `benchmark` as `RunOutputs` declares it: the EFA run's figures under `efa*`
+    keys, the TCP baseline's under `tcp*`, and the speed-up."""
+    assert provider.benchmark_output_keys() == {
+        "efaTokensPerS": "tokens_per_s",
+        "efaBytes": "efa_bytes",
+        "efaBusbwGbps": "busbw_gbps",
+        "tcpTransport": "tcp_transport",
+        "tcpTokensPerS": "tcp_tokens_per_s",
+        "tcpEfaBytes": "tcp_efa_bytes",
+        "tcpBusbwGbps": "tcp_busbw_gbps",
+        "efaSpeedup": "efa_speedup",
+    }
+
+
 def test_the_training_output_shows_the_declared_outputs_camelcased():
     """The stack output `training` as `RunOutputs` declares it: the `shown` outputs at its top or in
     `gate` (named without the prefix), the line rate input beside them; the others are the resource's."""
