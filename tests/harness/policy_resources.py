@@ -3,9 +3,11 @@ several test files of tests/policy build."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
-from policy.rules import properties
+from policy.rules import properties, registered, registry
 from policy.rules.properties import StackResource
 
 UNKNOWN = UNKNOWN_STRING_VALUE
@@ -80,3 +82,32 @@ def template(urn: str, **props) -> StackResource:
 
 
 ENA_ONLY = [{"deviceIndex": 0, "associatePublicIpAddress": "false"}]
+
+
+# --- one area's resource-rule cases: (rule, resource type, properties, stack, expected violation or None)
+
+
+def case_ids(cases: list[tuple]) -> list[str]:
+    return [f"{case[0].name}-{'fails' if case[4] else 'passes'}-{index}" for index, case in enumerate(cases)]
+
+
+def check_case(rule, resource_type: str, props: dict, stack: str, expected: str | None) -> None:
+    """The rule passes the properties, or reports exactly one violation that says `expected`."""
+    violations = rule.check(resource_type, props, stack)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0], violations
+
+
+def check_both_outcomes(area: ModuleType, cases: list[tuple]) -> None:
+    """Each resource rule `area` defines has a passing and a failing case among `cases`."""
+    rules = [
+        rule
+        for rule in registered()
+        if isinstance(rule, registry.ResourceRule) and rule.check.__module__ == area.__name__
+    ]
+    assert rules
+    for rule in rules:
+        outcomes = {case[4] is None for case in cases if case[0] is rule}
+        assert outcomes == {True, False}, f"{rule.name} lacks a passing or a failing case"

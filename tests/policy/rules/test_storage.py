@@ -6,12 +6,15 @@ import json
 
 import pytest
 
-from policy.rules import eks, properties, registered, registry, storage
+from policy.rules import eks, properties, storage
 from policy.rules.properties import StackResource
 from tests.harness.policy_resources import (
     AWS_EKS,
     EKS,
     UNKNOWN,
+    case_ids,
+    check_both_outcomes,
+    check_case,
 )
 
 ALL_LOGS = list(eks.CONTROL_PLANE_LOG_TYPES)
@@ -31,29 +34,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "rule, resource_type, props, stack, expected",
-    CASES,
-    ids=[f"{case[0].name}-{'fails' if case[4] else 'passes'}-{index}" for index, case in enumerate(CASES)],
-)
+@pytest.mark.parametrize("rule, resource_type, props, stack, expected", CASES, ids=case_ids(CASES))
 def test_resource_rule(rule, resource_type, props, stack, expected):
-    violations = rule.check(resource_type, props, stack)
-    if expected is None:
-        assert violations == []
-    else:
-        assert len(violations) == 1 and expected in violations[0], violations
+    check_case(rule, resource_type, props, stack, expected)
 
 
 def test_every_resource_rule_has_passing_and_failing_cases():
-    area = [
-        rule
-        for rule in registered()
-        if isinstance(rule, registry.ResourceRule) and rule.check.__module__ == storage.__name__
-    ]
-    assert area
-    for rule in area:
-        outcomes = {case[4] is None for case in CASES if case[0] is rule}
-        assert outcomes == {True, False}, f"{rule.name} lacks a passing or a failing case"
+    check_both_outcomes(storage, CASES)
 
 
 BUCKET = "aws:s3/bucket:Bucket"
