@@ -28,6 +28,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from infra.aws_facts.reservation_window import utc_text
 from tests.harness import paths
 from tests.harness.fake_kube_api import HEALTHY_HOST_LIMITS, FakeEfaSysfs, ScriptedJob, write_nccl_log_files
 from training.metrics.efa_sysfs import SYSFS_ROOT
@@ -38,7 +39,7 @@ from workloads.training_run.access import jobs
 from workloads.training_run.access.cluster_api import KubernetesCluster
 from workloads.training_run.access.commands import ExecResult, LocalExecutor
 from workloads.training_run.access.ec2_instances import ec2_launch_times
-from workloads.training_run.access.node_group import NodeGroupFacts, utc_iso
+from workloads.training_run.access.node_group import NodeGroupFacts
 from workloads.training_run.verdicts import evidence, fabric
 
 FIXTURES = paths.FIXTURES / "training_run"
@@ -513,7 +514,7 @@ class FakeNodeGroupSizer:
     def set_desired_size(self, size: int) -> str:
         self.sizes.append(size)
         self.desired = size
-        return utc_iso(datetime.datetime.fromtimestamp(FAKE_EPOCH + self.clock.now, datetime.UTC))
+        return utc_text(datetime.datetime.fromtimestamp(FAKE_EPOCH + self.clock.now, datetime.UTC))
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.aws_facts.reservation_window import utc_text
 from infra.plan.cost import CostBasis, list_price, measured_cost, planned_cost
 from tests.harness.paths import REPO_ROOT
 from tests.harness.ray_head import RayHead
@@ -45,7 +46,6 @@ from workloads.training_run import errors, provider, runner, schema
 from workloads.training_run.access import jobs
 from workloads.training_run.access.cluster_api import KubernetesCluster
 from workloads.training_run.access.commands import LocalExecutor
-from workloads.training_run.access.node_group import utc_iso
 from workloads.training_run.verdicts import evidence
 from workloads.training_run.verdicts.evidence import JobResult
 
@@ -357,7 +357,7 @@ def test_release_scales_the_group_out_before_the_run_and_to_zero_after_it():
     fake.node_group.desired = 0
     outs = fake.provider().create(props(run_inputs(**RELEASE))).outs
     assert outs["status"] == "SUCCEEDED" and fake.node_group.sizes == [2, 0]
-    assert outs["gpu_nodes_released_at"] == utc_iso(
+    assert outs["gpu_nodes_released_at"] == utc_text(
         datetime.datetime.fromtimestamp(FAKE_EPOCH + fake.clock.now, datetime.UTC)
     )
     assert any("scaled from 0 to 2 nodes" in line for line in fake.logged)

@@ -13,13 +13,13 @@ State", aws/containers-roadmap#2204). Every call is bounded as the DescribeClust
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import botocore.exceptions
 
+from infra.aws_facts.reservation_window import utc_text
 from workloads.training_run.errors import TrainingRunError, aws_refusal
 
 
@@ -48,10 +48,6 @@ def _issue(issue: dict[str, Any]) -> str:
     return f"{issue.get('code', 'Unknown')}: {issue.get('message', '')}" + (
         f" ({resources})" if resources else ""
     )
-
-
-def utc_iso(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class EksNodeGroup:
@@ -92,4 +88,4 @@ class EksNodeGroup:
                 clusterName=self.cluster, nodegroupName=self.name, scalingConfig={"desiredSize": size}
             ),
         )["update"]
-        return utc_iso(update["createdAt"])
+        return utc_text(update["createdAt"])
