@@ -219,6 +219,7 @@ if settings.train:
             expect_transport=settings.training.expect_transport,
             line_rate_gbps=line_rate,
             min_busbw_fraction=settings.training.min_busbw_fraction,
+            check_efa_counters=settings.training.check_efa_counters,
             benchmark=settings.benchmark,
             timeout_minutes=settings.training.timeout_minutes,
             gpu_node_count=settings.gpu_node_count,

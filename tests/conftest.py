@@ -10,12 +10,21 @@ each comparison run the same way). Set OMP_NUM_THREADS to override.
 """
 
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
 from tests.harness.paths import REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def stop_fake_readers():
+    """Every fake node's EFA counter reader server a test started ends with the test."""
+    yield
+    if "tests.harness.fake_kube_api" in sys.modules:
+        sys.modules["tests.harness.fake_kube_api"].FakeReaderNode.stop_all()
 
 
 @pytest.fixture

@@ -89,6 +89,13 @@ class TrainingRunKeys(BaseModel):
         default=0.0,
         description="with `expectTransport: efa`, the least share of the GPU node's line rate the fabric probe's bus bandwidth must reach at its largest message size, for all_gather and reduce_scatter each, or `pulumi up` fails (all_reduce's is reported, not judged: on two nodes NCCL's tree all_reduce can go beyond the line rate); 0 turns the floor off",
     )
+    check_efa_counters: bool = Field(
+        default=True,
+        description="whether the EFA hardware counters of each worker node must show the fabric probe's traffic "
+        "(at least half of what its collectives bring into a node) and the job's, and must be readable, or "
+        "`pulumi up` fails; `false` leaves NCCL's own lines as the only proof of EFA, and the stack output "
+        "`training.checkEfaCounters` says so",
+    )
     timeout_minutes: Annotated[int, BeforeValidator(as_int(1, 7 * 24 * 60, "a week"))] = Field(
         default=60,
         description="how long `pulumi up` follows the job before leaving it running for the next update (at most a week); "

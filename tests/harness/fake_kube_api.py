@@ -78,13 +78,15 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -92,7 +94,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from platform_contract import PART_OF_LABELS
-from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
+from workloads.efa_counter_reader import (
+    NODE_IP_ENV,
+    READER_CONTAINER,
+    READER_LABELS,
+    READER_NAMESPACE,
+    READER_PORT,
+    reader_daemonset,
+)
 from workloads.training_run.readiness import host_limits_command
 
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455, section 1.3
@@ -203,8 +212,10 @@ def pod(
     }
 
 
-def reader_pod(name: str, node_name: str, ready: bool = True) -> dict:
-    """An EFA counter reader pod of the DaemonSet, on `node_name` (`workloads.efa_counter_reader`)."""
+def reader_pod(name: str, node_name: str) -> dict:
+    """An EFA counter reader pod of the DaemonSet, on `node_name` (`workloads.efa_counter_reader`).
+    Its status is the kubelet's view of the node's `FakeReaderNode`, filled in whenever the pod is
+    listed (`FakeKubeApi.readers`)."""
     labels = {**PART_OF_LABELS, **READER_LABELS}
     return {
         "apiVersion": "v1",
@@ -220,20 +231,7 @@ def reader_pod(name: str, node_name: str, ready: bool = True) -> dict:
             "nodeName": node_name,
             "hostNetwork": True,
         },
-        "status": {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": [
-                {
-                    "name": READER_CONTAINER,
-                    "image": "ray",
-                    "imageID": "",
-                    "ready": ready,
-                    "restartCount": 0,
-                    "state": {"running": {}},
-                }
-            ],
-        },
+        "status": {"phase": "Pending"},
     }
 
 
@@ -416,6 +414,8 @@ class FakeKubeApi:
     execs: list[tuple[str, list[str]]] = field(default_factory=list)
     # Nodes on their way in after a scale-out: [node lists left before it joins, node, its worker pod].
     joining: list[list] = field(default_factory=list)
+    # Reader pod name -> its container on its node: the pod's status is read from it when listed.
+    readers: dict[str, FakeReaderNode] = field(default_factory=dict)
 
     def start(self) -> FakeKubeApi:
         cert_file, key_file, self.ca_pem = self_signed_certificate(self.folder)
@@ -463,7 +463,7 @@ class FakeKubeApi:
             )
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 5 and parts[4] == "pods":
             items = [
-                p
+                self._live(p)
                 for p in self.pods
                 if p["metadata"]["namespace"] == parts[3] and _selected(p["metadata"]["labels"], selector)
             ]
@@ -495,6 +495,11 @@ class FakeKubeApi:
         return self._json(
             handler, 404, _status(404, "NotFound", "the server could not find the requested resource")
         )
+
+    def _live(self, pod_object: dict) -> dict:
+        """A reader pod with the status its node's kubelet reports now; any other pod as it is."""
+        reader = self.readers.get(pod_object["metadata"]["name"])
+        return pod_object if reader is None else {**pod_object, "status": reader.pod_status()}
 
     def _join_nodes(self) -> None:
         """One more node list read: nodes whose turn came join, their worker pods scheduled and Ready."""
@@ -538,6 +543,13 @@ class FakeKubeApi:
             p["metadata"]["name"] == pod_name and p["metadata"]["namespace"] == namespace for p in self.pods
         ):
             return self._refuse(handler, status_reply(404, "NotFound", f'pods "{pod_name}" not found'))
+        reader = self.readers.get(pod_name)
+        if reader is not None and not reader.running:
+            # The kubelet has no running container to exec in (kubectl prints "unable to upgrade
+            # connection: container not found": kubernetes/kubernetes#17460, kubernetes/website#40775).
+            return self._refuse(
+                handler, status_reply(500, "InternalError", f'container not found ("{READER_CONTAINER}")')
+            )
         offered = [p.strip() for p in handler.headers.get("Sec-WebSocket-Protocol", "").split(",")]
         if handler.headers.get("Upgrade", "").lower() != "websocket" or self.subprotocol not in offered:
             return self._json(handler, 400, _status(400, "BadRequest", "exec needs a websocket upgrade"))
@@ -958,6 +970,19 @@ class FakeRayDashboard:
 # guide asks for (unlimited; what a given AMI release's containerd gives is not checked here).
 HEALTHY_HOST_LIMITS = "driver 580.95.05\ndriver_cuda 13.0\nruntime_cuda 13.0\nmemlock unlimited\n"
 
+# What the gate's probe adds to each worker node's counters (the fixture report's run, driver_probe.log:
+# 8 ranks on 2 nodes, 25 calls of each collective at 1 MiB, 16 MiB, 256 MiB and 1 GiB): on NCCL's
+# ring each node sends and receives 7/8 of each all_gather's and reduce_scatter's message and 14/8
+# of each all_reduce's, 3.5 x 1297 MiB x 25 each way (nccl-tests doc/PERFORMANCE.md, the ring's bus
+# factors).
+PROBE_TRAFFIC = {
+    "tx_bytes": 119_000_268_800,
+    "rx_bytes": 119_000_272_896,
+    "tx_pkts": 14_525_000,
+    "rx_pkts": 14_525_004,
+}
+# What connection set-up alone moves (libfabric's handshakes): tens of KiB.
+HANDSHAKE_TRAFFIC = {"tx_bytes": 32_768, "rx_bytes": 32_768, "tx_pkts": 64, "rx_pkts": 64}
 # What a node's EFA counters hold before a job: earlier traffic (counters live as long as the device).
 EFA_DEVICE = "rdmap16s27"
 EFA_COUNTERS_AT_BOOT = {
@@ -1019,6 +1044,126 @@ class FakeEfaSysfs:
             (self.folder / name).write_text(f"{value}\n")
 
 
+class FakeReaderNode:
+    """One GPU node's EFA counter reader container, as the kubelet runs it and sees it.
+
+    - It runs the real program: the reader DaemonSet's own container command (`reader_daemonset`),
+      `$(NODE_IP)` expanded by the kubelet's rules (`kubelet_expand`) to 127.0.0.1, which stands in
+      for the node's address, the port swapped for a free one (every fake node shares this
+      machine) and the node's sysfs (`root`: a `FakeEfaSysfs` host view) appended as the sysfs
+      root; `python` is the image's interpreter.
+    - Ready is what the kubelet's readiness probe finds: an HTTP GET on the port answered 2xx
+      within `timeoutSeconds`, 1 s by default (Kubernetes docs, "Configure Liveness, Readiness and
+      Startup Probes"). A container whose program cannot start (`python` None: an image without
+      one) or has died is not running: the pod shows CrashLoopBackOff, never Ready, and an exec
+      into it is refused (`FakeKubeApi._exec`).
+
+    The container starts when the kubelet is first asked about it, so a test that never lists the
+    readers starts no process; `stop_all` (an autouse fixture of tests/conftest.py) ends every one
+    after each test.
+    """
+
+    PROBE_TIMEOUT_S = 1.0
+    _started: ClassVar[list[FakeReaderNode]] = []
+
+    def __init__(self, root: Path, python: str | None = sys.executable):
+        self.root = root
+        self.python = python
+        self.port = 0
+        self.process: subprocess.Popen | None = None
+        self.stopped = False
+
+    @classmethod
+    def stop_all(cls) -> None:
+        for reader in cls._started:
+            reader.stop()
+        cls._started.clear()
+
+    def _start(self) -> None:
+        if self.python is None or self.process is not None or self.stopped:
+            return
+        self._started.append(self)
+        container = reader_daemonset("ray")["spec"]["template"]["spec"]["containers"][0]
+        env = {item["name"]: "127.0.0.1" for item in container["env"] if item["name"] == NODE_IP_ENV}
+        argv = [kubelet_expand(arg, env) for arg in container["command"]]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        argv = [str(self.port) if arg == str(READER_PORT) else arg for arg in argv]
+        self.process = subprocess.Popen(
+            [self.python, *argv[1:], str(self.root)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10  # the interpreter's start, then the server's bind
+        while self.process.poll() is None and not self._answers() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """The container dies and stays down (no restart is modelled)."""
+        self.stopped = True
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    @property
+    def running(self) -> bool:
+        self._start()
+        return self.process is not None and self.process.poll() is None
+
+    def ready(self) -> bool:
+        return self.running and self._answers()
+
+    def _answers(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.port}/"
+            with urllib.request.urlopen(url, timeout=self.PROBE_TIMEOUT_S) as reply:
+                return 200 <= reply.status < 300
+        except OSError:
+            return False
+
+    def pod_status(self) -> dict:
+        ready = self.ready()
+        running = self.running
+        state = {"running": {}} if running else {"waiting": {"reason": "CrashLoopBackOff"}}
+        return {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {
+                    "name": READER_CONTAINER,
+                    "image": "ray",
+                    "imageID": "",
+                    "ready": ready,
+                    "restartCount": 0 if running else 5,
+                    "state": state,
+                }
+            ],
+        }
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """`text` as the kubelet expands a container's command and args: `$(VAR)` of a variable
+    defined in `env` becomes its value, `$$` becomes `$`, anything else stays as written
+    (Kubernetes third_party/forked/golang/expansion/expand.go, `Expand`)."""
+    out, index = [], 0
+    while index < len(text):
+        if text[index] != "$" or index + 1 == len(text):
+            out.append(text[index])
+            index += 1
+        elif text[index + 1] == "$":
+            out.append("$")
+            index += 2
+        elif text[index + 1] == "(" and (close := text.find(")", index + 2)) != -1:
+            name = text[index + 2 : close]
+            out.append(env[name] if name in env else text[index : close + 1])
+            index = close + 1
+        else:
+            out.append(text[index])
+            index += 1
+    return "".join(out)
+
+
 @dataclass
 class FakeRayPods:
     """Answers the commands the provider execs: the head's, against `dashboard`; the workers' over fixture logs.
@@ -1037,7 +1182,6 @@ class FakeRayPods:
     # The head pod's emptyDir `/tmp/ray`, where the TrainingRun keeps its records of each job.
     head_tmp: Path | None = None
     host_limits: str = HEALTHY_HOST_LIMITS  # what each worker pod's node gives it (`HEALTHY_HOST_LIMITS`)
-    readers_have_python: bool = True  # False: the reader's image has no `python` (another image than Ray's)
     # Worker pod -> its emptyDir `/tmp/ray`, where NCCL log files go (default: above its session logs).
     nccl_logs: dict[str, Path] = field(default_factory=dict)
     submissions: list[list[str]] = field(default_factory=list)
@@ -1088,8 +1232,6 @@ class FakeRayPods:
         node = self.efa.get(self.node_of.get(pod_name, ""))
         if pod_name not in self.worker_logs:  # a reader pod: the host's view of its node's sysfs
             assert argv[:2] == ["python", "-c"], argv
-            if not self.readers_have_python:
-                return self._not_found(argv[0])
             local = {"/sys/class/infiniband": str(node.root) if node else "/nonexistent"}
             return _run([sys.executable, *(local.get(arg, arg) for arg in argv[1:])])
         if argv == host_limits_command():

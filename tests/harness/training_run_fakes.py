@@ -30,8 +30,15 @@ from kubernetes.client.exceptions import ApiException
 
 from infra.aws_facts.reservation_window import utc_text
 from tests.harness import paths
-from tests.harness.fake_kube_api import HEALTHY_HOST_LIMITS, FakeEfaSysfs, ScriptedJob, write_nccl_log_files
-from training.metrics.efa_sysfs import SYSFS_ROOT
+from tests.harness.fake_kube_api import (
+    HEALTHY_HOST_LIMITS,
+    PROBE_TRAFFIC,
+    FakeEfaSysfs,
+    FakeReaderNode,
+    ScriptedJob,
+    write_nccl_log_files,
+)
+from training.metrics.efa_sysfs import SYSFS_ROOT, counter_lines, parse_counters
 from workloads import manifests
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
 from workloads.training_run import errors, provider, readiness, runner, schema
@@ -144,8 +151,11 @@ def ray_pod(
     )
 
 
-def reader_pod(name: str, node: str, ready: bool = True):
-    """An EFA counter reader pod of the DaemonSet on `node` (`workloads.efa_counter_reader`)."""
+def reader_pod(name: str, node: str, reader: FakeReaderNode):
+    """An EFA counter reader pod of the DaemonSet on `node` (`workloads.efa_counter_reader`), with
+    the status the kubelet reports now for its container, `reader` (`FakeReaderNode`)."""
+    status = reader.pod_status()
+    container = status["containerStatuses"][0]
     return k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(
             name=name,
@@ -157,8 +167,23 @@ def reader_pod(name: str, node: str, ready: bool = True):
             containers=[k8s.V1Container(name=READER_CONTAINER)], node_name=node, host_network=True
         ),
         status=k8s.V1PodStatus(
-            phase="Running",
-            conditions=[k8s.V1PodCondition(type="Ready", status="True" if ready else "False")],
+            phase=status["phase"],
+            conditions=[k8s.V1PodCondition(type=c["type"], status=c["status"]) for c in status["conditions"]],
+            container_statuses=[
+                k8s.V1ContainerStatus(
+                    name=READER_CONTAINER,
+                    image="ray",
+                    image_id="",
+                    ready=container["ready"],
+                    restart_count=container["restartCount"],
+                    state=k8s.V1ContainerState(
+                        running=k8s.V1ContainerStateRunning() if "running" in container["state"] else None,
+                        waiting=k8s.V1ContainerStateWaiting(reason=container["state"]["waiting"]["reason"])
+                        if "waiting" in container["state"]
+                        else None,
+                    ),
+                )
+            ],
         ),
     )
 
@@ -212,7 +237,8 @@ def _selected(labels: dict, selector: str) -> bool:
 
 class FakeCoreApi:
     """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last
-    repeats; the EFA counter reader pods (`readers`, their own namespace) are served as they are."""
+    repeats; the EFA counter reader pods (`readers`: pod name, node, its container on the node, in
+    their own namespace) are served with the status their containers give now (`reader_pod`)."""
 
     def __init__(self, node_snapshots, pod_snapshots, events=(), readers=()):
         self.node_snapshots = list(node_snapshots)
@@ -229,9 +255,8 @@ class FakeCoreApi:
 
     def list_namespaced_pod(self, namespace, label_selector, **_request_options):
         if namespace == READER_NAMESPACE:
-            return k8s.V1PodList(
-                items=[p for p in self.readers if _selected(p.metadata.labels, label_selector)]
-            )
+            pods = [reader_pod(name, node, reader) for name, node, reader in self.readers]
+            return k8s.V1PodList(items=[p for p in pods if _selected(p.metadata.labels, label_selector)])
         pods = self.pod_snapshots[
             min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
         ]  # head + workers per wait
@@ -415,15 +440,19 @@ class FixturePod:
 
 class ReaderPod:
     """An EFA counter reader pod (`hostNetwork`): its sysfs is the host's view of its node's,
-    counters included; its `python` is this one, as the Ray image's would be."""
+    counters included; its `python` is this one, as the Ray image's would be. An exec into it while
+    its container (`reader`) is not running is refused as the API server refuses it (`FakeKubeApi._exec`)."""
 
-    def __init__(self, efa: FakeEfaSysfs):
+    def __init__(self, efa: FakeEfaSysfs, reader: FakeReaderNode):
         self.efa = efa
+        self.reader = reader
         self.commands: list[list[str]] = []
 
     def run(self, argv, timeout_s):
         self.commands.append(list(argv))
         assert argv[:2] == ["python", "-c"], argv
+        if not self.reader.running:
+            raise errors.ApiRefused(500, "exec", f'container not found ("{READER_CONTAINER}")')
         local = [sys.executable, *(str(self.efa.root) if arg == SYSFS_ROOT else arg for arg in argv[1:])]
         return LocalExecutor().run(local, timeout_s)
 
@@ -452,10 +481,6 @@ class FakeClock:
 
 def driver_log(name: str) -> str:
     return (FIXTURES / name).read_text()
-
-
-# What the gate's probe adds to each worker node's counters: three collectives at up to 1 GiB.
-PROBE_TRAFFIC = {"tx_bytes": 4_294_967_296, "rx_bytes": 4_294_971_392, "tx_pkts": 512_000, "rx_pkts": 512_004}
 
 
 # What the EFA job's traffic adds to each worker node's counters: a smoke run's FSDP collectives.
@@ -541,21 +566,33 @@ class FakeCluster:
             ray_pod(HEAD_POD, "head", node="system-node"),
             *(ray_pod(name, "worker", node=WORKER_NODES[name]) for name in WORKER_PODS),
         ]
+        self._pods = tempfile.TemporaryDirectory(prefix="worker-pods-")
+        folder = Path(self._pods.name)
+        self.head.efa = {node: FakeEfaSysfs(folder / "sysfs" / node) for node in NODES}
+        self.reader_nodes = {node: FakeReaderNode(self.head.efa[node].root) for node in NODES}
         self.core = FakeCoreApi(
             self.node_snapshots or [self.nodes],
             self.pod_snapshots or [pods],
             self.events,
-            [reader_pod(READER_PODS[node], node) for node in NODES],
+            [(READER_PODS[node], node, self.reader_nodes[node]) for node in NODES],
         )
-        self._pods = tempfile.TemporaryDirectory(prefix="worker-pods-")
-        folder = Path(self._pods.name)
-        self.head.efa = {node: FakeEfaSysfs(folder / "sysfs" / node) for node in NODES}
         self.workers = {
             name: FixturePod(name, nccl_logs=folder / "tmp-ray" / name, efa=self.head.efa[WORKER_NODES[name]])
             for name in WORKER_PODS
         }
-        self.readers = {READER_PODS[node]: ReaderPod(self.head.efa[node]) for node in NODES}
+        self.readers = {
+            READER_PODS[node]: ReaderPod(self.head.efa[node], self.reader_nodes[node]) for node in NODES
+        }
         self.head.workers = lambda: self.workers.values()
+
+    def record_counters_before(self, submission_id: str) -> None:
+        """What the run records beside a job before it submits it: each worker node's counters now,
+        as its reader prints them (for a job a test puts on the head as an earlier run's)."""
+        before = {
+            pod: parse_counters(counter_lines(str(self.head.efa[node].root)))
+            for pod, node in WORKER_NODES.items()
+        }
+        jobs.RayJobsClient(self.head).write_record(submission_id, {"efa_before": before})
 
     def executor(self, pod):
         if pod.name == HEAD_POD:

@@ -160,7 +160,7 @@ def assert_report(stdout: str) -> None:
     lines = stdout.strip().splitlines()
     assert len(lines) == 1, stdout
     report = json.loads(lines[0])
-    assert set(report) == {"world_size", "results"} and report["world_size"] == 2
+    assert set(report) == {"world_size", "iters", "warmup_iters", "results"} and report["world_size"] == 2
     rows = report["results"]
     assert all(set(row) == ROW_KEYS for row in rows)
     assert [(row["collective"], row["bytes"]) for row in rows] == [

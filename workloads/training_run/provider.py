@@ -82,8 +82,9 @@ from workloads.training_run.verdicts.gate import GateResult
 TOP, GATE = "", "gate"
 # The stack output `benchmark` (with `benchmark` on): the EFA run beside the TCP baseline.
 BENCHMARK = "benchmark"
-# Inputs the `training` output shows beside the outputs: the line rate `busbw_fraction` is a share of.
-SHOWN_INPUTS = ("line_rate_gbps",)
+# Inputs the `training` output shows beside the outputs: the line rate `busbw_fraction` is a share of,
+# and whether the EFA counters were judged (off only by the stack key, and then said).
+SHOWN_INPUTS = ("line_rate_gbps", "check_efa_counters")
 
 
 def shown(group: str | None = TOP, *, key: str | None = None, benchmark: str | None = None) -> dict[str, Any]:

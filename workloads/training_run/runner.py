@@ -29,7 +29,6 @@ import pulumi
 from platform_contract import EFA_RESOURCE, GPU_RESOURCE
 from training.metrics.report import format_progress_line
 from workloads import manifests
-from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.nccl_transport import classify_lines
 from workloads.training_run import readiness
 from workloads.training_run.access.cluster_api import ClusterApi, NodeFacts, PodFacts
@@ -148,7 +147,7 @@ class TrainingRunner:
         fresh: bool = False,
     ) -> SubmissionChoice:
         """Adopt the job these inputs already started (`choose_submission`), or submit it with the EFA
-        counters read just before it recorded beside it. A `fresh` job (the gate's probe) is never
+        counters read just before it recorded beside it first. A `fresh` job (the gate's probe) is never
         judged again: one an earlier run left running is waited for, then a new one is submitted."""
         args = self.request.job_args if args is None else args
         base = submission_id_base(self.request.job_identity(), variant, env_vars)
@@ -169,35 +168,35 @@ class TrainingRunner:
             if not plan.adopted.status.is_terminal:
                 self.in_flight = plan.submission_id
             return plan
-        before = efa_counters.read_counters(self.env.cluster, pods.workers, self.env.executor_for)
+        # Recorded before the job exists: a submit that is cut off leaves no job without its record.
+        jobs.write_record(plan.submission_id, {"efa_before": self.read_counters(pods)})
         self.in_flight = plan.submission_id
         jobs.submit(plan.submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
-        jobs.write_record(plan.submission_id, {"efa_before": before})
         self.env.log(f"training run: submitted job {plan.submission_id}: python -m {module} {' '.join(args)}")
         return plan
 
-    def job_traffic(
-        self, pods: RayPods, jobs: RayJobsClient, plan: SubmissionChoice
-    ) -> efa_counters.EfaTraffic:
-        """The EFA traffic of the job that just ended. When this run saw it end: the counters now
-        against those recorded before it, recorded with it. A finished job adopted from an earlier
-        run keeps what was recorded when it was judged; one that ended unwatched has no counters."""
-        submission_id = plan.submission_id
+    def read_counters(self, pods: RayPods) -> efa_counters.Readings:
+        """Each worker node's EFA counters now, waiting for its reader pod as the readiness wait allows."""
+        return efa_counters.read_counters(
+            self.env.cluster,
+            pods.workers,
+            self.env.executor_for,
+            self.env.pace,
+            min(READER_WAIT_S, self.env.readiness_timeout_s),
+        )
+
+    def job_traffic(self, pods: RayPods, jobs: RayJobsClient, submission_id: str) -> efa_counters.EfaTraffic:
+        """The EFA traffic of a job that has ended: what was recorded when it was judged, else the
+        counters now against those recorded before it, recorded with it (`settle_traffic`)."""
         record = jobs.read_record(submission_id) or {}
-        workers = [pod.name for pod in pods.workers]
-        if plan.adopted is not None and plan.adopted.status.is_terminal:
-            if "efa_traffic" in record:
-                return efa_counters.traffic_from_record(record["efa_traffic"])
-            return efa_counters.unavailable_traffic(
-                workers,
-                "the job ended while no `pulumi up` watched it, so its counters were not read at its end",
-            )
+        if "efa_traffic" in record:
+            return efa_counters.traffic_from_record(record["efa_traffic"])
         if "efa_before" not in record:
             return efa_counters.unavailable_traffic(
-                workers, "the job was submitted without its counters recorded before it"
+                [pod.name for pod in pods.workers],
+                "the job was submitted without its counters recorded before it",
             )
-        after = efa_counters.read_counters(self.env.cluster, pods.workers, self.env.executor_for)
-        traffic = efa_counters.efa_traffic(record["efa_before"], after)
+        traffic = efa_counters.efa_traffic(record["efa_before"], self.read_counters(pods))
         jobs.write_record(submission_id, {**record, "efa_traffic": efa_counters.traffic_record(traffic)})
         return traffic
 
@@ -335,7 +334,7 @@ class TrainingRunner:
             f"{kind} read: {log_files}"
         )
         rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
-        traffic = self.job_traffic(pods, jobs, plan)
+        traffic = self.job_traffic(pods, jobs, submission_id)
         self.env.log(
             f"training run: job {submission_id}: EFA bytes per worker pod {traffic.bytes_moved()}"
             + (f" ({note})" if (note := traffic.unavailable_note()) else "")
@@ -376,7 +375,7 @@ class TrainingRunner:
                 f"fabric probe {result.submission_id} succeeded but its log ends without its JSON line "
                 "(world_size, results); last lines:\n" + "\n".join(log.last_lines())
             )
-        probe = fabric.probe_result(result.submission_id, report)
+        probe = fabric.probe_result(result.submission_id, report, len(pods.workers))
         seconds = round(self.env.clock() - ready_at, 1)
         self.env.log(
             f"training run: fabric gate {result.submission_id}: busbw at {probe.largest_bytes} bytes "
@@ -438,41 +437,42 @@ class TrainingRunner:
         if readiness.uses_gpus(request.job_args):
             read = readiness.check_host_limits(pods.workers, env.executor_for)
             env.log(f"training run: worker pods' hosts: {'; '.join(read)}")
-        # The counter readers start beside the worker pods, from the image those just pulled: a short
-        # wait. A node still without one has its counters reported unavailable, never as unmoved.
-        _, missing = env.pace.until(
-            min(READER_WAIT_S, env.readiness_timeout_s),
-            lambda: (not (left := efa_counters.missing_readers(env.cluster, pods.workers)), left),
-        )
-        if missing:
-            env.log(
-                f"training run: no Ready EFA counter reader on the nodes of {', '.join(missing)}; their EFA "
-                f"counters are reported unavailable (`kubectl -n {READER_NAMESPACE} get pods -o wide`)"
-            )
         return pods
 
     def gated_job(
-        self, pods: RayPods, variant: str, env_vars: Mapping[str, str], expect: str, ready_at: float
+        self,
+        pods: RayPods,
+        variant: str,
+        env_vars: Mapping[str, str],
+        expect: str,
+        ready_at: float,
+        job_floor: efa_counters.MovedFloor | None,
     ) -> tuple[GateResult, JobResult]:
-        """The gate, then (only when it passed) the job, then the job's own verdict.
+        """The gate, then (only when it passed) the job, then the job's own verdict, its EFA
+        counters held to `job_floor` (None: not judged).
 
         The gate runs a fresh probe, unless an earlier run's job of these inputs is still pending or
         running on these pods: a probe beside it would share its GPUs, and it was submitted only
-        after its own gate passed, whose recorded verdict then stands."""
+        after its own gate passed, whose recorded verdict then stands. A job of these inputs that
+        ended while no `pulumi up` watched it has its counters read now, before the probe moves them:
+        nothing else used EFA since, unless something outside this stack did."""
         request = self.request
         base = submission_id_base(request.job_identity(), variant, env_vars)
         jobs = self.jobs_client(pods.head)
-        in_flight = choose_submission(jobs.list(base), base, pods.identity()).adopted
-        fresh = in_flight is None or in_flight.status.is_terminal
-        if in_flight is not None and not fresh:
+        earlier = choose_submission(jobs.list(base), base, pods.identity()).adopted
+        fresh = earlier is None or earlier.status.is_terminal
+        if earlier is not None and not fresh:
             self.env.log(
-                f"training run: job {in_flight.submission_id} is {in_flight.status}: the gate that passed before it "
+                f"training run: job {earlier.submission_id} is {earlier.status}: the gate that passed before it "
                 "stands, no probe runs beside it"
             )
+        elif earlier is not None:
+            self.job_traffic(pods, jobs, earlier.submission_id)
         passed = self.run_gate(pods, variant, env_vars, ready_at, fresh)
-        gate.check_gate(passed, expect, request.line_rate_gbps, request.min_busbw_fraction)
+        check = request.check_efa_counters
+        gate.check_gate(passed, expect, request.line_rate_gbps, request.min_busbw_fraction, check)
         job = self.run_job(pods, variant, env_vars)
-        evidence.check_transport(job, expect)
+        evidence.check_transport(job, expect, job_floor if check else None)
         return passed, job
 
     def run(self) -> tuple[tuple[GateResult, JobResult], tuple[GateResult, JobResult] | None]:
@@ -528,10 +528,21 @@ class TrainingRunner:
             pods = self.wait_until_ready()
         except Interrupted:
             raise Interrupted("interrupted while waiting for the cluster; no job was submitted") from None
-        main = self.gated_job(pods, MAIN_VARIANT, {}, self.request.expect_transport, self.env.clock())
+        if not self.request.check_efa_counters:
+            self.env.log(
+                "training run: the EFA counter check is off (training.checkEfaCounters: false): the counters are "
+                "read and reported, and no verdict rests on them"
+            )
+        expect = self.request.expect_transport
+        main_floor = efa_counters.ANY_TRAFFIC if expect == "efa" else None
+        main = self.gated_job(pods, MAIN_VARIANT, {}, expect, self.env.clock(), main_floor)
         if not self.request.benchmark:
             return main, None
-        return main, self.gated_job(pods, TCP_VARIANT, TCP_BASELINE_ENV, "socket", self.env.clock())
+        efa_run = main[1].efa
+        tcp_floor = efa_counters.baseline_floor(efa_run) if efa_run is not None else None
+        return main, self.gated_job(
+            pods, TCP_VARIANT, TCP_BASELINE_ENV, "socket", self.env.clock(), tcp_floor
+        )
 
     def gpu_node_launches(self) -> GpuNodeLaunches:
         """Each GPU node's EC2 instance and launch time, read after the job: the run's cost counts

@@ -106,6 +106,8 @@ class RunInputs(BaseModel):
     min_busbw_fraction: Annotated[float, Field(ge=0, le=1)] = _input(
         "must be a number from 0 to 1", default=0.0
     )
+    # False: the EFA counters are read and reported but judged by nobody (the outputs say so).
+    check_efa_counters: Annotated[bool, Field(strict=True)] = _input("must be true or false", default=True)
     timeout_minutes: Annotated[Count, Field(ge=1)] = _input(
         "must be a whole number of at least 1", default=60, rerun=False
     )

@@ -45,7 +45,6 @@ LAUNCHED_AGO = {
 READER_PODS = ["efa-counters-4hx7c", "efa-counters-m2q9v"]  # the EFA counter reader pod of each node
 EFA_JOB, TCP_JOB, FALLBACK_JOB = "02000000", "03000000", "01000000"
 EFA_TRAFFIC = {"tx_bytes": 12_884_901_888, "rx_bytes": 12_884_905_984, "retrans_pkts": 2}  # per node
-PROBE_TRAFFIC = {"tx_bytes": 4_294_967_296, "rx_bytes": 4_294_971_392}  # the gate's probe, per node
 FAST = {
     "EKS_RAY_TRAIN_POLL_INTERVAL_S": "0.05",
     "EKS_RAY_TRAIN_READINESS_TIMEOUT_S": "1",
@@ -98,7 +97,7 @@ def healthy_probe(argv: list[str]) -> fake.ScriptedJob:
     node), or with the benchmark's TCP environment over sockets."""
     if "Socket" in argv[argv.index("--runtime-env-json") + 1]:
         return scripted("06000000", "driver_probe_tcp.log", nccl_lines_of=TCP_JOB)
-    return scripted("05000000", "driver_probe.log", efa_traffic=PROBE_TRAFFIC, nccl_lines_of=EFA_JOB)
+    return scripted("05000000", "driver_probe.log", efa_traffic=fake.PROBE_TRAFFIC, nccl_lines_of=EFA_JOB)
 
 
 def by_variant(argv: list[str]) -> fake.ScriptedJob:
@@ -143,9 +142,14 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         nccl_logs={name: tmp_path / "tmp-ray" / name for name in WORKER_PODS},
         head_tmp=tmp_path / "head-tmp-ray",
     )
+    readers = {
+        reader: fake.FakeReaderNode(pods.efa[node].root)
+        for reader, node in zip(READER_PODS, NODES, strict=True)
+    }
     kube = fake.FakeKubeApi(
         tmp_path,
         pods,
+        readers=readers,
         cluster_name=registered["cluster_name"],
         nodes=[fake.node(node, instance_id=INSTANCES[node]) for node in NODES],
         pods=[

@@ -220,7 +220,7 @@ def test_the_benchmark_output_shows_the_efa_run_beside_the_tcp_baseline():
 
 def test_the_training_output_shows_the_declared_outputs_camelcased():
     """The stack output `training` as `RunOutputs` declares it: the `shown` outputs at its top or in
-    `gate` (named without the prefix), the line rate input beside them; the others are the resource's."""
+    `gate` (named without the prefix), the line rate and counter-check inputs beside them; the others are the resource's."""
     keys = provider.training_output_keys()
     assert keys[provider.TOP] == {
         "jobId": "job_id",
@@ -238,6 +238,7 @@ def test_the_training_output_shows_the_declared_outputs_camelcased():
         "busbwFraction": "busbw_fraction",
         "gpuNodesReleasedAt": "gpu_nodes_released_at",
         "lineRateGbps": "line_rate_gbps",
+        "checkEfaCounters": "check_efa_counters",
     }
     assert keys[provider.GATE] == {
         "jobId": "gate_job_id",

@@ -14,6 +14,7 @@ import pytest
 
 from infra.aws_facts.reservation_window import utc_text
 from infra.plan.cost import CostBasis, list_price, measured_cost, planned_cost
+from tests.harness.fake_kube_api import HANDSHAKE_TRAFFIC, FakeReaderNode
 from tests.harness.paths import REPO_ROOT
 from tests.harness.ray_head import RayHead
 from tests.harness.training_run_fakes import (
@@ -37,16 +38,17 @@ from tests.harness.training_run_fakes import (
     probe_job,
     props,
     ray_pod,
-    reader_pod,
     run_inputs,
     scripted,
 )
+from training.metrics.efa_sysfs import MOVED, SYSFS_ROOT
 from workloads import manifests
 from workloads.training_run import errors, provider, runner, schema
 from workloads.training_run.access import jobs
 from workloads.training_run.access.cluster_api import KubernetesCluster
 from workloads.training_run.access.commands import LocalExecutor
 from workloads.training_run.verdicts import evidence
+from workloads.training_run.verdicts.efa_counters import ANY_TRAFFIC
 from workloads.training_run.verdicts.evidence import JobResult
 
 
@@ -67,9 +69,10 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     assert outs["worker_log_files"] == dict.fromkeys(WORKER_PODS, 8)  # 4 workers x .out/.err of job 02000000
     assert outs["efa_speedup"] is None and outs["tcp_tokens_per_s"] is None
     assert {key: outs[key] for key in schema.INPUTS} == run_inputs().props()  # diff compares against these
-    moved = EFA_JOB_TRAFFIC["tx_bytes"] + EFA_JOB_TRAFFIC["rx_bytes"]  # read from the fake sysfs, both times
+    # Read from the fake sysfs, both times: bytes sent, received and read by RDMA.
+    moved = sum(EFA_JOB_TRAFFIC.get(name, 0) for name in MOVED)
     assert (
-        outs["efa_bytes"] == dict.fromkeys(WORKER_PODS, moved) == dict.fromkeys(WORKER_PODS, 25_769_807_872)
+        outs["efa_bytes"] == dict.fromkeys(WORKER_PODS, moved) == dict.fromkeys(WORKER_PODS, 38_654_709_760)
     )
     assert outs["efa_counters"][WORKER_PODS[0]]["retrans_pkts"] == 2
     assert outs["efa_counters"][WORKER_PODS[0]]["impaired_remote_conn_events"] == 0
@@ -187,37 +190,113 @@ def test_a_node_whose_counters_do_not_move_stops_the_gate_naming_it():
     message = failure_of(fake)
     assert fake.head.submissions == []
     assert "\n" not in message and "the EFA counters of the worker nodes did not move" in message
-    assert f"{WORKER_PODS[1]}: 0 bytes sent or received through its 1 EFA port(s)" in message
+    # The fixture's probe: 25 calls of 3 collectives at 1 MiB, 16 MiB, 256 MiB and 1 GiB on 2 nodes,
+    # each of which must receive half of every message, 51000115200 bytes; the floor is half of that.
+    assert (
+        f"{WORKER_PODS[1]}: 0 bytes moved through its 1 EFA port(s), under 25500057600 (0.5 of the "
+        "51000115200 bytes the probe's collectives must bring into each node)"
+    ) in message
     assert f"{WORKER_PODS[0]}: 0 bytes" not in message
-    probed = PROBE_TRAFFIC["tx_bytes"] + PROBE_TRAFFIC["rx_bytes"]
+    probed = sum(PROBE_TRAFFIC.get(name, 0) for name in MOVED)
     assert f"{{'{WORKER_PODS[0]}': {probed}, '{WORKER_PODS[1]}': 0}}" in message
+
+
+def test_a_node_that_moved_only_handshakes_while_the_probe_sent_gib_fails_the_gate():
+    """NCCL's lines say EFA, and each node's counters moved, but by 64 KiB: connection set-up, not
+    the tens of GiB the probe's collectives put through each node."""
+    head = main_and_tcp_head()
+    head.probes_by_variant["main"] = probe_job(efa_traffic=HANDSHAKE_TRAFFIC)
+    message = failure_of(FakeCluster(head))
+    assert head.submissions == [] and "did not move with the probe's traffic" in message
+    assert f"{WORKER_PODS[0]}: 65536 bytes moved through its 1 EFA port(s), under 25500057600" in message
+
+
+def test_counters_no_reader_can_read_fail_the_gate_and_no_job_runs():
+    """Every reader pod's container has died (CrashLoopBackOff): the run waits for them as long as
+    the readiness wait allows, then fails the gate naming each node's reason and the fix."""
+    fake = FakeCluster(main_and_tcp_head())
+    for reader in fake.reader_nodes.values():
+        reader.stop()
+    message = failure_of(fake)
+    assert fake.head.submissions == [] and "\n" not in message
+    assert "the EFA counters of the worker nodes could not be read" in message
+    assert (
+        f"{WORKER_PODS[1]}: its node's EFA counters could not be read: no running efa-counters pod" in message
+    )
+    assert "training.checkEfaCounters" in message
+
+
+def test_a_reader_that_is_running_but_not_ready_is_still_read_by_exec():
+    """A wedged or starting server (NotReady) does not stop the exec'd `print`, which reads sysfs itself."""
+    fake = FakeCluster(main_and_tcp_head())
+    for reader in fake.reader_nodes.values():
+        reader._answers = lambda: False  # type: ignore[method-assign]  # the server answers no probe
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["status"] == "SUCCEEDED" and outs["efa_unavailable"] is None
+
+
+def test_the_counter_check_turned_off_passes_unreadable_counters_and_says_it_was_off():
+    fake = FakeCluster(main_and_tcp_head())
+    for reader in fake.reader_nodes.values():
+        reader.stop()
+    outs = fake.provider().create(props(run_inputs(check_efa_counters=False))).outs
+    assert outs["status"] == "SUCCEEDED" and outs["check_efa_counters"] is False
+    assert set(outs["efa_unavailable"]) == set(WORKER_PODS)
+    assert any(
+        "the EFA counter check is off (training.checkEfaCounters: false)" in line for line in fake.logged
+    )
 
 
 def test_efa_in_the_logs_but_counters_that_did_not_move_fail_with_the_numbers():
     fake = FakeCluster(main_and_tcp_head(efa_traffic={}))
     message = failure_of(fake)
-    assert "NCCL's log says it used EFA" in message and "do not show the job's traffic" in message
+    assert (
+        "NCCL's log says it used 'efa'" in message
+        and "counters of the worker nodes do not show it" in message
+    )
     assert f"{WORKER_PODS[0]}: 0 bytes sent or received through its 1 EFA port(s)" in message
     assert f"EFA bytes per worker pod during the job: {dict.fromkeys(WORKER_PODS, 0)}" in message
     # The next `pulumi up` on the same pods: the gate passes on a fresh probe, the finished job is
     # judged again by the counters recorded when it ran, and fails again; it is not trained again.
     again = failure_of(fake)
-    assert "do not show the job's traffic" in again and "SUCCEEDED earlier on these very pods" in again
+    assert "do not show it" in again and "SUCCEEDED earlier on these very pods" in again
     assert len(fake.head.submissions) == 1 and len(fake.head.probe_submissions) == 2
 
 
-def test_an_adopted_job_without_recorded_counters_has_them_unavailable_not_unmoved():
+def test_an_adopted_job_without_recorded_counters_is_unmeasured_and_fails():
     """A job this program did not submit with its counters recorded (none read before it): its
-    counters are unknown, never judged as unmoved from reads that began after it did."""
-    head = main_and_tcp_head(efa_traffic={})
-    fake = FakeCluster(head)
+    counters are unknown, never judged as unmoved from reads that began after it did, and never a
+    pass: with the counter check off it passes, its counters reported unavailable."""
+    why = "the job was submitted without its counters recorded before it"
     base = jobs.submission_id_base(run_inputs().job_identity(), "main", {})
-    head.jobs[base] = replace(head.jobs_by_variant["main"], statuses=["RUNNING", "SUCCEEDED"])
-    outs = fake.provider().create(props(run_inputs())).outs
+
+    def running_unrecorded() -> FakeCluster:
+        head = main_and_tcp_head(efa_traffic={})
+        head.jobs[base] = replace(head.jobs_by_variant["main"], statuses=["RUNNING", "SUCCEEDED"])
+        return FakeCluster(head)
+
+    message = failure_of(running_unrecorded())
+    assert f"{WORKER_PODS[0]}: its node's EFA counters could not be read: {why}" in message
+    assert "0 bytes" not in message
+    fake = running_unrecorded()
+    outs = fake.provider().create(props(run_inputs(check_efa_counters=False))).outs
     assert outs["transport"] == "efa" and outs["efa_bytes"] == dict.fromkeys(WORKER_PODS)
-    assert outs["efa_unavailable"] == dict.fromkeys(
-        WORKER_PODS, "the job was submitted without its counters recorded before it"
-    )
+    assert outs["efa_unavailable"] == dict.fromkeys(WORKER_PODS, why)
+
+
+def test_a_job_that_ended_unwatched_is_measured_before_the_next_probe_moves_the_counters():
+    """`pulumi up` stopped following the job (timeout); the job then ended having moved nothing over
+    EFA. The next `pulumi up` reads the counters before its own probe, so the probe's traffic is not
+    counted as the job's: the job is red."""
+    head = main_and_tcp_head(efa_traffic={}, statuses=["RUNNING"] * 12 + ["SUCCEEDED"])
+    fake = FakeCluster(head)
+    with pytest.raises(errors.TrainingRunError, match="still RUNNING after timeout_minutes=1"):
+        fake.provider().create(props(run_inputs(timeout_minutes=1)))
+    (job,) = [job for sid, job in head.jobs.items() if sid.startswith("eks-ray-train-main-")]
+    job.looks = 99  # it ended while no `pulumi up` watched
+    message = failure_of(fake)
+    assert f"{WORKER_PODS[0]}: 0 bytes sent or received through its 1 EFA port(s)" in message
+    assert len(head.submissions) == 1 and len(head.probe_submissions) == 2
 
 
 def test_a_job_an_interrupted_run_left_running_is_judged_on_the_counters_recorded_at_its_submission():
@@ -232,10 +311,10 @@ def test_a_job_an_interrupted_run_left_running_is_judged_on_the_counters_recorde
         fake.provider().create(props(run_inputs(timeout_minutes=1)))
     outs = fake.provider().create(props(run_inputs())).outs
     assert len(head.submissions) == 1 and outs["efa_unavailable"] is None
-    moved = EFA_JOB_TRAFFIC["tx_bytes"] + EFA_JOB_TRAFFIC["rx_bytes"]
+    moved = sum(EFA_JOB_TRAFFIC.get(name, 0) for name in MOVED)
     assert outs["efa_bytes"] == dict.fromkeys(WORKER_PODS, moved)
     # No probe ran beside the running job: the gate that passed before it stands, as recorded.
-    probe = PROBE_TRAFFIC["tx_bytes"] + PROBE_TRAFFIC["rx_bytes"]
+    probe = sum(PROBE_TRAFFIC.get(name, 0) for name in MOVED)
     assert len(head.probe_submissions) == 1
     assert outs["gate_efa_bytes"] == dict.fromkeys(WORKER_PODS, probe)
 
@@ -258,6 +337,9 @@ def test_an_interrupted_update_finds_the_running_job_and_waits_for_it():
     head.jobs[base] = replace(
         scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING", "RUNNING", "SUCCEEDED"]
     )
+    fake.record_counters_before(base)  # as the run that submitted it did
+    for sysfs in head.efa.values():
+        sysfs.add(EFA_JOB_TRAFFIC)
     outs = fake.provider().create(props(run_inputs())).outs
     assert head.submissions == [] and outs["job_id"] == base and outs["transport"] == "efa"
     assert any(f"following job {base} (RUNNING)" in line for line in fake.logged)
@@ -427,7 +509,8 @@ def local_environment(ray: RayHead, code_dir: Path, logged: list[str]) -> runner
     core = FakeCoreApi(
         [[gpu_node("local-node")]],
         [[ray_pod("local-head", "head"), ray_pod("local-worker", "worker")]],
-        readers=[reader_pod("local-efa-counters", "node-a")],  # reads this machine's sysfs: no EFA here
+        # The reader reads this machine's sysfs: no EFA here.
+        readers=[("local-efa-counters", "node-a", FakeReaderNode(Path(SYSFS_ROOT)))],
     )
     local = LocalExecutor(env=ray.env)
     return runner.RunEnvironment(
@@ -508,7 +591,7 @@ def test_ray_head_runs_the_tiny_job_reports_it_and_checks_the_transport(ray_head
     # The job itself, through the same commands, judged as the gate's probe was.
     job = local_job(ray_head, inputs, code_dir, logged)
     with pytest.raises(errors.TrainingRunError) as caught:
-        evidence.check_transport(job, "efa")
+        evidence.check_transport(job, "efa", ANY_TRAFFIC)
     message = str(caught.value)
     assert "NCCL used 'unknown' between the nodes, not 'efa'" in message
     assert "no NCCL lines found" in message

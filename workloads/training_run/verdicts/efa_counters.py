@@ -6,10 +6,20 @@ without port counters: `training.metrics.efa_sysfs`), so they are read by exec i
 reader pod on the worker pod's node (`workloads.efa_counter_reader`, `hostNetwork`), matched by
 node name.
 
-A node whose counters cannot be read (no Ready reader pod on it, an exec that fails) is
-*unavailable*, with the reason: that says nothing of the fabric, so it is never reported as
-counters that did not move. A counter never goes down while its device lives; one that did (a
-driver reload or node reboot between the two reads) makes the delta unknown rather than negative.
+A node whose counters cannot be read (no running reader pod on it, an exec that fails, after
+`read_counters` waited and asked again) is *unavailable*, with the reason: never reported as
+counters that did not move, and never a pass either. The reader is part of this stack, so a check
+that cannot measure fails, naming the node, the reason and the fix (`efa_problems`); only the stack
+key `training.checkEfaCounters: false` turns the counter check off, and the outputs then say so.
+A counter never goes down while its device lives; one that did (a driver reload or node reboot
+between the two reads) makes the delta unknown rather than negative.
+
+The counters are the node's, not the job's: any EFA user on the node moves them (another job,
+connection set-up). So the fabric probe's traffic is held to a floor from its own sizes
+(`probe_floor`): a node that moved less than half of what the probe's collectives must bring into
+it (`fabric.least_bytes_into_each_node`) fails, as handshakes alone (tens of KiB) do. A TCP
+baseline is held to the same floor from above (`tcp_leak_problems`): EFA counters that moved as
+much as an EFA run's traffic say the baseline did not run on TCP alone.
 
 The judgement of a job's counters is recorded beside the job (`traffic_record`), so a later
 `pulumi up` that finds the finished job judges it by what was measured when it ran.
@@ -26,6 +36,7 @@ from workloads.efa_counter_reader import READER_NAME, READER_NAMESPACE, READER_S
 from workloads.training_run.access.cluster_api import ClusterApi, PodFacts
 from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor
 from workloads.training_run.errors import ApiRefused, ExecStreamCut, PodGone
+from workloads.training_run.readiness import Pace
 
 # Per worker pod: its node's counters, or why they could not be read.
 Readings = dict[str, PortCounters | str]
@@ -60,8 +71,7 @@ class EfaTraffic:
     def bytes_moved(self) -> dict[str, int | None]:
         """Bytes sent plus received through each node's EFA ports during the job (None: unknown)."""
         moved: dict[str, int | None] = {
-            pod: None if delta is None else sum(delta.get(name, 0) for name in MOVED)
-            for pod, delta in self.deltas.items()
+            pod: None if delta is None else _moved(delta) for pod, delta in self.deltas.items()
         }
         return {**moved, **dict.fromkeys(self.unavailable)}
 
@@ -93,10 +103,63 @@ def unavailable_traffic(pods: Sequence[str], why: str) -> EfaTraffic:
     return EfaTraffic({}, {}, dict.fromkeys(pods, why))
 
 
-def efa_problems(traffic: EfaTraffic) -> list[str]:
-    """Why the counters that were read do not show the job's traffic going over EFA, one line per
-    worker pod; nodes whose counters were unavailable are not judged."""
-    problems = []
+# The share of the bytes the probe must bring into each node that its EFA counters must show: half,
+# which allows for a sum of counters that leaves some verb out, and is still far above what
+# connection set-up moves (tens of KiB against GiB).
+PROBE_FLOOR_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class MovedFloor:
+    """The least bytes each node's EFA ports must have moved during a run, and what that number is."""
+
+    bytes: int
+    basis: str
+
+
+# The training job's floor: its traffic is not modelled byte for byte, so any traffic at all.
+ANY_TRAFFIC = MovedFloor(1, "any traffic at all")
+
+
+def probe_floor(least_node_bytes: int | None) -> MovedFloor | None:
+    """The probe's floor from the bytes its collectives must bring into each node; None: unknown."""
+    if least_node_bytes is None:
+        return None
+    return MovedFloor(
+        max(1, int(least_node_bytes * PROBE_FLOOR_SHARE)),
+        f"{PROBE_FLOOR_SHARE:g} of the {least_node_bytes} bytes the probe's collectives must bring "
+        "into each node",
+    )
+
+
+def baseline_floor(efa_run: EfaTraffic) -> MovedFloor | None:
+    """The floor a TCP baseline's EFA counters must stay under: the share `PROBE_FLOOR_SHARE` of the
+    least a node's EFA ports moved in the EFA run of the same job; None when that run was not read."""
+    moved = [bytes_ for bytes_ in efa_run.bytes_moved().values() if bytes_ is not None]
+    if efa_run.unavailable or not moved:
+        return None
+    least = min(moved)
+    return MovedFloor(
+        max(1, int(least * PROBE_FLOOR_SHARE)),
+        f"{PROBE_FLOOR_SHARE:g} of the {least} bytes a node's EFA ports moved in the EFA run of the same job",
+    )
+
+
+def _moved(delta: Mapping[str, int]) -> int:
+    return sum(delta.get(name, 0) for name in MOVED)
+
+
+def unread_problems(traffic: EfaTraffic) -> list[str]:
+    """One line per worker pod whose node's counters could not be read."""
+    return [
+        f"{pod}: its node's EFA counters could not be read: {why}" for pod, why in traffic.unavailable.items()
+    ]
+
+
+def efa_problems(traffic: EfaTraffic, floor: MovedFloor) -> list[str]:
+    """Why the counters do not show the run's traffic going over EFA, one line per worker pod: a
+    node that could not be read, shows no EFA port, was reset, or moved less than `floor`."""
+    problems = unread_problems(traffic)
     for pod, delta in traffic.deltas.items():
         if traffic.ports[pod] == 0:
             problems.append(
@@ -105,8 +168,28 @@ def efa_problems(traffic: EfaTraffic) -> list[str]:
             )
         elif delta is None:
             problems.append(f"{pod}: the EFA counters went down between the reads (device reset)")
-        elif sum(delta.get(name, 0) for name in MOVED) == 0:
-            problems.append(f"{pod}: 0 bytes sent or received through its {traffic.ports[pod]} EFA port(s)")
+        elif (moved := _moved(delta)) < floor.bytes:
+            through = f"through its {traffic.ports[pod]} EFA port(s)"
+            problems.append(
+                f"{pod}: 0 bytes sent or received {through}"
+                if floor == ANY_TRAFFIC
+                else f"{pod}: {moved} bytes moved {through}, under {floor.bytes} ({floor.basis})"
+            )
+    return problems
+
+
+def tcp_leak_problems(traffic: EfaTraffic, floor: MovedFloor) -> list[str]:
+    """Why a TCP baseline's counters do not show a run on TCP alone, one line per worker pod: a
+    node that could not be read or was reset (nothing can be told), or whose EFA ports moved at
+    least `floor`, what an EFA run's traffic would have moved."""
+    problems = unread_problems(traffic)
+    for pod, delta in traffic.deltas.items():
+        if delta is None:
+            problems.append(f"{pod}: the EFA counters went down between the reads (device reset)")
+        elif (moved := _moved(delta)) >= floor.bytes:
+            problems.append(
+                f"{pod}: {moved} bytes moved through its EFA port(s), at least {floor.bytes} ({floor.basis})"
+            )
     return problems
 
 
@@ -120,44 +203,60 @@ def traffic_from_record(record: Mapping[str, Any]) -> EfaTraffic:
 
 
 def reader_pods(cluster: ClusterApi) -> dict[str, PodFacts]:
-    """The Ready reader pod of each node, by node name."""
-    return {
-        pod.node_name: pod
-        for pod in cluster.list_pods(READER_NAMESPACE, READER_SELECTOR)
-        if pod.ready and not pod.terminating and pod.node_name
-    }
+    """The reader pod to exec in on each node, by node name: a Ready one, else one whose container
+    runs. The exec'd `print` reads sysfs itself, so it works while the pod's server is not Ready
+    (wedged, or still starting)."""
+    found: dict[str, PodFacts] = {}
+    for pod in cluster.list_pods(READER_NAMESPACE, READER_SELECTOR):
+        running = pod.phase == "Running" and not pod.problems and not pod.terminating
+        if pod.node_name and running and (pod.ready or pod.node_name not in found):
+            found[pod.node_name] = pod
+    return found
 
 
-def missing_readers(cluster: ClusterApi, workers: Sequence[PodFacts]) -> list[str]:
-    """The worker pods whose node has no Ready reader pod (yet)."""
-    readers = reader_pods(cluster)
-    return [worker.name for worker in workers if worker.node_name not in readers]
+def _read_one(
+    worker: PodFacts, readers: Mapping[str, PodFacts], executor_for: Callable[[PodFacts], Executor]
+) -> PortCounters | str:
+    """One worker pod's node's counters, read by exec in its node's reader pod; or why not."""
+    reader = readers.get(worker.node_name or "")
+    if reader is None:
+        return (
+            f"no running {READER_NAME} pod on node {worker.node_name} "
+            f"(`kubectl -n {READER_NAMESPACE} get pods -o wide`)"
+        )
+    try:
+        result = executor_for(reader).run(counters_command(), COMMAND_TIMEOUT_S)
+    except (PodGone, ExecStreamCut, CommandTimeout, ApiRefused) as error:
+        return f"reading them in {READER_NAMESPACE}/{reader.name} failed: {error}"
+    if result.returncode != 0:
+        return (
+            f"reading them in {READER_NAMESPACE}/{reader.name} failed (exit {result.returncode}): "
+            f"{result.output[-300:]}"
+        )
+    return parse_counters(result.stdout)
 
 
 def read_counters(
-    cluster: ClusterApi, workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor]
+    cluster: ClusterApi,
+    workers: Sequence[PodFacts],
+    executor_for: Callable[[PodFacts], Executor],
+    pace: Pace,
+    wait_s: float,
 ) -> Readings:
-    """Each worker pod's node's EFA port counters now, read by its node's reader pod; or why not."""
-    readers = reader_pods(cluster)
+    """Each worker pod's node's EFA port counters now, read by its node's reader pod; or why not.
+
+    A node whose read failed is asked again, with the reader pods listed afresh, until `wait_s`
+    have passed: a reader pod starts with its node, and the DaemonSet replaces every reader when
+    its command (the source of `efa_sysfs.py`) or the image changes, which `pulumi up` does not
+    wait for (`efa_counter_reader.SKIP_AWAIT`)."""
     found: Readings = {}
-    for worker in workers:
-        reader = readers.get(worker.node_name or "")
-        if reader is None:
-            found[worker.name] = (
-                f"no Ready {READER_NAME} pod on node {worker.node_name} "
-                f"(`kubectl -n {READER_NAMESPACE} get pods -o wide`)"
-            )
-            continue
-        try:
-            result = executor_for(reader).run(counters_command(), COMMAND_TIMEOUT_S)
-        except (PodGone, ExecStreamCut, CommandTimeout, ApiRefused) as error:
-            found[worker.name] = f"reading them in {READER_NAMESPACE}/{reader.name} failed: {error}"
-            continue
-        if result.returncode != 0:
-            found[worker.name] = (
-                f"reading them in {READER_NAMESPACE}/{reader.name} failed (exit {result.returncode}): "
-                f"{result.output[-300:]}"
-            )
-            continue
-        found[worker.name] = parse_counters(result.stdout)
+
+    def attempt() -> tuple[bool, Readings]:
+        readers = reader_pods(cluster)
+        for worker in workers:
+            if isinstance(found.get(worker.name, ""), str):
+                found[worker.name] = _read_one(worker, readers, executor_for)
+        return not any(isinstance(read, str) for read in found.values()), found
+
+    pace.until(wait_s, attempt)
     return found

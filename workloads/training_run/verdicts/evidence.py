@@ -34,12 +34,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from training.metrics.report import parse_step_line, parse_summary
+from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.nccl_transport import Verdict
 from workloads.training_run.access.cluster_api import PodFacts, stdout_of_each_pod
 from workloads.training_run.access.commands import CommandTimeout, Executor
 from workloads.training_run.access.jobs import NCCL_LOG_DIR, JobRecord
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.verdicts.efa_counters import EfaTraffic, efa_problems
+from workloads.training_run.verdicts.efa_counters import (
+    EfaTraffic,
+    MovedFloor,
+    efa_problems,
+    tcp_leak_problems,
+)
 
 RAY_LOG_DIR = "/tmp/ray/session_latest/logs"
 NCCL_LINES_PER_POD = 200_000
@@ -209,19 +215,37 @@ def failure_report(
     return "\n".join(parts)
 
 
-def check_transport(result: JobResult, expect: str) -> None:
-    """Fail with the evidence when NCCL did not use the expected transport, or when EFA was
-    expected and a worker node's EFA counters did not move during the job."""
+def counter_problems(result: JobResult, expect: str, floor: MovedFloor) -> list[str]:
+    """What the EFA counters around a job say against `expect`: EFA traffic of at least `floor`
+    on every node, or for a TCP run none that large (`efa_counters`)."""
+    if result.efa is None:
+        return ["the EFA counters around the job were not read"]
+    if expect == "efa":
+        return efa_problems(result.efa, floor)
+    return tcp_leak_problems(result.efa, floor)
+
+
+def check_transport(result: JobResult, expect: str, floor: MovedFloor | None) -> None:
+    """Fail with the evidence when NCCL did not use the expected transport; or, with a counter
+    `floor` (None: the counter check is off), when EFA was expected and a worker node's EFA counters
+    could not be read or moved less, or a TCP run's moved at least that much."""
     verdict = result.verdict
     if verdict.ok(expect):
-        if expect == "efa" and result.efa is not None and (problems := efa_problems(result.efa)):
+        if floor is not None and (problems := counter_problems(result, expect, floor)):
+            moved = result.efa.bytes_moved() if result.efa is not None else None
             raise TrainingRunError(
-                f"NCCL's log says it used EFA (job {result.submission_id}), but the EFA hardware counters "
-                "of the worker nodes do not show the job's traffic:\n"
+                f"NCCL's log says it used '{expect}' (job {result.submission_id}), but the EFA hardware "
+                f"counters of the worker nodes do not show it:\n"
                 + _indent(problems)
-                + f"\nEFA bytes per worker pod during the job: {result.efa.bytes_moved()}. Check that each "
-                "worker pod requests vpc.amazonaws.com/efa and that its node's EFA devices are up "
-                "(`fi_info -p efa` in the worker pod)"
+                + f"\nEFA bytes per worker pod during the job: {moved}. "
+                + (
+                    "Check that each worker pod requests vpc.amazonaws.com/efa and that its node's EFA devices "
+                    "are up (`fi_info -p efa` in the worker pod)"
+                    if expect == "efa"
+                    else "Stop whatever else uses EFA on the GPU nodes during the benchmark"
+                )
+                + f"; for counters that could not be read, check the reader pods (`kubectl -n {READER_NAMESPACE} "
+                "get pods -o wide`) or set training.checkEfaCounters to false"
                 + (f"\nnote: {result.rejudged}" if result.rejudged else "")
             )
         return

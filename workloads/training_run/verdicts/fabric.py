@@ -126,14 +126,37 @@ def busbw_problems(
     return [*problems, f"the floor is judged on {JUDGED} only{reported}"]
 
 
+def least_bytes_into_each_node(report: Mapping[str, Any], nodes: int) -> int | None:
+    """The bytes each of `nodes` nodes must have received over the network during the probe, whatever
+    algorithm NCCL chose: of each all_gather, reduce_scatter or all_reduce of a message of S bytes,
+    a node holds at most its own 1/`nodes` share before the call and must end with data that depends
+    on every other node's share (all_gather: their parts; reduce_scatter and all_reduce: their
+    contributions to its part, reduced at best before they leave their node), so at least
+    (nodes - 1)/nodes x S arrive. Summed over every call the report says the probe made (`iters`
+    timed ones after `warmup_iters`, per collective and size); None for a report that does not say."""
+    iters, warmup = report.get("iters"), report.get("warmup_iters")
+    if not isinstance(iters, int) or not isinstance(warmup, int) or nodes < 1:
+        return None
+    calls = iters + warmup
+    return sum((nodes - 1) * row["bytes"] * calls // nodes for row in report["results"])
+
+
 @dataclass(frozen=True)
 class ProbeResult:
-    """The probe run before a job: its submission id and each collective's busbw at the largest size."""
+    """The probe run before a job: its submission id, each collective's busbw at the largest size,
+    and the bytes each node must have received during it (`least_bytes_into_each_node`; None:
+    the report does not say how many calls it made)."""
 
     submission_id: str
     busbw_gbps: dict[str, float]
     largest_bytes: int
+    least_node_bytes: int | None = None
 
 
-def probe_result(submission_id: str, report: Mapping[str, Any]) -> ProbeResult:
-    return ProbeResult(submission_id, largest_busbw(report), max(row["bytes"] for row in report["results"]))
+def probe_result(submission_id: str, report: Mapping[str, Any], nodes: int) -> ProbeResult:
+    return ProbeResult(
+        submission_id,
+        largest_busbw(report),
+        max(row["bytes"] for row in report["results"]),
+        least_bytes_into_each_node(report, nodes),
+    )

@@ -7,9 +7,13 @@ the job's NCCL environment, for a minute or so, and its run is judged as the job
 
 1. NCCL's transport from the probe's own NCCL lines, covering every rank and worker pod (`evidence`);
 2. with `efa` expected, each worker node's EFA counters, read by the node's counter reader around
-   this very probe (`efa_counters`), must have moved by the probe's traffic (a node whose counters
-   could not be read is reported unavailable, not judged), and each collective's busbw at the
-   largest size must clear `min_busbw_fraction` of the line rate (`fabric.busbw_problems`).
+   this very probe (`efa_counters`), must have moved at least half of what the probe's collectives
+   must bring into each node (`efa_counters.probe_floor`); a node whose counters could not be read
+   fails too, since a check that cannot measure must not pass (`training.checkEfaCounters: false`
+   turns the counter check off, and the outputs say so). With `socket` expected (the benchmark's
+   TCP baseline), the counters must *not* have moved that much: else the baseline is no TCP run;
+3. with `efa` expected, each collective's busbw at the largest size must clear
+   `min_busbw_fraction` of the line rate (`fabric.busbw_problems`).
 
 Every `pulumi up` that runs a job runs a fresh probe (`jobs.choose_submission`, `rejudge=False`):
 re-running `up` never turns a failed gate into a passed one.
@@ -26,9 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.training_run.access.jobs import NCCL_LOG_DIR
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.verdicts.efa_counters import efa_problems
+from workloads.training_run.verdicts.efa_counters import efa_problems, probe_floor, tcp_leak_problems
 from workloads.training_run.verdicts.evidence import RAY_LOG_DIR, JobResult
 from workloads.training_run.verdicts.fabric import ProbeResult, busbw_problems
 
@@ -40,6 +45,15 @@ TRANSPORT_FIX = (
 COUNTERS_FIX = (
     "check that each worker pod requests vpc.amazonaws.com/efa, that its node's EFA devices are up "
     "(`fi_info -p efa` in the worker pod), and that the instance type's EFA interfaces are attached"
+)
+READER_FIX = (
+    f"check the EFA counter reader pods (`kubectl -n {READER_NAMESPACE} get pods -o wide`, then `kubectl -n "
+    f"{READER_NAMESPACE} describe pod` and `logs` of the one on that node); or set training.checkEfaCounters "
+    "to false to judge the fabric without its counters (the outputs then say the check was off)"
+)
+TCP_BASELINE_FIX = (
+    "stop whatever else uses EFA on the GPU nodes during the benchmark (`ray job list` in the head pod), "
+    "and check that the TCP baseline's environment (NCCL_NET=Socket, NCCL_NET_PLUGIN=none) reaches its workers"
 )
 BUSBW_FIX = (
     "check the EFA interfaces per node against the instance type's, and the placement group; or lower "
@@ -58,7 +72,11 @@ class GateResult:
 
 
 def gate_problem(
-    gate: GateResult, expect: str, line_rate_gbps: float | None, min_fraction: float
+    gate: GateResult,
+    expect: str,
+    line_rate_gbps: float | None,
+    min_fraction: float,
+    check_counters: bool = True,
 ) -> tuple[str, str] | None:
     """(what is wrong, the fix) for the first check the gate fails, one line each; None: it passed."""
     run, verdict = gate.run, gate.run.verdict
@@ -73,15 +91,10 @@ def gate_problem(
             f"confidence): {verdict.reason}{first}",
             TRANSPORT_FIX.format(files=files) if expect == "efa" else "check the job's NCCL environment",
         )
+    if check_counters and (found := counter_problem(gate, expect)):
+        return found
     if expect != "efa":
         return None
-    if run.efa is not None and (problems := efa_problems(run.efa)):
-        return (
-            "NCCL's log says EFA, but the EFA counters of the worker nodes did not move with the probe's "
-            f"traffic: {'; '.join(problems)} (EFA bytes per worker pod during the probe: "
-            f"{run.efa.bytes_moved()})",
-            COUNTERS_FIX,
-        )
     if slow := busbw_problems(gate.probe.busbw_gbps, line_rate_gbps, min_fraction):
         return (
             f"the fabric is too slow for EFA at {gate.probe.largest_bytes} byte messages: {'; '.join(slow)}",
@@ -90,9 +103,40 @@ def gate_problem(
     return None
 
 
-def check_gate(gate: GateResult, expect: str, line_rate_gbps: float | None, min_fraction: float) -> None:
+def counter_problem(gate: GateResult, expect: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when the worker nodes' EFA counters around the probe do not show
+    what `expect` says: the probe's traffic over EFA, or none of it for a TCP baseline."""
+    traffic, floor = gate.run.efa, probe_floor(gate.probe.least_node_bytes)
+    if traffic is None:
+        return "the EFA counters around the probe were not read", READER_FIX
+    if floor is None:
+        return (
+            "the probe's report does not say how many calls it made, so the bytes it must have moved are unknown",
+            "run `pulumi up` again: the probe of this release's code reports its `iters` and `warmup_iters`",
+        )
+    moved = f"(EFA bytes per worker pod during the probe: {traffic.bytes_moved()})"
+    unread = f"; for the nodes not read, {READER_FIX}" if traffic.unavailable else ""
+    if expect == "efa" and (problems := efa_problems(traffic, floor)):
+        if len(problems) == len(traffic.unavailable):
+            what = "the EFA counters of the worker nodes could not be read, so nothing shows the probe's traffic on EFA"
+            return f"{what}: {'; '.join(problems)} {moved}", READER_FIX
+        what = "NCCL's log says EFA, but the EFA counters of the worker nodes did not move with the probe's traffic"
+        return f"{what}: {'; '.join(problems)} {moved}", COUNTERS_FIX + unread
+    if expect == "socket" and (problems := tcp_leak_problems(traffic, floor)):
+        what = "the TCP baseline's probe cannot be shown to have run on TCP alone"
+        return f"{what}: {'; '.join(problems)} {moved}", TCP_BASELINE_FIX + unread
+    return None
+
+
+def check_gate(
+    gate: GateResult,
+    expect: str,
+    line_rate_gbps: float | None,
+    min_fraction: float,
+    check_counters: bool = True,
+) -> None:
     """Stop the run, in one line, when the gate failed: the training job is then not submitted."""
-    found = gate_problem(gate, expect, line_rate_gbps, min_fraction)
+    found = gate_problem(gate, expect, line_rate_gbps, min_fraction, check_counters)
     if found is None:
         return
     problem, fix = found

@@ -14,15 +14,24 @@ from workloads.training_run.verdicts.gate import GateResult, check_gate, gate_pr
 EFA = Verdict(
     "efa", "channels via NET/Libfabric on 8 ranks", "high", ["a:1 [0] NCCL INFO ... via NET/Libfabric/0"]
 )
+GIB = 1 << 30
+PROBE_LEAST = 48 * GIB  # the bytes the probe's collectives must bring into each node
 MOVED = EfaTraffic(
-    {"pod-a": 1, "pod-b": 1}, {"pod-a": {"tx_bytes": 9, "rx_bytes": 9}, "pod-b": {"tx_bytes": 9}}
+    {"pod-a": 1, "pod-b": 1},
+    {"pod-a": {"tx_bytes": 60 * GIB, "rx_bytes": 60 * GIB}, "pod-b": {"tx_bytes": 30 * GIB}},
 )
 FAST = {"all_reduce": 38.0, "all_gather": 39.0, "reduce_scatter": 38.5}
 
 
-def gate(verdict: Verdict = EFA, efa: EfaTraffic | None = MOVED, busbw=FAST, rejudged=None) -> GateResult:
+def gate(
+    verdict: Verdict = EFA,
+    efa: EfaTraffic | None = MOVED,
+    busbw=FAST,
+    rejudged=None,
+    least: int | None = PROBE_LEAST,
+) -> GateResult:
     run = JobResult("eks-ray-train-gate-main-0", "SUCCEEDED", {}, verdict, {"pod-a": 4}, rejudged, efa)
-    return GateResult(run, ProbeResult(run.submission_id, dict(busbw), 1 << 30), 12.3)
+    return GateResult(run, ProbeResult(run.submission_id, dict(busbw), GIB, least), 12.3)
 
 
 def test_a_healthy_fabric_passes():
@@ -45,10 +54,62 @@ def test_the_transport_is_judged_first_and_its_fix_names_the_probes_nccl_files()
 
 
 def test_counters_that_did_not_move_on_one_node_fail_naming_it_and_the_bytes():
-    stuck = EfaTraffic({"pod-a": 1, "pod-b": 1}, {"pod-a": {"tx_bytes": 9}, "pod-b": {"tx_bytes": 0}})
+    stuck = EfaTraffic({"pod-a": 1, "pod-b": 1}, {"pod-a": {"tx_bytes": 30 * GIB}, "pod-b": {"tx_bytes": 0}})
     problem, fix = gate_problem(gate(efa=stuck), "efa", 40.0, 0.9) or ("", "")
-    assert "pod-b: 0 bytes sent or received through its 1 EFA port(s)" in problem and "pod-a:" not in problem
-    assert "{'pod-a': 9, 'pod-b': 0}" in problem and "fi_info -p efa" in fix
+    assert f"pod-b: 0 bytes moved through its 1 EFA port(s), under {24 * GIB}" in problem
+    assert "pod-a:" not in problem.split("(EFA bytes")[0]
+    assert f"{{'pod-a': {30 * GIB}, 'pod-b': 0}}" in problem and "fi_info -p efa" in fix
+
+
+def test_counters_that_moved_only_by_handshakes_fail_against_what_the_probe_sent():
+    """The probe brought at least 48 GiB into each node; tens of KiB on a node are connection set-up."""
+    handshakes = EfaTraffic(
+        {"pod-a": 1, "pod-b": 1},
+        {"pod-a": {"tx_bytes": 60 * GIB}, "pod-b": {"tx_bytes": 32_768, "rx_bytes": 32_768}},
+    )
+    problem, _ = gate_problem(gate(efa=handshakes), "efa", 40.0, 0.9) or ("", "")
+    assert problem.startswith("NCCL's log says EFA, but the EFA counters of the worker nodes did not move")
+    assert (
+        f"pod-b: 65536 bytes moved through its 1 EFA port(s), under {24 * GIB} "
+        f"(0.5 of the {48 * GIB} bytes the probe's collectives must bring into each node)"
+    ) in problem
+
+
+def test_unreadable_counters_fail_the_gate_naming_the_node_the_reason_and_the_fix():
+    """A check that cannot measure must not pass: every node unread, or one, is a failure."""
+    why = "no running efa-counters pod on node node-b (`kubectl -n efa-counters get pods -o wide`)"
+    for unread in (
+        EfaTraffic({}, {}, {"pod-a": why, "pod-b": why}),
+        EfaTraffic({"pod-a": 1}, {"pod-a": {"tx_bytes": 60 * GIB}}, {"pod-b": why}),
+    ):
+        problem, fix = gate_problem(gate(efa=unread), "efa", 40.0, 0.9) or ("", "")
+        assert problem.startswith("the EFA counters of the worker nodes could not be read")
+        assert f"pod-b: its node's EFA counters could not be read: {why}" in problem
+        assert "kubectl -n efa-counters get pods -o wide" in fix and "training.checkEfaCounters" in fix
+    problem, fix = gate_problem(gate(efa=None), "efa", 40.0, 0.9) or ("", "")
+    assert problem == "the EFA counters around the probe were not read" and "kubectl" in fix
+
+
+def test_the_counter_check_turned_off_judges_transport_and_busbw_alone():
+    unread = EfaTraffic({}, {}, {"pod-a": "no running efa-counters pod on node node-a"})
+    assert gate_problem(gate(efa=unread), "efa", 40.0, 0.9, check_counters=False) is None
+    slow = {"all_reduce": 1.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+    assert gate_problem(gate(efa=unread, busbw=slow), "efa", 40.0, 0.9, check_counters=False) is not None
+
+
+def test_a_probe_report_without_its_calls_cannot_be_judged():
+    problem, fix = gate_problem(gate(least=None), "efa", 40.0, 0.9) or ("", "")
+    assert "does not say how many calls it made" in problem and "iters" in fix
+
+
+def test_a_tcp_baseline_probe_whose_efa_counters_moved_like_the_probe_is_refused():
+    socket = Verdict("socket", "a channel via NET/Socket", "high")
+    quiet = EfaTraffic({"pod-a": 1, "pod-b": 1}, {"pod-a": {"tx_bytes": 65_536}, "pod-b": {}})
+    assert gate_problem(gate(socket, efa=quiet, busbw={"all_reduce": 1.0}), "socket", 40.0, 0.9) is None
+    problem, fix = gate_problem(gate(socket, efa=MOVED), "socket", 40.0, 0.9) or ("", "")
+    assert problem.startswith("the TCP baseline's probe cannot be shown to have run on TCP alone")
+    assert f"pod-a: {120 * GIB} bytes moved through its EFA port(s), at least {24 * GIB}" in problem
+    assert "NCCL_NET=Socket" in fix
 
 
 def test_busbw_under_the_floor_names_the_numbers_and_the_key():
@@ -61,11 +122,10 @@ def test_busbw_under_the_floor_names_the_numbers_and_the_key():
     assert "1073741824 byte messages" in problem and "training.minBusbwFraction" in fix
 
 
-def test_counters_and_the_floor_are_efas_and_unreadable_counters_are_not_judged():
+def test_the_busbw_floor_is_efas():
     socket = Verdict("socket", "a channel via NET/Socket", "high")
-    assert gate_problem(gate(socket, efa=None, busbw={"all_reduce": 1.0}), "socket", 40.0, 0.9) is None
-    unread = EfaTraffic({}, {}, {"pod-a": "no Ready efa-counters pod on node node-a"})
-    assert gate_problem(gate(efa=unread), "efa", 40.0, 0.9) is None  # unavailable, not unmoved
+    quiet = EfaTraffic({"pod-a": 1}, {"pod-a": {}})
+    assert gate_problem(gate(socket, efa=quiet, busbw={"all_reduce": 1.0}), "socket", 40.0, 0.9) is None
 
 
 def test_a_rejudged_gate_says_so():
