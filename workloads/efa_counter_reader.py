@@ -60,7 +60,9 @@ def counters_command() -> list[str]:
 
 # Pod Security: `baseline` refuses host namespaces, so the namespace enforces `privileged`, and warns
 # and audits at `baseline`: any pod but the reader admitted there is reported to whoever applies it
-# (the policy pack's `namespace-pod-security-enforced` holds the reader's pods to that).
+# (the policy pack's `namespace-pod-security-enforced` holds the stack's pods there to `hostNetwork`
+# alone and to the reader's hardening: a DaemonSet, non-root, no capability, a read-only root, no
+# privilege escalation, no service account token).
 READER_POD_SECURITY_LABELS = {
     "pod-security.kubernetes.io/enforce": "privileged",
     "pod-security.kubernetes.io/warn": "baseline",

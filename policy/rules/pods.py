@@ -7,12 +7,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .properties import (
+    DAEMONSET,
     NAMESPACE,
     StackResource,
     dig,
+    is_false,
     is_true,
     is_unknown,
     items,
+    type_kind,
 )
 from .registry import MANDATORY, resource_rule, stack_rule
 
@@ -41,13 +44,21 @@ def pod_containers(value: Any) -> list[Mapping[str, Any]]:
     return found
 
 
-def pod_specs(value: Any) -> list[Mapping[str, Any]]:
-    """Every pod spec (a mapping with `containers`) anywhere inside a Kubernetes object."""
+def pod_templates(value: Any, metadata: Any = None) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """(metadata, spec) of every pod spec anywhere inside a Kubernetes object: a mapping whose
+    `containers` is a list (or unknown), not the mapping of that name a CRD's schema holds under
+    `properties`; the metadata is the one beside it under `spec` (a Pod's own, a template's), empty
+    where none."""
     if isinstance(value, Mapping):
-        own = [value] if "containers" in value else []
-        return own + [spec for item in value.values() for spec in pod_specs(item)]
+        is_spec = "containers" in value and not isinstance(value["containers"], Mapping)
+        own = [(metadata if isinstance(metadata, Mapping) else {}, value)] if is_spec else []
+        return own + [
+            template
+            for key, item in value.items()
+            for template in pod_templates(item, value.get("metadata") if key == "spec" else None)
+        ]
     if isinstance(value, Sequence) and not isinstance(value, str):
-        return [spec for item in value for spec in pod_specs(item)]
+        return [template for item in value for template in pod_templates(item)]
     return []
 
 
@@ -68,10 +79,51 @@ def image_pin_problem(image: str) -> str | None:
     return None
 
 
-def beyond_host_network(spec: Mapping[str, Any]) -> list[str]:
-    """What a pod spec asks for that Pod Security `baseline` refuses, other than `hostNetwork`
-    (Kubernetes "Pod Security Standards", baseline: host PID/IPC, host paths and ports, privileged
-    containers, added capabilities, unconfined seccomp, proc mount, sysctls)."""
+# Kubernetes "Pod Security Standards" (kubernetes.io/docs/concepts/security/pod-security-standards/),
+# baseline, AppArmor: the `appArmorProfile.type` of the pod and of each container is undefined,
+# RuntimeDefault or Localhost; the older annotation `container.apparmor.security.beta.kubernetes.io/*`
+# is undefined, empty, `runtime/default` or `localhost/<profile>`.
+APPARMOR_TYPES = (None, "RuntimeDefault", "Localhost")
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+# Baseline, SELinux: `seLinuxOptions.type` is undefined, empty or one of these container types
+# (container_engine_t since Kubernetes 1.31); `seLinuxOptions.user` and `.role` are undefined or empty.
+SELINUX_TYPES = (None, "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t")
+
+
+def _shown(value: Any) -> str:
+    """A refused value as a message quotes it (the engine's placeholder for an unknown one is no help)."""
+    return "unknown during preview" if is_unknown(value) else repr(value)
+
+
+def _apparmor_annotation_allowed(profile: Any) -> bool:
+    return profile in ("", "runtime/default") or (
+        isinstance(profile, str) and not is_unknown(profile) and profile.startswith("localhost/")
+    )
+
+
+def _confinement_refused(who: str, context: Any) -> list[str]:
+    """The AppArmor and SELinux settings of one security context (the pod's or a container's) that
+    Pod Security `baseline` refuses."""
+    found = []
+    apparmor = dig(context, "appArmorProfile", "type")
+    if apparmor not in APPARMOR_TYPES:
+        found.append(f"{who} sets AppArmor profile type {_shown(apparmor)}")
+    selinux_type = dig(context, "seLinuxOptions", "type")
+    if selinux_type not in SELINUX_TYPES:
+        found.append(f"{who} sets SELinux type {_shown(selinux_type)}")
+    found += [
+        f"{who} sets an SELinux {option}"
+        for option in ("user", "role")
+        if dig(context, "seLinuxOptions", option) not in (None, "")
+    ]
+    return found
+
+
+def beyond_host_network(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    """What a pod (its metadata and spec) asks for that Pod Security `baseline` refuses, other than
+    `hostNetwork` (Kubernetes "Pod Security Standards", baseline: host PID/IPC, host paths and ports,
+    privileged containers, added capabilities, AppArmor, SELinux, proc mount, unconfined seccomp,
+    sysctls)."""
     found = [f"{key}: true" for key in ("hostPID", "hostIPC") if is_true(spec.get(key))]
     found += [
         f"volume {v.get('name')} is a hostPath"
@@ -82,6 +134,14 @@ def beyond_host_network(spec: Mapping[str, Any]) -> list[str]:
         found.append("sysctls")
     if dig(spec, "securityContext", "seccompProfile", "type") == "Unconfined":
         found.append("an unconfined seccomp profile")
+    found += _confinement_refused("the pod", dig(spec, "securityContext"))
+    annotations = dig(metadata, "annotations")
+    if isinstance(annotations, Mapping):
+        found += [
+            f"annotation {key} is {_shown(profile)}"
+            for key, profile in annotations.items()
+            if key.startswith(APPARMOR_ANNOTATION) and not _apparmor_annotation_allowed(profile)
+        ]
     for container in pod_containers(spec):
         name, context = container.get("name"), container.get("securityContext") or {}
         if is_true(dig(context, "privileged")):
@@ -92,8 +152,39 @@ def beyond_host_network(spec: Mapping[str, Any]) -> list[str]:
             found.append(f"container {name} mounts /proc unmasked")
         if dig(context, "seccompProfile", "type") == "Unconfined":
             found.append(f"container {name} runs without seccomp")
+        found += _confinement_refused(f"container {name}", context)
         if any(isinstance(port, Mapping) and port.get("hostPort") for port in items(container.get("ports"))):
             found.append(f"container {name} takes a host port")
+    return found
+
+
+def unhardened(spec: Mapping[str, Any]) -> list[str]:
+    """What a pod spec leaves out of the EFA counter reader's hardening, which a pod of a `privileged`
+    host-network namespace must have: no service account token (`automountServiceAccountToken: false`,
+    Kubernetes "Configure Service Accounts for Pods"); and in each container, a non-root user
+    (`runAsNonRoot: true`, its own or else the pod's) with every capability dropped and no privilege
+    escalation (Kubernetes "Pod Security Standards", restricted: Running as Non-root, Capabilities,
+    Privilege Escalation), and a read-only root filesystem (`readOnlyRootFilesystem` of the Kubernetes
+    API's SecurityContext)."""
+    found = []
+    if not is_false(spec.get("automountServiceAccountToken")):
+        found.append("a pod does not set automountServiceAccountToken: false")
+    pod_non_root = dig(spec, "securityContext", "runAsNonRoot")
+    for container in pod_containers(spec):
+        context = container.get("securityContext") or {}
+        own_non_root = dig(context, "runAsNonRoot")
+        missing = [
+            setting
+            for setting, held in (
+                ("runAsNonRoot: true", is_true(pod_non_root if own_non_root is None else own_non_root)),
+                ("capabilities.drop: [ALL]", "ALL" in items(dig(context, "capabilities", "drop"))),
+                ("readOnlyRootFilesystem: true", is_true(dig(context, "readOnlyRootFilesystem"))),
+                ("allowPrivilegeEscalation: false", is_false(dig(context, "allowPrivilegeEscalation"))),
+            )
+            if not held
+        ]
+        if missing:
+            found.append(f"container {container.get('name')} does not set {', '.join(missing)}")
     return found
 
 
@@ -124,17 +215,26 @@ def container_images_pinned(resource_type: str, props: Mapping[str, Any], stack:
 @stack_rule(
     "namespace-pod-security-enforced",
     MANDATORY,
-    description="Every namespace enforces the baseline or restricted Pod Security Standard, but one for host-network pods alone, which warns and audits at baseline.",
-    resources="Namespaces and the pods the stack puts in them",
-    requires="the label `pod-security.kubernetes.io/enforce` is `baseline` or `restricted`; or `privileged` for a namespace of host-network pods alone: it warns and audits at `baseline` or stricter, and the stack's pods there ask for nothing `baseline` refuses but `hostNetwork`",
+    description="Every namespace enforces the baseline or restricted Pod Security Standard, but one for hardened host-network node agents alone, which warns and audits at baseline.",
+    resources="Namespaces, and the stack's pod templates and Helm, YAML and kustomize resources",
+    requires="the label `pod-security.kubernetes.io/enforce` is `baseline` or `restricted`; or `privileged` for a namespace of host-network node agents alone: it warns and audits at `baseline` or stricter; the stack's pods there are DaemonSets' that ask for nothing `baseline` refuses (AppArmor and SELinux included) but `hostNetwork`, set `automountServiceAccountToken: false` and `runAsNonRoot: true` (the pod or each container), and in every container `capabilities.drop: [ALL]`, `readOnlyRootFilesystem: true` and `allowPrivilegeEscalation: false`; no Helm, YAML or kustomize resource names it as its namespace, an unknown namespace or none; and every pod template of the stack names a known namespace",
 )
 def namespace_pod_security(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
     """Every namespace the stack creates refuses privileged pods (Pod Security `baseline` or stricter).
 
-    The one exception is a namespace for pods that need the host's network namespace (a node agent
-    such as an EFA counter reader, which `baseline` refuses): it may enforce `privileged` when it
-    still warns and audits at `baseline` or stricter, so any other pod admitted there is flagged, and
-    the stack puts pods there that ask for nothing beyond `hostNetwork` (`beyond_host_network`)."""
+    The one exception is a namespace for node agents that need the host's network namespace (the EFA
+    counter reader, which `baseline` refuses): it may enforce `privileged` when it still warns and
+    audits at `baseline` or stricter, so any other pod admitted there is flagged, and the stack's pods
+    there are the reader's kind alone: DaemonSets' pods that ask for nothing beyond `hostNetwork`
+    (`beyond_host_network`) and are hardened as the reader is (`unhardened`). A pod in the host's
+    network namespace that runs as root with the runtime's default capabilities (NET_RAW among them)
+    reaches the instance metadata service despite the hop limit of 1, which holds only for pods in
+    their own network namespace, and with it the node role's credentials.
+
+    Nothing may reach such a namespace unseen: a Helm release installs its chart with Helm's own
+    client, so its objects never reach the engine, and chart, YAML and kustomize resources hold their
+    pods in charts and files the pack does not read; and a pod template whose namespace is unknown
+    during preview, or unset (the provider's default namespace), may land in it."""
     violations = []
     for namespace in (r for r in resources if r.type == NAMESPACE):
         labels = dig(namespace.props, "metadata", "labels")
@@ -157,32 +257,78 @@ def namespace_pod_security(resources: Sequence[StackResource]) -> list[tuple[str
             violations.append(
                 (
                     namespace.urn,
-                    f"{refusal}; a namespace for host-network pods may enforce privileged only when "
+                    f"{refusal}; a namespace for host-network node agents may enforce privileged only when "
                     + "; ".join(problems),
                 )
             )
     return violations
 
 
+# pulumi-kubernetes modules whose resources install objects the pack does not see: Helm releases and
+# charts, YAML files and groups, kustomize directories (`kubernetes:helm.sh/v3:Release`,
+# `kubernetes:yaml/v2:ConfigGroup`, ...).
+MANIFEST_BUNDLES = ("helm.sh", "yaml", "kustomize")
+
+
+def _named(resource: StackResource) -> str:
+    """A resource as a message names it: its kind and its Pulumi name (the URN's last part)."""
+    return f"{type_kind(resource.type)[1]} {resource.urn.rsplit('::', 1)[-1]}"
+
+
+def _unresolved(namespace: Any) -> str | None:
+    """How a namespace property fails to name a namespace (None: it names one)."""
+    if is_unknown(namespace):
+        return "an unknown namespace"
+    if not isinstance(namespace, str) or not namespace:
+        return "no namespace"
+    return None
+
+
 def _host_network_namespace_problems(
     resources: Sequence[StackResource], labels: Mapping[str, Any], name: str
 ) -> list[str]:
-    """Why a `privileged` namespace is not one for host-network pods alone (empty: it is)."""
+    """Why a `privileged` namespace is not one for hardened host-network node agents alone (empty: it is)."""
     problems = [
         f"it {label.rsplit('/', 1)[1]}s at baseline or restricted (label {label} is {dig(labels, label)!r})"
         for label in (POD_SECURITY_WARN, POD_SECURITY_AUDIT)
         if dig(labels, label) not in ENFORCED_LEVELS
     ]
-    pods = [
-        spec
-        for resource in resources
-        if resource.type.startswith("kubernetes:") and dig(resource.props, "metadata", "namespace") == name
-        for spec in pod_specs(resource.props)
-    ]
+    pods: list[tuple[StackResource, list[tuple[Mapping[str, Any], Mapping[str, Any]]]]] = []
+    for resource in resources:
+        if not resource.type.startswith("kubernetes:"):
+            continue
+        if type_kind(resource.type)[0].split("/")[0] in MANIFEST_BUNDLES:
+            target = resource.props.get("namespace")
+            if target == name or _unresolved(target):
+                problems.append(
+                    f"no Helm, YAML or kustomize resource installs into it, since the pack cannot see "
+                    f"their pods ({_named(resource)} names {_unresolved(target) or 'it'})"
+                )
+            continue
+        templates = pod_templates(resource.props)
+        if not templates:
+            continue
+        namespace = dig(resource.props, "metadata", "namespace")
+        unresolved = _unresolved(namespace)
+        if unresolved:
+            problems.append(
+                f"every pod template of the stack names a known namespace, so that none lands in it "
+                f"unchecked ({_named(resource)} names {unresolved})"
+            )
+        elif namespace == name:
+            pods.append((resource, templates))
     if not pods:
         problems.append("the stack puts host-network pods in it (it puts none)")
-    for spec in pods:
-        if not is_true(spec.get("hostNetwork")):
-            problems.append("each of its pods uses the host's network (one does not)")
-        problems += [f"its pods ask for nothing else ({found})" for found in beyond_host_network(spec)]
+    for resource, templates in pods:
+        if resource.type != DAEMONSET:
+            problems.append(f"its pods come from DaemonSets alone ({_named(resource)} is not a DaemonSet)")
+        for metadata, spec in templates:
+            if not is_true(spec.get("hostNetwork")):
+                problems.append("each of its pods uses the host's network (one does not)")
+            problems += [
+                f"its pods ask for nothing else ({found})" for found in beyond_host_network(metadata, spec)
+            ]
+            problems += [
+                f"its pods are hardened as the EFA counter reader's ({found})" for found in unhardened(spec)
+            ]
     return problems

@@ -24,6 +24,7 @@ BUCKET_VERSIONING = (
 VPC = "aws:ec2/vpc:Vpc"
 DEFAULT_SECURITY_GROUP = "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup"
 NAMESPACE = "kubernetes:core/v1:Namespace"
+DAEMONSET = "kubernetes:apps/v1:DaemonSet"
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 

@@ -27,7 +27,7 @@ from tests.harness.policy_resources import (
     NS,
     RAY,
 )
-from tests.harness.program import STACK_FILES, USER_SETTINGS, Preview, run_program, stack_config
+from tests.harness.program import STACK_FILES, USER_SETTINGS, Preview, dev_config, run_program, stack_config
 from workloads import manifests
 
 POLICY_DIR = REPO_ROOT / "policy"
@@ -120,6 +120,13 @@ def test_every_stack_passes_every_mandatory_rule(stack_plan):
     assert mandatory_violations(plan, stack) == []
 
 
+def test_the_dev_stack_with_its_crds_full_schemas_passes_every_mandatory_rule():
+    """KubeRay's CRD schemas name `containers` as a property (the mocks' runs leave the schemas out):
+    a preview sees them in full, and none reads as a pod template without a namespace."""
+    plan = run_program({**dev_config(), **USER_SETTINGS}, crd_schemas=True)
+    assert mandatory_violations(plan, "dev") == []
+
+
 def test_every_stack_sends_all_control_plane_logs(stack_plan):
     stack, plan = stack_plan
     cluster = plan.one(EKS)
@@ -142,6 +149,8 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
     ray_namespace = plan.one(NS, "ray-train")
     head_policy = plan.one(properties.NETWORK_POLICY)
     reader_daemonset = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters")
+    reader_namespace_name = reader_daemonset.inputs["metadata"]["namespace"]
+    kuberay_release = plan.one("kubernetes:helm.sh/v3:Release", manifests.KUBERAY_OPERATOR.name)
 
     def broken(registration, change) -> list[str]:
         original = registration.inputs
@@ -204,6 +213,24 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
         "namespace-pod-security-enforced (host network)": (
             reader_daemonset,
             lambda p: p["spec"]["template"]["spec"].update(hostPID=True),
+        ),
+        "namespace-pod-security-enforced (reader's hardening)": (
+            reader_daemonset,
+            lambda p: p["spec"]["template"]["spec"].pop("automountServiceAccountToken"),
+        ),
+        "namespace-pod-security-enforced (reader's AppArmor annotation)": (
+            reader_daemonset,
+            lambda p: p["spec"]["template"]["metadata"].update(
+                annotations={"container.apparmor.security.beta.kubernetes.io/reader": "unconfined"}
+            ),
+        ),
+        "namespace-pod-security-enforced (pod template without a namespace)": (
+            reader_daemonset,
+            lambda p: p["metadata"].pop("namespace"),
+        ),
+        "namespace-pod-security-enforced (Helm release into the reader's namespace)": (
+            kuberay_release,
+            lambda p: p.update(namespace=reader_namespace_name),
         ),
         "ray-head-network-policy": (head_policy, lambda p: p["spec"].update(ingress=[{}])),
     }

@@ -122,24 +122,50 @@ def ns_resource(name: str, labels) -> StackResource:
     return StackResource(NS, f"urn:ns-{name}", {"metadata": {"name": name, "labels": labels}}, ())
 
 
+def k8s(resource_type: str, name: str, props: dict) -> StackResource:
+    """A Kubernetes resource of the stack, with a URN as the engine writes it."""
+    return StackResource(resource_type, f"urn:pulumi:dev::eks-ray-train::{resource_type}::{name}", props, ())
+
+
 HOST_NETWORK_LABELS = {
     pods.POD_SECURITY_ENFORCE: "privileged",
     pods.POD_SECURITY_WARN: "baseline",
     pods.POD_SECURITY_AUDIT: "baseline",
 }
+DAEMONSET = "kubernetes:apps/v1:DaemonSet"
+POD = "kubernetes:core/v1:Pod"
+HARDENED = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
-def node_agent(namespace_name: str = "agents", **pod) -> StackResource:
-    """A DaemonSet whose pods need the host's network namespace and nothing else."""
+def agent_container(name: str = "reader", **context) -> dict:
+    """A container hardened as the EFA counter reader's, with `context` over its security context."""
+    return {"name": name, "image": "repo/ray:2.58.0", "securityContext": {**HARDENED, **context}}
+
+
+def node_agent(namespace_name: str = "agents", template_metadata: dict | None = None, **pod) -> StackResource:
+    """A DaemonSet whose pods need the host's network namespace and nothing else, hardened as the
+    EFA counter reader's; `pod` over its pod spec."""
     spec = {
         "hostNetwork": True,
-        "containers": [
-            {"name": "reader", "image": "repo/ray:2.58.0", "securityContext": {"privileged": False}}
-        ],
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True},
+        "containers": [agent_container()],
         **pod,
     }
-    props = {"metadata": {"name": "agent", "namespace": namespace_name}, "spec": {"template": {"spec": spec}}}
-    return StackResource("kubernetes:apps/v1:DaemonSet", "urn:ds", props, ())
+    props = {
+        "metadata": {"name": "agent", "namespace": namespace_name},
+        "spec": {"template": {"metadata": template_metadata or {}, "spec": spec}},
+    }
+    return k8s(DAEMONSET, "agent", props)
+
+
+AGENTS = ns_resource("agents", HOST_NETWORK_LABELS)
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/reader"
 
 
 @pytest.mark.parametrize(
@@ -151,46 +177,219 @@ def node_agent(namespace_name: str = "agents", **pod) -> StackResource:
         ([ns_resource("ray-train", {pods.POD_SECURITY_WARN: "restricted"})], "is not set"),
         ([StackResource(NS, "urn:ns", {"metadata": {"name": "n"}}, ())], "is not set"),
         # privileged: only for host-network pods alone, warned and audited at baseline
-        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent()], None),
+        ([AGENTS, node_agent()], None),
         ([ns_resource("agents", {pods.POD_SECURITY_ENFORCE: "privileged"})], "it warns at baseline"),
+        ([AGENTS], "the stack puts host-network pods in it (it puts none)"),
+        ([AGENTS, node_agent(hostNetwork=False)], "one does not"),
+        ([AGENTS, node_agent(hostPID=True)], "hostPID: true"),
         (
-            [ns_resource("agents", HOST_NETWORK_LABELS)],
-            "the stack puts host-network pods in it (it puts none)",
-        ),
-        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent(hostNetwork=False)], "one does not"),
-        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent(hostPID=True)], "hostPID: true"),
-        (
-            [
-                ns_resource("agents", HOST_NETWORK_LABELS),
-                node_agent(volumes=[{"name": "sys", "hostPath": {"path": "/sys"}}]),
-            ],
+            [AGENTS, node_agent(volumes=[{"name": "sys", "hostPath": {"path": "/sys"}}])],
             "volume sys is a hostPath",
         ),
         (
-            [
-                ns_resource("agents", HOST_NETWORK_LABELS),
-                node_agent(containers=[{"name": "c", "securityContext": {"privileged": True}}]),
-            ],
+            [AGENTS, node_agent(containers=[agent_container("c", privileged=True)])],
             "container c is privileged",
         ),
         (
             [
-                ns_resource("agents", HOST_NETWORK_LABELS),
+                AGENTS,
                 node_agent(
-                    containers=[{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]
+                    containers=[agent_container("c", capabilities={"add": ["NET_ADMIN"], "drop": ["ALL"]})]
                 ),
             ],
             "container c adds capabilities",
         ),
         (
-            [
-                ns_resource("agents", HOST_NETWORK_LABELS),
-                node_agent(containers=[{"name": "c", "ports": [{"hostPort": 22}]}]),
-            ],
+            [AGENTS, node_agent(containers=[{**agent_container("c"), "ports": [{"hostPort": 22}]}])],
             "container c takes a host port",
         ),
         # A pod of another namespace does not make a privileged one acceptable.
-        ([ns_resource("agents", HOST_NETWORK_LABELS), node_agent("elsewhere")], "it puts none"),
+        ([AGENTS, node_agent("elsewhere")], "it puts none"),
+        # Pinned to the reader: a DaemonSet's pods, non-root, every capability dropped, a read-only
+        # root, no privilege escalation, no service account token.
+        (
+            [
+                AGENTS,
+                k8s(
+                    POD,
+                    "shell",
+                    {
+                        "metadata": {"namespace": "agents"},
+                        "spec": {
+                            "hostNetwork": True,
+                            "containers": [{"name": "sh", "image": "repo/ray:2.58.0"}],
+                        },
+                    },
+                ),
+            ],
+            "Pod shell is not a DaemonSet",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(
+                    securityContext={},
+                    automountServiceAccountToken=None,
+                    containers=[{"name": "bare", "image": "repo/ray:2.58.0"}],
+                ),
+            ],
+            "container bare does not set runAsNonRoot: true, capabilities.drop: [ALL], readOnlyRootFilesystem: true, allowPrivilegeEscalation: false",
+        ),
+        (
+            [AGENTS, node_agent(automountServiceAccountToken=True)],
+            "a pod does not set automountServiceAccountToken: false",
+        ),
+        ([AGENTS, node_agent(securityContext={})], "container reader does not set runAsNonRoot: true"),
+        (
+            [AGENTS, node_agent(containers=[agent_container(runAsNonRoot=False)])],
+            "does not set runAsNonRoot: true",
+        ),
+        ([AGENTS, node_agent(securityContext={}, containers=[agent_container(runAsNonRoot=True)])], None),
+        (
+            [AGENTS, node_agent(containers=[agent_container(capabilities={"drop": ["NET_RAW"]})])],
+            "does not set capabilities.drop: [ALL]",
+        ),
+        (
+            [AGENTS, node_agent(containers=[agent_container(readOnlyRootFilesystem=False)])],
+            "does not set readOnlyRootFilesystem: true",
+        ),
+        (
+            [AGENTS, node_agent(containers=[agent_container(allowPrivilegeEscalation=None)])],
+            "does not set allowPrivilegeEscalation: false",
+        ),
+        (
+            [AGENTS, node_agent(initContainers=[{"name": "init", "image": "repo/ray:2.58.0"}])],
+            "container init does not set",
+        ),
+        # Nothing installs into it that the pack cannot see: Helm, YAML, kustomize.
+        (
+            [
+                AGENTS,
+                node_agent(),
+                k8s("kubernetes:helm.sh/v3:Release", "chart", {"chart": "c", "namespace": "agents"}),
+            ],
+            "no Helm, YAML or kustomize resource installs into it, since the pack cannot see their pods (Release chart names it)",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(),
+                k8s("kubernetes:helm.sh/v4:Chart", "chart", {"chart": "c", "namespace": UNKNOWN}),
+            ],
+            "(Chart chart names an unknown namespace)",
+        ),
+        (
+            [AGENTS, node_agent(), k8s("kubernetes:yaml/v2:ConfigGroup", "objects", {"files": ["a.yaml"]})],
+            "(ConfigGroup objects names no namespace)",
+        ),
+        (
+            [AGENTS, node_agent(), k8s("kubernetes:yaml:ConfigFile", "file", {"file": "a.yaml"})],
+            "(ConfigFile file names no namespace)",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(),
+                k8s("kubernetes:kustomize/v2:Directory", "dir", {"directory": "d", "namespace": "agents"}),
+            ],
+            "(Directory dir names it)",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(),
+                k8s("kubernetes:helm.sh/v3:Release", "chart", {"chart": "c", "namespace": "kube-system"}),
+            ],
+            None,
+        ),
+        # Every pod template names a known namespace while one enforces privileged.
+        (
+            [
+                AGENTS,
+                node_agent(),
+                k8s(
+                    "kubernetes:apps/v1:Deployment",
+                    "web",
+                    {"metadata": {"namespace": UNKNOWN}, "spec": {"template": {"spec": {"containers": []}}}},
+                ),
+            ],
+            "every pod template of the stack names a known namespace, so that none lands in it unchecked (Deployment web names an unknown namespace)",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(),
+                k8s(POD, "web", {"metadata": {"name": "web"}, "spec": {"containers": []}}),
+            ],
+            "(Pod web names no namespace)",
+        ),
+        (
+            [
+                ns_resource("ray-train", {pods.POD_SECURITY_ENFORCE: "baseline"}),
+                k8s(POD, "web", {"spec": {"containers": []}}),
+            ],
+            None,
+        ),
+        # AppArmor and SELinux as baseline holds them (Kubernetes "Pod Security Standards").
+        (
+            [AGENTS, node_agent(containers=[agent_container(appArmorProfile={"type": "Unconfined"})])],
+            "container reader sets AppArmor profile type 'Unconfined'",
+        ),
+        (
+            [AGENTS, node_agent(containers=[agent_container(appArmorProfile={"type": UNKNOWN})])],
+            "container reader sets AppArmor profile type unknown during preview",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(securityContext={"runAsNonRoot": True, "appArmorProfile": {"type": "Unconfined"}}),
+            ],
+            "the pod sets AppArmor profile type 'Unconfined'",
+        ),
+        (
+            [AGENTS, node_agent(template_metadata={"annotations": {APPARMOR_ANNOTATION: "unconfined"}})],
+            f"annotation {APPARMOR_ANNOTATION} is 'unconfined'",
+        ),
+        (
+            [AGENTS, node_agent(containers=[agent_container(seLinuxOptions={"type": "spc_t"})])],
+            "container reader sets SELinux type 'spc_t'",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(securityContext={"runAsNonRoot": True, "seLinuxOptions": {"user": "system_u"}}),
+            ],
+            "the pod sets an SELinux user",
+        ),
+        (
+            [AGENTS, node_agent(containers=[agent_container(seLinuxOptions={"role": "system_r"})])],
+            "container reader sets an SELinux role",
+        ),
+        (
+            [
+                AGENTS,
+                node_agent(
+                    template_metadata={
+                        "annotations": {
+                            APPARMOR_ANNOTATION: "localhost/agent",
+                            "container.apparmor.security.beta.kubernetes.io/b": "runtime/default",
+                        }
+                    },
+                    securityContext={
+                        "runAsNonRoot": True,
+                        "appArmorProfile": {"type": "RuntimeDefault"},
+                        "seLinuxOptions": {"type": "container_engine_t", "level": "s0:c1,c2"},
+                    },
+                    containers=[
+                        agent_container(
+                            appArmorProfile={"type": "Localhost", "localhostProfile": "agent"},
+                            seLinuxOptions={"type": "container_t"},
+                        )
+                    ],
+                ),
+            ],
+            None,
+        ),
     ],
 )
 def test_namespace_pod_security(resources, expected):
@@ -200,6 +399,38 @@ def test_namespace_pod_security(resources, expected):
     else:
         assert len(violations) == 1 and expected in violations[0][1], violations
         assert violations[0][0] == resources[0].urn
+
+
+def test_a_bare_host_network_pod_is_told_every_setting_it_lacks():
+    """A Pod with `hostNetwork` and no security context runs as root with the runtime's capabilities
+    in the node's network namespace: the violation names each thing to change."""
+    pod = k8s(
+        POD,
+        "shell",
+        {
+            "metadata": {"namespace": "agents"},
+            "spec": {"hostNetwork": True, "containers": [{"name": "sh", "image": "repo/ray:2.58.0"}]},
+        },
+    )
+    [(urn, message)] = pods.namespace_pod_security.check([AGENTS, pod])
+    assert urn == AGENTS.urn
+    assert message.startswith(
+        f"label {pods.POD_SECURITY_ENFORCE} is 'privileged': set it to baseline or restricted"
+    )
+    for fragment in (
+        "Pod shell is not a DaemonSet",
+        "a pod does not set automountServiceAccountToken: false",
+        "container sh does not set runAsNonRoot: true, capabilities.drop: [ALL], readOnlyRootFilesystem: true, allowPrivilegeEscalation: false",
+    ):
+        assert fragment in message
+
+
+def test_a_crd_schemas_containers_property_is_no_pod_template():
+    """A CRD's schema names `containers` under `properties` (a mapping); a pod spec's is a list."""
+    schema = {"properties": {"containers": {"type": "array", "items": {"type": "object"}}}}
+    assert pods.pod_templates({"spec": {"versions": [{"schema": {"openAPIV3Schema": schema}}]}}) == []
+    pod = {"metadata": {"annotations": {"a": "b"}}, "spec": {"containers": UNKNOWN}}
+    assert pods.pod_templates(pod) == [(pod["metadata"], pod["spec"])]
 
 
 def test_the_efa_counter_readers_namespace_is_one_for_host_network_pods_alone():
