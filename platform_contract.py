@@ -37,6 +37,13 @@ GPU_NODE_SELECTOR = {ROLE_LABEL: GPU_LABELS[ROLE_LABEL]}
 # The EKS API spells the effect NO_SCHEDULE (nodegroup Taint); Kubernetes spells it NoSchedule.
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NO_SCHEDULE"}
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+# On every container that asks for no GPU. The EKS AL2023 NVIDIA AMI makes the NVIDIA container
+# runtime containerd's default, and images built on nvidia/cuda set NVIDIA_VISIBLE_DEVICES=all, so
+# such a container would be handed every GPU of its node (NVIDIA/k8s-device-plugin issues 61 and 87)
+# and fail to start where their NVML does not initialise; `void` makes the runtime act as runc,
+# neither GPUs nor driver libraries (NVIDIA Container Toolkit, "Specialized Configurations with
+# Docker", GPU Enumeration).
+NO_GPU_ENV = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 
 # --- Kubernetes object names ------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Iterator
 
 import pulumi
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from infra.aws_facts.container_insights import AGENT_POLICY_ARN
 from infra.config.stack import CLUSTER_NAME_MAX
 from infra.resources.cluster import NODE_POLICIES
+from platform_contract import GPU_RESOURCE, NO_GPU_ENV
 from tests.harness.fake_aws import (
     ZONE_IDS,
     FakeAws,
@@ -217,6 +220,50 @@ def test_training_run_follows_the_ray_cluster_and_carries_no_credentials(stack_p
     text = repr(run.inputs).lower()
     for secret_word in ("kubeconfig", "token", "password", "certificate-authority", "secret"):
         assert secret_word not in text
+
+
+# Kubernetes objects whose pods are not the program's own: the charts' (their values only), and the
+# CRDs' schemas (KubeRay's).
+THIRD_PARTY = {"kubernetes:helm.sh/v3:Release", "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"}
+
+
+def pod_specs(value: object) -> Iterator[dict]:
+    """Every pod spec (a mapping with a list of `containers`) anywhere in a resource's inputs."""
+    if isinstance(value, dict):
+        if isinstance(value.get("containers"), list):
+            yield value
+        for child in value.values():
+            yield from pod_specs(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from pod_specs(child)
+
+
+def gpu_handed_unasked(inputs: dict) -> list[str]:
+    """The containers that ask for no GPU but do not tell the NVIDIA runtime to hand them none."""
+    return [
+        container["name"]
+        for spec in pod_specs(inputs)
+        for container in [*spec["containers"], *spec.get("initContainers", [])]
+        if GPU_RESOURCE not in container.get("resources", {}).get("limits", {})
+        and NO_GPU_ENV not in container.get("env", [])
+    ]
+
+
+def test_every_container_that_asks_for_no_gpu_is_handed_none(stack_plan):
+    """The GPU nodes' default runtime is NVIDIA's and the Ray image sets NVIDIA_VISIBLE_DEVICES=all,
+    so each container of the program's own pods without a GPU limit sets `NO_GPU_ENV`."""
+    _, plan = stack_plan
+    own = [r for r in plan.resources if r.type.startswith("kubernetes:") and r.type not in THIRD_PARTY]
+    assert {c["name"] for r in own for spec in pod_specs(r.inputs) for c in spec["containers"]} == {
+        "ray-head",
+        "ray-worker",
+        "reader",
+    }
+    assert {r.name: gpu_handed_unasked(r.inputs) for r in own if gpu_handed_unasked(r.inputs)} == {}
+    reader = copy.deepcopy(plan.one("kubernetes:apps/v1:DaemonSet").inputs)
+    reader["spec"]["template"]["spec"]["containers"][0]["env"].remove(NO_GPU_ENV)
+    assert gpu_handed_unasked(reader) == ["reader"]
 
 
 def test_no_training_run_when_train_is_off():

@@ -16,6 +16,15 @@ read-only root, a non-root user (the RDMA core's counter files are world-readabl
 `alloc_hw_stats_port`), no service account token. Its image is the Ray image, which the worker
 pods already pulled onto the same nodes, and its program is `training/metrics/efa_sysfs.py`,
 handed over as `python -c` source, so the reader and the readers of its answers share one file.
+The kubelet expands `$(VAR)` and `$$` in a container's command (k8s.io/kubernetes
+third_party/forked/golang/expansion/expand.go), so that source holds neither.
+
+The reader stays up where the job needs it: the kubelet restarts a server that stops answering
+(`livenessProbe`); a full node still admits it (`system-node-critical`, as the NVIDIA device plugin's
+and the CloudWatch agent's charts set in their values.yaml; any namespace may use the class since
+Kubernetes 1.17, kubernetes/kubernetes PR 76310, unless the cluster's ResourceQuota admission
+configuration limits it); and the NVIDIA runtime hands it no GPU (`NO_GPU_ENV`), so a node whose
+GPUs fail NVML's start still starts it.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from platform_contract import GPU_NODE_SELECTOR, GPU_TOLERATION, PART_OF_LABELS
+from platform_contract import GPU_NODE_SELECTOR, GPU_TOLERATION, NO_GPU_ENV, PART_OF_LABELS
 from training.metrics import efa_sysfs
 from training.metrics.efa_sysfs import COUNTERS_URL_ENV
 
@@ -39,6 +48,14 @@ NODE_IP_ENV = "NODE_IP"
 NODE_IP = {"name": NODE_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}
 READER_SOURCE = Path(efa_sysfs.__file__).read_text(encoding="utf-8")
 NOBODY = 65534
+# The highest of the two priority classes every cluster has (Kubernetes, "Guaranteed Scheduling For
+# Critical Add-On Pods"): the scheduler preempts other pods to place it on its node.
+READER_PRIORITY_CLASS = "system-node-critical"
+# What the kubelet's probes ask the server: the counters, as a worker pod asks them.
+COUNTERS_GET = {"path": "/", "port": READER_PORT}
+# A server that misses three answers in a row (30 s; it answers a GET from its own node at once) is
+# restarted by the kubelet.
+LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3}
 # pulumi-kubernetes waits for a DaemonSet's rollout by default; the reader's pods start with the
 # worker pods' image pull, which the TrainingRun waits for, so `pulumi up` does not wait here.
 SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
@@ -101,6 +118,7 @@ def reader_daemonset(image: str) -> dict:
                     "enableServiceLinks": False,
                     "nodeSelector": dict(GPU_NODE_SELECTOR),
                     "tolerations": [copy.deepcopy(GPU_TOLERATION)],
+                    "priorityClassName": READER_PRIORITY_CLASS,
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": NOBODY,
@@ -119,13 +137,11 @@ def reader_daemonset(image: str) -> dict:
                                 f"$({NODE_IP_ENV})",
                                 str(READER_PORT),
                             ],
-                            "env": [copy.deepcopy(NODE_IP)],
+                            "env": [copy.deepcopy(NODE_IP), dict(NO_GPU_ENV)],
                             # With hostNetwork the container's port is the node's.
                             "ports": [{"name": "counters", "containerPort": READER_PORT}],
-                            "readinessProbe": {
-                                "httpGet": {"path": "/", "port": READER_PORT},
-                                "periodSeconds": 10,
-                            },
+                            "readinessProbe": {"httpGet": dict(COUNTERS_GET), "periodSeconds": 10},
+                            "livenessProbe": {"httpGet": dict(COUNTERS_GET), **LIVENESS_PROBE},
                             "resources": {
                                 "requests": {"cpu": "10m", "memory": "64Mi"},
                                 "limits": {"memory": "128Mi"},

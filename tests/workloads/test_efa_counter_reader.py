@@ -1,27 +1,33 @@
 """The EFA counter reader: a `hostNetwork` DaemonSet on the GPU nodes that serves each node's EFA
 counters, the one place where a pod sees them (`training.metrics.efa_sysfs` has the kernel's sources).
 
-Its program really runs here: `efa_sysfs.py` as the DaemonSet starts it (`python -c <source> serve`)
-over a fake node sysfs in the host's view, read over HTTP as the worker pods' meter reads it, and
-`print` as the TrainingRun's exec runs it."""
+Its program really runs here: `efa_sysfs.py` as the DaemonSet starts it (`python -c <source> serve`,
+the command expanded by the kubelet's rules) over a fake node sysfs in the host's view, read over
+HTTP as the worker pods' meter reads it, and `print` as the TrainingRun's exec runs it."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from platform_contract import GPU_NODE_SELECTOR, GPU_TOLERATION
+from platform_contract import GPU_NODE_SELECTOR, GPU_TOLERATION, NO_GPU_ENV
+from tests.harness.counter_reader import (
+    IMAGE,
+    free_port,
+    kubelet_env,
+    kubelet_expand,
+    reader_container,
+    running_reader,
+)
 from tests.harness.fake_kube_api import FakeEfaSysfs
 from training.metrics.efa_sysfs import COUNTERS_URL_ENV, SYSFS_ROOT, read_counters, read_moved_bytes
 from workloads import efa_counter_reader, manifests
 from workloads.efa_counter_reader import READER_PORT, READER_SOURCE, counters_command, reader_daemonset
 
-IMAGE = "763104351884.dkr.ecr.us-east-2.amazonaws.com/ray:2.58.0-gpu"
+NODE_FIELDS = {"status.hostIP": "10.0.0.7"}  # what the downward API gives a pod on that node
 
 
 def reader_pod_spec() -> dict:
@@ -46,6 +52,43 @@ def test_the_reader_runs_in_the_hosts_network_namespace_on_every_gpu_node_with_n
     assert container["image"] == IMAGE  # the Ray image, already pulled onto the node by the worker pod
 
 
+def test_the_reader_stays_up_on_a_full_node_and_is_restarted_when_it_stops_answering():
+    """A node agent's priority (the scheduler preempts other pods for it), a liveness probe on the
+    port the job reads, the readiness probe the TrainingRun waits on, and no GPU from the runtime."""
+    spec = reader_pod_spec()
+    assert spec["priorityClassName"] == "system-node-critical"
+    (container,) = spec["containers"]
+    get = {"path": "/", "port": READER_PORT}
+    assert container["readinessProbe"] == {"httpGet": get, "periodSeconds": 10}
+    liveness = container["livenessProbe"]
+    assert liveness["httpGet"] == get
+    assert liveness["failureThreshold"] * liveness["periodSeconds"] <= 60  # restarted within a minute
+    assert NO_GPU_ENV in container["env"]
+
+
+def test_the_kubelet_hands_the_reader_its_source_unchanged_and_its_node_address():
+    """The kubelet expands `$(VAR)` and `$$` in the command: the program the container runs is
+    `READER_SOURCE` byte for byte, and the address it serves on is its node's."""
+    container = reader_container()
+    env = kubelet_env(container["env"], NODE_FIELDS)
+    assert env == {"NODE_IP": "10.0.0.7", "NVIDIA_VISIBLE_DEVICES": "void"}
+    command = [kubelet_expand(arg, env) for arg in container["command"]]
+    assert command[2].encode() == READER_SOURCE.encode()
+    assert command[:2] == ["python", "-c"] and command[3:] == ["serve", "10.0.0.7", str(READER_PORT)]
+
+
+def test_the_expansion_check_catches_a_source_the_kubelet_would_change():
+    """The expansion rules the check applies (Kubernetes' expand_test.go cases): a `$$` or a
+    `$(VAR)` of a defined variable in the source would reach the container changed."""
+    env = {"NODE_IP": "10.0.0.7"}
+    assert kubelet_expand("$(NODE_IP):$(PORT)", env) == "10.0.0.7:$(PORT)"  # undefined: as written
+    assert kubelet_expand("$$(NODE_IP) $$$(NODE_IP) $$", env) == "$(NODE_IP) $10.0.0.7 $"
+    assert kubelet_expand("$(NODE_IP $NODE_IP ${NODE_IP} $", env) == "$(NODE_IP $NODE_IP ${NODE_IP} $"
+    for addition in ("print('$$')", "print('$(NODE_IP)')"):
+        source = f"{READER_SOURCE}{addition}\n"
+        assert kubelet_expand(source, env) != source
+
+
 def test_the_reader_has_a_namespace_of_its_own_which_admits_host_namespaces():
     """Pod Security `baseline` (the Ray namespace's) forbids `hostNetwork`."""
     labels = efa_counter_reader.reader_namespace()["metadata"]["labels"]
@@ -60,12 +103,7 @@ def test_worker_pods_are_told_their_own_nodes_reader():
     env = efa_counter_reader.counters_url_env()
     assert env[0] == {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}
     assert env[1] == {"name": COUNTERS_URL_ENV, "value": f"http://$(NODE_IP):{READER_PORT}/"}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    assert kubelet_env(env, NODE_FIELDS)[COUNTERS_URL_ENV] == f"http://10.0.0.7:{READER_PORT}/"
 
 
 @pytest.fixture
@@ -78,25 +116,13 @@ def node(tmp_path: Path) -> FakeEfaSysfs:
 def test_the_reader_serves_the_nodes_counters_as_the_meter_reads_them(node: FakeEfaSysfs):
     """The DaemonSet's command, run here over the host's view of a node; the meter's HTTP read gives
     what the sysfs read gives, and follows the counters as they move."""
-    port = _free_port()
     command = reader_daemonset(IMAGE)["spec"]["template"]["spec"]["containers"][0]["command"]
-    argv = [sys.executable, *command[1:4], "127.0.0.1", str(port), str(node.root)]
     assert command[4:] == ["$(NODE_IP)", str(READER_PORT)]
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 30
-        while not read_counters(url) and time.monotonic() < deadline and server.poll() is None:
-            time.sleep(0.05)
-        assert read_counters(url) == read_counters(str(node.root)) != {}
-        before = read_moved_bytes(url)["rdmap16s27/1"]
+    with running_reader(node.root, "127.0.0.1") as reader:
+        assert read_counters(reader.url) == read_counters(str(node.root)) != {}
+        before = read_moved_bytes(reader.url)["rdmap16s27/1"]
         node.add({"tx_bytes": 1000, "rx_bytes": 24})
-        assert read_moved_bytes(url)["rdmap16s27/1"] == before + 1024
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        assert server.stderr is not None
-        server.stderr.close()
+        assert read_moved_bytes(reader.url)["rdmap16s27/1"] == before + 1024
 
 
 def test_the_trainingruns_exec_prints_the_same_counters(node: FakeEfaSysfs):
@@ -114,4 +140,4 @@ def test_a_pods_own_sysfs_and_a_silent_server_read_as_no_counters(node: FakeEfaS
     not answer, both read as no counters: the meter then stays off rather than reporting zero."""
     assert read_counters(str(node.pod_view)) == {}
     assert (node.pod_view / "rdmap16s27" / "ports" / "1" / "state").is_file()
-    assert read_counters(f"http://127.0.0.1:{_free_port()}/") == {}
+    assert read_counters(f"http://127.0.0.1:{free_port('127.0.0.1')}/") == {}

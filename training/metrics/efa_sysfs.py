@@ -20,6 +20,10 @@ counters are read by the EFA counter reader, a `hostNetwork` DaemonSet pod on ea
 - the training job's first rank of each node fetches `COUNTERS_URL_ENV` (the reader's server on
   the node's address, `counter_server`) at every step (`training.metrics.efa_meter`).
 
+The server answers each connection on a thread of its own and drops a client that sends nothing for
+`REQUEST_TIMEOUT_S`, so no client can hold back the others' reads; it listens on the node's IPv4 or
+IPv6 address, whichever the pod is given (`status.hostIP`).
+
 A process on the host itself (torchrun on an EC2 instance) reads the sysfs folder directly;
 `SYSFS_ROOT_ENV` points a reader at another folder of that shape (tests fake a node with one).
 """
@@ -28,10 +32,11 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import urllib.request
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 SYSFS_ROOT = "/sys/class/infiniband"
@@ -42,9 +47,10 @@ COUNTERS_URL_ENV = "TRAINING_EFA_COUNTERS_URL"
 COUNTER_GLOB = "*/ports/*/hw_counters"
 COUNTER_PATH = re.compile(r"([^/\s]+)/ports/(\d+)/hw_counters/(\w+)")
 _LINE = re.compile(COUNTER_PATH.pattern + r" (\d+)")
-# The counters read, by their driver names: bytes and packets through the port, by RDMA read and
-# write and by send/receive, and the signs of a sick fabric. Older drivers lack some (rdma_write_*
-# came with newer devices); a missing file is simply not reported.
+# The counters read, by their driver names: bytes and packets through the port, by RDMA read (the
+# port's own reads, and its answers to its peers' reads: rdma_read_resp_bytes) and write and by
+# send/receive, and the signs of a sick fabric. Older drivers lack some (rdma_write_* came with newer
+# devices); a missing file is simply not reported.
 COUNTERS = (
     "tx_bytes",
     "rx_bytes",
@@ -76,6 +82,9 @@ MOVED = (
     "rdma_write_recv_bytes",
 )
 URL_TIMEOUT_S = 2.0  # the counter server is on the pod's own node
+# How long the counter server waits for a client's request line before dropping it: a GET from the
+# same node arrives at once (CPython Lib/socketserver.py, `StreamRequestHandler.timeout`).
+REQUEST_TIMEOUT_S = 2.0
 
 # Counters of one node: `<device>/<port>` -> counter name -> value.
 PortCounters = dict[str, dict[str, int]]
@@ -88,7 +97,19 @@ def sysfs_root(environ: Mapping[str, str] = os.environ) -> str:
 def counters_source(environ: Mapping[str, str] = os.environ) -> str:
     """Where this process reads its node's counters: the node's counter server when the pod was
     told one, else the sysfs folder."""
-    return environ.get(COUNTERS_URL_ENV) or sysfs_root(environ)
+    url = environ.get(COUNTERS_URL_ENV)
+    return bracketed(url) if url else sysfs_root(environ)
+
+
+def bracketed(url: str) -> str:
+    """`url` with an IPv6 host in brackets (RFC 3986, 3.2.2): the kubelet puts the node's address
+    into the worker pods' URL as it is, and on an IPv6 cluster that address holds colons."""
+    scheme, separator, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    host, _, port = authority.rpartition(":")
+    if separator and ":" in host and not host.startswith("["):
+        return f"{scheme}://[{host}]:{port}{slash}{path}"
+    return url
 
 
 def port_name(device: str, port: str) -> str:
@@ -139,11 +160,23 @@ def read_moved_bytes(source: str) -> dict[str, int]:
     }
 
 
-def counter_server(address: str, port: int, root: str = SYSFS_ROOT) -> HTTPServer:
+class CounterServer(ThreadingHTTPServer):
+    """A thread per connection, daemon threads (`ThreadingHTTPServer`'s own setting), so a client that
+    connects and sends nothing holds only its own thread, and the server on either address family."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]):
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, handler)
+
+
+def counter_server(address: str, port: int, root: str = SYSFS_ROOT) -> CounterServer:
     """An HTTP server answering every GET with `counter_lines(root)`: the node's counter server, run
     by the reader DaemonSet in the host's network namespace on the node's own address (`main`, `serve`)."""
 
     class Counters(BaseHTTPRequestHandler):
+        # A client silent this long is dropped (`readline` on its socket times out).
+        timeout = REQUEST_TIMEOUT_S
+
         def do_GET(self) -> None:
             body = counter_lines(root).encode()
             self.send_response(200)
@@ -155,7 +188,7 @@ def counter_server(address: str, port: int, root: str = SYSFS_ROOT) -> HTTPServe
         def log_message(self, format: str, *args: object) -> None:
             """One line per request would be one per training step and node: none."""
 
-    return HTTPServer((address, port), Counters)
+    return CounterServer((address, port), Counters)
 
 
 def main(argv: list[str]) -> None:

@@ -13,6 +13,7 @@ from platform_contract import (
     GPU_NODE_SELECTOR,
     GPU_RESOURCE,
     GPU_TOLERATION,
+    NO_GPU_ENV,
     PART_OF_LABELS,
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
@@ -139,8 +140,9 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "image": spec.image,
                         "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
                         "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
-                        # The GPU image's NVML hook fails on a node without GPUs unless told there are none.
-                        "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), *aws_env, HF_TOKEN_ENV],
+                        # No GPU asked for, none handed over (`NO_GPU_ENV`): the GPU image's NVML hook
+                        # fails on a node without GPUs unless told there are none.
+                        "env": [dict(NO_GPU_ENV), *aws_env, HF_TOKEN_ENV],
                         "resources": {
                             "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
                             "limits": {"memory": spec.head_memory},

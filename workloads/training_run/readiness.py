@@ -14,11 +14,13 @@ In the order of AWS's reference example, before anything is submitted:
    inputs' code hash (the kubelet refreshes ConfigMap volumes lazily);
 4. for a job on GPUs, what each worker pod runs on (`host_limit_problems`): the node's NVIDIA
    driver supports the CUDA major version the image's PyTorch was built for, and the locked-memory
-   limit is unlimited, as EFA needs. Neither can be fixed from inside the pod: KubeRay replaces the
-   image's entrypoint, and with it the AWS DLC's CUDA forward-compatibility shim (KubeRay v1.7.0
-   `BuildPod` sets the container's command), so the pod runs on the node's driver; and a container
-   cannot raise its memlock limit, which it inherits from the node's container runtime (AWS EFA user
-   guide, "Install the EFA software in a container").
+   limit is unlimited or at least `MIN_MEMLOCK_KIB`, as EFA needs. Neither can be fixed from inside
+   the pod: KubeRay replaces the image's entrypoint, and with it the AWS DLC's CUDA
+   forward-compatibility shim (KubeRay v1.7.0 `BuildPod` sets the container's command), so the pod
+   runs on the node's driver; and a container cannot raise its memlock limit, which it inherits from
+   the node's container runtime (AWS EFA user guide, "Install the EFA software in a container"): the
+   EKS AL2023 base runtime spec sets only RLIMIT_NOFILE (awslabs/amazon-eks-ami,
+   nodeadm/internal/containerd/base-runtime-spec.json), so a container gets containerd's own limit.
 
 With `gpuNodesAfterTraining: release` a step 0 comes first: the GPU node group, found at fewer
 nodes than the run needs (0 after the last run), is scaled to `gpuNodeCount` (`scale_gpu_nodes_up`),
@@ -48,6 +50,19 @@ GPU_NODE_LABEL_SELECTOR = ",".join(f"{key}={value}" for key, value in GPU_NODE_S
 # The oldest Linux driver of each CUDA major version (NVIDIA CUDA Toolkit release notes, "CUDA Driver":
 # 12.x needs >= 525.60.13, 13.x >= 580.65.06), for the fix a too-old driver is told.
 MIN_DRIVER_OF_CUDA = {12: "525.60.13", 13: "580.65.06"}
+# The lowest finite locked-memory limit (`ulimit -l`, KiB) a worker pod runs the job with. Without
+# CAP_IPC_LOCK, which the workers drop, the kernel charges every memory registration with the EFA
+# device to the process's RLIMIT_MEMLOCK (Linux drivers/infiniband/core/umem.c, `ib_umem_get`). What
+# one NCCL rank registers in host memory: for each EFA endpoint aws-ofi-nccl opens (one per EFA
+# device the rank uses, up to 4 per GPU on p5), libfabric's EFA provider's send and receive packet
+# pools, one MTU-sized buffer (about 8 KiB) per queue entry, with queue depths in the thousands
+# (ofiwg/libfabric prov/efa/src/rdm/efa_rdm_ep_fiops.c, `efa_rdm_ep_create_buffer_pools`); and,
+# without GPUDirect RDMA (g5, g6), NCCL's host staging buffers of each network channel and peer
+# (NCCL_BUFFSIZE, 4 MiB, per protocol), which aws-ofi-nccl registers too. Together a few hundred MiB;
+# 64 MiB fails at the provider's first receive buffers (awslabs/awsome-distributed-ai issue 647). AWS
+# names no number (its EFA guide asks for unlimited), so the floor is a conservative choice: 4 GiB,
+# several times that sum, and far above the 64 KiB to 8 MiB that kernels and systemd give by default.
+MIN_MEMLOCK_KIB = 4 * 1024 * 1024
 # One worker pod's NVIDIA driver, the highest CUDA version that driver supports (nvidia-smi's header),
 # the CUDA version the image's PyTorch was built for, and the locked-memory limit (KiB or unlimited).
 HOST_LIMITS_SCRIPT = """\
@@ -219,13 +234,28 @@ def host_limit_problems(pod: str, limits: HostLimits) -> list[str]:
             + " (KubeRay replaces the image's entrypoint and its CUDA compat shim). Fix: run the GPU nodes on an "
             "EKS AL2023 NVIDIA AMI release with a newer driver, or pick an image built for the node's CUDA"
         )
-    if limits.memlock and limits.memlock != "unlimited":
+    if limits.memlock and limits.memlock != "unlimited" and _memlock_kib(limits) < MIN_MEMLOCK_KIB:
         problems.append(
-            f"{pod}: the locked-memory limit is {limits.memlock} KiB, not unlimited: EFA registers the memory it "
-            "sends from and fails at the first collective with a small limit, and a container cannot raise it. "
-            "Fix: raise the container runtime's limit on the GPU nodes (LimitMEMLOCK=infinity for containerd)"
+            f"{pod}: the locked-memory limit is {limits.memlock} KiB, under the {MIN_MEMLOCK_KIB} KiB floor: EFA "
+            "registers the memory it sends from and fails at the first collective with a small limit, and a "
+            "container cannot raise it. Fix: raise the container runtime's limit on the GPU nodes to unlimited "
+            "(LimitMEMLOCK=infinity for containerd)"
         )
     return problems
+
+
+def _memlock_kib(limits: HostLimits) -> int:
+    """The finite limit in KiB; 0 for what `ulimit -l` never prints (so it is refused, not guessed)."""
+    return int(limits.memlock) if limits.memlock.isdigit() else 0
+
+
+def _memlock_read(limits: HostLimits) -> str:
+    """The limit as the log line shows it: a finite one is noted, since AWS's EFA guide asks for unlimited."""
+    if not limits.memlock:
+        return "not read"
+    if limits.memlock == "unlimited":
+        return "unlimited"
+    return f"{limits.memlock} KiB (finite, at least the {MIN_MEMLOCK_KIB} KiB floor)"
 
 
 def check_host_limits(workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor]) -> list[str]:
@@ -239,7 +269,7 @@ def check_host_limits(workers: Sequence[PodFacts], executor_for: Callable[[PodFa
         problems += host_limit_problems(pod, limits)
         read.append(
             f"{pod}: driver {limits.driver or 'not read'} (CUDA {limits.driver_cuda or '?'}), image CUDA "
-            f"{limits.runtime_cuda or '?'}, memlock {limits.memlock or 'not read'}"
+            f"{limits.runtime_cuda or '?'}, memlock {_memlock_read(limits)}"
         )
     if problems:
         raise TrainingRunError("; ".join(problems))

@@ -232,9 +232,17 @@ def test_stale_code_in_the_head_pod_fails_with_both_hashes():
 
 # What `readiness.HOST_LIMITS_SCRIPT` reads on a node the job cannot run on: the EKS AL2023 NVIDIA AMI's
 # older 570 branch (nvidia-smi's header says CUDA 12.8) under an image built for CUDA 13.0, and a
-# container runtime that leaves the default 8 MiB locked-memory limit.
+# container runtime that leaves the default 8 MiB locked-memory limit, or the 64 MiB one that
+# awslabs/awsome-distributed-ai issue 647 found EFA failing under.
 OLD_DRIVER = "driver 570.172.08\ndriver_cuda 12.8\nruntime_cuda 13.0\nmemlock unlimited\n"
-SMALL_MEMLOCK = "driver 580.95.05\ndriver_cuda 13.0\nruntime_cuda 13.0\nmemlock 8192\n"
+
+
+def memlock(value: str) -> str:
+    """A healthy node's host limits, with this locked-memory limit."""
+    return f"driver 580.95.05\ndriver_cuda 13.0\nruntime_cuda 13.0\nmemlock {value}\n"
+
+
+SMALL_MEMLOCK = memlock("8192")
 
 
 @pytest.mark.parametrize(
@@ -245,9 +253,10 @@ SMALL_MEMLOCK = "driver 580.95.05\ndriver_cuda 13.0\nruntime_cuda 13.0\nmemlock 
             "its node's NVIDIA driver 570.172.08 supports CUDA up to 12.8, but the image's PyTorch is built "
             "for CUDA 13.0, which needs driver 580.65.06 or later",
         ),
-        (SMALL_MEMLOCK, "the locked-memory limit is 8192 KiB, not unlimited"),
+        (SMALL_MEMLOCK, "the locked-memory limit is 8192 KiB, under the 4194304 KiB floor"),
+        (memlock("65536"), "the locked-memory limit is 65536 KiB, under the 4194304 KiB floor"),
     ],
-    ids=["driver", "memlock"],
+    ids=["driver", "memlock", "memlock-64MiB"],
 )
 def test_a_node_the_job_cannot_run_on_stops_before_the_gate_in_one_line(read, expected):
     fake = FakeCluster(main_and_tcp_head())
@@ -269,6 +278,39 @@ def test_host_limits_are_judged_on_what_was_read():
     # Nothing read (no nvidia-smi, no torch in the image): nothing judged, never a made-up failure.
     assert (
         readiness.host_limit_problems("pod", readiness.HostLimits.parse("driver \nmemlock unlimited\n")) == []
+    )
+
+
+def test_a_large_finite_memlock_limit_runs_the_job_and_is_noted():
+    """Containerd's own limit, which containers inherit, is not documented for the EKS AL2023 AMI: a
+    finite one at or over the floor is enough, and the readiness line says it is finite."""
+    fake = FakeCluster(main_and_tcp_head())
+    fake.workers[WORKER_PODS[1]].host_limits = memlock("68719476736")
+    assert fake.provider().create(props(run_inputs())).outs["transport"] == "efa"
+    (hosts,) = [line for line in fake.logged if line.startswith("training run: worker pods' hosts: ")]
+    assert f"{WORKER_PODS[0]}: driver 580.95.05 (CUDA 13.0), image CUDA 13.0, memlock unlimited" in hosts
+    assert (
+        f"{WORKER_PODS[1]}: driver 580.95.05 (CUDA 13.0), image CUDA 13.0, memlock 68719476736 KiB (finite, at least the 4194304 KiB floor)"
+        in hosts
+    )
+
+
+@pytest.mark.parametrize(
+    "value, refused",
+    [
+        ("unlimited", False),
+        (str(readiness.MIN_MEMLOCK_KIB), False),
+        (str(readiness.MIN_MEMLOCK_KIB - 1), True),
+        ("65536", True),
+        ("-1", True),  # not what `ulimit -l` prints: refused, never guessed
+    ],
+)
+def test_the_memlock_floor(value, refused):
+    problems = readiness.host_limit_problems("pod", readiness.HostLimits.parse(memlock(value)))
+    assert bool(problems) is refused
+    assert all(
+        p.startswith(f"pod: the locked-memory limit is {value} KiB, under the ") and "Fix: " in p
+        for p in problems
     )
 
 
