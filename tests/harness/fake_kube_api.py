@@ -94,14 +94,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from platform_contract import PART_OF_LABELS
-from workloads.efa_counter_reader import (
-    NODE_IP_ENV,
-    READER_CONTAINER,
-    READER_LABELS,
-    READER_NAMESPACE,
-    READER_PORT,
-    reader_daemonset,
-)
+from tests.harness.counter_reader import free_port, kubelet_env, kubelet_expand, reader_container
+from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE, READER_PORT
 from workloads.training_run.readiness import host_limits_command
 
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455, section 1.3
@@ -1048,7 +1042,7 @@ class FakeReaderNode:
     """One GPU node's EFA counter reader container, as the kubelet runs it and sees it.
 
     - It runs the real program: the reader DaemonSet's own container command (`reader_daemonset`),
-      `$(NODE_IP)` expanded by the kubelet's rules (`kubelet_expand`) to 127.0.0.1, which stands in
+      `$(NODE_IP)` expanded by the kubelet's rules (`counter_reader.kubelet_expand`) to 127.0.0.1, which stands in
       for the node's address, the port swapped for a free one (every fake node shares this
       machine) and the node's sysfs (`root`: a `FakeEfaSysfs` host view) appended as the sysfs
       root; `python` is the image's interpreter.
@@ -1083,12 +1077,10 @@ class FakeReaderNode:
         if self.python is None or self.process is not None or self.stopped:
             return
         self._started.append(self)
-        container = reader_daemonset("ray")["spec"]["template"]["spec"]["containers"][0]
-        env = {item["name"]: "127.0.0.1" for item in container["env"] if item["name"] == NODE_IP_ENV}
+        container = reader_container()
+        env = kubelet_env(container["env"], {"status.hostIP": "127.0.0.1"})
         argv = [kubelet_expand(arg, env) for arg in container["command"]]
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port("127.0.0.1")
         argv = [str(self.port) if arg == str(READER_PORT) else arg for arg in argv]
         self.process = subprocess.Popen(
             [self.python, *argv[1:], str(self.root)],
@@ -1140,28 +1132,6 @@ class FakeReaderNode:
                 }
             ],
         }
-
-
-def kubelet_expand(text: str, env: dict[str, str]) -> str:
-    """`text` as the kubelet expands a container's command and args: `$(VAR)` of a variable
-    defined in `env` becomes its value, `$$` becomes `$`, anything else stays as written
-    (Kubernetes third_party/forked/golang/expansion/expand.go, `Expand`)."""
-    out, index = [], 0
-    while index < len(text):
-        if text[index] != "$" or index + 1 == len(text):
-            out.append(text[index])
-            index += 1
-        elif text[index + 1] == "$":
-            out.append("$")
-            index += 2
-        elif text[index + 1] == "(" and (close := text.find(")", index + 2)) != -1:
-            name = text[index + 2 : close]
-            out.append(env[name] if name in env else text[index : close + 1])
-            index = close + 1
-        else:
-            out.append(text[index])
-            index += 1
-    return "".join(out)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from tests.harness import fake_kube_api as fake
 from tests.harness import paths
 from tests.harness.fake_aws import LIST_PRICES, price_list_item
 from tests.harness.provider_host import ProviderHost, plain, serialized_training_run
+from training.metrics.efa_sysfs import MOVED
 from workloads.manifests import SPEC_HASH_ANNOTATION
 
 FIXTURES = paths.FIXTURES / "training_run"
@@ -128,6 +129,14 @@ class World:
         return self.host.create({**self.inputs, **changes}, timeout_s=GRPC_DEADLINE_S)
 
 
+def readers_of(pods: fake.FakeRayPods) -> dict[str, fake.FakeReaderNode]:
+    """Each node's EFA counter reader container, over the node's sysfs, by reader pod."""
+    return {
+        reader: fake.FakeReaderNode(pods.efa[node].root)
+        for reader, node in zip(READER_PODS, NODES, strict=True)
+    }
+
+
 @pytest.fixture
 def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
     dashboard = fake.FakeRayDashboard().start()
@@ -142,14 +151,10 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         nccl_logs={name: tmp_path / "tmp-ray" / name for name in WORKER_PODS},
         head_tmp=tmp_path / "head-tmp-ray",
     )
-    readers = {
-        reader: fake.FakeReaderNode(pods.efa[node].root)
-        for reader, node in zip(READER_PODS, NODES, strict=True)
-    }
     kube = fake.FakeKubeApi(
         tmp_path,
         pods,
-        readers=readers,
+        readers=readers_of(pods),
         cluster_name=registered["cluster_name"],
         nodes=[fake.node(node, instance_id=INSTANCES[node]) for node in NODES],
         pods=[
@@ -276,7 +281,7 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     # The gate passed before the job: its verdict from its own NCCL log files, beside the job's.
     assert (outs["gate_transport"], outs["transport"]) == ("efa", "efa")
     assert outs["gate_job_id"].startswith("eks-ray-train-gate-main-")
-    assert outs["gate_efa_bytes"] == dict.fromkeys(WORKER_PODS, 8_589_938_688)
+    assert outs["gate_efa_bytes"] == dict.fromkeys(WORKER_PODS, 238_000_541_696)
     assert len(world.pods.submissions) == 1 and len(world.pods.probe_submissions) == 1
     submits = [argv for _, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
     assert [is_probe(argv) for argv in submits] == [True, False]  # the gate first
@@ -468,14 +473,18 @@ def test_a_socket_fallback_in_the_gate_stops_before_any_job(world: World):
 def test_a_node_whose_efa_counters_do_not_move_stops_the_gate_on_every_create(world: World):
     """NCCL's lines say EFA, but one node's EFA counters, read by its node's counter reader before and
     after the probe, stayed put. A second Create on the very same pods runs a fresh probe and fails
-    the same way: re-running `pulumi up` never turns the red gate green, and no training job runs."""
+    the same way: re-running `pulumi up` never turns the red gate green, and no training job runs.
+    Nor does a third with every reader's container dead (NotReady, CrashLoopBackOff), or a fourth
+    whose execs the API server answers 500 (it cannot reach the kubelet): counters that cannot be
+    read are no pass."""
     world.host.configure(STACK_CONFIG)
     world.pods.efa[NODES[1]].stuck = True
+    probed = sum(fake.PROBE_TRAFFIC.get(name, 0) for name in MOVED)
     for attempt in (1, 2):
         details = stopped_by_the_gate(world)
         assert "NCCL's log says EFA, but the EFA counters of the worker nodes did not move" in details
-        assert f"{WORKER_PODS[1]}: 0 bytes sent or received through its 1 EFA port(s)" in details
-        assert f"{{'{WORKER_PODS[0]}': 8589938688, '{WORKER_PODS[1]}': 0}}" in details
+        assert f"{WORKER_PODS[1]}: 0 bytes moved through its 1 EFA port(s), under 25500057600" in details
+        assert f"{{'{WORKER_PODS[0]}': {probed}, '{WORKER_PODS[1]}': 0}}" in details
         assert len(world.pods.probe_submissions) == attempt
     probes = [argv[argv.index("--submission-id") + 1] for argv in world.pods.probe_submissions]
     assert probes[1] == f"{probes[0]}-2", probes  # the second Create judged a probe of its own
@@ -483,32 +492,58 @@ def test_a_node_whose_efa_counters_do_not_move_stops_the_gate_on_every_create(wo
     reads = [(pod, argv) for pod, argv in world.kube.execs if "/sys/class/infiniband" in argv]
     assert {pod for pod, _ in reads} == set(READER_PODS) and len(reads) == 2 * 2 * 2
 
+    world.pods.efa[NODES[1]].stuck = False  # healthy again, but nothing can read it
+    for reader in world.kube.readers.values():
+        reader.stop()
+    details = stopped_by_the_gate(world)
+    assert "the EFA counters of the worker nodes could not be read" in details
+    for pod, node in zip(WORKER_PODS, NODES, strict=True):
+        assert (
+            f"{pod}: its node's EFA counters could not be read: no running efa-counters pod on node {node}"
+            in details
+        )
+
+    # Running again (new containers), but the API server cannot reach the kubelet behind an exec.
+    world.kube.readers.update(readers_of(world.pods))
+    world.kube.refuse = lambda path, argv: (
+        fake.status_reply(
+            500, "InternalError", "error dialing backend: dial tcp 10.0.3.17:10250: i/o timeout"
+        )
+        if argv and "/sys/class/infiniband" in argv
+        else None
+    )
+    details = stopped_by_the_gate(world)
+    assert "the EFA counters of the worker nodes could not be read" in details
+    assert "the Kubernetes API answered 500" in details and "error dialing backend" in details
+    assert world.pods.submissions == []
+
 
 @pytest.mark.slow
-def test_counters_that_cannot_be_read_are_unavailable_never_unmoved(world: World):
-    """No reader pod is Ready on the second node: its counters are reported unavailable with the
-    reason, the gate judges the transport and the first node, and the job runs."""
+def test_a_reader_whose_image_cannot_run_it_fails_the_gate_naming_the_node(world: World):
+    """The reader's container cannot start its program (an image without `python`): it crash-loops,
+    is never Ready and takes no exec. Its node's counters cannot be read, so the gate fails, naming
+    the node, the reason and the fix, and no training job runs."""
     world.host.configure(STACK_CONFIG)
-    world.kube.pods[-1] = fake.reader_pod(READER_PODS[1], NODES[1], ready=False)
-    outputs = plain(world.create().properties)
-    assert outputs["status"] == "SUCCEEDED" and outputs["transport"] == "efa"
-    reason = f"no Ready efa-counters pod on node {NODES[1]}"
-    assert reason in outputs["gate_efa_unavailable"][WORKER_PODS[1]]
-    assert reason in outputs["efa_unavailable"][WORKER_PODS[1]]
-    assert outputs["gate_efa_bytes"][WORKER_PODS[1]] is None and outputs["gate_efa_bytes"][WORKER_PODS[0]] > 0
-    assert "did not move" not in json.dumps(outputs)
+    world.kube.readers[READER_PODS[1]] = fake.FakeReaderNode(world.pods.efa[NODES[1]].root, python=None)
+    details = stopped_by_the_gate(world)
+    assert (
+        f"{WORKER_PODS[1]}: its node's EFA counters could not be read: no running efa-counters pod on node {NODES[1]}"
+        in details
+    )
+    assert f"{WORKER_PODS[0]}: its node's EFA counters could not be read" not in details
+    assert "kubectl -n efa-counters get pods -o wide" in details and "training.checkEfaCounters" in details
 
 
 @pytest.mark.slow
-def test_a_reader_that_cannot_run_its_command_says_why_through_the_exec_status(world: World):
-    """The runtime cannot start the reader's command (its image has no `python`): the kubelet answers
-    with an InternalError Status and nothing on stderr; its message reaches `efaUnavailable`."""
+def test_with_the_counter_check_off_unreadable_counters_pass_and_the_output_says_the_check_was_off(
+    world: World,
+):
     world.host.configure(STACK_CONFIG)
-    world.pods.readers_have_python = False
-    outputs = plain(world.create().properties)
-    assert outputs["transport"] == "efa" and outputs["efa_bytes"] == dict.fromkeys(WORKER_PODS)
-    reason = outputs["gate_efa_unavailable"][WORKER_PODS[0]]
-    assert "failed (exit 126)" in reason and '"python": executable file not found in $PATH' in reason
+    for reader in world.kube.readers.values():
+        reader.stop()
+    outputs = plain(world.create(check_efa_counters=False).properties)
+    assert outputs["status"] == "SUCCEEDED" and outputs["check_efa_counters"] is False
+    assert set(outputs["gate_efa_unavailable"]) == set(outputs["efa_unavailable"]) == set(WORKER_PODS)
 
 
 @pytest.mark.slow
