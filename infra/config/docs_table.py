@@ -42,7 +42,7 @@ def tables() -> dict[str, str]:
     program = [f"| `{key_of_flag(flag)}` | {why} |" for flag, why in PROGRAM_FLAGS.items()]
     return {
         "## Stack keys": HEADER + "\n".join(stack) + "\n",
-        "Two keys are no flag of the job; they say how `pulumi up` judges the run:": HEADER
+        "These keys are no flag of the job; they say how `pulumi up` judges the run:": HEADER
         + "\n".join(key_rows(TrainingRunKeys))
         + "\n",
         "The program sets these flags itself, so the stack may not:": "| key | why |\n| --- | --- |\n"

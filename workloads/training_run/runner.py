@@ -76,7 +76,7 @@ TCP_BASELINE_ENV = {
     "NCCL_NSOCKS_PERTHREAD": "4",
 }
 MAIN_VARIANT, TCP_VARIANT = "main", "tcp"
-READER_WAIT_S = 120.0  # for the EFA counter reader pods once the worker pods are Ready
+READER_WAIT_S = 120.0  # for an EFA counter reader pod that cannot be read yet (`read_counters`)
 GATE_VARIANT = "gate"  # the fabric probe before a job: `gate-main`, `gate-tcp`
 
 
@@ -176,14 +176,20 @@ class TrainingRunner:
         return plan
 
     def read_counters(self, pods: RayPods) -> efa_counters.Readings:
-        """Each worker node's EFA counters now, waiting for its reader pod as the readiness wait allows."""
-        return efa_counters.read_counters(
-            self.env.cluster,
-            pods.workers,
-            self.env.executor_for,
-            self.env.pace,
-            min(READER_WAIT_S, self.env.readiness_timeout_s),
-        )
+        """Each worker node's EFA counters now, or why not. A node whose read failed is asked again,
+        with the reader pods listed afresh, for as long as `READER_WAIT_S` (at most the readiness
+        wait): a reader pod starts with its node, and the DaemonSet replaces every reader when its
+        command (the source of `efa_sysfs.py`) or the image changes, which `pulumi up` does not wait
+        for (`efa_counter_reader.SKIP_AWAIT`)."""
+        found: efa_counters.Readings = {}
+
+        def attempt() -> tuple[bool, efa_counters.Readings]:
+            unread = [pod for pod in pods.workers if isinstance(found.get(pod.name, ""), str)]
+            found.update(efa_counters.read_counters(self.env.cluster, unread, self.env.executor_for))
+            return not any(isinstance(read, str) for read in found.values()), found
+
+        self.env.pace.until(min(READER_WAIT_S, self.env.readiness_timeout_s), attempt)
+        return found
 
     def job_traffic(self, pods: RayPods, jobs: RayJobsClient, submission_id: str) -> efa_counters.EfaTraffic:
         """The EFA traffic of a job that has ended: what was recorded when it was judged, else the

@@ -7,7 +7,7 @@ reader pod on the worker pod's node (`workloads.efa_counter_reader`, `hostNetwor
 node name.
 
 A node whose counters cannot be read (no running reader pod on it, an exec that fails, after
-`read_counters` waited and asked again) is *unavailable*, with the reason: never reported as
+the run waited and asked again) is *unavailable*, with the reason: never reported as
 counters that did not move, and never a pass either. The reader is part of this stack, so a check
 that cannot measure fails, naming the node, the reason and the fix (`efa_problems`); only the stack
 key `training.checkEfaCounters: false` turns the counter check off, and the outputs then say so.
@@ -36,7 +36,6 @@ from workloads.efa_counter_reader import READER_NAME, READER_NAMESPACE, READER_S
 from workloads.training_run.access.cluster_api import ClusterApi, PodFacts
 from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor
 from workloads.training_run.errors import ApiRefused, ExecStreamCut, PodGone
-from workloads.training_run.readiness import Pace
 
 # Per worker pod: its node's counters, or why they could not be read.
 Readings = dict[str, PortCounters | str]
@@ -237,26 +236,8 @@ def _read_one(
 
 
 def read_counters(
-    cluster: ClusterApi,
-    workers: Sequence[PodFacts],
-    executor_for: Callable[[PodFacts], Executor],
-    pace: Pace,
-    wait_s: float,
+    cluster: ClusterApi, workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor]
 ) -> Readings:
-    """Each worker pod's node's EFA port counters now, read by its node's reader pod; or why not.
-
-    A node whose read failed is asked again, with the reader pods listed afresh, until `wait_s`
-    have passed: a reader pod starts with its node, and the DaemonSet replaces every reader when
-    its command (the source of `efa_sysfs.py`) or the image changes, which `pulumi up` does not
-    wait for (`efa_counter_reader.SKIP_AWAIT`)."""
-    found: Readings = {}
-
-    def attempt() -> tuple[bool, Readings]:
-        readers = reader_pods(cluster)
-        for worker in workers:
-            if isinstance(found.get(worker.name, ""), str):
-                found[worker.name] = _read_one(worker, readers, executor_for)
-        return not any(isinstance(read, str) for read in found.values()), found
-
-    pace.until(wait_s, attempt)
-    return found
+    """Each worker pod's node's EFA port counters now, read by its node's reader pod; or why not."""
+    readers = reader_pods(cluster)
+    return {worker.name: _read_one(worker, readers, executor_for) for worker in workers}
