@@ -274,5 +274,7 @@ dashboard_port = RAY_PORTS["dashboard"]
 pulumi.export(
     "rayDashboard",
     f"aws eks update-kubeconfig --region {settings.region} --name {settings.cluster_name} && "
-    f"kubectl -n {settings.namespace} port-forward service/{ray.name}-head-svc {dashboard_port}:{dashboard_port}  # then open http://localhost:{dashboard_port}",
+    f"kubectl -n {settings.namespace} port-forward service/{ray.name}-head-svc {dashboard_port}:{dashboard_port}  "
+    f"# then open http://localhost:{dashboard_port} and sign in with the token that "
+    f"`{manifests.ray_auth_token_command(ray.name, settings.namespace)}` prints",
 )

@@ -267,10 +267,18 @@ _node_count = as_int(
 # Ray's own images carry the Ray version in the tag (rayproject/ray:2.58.0-py311-gpu); KubeRay
 # starts the pods for `rayVersion`, and a Ray that differs from it fails at the head's start.
 _RAY_IMAGE_TAG = re.compile(r"(?:.*/)?ray(?:-ml)?:(\d+\.\d+\.\d+)(?:[-.].*)?")
+# The RayCluster turns on Ray's token authentication (`authOptions`), which Ray has since 2.52.0 and
+# KubeRay refuses below it (kuberay v1.7.0 ray-operator/controllers/ray/utils/validation.go).
+_RAY_TOKEN_AUTH_SINCE = "2.52.0"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 def _ray_version_problem(image: str, ray_version: str) -> str | None:
-    """Why `rayVersion` cannot be the image's Ray, where the image says which Ray it has."""
+    """Why `rayVersion` cannot be the image's Ray, where the image says which Ray it has, or cannot
+    run the RayCluster's token authentication."""
     if image == DEFAULT_IMAGE and ray_version != DEFAULT_RAY_VERSION:
         return (
             f"the default image carries Ray {DEFAULT_RAY_VERSION}: remove rayVersion, or set image to an "
@@ -279,6 +287,11 @@ def _ray_version_problem(image: str, ray_version: str) -> str | None:
     tagged = _RAY_IMAGE_TAG.fullmatch(image.split("@", 1)[0])
     if tagged and tagged.group(1) != ray_version:
         return f"the image {image} carries Ray {tagged.group(1)}: set rayVersion to {tagged.group(1)}"
+    if _release(ray_version) < _release(_RAY_TOKEN_AUTH_SINCE):
+        return (
+            f"the RayCluster turns on Ray's token authentication, which Ray has since {_RAY_TOKEN_AUTH_SINCE} "
+            f"(KubeRay refuses it below): use an image with Ray {_RAY_TOKEN_AUTH_SINCE} or later"
+        )
     return None
 
 
@@ -359,7 +372,7 @@ class StackKeys(BaseModel):
         str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), DEFAULT_RAY_VERSION))
     ] = Field(
         default=DEFAULT_RAY_VERSION,
-        description=f"Ray version of the image (KubeRay needs it); refused when the image says another: the default image carries Ray {DEFAULT_RAY_VERSION}, and Ray's own images name theirs in the tag (`rayproject/ray:{DEFAULT_RAY_VERSION}-py311-gpu`)",
+        description=f"Ray version of the image (KubeRay needs it); refused when the image says another (the default image carries Ray {DEFAULT_RAY_VERSION}, and Ray's own images name theirs in the tag: `rayproject/ray:{DEFAULT_RAY_VERSION}-py311-gpu`), and below {_RAY_TOKEN_AUTH_SINCE}, which lacks the token authentication the RayCluster turns on",
     )
     namespace: Annotated[str, BeforeValidator(matching(_NAME, "ray-train"))] = Field(
         default="ray-train", description="Kubernetes namespace of the RayCluster"

@@ -40,6 +40,9 @@ Each models the real behaviour the provider depends on, and where that is docume
 - The Ray Jobs REST API of the dashboard (`GET /api/jobs/`, `/api/jobs/<id>`, `/api/jobs/<id>/logs`;
   Ray docs "Ray Jobs REST API"): job records with `submission_id`, `job_id`, `status`, `message`, and
   `metadata`, the string map `ray job submit --metadata-json` attached (Ray's `JobDetails.metadata`).
+  Behind Ray's token authentication, as the RayCluster runs it (`FakeRayDashboard.token`), checked as
+  Ray 2.58 checks it (ray/_private/authentication/http_token_authentication.py,
+  `get_token_auth_middleware`); the head pod's environment carries the token as KubeRay sets it.
   Every pod object has a `metadata.uid`, new for each pod the API server creates, as Kubernetes does.
 - A worker node's EFA port counters (`FakeEfaSysfs`), as the EFA kernel driver exposes them through
   the RDMA core's sysfs (amzn/amzn-drivers kernel/linux/efa/src/efa_verbs.c, `EFA_DEFINE_PORT_STATS`;
@@ -73,6 +76,7 @@ import base64
 import datetime
 import hashlib
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -95,6 +99,7 @@ from cryptography.x509.oid import NameOID
 
 from platform_contract import PART_OF_LABELS
 from tests.harness.counter_reader import free_port, kubelet_env, kubelet_expand, reader_container
+from tests.harness.ray_head import token_auth_env
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE, READER_PORT
 from workloads.training_run.readiness import host_limits_command
 
@@ -907,11 +912,23 @@ class ScriptedJob:
         return "".join(lines[:shown])
 
 
+# The token of the fake cluster's Ray (on a cluster, the one in the Secret KubeRay creates).
+RAY_TOKEN = "fake-cluster-ray-token"
+
+
 @dataclass
 class FakeRayDashboard:
-    """The head pod's Ray Jobs REST API on 127.0.0.1 (the pod's localhost:8265 is translated here)."""
+    """The head pod's Ray Jobs REST API on 127.0.0.1 (the pod's localhost:8265 is translated here).
+
+    Behind Ray's token authentication, as the RayCluster runs it. As Ray's middleware: the header
+    `Authorization`, else `X-Ray-Authorization` (its cookie is for browsers), must be `Bearer <token>`
+    (Ray 2.58 ray/_private/authentication/http_token_authentication.py, `get_token_auth_middleware`;
+    the comparison is `validate_authentication_token`'s, of the whole header): none is 401, another
+    403, each with Ray's plain-text body. The Jobs API is none of its public paths
+    (dashboard/http_server_head.py, `public_exact_paths`)."""
 
     jobs: dict[str, ScriptedJob] = field(default_factory=dict)
+    token: str = RAY_TOKEN
 
     def start(self) -> FakeRayDashboard:
         self.server = serve_on_loopback({"GET": self._serve})
@@ -933,7 +950,24 @@ class FakeRayDashboard:
             "entrypoint": "python -m training",
         }
 
+    def _refusal(self, handler: BaseHTTPRequestHandler) -> tuple[int, str] | None:
+        header = handler.headers.get("Authorization") or handler.headers.get("X-Ray-Authorization")
+        if not header:
+            return 401, "Unauthorized: Missing authentication token"
+        if header != f"Bearer {self.token}":
+            return 403, "Forbidden: Invalid authentication token"
+        return None
+
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
+        refusal = self._refusal(handler)
+        if refusal is not None:
+            text = refusal[1].encode()
+            handler.send_response(refusal[0])
+            handler.send_header("Content-Type", "text/plain; charset=utf-8")
+            handler.send_header("Content-Length", str(len(text)))
+            handler.end_headers()
+            handler.wfile.write(text)
+            return
         parts = handler.path.strip("/").split("/")
         body: Any
         if parts == ["api", "jobs"]:
@@ -1195,7 +1229,9 @@ class FakeRayPods:
                 return ExecReply(f"Job '{submission_id}' submitted successfully\n")
             if argv[:2] == ["python", "-c"]:
                 local = [sys.executable, "-c", argv[2], self.dashboard.url, *argv[4:]]
-                return _run(local)
+                # In the head's Ray container environment: the token KubeRay sets from its Secret.
+                outside = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+                return _run(local, env={**outside, **token_auth_env(self.dashboard.token)})
             if argv[0] == "sh" and self.head_tmp is not None:
                 return _run([arg.replace("/tmp/ray/", f"{self.head_tmp}/") for arg in argv])
             return self._not_found(argv[0])
@@ -1215,6 +1251,6 @@ class FakeRayPods:
         return _run([local.get(arg, arg) for arg in argv])
 
 
-def _run(argv: list[str]) -> ExecReply:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+def _run(argv: list[str], env: dict[str, str] | None = None) -> ExecReply:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     return ExecReply(done.stdout, done.stderr, done.returncode)

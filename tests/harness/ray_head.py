@@ -10,6 +10,10 @@ worker processes and frees its actors and placement groups when its driver exits
 with their job), so runs sharing the head do not see each other's workers. What the head saves
 is its own start (GCS, raylet, dashboard and agents: about 8 s on a 2-core machine) per run.
 `--local` keeps its own tests (the README's main job, the embedded run's messages).
+
+`running_head(token=...)` starts a head of its own with Ray's token authentication on, as the
+RayCluster's pods run (`token_auth_env`): the session's head runs without it, since the tests that
+drive Ray in their own process (Ray Data on the driver) would need the token in theirs.
 """
 
 from __future__ import annotations
@@ -37,8 +41,21 @@ class RayHead:
     address: str  # host:port of the GCS, what RAY_ADDRESS names
     dashboard: str  # the job API
     session_logs: Path
-    env: dict[str, str]  # the head's environment, RAY_ADDRESS naming the head
+    env: dict[str, str]  # the head's environment, RAY_ADDRESS naming the head (and the token, with one)
     root: Path  # a folder of the head's own, for the files a test writes beside it
+
+
+def token_auth_env(token: str) -> dict[str, str]:
+    """What KubeRay 1.7.0 sets in each Ray container of a RayCluster with `authOptions: {mode: token}`
+    (ray-operator/controllers/ray/common/pod.go, `SetContainerTokenAuthEnvVars`): RAY_AUTH_MODE, and
+    RAY_AUTH_TOKEN from its Secret. Ray reads both from the environment of every process: its
+    servers check the token, its clients (`ray job submit`, the SDK) send it only in token mode
+    (ray/_private/authentication/http_token_authentication.py, `get_auth_headers_if_auth_enabled`).
+    Imported here, not above: the session's head (no token) needs none of the program's modules."""
+    from workloads import manifests
+    from workloads.training_run.access.head_jobs_api import TOKEN_ENV
+
+    return {"RAY_AUTH_MODE": manifests.RAY_AUTH_OPTIONS["mode"], TOKEN_ENV: token}
 
 
 def free_port() -> int:
@@ -83,12 +100,15 @@ def stop_process_tree(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_head() -> Iterator[RayHead]:
+def running_head(token: str | None = None) -> Iterator[RayHead]:
+    """A head with token authentication when given a token: always given, never Ray's own, which it
+    would generate into ~/.ray/auth_token (ray/_private/authentication/authentication_token_setup.py)."""
     root = Path(tempfile.mkdtemp(prefix="ray-head-"))  # short: Ray's unix sockets live under it
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "RAY_USAGE_STATS_ENABLED": "0",
+        **(token_auth_env(token) if token else {}),
     }
     port, dashboard_port = free_port(), free_port()
     # As KubeRay sets it in every pod of a RayCluster (KubeRay's "Network-related environment
@@ -115,10 +135,13 @@ def running_head() -> Iterator[RayHead]:
         )
     try:
         dashboard = f"http://127.0.0.1:{dashboard_port}"
+        version = urllib.request.Request(
+            f"{dashboard}/api/version", headers={"Authorization": f"Bearer {token}"} if token else {}
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"{dashboard}/api/version", timeout=2).close()
+                urllib.request.urlopen(version, timeout=2).close()
                 break
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(

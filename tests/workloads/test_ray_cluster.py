@@ -1,4 +1,4 @@
-"""The RayCluster component in the program's plan: what it waits for, its head closed to other\nnamespaces, a changed image reaching new pods."""
+"""The RayCluster component in the program's plan: what it waits for, its head closed to other\nnamespaces, its token authentication, a changed image reaching new pods."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.harness.program import (
     dev_config,
     run_program,
 )
+from workloads import manifests
 
 
 def test_ray_cluster_waits_for_operator_and_both_device_plugins(stack_plan):
@@ -71,3 +72,17 @@ def test_a_changed_image_reaches_new_pods_and_the_run_waits_for_them():
     # Ray's session folder, where the transport evidence lives, is an emptyDir on every pod.
     for template in templates:
         assert {"name": "ray-logs", "emptyDir": {}} in template["spec"]["volumes"]
+
+
+def test_ray_token_authentication_is_on_and_its_token_stays_out_of_the_stack(stack_plan):
+    """KubeRay creates the token's Secret (named after the RayCluster) and wires it into the pods;
+    the program declares only the mode, so no token is in a resource's inputs, the state or an output."""
+    config, plan = stack_plan
+    ray_cluster = plan.one(RAY_CLUSTER)
+    assert ray_cluster.inputs["spec"]["authOptions"] == {"mode": "token"}
+    secrets = plan.of_type("kubernetes:core/v1:Secret")
+    assert [secret.inputs["metadata"]["name"] for secret in secrets] in ([], [manifests.HF_TOKEN_SECRET])
+    # The dashboard's output says how to read the token, never the token.
+    namespace = config.get("eks-ray-train:namespace", "ray-train")
+    reading = manifests.ray_auth_token_command(ray_cluster.inputs["metadata"]["name"], namespace)
+    assert reading in plan.outputs["rayDashboard"]

@@ -44,10 +44,12 @@ from workloads.manifests.pod_labels import (
 from workloads.manifests.ray_namespace import POD_SECURITY_LABELS, namespace
 from workloads.manifests.ray_service_account import service_account
 from workloads.manifests.raycluster import (
+    RAY_AUTH_OPTIONS,
     RAY_LOGS_VOLUME,
     RAY_TMP_DIR,
     SPEC_HASH_ANNOTATION,
     RayClusterSpec,
+    ray_auth_token_command,
     ray_cluster,
     spec_hash,
 )
@@ -65,6 +67,7 @@ __all__ = [
     "NVIDIA_DEVICE_PLUGIN",
     "PATCH_FORCE_ANNOTATION",
     "POD_SECURITY_LABELS",
+    "RAY_AUTH_OPTIONS",
     "RAY_CLUSTER_LABEL",
     "RAY_LOGS_VOLUME",
     "RAY_NODE_TYPE_LABEL",
@@ -84,6 +87,7 @@ __all__ = [
     "kuberay_operator_values",
     "namespace",
     "nvidia_device_plugin_values",
+    "ray_auth_token_command",
     "ray_cluster",
     "service_account",
     "spec_hash",

@@ -11,9 +11,10 @@ from workloads.manifests.pod_labels import head_pod_labels
 def head_network_policy(cluster_name: str, namespace_name: str) -> dict:
     """The Ray head admits connections from pods of its own namespace only.
 
-    Its GCS, dashboard/Jobs API and client ports (`RAY_PORTS`) take jobs without authentication.
-    Every port stays open to the namespace, since workers reach the head on many more (object and
-    node managers, worker ports, the dashboard agent). Nothing outside it needs the head:
+    Its GCS, dashboard/Jobs API and client ports (`RAY_PORTS`) take jobs from whoever holds the
+    cluster's Ray token (`raycluster.RAY_AUTH_OPTIONS`). Every port stays open to the namespace,
+    since workers reach the head on many more (object and node managers, worker ports, the
+    dashboard agent). Nothing outside it needs the head:
     - the KubeRay operator (namespace `kuberay`) queries the dashboard only for RayJobs and
       RayServices, never for a plain RayCluster (kuberay v1.7.0, ray-operator/controllers/ray);
     - kubelet probes come from the node, which the VPC CNI's policy agent always admits;

@@ -47,6 +47,19 @@ RAY_CONTAINER_SECURITY_CONTEXT = {
     "privileged": False,
     "capabilities": {"drop": ["ALL"]},
 }
+# Ray's token authentication, asked for explicitly so that Ray's default does not decide it (off in
+# Ray 2.58; on for local clusters from 2.59 and for every cluster from 2.61, docs.ray.io). With
+# `mode: token` and no `secretName`, KubeRay 1.7.0 creates a Secret named after the RayCluster
+# (`utils.CheckName`: the name itself, up to 50 characters) holding a random token (32 bytes,
+# base64) under `auth_token`, owned by the RayCluster (ray-operator/controllers/ray/
+# raycluster_controller.go, `reconcileAuthSecret`, before any pod), and sets RAY_AUTH_MODE=token
+# and RAY_AUTH_TOKEN from that Secret in the Ray container of every pod and in the workers'
+# `wait-gcs-ready` init container (common/pod.go, `configureTokenAuth`); it refuses the mode below
+# Ray 2.52.0 (utils/validation.go). The token never passes through the program, its state or outputs.
+RAY_AUTH_OPTIONS = {"mode": "token"}
+# The key of that Secret holding the token (ray-operator/controllers/ray/utils/constant.go,
+# `RAY_AUTH_TOKEN_SECRET_KEY`).
+RAY_AUTH_SECRET_KEY = "auth_token"
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,13 @@ class RayClusterSpec:
 
 def _env(values: dict[str, str]) -> list[dict]:
     return [{"name": key, "value": value} for key, value in values.items()]
+
+
+def ray_auth_token_command(cluster_name: str, namespace: str) -> str:
+    """The command that prints the RayCluster's Ray token (for the dashboard's sign-in, or a client
+    through `kubectl port-forward`), read from the Secret KubeRay created: named after the RayCluster,
+    since `utils.CheckName` keeps a name of at most 50 characters that starts with a letter."""
+    return f"kubectl -n {namespace} get secret {cluster_name} -o jsonpath='{{.data.{RAY_AUTH_SECRET_KEY}}}' | base64 -d"
 
 
 def _templates(manifest: dict) -> list[dict]:
@@ -204,6 +224,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
         "spec": {
             "rayVersion": spec.ray_version,
             "upgradeStrategy": {"type": "Recreate"},
+            "authOptions": dict(RAY_AUTH_OPTIONS),
             "enableInTreeAutoscaling": False,
             "headGroupSpec": head,
             "workerGroupSpecs": [workers],

@@ -489,3 +489,15 @@ def test_a_region_outside_the_aws_partition_is_refused_with_the_reason(region, p
 def test_a_vpc_block_aws_warns_against_is_refused(cidr, reason):
     with pytest.raises(ConfigError, match=f"'vpcCidr' = '{cidr}': overlaps {cidr}, {reason}"):
         parse(vpcCidr=cidr)
+
+
+def test_a_ray_without_token_authentication_is_refused_naming_the_version_it_needs():
+    """The RayCluster turns on Ray's token authentication, which KubeRay refuses below Ray 2.52.0
+    (kuberay v1.7.0 ray-operator/controllers/ray/utils/validation.go): the preview says so first."""
+    with pytest.raises(ConfigError) as caught:
+        parse(image="rayproject/ray:2.51.2-py311-gpu", rayVersion="2.51.2")
+    assert str(caught.value) == (
+        "config key 'rayVersion' = '2.51.2': the RayCluster turns on Ray's token authentication, which "
+        "Ray has since 2.52.0 (KubeRay refuses it below): use an image with Ray 2.52.0 or later"
+    )
+    assert parse(image="rayproject/ray:2.52.0-py311-gpu", rayVersion="2.52.0").ray_version == "2.52.0"

@@ -301,3 +301,22 @@ def test_pod_security_checks_catch_a_privileged_container():
     pod["containers"][0]["securityContext"] = {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}}
     assert baseline_problems(pod) == ["ray-worker privileged", "ray-worker adds IPC_LOCK"]
     assert "drop ALL" in restricted_gaps(pod)
+
+
+def test_ray_token_authentication_is_on_and_kuberay_makes_and_wires_the_token(ray_cluster_schema):
+    """`authOptions: {mode: token}` without `secretName`: KubeRay 1.7.0 creates the token's Secret
+    itself and sets RAY_AUTH_MODE and RAY_AUTH_TOKEN in each Ray container, but only where the
+    container lacks them (ray-operator/controllers/ray/common/pod.go, `SetContainerTokenAuthEnvVars`
+    skips a variable `EnvVarExists` finds), so the templates leave both to it."""
+    cluster = manifests.ray_cluster(spec())
+    assert cluster["spec"]["authOptions"] == manifests.RAY_AUTH_OPTIONS == {"mode": "token"}
+    allowed = ray_cluster_schema["properties"]["spec"]["properties"]["authOptions"]["properties"]
+    assert "token" in allowed["mode"]["enum"]
+    for pod in ray_pod_specs():
+        for container in [*pod["containers"], *pod.get("initContainers", [])]:
+            assert not [item for item in container["env"] if item["name"].startswith("RAY_AUTH_")]
+    # The Secret KubeRay creates is named after the RayCluster, the token under `auth_token`
+    # (raycluster_controller.go, `reconcileAuthSecret`; utils/constant.go).
+    assert manifests.ray_auth_token_command("ray-train", "ray-ns") == (
+        "kubectl -n ray-ns get secret ray-train -o jsonpath='{.data.auth_token}' | base64 -d"
+    )

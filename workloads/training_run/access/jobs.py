@@ -3,7 +3,10 @@
 The Ray dashboard is never exposed: every call is a command run inside the head pod, which
 reaches the dashboard on `localhost:8265`. Submitting is `ray job submit --no-wait` (it zips and
 uploads the shipped code as the working directory); listing and polling run `head_jobs_api`
-there, which answers the Jobs REST API as JSON.
+there, which answers the Jobs REST API as JSON. Both carry the RayCluster's Ray token from the head
+container's environment, where KubeRay put it (`manifests.RAY_AUTH_OPTIONS`): `ray job submit` as
+Ray's SDK attaches it in token mode (ray/dashboard/modules/dashboard_sdk.py,
+`get_auth_headers_if_auth_enabled`), `head_jobs_api` as its `Authorization` header.
 
 Job identity. The submission id is derived from what makes the job what it is (see
 `RunInputs.job_identity`), so a `pulumi up` interrupted while the job runs is followed by one

@@ -1,15 +1,25 @@
-"""Jobs: the submission id, which earlier attempt is adopted, the `ray job submit` command line, the head pod's Jobs API program."""
+"""Jobs: the submission id, which earlier attempt is adopted, the `ray job submit` command line, the head pod's Jobs API program, with and without the cluster's Ray token (the fake dashboard, and a real head with token authentication)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.harness.fake_kube_api import ScriptedJob
+from tests.harness.fake_kube_api import RAY_TOKEN, FakeRayDashboard, ScriptedJob
+from tests.harness.ray_head import running_head, token_auth_env
 from tests.harness.training_run_fakes import EFA_JOB, SMOKE_ARGS, run_inputs
 from workloads.training_run import runner
-from workloads.training_run.access import jobs
+from workloads.training_run.access import head_jobs_api, jobs
+from workloads.training_run.access.commands import LocalExecutor
+from workloads.training_run.errors import TrainingRunError
 
 
 def test_submission_id_is_stable_and_follows_what_the_job_runs():
@@ -96,15 +106,12 @@ def test_job_status_mirrors_rays():
 
 
 def test_the_head_program_answers_from_the_jobs_rest_api():
-    from tests.harness.fake_kube_api import FakeRayDashboard
-    from workloads.training_run.access import head_jobs_api
-
     dashboard = FakeRayDashboard().start()
     try:
         dashboard.jobs["eks-ray-train-main-1"] = ScriptedJob(
             EFA_JOB, "line 1\nline 2\n", ["RUNNING", "SUCCEEDED"], metadata={jobs.PODS_METADATA: PODS_NOW}
         )
-        listed = head_jobs_api.answer(dashboard.url, "list", "eks-ray-train-main")
+        listed = head_jobs_api.answer(dashboard.url, "list", "eks-ray-train-main", token=dashboard.token)
         assert listed == {
             "jobs": [
                 {
@@ -116,14 +123,91 @@ def test_the_head_program_answers_from_the_jobs_rest_api():
                 }
             ]
         }
-        first = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 0)
+        first = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 0, dashboard.token)
         assert (first["job"]["status"], first["logs"], first["offset"]) == ("RUNNING", "line 1\n", 7)
-        second = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 7)
+        second = head_jobs_api.answer(dashboard.url, "poll", "eks-ray-train-main-1", 7, dashboard.token)
         assert (second["job"]["status"], second["logs"]) == ("SUCCEEDED", "line 2\n")
-        assert head_jobs_api.answer(dashboard.url, "poll", "other", 0) == {
+        assert head_jobs_api.answer(dashboard.url, "poll", "other", 0, dashboard.token) == {
             "job": None,
             "logs": "",
             "offset": 0,
         }
     finally:
         dashboard.stop()
+
+
+def head_container_env(**auth: str) -> dict[str, str]:
+    """This machine's environment with only the given Ray auth variables, as a Ray container has them."""
+    outside = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH_")}
+    return {**outside, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **auth}
+
+
+@pytest.mark.parametrize(
+    "auth, said",
+    [
+        ({}, "refused GET /api/jobs/ without a token (401: Unauthorized: Missing authentication token)"),
+        (
+            {head_jobs_api.TOKEN_ENV: "another-token"},
+            "refused the token in RAY_AUTH_TOKEN for GET /api/jobs/ (403: Forbidden: Invalid authentication token)",
+        ),
+    ],
+    ids=["no-token", "another-token"],
+)
+def test_the_head_program_without_the_clusters_token_stops_in_one_line_naming_it(auth, said):
+    """`head_jobs_api` run as the TrainingRun runs it in the head pod (`python -c`), with the Ray
+    container's environment: with the cluster's token it lists; without it Ray's dashboard refuses."""
+    dashboard = FakeRayDashboard().start()
+    try:
+        kuberay_env = head_container_env(**token_auth_env(RAY_TOKEN))
+        assert jobs.RayJobsClient(LocalExecutor(env=kuberay_env), dashboard.url).list("eks-ray-train") == []
+        client = jobs.RayJobsClient(LocalExecutor(env=head_container_env(**auth)), dashboard.url)
+        with pytest.raises(TrainingRunError) as caught:
+            client.list("eks-ray-train")
+        first, line = str(caught.value).splitlines()
+        assert first == "listing Ray jobs failed (exit 1):"
+        assert said in line
+    finally:
+        dashboard.stop()
+
+
+@pytest.mark.slow
+def test_a_ray_head_with_token_authentication_takes_jobs_only_with_its_token(tmp_path):
+    """A real `ray start --head` with RAY_AUTH_MODE=token, as KubeRay starts the RayCluster's head:
+    the Jobs API refuses requests without the token (401) or with another (403); the TrainingRun's
+    own client, `ray job submit` and `head_jobs_api` run with the head's environment, submits, lists
+    and follows a job whose driver and task reach Ray's GCS with the token they inherit."""
+    token = base64.b64encode(os.urandom(32)).decode()  # as KubeRay's generateRandomToken(32)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hello_job.py").write_text(
+        "import ray\n\nray.init()\nprint(ray.get(ray.remote(lambda: 'hello from a task').remote()))\n"
+    )
+    with running_head(token=token) as head:
+        submit = json.dumps({"entrypoint": "echo never"}).encode()
+        for headers, status in (({}, 401), ({"Authorization": "Bearer another-token"}, 403)):
+            for method, body in (("GET", None), ("POST", submit)):
+                request = urllib.request.Request(
+                    f"{head.dashboard}/api/jobs/", data=body, method=method, headers=headers
+                )
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(request, timeout=10)
+                assert refused.value.code == status, (method, headers)
+
+        client = jobs.RayJobsClient(LocalExecutor(env=head.env), head.dashboard, str(head.root))
+        client.submit("eks-ray-train-auth-1", str(code), (), {}, PODS_NOW, module="hello_job")
+        logs, deadline = "", time.monotonic() + 120
+        while True:
+            poll = client.poll("eks-ray-train-auth-1", len(logs))
+            logs += poll.logs
+            assert poll.job is not None
+            if poll.job.status.is_terminal or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert poll.job.status == jobs.JobStatus.SUCCEEDED, logs
+        assert "hello from a task" in logs
+        assert [job.submission_id for job in client.list("eks-ray-train-auth")] == ["eks-ray-train-auth-1"]
+        assert client.list("eks-ray-train-auth")[0].pods == PODS_NOW
+
+        without = {key: value for key, value in head.env.items() if key != head_jobs_api.TOKEN_ENV}
+        with pytest.raises(TrainingRunError, match=r"without a token \(401: Unauthorized"):
+            jobs.RayJobsClient(LocalExecutor(env=without), head.dashboard).list("eks-ray-train-auth")
