@@ -1086,6 +1086,10 @@ class FakeReaderNode:
       one) or has died is not running: the pod shows CrashLoopBackOff, never Ready, and an exec
       into it is refused (`FakeKubeApi._exec`).
 
+    `replaced` says when the container is down for a while, as during a DaemonSet rollout, which
+    replaces a node's reader pod whenever its command or image changes (Kubernetes docs, "Perform a
+    Rolling Update on a DaemonSet": the old pod is deleted before the new one starts).
+
     The container starts when the kubelet is first asked about it, so a test that never lists the
     readers starts no process; `stop_all` (an autouse fixture of tests/conftest.py) ends every one
     after each test.
@@ -1100,6 +1104,7 @@ class FakeReaderNode:
         self.port = 0
         self.process: subprocess.Popen | None = None
         self.stopped = False
+        self.replaced: Callable[[], bool] = lambda: False
 
     @classmethod
     def stop_all(cls) -> None:
@@ -1135,7 +1140,7 @@ class FakeReaderNode:
     @property
     def running(self) -> bool:
         self._start()
-        return self.process is not None and self.process.poll() is None
+        return self.process is not None and self.process.poll() is None and not self.replaced()
 
     def ready(self) -> bool:
         return self.running and self._answers()

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -516,6 +517,26 @@ def test_a_node_whose_efa_counters_do_not_move_stops_the_gate_on_every_create(wo
     assert "the EFA counters of the worker nodes could not be read" in details
     assert "the Kubernetes API answered 500" in details and "error dialing backend" in details
     assert world.pods.submissions == []
+
+
+@pytest.mark.slow
+def test_an_idle_connection_to_every_reader_neither_wedges_it_nor_the_run(world: World):
+    """Anything the node's security group admits may connect to a reader's port and send nothing: the
+    server serves every other client meanwhile, so the kubelet keeps the reader Ready and the run
+    reads its counters as usual."""
+    world.host.configure(STACK_CONFIG)
+    idle = []
+    for reader in world.kube.readers.values():
+        assert reader.ready()
+        idle.append(socket.create_connection(("127.0.0.1", reader.port)))
+    try:
+        # The kubelet's probe gives up after 1 s: a wedged server would read NotReady here.
+        assert all(reader.ready() for reader in world.kube.readers.values())
+        outputs = plain(world.create().properties)
+    finally:
+        for connection in idle:
+            connection.close()
+    assert outputs["status"] == "SUCCEEDED" and outputs["efa_unavailable"] is None
 
 
 @pytest.mark.slow

@@ -226,6 +226,27 @@ def test_counters_no_reader_can_read_fail_the_gate_and_no_job_runs():
     assert "training.checkEfaCounters" in message
 
 
+def test_a_reader_rolled_during_the_probe_is_waited_for_and_its_node_judged():
+    """The reader DaemonSet rolls while the probe runs (a changed `efa_sysfs.py`): node-b's reader is
+    down from the probe's submission until a minute later. The after-read waits for it, so node-b,
+    whose counters did not move, fails the gate on its 0 bytes, not as a node that was never read."""
+    fake = FakeCluster(main_and_tcp_head())
+    node = WORKER_NODES[WORKER_PODS[1]]
+    fake.head.efa[node].stuck = True
+    rolled_at: list[float] = []
+
+    def replaced() -> bool:
+        if fake.head.probe_submissions and not rolled_at:
+            rolled_at.append(fake.clock.now)
+        return bool(rolled_at) and fake.clock.now < rolled_at[0] + 60
+
+    fake.reader_nodes[node].replaced = replaced
+    message = failure_of(fake)
+    assert f"{WORKER_PODS[1]}: 0 bytes moved through its 1 EFA port(s)" in message
+    assert "could not be read" not in message and fake.head.submissions == []
+    assert fake.clock.now >= rolled_at[0] + 60
+
+
 def test_a_reader_that_is_running_but_not_ready_is_still_read_by_exec():
     """A wedged or starting server (NotReady) does not stop the exec'd `print`, which reads sysfs itself."""
     fake = FakeCluster(main_and_tcp_head())
