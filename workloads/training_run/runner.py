@@ -180,7 +180,8 @@ class TrainingRunner:
         with the reader pods listed afresh, for as long as `READER_WAIT_S` (at most the readiness
         wait): a reader pod starts with its node, and the DaemonSet replaces every reader when its
         command (the source of `efa_sysfs.py`) or the image changes, which `pulumi up` does not wait
-        for (`efa_counter_reader.SKIP_AWAIT`)."""
+        for (`efa_counter_reader.SKIP_AWAIT`). With the counter check off they are read once: no
+        verdict waits on them."""
         found: efa_counters.Readings = {}
 
         def attempt() -> tuple[bool, efa_counters.Readings]:
@@ -188,12 +189,13 @@ class TrainingRunner:
             found.update(efa_counters.read_counters(self.env.cluster, unread, self.env.executor_for))
             return not any(isinstance(read, str) for read in found.values()), found
 
-        self.env.pace.until(min(READER_WAIT_S, self.env.readiness_timeout_s), attempt)
+        wait_s = min(READER_WAIT_S, self.env.readiness_timeout_s) if self.request.check_efa_counters else 0
+        self.env.pace.until(wait_s, attempt)
         return found
 
     def job_traffic(self, pods: RayPods, jobs: RayJobsClient, submission_id: str) -> efa_counters.EfaTraffic:
         """The EFA traffic of a job that has ended: what was recorded when it was judged, else the
-        counters now against those recorded before it, recorded with it (`settle_traffic`)."""
+        counters now against those recorded before it, recorded with it."""
         record = jobs.read_record(submission_id) or {}
         if "efa_traffic" in record:
             return efa_counters.traffic_from_record(record["efa_traffic"])

@@ -68,7 +68,7 @@ class EfaTraffic:
     unavailable: dict[str, str] = field(default_factory=dict)
 
     def bytes_moved(self) -> dict[str, int | None]:
-        """Bytes sent plus received through each node's EFA ports during the job (None: unknown)."""
+        """Bytes moved through each node's EFA ports during the job (`MOVED`; None: unknown)."""
         moved: dict[str, int | None] = {
             pod: None if delta is None else _moved(delta) for pod, delta in self.deltas.items()
         }
