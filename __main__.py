@@ -155,7 +155,8 @@ observability = (
     else None
 )
 
-# 5. GPU and EFA device plugins, KubeRay operator and its CRDs, the EFA counter reader.
+# 5. GPU and EFA device plugins, KubeRay operator and its CRDs, the EFA counter reader; first the
+# Ray namespace, with the training code shipped beside it, since the operator's Role lives there.
 kubernetes = k8s.Provider(
     "eks",
     kubeconfig=cluster.provider_kubeconfig,
@@ -169,17 +170,6 @@ crd_owner = k8s.Provider(
     upsert_existing_objects=True,
     opts=pulumi.ResourceOptions(parent=cluster, depends_on=[cluster.eks]),
 )
-addons = Addons(
-    "addons",
-    provider=kubernetes,
-    crd_provider=crd_owner,
-    gpu_instance_type=settings.gpu_node_type,
-    region=settings.region,
-    image=settings.image,
-    after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
-)
-
-# 6. The RayCluster, with the training code shipped beside it; one Ray worker per GPU.
 ray = RayCluster(
     "ray",
     spec=manifests.RayClusterSpec(
@@ -198,8 +188,21 @@ ray = RayCluster(
     pod_role_arn=checkpoints.role.arn,
     hf_token=hf_token() if settings.has_hf_token else None,
     provider=kubernetes,
-    after=addons.ready,
 )
+addons = Addons(
+    "addons",
+    provider=kubernetes,
+    crd_provider=crd_owner,
+    gpu_instance_type=settings.gpu_node_type,
+    region=settings.region,
+    image=settings.image,
+    ray_namespace=ray.namespace,
+    ray_namespace_object=ray.namespace_object,
+    after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
+)
+
+# 6. The RayCluster; one Ray worker per GPU.
+ray_cluster = ray.create_cluster(after=addons.ready)
 
 # 7. The training run: node and pod checks, the job from the head pod, the NCCL transport verdict.
 if settings.train:
@@ -229,7 +232,7 @@ if settings.train:
         node_group_name=gpu_nodes.node_group.node_group_name,
         # With observability, after the Ray pods may publish: the job's metrics from its first step.
         opts=pulumi.ResourceOptions(
-            depends_on=[ray.resource, *(observability.ready if observability else [])]
+            depends_on=[ray_cluster, *(observability.ready if observability else [])]
         ),
     )
     pulumi.export(

@@ -1,5 +1,5 @@
 """Cluster add-ons: GPU and EFA device plugins and the KubeRay operator as pinned Helm releases, KubeRay's
-CRDs, and the EFA counter reader on the GPU nodes."""
+CRDs and the operator's namespace, and the EFA counter reader on the GPU nodes."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from workloads.manifests import (
     Chart,
     efa_device_plugin_values,
     kuberay_crds,
+    kuberay_namespace,
     kuberay_operator_values,
     nvidia_device_plugin_values,
 )
@@ -29,7 +30,9 @@ def _release(
         version=chart.version,
         repository_opts={"repo": chart.repository},
         namespace=chart.namespace,
-        create_namespace=chart.namespace != "kube-system",
+        # Helm would create the namespace without Pod Security labels: every namespace a release
+        # installs into is EKS's `kube-system` or declared by the program, before the release.
+        create_namespace=False,
         values=values,
         skip_crds=skip_crds,
         # Wait until the release's pods run, so resources are allocatable before Ray pods ask for them.
@@ -49,6 +52,10 @@ class Addons(pulumi.ComponentResource):
     (on stacks deployed before, Helm created them: the apply patches the object in place, so no
     RayCluster is deleted). Retained on delete: deleting a CRD deletes every object of its kind, and
     `pulumi destroy` deletes the whole cluster anyway.
+
+    The operator is namespace-scoped (`kuberay_operator_values`): its chart puts its Role in
+    `ray_namespace`, so the release waits for that namespace (`ray_namespace_object`) as for its own,
+    which the program declares with Pod Security `restricted` (`kuberay_namespace`).
     """
 
     def __init__(
@@ -60,11 +67,19 @@ class Addons(pulumi.ComponentResource):
         gpu_instance_type: str,
         region: str,
         image: str,
+        ray_namespace: str,
+        ray_namespace_object: pulumi.Resource,
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("eks-ray-train:workloads:Addons", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after)
+        operator_namespace = kuberay_namespace()
+        self.kuberay_namespace = k8s.core.v1.Namespace(
+            operator_namespace["metadata"]["name"],
+            metadata=operator_namespace["metadata"],
+            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+        )
         self.kuberay_crds = [
             k8s.apiextensions.v1.CustomResourceDefinition(
                 crd["metadata"]["name"],
@@ -78,11 +93,16 @@ class Addons(pulumi.ComponentResource):
         self.efa_device_plugin = _release(
             EFA_DEVICE_PLUGIN, efa_device_plugin_values(gpu_instance_type, region), child
         )
-        # After its CRDs: the operator exits when a kind it watches is not served.
+        # After its CRDs (the operator exits when a kind it watches is not served) and the namespaces
+        # it installs into: its own, and the Ray namespace of its Role.
         self.kuberay_operator = _release(
             KUBERAY_OPERATOR,
-            kuberay_operator_values(),
-            pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[*after, *self.kuberay_crds]),
+            kuberay_operator_values(ray_namespace),
+            pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                depends_on=[*after, *self.kuberay_crds, self.kuberay_namespace, ray_namespace_object],
+            ),
             skip_crds=True,
         )
         self.releases = [self.nvidia_device_plugin, self.efa_device_plugin, self.kuberay_operator]

@@ -11,7 +11,9 @@ from workloads import manifests
 
 
 class RayCluster(pulumi.ComponentResource):
-    """Created only after the operator, its CRDs and both device plugins exist."""
+    """The namespace and what the pods need in it first; the RayCluster itself (`create_cluster`) only
+    after the operator, its CRDs and both device plugins exist. The operator's release waits for the
+    namespace (`namespace_object`), where its chart puts the operator's Role."""
 
     def __init__(
         self,
@@ -21,14 +23,15 @@ class RayCluster(pulumi.ComponentResource):
         pod_role_arn: pulumi.Input[str],
         hf_token: pulumi.Output[str] | None,
         provider: k8s.Provider,
-        after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("eks-ray-train:workloads:RayCluster", name, None, opts)
+        self._provider = provider
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         namespace = k8s.core.v1.Namespace(
             spec.namespace, **_body(manifests.namespace(spec.namespace)), opts=child
         )
+        self.namespace_object = namespace
         in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace])
         service_account = k8s.core.v1.ServiceAccount(
             spec.service_account,
@@ -60,23 +63,27 @@ class RayCluster(pulumi.ComponentResource):
             **_body(manifests.head_network_policy(spec.name, spec.namespace)),
             opts=in_namespace,
         )
-        ray_cluster = manifests.ray_cluster(spec)
-        self.spec_hash = manifests.spec_hash(ray_cluster)
-        self.resource = k8s.apiextensions.CustomResource(
-            spec.name,
+        self._prepared: list[pulumi.Resource] = [namespace, service_account, code, head_policy, *secrets]
+        self._manifest = manifests.ray_cluster(spec)
+        self.spec_hash = manifests.spec_hash(self._manifest)
+        self.name = spec.name
+        self.namespace = spec.namespace
+        self.register_outputs({"name": spec.name, "namespace": spec.namespace, "codeHash": self.code_hash})
+
+    def create_cluster(self, after: list[pulumi.Resource]) -> k8s.apiextensions.CustomResource:
+        """The RayCluster, after everything of its namespace and `after` (the operator, its CRDs, the
+        device plugins)."""
+        ray_cluster = self._manifest
+        return k8s.apiextensions.CustomResource(
+            self.name,
             api_version=ray_cluster["apiVersion"],
             kind=ray_cluster["kind"],
             metadata=ray_cluster["metadata"],
             spec=ray_cluster["spec"],
             opts=pulumi.ResourceOptions(
-                parent=self,
-                provider=provider,
-                depends_on=[namespace, service_account, code, head_policy, *secrets, *after],
+                parent=self, provider=self._provider, depends_on=[*self._prepared, *after]
             ),
         )
-        self.name = spec.name
-        self.namespace = spec.namespace
-        self.register_outputs({"name": spec.name, "namespace": spec.namespace, "codeHash": self.code_hash})
 
 
 def _secret_input(value: pulumi.Output[str]) -> pulumi.Input[str]:

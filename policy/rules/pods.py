@@ -1,4 +1,5 @@
-"""Pods: namespaces that refuse privileged pods, containers on pinned images."""
+"""Pods: namespaces that refuse privileged pods, Helm charts only in namespaces the stack declares,
+containers on pinned images."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from .properties import (
     DAEMONSET,
+    HELM_INSTALLS,
     NAMESPACE,
     StackResource,
     dig,
@@ -332,3 +334,57 @@ def _host_network_namespace_problems(
                 f"its pods are hardened as the EFA counter reader's ({found})" for found in unhardened(spec)
             ]
     return problems
+
+
+# EKS's own namespace, where the device plugins install: the cluster has it from the start, and the
+# stack neither declares nor relabels it (the program's `workloads.manifests.KUBE_SYSTEM`).
+KUBE_SYSTEM = "kube-system"
+
+
+@stack_rule(
+    "helm-namespaces-declared",
+    MANDATORY,
+    description="Helm charts create no namespace and install into kube-system or a namespace the stack declares, so namespace-pod-security-enforced judges every namespace their pods run in.",
+    resources="Helm releases and v4 Charts, and Namespaces",
+    requires="`createNamespace` is not true, and `namespace` is `kube-system` or the name of a Namespace of the stack (while that name is unknown during preview, one the release depends on)",
+)
+def helm_namespaces_declared(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """A namespace Helm creates (`createNamespace`) carries no Pod Security label, so it admits
+    privileged pods, and `namespace-pod-security-enforced`, which judges the stack's Namespaces,
+    never sees it; the same holds for a namespace that exists for another reason (the provider's
+    default namespace, one made by hand). So every chart installs into a Namespace of the stack,
+    whose labels that rule checks, or into EKS's `kube-system`."""
+    namespaces = [r for r in resources if r.type == NAMESPACE]
+    names = {r.urn: dig(r.props, "metadata", "name") for r in namespaces}
+    declared = {name for name in names.values() if isinstance(name, str) and name and not is_unknown(name)}
+    # A Namespace whose name is unknown during preview may be the one a release names.
+    unnamed = {urn for urn, name in names.items() if is_unknown(name)}
+    violations = []
+    for resource in (r for r in resources if r.type in HELM_INSTALLS):
+        if is_true(resource.props.get("createNamespace")):
+            violations.append(
+                (
+                    resource.urn,
+                    "createNamespace is true: Helm would create the namespace without Pod Security "
+                    "labels; declare it as a Namespace of the stack, set createNamespace false and make "
+                    "the release depend on the Namespace",
+                )
+            )
+        target = resource.props.get("namespace")
+        if is_unknown(target) or target == KUBE_SYSTEM or target in declared:
+            continue
+        if unnamed & set(resource.dependencies):
+            continue
+        named = (
+            f"namespace {target!r} is not a Namespace of the stack"
+            if isinstance(target, str) and target
+            else "namespace is not set, so the chart installs into the provider's default namespace, which is not a Namespace of the stack"
+        )
+        violations.append(
+            (
+                resource.urn,
+                f"{named}: no Pod Security label of the stack holds its pods; declare the namespace as a "
+                f"Namespace with Pod Security labels, or install into {KUBE_SYSTEM}",
+            )
+        )
+    return violations

@@ -27,6 +27,10 @@ NAMESPACE = "kubernetes:core/v1:Namespace"
 DAEMONSET = "kubernetes:apps/v1:DaemonSet"
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+# The resources that install a Helm chart into a namespace they name (`namespace`): a release, which
+# Helm's own client installs, and a v4 Chart, which renders the chart into objects.
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+HELM_INSTALLS = (HELM_RELEASE, "kubernetes:helm.sh/v4:Chart")
 
 
 # During preview the engine replaces values it cannot know yet by these strings (one per kind of value).

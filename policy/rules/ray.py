@@ -1,4 +1,5 @@
-"""The RayCluster: Ray's ports kept inside the cluster, its head isolated by a NetworkPolicy, its workers QoS Guaranteed."""
+"""The RayCluster: Ray's ports kept inside the cluster, its head isolated by a NetworkPolicy, its workers
+QoS Guaranteed; the KubeRay operator confined to the namespaces it watches."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from .properties import (
+    HELM_INSTALLS,
     NETWORK_POLICY,
     RAY_CLUSTER,
     SERVICE,
     StackResource,
     dig,
+    is_true,
     is_unknown,
     items,
     type_kind,
@@ -227,3 +230,38 @@ def ray_head_network_policy(resources: Sequence[StackResource]) -> list[tuple[st
             )
         )
     return violations
+
+
+# The KubeRay operator's chart (the program's `workloads.manifests.KUBERAY_OPERATOR`), and the value of
+# its values.yaml that binds the operator to a Role in each namespace of `watchNamespace` rather than a
+# ClusterRole (kuberay helm-chart/kuberay-operator, templates/role.yaml and multiple_namespaces_role.yaml).
+KUBERAY_CHART = "kuberay-operator"
+NAMESPACE_SCOPED_VALUE = "singleNamespaceInstall"
+
+
+@resource_rule(
+    "kuberay-operator-namespace-scoped",
+    MANDATORY,
+    description="The KubeRay operator's chart is installed namespace-scoped: a Role in the namespaces it watches, no ClusterRole over every namespace's Secrets, pods and RBAC.",
+    resources="Helm releases and v4 Charts of the `kuberay-operator` chart",
+    requires="`values.singleNamespaceInstall: true` (with `watchNamespace` naming the RayClusters' namespaces), so the chart binds the operator to a Role in each watched namespace instead of a ClusterRole",
+)
+def kuberay_operator_namespace_scoped(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """By default the chart binds the operator to a ClusterRole: it reads and writes Secrets, creates
+    pods, Roles, RoleBindings and NetworkPolicies, and deletes them, in every namespace of the cluster.
+    Namespace-scoped, the same rules hold in the watched namespaces alone. A chart named by its
+    repository or an OCI path (`kuberay/kuberay-operator`) counts by its last part."""
+    chart = props.get("chart")
+    if resource_type not in HELM_INSTALLS or not isinstance(chart, str) or is_unknown(chart):
+        return []
+    if chart.rstrip("/").rsplit("/", 1)[-1] != KUBERAY_CHART:
+        return []
+    scoped = dig(props, "values", NAMESPACE_SCOPED_VALUE)
+    if is_unknown(scoped) or is_true(scoped):
+        return []
+    current = "not set" if scoped is None else repr(scoped)
+    return [
+        f"values.{NAMESPACE_SCOPED_VALUE} is {current}: set it true, with watchNamespace naming the "
+        "RayClusters' namespaces, so the operator gets a Role there instead of a ClusterRole over every "
+        "namespace's Secrets and pods"
+    ]

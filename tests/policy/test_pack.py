@@ -77,6 +77,10 @@ def test_pack_constants_match_the_program():
     assert ray.RAY_CLUSTER_LABEL == manifests.RAY_CLUSTER_LABEL
     assert ray.RAY_NODE_TYPE_LABEL == manifests.RAY_NODE_TYPE_LABEL
     assert manifests.POD_SECURITY_LABELS[pods.POD_SECURITY_ENFORCE] in pods.ENFORCED_LEVELS
+    assert manifests.KUBERAY_POD_SECURITY_LABELS[pods.POD_SECURITY_ENFORCE] in pods.ENFORCED_LEVELS
+    assert pods.KUBE_SYSTEM == manifests.KUBE_SYSTEM
+    assert manifests.KUBERAY_OPERATOR.name == ray.KUBERAY_CHART
+    assert manifests.kuberay_operator_values("n")[ray.NAMESPACE_SCOPED_VALUE] is True
     assert METADATA_OPTIONS["http_put_response_hop_limit"] == nodes.POD_SAFE_HOP_LIMIT
     assert storage.control_plane_log_group("c") == control_plane_log_group("c")
     key, value = nodes.GPU_NODE_LABEL
@@ -233,6 +237,15 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
             lambda p: p.update(namespace=reader_namespace_name),
         ),
         "ray-head-network-policy": (head_policy, lambda p: p["spec"].update(ingress=[{}])),
+        "helm-namespaces-declared": (kuberay_release, lambda p: p.update(createNamespace=True)),
+        "helm-namespaces-declared (undeclared namespace)": (
+            kuberay_release,
+            lambda p: p.update(namespace="kuberay-system"),
+        ),
+        "kuberay-operator-namespace-scoped": (
+            kuberay_release,
+            lambda p: p["values"].update(singleNamespaceInstall=False),
+        ),
     }
     mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}
     assert {name.split(" (")[0] for name in breakages} == mandatory

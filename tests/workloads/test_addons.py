@@ -1,4 +1,6 @@
-"""The add-ons in the program's plan: pinned Helm releases, the EFA counter reader, KubeRay's CRDs\napplied and upgraded by the program, the EFA plugin following the GPU type."""
+"""The add-ons in the program's plan: pinned Helm releases into declared namespaces, the KubeRay
+operator confined to the Ray namespace, the EFA counter reader, KubeRay's CRDs applied and upgraded
+by the program, the EFA plugin following the GPU type."""
 
 from __future__ import annotations
 
@@ -16,6 +18,10 @@ from tests.harness.program import (
     dev_config,
     run_program,
 )
+from workloads import manifests
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+NAMESPACE = "kubernetes:core/v1:Namespace"
 
 
 def test_helm_releases_are_pinned(stack_plan):
@@ -27,6 +33,46 @@ def test_helm_releases_are_pinned(stack_plan):
         "kuberay-operator": "1.7.0",
     }
     assert releases["nvidia-device-plugin"]["values"]["mofedEnabled"] is False
+
+
+def test_no_release_creates_a_namespace_and_each_installs_into_a_declared_one(stack_plan):
+    """Helm's `createNamespace` makes a namespace without Pod Security labels: each release installs into
+    EKS's kube-system or a Namespace of the program's, which it waits for."""
+    _, plan = stack_plan
+    namespaces = {ns.inputs["metadata"]["name"]: ns for ns in plan.of_type(NAMESPACE)}
+    for release in plan.of_type(RELEASE):
+        assert release.inputs["createNamespace"] is False, release.name
+        target = release.inputs["namespace"]
+        if target != manifests.KUBE_SYSTEM:
+            assert namespaces[target].urn in release.dependencies, release.name
+    assert manifests.KUBE_SYSTEM not in namespaces  # EKS's own: never declared, never relabelled
+    kuberay = namespaces[manifests.KUBERAY_OPERATOR.namespace]
+    assert plan.ancestors(kuberay)[0] == "eks-ray-train:workloads:Addons"
+    assert kuberay.inputs["metadata"]["labels"] == {
+        "app.kubernetes.io/part-of": "eks-ray-train",
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/warn": "restricted",
+        "pod-security.kubernetes.io/audit": "restricted",
+    }
+
+
+def test_the_kuberay_operator_watches_the_ray_namespace_alone(stack_plan):
+    """Namespace-scoped: the chart binds the operator to a Role in the Ray namespace, which must exist
+    before the release installs that Role there, instead of a ClusterRole over every namespace."""
+    config, plan = stack_plan
+    namespace = config.get("eks-ray-train:namespace", "ray-train")
+    operator = plan.one(RELEASE, manifests.KUBERAY_OPERATOR.name)
+    assert operator.inputs["namespace"] == "kuberay"
+    assert operator.inputs["createNamespace"] is False
+    assert operator.inputs["values"]["singleNamespaceInstall"] is True
+    assert operator.inputs["values"]["watchNamespace"] == [namespace]
+    ray_namespace = plan.one(NAMESPACE, namespace)
+    assert plan.ancestors(ray_namespace)[0] == "eks-ray-train:workloads:RayCluster"
+    assert ray_namespace.urn in operator.dependencies
+    # The RayCluster still comes after the operator, in the namespace the operator watches.
+    ray_cluster = plan.one(RAY_CLUSTER)
+    assert operator.urn in ray_cluster.dependencies
+    assert ray_cluster.inputs["metadata"]["namespace"] == namespace
 
 
 def test_the_efa_counter_reader_runs_on_the_gpu_nodes_in_its_own_namespace(stack_plan):
@@ -50,9 +96,6 @@ def test_the_efa_counter_reader_runs_on_the_gpu_nodes_in_its_own_namespace(stack
 
 
 CRD = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
-
-
-RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
 # pulumi-kubernetes `helm_release.go` Diff: `forceNewFields` ".name", ".namespace".

@@ -3,7 +3,7 @@
 Nothing here talks to Pulumi or a cluster, so tests validate every object against the real
 schemas (Kubernetes core, the KubeRay CRD, the charts' values.yaml). The Pulumi wiring in
 `workloads.addons` and `workloads.ray_cluster` only hands these dicts over. As KubeRay lays out its
-builders, each kind has its own module: `charts` (Helm values), `crd`, `ray_namespace`,
+builders, each kind has its own module: `charts` (Helm values), `crd`, `kuberay_namespace`, `ray_namespace`,
 `ray_service_account`, `secret`, `code_configmap` (the training code), `raycluster`, `network_policy`,
 and `pod_labels` (the labels KubeRay puts on the Ray pods, and their selectors). The names the
 program's callers use are re-exported here.
@@ -12,6 +12,7 @@ program's callers use are re-exported here.
 from workloads.manifests.charts import (
     EFA_DEVICE_PLUGIN,
     INSTANCE_TYPE_LABEL,
+    KUBE_SYSTEM,
     KUBERAY_OPERATOR,
     NVIDIA_DEVICE_PLUGIN,
     Chart,
@@ -33,6 +34,7 @@ from workloads.manifests.crd import (
     PATCH_FORCE_ANNOTATION,
     kuberay_crds,
 )
+from workloads.manifests.kuberay_namespace import KUBERAY_POD_SECURITY_LABELS, kuberay_namespace
 from workloads.manifests.network_policy import head_network_policy
 from workloads.manifests.pod_labels import (
     RAY_CLUSTER_LABEL,
@@ -64,6 +66,8 @@ __all__ = [
     "KUBERAY_CRD_DIR",
     "KUBERAY_CRD_FILES",
     "KUBERAY_OPERATOR",
+    "KUBERAY_POD_SECURITY_LABELS",
+    "KUBE_SYSTEM",
     "NVIDIA_DEVICE_PLUGIN",
     "PATCH_FORCE_ANNOTATION",
     "POD_SECURITY_LABELS",
@@ -84,6 +88,7 @@ __all__ = [
     "head_pod_selector",
     "hf_token_secret",
     "kuberay_crds",
+    "kuberay_namespace",
     "kuberay_operator_values",
     "namespace",
     "nvidia_device_plugin_values",

@@ -21,13 +21,18 @@ class Chart:
     namespace: str
 
 
+# EKS's own namespace, which the device plugins install into (as AWS's Ray Train sample installs
+# them): the cluster has it from the start, and the program neither declares nor relabels it. Every
+# other namespace a release installs into is declared by the program with its Pod Security labels,
+# and no release creates one (`createNamespace` false).
+KUBE_SYSTEM = "kube-system"
 NVIDIA_DEVICE_PLUGIN = Chart(
-    "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", "kube-system"
+    "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", KUBE_SYSTEM
 )
 # v0.5.30 is the newest release in the chart index of aws/eks-charts (checked 2026-08) and lists
 # g6.12xlarge as supported; AWS's Ray Train sample names v0.5.32, which that index does not hold.
 EFA_DEVICE_PLUGIN = Chart(
-    "aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts", "kube-system"
+    "aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts", KUBE_SYSTEM
 )
 KUBERAY_OPERATOR = Chart(
     "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"
@@ -93,6 +98,32 @@ def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
     }
 
 
-def kuberay_operator_values() -> dict:
-    """The operator lives on the system node."""
-    return {"nodeSelector": dict(SYSTEM_NODE_SELECTOR)}
+def kuberay_operator_values(watch_namespace: str) -> dict:
+    """The operator lives on the system node and reaches the Ray namespace alone.
+
+    The chart's default (`singleNamespaceInstall: false`) binds the operator to a ClusterRole over
+    every namespace: Secrets, pods, Roles, RoleBindings and NetworkPolicies anywhere. With
+    `singleNamespaceInstall: true` the chart makes no ClusterRole or ClusterRoleBinding
+    (templates/role.yaml, rolebinding.yaml and the RayJob/RayService editor and viewer roles are
+    skipped) and instead the same rules as a Role and RoleBinding in each namespace of
+    `watchNamespace` (templates/multiple_namespaces_role.yaml and multiple_namespaces_rolebinding.yaml,
+    with the default `crNamespacedRbacEnable: true`); the operator is started with
+    `--watch-namespace <them>` (templates/deployment.yaml), so its caches list and watch there alone
+    (ray-operator/main.go, `cache.Options.DefaultNamespaces`). Those rules hold what the RayCluster
+    needs of it in its namespace: pods, Services, and the Secret of the Ray token (`secrets`: create,
+    get, list, watch, update, delete; ray-operator/controllers/ray/raycluster_controller.go,
+    `reconcileAuthSecret`). The operator loses no read it uses: its controllers' RBAC markers name no
+    nodes or other cluster-scoped kind but IngressClasses, which 1.7.0 never reads; and its
+    leader-election Lease stays in its own namespace, where the chart's leader-election Role is
+    (templates/leader_election_role.yaml; main.go leaves `LeaderElectionNamespace` to the pod's
+    namespace). KubeRay's "Helm Chart RBAC" guide (ray-project/ray,
+    doc/source/cluster/kubernetes/user-guides/helm-chart-rbac.md), case 3.
+
+    `watchNamespace` is read by the chart's templates but appears in its values.yaml only as a
+    commented example (a list of names).
+    """
+    return {
+        "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+        "singleNamespaceInstall": True,
+        "watchNamespace": [watch_namespace],
+    }

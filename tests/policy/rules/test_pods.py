@@ -1,4 +1,4 @@
-"""The pods' rules: namespaces that refuse privileged pods, pinned images (the same rule as the program's)."""
+"""The pods' rules: namespaces that refuse privileged pods, Helm charts only in declared namespaces, pinned images (the same rule as the program's)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.harness.policy_resources import (
     ray_cluster,
     worker_container,
 )
-from workloads import efa_counter_reader
+from workloads import efa_counter_reader, manifests
 
 # (rule, resource type, props, stack, expected fragment of the violation or None for a pass)
 CASES = [
@@ -445,3 +445,62 @@ def test_the_efa_counter_readers_namespace_is_one_for_host_network_pods_alone():
         ),
     ]
     assert pods.namespace_pod_security.check(resources) == []
+
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+CHART_V4 = "kubernetes:helm.sh/v4:Chart"
+KUBERAY_NS = ns_resource("kuberay", dict(manifests.KUBERAY_POD_SECURITY_LABELS))
+UNNAMED_NS = StackResource(NS, "urn:ns-unnamed", {"metadata": {"name": UNKNOWN, "labels": {}}}, ())
+
+
+def release(namespace=None, dependencies: tuple[str, ...] = (), resource_type: str = RELEASE, **props):
+    """A Helm release (or v4 Chart) of the stack into `namespace` (unset when None)."""
+    named = {"namespace": namespace} if namespace is not None else {}
+    return StackResource(
+        resource_type,
+        f"urn:pulumi:dev::eks-ray-train::{resource_type}::chart",
+        {"chart": "c", **named, **props},
+        dependencies,
+    )
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([KUBERAY_NS, release("kuberay", createNamespace=False)], None),
+        ([release("kube-system")], None),
+        ([KUBERAY_NS, release("kuberay", resource_type=CHART_V4)], None),
+        ([release(UNKNOWN)], None),
+        ([UNNAMED_NS, release("kuberay", dependencies=(UNNAMED_NS.urn,))], None),
+        ([KUBERAY_NS, release("kuberay", createNamespace=True)], "createNamespace is true"),
+        ([release("kube-system", createNamespace="true")], "createNamespace is true"),
+        ([release("kuberay")], "namespace 'kuberay' is not a Namespace of the stack"),
+        ([KUBERAY_NS, release("kuberay-system", resource_type=CHART_V4)], "'kuberay-system' is not"),
+        ([UNNAMED_NS, release("kuberay")], "install into kube-system"),
+        ([KUBERAY_NS, release()], "namespace is not set"),
+        ([StackResource(NS, "urn:ns-auto", {"metadata": {}}, ()), release("")], "namespace is not set"),
+    ],
+)
+def test_helm_namespaces_declared(resources, expected):
+    violations = pods.helm_namespaces_declared.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and expected in violations[0][1], violations
+        assert violations[0][0] == resources[-1].urn
+
+
+def test_a_release_that_creates_an_undeclared_namespace_is_told_both():
+    violations = pods.helm_namespaces_declared.check([release("kuberay", createNamespace=True)])
+    assert [message.split(":")[0] for _, message in violations] == [
+        "createNamespace is true",
+        "namespace 'kuberay' is not a Namespace of the stack",
+    ]
+
+
+def test_the_kuberay_operators_namespace_and_release_pass():
+    """The program's own Namespace, declared before the release, and the release's namespace."""
+    namespace = StackResource(NS, "urn:ns-kuberay", manifests.kuberay_namespace(), ())
+    operator = release(manifests.KUBERAY_OPERATOR.namespace, (namespace.urn,), createNamespace=False)
+    assert pods.helm_namespaces_declared.check([namespace, operator]) == []
+    assert pods.namespace_pod_security.check([namespace, operator]) == []

@@ -1,4 +1,4 @@
-"""The RayCluster's rules: Ray's ports inside the cluster, workers QoS Guaranteed (quantities read as the Kubernetes client reads them), the head isolated by a NetworkPolicy."""
+"""The RayCluster's rules: Ray's ports inside the cluster, workers QoS Guaranteed (quantities read as the Kubernetes client reads them), the head isolated by a NetworkPolicy; the KubeRay operator's chart namespace-scoped."""
 
 from __future__ import annotations
 
@@ -22,6 +22,18 @@ from tests.harness.policy_resources import (
     worker_container,
 )
 from workloads import manifests
+
+RELEASE = properties.HELM_RELEASE
+
+
+def kuberay_release(chart: str = "kuberay-operator", values=None) -> dict:
+    """The KubeRay operator's release as the engine shows it: the program's values unless `values`."""
+    return {
+        "chart": chart,
+        "namespace": "kuberay",
+        "values": manifests.kuberay_operator_values("ray-train") if values is None else values,
+    }
+
 
 # (rule, resource type, props, stack, expected fragment of the violation or None for a pass)
 CASES = [
@@ -117,6 +129,53 @@ CASES = [
         ray_cluster(worker_container(GUARANTEED, None)),
         "dev",
         "no cpu limit",
+    ),
+    # kuberay-operator-namespace-scoped
+    (ray.kuberay_operator_namespace_scoped, RELEASE, kuberay_release(), "dev", None),
+    (
+        ray.kuberay_operator_namespace_scoped,
+        "kubernetes:helm.sh/v4:Chart",
+        kuberay_release(chart="oci://ghcr.io/ray-project/kuberay-operator"),
+        "dev",
+        None,
+    ),
+    (ray.kuberay_operator_namespace_scoped, RELEASE, kuberay_release(values=UNKNOWN), "dev", None),
+    (
+        ray.kuberay_operator_namespace_scoped,
+        RELEASE,
+        kuberay_release(values={"singleNamespaceInstall": UNKNOWN}),
+        "dev",
+        None,
+    ),
+    # another chart, or no chart of Helm's
+    (
+        ray.kuberay_operator_namespace_scoped,
+        RELEASE,
+        kuberay_release(chart="nvidia-device-plugin", values={}),
+        "dev",
+        None,
+    ),
+    (ray.kuberay_operator_namespace_scoped, RAY, {"chart": "kuberay-operator"}, "dev", None),
+    (
+        ray.kuberay_operator_namespace_scoped,
+        RELEASE,
+        kuberay_release(values={"nodeSelector": {"role": "system"}}),
+        "dev",
+        "values.singleNamespaceInstall is not set: set it true",
+    ),
+    (
+        ray.kuberay_operator_namespace_scoped,
+        RELEASE,
+        kuberay_release(chart="kuberay/kuberay-operator", values={"singleNamespaceInstall": False}),
+        "dev",
+        "values.singleNamespaceInstall is False",
+    ),
+    (
+        ray.kuberay_operator_namespace_scoped,
+        "kubernetes:helm.sh/v4:Chart",
+        kuberay_release(values={"singleNamespaceInstall": "false"}),
+        "dev",
+        "instead of a ClusterRole",
     ),
 ]
 

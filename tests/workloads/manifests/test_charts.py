@@ -1,8 +1,10 @@
-"""The Helm values against the pinned charts' values.yaml: keys that exist, the EFA plugin's GPU type and registry, the GPU taint."""
+"""The Helm values against the pinned charts' values.yaml: keys that exist, the EFA plugin's GPU type and registry, the GPU taint, the KubeRay operator namespace-scoped and its pod within `restricted`."""
 
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -27,11 +29,27 @@ def _keys_exist(values: dict, reference: dict, path: str = "") -> list[str]:
     return missing
 
 
-def chart_values(chart: manifests.Chart) -> dict:
+def values_file(chart: manifests.Chart) -> Path:
     """The default values.yaml of exactly the chart version the program deploys."""
-    return yaml.safe_load(
-        (SCHEMAS / f"{chart.name}-v{chart.version.removeprefix('v')}.values.yaml").read_text()
-    )
+    return SCHEMAS / f"{chart.name}-v{chart.version.removeprefix('v')}.values.yaml"
+
+
+def chart_values(chart: manifests.Chart) -> dict:
+    return yaml.safe_load(values_file(chart).read_text())
+
+
+# A top-level key a values.yaml documents only as a commented-out example (`# watchNamespace:`), as
+# charts do for keys without a default; its templates read it all the same.
+_COMMENTED_KEY = re.compile(r"^# ([a-z][A-Za-z0-9]*):", re.MULTILINE)
+
+
+def commented_keys(chart: manifests.Chart) -> set[str]:
+    return set(_COMMENTED_KEY.findall(values_file(chart).read_text()))
+
+
+def documented_values(chart: manifests.Chart) -> dict:
+    """The chart's defaults, with each commented-out top-level key as a key without a default."""
+    return {**dict.fromkeys(commented_keys(chart)), **chart_values(chart)}
 
 
 @pytest.mark.parametrize(
@@ -39,13 +57,55 @@ def chart_values(chart: manifests.Chart) -> dict:
     [
         (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
         (manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2"), manifests.EFA_DEVICE_PLUGIN),
-        (manifests.kuberay_operator_values(), manifests.KUBERAY_OPERATOR),
+        (manifests.kuberay_operator_values("ray-train"), manifests.KUBERAY_OPERATOR),
     ],
     ids=["nvidia", "efa", "kuberay"],
 )
 def test_helm_values_keys_exist_in_the_chart(values, chart):
     """Helm ignores unknown keys silently, so a typo would pass unnoticed anywhere but here."""
-    assert _keys_exist(values, chart_values(chart)) == []
+    assert _keys_exist(values, documented_values(chart)) == []
+
+
+def test_the_kuberay_operator_is_namespace_scoped_to_the_ray_namespace():
+    """The chart's values.yaml: `singleNamespaceInstall` (default false) makes Roles instead of a
+    ClusterRole; `watchNamespace`, a commented-out list there, names where; `crNamespacedRbacEnable`
+    (default true) makes the Role in each watched namespace; `rbacEnable` (default true) any RBAC."""
+    values = manifests.kuberay_operator_values("ray-train")
+    assert values["singleNamespaceInstall"] is True and values["watchNamespace"] == ["ray-train"]
+    defaults = chart_values(manifests.KUBERAY_OPERATOR)
+    assert defaults["singleNamespaceInstall"] is False
+    assert defaults["crNamespacedRbacEnable"] is True and defaults["rbacEnable"] is True
+    assert "watchNamespace" not in defaults and "watchNamespace" in commented_keys(manifests.KUBERAY_OPERATOR)
+    assert "#   - n1" in values_file(manifests.KUBERAY_OPERATOR).read_text()  # its example is a list
+
+
+def test_the_kuberay_operators_pod_meets_restricted_pod_security():
+    """What the namespace's `restricted` asks of the operator's pod, as the chart's values set it
+    (templates/deployment.yaml puts `securityContext` on the one container, `podSecurityContext` on
+    the pod, and mounts no volume unless file logging or `configuration` is on)."""
+    defaults = chart_values(manifests.KUBERAY_OPERATOR)
+    assert defaults["podSecurityContext"] == {}
+    assert defaults["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert not (defaults["logging"]["baseDir"] and defaults["logging"]["fileName"])
+    assert defaults["configuration"]["enabled"] is False
+    values = manifests.kuberay_operator_values("ray-train")
+    assert not {"securityContext", "podSecurityContext", "logging", "configuration"} & set(values)
+
+
+def test_the_values_check_knows_a_commented_key_and_no_prose():
+    """A commented key counts; a capitalised word before a colon in a comment (`# Note:`) does not."""
+    keys = commented_keys(manifests.KUBERAY_OPERATOR)
+    assert {"watchNamespace", "useKubernetesProxy"} <= keys
+    assert "Note" not in keys and "Examples" not in keys
+    assert _keys_exist({"watchNamespaces": ["n"]}, documented_values(manifests.KUBERAY_OPERATOR)) == [
+        "watchNamespaces"
+    ]
 
 
 def test_values_check_catches_a_typo():
@@ -83,7 +143,7 @@ def test_device_plugins_tolerate_the_gpu_taint_and_mofed_is_off():
     efa = manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2")
     assert GPU_TOLERATION in efa["tolerations"]
     assert efa["nodeSelector"] == {"role": "gpu-worker"}
-    assert manifests.kuberay_operator_values()["nodeSelector"] == {"role": "system"}
+    assert manifests.kuberay_operator_values("ray-train")["nodeSelector"] == {"role": "system"}
 
 
 def helm_merged(defaults: dict, values: dict) -> dict:

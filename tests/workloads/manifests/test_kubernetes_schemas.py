@@ -13,6 +13,7 @@ from workloads import efa_counter_reader, manifests
     "manifest",
     [
         manifests.namespace("ray-train"),
+        manifests.kuberay_namespace(),
         manifests.service_account("ray-train", "ray-train", "arn:aws:iam::123456789012:role/ray"),
         manifests.training_code_configmap("training-code", "ray-train", CODE),
         manifests.hf_token_secret("ray-train", "hf_example"),
