@@ -29,7 +29,11 @@ raylet, object manager and worker ports. Nothing outside the RayCluster needs th
 What the Ray pods reach (`ray_pods_network_policy`'s egress):
 - each other, on every port: Ray's GCS, raylet, object manager and worker ports, the dashboard
   agents, and NCCL's socket bootstrap and TCP transport between the workers;
-- CoreDNS, UDP and TCP 53: the Ray pods name the head by its Service and AWS by its endpoints;
+- CoreDNS, UDP and TCP 53: the Ray pods name the head by its Service and AWS by its endpoints. They
+  ask the kube-dns Service's cluster IP, which the VPC CNI's agent sees before kube-proxy rewrites
+  it; its controller adds the cluster IP of every Service whose selector the rule's pod selector
+  matches (aws/amazon-network-policy-controller-k8s, pkg/resolvers/endpoints.go,
+  `getMatchingServiceClusterIPs`), so the rule names CoreDNS's pods by the Service's own selector;
 - TCP 443 anywhere: S3 (checkpoints), STS (IRSA's AssumeRoleWithWebIdentity), CloudWatch
   (PutMetricData), the Hugging Face Hub. A NetworkPolicy names destinations by address only (the
   documentation's "What you can't do with network policies": no targeting of services by name), and
