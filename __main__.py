@@ -185,6 +185,7 @@ ray = RayCluster(
         code_files=code_files,
         metrics_cluster_name=settings.cluster_name if observability else None,
     ),
+    gpu_subnet_cidr=network.gpu_subnet_cidr,
     pod_role_arn=checkpoints.role.arn,
     hf_token=hf_token() if settings.has_hf_token else None,
     provider=kubernetes,

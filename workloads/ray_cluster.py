@@ -1,4 +1,4 @@
-"""The Ray side of the cluster: namespace, service account, shipped code, head network policy, the RayCluster CR."""
+"""The Ray side of the cluster: namespace, service account, shipped code, network policies, the RayCluster CR."""
 
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ from workloads import manifests
 class RayCluster(pulumi.ComponentResource):
     """The namespace and what the pods need in it first; the RayCluster itself (`create_cluster`) only
     after the operator, its CRDs and both device plugins exist. The operator's release waits for the
-    namespace (`namespace_object`), where its chart puts the operator's Role."""
+    namespace (`namespace_object`), where its chart puts the operator's Role.
+
+    `gpu_subnet_cidr`: the GPU nodes' subnet, where the Ray pods reach their node's EFA counter reader.
+    """
 
     def __init__(
         self,
         name: str,
         *,
         spec: manifests.RayClusterSpec,
+        gpu_subnet_cidr: str,
         pod_role_arn: pulumi.Input[str],
         hf_token: pulumi.Output[str] | None,
         provider: k8s.Provider,
@@ -57,13 +61,26 @@ class RayCluster(pulumi.ComponentResource):
             **_body(manifests.training_code_configmap(spec.code_configmap, spec.namespace, spec.code_files)),
             opts=in_namespace,
         )
-        # Before the RayCluster, so the head pod never runs open to other namespaces.
-        head_policy = k8s.networking.v1.NetworkPolicy(
-            f"{spec.name}-head",
-            **_body(manifests.head_network_policy(spec.name, spec.namespace)),
-            opts=in_namespace,
+        # The Ray pods' policy first, then the namespace's default deny, both before the RayCluster:
+        # no Ray pod runs open to other namespaces, and on a stack whose pods already run, none is
+        # ever held to the default deny without its own rules (UPGRADING.md, issue 53).
+        ray_pods = manifests.ray_pods_network_policy(spec.name, spec.namespace, gpu_subnet_cidr)
+        pods_policy = k8s.networking.v1.NetworkPolicy(
+            ray_pods["metadata"]["name"], **_body(ray_pods), opts=in_namespace
         )
-        self._prepared: list[pulumi.Resource] = [namespace, service_account, code, head_policy, *secrets]
+        default_deny = k8s.networking.v1.NetworkPolicy(
+            f"{spec.namespace}-default-deny",
+            **_body(manifests.namespace_default_deny(spec.namespace)),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace, pods_policy]),
+        )
+        self._prepared: list[pulumi.Resource] = [
+            namespace,
+            service_account,
+            code,
+            pods_policy,
+            default_deny,
+            *secrets,
+        ]
         self._manifest = manifests.ray_cluster(spec)
         self.spec_hash = manifests.spec_hash(self._manifest)
         self.name = spec.name

@@ -194,6 +194,8 @@ class Network(pulumi.ComponentResource):
         self.private_subnet_ids = [s.id for s in self.private_subnets]
         self.public_subnet_ids = [s.id for s in self.public_subnets]
         self.gpu_subnet_id = private[gpu_zone].id
+        # Known at preview: the GPU nodes' addresses, where the Ray pods reach their node's EFA counter reader.
+        self.gpu_subnet_cidr = zone_cidrs(cidr, gpu_zone)[0]
         self.register_outputs(
             {
                 "vpcId": self.vpc_id,

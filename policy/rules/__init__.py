@@ -14,7 +14,7 @@ are copies, each checked equal to the original in `tests/policy/test_pack.py`. P
 its modules import each other relatively.
 """
 
-from . import eks, network, nodes, pods, ray, storage
+from . import eks, network, nodes, pods, ray, ray_network, storage
 from .registry import registered
 
-__all__ = ["eks", "network", "nodes", "pods", "ray", "registered", "storage"]
+__all__ = ["eks", "network", "nodes", "pods", "ray", "ray_network", "registered", "storage"]

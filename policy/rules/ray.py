@@ -1,26 +1,23 @@
-"""The RayCluster: Ray's ports kept inside the cluster, its head isolated by a NetworkPolicy, its workers
-QoS Guaranteed; the KubeRay operator confined to the namespaces it watches."""
+"""The RayCluster: Ray's ports kept inside the cluster, its workers QoS Guaranteed (its NetworkPolicies:
+`ray_network`); the KubeRay operator confined to the namespaces it watches."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from .properties import (
     HELM_INSTALLS,
-    NETWORK_POLICY,
-    RAY_CLUSTER,
     SERVICE,
-    StackResource,
     dig,
     is_true,
     is_unknown,
     items,
     type_kind,
 )
-from .registry import MANDATORY, resource_rule, stack_rule
+from .registry import MANDATORY, resource_rule
 
 # Ports of the Ray head that must stay inside the cluster: GCS, dashboard (job submission), client.
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
@@ -122,22 +119,6 @@ def _container_resource_gaps(container: Mapping[str, Any]) -> list[str]:
     return gaps
 
 
-def _selects_head(policy: StackResource, cluster_name: str, namespace: Any) -> bool | None:
-    """Whether a NetworkPolicy isolates a RayCluster's head pods for ingress; None while unknown."""
-    spec = policy.props.get("spec")
-    where = dig(policy.props, "metadata", "namespace")
-    match = dig(spec, "podSelector", "matchLabels")
-    types = dig(spec, "policyTypes")
-    if any(is_unknown(value) for value in (spec, where, match, types)):
-        return None
-    head = {RAY_CLUSTER_LABEL: cluster_name, RAY_NODE_TYPE_LABEL: "head"}
-    match = match if isinstance(match, Mapping) else {}
-    open_rule = any(dig(rule, "from") is None for rule in items(dig(spec, "ingress")))
-    return (
-        where == namespace and match.items() <= head.items() and "Ingress" in items(types) and not open_rule
-    )
-
-
 @resource_rule(
     "ray-ports-not-exposed",
     MANDATORY,
@@ -199,36 +180,6 @@ def ray_workers_guaranteed(resource_type: str, props: Mapping[str, Any], stack: 
                     f"worker group {label}, container {dig(container, 'name')}: {'; '.join(gaps)}. "
                     "Set requests equal to limits (QoS Guaranteed)"
                 )
-    return violations
-
-
-@stack_rule(
-    "ray-head-network-policy",
-    MANDATORY,
-    description="Every RayCluster's head is isolated for ingress by a NetworkPolicy naming its peers.",
-    resources="RayClusters and NetworkPolicies",
-    requires="a NetworkPolicy in the RayCluster's namespace selects its head pods (`ray.io/cluster`, `ray.io/node-type=head`) for ingress, every rule naming its peers",
-)
-def ray_head_network_policy(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
-    """A RayCluster's head, whose GCS, dashboard and client ports take jobs without authentication, is
-    isolated for ingress by a NetworkPolicy in its namespace that admits only listed peers."""
-    policies = [r for r in resources if r.type == NETWORK_POLICY]
-    violations = []
-    for cluster in (r for r in resources if r.type == RAY_CLUSTER):
-        name, namespace = (dig(cluster.props, "metadata", key) for key in ("name", "namespace"))
-        if not isinstance(name, str) or is_unknown(name) or is_unknown(namespace):
-            continue
-        verdicts = [_selects_head(policy, name, namespace) for policy in policies]
-        if True in verdicts or None in verdicts:
-            continue
-        violations.append(
-            (
-                cluster.urn,
-                f"no NetworkPolicy in namespace {namespace} isolates the head of RayCluster {name} "
-                f"({RAY_CLUSTER_LABEL}={name}, {RAY_NODE_TYPE_LABEL}=head) for ingress with rules that name "
-                "their peers: any pod of the cluster can reach Ray's ports",
-            )
-        )
     return violations
 
 

@@ -151,7 +151,8 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
     versioning = plan.one(VERSIONING)
     default_sg = plan.one(properties.DEFAULT_SECURITY_GROUP)
     ray_namespace = plan.one(NS, "ray-train")
-    head_policy = plan.one(properties.NETWORK_POLICY)
+    ray_pods_policy = plan.one(properties.NETWORK_POLICY, "ray-train-pods")
+    default_deny = plan.one(properties.NETWORK_POLICY, "ray-train-default-deny")
     reader_daemonset = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters")
     reader_namespace_name = reader_daemonset.inputs["metadata"]["namespace"]
     kuberay_release = plan.one("kubernetes:helm.sh/v3:Release", manifests.KUBERAY_OPERATOR.name)
@@ -236,7 +237,6 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
             kuberay_release,
             lambda p: p.update(namespace=reader_namespace_name),
         ),
-        "ray-head-network-policy": (head_policy, lambda p: p["spec"].update(ingress=[{}])),
         "helm-namespaces-declared": (kuberay_release, lambda p: p.update(createNamespace=True)),
         "helm-namespaces-declared (undeclared namespace)": (
             kuberay_release,
@@ -245,6 +245,20 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
         "kuberay-operator-namespace-scoped": (
             kuberay_release,
             lambda p: p["values"].update(singleNamespaceInstall=False),
+        ),
+        "ray-pods-network-policy": (ray_pods_policy, lambda p: p["spec"].update(ingress=[{}])),
+        "ray-pods-network-policy (every namespace)": (
+            ray_pods_policy,
+            lambda p: p["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}}),
+        ),
+        "ray-pods-network-policy (every address)": (
+            ray_pods_policy,
+            lambda p: p["spec"]["ingress"][0]["from"].append({"ipBlock": {"cidr": "0.0.0.0/0"}}),
+        ),
+        "ray-namespace-default-deny": (default_deny, lambda p: p["spec"].update(policyTypes=["Ingress"])),
+        "ray-namespace-default-deny (egress everywhere)": (
+            ray_pods_policy,
+            lambda p: p["spec"]["egress"].append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}),
         ),
     }
     mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}

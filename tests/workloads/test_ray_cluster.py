@@ -1,4 +1,4 @@
-"""The RayCluster component in the program's plan: what it waits for, its head closed to other\nnamespaces, its token authentication, a changed image reaching new pods."""
+"""The RayCluster component in the program's plan: what it waits for, its pods closed to other\nnamespaces and their namespace denying by default, its token authentication, a changed image reaching new pods."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ from tests.harness.preview_queries import (
     RAY_CLUSTER,
     TRAINING_RUN,
     engine_step,
+    gpu_group,
+    subnet_with_id,
 )
 from tests.harness.program import (
     dev_config,
     run_program,
 )
 from workloads import manifests
+
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 
 
 def test_ray_cluster_waits_for_operator_and_both_device_plugins(stack_plan):
@@ -28,18 +32,26 @@ def test_ray_cluster_waits_for_operator_and_both_device_plugins(stack_plan):
     assert ray_cluster.inputs["spec"]["rayVersion"] == "2.58.0"
 
 
-def test_ray_head_is_closed_to_other_namespaces_before_it_starts(stack_plan):
+def test_ray_pods_are_closed_and_their_namespace_denies_by_default_before_they_start(stack_plan):
+    """The Ray pods' policy, then the namespace's default deny, then the RayCluster (the manifests'
+    rules are judged in tests/workloads/manifests/test_network_policy.py)."""
     config, plan = stack_plan
     namespace = config.get("eks-ray-train:namespace", "ray-train")
-    policy = plan.one("kubernetes:networking.k8s.io/v1:NetworkPolicy")
-    assert plan.ancestors(policy)[0] == "eks-ray-train:workloads:RayCluster"
-    assert policy.inputs["metadata"]["namespace"] == namespace
-    assert policy.inputs["spec"]["podSelector"]["matchLabels"] == {
-        "ray.io/cluster": "ray-train",
-        "ray.io/node-type": "head",
-    }
-    assert policy.inputs["spec"]["ingress"] == [{"from": [{"podSelector": {}}]}]
-    assert policy.urn in plan.one("kubernetes:ray.io/v1:RayCluster").dependencies
+    pods_policy = plan.one(NETWORK_POLICY, "ray-train-pods")
+    default_deny = plan.one(NETWORK_POLICY, f"{namespace}-default-deny")
+    assert {r.name for r in plan.of_type(NETWORK_POLICY)} == {pods_policy.name, default_deny.name}
+    for policy in (pods_policy, default_deny):
+        assert plan.ancestors(policy)[0] == "eks-ray-train:workloads:RayCluster"
+        assert policy.inputs["metadata"]["namespace"] == namespace
+        assert policy.urn in plan.one(RAY_CLUSTER).dependencies
+    assert pods_policy.urn in default_deny.dependencies
+    assert pods_policy.inputs["spec"]["podSelector"] == {"matchLabels": {"ray.io/cluster": "ray-train"}}
+    assert default_deny.inputs["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    # The counter reader's rule names the GPU subnet, the one the GPU node group is in.
+    [gpu_subnet_id] = gpu_group(plan).inputs["subnetIds"]
+    gpu_subnet = subnet_with_id(plan, gpu_subnet_id)
+    reader_rule = pods_policy.inputs["spec"]["egress"][-1]
+    assert reader_rule["to"] == [{"ipBlock": {"cidr": gpu_subnet.inputs["cidrBlock"]}}]
     # Enforced only with the VPC CNI's network policy agent on.
     assert plan.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
     labels = plan.one("kubernetes:core/v1:Namespace", namespace).inputs["metadata"]["labels"]

@@ -35,12 +35,16 @@ from workloads.manifests.crd import (
     kuberay_crds,
 )
 from workloads.manifests.kuberay_namespace import KUBERAY_POD_SECURITY_LABELS, kuberay_namespace
-from workloads.manifests.network_policy import head_network_policy
+from workloads.manifests.network_policy import (
+    namespace_default_deny,
+    ray_pods_network_policy,
+)
 from workloads.manifests.pod_labels import (
     RAY_CLUSTER_LABEL,
     RAY_NODE_TYPE_LABEL,
     head_pod_labels,
     head_pod_selector,
+    ray_cluster_pod_labels,
     worker_pod_selector,
 )
 from workloads.manifests.ray_namespace import POD_SECURITY_LABELS, namespace
@@ -83,7 +87,6 @@ __all__ = [
     "code_volume",
     "collect_code",
     "efa_device_plugin_values",
-    "head_network_policy",
     "head_pod_labels",
     "head_pod_selector",
     "hf_token_secret",
@@ -91,9 +94,12 @@ __all__ = [
     "kuberay_namespace",
     "kuberay_operator_values",
     "namespace",
+    "namespace_default_deny",
     "nvidia_device_plugin_values",
     "ray_auth_token_command",
     "ray_cluster",
+    "ray_cluster_pod_labels",
+    "ray_pods_network_policy",
     "service_account",
     "spec_hash",
     "training_code_configmap",

@@ -7,9 +7,14 @@ RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 
 
+def ray_cluster_pod_labels(cluster_name: str) -> dict[str, str]:
+    """The label KubeRay puts on every pod of the RayCluster, head and workers."""
+    return {RAY_CLUSTER_LABEL: cluster_name}
+
+
 def head_pod_labels(cluster_name: str) -> dict[str, str]:
     """Labels KubeRay puts on the head pod."""
-    return {RAY_CLUSTER_LABEL: cluster_name, RAY_NODE_TYPE_LABEL: "head"}
+    return {**ray_cluster_pod_labels(cluster_name), RAY_NODE_TYPE_LABEL: "head"}
 
 
 def head_pod_selector(cluster_name: str) -> str:

@@ -1,15 +1,11 @@
-"""The RayCluster's rules: Ray's ports inside the cluster, workers QoS Guaranteed (quantities read as the Kubernetes client reads them), the head isolated by a NetworkPolicy; the KubeRay operator's chart namespace-scoped."""
+"""The RayCluster's rules: Ray's ports inside the cluster, workers QoS Guaranteed (quantities read as the Kubernetes client reads them); the KubeRay operator's chart namespace-scoped (the NetworkPolicies' rules: `test_ray_network`)."""
 
 from __future__ import annotations
 
 import pytest
 from kubernetes.utils import parse_quantity
-from pulumi_policy.proxy import (
-    UNKNOWN_ARRAY_VALUE,
-)
 
 from policy.rules import properties, ray
-from policy.rules.properties import StackResource
 from tests.harness.policy_resources import (
     GUARANTEED,
     RAY,
@@ -196,39 +192,3 @@ def test_every_resource_rule_has_passing_and_failing_cases():
 def test_pack_reads_quantities_as_the_kubernetes_client_does(text):
     """The pack's own parser (its virtualenv has no kubernetes client) against `parse_quantity`."""
     assert ray._quantity(text) == parse_quantity(text)
-
-
-RAY_CR = StackResource(RAY, "urn:ray", {"metadata": {"name": "ray-train", "namespace": "ray-train"}}, ())
-
-
-def network_policy(namespace_name="ray-train", **spec) -> StackResource:
-    body = manifests.head_network_policy("ray-train", namespace_name)
-    body["spec"].update(spec)
-    return StackResource(properties.NETWORK_POLICY, "urn:np", body, ())
-
-
-@pytest.mark.parametrize(
-    "resources, expected",
-    [
-        ([RAY_CR, network_policy()], None),
-        ([RAY_CR, network_policy(podSelector={"matchLabels": {"ray.io/cluster": "ray-train"}})], None),
-        ([RAY_CR, network_policy(podSelector={})], None),
-        ([RAY_CR, network_policy(policyTypes=UNKNOWN_ARRAY_VALUE)], None),
-        ([RAY_CR], "no NetworkPolicy in namespace ray-train"),
-        ([RAY_CR, network_policy("default")], "no NetworkPolicy"),
-        ([RAY_CR, network_policy(policyTypes=["Egress"])], "no NetworkPolicy"),
-        ([RAY_CR, network_policy(ingress=[{}])], "no NetworkPolicy"),
-        (
-            [RAY_CR, network_policy(podSelector={"matchLabels": {"ray.io/node-type": "worker"}})],
-            "no NetworkPolicy",
-        ),
-    ],
-)
-def test_ray_head_network_policy(resources, expected):
-    violations = ray.ray_head_network_policy.check(resources)
-    if expected is None:
-        assert violations == []
-    else:
-        assert len(violations) == 1 and violations[0][0] == "urn:ray" and expected in violations[0][1], (
-            violations
-        )
