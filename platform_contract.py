@@ -1,12 +1,12 @@
 """The contract the infrastructure (`infra`) and the workloads (`workloads`) keep, each term declared once.
 
 Node labels and taints, extended resource names, Kubernetes object names, Ray's ports, the NCCL
-transport vocabulary, and the shape rules for regions, zones, instance types, memory quantities and
-image references. Both sides import them from here, so `infra` never imports `workloads`.
-Importing it needs only the standard library (the NCCL log check, which imports the transports,
-runs anywhere); reading a quantity also needs the `kubernetes` client. No Pulumi, torch or Ray.
-The policy pack runs in its own virtualenv and keeps copies; `tests/policy/` checks they
-equal these.
+transport vocabulary, which stacks are dev stacks, and the shape rules for regions, zones, instance
+types, memory quantities and image references. Both sides import them from here, so `infra` never
+imports `workloads`. Importing it needs only the standard library (the NCCL log check, which
+imports the transports, runs anywhere); reading a quantity also needs the `kubernetes` client. No
+Pulumi, torch or Ray. The policy pack runs in its own virtualenv and keeps copies; `tests/policy/`
+checks they equal these.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ from decimal import Decimal
 PROJECT = "eks-ray-train"
 # On every Kubernetes object the program makes (the recommended `app.kubernetes.io/part-of` label).
 PART_OF_LABELS = {"app.kubernetes.io/part-of": PROJECT}
+
+
+def is_dev_stack(stack: str) -> bool:
+    """Dev stacks are thrown away freely: `dev`, `dev-<anything>`, `<anything>-dev`. Every other stack
+    runs its images by digest, and the policy pack asks it for the cluster's deletion protection."""
+    return stack == "dev" or stack.startswith("dev-") or stack.endswith("-dev")
+
 
 # --- node labels, taints and extended resources ------------------------------------------------
 
@@ -114,4 +121,23 @@ def image_pin_problem(image: str) -> str | None:
         return "has no tag (so it means latest)"
     if last_segment.rsplit(":", 1)[1] == "latest":
         return "is tagged latest"
+    return None
+
+
+# A sha256 digest, the algorithm registries compute manifests' digests with: `sha256:` and 64
+# lowercase hex digits (OCI image spec, descriptor.md, "Registered algorithms").
+_SHA256_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+
+
+def image_digest_problem(image: str) -> str | None:
+    """Why an image reference does not name its bits by a sha256 digest, or None when it does.
+
+    A tag can be moved by its publisher to other bits (AWS's `train-ml-cuda-v1.1` follows patch
+    releases), so a node replaced later may pull other bits than the others run; a digest cannot.
+    """
+    _, at, digest = image.partition("@")
+    if not at:
+        return "is a tag, which its publisher can move to other bits"
+    if not _SHA256_DIGEST.fullmatch(digest):
+        return "has a digest other than sha256:<64 lowercase hex digits>"
     return None

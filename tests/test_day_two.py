@@ -16,6 +16,7 @@ import pytest
 
 from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from infra.aws_facts.live_stack import OWNER_TAG
+from infra.preflight import live_cluster
 from tests.harness.fake_aws import COREDNS_VERSIONS, OBSERVABILITY_VERSIONS, AwsApiError, FakeAws
 from tests.harness.program import Preview, dev_config, run_program
 from tests.harness.program import deployed as deployed_stack
@@ -316,3 +317,69 @@ def test_a_degraded_gpu_group_is_warned_about_at_preview_with_the_fix(caplog):
     assert f"GPU node group {name} is DEGRADED at 0 of 2 nodes" in caplog.text
     assert f"--nodegroup-name {name} --region us-east-2 --query nodegroup.health.issues" in caplog.text
     assert f"--nodegroup-name {name} --scaling-config desiredSize=2 --region us-east-2" in caplog.text
+
+
+# The fake cluster's endpoint host, as a URL's host is read: in lowercase.
+ENDPOINT_HOST = "0123456789abcdef0123456789abcdef.gr7.us-east-2.eks.amazonaws.com"
+
+
+def private(**overrides: str) -> dict[str, str]:
+    """The dev stack with the public endpoint off, and so without its CIDRs."""
+    config = dev_config(endpointPublicAccess="false", **overrides)
+    config.pop("eks-ray-train:endpointPublicAccessCidrs")
+    return config
+
+
+def test_a_private_endpoint_on_a_stack_not_yet_deployed_is_refused_with_the_way_there():
+    """Issue 53: no machine is inside a VPC the stack has yet to create."""
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(private(), FakeAccount(region="us-east-2"))
+    message = str(raised.value)
+    assert message.startswith("config key 'endpointPublicAccess' = false: no cluster of clusterName runs yet")
+    assert "create the stack with endpointPublicAccess true" in message and "\n" not in message
+    assert raised.value.plan.resources == []
+
+
+@pytest.mark.parametrize(
+    "addresses, accepting, problem",
+    [
+        ([], [], f"the cluster's endpoint {ENDPOINT_HOST} does not resolve on this machine"),
+        (
+            ["3.14.15.92", "2600:1f16::1"],
+            ["3.14.15.92"],
+            f"this machine resolves the cluster's endpoint {ENDPOINT_HOST} to 3.14.15.92, 2600:1f16::1, outside "
+            "the cluster's VPC (10.0.0.0/16)",
+        ),
+        (
+            ["10.0.1.17", "10.0.70.4"],
+            [],
+            f"the cluster's endpoint {ENDPOINT_HOST} resolves to 10.0.1.17, 10.0.70.4 in its VPC, but none accepted "
+            "a connection on port 443 from this machine: the cluster security group",
+        ),
+    ],
+    ids=["unresolved", "public-addresses", "security-group"],
+)
+def test_a_private_endpoint_this_machine_cannot_reach_is_refused(monkeypatch, addresses, accepting, problem):
+    fake = after_first_deploy(FakeAccount(region="us-east-2"))
+    tried: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        live_cluster, "resolve", lambda host, port: addresses if host == ENDPOINT_HOST else []
+    )
+    monkeypatch.setattr(
+        live_cluster, "accepts", lambda address, port: tried.append((address, port)) or address in accepting
+    )
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(private(), fake)
+    message = str(raised.value)
+    assert message.startswith(f"config key 'endpointPublicAccess' = false: {problem}"), message
+    assert "\n" not in message and raised.value.plan.resources == []
+    assert all(address.startswith("10.0.") and port == 443 for address, port in tried)  # only the VPC's
+
+
+def test_a_private_endpoint_this_machine_reaches_turns_the_public_one_off(monkeypatch):
+    fake = after_first_deploy(FakeAccount(region="us-east-2"))
+    monkeypatch.setattr(live_cluster, "resolve", lambda host, port: ["10.0.1.17", "10.0.70.4"])
+    monkeypatch.setattr(live_cluster, "accepts", lambda address, port: address == "10.0.70.4")
+    cluster = run_program(private(), fake).one("eks:index:Cluster").inputs
+    assert cluster["endpointPublicAccess"] is False and cluster["endpointPrivateAccess"] is True
+    assert "publicAccessCidrs" not in cluster

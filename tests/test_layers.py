@@ -190,7 +190,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/config/training_settings.py": "the training block is tested in tests/infra/config/test_stack.py",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
     "infra/preflight/errors.py": "one exception class, raised in every tests/infra/preflight/ refusal",
-    "infra/preflight/live_cluster.py": "a live cluster's checks at preview are tests/test_day_two.py's",
     "infra/preflight/spans.py": "durations in words, read in the messages of tests/infra/preflight/test_window.py",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "policy/rules/properties.py": "resource types and property reading, used by every rule: tests/policy/rules/test_<area>.py",

@@ -61,9 +61,9 @@ def test_config_and_the_capacity_survey_share_the_region_rule():
     stack then refuses it for its partition, not for its name."""
     assert REGION.fullmatch("eusc-de-east-1")
     with pytest.raises(ConfigError, match=r"'aws:region' = 'eusc-de-east-1' is in the aws-eusc partition"):
-        parse_settings({"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}, "eusc-de-east-1")
+        parse_settings({"endpointPublicAccessCidrs": '["203.0.113.7/32"]'}, "eusc-de-east-1", stack="dev")
     with pytest.raises(ConfigError, match=r"'aws:region' = 'us-east-2a': expected a region name"):
-        parse_settings({}, "us-east-2a")
+        parse_settings({}, "us-east-2a", stack="dev")
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,11 @@ BAD_CONFIGS = [
         "halves of it",
     ),
     ({"vpcCidr": "172.17.0.0/16"}, "vpcCidr", "Docker bridge"),
-    ({"endpointPublicAccess": "false"}, "endpointPublicAccess", "a private endpoint refuses"),
+    (
+        {"endpointPublicAccess": "false"},
+        "endpointPublicAccessCidrs",
+        "which endpointPublicAccess = false turns off",
+    ),
     ({"vpcCidr": "169.254.0.0/16"}, "vpcCidr", "link-local"),
     ({"aws:region": "cn-north-1"}, "aws:region", "aws-cn partition"),
     ({"aws:region": "us-gov-west-1"}, "aws:region", "aws-us-gov partition"),
@@ -467,3 +471,21 @@ def test_an_image_tag_is_warned_with_how_to_pin_its_digest(monkeypatch):
         ][0]["image"]
         == pinned
     )
+
+
+@pytest.mark.parametrize("image", [None, "rayproject/ray:2.58.0-py311-gpu"], ids=["default", "tagged"])
+def test_a_stack_that_is_not_dev_refuses_an_image_tag_before_any_resource(image):
+    """Issue 53: every stack but a dev one runs its image by digest; the default is a tag too."""
+    stack_file = ROOT / "Pulumi.us-east-1.yaml"
+    config = config_of(stack_file)
+    config.pop("eks-ray-train:image")
+    if image:
+        config["eks-ray-train:image"] = image
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(config, FakeAws(region="us-east-1"), stack="us-east-1")
+    refusal = str(raised.value)
+    assert "config key 'image'" in refusal and "stack 'us-east-1' is not a dev stack" in refusal, refusal
+    assert "@sha256:<digest>" in refusal and "crane digest" in refusal and "\n" not in refusal.strip()
+    assert raised.value.plan.resources == []
+    plan = run_program(config, FakeAws(region="us-east-1"), stack="dev-us-east-1")  # a dev stack may run it
+    assert plan.one("kubernetes:ray.io/v1:RayCluster")

@@ -18,6 +18,10 @@ a DEGRADED group is reported at preview with the fix (`gpu_group_warning`). The 
 carries the status and the scaling config, not the health issues, so the warning gives the command
 that prints them; the TrainingRun, which reads the group through the EKS API itself, names them.
 
+With the public API endpoint off (`endpointPublicAccess: false`), the same read says whether this
+machine reaches the private one, which every `pulumi up` and training run call
+(`private_endpoint_problem`).
+
 A control-plane log group without this program's tag, while no cluster exists, was left by a
 destroyed cluster: EKS writes its last logs after the program deleted the group, which re-creates it
 (terraform-aws-eks#2763), and the next CreateLogGroup fails with ResourceAlreadyExistsException.
@@ -25,7 +29,8 @@ destroyed cluster: EKS writes its last logs after the program deleted the group,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -59,6 +64,7 @@ class LiveCluster:
     version: str
     vpc_cidr: str
     zones: tuple[str, ...]  # the zones of its subnets, sorted
+    endpoint: str  # the URL of its Kubernetes API (`https://<id>.<suffix>.<region>.eks.amazonaws.com`)
     gpu_group: LiveNodeGroup | None  # its GPU node group, if it exists
     # The version of each of its PINNED_ADDONS it runs (an add-on it lacks is left out).
     addon_versions: Mapping[str, str] = field(default_factory=dict)
@@ -101,6 +107,7 @@ def read_live_cluster(cluster_name: str) -> LiveCluster | None:
         version=cluster.version,
         vpc_cidr=vpc.cidr_block,
         zones=tuple(sorted(zones)),
+        endpoint=cluster.endpoint,
         gpu_group=_gpu_group(cluster_name),
         addon_versions={
             name: version for name in PINNED_ADDONS if (version := _addon_version(cluster_name, name))
@@ -173,6 +180,48 @@ def vpc_change_problem(live: LiveCluster, vpc_cidr: str) -> str | None:
         return (
             f"the cluster runs in a VPC of {live.vpc_cidr}, and EKS keeps a cluster's VPC for life: set vpcCidr back "
             f"to {live.vpc_cidr}, or `pulumi destroy` first"
+        )
+    return None
+
+
+def addresses_in_vpc(addresses: Sequence[str], live: LiveCluster) -> list[str]:
+    """The addresses within the cluster's VPC block (an IPv6 address never is)."""
+    vpc = ipaddress.ip_network(live.vpc_cidr)
+    return [address for address in addresses if ipaddress.ip_address(address.split("%", 1)[0]) in vpc]
+
+
+def private_endpoint_problem(
+    live: LiveCluster | None, host: str, addresses: Sequence[str], accepted: Sequence[str]
+) -> str | None:
+    """Why this machine could not call the cluster's Kubernetes API with the public endpoint off.
+
+    A private endpoint answers only inside the cluster's VPC or a network connected to it ("Cluster
+    API server endpoint", EKS user guide): there the endpoint's name resolves to addresses in the VPC
+    (EKS's private hosted zone, which the VPC's DNS answers from; a connected network needs a Route 53
+    Resolver inbound endpoint), and the cluster security group must admit the caller on 443.
+    `addresses`: what `host` resolves to on this machine; `accepted`: those of them, in the VPC, that
+    accepted a connection. A stack not yet deployed has no VPC anything could be in.
+    """
+    if live is None:
+        return (
+            "no cluster of clusterName runs yet, and the VPC its private endpoint will be in does not exist, so "
+            "this machine is not in it: create the stack with endpointPublicAccess true (your address in "
+            "endpointPublicAccessCidrs), connect this machine to the VPC, then set it to false"
+        )
+    if not addresses:
+        return f"the cluster's endpoint {host} does not resolve on this machine"
+    inside = addresses_in_vpc(addresses, live)
+    if not inside:
+        return (
+            f"this machine resolves the cluster's endpoint {host} to {', '.join(addresses)}, outside the "
+            f"cluster's VPC ({live.vpc_cidr}): it is outside that VPC, or its DNS does not answer for it (a "
+            "connected network needs a Route 53 Resolver inbound endpoint in the VPC)"
+        )
+    if not accepted:
+        return (
+            f"the cluster's endpoint {host} resolves to {', '.join(inside)} in its VPC, but none accepted a "
+            "connection on port 443 from this machine: the cluster security group (`aws eks describe-cluster "
+            "--query cluster.resourcesVpcConfig.clusterSecurityGroupId`) must admit it on 443"
         )
     return None
 

@@ -39,7 +39,9 @@ from platform_contract import (
     INSTANCE_TYPE,
     PROJECT,
     REGION,
+    image_digest_problem,
     image_pin_problem,
+    is_dev_stack,
     memory_mib,
 )
 
@@ -279,7 +281,7 @@ def _release(version: str) -> tuple[int, ...]:
 def _ray_version_problem(image: str, ray_version: str) -> str | None:
     """Why `rayVersion` cannot be the image's Ray, where the image says which Ray it has, or cannot
     run the RayCluster's token authentication."""
-    if image == DEFAULT_IMAGE and ray_version != DEFAULT_RAY_VERSION:
+    if image.split("@", 1)[0] == DEFAULT_IMAGE and ray_version != DEFAULT_RAY_VERSION:
         return (
             f"the default image carries Ray {DEFAULT_RAY_VERSION}: remove rayVersion, or set image to an "
             f"image with Ray {ray_version}"
@@ -293,16 +295,6 @@ def _ray_version_problem(image: str, ray_version: str) -> str | None:
             f"(KubeRay refuses it below): use an image with Ray {_RAY_TOKEN_AUTH_SINCE} or later"
         )
     return None
-
-
-def _public_endpoint(value: Any) -> bool:
-    if not as_bool(value):
-        raise ValueError(
-            "the stack creates its own VPC, and after the cluster `pulumi up` calls the Kubernetes API from this "
-            "machine (Helm releases, RayCluster, training run), which a private endpoint refuses from outside that "
-            "VPC: keep the endpoint public and limit it with endpointPublicAccessCidrs"
-        )
-    return True
 
 
 def _memory_quantity(value: Any) -> str:
@@ -366,7 +358,7 @@ class StackKeys(BaseModel):
     )
     image: Annotated[str, BeforeValidator(_image)] = Field(
         default=DEFAULT_IMAGE,
-        description=f"image of the Ray head and workers, pinned by tag or digest (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl). A tag can move, so a node replaced later could run other bits than the head: the preview warns and prints how to pin the digest (`repo@sha256:...`)",
+        description=f"image of the Ray head and workers (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl), pinned by digest (`<repository>@sha256:<digest>`) on every stack but a dev one (`dev`, `dev-*`, `*-dev`), which may run a tag other than latest. A tag can move, so a node replaced later could run other bits than the head: on a dev stack the preview warns, on any other it refuses a tag, the default's included. `crane digest <image>`, `docker buildx imagetools inspect <image>` or, in your own ECR, `aws ecr describe-images` prints the digest",
     )
     ray_version: Annotated[
         str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), DEFAULT_RAY_VERSION))
@@ -383,13 +375,13 @@ class StackKeys(BaseModel):
     worker_memory: Annotated[str, BeforeValidator(_memory_quantity)] = Field(
         default="160Gi", description="memory of a worker pod (requests = limits); must fit the node"
     )
-    endpoint_public_access: Annotated[bool, BeforeValidator(_public_endpoint)] = Field(
+    endpoint_public_access: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True,
-        description="public Kubernetes API endpoint, limited to `endpointPublicAccessCidrs` (the private one is always on). `false` is refused: after the cluster, `pulumi up` installs the Helm releases, the RayCluster and the training run through the API from the machine it runs on, and a private endpoint admits only callers inside the VPC this stack creates",
+        description="public Kubernetes API endpoint, limited to `endpointPublicAccessCidrs` (the private one is always on). Every `pulumi up` installs the Helm releases, the RayCluster and the training run through the API from the machine it runs on, which a private endpoint admits only from inside the stack's VPC or a network connected to it. So `false` is taken only for a cluster that already runs and whose private endpoint this machine reaches: its name resolves to an address in the VPC that accepts a connection on 443 (the cluster security group must admit it); the preview refuses it otherwise, and on a stack not yet deployed ([operations](operations/changing-a-live-stack.md#a-private-api-endpoint))",
     )
     endpoint_public_access_cidrs: Annotated[tuple[str, ...], BeforeValidator(_cidr_list)] = Field(
         default=(),
-        description=f"who may reach the public API endpoint; required while it is public; refused: blocks that together cover every address (`0.0.0.0/0`, its halves), private and other non-public ranges (RFC 1918, 100.64.0.0/10, loopback, link-local), more than {PUBLIC_ACCESS_CIDRS_MAX} blocks (EKS's limit per cluster)",
+        description=f"who may reach the public API endpoint; required while it is public, refused while it is not; refused: blocks that together cover every address (`0.0.0.0/0`, its halves), private and other non-public ranges (RFC 1918, 100.64.0.0/10, loopback, link-local), more than {PUBLIC_ACCESS_CIDRS_MAX} blocks (EKS's limit per cluster)",
     )
     admin_principal_arns: Annotated[tuple[str, ...], BeforeValidator(_principal_arns)] = Field(
         default=(),
@@ -427,7 +419,7 @@ class StackKeys(BaseModel):
     has_hf_token: Annotated[bool, BeforeValidator(bool)] = Field(
         default=False,
         alias="hfToken",
-        description="Hugging Face token for gated models; set it with `pulumi config set --secret hfToken ...` (a plain-text value is refused): it becomes a Kubernetes Secret read by the Ray pods as `HF_TOKEN`, never plain text in the state",
+        description="Hugging Face token for gated models; set it with `pulumi config set --secret hfToken ...` (a plain-text value is refused): it becomes a Kubernetes Secret the Ray pods read as a file (`HF_TOKEN_PATH`, not an environment variable), never plain text in the state",
         json_schema_extra={"shown_default": "none"},
     )
     training: Annotated[TrainingSettings, BeforeValidator(parse_training)] = Field(
@@ -507,21 +499,25 @@ def _region(region: str | None) -> str:
 
 
 def parse_settings(
-    raw: Mapping[str, Any], region: str | None, aws: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any], region: str | None, aws: Mapping[str, Any] | None = None, *, stack: str
 ) -> StackSettings:
     """Validate the stack's `eks-ray-train:*` values (keys without the namespace) for `region`.
 
-    `aws` holds the `aws:*` values that decide the identity (keys without the namespace).
+    `aws` holds the `aws:*` values that decide the identity (keys without the namespace); `stack`
+    is the stack's name, which says whether it is a dev stack (`platform_contract.is_dev_stack`).
     """
     region = _region(region)
     _check_keys(raw)
     settings = validated(StackSettings, raw, region=region, aws_identity=_aws_identity(aws or {}))
-    return _across_keys(settings)
+    return _across_keys(settings, stack)
 
 
-def _across_keys(settings: StackSettings) -> StackSettings:
-    """What no single key decides: values that contradict each other."""
+def _across_keys(settings: StackSettings, stack: str) -> StackSettings:
+    """What no single key decides: values that contradict each other, or the stack's kind."""
     region = settings.region
+    refusal = image_tag_refusal(settings.image, stack)
+    if refusal:
+        raise ConfigError(refusal)
     if settings.gpu_az and not settings.gpu_az.startswith(region):
         raise ConfigError(
             f"config key 'gpuAz' = {settings.gpu_az!r} is not in region {region}: "
@@ -536,6 +532,11 @@ def _across_keys(settings: StackSettings) -> StackSettings:
         raise ConfigError(
             "config key 'endpointPublicAccessCidrs' is required while the API endpoint is public: "
             "run `pulumi config set --path 'endpointPublicAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`"
+        )
+    if not settings.endpoint_public_access and settings.endpoint_public_access_cidrs:
+        raise ConfigError(
+            "config key 'endpointPublicAccessCidrs' limits the public API endpoint, which endpointPublicAccess = "
+            "false turns off: remove it (`pulumi config rm endpointPublicAccessCidrs`)"
         )
     ray_problem = _ray_version_problem(settings.image, settings.ray_version)
     if ray_problem:
@@ -562,23 +563,48 @@ def hf_token() -> pulumi.Output[str] | None:
     return pulumi.Config(PROJECT).get_secret("hfToken")
 
 
+def _how_to_pin(image: str) -> str:
+    """How to find an image's digest and pin it, for the warning and the refusal."""
+    name = image.split("@", 1)[0]
+    repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    return (
+        f"`docker buildx imagetools inspect {image}` (or `crane digest {image}`; in your own ECR, `aws ecr "
+        "describe-images --repository-name <name> --image-ids imageTag=<tag>`) prints it; then "
+        f"`pulumi config set image {repository}@sha256:<digest>`"
+    )
+
+
 def moving_tag_warning(image: str) -> str | None:
     """A tag can be moved to other bits (AWS's `train-ml-cuda-v1.1` follows patch releases); a node
-    replaced later could pull another Ray than the head runs, which Ray does not survive."""
+    replaced later could pull another Ray than the head runs, which Ray does not survive. A dev stack
+    may run one, with this warning."""
     if "@" in image:
         return None
-    repository = image.rsplit(":", 1)[0]
     return (
         f"config key 'image' = {image!r} is a tag, which its publisher can move: a node replaced later may run "
-        f"other bits than the head. Pin the digest: `docker buildx imagetools inspect {image}` (or `crane digest "
-        f"{image}`) prints it; then `pulumi config set image {repository}@sha256:<digest>`"
+        f"other bits than the head. Pin the digest: {_how_to_pin(image)}"
+    )
+
+
+def image_tag_refusal(image: str, stack: str) -> str | None:
+    """Every stack but a dev one runs its image by digest, the default's tag included."""
+    problem = image_digest_problem(image)
+    if problem is None or is_dev_stack(stack):
+        return None
+    default = " (the default)" if image == DEFAULT_IMAGE else ""
+    return (
+        f"config key 'image' = {image!r}{default} {problem}; stack {stack!r} is not a dev stack (dev, dev-*, "
+        f"*-dev), so it runs its image by digest: {_how_to_pin(image)}"
     )
 
 
 def load_settings() -> StackSettings:
     """Read and validate the current stack's configuration."""
     settings = parse_settings(
-        stack_config_values(), pulumi.Config("aws").get("region"), stack_config_values("aws")
+        stack_config_values(),
+        pulumi.Config("aws").get("region"),
+        stack_config_values("aws"),
+        stack=pulumi.get_stack(),
     )
     if settings.has_hf_token and not pulumi.runtime.is_config_secret(f"{PROJECT}:hfToken"):
         raise ConfigError(

@@ -1,15 +1,21 @@
 """The cluster this stack already runs, read in the preview and checked against the settings it
 cannot change (VPC block, Kubernetes version); a DEGRADED GPU group is warned about with its fix
-(`infra.aws_facts.live_stack.gpu_group_warning`)."""
+(`infra.aws_facts.live_stack.gpu_group_warning`). With the public endpoint off, this machine must
+reach the private one: its name is resolved and each address in the VPC tried on the endpoint's port."""
 
 from __future__ import annotations
+
+import socket
+from urllib.parse import urlsplit
 
 import pulumi
 
 from infra.aws_facts.live_stack import (
     LiveCluster,
+    addresses_in_vpc,
     gpu_group_warning,
     orphaned_log_group,
+    private_endpoint_problem,
     read_live_cluster,
     version_change_problem,
     vpc_change_problem,
@@ -18,10 +24,54 @@ from infra.config.stack import ConfigError, StackSettings
 from infra.preflight.errors import PreflightError
 from infra.resources.cluster import control_plane_log_group
 
+# How long the preview waits for each address of the private endpoint to accept a connection.
+ENDPOINT_CONNECT_TIMEOUT_S = 5.0
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to on this machine; none when it does not resolve."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    return list(dict.fromkeys(str(info[4][0]) for info in found))
+
+
+def accepts(address: str, port: int) -> bool:
+    """Whether `address` accepts a TCP connection on `port` from this machine."""
+    try:
+        with socket.create_connection((address, port), timeout=ENDPOINT_CONNECT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def _private_endpoint_refusal(live: LiveCluster | None) -> str | None:
+    """Why `endpointPublicAccess: false` would leave this machine without the Kubernetes API."""
+    host, port, addresses, accepted = "", 443, [], []
+    if live is not None:
+        url = urlsplit(live.endpoint)
+        host, port = url.hostname or live.endpoint, url.port or 443
+        addresses = resolve(host, port)
+        accepted = [address for address in addresses_in_vpc(addresses, live) if accepts(address, port)]
+    problem = private_endpoint_problem(live, host, addresses, accepted)
+    if problem is None:
+        return None
+    return (
+        f"config key 'endpointPublicAccess' = false: {problem}. `pulumi up` and the training run call the "
+        "Kubernetes API from this machine, which a private endpoint admits only from inside the VPC or a "
+        "network connected to it"
+    )
+
 
 def checked_live_cluster(settings: StackSettings) -> LiveCluster | None:
-    """The cluster this stack already runs, checked against the settings that it cannot change."""
+    """The cluster this stack already runs, checked against the settings that it cannot change, and,
+    with the public endpoint off, against this machine's way to the private one."""
     live = read_live_cluster(settings.cluster_name)
+    if not settings.endpoint_public_access:
+        refusal = _private_endpoint_refusal(live)
+        if refusal:
+            raise ConfigError(refusal)
     if live is None:
         log_group = control_plane_log_group(settings.cluster_name)
         if orphaned_log_group(log_group):

@@ -1,5 +1,5 @@
 """Pods: namespaces that refuse privileged pods, Helm charts only in namespaces the stack declares,
-containers on pinned images."""
+containers on pinned images (by digest outside dev stacks)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .properties import (
     NAMESPACE,
     StackResource,
     dig,
+    is_dev_stack,
     is_false,
     is_true,
     is_unknown,
@@ -78,6 +79,21 @@ def image_pin_problem(image: str) -> str | None:
         return "has no tag (so it means latest)"
     if last_segment.rsplit(":", 1)[1] == "latest":
         return "is tagged latest"
+    return None
+
+
+# A sha256 digest, the algorithm registries compute manifests' digests with: `sha256:` and 64
+# lowercase hex digits (OCI image spec, descriptor.md, "Registered algorithms").
+_SHA256_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+
+
+def image_digest_problem(image: str) -> str | None:
+    """Why an image reference does not name its bits by a sha256 digest, or None when it does."""
+    _, at, digest = image.partition("@")
+    if not at:
+        return "is a tag, which its publisher can move to other bits"
+    if not _SHA256_DIGEST.fullmatch(digest):
+        return "has a digest other than sha256:<64 lowercase hex digits>"
     return None
 
 
@@ -210,6 +226,32 @@ def container_images_pinned(resource_type: str, props: Mapping[str, Any], stack:
         if problem:
             violations.append(
                 f"container {container.get('name')}: image {image} {problem}; pin a version tag or an @sha256 digest"
+            )
+    return violations
+
+
+@resource_rule(
+    "container-images-digest-pinned",
+    MANDATORY,
+    description="Outside dev stacks, container images are pinned by a sha256 digest.",
+    resources="any Kubernetes object with a pod template (Pods, workloads, Ray CRs), in stacks other than dev (`dev`, `dev-*`, `*-dev`)",
+    requires="every image names its bits by digest (`<repository>@sha256:<digest>`): a tag can be moved to other bits, so a node replaced later could run other bits than the rest; dev stacks may run tags",
+)
+def container_images_digest_pinned(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Outside dev stacks every container runs the bits of a digest, which its publisher cannot move as
+    it can a tag; Helm releases are not read (their charts' pods are not visible to the pack)."""
+    if not resource_type.startswith("kubernetes:") or is_dev_stack(stack):
+        return []
+    violations = []
+    for container in pod_containers(props):
+        image = container.get("image")
+        if not isinstance(image, str) or is_unknown(image):
+            continue
+        problem = image_digest_problem(image)
+        if problem:
+            violations.append(
+                f"container {container.get('name')}: image {image} {problem}, and stack {stack} is not a dev "
+                "stack: pin it as <repository>@sha256:<digest> (`crane digest <image>` prints the digest)"
             )
     return violations
 

@@ -1,5 +1,6 @@
-"""The RayCluster: Ray's ports kept inside the cluster, its workers QoS Guaranteed (its NetworkPolicies:
-`ray_network`); the KubeRay operator confined to the namespaces it watches."""
+"""The RayCluster: Ray's ports kept inside the cluster, its workers QoS Guaranteed, its pods without a
+Kubernetes API token (its NetworkPolicies: `ray_network`); the KubeRay operator confined to the
+namespaces it watches."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .properties import (
     HELM_INSTALLS,
     SERVICE,
     dig,
+    is_false,
     is_true,
     is_unknown,
     items,
@@ -180,6 +182,41 @@ def ray_workers_guaranteed(resource_type: str, props: Mapping[str, Any], stack: 
                     f"worker group {label}, container {dig(container, 'name')}: {'; '.join(gaps)}. "
                     "Set requests equal to limits (QoS Guaranteed)"
                 )
+    return violations
+
+
+@resource_rule(
+    "ray-pods-without-api-token",
+    MANDATORY,
+    description="Ray pods mount no Kubernetes service account token.",
+    resources="RayCluster/RayJob/RayService pod templates",
+    requires="the head's and every worker group's pod template sets `automountServiceAccountToken: false`; the head's may leave it out only with `enableInTreeAutoscaling: true`, whose autoscaler calls the Kubernetes API",
+)
+def ray_pods_without_api_token(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
+    """Ray pods never call the Kubernetes API (the job, Ray and the TrainingRun's exec need none of it),
+    so a token in them would only serve whoever runs code there. A token mounted by default
+    (`automountServiceAccountToken` unset) is the service account's; the pod's own `false` holds
+    whatever the service account says. Only KubeRay's in-tree autoscaler, a container of the head,
+    calls the API (kuberay v1.7.0 ray-operator/controllers/ray/common/pod.go, `IsAutoscalingEnabled`)."""
+    spec = ray_cluster_spec(resource_type, props)
+    if spec is None:
+        return []
+    autoscaling = spec.get("enableInTreeAutoscaling")
+    templates = [("the head", dig(spec, "headGroupSpec", "template", "spec"))]
+    for group_index, group in enumerate(items(spec.get("workerGroupSpecs"))):
+        name = dig(group, "groupName")
+        label = name if isinstance(name, str) and not is_unknown(name) else f"#{group_index}"
+        templates.append((f"worker group {label}", dig(group, "template", "spec")))
+    violations = []
+    for who, pod in templates:
+        if who == "the head" and (is_true(autoscaling) or is_unknown(autoscaling)):
+            continue
+        mount = dig(pod, "automountServiceAccountToken")
+        if not (is_false(mount) or is_unknown(mount)):
+            violations.append(
+                f"{who}'s pod template does not set automountServiceAccountToken: false, so its pods hold a "
+                "Kubernetes API token they never use: set it (IRSA mounts its own token regardless)"
+            )
     return violations
 
 

@@ -693,6 +693,8 @@ class FakeAws:
             "id": name,
             "name": name,
             "version": cluster["version"],
+            # As EKS names it: an id of 32 hex digits, the region (DescribeCluster, `endpoint`).
+            "endpoint": f"https://0123456789ABCDEF0123456789ABCDEF.gr7.{self.region}.eks.amazonaws.com",
             "vpcConfig": {"vpcId": cluster["vpcId"], "subnetIds": list(cluster["subnetIds"])},
         }
 

@@ -39,7 +39,9 @@ def place(fake: FakeAws, now: datetime = NOW, **config) -> tuple[Placement, str,
     """
     mocks = RecordingMocks(fake)
     pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack="dev", preview=True)
-    settings = parse_settings({"endpointPublicAccessCidrs": ["203.0.113.7/32"], **config}, fake.region)
+    settings = parse_settings(
+        {"endpointPublicAccessCidrs": ["203.0.113.7/32"], **config}, fake.region, stack="dev"
+    )
     placed: list[Placement] = []
 
     @pulumi.runtime.test

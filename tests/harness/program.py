@@ -22,6 +22,7 @@ from pulumi.runtime.proto import provider_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from infra.preflight import placement
+from platform_contract import is_dev_stack
 from tests.harness.fake_aws import FakeAws, FakeAwsMocks
 from tests.harness.paths import REPO_ROOT
 from workloads import addons
@@ -32,6 +33,20 @@ DEV_STACK_FILE = ROOT / "Pulumi.dev.yaml"
 ACCOUNT = "123456789012"
 # What a user adds before the first `pulumi up` (the stack files say so); tests stand in for it.
 USER_SETTINGS = {"eks-ray-train:endpointPublicAccessCidrs": '["203.0.113.7/32"]'}
+# What a user adds to a stack that is not a dev stack: the image pinned by its digest. The digest is
+# the tests' stand-in, as 203.0.113.7 is for an address: the repository records no real one.
+PINNED_IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "0" * 64
+
+
+def stack_name(stack_file: Path) -> str:
+    """The stack a stack file belongs to (`Pulumi.<stack>.yaml`)."""
+    return stack_file.name.removeprefix("Pulumi.").removesuffix(".yaml")
+
+
+def user_settings(stack_file: Path) -> dict[str, str]:
+    """What a user adds to this stack file before its first `pulumi up` (its comments say so)."""
+    pinned = {} if is_dev_stack(stack_name(stack_file)) else {"eks-ray-train:image": PINNED_IMAGE}
+    return {**USER_SETTINGS, **pinned}
 
 
 @dataclass
@@ -251,7 +266,7 @@ def config_of(stack_file: Path, **overrides: str) -> dict[str, str]:
     (keys of this project, or whole `namespace:key` names)."""
     return {
         **stack_config(stack_file),
-        **USER_SETTINGS,
+        **user_settings(stack_file),
         **{key if ":" in key else f"eks-ray-train:{key}": value for key, value in overrides.items()},
     }
 

@@ -13,12 +13,19 @@ from platform_contract import (
 
 @dataclass(frozen=True)
 class Chart:
-    """A pinned Helm chart and where it comes from."""
+    """A pinned Helm chart, where it comes from, and the tag of its image, which the values set."""
 
     name: str
     version: str
     repository: str
     namespace: str
+    # The chart's own image tag at this version (its values.yaml `image.tag`, or what its template
+    # derives from `appVersion`), set in the values all the same, so the image a release runs is named
+    # here and not left to a chart's default. None of the three charts' templates takes a digest: each
+    # writes `<image.repository>:<image.tag>` (nvidia-device-plugin v0.20.0 templates/_helpers.tpl,
+    # `fullimage`; aws-efa-k8s-device-plugin v0.5.30 templates/daemonset.yaml; kuberay-operator 1.7.0
+    # templates/deployment.yaml), so the releases run tags.
+    image_tag: str
 
 
 # EKS's own namespace, which the device plugins install into (as AWS's Ray Train sample installs
@@ -27,16 +34,20 @@ class Chart:
 # and no release creates one (`createNamespace` false).
 KUBE_SYSTEM = "kube-system"
 NVIDIA_DEVICE_PLUGIN = Chart(
-    "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", KUBE_SYSTEM
+    "nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin", KUBE_SYSTEM, "v0.20.0"
 )
 # v0.5.30 is the newest release in the chart index of aws/eks-charts (checked 2026-08) and lists
 # g6.12xlarge as supported; AWS's Ray Train sample names v0.5.32, which that index does not hold.
+# Its image is the plugin's v0.5.20 (the chart's appVersion).
 EFA_DEVICE_PLUGIN = Chart(
-    "aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts", KUBE_SYSTEM
+    "aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts", KUBE_SYSTEM, "v0.5.20"
 )
 KUBERAY_OPERATOR = Chart(
-    "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"
+    "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay", "v1.7.0"
 )
+# The images of the NVIDIA device plugin and the KubeRay operator (their values.yaml `image.repository`).
+NVIDIA_DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin"
+KUBERAY_OPERATOR_IMAGE = "quay.io/kuberay/operator"
 # The node label the EFA chart's DaemonSet matches against `supportedInstanceLabels.values`.
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # Amazon EKS replicates its add-on images to a registry in each region (EKS user guide, "View Amazon
@@ -70,6 +81,7 @@ EFA_DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
 def nvidia_device_plugin_values() -> dict:
     """MOFED off (it fights the EFA plugin in 0.19.x); tolerate the GPU taint."""
     return {
+        "image": {"repository": NVIDIA_DEVICE_PLUGIN_IMAGE, "tag": NVIDIA_DEVICE_PLUGIN.image_tag},
         "mofedEnabled": False,
         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, GPU_TOLERATION],
     }
@@ -91,7 +103,10 @@ def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
     lists whole).
     """
     return {
-        "image": {"repository": f"{eks_registry(region)}/{EFA_DEVICE_PLUGIN_REPOSITORY}"},
+        "image": {
+            "repository": f"{eks_registry(region)}/{EFA_DEVICE_PLUGIN_REPOSITORY}",
+            "tag": EFA_DEVICE_PLUGIN.image_tag,
+        },
         "nodeSelector": dict(GPU_NODE_SELECTOR),
         "tolerations": [GPU_TOLERATION],
         "supportedInstanceLabels": {"keys": [INSTANCE_TYPE_LABEL], "values": [gpu_instance_type]},
@@ -123,6 +138,7 @@ def kuberay_operator_values(watch_namespace: str) -> dict:
     commented example (a list of names).
     """
     return {
+        "image": {"repository": KUBERAY_OPERATOR_IMAGE, "tag": KUBERAY_OPERATOR.image_tag},
         "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
         "singleNamespaceInstall": True,
         "watchNamespace": [watch_namespace],

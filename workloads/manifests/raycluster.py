@@ -21,7 +21,7 @@ from platform_contract import (
 from training.metrics.cloudwatch_metrics import CLUSTER_NAME_ENV
 from workloads.efa_counter_reader import counters_url_env
 from workloads.manifests.code_configmap import CODE_MOUNT, code_volume
-from workloads.manifests.secret import HF_TOKEN_ENV
+from workloads.manifests.secret import HF_TOKEN_MOUNT, HF_TOKEN_PATH_ENV, HF_TOKEN_VOLUME
 
 # Ray's session folder (logs, which hold the transport evidence, and object spill). On an emptyDir,
 # as in AWS's Ray sample, it outlives a container restart and stays off the overlay filesystem.
@@ -122,6 +122,9 @@ def spec_hash(manifest: dict) -> str:
 def ray_cluster(spec: RayClusterSpec) -> dict:
     """Head on the system node (no GPU, no external Service), one GPU worker pod per GPU node.
 
+    Neither pod mounts a Kubernetes API token (`automountServiceAccountToken: false`): with
+    `enableInTreeAutoscaling: false` nothing in them calls the API, and IRSA projects its own token.
+
     KubeRay (>= 1.6) replaces running pods on a spec change only with `upgradeStrategy: Recreate`:
     it then deletes every pod once the head pod's hash of the spec differs, so the next job runs on
     the new image, environment, resources and code file list. Both templates carry `spec_hash`.
@@ -152,6 +155,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
         "template": {
             "spec": {
                 "serviceAccountName": spec.service_account,
+                "automountServiceAccountToken": False,
                 "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
                 "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
                 "containers": [
@@ -162,7 +166,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "ports": [{"name": name, "containerPort": port} for name, port in RAY_PORTS.items()],
                         # No GPU asked for, none handed over (`NO_GPU_ENV`): the GPU image's NVML hook
                         # fails on a node without GPUs unless told there are none.
-                        "env": [dict(NO_GPU_ENV), *aws_env, HF_TOKEN_ENV],
+                        "env": [dict(NO_GPU_ENV), *aws_env, dict(HF_TOKEN_PATH_ENV)],
                         "resources": {
                             "requests": {"cpu": spec.head_cpu, "memory": spec.head_memory},
                             "limits": {"memory": spec.head_memory},
@@ -170,10 +174,15 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "volumeMounts": [
                             {"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True},
                             {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
+                            dict(HF_TOKEN_MOUNT),
                         ],
                     }
                 ],
-                "volumes": [code_volume(spec.code_configmap, spec.code_files), _ray_logs_volume()],
+                "volumes": [
+                    code_volume(spec.code_configmap, spec.code_files),
+                    _ray_logs_volume(),
+                    copy.deepcopy(HF_TOKEN_VOLUME),
+                ],
             }
         },
     }
@@ -187,6 +196,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
         "template": {
             "spec": {
                 "serviceAccountName": spec.service_account,
+                "automountServiceAccountToken": False,
                 "nodeSelector": dict(GPU_NODE_SELECTOR),
                 "tolerations": [GPU_TOLERATION],
                 "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
@@ -196,12 +206,13 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "image": spec.image,
                         "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
                         # The node's EFA counters come from its counter reader: the pod's own sysfs has none.
-                        "env": [*_env(EFA_NCCL_ENV), *aws_env, HF_TOKEN_ENV, *counters_url_env()],
+                        "env": [*_env(EFA_NCCL_ENV), *aws_env, dict(HF_TOKEN_PATH_ENV), *counters_url_env()],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
                         "volumeMounts": [
                             {"name": "dshm", "mountPath": "/dev/shm"},
                             {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
+                            dict(HF_TOKEN_MOUNT),
                         ],
                     }
                 ],
@@ -209,6 +220,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                 "volumes": [
                     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
                     _ray_logs_volume(),
+                    copy.deepcopy(HF_TOKEN_VOLUME),
                 ],
             }
         },

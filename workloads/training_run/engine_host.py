@@ -15,7 +15,11 @@ the `pulumi` package; read in 3.272). In that host:
 handler (the function object the gRPC server already holds) also set `CANCELLED`, sets
 `CANCELLED` when the interpreter shuts down (after SIGINT), and gives the host's error path the
 message of a `TrainingRunError` instead of the traceback, which goes to `LOG_FILE`; any other
-exception becomes one line naming it and that file (`unexpected_failure`). The runner's
+exception becomes one line naming it and that file (`unexpected_failure`). The file lives in the
+user's own state folder (`$XDG_STATE_HOME/eks-ray-train`, else `~/.local/state/eks-ray-train`,
+the XDG Base Directory specification's user state folder), kept at mode 0700, and is never
+reached through a symbolic link, so no other user of the machine reads the tracebacks or points the
+writes elsewhere (`_open_log`). The runner's
 waits end as soon as `CANCELLED` is set. Outside that host (tests calling the provider in-process)
 it changes nothing. The tests start the real host and check each of these through gRPC.
 """
@@ -24,8 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
+import stat
 import sys
-import tempfile
 import threading
 import traceback
 from pathlib import Path
@@ -36,8 +41,19 @@ from google.protobuf import empty_pb2
 from platform_contract import PROJECT
 from workloads.training_run.errors import JOB_KEEPS_RUNNING, Interrupted, TrainingRunError
 
+
+def _state_folder() -> Path:
+    """The user's state folder of the project: `$XDG_STATE_HOME` (used only when absolute, as the XDG
+    Base Directory specification says), else `~/.local/state`."""
+    configured = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(configured) if os.path.isabs(configured) else Path.home() / ".local" / "state"
+    return base / PROJECT
+
+
+LOG_FILE = _state_folder() / "training-run.log"
+# The folder of the log is this user's alone: no permission for the group or others.
+_PRIVATE = 0o700
 CANCELLED = threading.Event()
-LOG_FILE = Path(tempfile.gettempdir()) / PROJECT / "training-run.log"
 _eks_ray_train_cancelled = CANCELLED  # the name the host's Cancel looks up once installed
 _installed = threading.Lock()
 
@@ -53,12 +69,34 @@ def cancellable_sleep(seconds: float) -> None:
         raise Interrupted("pulumi up was interrupted")
 
 
+def _open_log() -> int:
+    """The log file, opened for appending (created with mode 0600), in a folder created with mode 0700.
+
+    The folder must belong to this user; one left more open is closed to 0700. Neither the folder nor
+    the file is followed when it is a symbolic link (`O_NOFOLLOW`, and the file opened relative to the
+    folder's descriptor): OSError instead.
+    """
+    folder = LOG_FILE.parent
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=_PRIVATE)
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        status = os.fstat(descriptor)
+        if status.st_uid != os.getuid():
+            raise PermissionError(f"{folder} belongs to another user")
+        if stat.S_IMODE(status.st_mode) != _PRIVATE:
+            os.fchmod(descriptor, _PRIVATE)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        return os.open(LOG_FILE.name, flags, 0o600, dir_fd=descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def log_detail(text: str) -> None:
-    """Append to the provider's log file (not shown by the CLI)."""
-    with contextlib.suppress(OSError):
-        LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
-        with LOG_FILE.open("a") as log:
-            log.write(f"--- {datetime.datetime.now(datetime.UTC).isoformat()}\n{text}\n")
+    """Append to the provider's log file (not shown by the CLI); nothing when it cannot be opened safely."""
+    with contextlib.suppress(OSError), os.fdopen(_open_log(), "a") as log:
+        log.write(f"--- {datetime.datetime.now(datetime.UTC).isoformat()}\n{text}\n")
 
 
 def unexpected_failure(error: BaseException) -> str:

@@ -324,7 +324,9 @@ def _unreachable(error: ApiUnreachable, cluster: str) -> TrainingRunError:
         f"the Kubernetes API of EKS cluster {cluster} at {error.endpoint} did not answer {error.what} "
         f"({error.detail}). If this machine's public address is not in the stack's endpointPublicAccessCidrs, "
         "the endpoint silently drops its packets: add it as a /32 (`curl -s https://checkip.amazonaws.com`) to "
-        "eks-ray-train:endpointPublicAccessCidrs and run `pulumi up` again"
+        "eks-ray-train:endpointPublicAccessCidrs and run `pulumi up` again; with endpointPublicAccess false, "
+        "this machine must be inside the cluster's VPC or a network connected to it, admitted on 443 by the "
+        "cluster security group"
     )
 
 

@@ -29,7 +29,7 @@ G6_12XLARGE = InstanceFacts(
 
 
 def parse(**values):
-    return parse_settings({**CIDRS, **values}, "us-east-2")
+    return parse_settings({**CIDRS, **values}, "us-east-2", stack="dev")
 
 
 def test_defaults_are_the_reference_setup():
@@ -261,11 +261,16 @@ def test_deferred_grad_sync_alone_fails_preview_naming_both_keys():
 
 def test_public_endpoint_needs_cidrs():
     with pytest.raises(ConfigError, match="'endpointPublicAccessCidrs' is required"):
-        parse_settings({}, "us-east-2")
+        parse_settings({}, "us-east-2", stack="dev")
 
 
-def test_a_private_endpoint_is_refused_since_the_program_calls_the_api_from_outside_the_vpc():
-    with pytest.raises(ConfigError, match=r"'endpointPublicAccess' = 'false': the stack creates its own VPC"):
+def test_a_private_endpoint_needs_no_cidrs_and_refuses_them():
+    """Whether this machine reaches the private endpoint is the preview's to check (`test_day_two.py`)."""
+    settings = parse_settings({"endpointPublicAccess": "false"}, "us-east-2", stack="dev")
+    assert settings.endpoint_public_access is False and settings.endpoint_public_access_cidrs == ()
+    with pytest.raises(
+        ConfigError, match=r"'endpointPublicAccessCidrs' limits the public API endpoint.*config rm"
+    ):
         parse(endpointPublicAccess="false")
     assert parse(endpointPublicAccess="true").endpoint_public_access
 
@@ -282,10 +287,10 @@ def test_new_keys_defaults_and_values():
 
 
 def test_aws_identity_comes_from_the_aws_namespace():
-    assert parse_settings(CIDRS, "us-east-2").aws_identity == AwsIdentity()
+    assert parse_settings(CIDRS, "us-east-2", stack="dev").aws_identity == AwsIdentity()
     role = "arn:aws:iam::123456789012:role/deployer"
     identity = parse_settings(
-        CIDRS, "us-east-2", {"profile": "team", "assumeRoles": json.dumps([{"roleArn": role}])}
+        CIDRS, "us-east-2", {"profile": "team", "assumeRoles": json.dumps([{"roleArn": role}])}, stack="dev"
     ).aws_identity
     assert identity == AwsIdentity(profile="team", role_arn=role)
 
@@ -302,12 +307,14 @@ def test_aws_identity_comes_from_the_aws_namespace():
 )
 def test_aws_role_chains_the_kubeconfig_cannot_follow_are_refused(assume_roles, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        parse_settings(CIDRS, "us-east-2", {"assumeRoles": json.dumps(assume_roles)})
+        parse_settings(CIDRS, "us-east-2", {"assumeRoles": json.dumps(assume_roles)}, stack="dev")
 
 
 def test_the_single_assume_role_key_reaches_the_kubeconfig_too():
     role = "arn:aws:iam::123456789012:role/deployer"
-    identity = parse_settings(CIDRS, "us-east-2", {"assumeRole": json.dumps({"roleArn": role})}).aws_identity
+    identity = parse_settings(
+        CIDRS, "us-east-2", {"assumeRole": json.dumps({"roleArn": role})}, stack="dev"
+    ).aws_identity
     assert identity == AwsIdentity(profile=None, role_arn=role)
 
 
@@ -326,13 +333,13 @@ def test_aws_settings_the_kubeconfig_cannot_use_are_refused_at_preview(aws, key)
     """The program's Kubernetes provider and the training run act as one identity; what the
     kubeconfig's `aws eks get-token` cannot use fails the preview, naming the key."""
     with pytest.raises(ConfigError, match=re.escape(f"config key '{key}': ")) as raised:
-        parse_settings(CIDRS, "us-east-2", aws)
+        parse_settings(CIDRS, "us-east-2", aws, stack="dev")
     assert "\n" not in str(raised.value) and "secret" not in str(raised.value)
 
 
 def test_region_is_required():
     with pytest.raises(ConfigError, match="aws:region"):
-        parse_settings(CIDRS, None)
+        parse_settings(CIDRS, None, stack="dev")
 
 
 def test_worker_sizes_come_from_the_instance():
@@ -401,7 +408,7 @@ def test_whitespace_after_a_principal_region_or_run_name_is_refused(suffix):
     with pytest.raises(ConfigError, match="'adminPrincipalArns'"):
         parse(adminPrincipalArns=json.dumps([f"arn:aws:iam::123456789012:role/ci{suffix}"]))
     with pytest.raises(ConfigError, match="'aws:region'"):
-        parse_settings(CIDRS, f"us-east-2{suffix}")
+        parse_settings(CIDRS, f"us-east-2{suffix}", stack="dev")
     with pytest.raises(ConfigError, match=r"'training\.runName'"):
         parse(training={"runName": f"exp1{suffix}"})
     with pytest.raises(ConfigError, match=r"'training\.runName'"):
@@ -425,6 +432,50 @@ def test_a_run_name_that_is_not_one_folder_is_refused(name):
 def test_an_image_reference_oci_refuses_is_refused(image, reason):
     with pytest.raises(ConfigError, match=reason):
         parse(image=image)
+
+
+DIGEST = "sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize("stack", ["us-east-1", "prod", "devices", "development"])
+@pytest.mark.parametrize(
+    "image, problem",
+    [
+        (None, "(the default) is a tag"),
+        ("rayproject/ray:2.58.0-py311-gpu", "is a tag"),
+        ("rayproject/ray@sha256:" + "A" * 64, "has a digest other than sha256"),
+        ("rayproject/ray@sha512:" + "0" * 128, "has a digest other than sha256"),
+    ],
+)
+def test_a_stack_that_is_not_dev_refuses_an_image_without_a_sha256_digest(stack, image, problem):
+    values = {**CIDRS, **({"image": image} if image else {})}
+    with pytest.raises(ConfigError) as raised:
+        parse_settings(values, "us-east-2", stack=stack)
+    refusal = str(raised.value)
+    assert refusal.startswith("config key 'image' = ") and problem in refusal, refusal
+    assert f"stack {stack!r} is not a dev stack" in refusal and "\n" not in refusal
+    for how in ("docker buildx imagetools inspect", "crane digest", "aws ecr describe-images"):
+        assert how in refusal
+    assert "`pulumi config set image " in refusal and "@sha256:<digest>`" in refusal
+
+
+@pytest.mark.parametrize("stack", ["dev", "dev-alice", "alice-dev"])
+def test_a_dev_stack_may_run_a_tag(stack):
+    assert parse_settings(CIDRS, "us-east-2", stack=stack).image.endswith(":train-ml-cuda-v1.1")
+
+
+def test_an_image_by_digest_runs_on_any_stack_and_keeps_the_default_images_ray_check():
+    pinned = f"public.ecr.aws/deep-learning-containers/ray@{DIGEST}"
+    assert parse_settings({**CIDRS, "image": pinned}, "us-east-2", stack="prod").image == pinned
+    tagged_and_pinned = f"public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1@{DIGEST}"
+    with pytest.raises(ConfigError, match=r"the default image carries Ray 2\.58\.0"):
+        parse_settings(
+            {**CIDRS, "image": tagged_and_pinned, "rayVersion": "2.57.0"}, "us-east-2", stack="prod"
+        )
+    assert (
+        parse_settings({**CIDRS, "image": tagged_and_pinned}, "us-east-2", stack="prod").image
+        == tagged_and_pinned
+    )
 
 
 def test_a_registry_host_may_have_capitals():
@@ -480,7 +531,7 @@ def test_a_benchmark_without_training_is_refused():
 @pytest.mark.parametrize("region, partition", [("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov")])
 def test_a_region_outside_the_aws_partition_is_refused_with_the_reason(region, partition):
     with pytest.raises(ConfigError, match=f"'aws:region' = '{region}' is in the {partition} partition"):
-        parse_settings(CIDRS, region)
+        parse_settings(CIDRS, region, stack="dev")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The pods' rules: namespaces that refuse privileged pods, Helm charts only in declared namespaces, pinned images (the same rule as the program's)."""
+"""The pods' rules: namespaces that refuse privileged pods, Helm charts only in declared namespaces, pinned images and, outside dev stacks, images by digest (the same rules as the program's)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from tests.harness.policy_resources import (
     worker_container,
 )
 from workloads import efa_counter_reader, manifests
+
+DIGEST_PINNED = "repo/ray@sha256:" + "a" * 64
 
 # (rule, resource type, props, stack, expected fragment of the violation or None for a pass)
 CASES = [
@@ -88,6 +90,70 @@ CASES = [
         "dev",
         "container j",
     ),
+    # container-images-digest-pinned
+    (
+        pods.container_images_digest_pinned,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED)),
+        "dev",
+        None,
+    ),
+    (
+        pods.container_images_digest_pinned,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED), head_image="repo/ray:2.58.0"),
+        "team-dev",
+        None,
+    ),
+    (
+        pods.container_images_digest_pinned,
+        RAY,
+        ray_cluster(
+            worker_container(GUARANTEED, GUARANTEED, image=DIGEST_PINNED),
+            head_image="repo/ray:2.58.0@sha256:" + "a" * 64,
+        ),
+        "us-east-1",
+        None,
+    ),
+    (
+        pods.container_images_digest_pinned,
+        "kubernetes:core/v1:Pod",
+        {"spec": {"containers": [{"name": "c", "image": UNKNOWN}]}},
+        "us-east-1",
+        None,
+    ),
+    (pods.container_images_digest_pinned, "aws:ec2/vpc:Vpc", {"image": "repo/ray:2.58.0"}, "prod", None),
+    (
+        pods.container_images_digest_pinned,
+        RAY,
+        ray_cluster(worker_container(GUARANTEED, GUARANTEED, image=DIGEST_PINNED)),
+        "us-east-1",
+        "container ray-head: image repo/ray:2.58.0 is a tag, which its publisher can move to other bits, "
+        "and stack us-east-1 is not a dev stack: pin it as <repository>@sha256:<digest>",
+    ),
+    (
+        pods.container_images_digest_pinned,
+        "kubernetes:apps/v1:DaemonSet",
+        {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "initContainers": [{"name": "init", "image": "repo/x@sha256:" + "A" * 64}],
+                        "containers": [{"name": "c", "image": DIGEST_PINNED}],
+                    }
+                }
+            }
+        },
+        "devices",
+        "container init: image repo/x@sha256:AAAA",
+    ),
+    (
+        pods.container_images_digest_pinned,
+        "kubernetes:core/v1:Pod",
+        {"spec": {"containers": [{"name": "c", "image": "repo/x@sha512:" + "a" * 128}]}},
+        "prod",
+        "has a digest other than sha256",
+    ),
 ]
 
 
@@ -111,11 +177,14 @@ def test_every_resource_rule_has_passing_and_failing_cases():
         "repo/ray@sha256:" + "0" * 64,
         "repo/ray:latest@sha256:" + "0" * 64,
         "repo/ray@sha256:abc",
+        "repo/ray@sha256:" + "A" * 64,
+        "repo/ray@sha512:" + "0" * 128,
         "repo/ray@",
     ],
 )
 def test_pack_image_rule_is_the_programs(image):
     assert pods.image_pin_problem(image) == platform_contract.image_pin_problem(image)
+    assert pods.image_digest_problem(image) == platform_contract.image_digest_problem(image)
 
 
 def ns_resource(name: str, labels) -> StackResource:

@@ -1,4 +1,4 @@
-"""The RayCluster's rules: Ray's ports inside the cluster, workers QoS Guaranteed (quantities read as the Kubernetes client reads them); the KubeRay operator's chart namespace-scoped (the NetworkPolicies' rules: `test_ray_network`)."""
+"""The RayCluster's rules: Ray's ports inside the cluster, workers QoS Guaranteed (quantities read as the Kubernetes client reads them), no API token in the pods; the KubeRay operator's chart namespace-scoped (the NetworkPolicies' rules: `test_ray_network`)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,21 @@ def kuberay_release(chart: str = "kuberay-operator", values=None) -> dict:
         "namespace": "kuberay",
         "values": manifests.kuberay_operator_values("ray-train") if values is None else values,
     }
+
+
+def tokenless(head=False, workers=False, autoscaling=False) -> dict:
+    """A RayCluster whose head and worker templates set `automountServiceAccountToken` to these
+    values (None: left out), with in-tree autoscaling as given."""
+    cluster = ray_cluster(worker_container(GUARANTEED, GUARANTEED))
+    cluster["spec"]["enableInTreeAutoscaling"] = autoscaling
+    pods = [
+        cluster["spec"]["headGroupSpec"]["template"]["spec"],
+        cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"],
+    ]
+    for pod, value in zip(pods, (head, workers), strict=True):
+        if value is not None:
+            pod["automountServiceAccountToken"] = value
+    return cluster
 
 
 # (rule, resource type, props, stack, expected fragment of the violation or None for a pass)
@@ -172,6 +187,34 @@ CASES = [
         kuberay_release(values={"singleNamespaceInstall": "false"}),
         "dev",
         "instead of a ClusterRole",
+    ),
+    # ray-pods-without-api-token
+    (ray.ray_pods_without_api_token, RAY, tokenless(), "dev", None),
+    (ray.ray_pods_without_api_token, RAY, tokenless(head="false", workers="false"), "dev", None),
+    (ray.ray_pods_without_api_token, RAY, tokenless(workers=UNKNOWN), "dev", None),
+    (ray.ray_pods_without_api_token, RAY, tokenless(head=None, autoscaling=True), "dev", None),
+    (ray.ray_pods_without_api_token, RAY, tokenless(head=None, autoscaling=UNKNOWN), "dev", None),
+    (ray.ray_pods_without_api_token, SVC, {"spec": {"automountServiceAccountToken": True}}, "dev", None),
+    (
+        ray.ray_pods_without_api_token,
+        RAY,
+        tokenless(head=None),
+        "dev",
+        "the head's pod template does not set automountServiceAccountToken: false",
+    ),
+    (
+        ray.ray_pods_without_api_token,
+        RAY,
+        tokenless(workers=True, autoscaling=True),
+        "dev",
+        "worker group gpu-workers's pod template does not set automountServiceAccountToken: false",
+    ),
+    (
+        ray.ray_pods_without_api_token,
+        "kubernetes:ray.io/v1:RayJob",
+        {"spec": {"rayClusterSpec": tokenless(head=True)["spec"]}},
+        "dev",
+        "the head's pod template",
     ),
 ]
 

@@ -119,6 +119,35 @@ def test_efa_device_plugin_chart_schedules_on_the_gpu_type():
     assert StackSettings(region="us-east-2").gpu_node_type in supported
 
 
+# The image each chart runs when its values name none: values.yaml's `image.tag`, else the template's
+# default, `v<appVersion>` for the NVIDIA chart (templates/_helpers.tpl `fullimage`; Chart.yaml of
+# v0.20.0 has appVersion 0.20.0). The EFA chart's repository is the region's (tested below).
+CHART_DEFAULT_TAGS = {
+    manifests.NVIDIA_DEVICE_PLUGIN.name: "v0.20.0",
+    manifests.EFA_DEVICE_PLUGIN.name: "v0.5.20",
+    manifests.KUBERAY_OPERATOR.name: "v1.7.0",
+}
+
+
+@pytest.mark.parametrize(
+    "values, chart",
+    [
+        (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
+        (manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2"), manifests.EFA_DEVICE_PLUGIN),
+        (manifests.kuberay_operator_values("ray-train"), manifests.KUBERAY_OPERATOR),
+    ],
+    ids=["nvidia", "efa", "kuberay"],
+)
+def test_each_release_names_its_image_tag_the_charts_own(values, chart):
+    """The values name the image a release runs, tag and repository, rather than leave it to the chart;
+    they are the chart's own at the pinned version, so a chart bump fails here until they are checked."""
+    defaults = chart_values(chart)["image"]
+    assert values["image"]["tag"] == chart.image_tag == (defaults["tag"] or CHART_DEFAULT_TAGS[chart.name])
+    assert chart.image_tag == CHART_DEFAULT_TAGS[chart.name]
+    if chart is not manifests.EFA_DEVICE_PLUGIN:
+        assert values["image"]["repository"] == defaults["repository"]
+
+
 @pytest.mark.parametrize(
     "region, repository",
     [

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
 import jsonschema
 import kubernetes_validate
@@ -174,7 +177,7 @@ def test_worker_pods_match_the_reference_sizes():
         "NCCL_DEBUG": "INFO",
         "AWS_REGION": "us-east-2",
         "AWS_DEFAULT_REGION": "us-east-2",
-        "HF_TOKEN": None,
+        "HF_TOKEN_PATH": "/var/run/secrets/huggingface/token",
         "NODE_IP": None,  # from the downward API
         "TRAINING_EFA_COUNTERS_URL": "http://$(NODE_IP):9478/",
     }
@@ -232,14 +235,55 @@ def test_schema_check_catches_a_bad_pod_field():
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
 
 
-def test_hf_token_reaches_every_ray_pod_from_the_secret():
+def test_hf_token_reaches_every_ray_pod_as_a_file_of_the_secret():
+    """A file of an optional Secret volume that `HF_TOKEN_PATH` names; no variable of the pods holds it."""
+    for pod in ray_pod_specs():
+        [container] = pod["containers"]
+        env = {item["name"]: item for item in container["env"]}
+        assert "HF_TOKEN" not in env
+        assert not [item for item in container["env"] if "secretKeyRef" in item.get("valueFrom", {})]
+        [volume] = [v for v in pod["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == manifests.HF_TOKEN_SECRET
+        assert volume["secret"]["optional"] is True and volume["secret"]["defaultMode"] == 0o400
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True
+        [item] = volume["secret"]["items"]
+        assert env["HF_TOKEN_PATH"]["value"] == f"{mount['mountPath']}/{item['path']}"
+        secret = manifests.hf_token_secret("ray-train", "hf_example")
+        assert secret["metadata"]["name"] == manifests.HF_TOKEN_SECRET and item["key"] in secret["stringData"]
+
+
+@pytest.mark.parametrize("present", [True, False], ids=["token", "no-token"])
+def test_huggingface_hub_reads_the_token_from_the_file_hf_token_path_names(tmp_path, present):
+    """The pinned huggingface_hub (the image's, as requirements-train.txt says) reads the file that
+    `HF_TOKEN_PATH` names when `HF_TOKEN` is unset, and no file (no Secret) means no token."""
+    [env_item] = [
+        item for item in ray_pod_specs()[1]["containers"][0]["env"] if item["name"] == "HF_TOKEN_PATH"
+    ]
+    token_file = tmp_path / env_item["value"].lstrip("/")
+    if present:
+        token_file.parent.mkdir(parents=True)
+        token_file.write_text("hf_example\n")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("HF_")}
+    found = subprocess.run(
+        [sys.executable, "-c", "import huggingface_hub; print(huggingface_hub.get_token())"],
+        env={**environment, "HF_TOKEN_PATH": str(token_file), "HF_HOME": str(tmp_path / "hf-home")},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.strip()
+    assert found == ("hf_example" if present else "None")
+
+
+def test_ray_pods_mount_no_kubernetes_api_token():
+    """Ray calls no Kubernetes API here (no in-tree autoscaler): neither pod template nor the service
+    account mounts a token; IRSA's own projected token does not depend on it."""
     cluster = manifests.ray_cluster(spec())
-    templates = [cluster["spec"]["headGroupSpec"]["template"]]
-    templates += [group["template"] for group in cluster["spec"]["workerGroupSpecs"]]
-    for template in templates:
-        env = {item["name"]: item for item in template["spec"]["containers"][0]["env"]}
-        reference = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
-        assert reference["name"] == manifests.HF_TOKEN_SECRET and reference["optional"] is True
+    assert cluster["spec"]["enableInTreeAutoscaling"] is False
+    assert [pod["automountServiceAccountToken"] for pod in ray_pod_specs()] == [False, False]
+    account = manifests.service_account("ray-train", "ray-train", "arn:aws:iam::123456789012:role/ray")
+    assert account["automountServiceAccountToken"] is False
 
 
 def ray_pod_specs() -> list[dict]:

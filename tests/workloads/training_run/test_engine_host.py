@@ -33,6 +33,7 @@ from tests.harness.fake_aws import LIST_PRICES, price_list_item
 from tests.harness.provider_host import ProviderHost, plain, serialized_training_run
 from training.metrics.efa_sysfs import MOVED
 from workloads.manifests import SPEC_HASH_ANNOTATION
+from workloads.training_run import engine_host
 
 FIXTURES = paths.FIXTURES / "training_run"
 WORKER_PODS = sorted(path.name for path in (FIXTURES / "pods").iterdir())
@@ -209,6 +210,49 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         aws.stop()
         kube.stop()
         dashboard.stop()
+
+
+def provider_log(world: World) -> Path:
+    """The provider host's log file: its user's state folder, under the HOME the test gave it."""
+    return Path(world.host.env["HOME"]) / ".local" / "state" / "eks-ray-train" / "training-run.log"
+
+
+def test_the_log_folder_is_the_users_alone_and_a_planted_link_is_not_followed(tmp_path, monkeypatch):
+    """Issue 53: no longer a fixed path in the shared /tmp. The folder is created with mode 0700 (and
+    closed to it when found more open), the file with 0600; a symbolic link planted where the file or
+    the folder goes is not followed, so nothing is written where it points."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    log_file = engine_host._state_folder() / "training-run.log"
+    assert log_file == tmp_path / "state" / "eks-ray-train" / "training-run.log"
+    monkeypatch.setattr(engine_host, "LOG_FILE", log_file)
+    engine_host.log_detail("first")
+    assert log_file.parent.stat().st_mode & 0o077 == 0 and log_file.stat().st_mode & 0o077 == 0
+    assert "first" in log_file.read_text()
+    log_file.parent.chmod(0o755)
+    engine_host.log_detail("second")
+    assert log_file.parent.stat().st_mode & 0o777 == 0o700 and "second" in log_file.read_text()
+
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("untouched\n")
+    log_file.unlink()
+    log_file.symlink_to(target)
+    engine_host.log_detail("third")
+    assert target.read_text() == "untouched\n"
+
+    other = tmp_path / "other-state"
+    (other / "eks-ray-train").mkdir(parents=True)
+    monkeypatch.setattr(engine_host, "LOG_FILE", tmp_path / "linked" / "eks-ray-train" / "training-run.log")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "eks-ray-train").symlink_to(other / "eks-ray-train")
+    engine_host.log_detail("fourth")
+    assert list((other / "eks-ray-train").iterdir()) == []
+
+
+def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
+    """The XDG Base Directory specification: a relative path in the variable is invalid and ignored."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")
+    assert engine_host._state_folder() == tmp_path / ".local" / "state" / "eks-ray-train"
 
 
 def failure(world: World, **changes: Any) -> tuple[str, float]:
@@ -627,6 +671,7 @@ def test_a_silent_endpoint_fails_in_bounded_time_naming_it_and_the_cidrs(world: 
         silent.stop()
     assert f"at {silent.endpoint} did not answer" in details
     assert "endpointPublicAccessCidrs" in details and "2 attempts" in details
+    assert "with endpointPublicAccess false, this machine must be inside the cluster's VPC" in details
     assert_one_clear_message(details)
     # FAST's limits (2 attempts of 0.5 s to connect and 1 s to read) end it in 2.3-2.6 s measured on
     # the loaded 2-core machine; without them it would run into the test's gRPC deadline (40 s). The
@@ -642,7 +687,7 @@ def test_a_401_names_eks_access_entries_and_the_identity(world: World):
     assert "refused the AWS identity arn:aws:iam::123456789012:user/deployer (401" in details
     assert "EKS access entry" in details and "aws eks create-access-entry" in details
     assert_one_clear_message(details)
-    assert "Traceback" in (Path(world.host.env["TMPDIR"]) / "eks-ray-train" / "training-run.log").read_text()
+    assert "Traceback" in provider_log(world).read_text()
     print(f"\n401: failed after {elapsed:.2f} s")
 
 
@@ -906,7 +951,7 @@ def test_an_unexpected_failure_is_one_line_naming_the_log(world: World):
     details, elapsed = failure(world)
     assert "the training run failed unexpectedly (" in details and "training-run.log" in details
     assert_one_clear_message(details)
-    log = (Path(world.host.env["TMPDIR"]) / "eks-ray-train" / "training-run.log").read_text()
+    log = provider_log(world).read_text()
     assert "Traceback" in log
     print(f"\nunexpected failure: failed after {elapsed:.2f} s")
 

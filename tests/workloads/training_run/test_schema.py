@@ -12,7 +12,7 @@ from pulumi.runtime import rpc
 from infra.config.stack import ConfigError, parse_settings
 from infra.config.training_settings import PROGRAM_FLAGS, TrainingSettings, job_arguments
 from tests.harness.paths import REPO_ROOT
-from tests.harness.program import STACK_FILES, USER_SETTINGS, stack_config
+from tests.harness.program import STACK_FILES, config_of, stack_name
 from tests.harness.training_run_fakes import props, run_inputs
 from training.config.run_config import parse_args
 from workloads import manifests
@@ -28,7 +28,7 @@ SHIPPED = tuple(manifests.collect_code(REPO_ROOT))
 def stack_training(block: dict) -> TrainingSettings:
     """A stack's `training:` block as the program reads it."""
     raw = {"endpointPublicAccessCidrs": '["203.0.113.7/32"]', "training": json.dumps(block)}
-    return parse_settings(raw, "us-east-2").training
+    return parse_settings(raw, "us-east-2", stack="dev").training
 
 
 def test_job_arguments_are_the_stack_flags_and_the_program_flags():
@@ -126,14 +126,11 @@ def test_stack_files_run_the_job_they_ran_before(stack_file):
         *("--use-gpu", "--gpus-per-worker", "1", "--hsdp-replicas", "1", "--storage-path", "s3://b/runs"),
         *("--steps", "20"),
     ]
-    config = stack_config(stack_file)
+    config = config_of(stack_file)
     settings = parse_settings(
-        {
-            key.split(":", 1)[1]: value
-            for key, value in {**config, **USER_SETTINGS}.items()
-            if key.startswith("eks-ray-train:")
-        },
+        {key.split(":", 1)[1]: value for key, value in config.items() if key.startswith("eks-ray-train:")},
         config["aws:region"],
+        stack=stack_name(stack_file),
     )
     now = job_arguments(
         settings.training, world_size=8, gpus_per_worker=1, storage_path="s3://b/runs", shipped_files=SHIPPED
