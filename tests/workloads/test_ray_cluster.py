@@ -41,7 +41,7 @@ def test_ray_head_is_closed_to_other_namespaces_before_it_starts(stack_plan):
     assert policy.inputs["spec"]["ingress"] == [{"from": [{"podSelector": {}}]}]
     assert policy.urn in plan.one("kubernetes:ray.io/v1:RayCluster").dependencies
     # Enforced only with the VPC CNI's network policy agent on.
-    assert plan.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+    assert plan.one("eks:index:VpcCniAddon").inputs["enableNetworkPolicy"] is True
     labels = plan.one("kubernetes:core/v1:Namespace", namespace).inputs["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
 
