@@ -105,7 +105,7 @@ system_nodes = SystemNodeGroup(
     subnet_ids=network.private_subnet_ids,
     spec=NodeGroupSpec(placement.system_node, settings.system_node_count, SYSTEM_ROOT_VOLUME_GIB),
     kubernetes_version=cluster.kubernetes_version,
-    after=[*cluster.node_role_policies, *network.private_egress],
+    after=[*cluster.node_prerequisites, *network.private_egress],
 )
 gpu_nodes = GpuNodeGroup(
     "gpu",
@@ -123,7 +123,7 @@ gpu_nodes = GpuNodeGroup(
     ),
     reservation=placement.reservation,
     kubernetes_version=cluster.kubernetes_version,
-    after=[*cluster.node_role_policies, *network.private_egress],
+    after=[*cluster.node_prerequisites, *network.private_egress],
 )
 # CoreDNS stays at the live add-on's version until kubernetesVersion moves.
 coredns = cluster.install_coredns(
@@ -132,9 +132,12 @@ coredns = cluster.install_coredns(
 checkpoints = CheckpointStore(
     "checkpoints",
     bucket_name=bucket_name,
+    region=settings.region,
     namespace=settings.namespace,
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
+    vpc_id=network.vpc_id,
+    route_table_ids=network.private_route_table_ids,
     force_destroy=settings.checkpoints_force_destroy,
 )
 # See the run: the CloudWatch Observability add-on on every node, the job's right to publish its
@@ -231,9 +234,10 @@ if settings.train:
             not_before=placement.gpus_from.isoformat() if placement.gpus_from else None,
         ),
         node_group_name=gpu_nodes.node_group.node_group_name,
-        # With observability, after the Ray pods may publish: the job's metrics from its first step.
+        # After the Ray pods may write checkpoints and, with observability, publish: the job's
+        # metrics from its first step.
         opts=pulumi.ResourceOptions(
-            depends_on=[ray_cluster, *(observability.ready if observability else [])]
+            depends_on=[ray_cluster, *checkpoints.ready, *(observability.ready if observability else [])]
         ),
     )
     pulumi.export(

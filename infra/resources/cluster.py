@@ -1,8 +1,10 @@
-"""The EKS control plane (pulumi-eks) with KMS-encrypted secrets, OIDC, logging and API auth."""
+"""The EKS control plane (pulumi-eks) with KMS-encrypted secrets, OIDC, logging and API auth; the
+node role, and the VPC CNI with a role of its own."""
 
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import pulumi
 import pulumi_aws as aws
@@ -10,11 +12,29 @@ import pulumi_eks as eks
 
 from infra.aws_facts.live_stack import OWNER_TAG, LiveCluster, owner
 from infra.config.stack import StackSettings
+from infra.resources.irsa import irsa_role
+from infra.resources.keys import account_statement, customer_key
 from platform_contract import PROJECT
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 # The EKS managed policy that makes an access entry a cluster administrator, for the whole cluster.
 CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+CLUSTER_TAGS = {"project": PROJECT}
+
+# What a node needs and no more (EKS user guide, "Amazon EKS node IAM role"): join the cluster, and
+# pull images from ECR (`AmazonEC2ContainerRegistryPullOnly`: the pull actions of
+# `AmazonEC2ContainerRegistryReadOnly` without its describe and list ones). The VPC CNI's rights
+# (`AmazonEKS_CNI_Policy`: create, attach and modify any network interface in the region) are its
+# own role's, not the node's: every host-network pod reads the node role's credentials from IMDS.
+NODE_POLICIES = [
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+]
+# The VPC CNI's service account and policy (EKS user guide, "Configure Amazon VPC CNI plugin to use
+# IRSA": the plugin runs as `aws-node` in kube-system; an IPv4 cluster's rights are the managed policy).
+VPC_CNI_NAMESPACE = "kube-system"
+VPC_CNI_SERVICE_ACCOUNT = "aws-node"
+VPC_CNI_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
 
 
 def control_plane_log_group(cluster_name: str) -> str:
@@ -30,13 +50,7 @@ def cluster_key_policy(account_id: str, region: str, log_group_name: str) -> str
         {
             "Version": "2012-10-17",
             "Statement": [
-                {
-                    "Sid": "AccountManagesTheKey",
-                    "Effect": "Allow",
-                    "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
-                    "Action": "kms:*",
-                    "Resource": "*",
-                },
+                account_statement(account_id),
                 {
                     "Sid": "ControlPlaneLogGroup",
                     "Effect": "Allow",
@@ -112,11 +126,9 @@ class Cluster(pulumi.ComponentResource):
 
         log_group_name = control_plane_log_group(settings.cluster_name)
         # One key for Kubernetes secrets and the control-plane logs; its policy names the log group.
-        self.secrets_key = aws.kms.Key(
+        self.secrets_key = customer_key(
             f"{name}-secrets",
             description=f"Envelope encryption of Kubernetes secrets and control-plane logs of EKS cluster {settings.cluster_name}",
-            enable_key_rotation=True,
-            deletion_window_in_days=7,
             policy=cluster_key_policy(aws.get_caller_identity().account_id, settings.region, log_group_name),
             opts=child,
         )
@@ -151,15 +163,15 @@ class Cluster(pulumi.ComponentResource):
             enabled_cluster_log_types=self.log_group.name.apply(lambda _: CONTROL_PLANE_LOGS),
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(enabled=True),
-            # The VPC CNI's network policy agent, without which NetworkPolicy objects are not enforced
-            # (pulumi-eks sets the vpc-cni add-on's `enableNetworkPolicy: "true"`).
-            vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
+            # The vpc-cni add-on comes after the cluster (`self.vpc_cni`): its role trusts the
+            # cluster's OIDC provider, which the cluster makes.
+            use_default_vpc_cni=True,
             provider_credential_opts=eks.KubeconfigOptionsArgs(
                 profile_name=identity.profile, role_arn=identity.role_arn
             )
             if identity.profile or identity.role_arn
             else None,
-            tags={"project": PROJECT},
+            tags=CLUSTER_TAGS,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group]),
         )
         # The name as an Output of the cluster: whatever uses it depends on the cluster, so
@@ -194,7 +206,7 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        # Exactly what an EKS node needs: join the cluster, run the VPC CNI, pull images.
+        # Exactly what an EKS node needs: join the cluster, pull images.
         self.node_role_policies = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-node-{policy.split('/')[-1]}",
@@ -204,6 +216,10 @@ class Cluster(pulumi.ComponentResource):
             )
             for policy in NODE_POLICIES
         ]
+        self.vpc_cni = self._vpc_cni(name)
+        # What nodes wait for: their role's policies, and the CNI running as its own role, so that
+        # aws-node on a new node never starts without the rights it needs.
+        self.node_prerequisites: list[pulumi.Resource] = [*self.node_role_policies, self.vpc_cni]
         # Admins besides the cluster's creator, who gets an access entry from EKS at creation.
         caller = aws.get_caller_identity().arn if settings.admin_principal_arns else ""
         for principal in settings.admin_principal_arns:
@@ -215,6 +231,43 @@ class Cluster(pulumi.ComponentResource):
                 )
         self.admin_access = [self._admin(principal) for principal in settings.admin_principal_arns]
         self.register_outputs({"clusterName": self.name, "securityGroupId": self.security_group_id})
+
+    def _vpc_cni(self, name: str) -> eks.VpcCniAddon:
+        """The vpc-cni managed add-on, its service account `aws-node` assuming a role of its own (IRSA)
+        that holds `AmazonEKS_CNI_Policy`, and its network policy agent on (without it NetworkPolicy
+        objects are not enforced; pulumi-eks sets the add-on's `enableNetworkPolicy: "true"`).
+
+        pulumi-eks's `VpcCniAddon`, made here after the cluster rather than by the cluster
+        (`useDefaultVpcCni`): a role in the cluster's own `vpcCniOptions.serviceAccountRoleArn` would
+        trust the cluster's OIDC provider, an output of that same cluster. It takes the cluster's
+        name and version as pulumi-eks gave them; the alias keeps the add-on pulumi-eks made (its
+        URN under the cluster), so a live stack updates it in place.
+        """
+        child = pulumi.ResourceOptions(parent=self)
+        role = irsa_role(
+            f"{name}-vpc-cni",
+            oidc_provider_arn=self.oidc_provider_arn,
+            oidc_provider_url=self.oidc_provider_url,
+            namespace=VPC_CNI_NAMESPACE,
+            service_account=VPC_CNI_SERVICE_ACCOUNT,
+            opts=child,
+        )
+        policy = aws.iam.RolePolicyAttachment(
+            f"{name}-vpc-cni", role=role.name, policy_arn=VPC_CNI_POLICY, opts=child
+        )
+        return eks.VpcCniAddon(
+            f"{name}-vpc-cni",
+            cluster_name=self.cluster_name,
+            cluster_version=self.kubernetes_version,
+            enable_network_policy=True,
+            service_account_role_arn=role.arn,
+            # The schema types `tags` as a list of maps; the add-on passes it to `aws.eks.Addon` as
+            # the map it is (pulumi-eks nodejs/eks/addons/cni-addon.ts), as the cluster did.
+            tags=cast(Any, CLUSTER_TAGS),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[policy], aliases=[pulumi.Alias(parent=self.eks)]
+            ),
+        )
 
     def _admin(self, principal_arn: str) -> aws.eks.AccessPolicyAssociation:
         """An access entry for the principal with the cluster-admin access policy, cluster-wide."""
@@ -284,10 +337,3 @@ def newest_addon_version(addon_name: str, kubernetes_version: str) -> str:
     return aws.eks.get_addon_version(
         addon_name=addon_name, kubernetes_version=kubernetes_version, most_recent=True
     ).version
-
-
-NODE_POLICIES = [
-    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
-    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
-    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
-]

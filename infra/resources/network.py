@@ -189,6 +189,8 @@ class Network(pulumi.ComponentResource):
         # Face): node groups wait for it, or their first nodes fail to pull and never join.
         self.private_egress: list[pulumi.Resource] = [nat, private_routes, *associations]
         self.private_subnets = [private[zone] for zone in home_zones]
+        # Every private subnet's, the GPU zone's included: where a gateway endpoint's routes go.
+        self.private_route_table_ids = [private_routes.id]
 
         self.vpc_id = self.vpc.id
         self.private_subnet_ids = [s.id for s in self.private_subnets]
@@ -202,6 +204,7 @@ class Network(pulumi.ComponentResource):
                 "privateSubnetIds": self.private_subnet_ids,
                 "publicSubnetIds": self.public_subnet_ids,
                 "gpuSubnetId": self.gpu_subnet_id,
+                "privateRouteTableIds": self.private_route_table_ids,
             }
         )
 

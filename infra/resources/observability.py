@@ -37,7 +37,7 @@ from infra.aws_facts.container_insights import (
 from infra.aws_facts.live_stack import LiveCluster
 from infra.config.parsing import ConfigError
 from infra.resources.cluster import addon_version
-from infra.resources.storage import irsa_trust_policy
+from infra.resources.irsa import irsa_role
 from platform_contract import GPU_TOLERATION
 from training.metrics import cloudwatch_metrics as job
 
@@ -239,11 +239,12 @@ class Observability(pulumi.ComponentResource):
         pods must run before EKS calls it active."""
         super().__init__("eks-ray-train:infra:Observability", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.agent_role = aws.iam.Role(
+        self.agent_role = irsa_role(
             f"{name}-agent",
-            assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_provider_url).apply(
-                lambda args: irsa_trust_policy(args[0], args[1], AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT)
-            ),
+            oidc_provider_arn=oidc_provider_arn,
+            oidc_provider_url=oidc_provider_url,
+            namespace=AGENT_NAMESPACE,
+            service_account=AGENT_SERVICE_ACCOUNT,
             opts=child,
         )
         agent_policy = aws.iam.RolePolicyAttachment(

@@ -1,27 +1,52 @@
-"""Checkpoint storage: a private, encrypted S3 bucket that only the Ray pods can reach (IRSA).
+"""Checkpoint storage: a private S3 bucket, encrypted with a key of its own, that only the Ray pods
+can reach (IRSA), only from inside the VPC, and only under the prefixes the jobs use.
 
 Ray Train needs storage every worker node can reach for checkpoints; the node role gets no S3
-access, the pods' service account assumes a role scoped to this one bucket.
+access, the pods' service account assumes a role scoped to this one bucket. The pods reach S3
+through a gateway endpoint on the private route tables, and the bucket refuses the pods' role any
+request that comes another way: its credentials, taken out of a pod, open nothing from elsewhere.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_aws as aws
 
+from infra.resources.irsa import irsa_role
+from infra.resources.keys import account_statement, customer_key
 from platform_contract import RAY_SERVICE_ACCOUNT
 
 BUCKET_NAME_LIMIT = 63
 # Overwritten or deleted checkpoints stay recoverable this long; uploads cut short are cleaned up.
 NONCURRENT_VERSION_DAYS = 30
 INCOMPLETE_UPLOAD_DAYS = 7
+# Where the job keeps its runs (its --storage-path): checkpoints, TensorBoard, the corpus cache. The
+# pods read and write there.
+RUNS_PREFIX = "runs"
+# Where corpora go (`training.data`, `training.evalData`): the pods read there, and write nowhere.
+DATA_PREFIX = "data"
+# What the pods' role may do with the bucket's key, through S3 only (S3 user guide, "Using
+# server-side encryption with AWS KMS keys": GenerateDataKey to write, Decrypt to read and to
+# complete a multipart upload).
+BUCKET_KEY_ACTIONS = ["kms:Encrypt", "kms:Decrypt", "kms:GenerateDataKey"]
 
 
 def checkpoint_storage_path(bucket_name: str) -> str:
     """Where the training job keeps its runs: `--storage-path` of the job."""
-    return f"s3://{bucket_name}/runs"
+    return f"s3://{bucket_name}/{RUNS_PREFIX}"
+
+
+def s3_endpoint_service(region: str) -> str:
+    """The S3 gateway endpoint's service name (VPC user guide, "Gateway endpoints for Amazon S3")."""
+    return f"com.amazonaws.{region}.s3"
+
+
+def s3_via_service(region: str) -> str:
+    """S3 as KMS names the service that calls it for a requester (`kms:ViaService`)."""
+    return f"s3.{region}.amazonaws.com"
 
 
 def checkpoint_bucket_name(cluster_name: str, region: str) -> str:
@@ -35,57 +60,100 @@ def checkpoint_bucket_name(cluster_name: str, region: str) -> str:
     return f"{cluster_name.lower().replace('_', '-')[: BUCKET_NAME_LIMIT - len(suffix)]}{suffix}"
 
 
-def irsa_trust_policy(
-    oidc_provider_arn: str, oidc_provider_url: str, namespace: str, service_account: str
-) -> str:
-    """Trust the cluster's OIDC provider, for one service account only."""
-    issuer = oidc_provider_url.removeprefix("https://")
+def prefix_objects(bucket_arn: str, prefix: str) -> list[str]:
+    """The objects under `prefix`, and the key `prefix` itself (pyarrow asks S3 for it, HeadObject,
+    when Ray looks up the folder)."""
+    return [f"{bucket_arn}/{prefix}", f"{bucket_arn}/{prefix}/*"]
+
+
+def bucket_access_policy(bucket_arn: str, key_arn: str, region: str) -> str:
+    """Read and write the runs, read the corpora, use the bucket's key through S3; nothing else.
+
+    Listing is held to the two prefixes with `StringLikeIfExists`: a request that names no prefix
+    (HeadBucket, which pyarrow sends before it makes a folder, as Ray Train does for each run) needs
+    `s3:ListBucket` too, and `StringLike` would refuse it; with the permission S3 also answers 404,
+    not 403, for a missing key, which pyarrow needs to tell a new path from a refused one.
+    """
     return json.dumps(
         {
             "Version": "2012-10-17",
             "Statement": [
                 {
+                    "Sid": "ListTheJobsPrefixes",
                     "Effect": "Allow",
-                    "Principal": {"Federated": oidc_provider_arn},
-                    "Action": "sts:AssumeRoleWithWebIdentity",
+                    "Action": "s3:ListBucket",
+                    "Resource": bucket_arn,
                     "Condition": {
-                        "StringEquals": {
-                            f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
-                            f"{issuer}:aud": "sts.amazonaws.com",
+                        "StringLikeIfExists": {
+                            "s3:prefix": [
+                                form
+                                for prefix in (RUNS_PREFIX, DATA_PREFIX)
+                                for form in (prefix, f"{prefix}/*")
+                            ]
                         }
                     },
-                }
-            ],
-        }
-    )
-
-
-def bucket_access_policy(bucket_arn: str) -> str:
-    """Read, write and list checkpoints in this bucket, nothing else."""
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
+                },
                 {
+                    "Sid": "FindTheBucket",
                     "Effect": "Allow",
-                    "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+                    "Action": "s3:GetBucketLocation",
                     "Resource": bucket_arn,
                 },
                 {
+                    "Sid": "ReadAndWriteTheRuns",
                     "Effect": "Allow",
                     "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                    "Resource": f"{bucket_arn}/*",
+                    "Resource": prefix_objects(bucket_arn, RUNS_PREFIX),
+                },
+                {
+                    "Sid": "ReadTheCorpora",
+                    "Effect": "Allow",
+                    "Action": "s3:GetObject",
+                    "Resource": prefix_objects(bucket_arn, DATA_PREFIX),
+                },
+                {
+                    "Sid": "UseTheBucketKeyThroughS3",
+                    "Effect": "Allow",
+                    "Action": BUCKET_KEY_ACTIONS,
+                    "Resource": key_arn,
+                    "Condition": {"StringEquals": {"kms:ViaService": s3_via_service(region)}},
                 },
             ],
         }
     )
 
 
-def tls_only_policy(bucket_arn: str) -> str:
-    """Deny every request to the bucket and its objects that does not come over TLS.
+def bucket_key_policy(account_id: str, pods_role_arn: str, region: str) -> str:
+    """The bucket key's policy: the account manages it; the Ray pods' role may use it through S3 alone."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                account_statement(account_id),
+                {
+                    "Sid": "RayPodsThroughS3",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": pods_role_arn},
+                    "Action": BUCKET_KEY_ACTIONS,
+                    "Resource": "*",
+                    "Condition": {"StringEquals": {"kms:ViaService": s3_via_service(region)}},
+                },
+            ],
+        }
+    )
 
-    The S3 user guide's recommended form: `aws:SecureTransport` is "false" on plain HTTP requests.
+
+def bucket_policy(bucket_arn: str, pods_role_arn: str, endpoint_id: str) -> str:
+    """Deny every request without TLS, and every request of the Ray pods' role that does not come
+    through the VPC's S3 endpoint.
+
+    The S3 user guide's forms: `aws:SecureTransport` is "false" on plain HTTP requests ("Enforce
+    encryption in transit"); `aws:SourceVpce` names the endpoint a request came through, and is
+    absent on one that came through none, which `StringNotEquals` denies too ("Controlling access
+    from VPC endpoints with bucket policies"). `aws:PrincipalArn` is the role's ARN for every
+    session of it, so people and the deployer keep their access from anywhere.
     """
+    everything = [bucket_arn, f"{bucket_arn}/*"]
     return json.dumps(
         {
             "Version": "2012-10-17",
@@ -95,32 +163,77 @@ def tls_only_policy(bucket_arn: str) -> str:
                     "Effect": "Deny",
                     "Principal": "*",
                     "Action": "s3:*",
-                    "Resource": [bucket_arn, f"{bucket_arn}/*"],
+                    "Resource": everything,
                     "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                }
+                },
+                {
+                    "Sid": "RayPodsOnlyThroughTheVpcEndpoint",
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:*",
+                    "Resource": everything,
+                    "Condition": {
+                        "ArnEquals": {"aws:PrincipalArn": pods_role_arn},
+                        "StringNotEquals": {"aws:SourceVpce": endpoint_id},
+                    },
+                },
             ],
         }
     )
 
 
 class CheckpointStore(pulumi.ComponentResource):
-    """The bucket, its guards, and the role the Ray pods' service account assumes."""
+    """The bucket, its key and guards, the VPC's S3 endpoint, and the role the Ray pods' service
+    account assumes."""
 
     def __init__(
         self,
         name: str,
         *,
         bucket_name: str,
+        region: str,
         namespace: str,
         oidc_provider_arn: pulumi.Input[str],
         oidc_provider_url: pulumi.Input[str],
+        vpc_id: pulumi.Input[str],
+        route_table_ids: Sequence[pulumi.Input[str]],
         force_destroy: bool,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         """`force_destroy`: `pulumi destroy` deletes every object version with the bucket; otherwise
-        it stops at a bucket that still holds checkpoints, so none is lost by accident."""
+        it stops at a bucket that still holds checkpoints, so none is lost by accident.
+        `route_table_ids`: the private subnets' route tables (`Network.private_route_table_ids`),
+        which the S3 endpoint joins."""
         super().__init__("eks-ray-train:infra:CheckpointStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        self.role = irsa_role(
+            f"{name}-ray-pods",
+            oidc_provider_arn=oidc_provider_arn,
+            oidc_provider_url=oidc_provider_url,
+            namespace=namespace,
+            service_account=RAY_SERVICE_ACCOUNT,
+            opts=child,
+        )
+        # After the role, which its policy names (KMS refuses a principal that does not exist).
+        account_id = aws.get_caller_identity().account_id
+        self.key = customer_key(
+            name,
+            description=f"Server-side encryption of the checkpoint bucket {bucket_name}",
+            policy=self.role.arn.apply(lambda role_arn: bucket_key_policy(account_id, role_arn, region)),
+            opts=child,
+        )
+        # S3 traffic of the private subnets stays in AWS's network, and carries the endpoint's id,
+        # which the bucket policy requires of the pods' role. No endpoint policy: the nodes' image
+        # pulls from ECR read their layers from S3 through it too.
+        self.endpoint = aws.ec2.VpcEndpoint(
+            f"{name}-s3",
+            vpc_id=vpc_id,
+            service_name=s3_endpoint_service(region),
+            vpc_endpoint_type="Gateway",
+            route_table_ids=list(route_table_ids),
+            tags={"Name": f"{name}-s3"},
+            opts=child,
+        )
         self.bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=force_destroy, opts=child)
         versioning = aws.s3.BucketVersioning(
             name, bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
@@ -149,39 +262,45 @@ class CheckpointStore(pulumi.ComponentResource):
             restrict_public_buckets=True,
             opts=child,
         )
-        aws.s3.BucketServerSideEncryptionConfiguration(
+        # New objects under the bucket's own key; a bucket key makes S3 ask KMS for a data key per
+        # bucket and period rather than per object.
+        encryption = aws.s3.BucketServerSideEncryptionConfiguration(
             name,
             bucket=self.bucket.id,
             rules=[
                 {
-                    "apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms"},
+                    "apply_server_side_encryption_by_default": {
+                        "sse_algorithm": "aws:kms",
+                        "kms_master_key_id": self.key.arn,
+                    },
                     "bucket_key_enabled": True,
                 }
             ],
             opts=child,
         )
         # After the public access block: S3 judges a new policy against the block in force.
-        aws.s3.BucketPolicy(
+        guards = aws.s3.BucketPolicy(
             name,
             bucket=self.bucket.id,
-            policy=self.bucket.arn.apply(tls_only_policy),
+            policy=pulumi.Output.all(self.bucket.arn, self.role.arn, self.endpoint.id).apply(
+                lambda args: bucket_policy(*args)
+            ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access]),
         )
         aws.s3.BucketOwnershipControls(
             name, bucket=self.bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
         )
-        self.role = aws.iam.Role(
+        access = aws.iam.RolePolicy(
             f"{name}-ray-pods",
-            assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_provider_url).apply(
-                lambda args: irsa_trust_policy(args[0], args[1], namespace, RAY_SERVICE_ACCOUNT)
+            role=self.role.id,
+            policy=pulumi.Output.all(self.bucket.arn, self.key.arn).apply(
+                lambda args: bucket_access_policy(args[0], args[1], region)
             ),
             opts=child,
         )
-        aws.iam.RolePolicy(
-            f"{name}-ray-pods",
-            role=self.role.id,
-            policy=self.bucket.arn.apply(bucket_access_policy),
-            opts=child,
-        )
         self.storage_path = checkpoint_storage_path(bucket_name)
-        self.register_outputs({"bucket": self.bucket.bucket, "roleArn": self.role.arn})
+        # What a job that writes checkpoints waits for: the pods' rights, the key, the bucket's guards.
+        self.ready: list[pulumi.Resource] = [access, encryption, guards]
+        self.register_outputs(
+            {"bucket": self.bucket.bucket, "roleArn": self.role.arn, "endpointId": self.endpoint.id}
+        )

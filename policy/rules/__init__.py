@@ -8,13 +8,14 @@ resources not created yet (during `pulumi preview`) as unknown sentinels. A rule
 unknown: it checks what is known and leaves the rest to the next preview or `pulumi up`.
 
 The pack runs in its own virtualenv and cannot import the program: the facts it checks against
-(Ray's ports, the GPU node label, the Ray pod labels, the image-pin rule, Kubernetes quantities)
+(Ray's ports, the GPU node label, the Ray pod labels, the image-pin rule, Kubernetes quantities,
+IRSA's annotations and token lifetime, the KMS deletion window, the node role's forbidden policies)
 are copies, each checked equal to the original in `tests/policy/test_pack.py`. Pulumi runs
 `policy/` as a script, so this package imports as `rules` there and as `policy.rules` in tests:
 its modules import each other relatively.
 """
 
-from . import eks, network, nodes, pods, ray, ray_network, storage
+from . import eks, iam, kms, network, nodes, pods, ray, ray_network, storage
 from .registry import registered
 
-__all__ = ["eks", "network", "nodes", "pods", "ray", "ray_network", "registered", "storage"]
+__all__ = ["eks", "iam", "kms", "network", "nodes", "pods", "ray", "ray_network", "registered", "storage"]

@@ -1,4 +1,5 @@
-"""The nodes: instance metadata only through IMDSv2 and only to the node, the GPU node group in one subnet with an EFA interface."""
+"""The nodes: instance metadata only through IMDSv2 and only to the node, a node role with no more
+than a node needs, the GPU node group in one subnet with an EFA interface."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ from typing import Any
 from .properties import (
     LAUNCH_TEMPLATE,
     NODE_GROUP,
+    ROLE,
+    ROLE_POLICY_ATTACHMENT,
     StackResource,
+    as_list,
     dig,
     is_unknown,
     items,
+    linked,
+    policy_statements,
 )
 from .registry import MANDATORY, resource_rule, stack_rule
 
@@ -20,6 +26,15 @@ GPU_NODE_LABEL = ("role", "gpu-worker")
 
 # The hop limit that keeps instance metadata (and the node role's credentials) from pods.
 POD_SAFE_HOP_LIMIT = 1
+
+# AWS managed policies a node role must not hold, and what to do instead (EKS user guide, "Amazon EKS
+# node IAM role"): every host-network pod reads the node role's credentials from IMDS.
+NODE_ROLE_FORBIDDEN = {
+    "policy/AmazonEKS_CNI_Policy": "give the VPC CNI a role of its own (IRSA for kube-system:aws-node, "
+    "the vpc-cni add-on's serviceAccountRoleArn)",
+    "policy/AmazonEC2ContainerRegistryReadOnly": "attach AmazonEC2ContainerRegistryPullOnly instead, "
+    "which pulls images without listing or describing the account's repositories",
+}
 
 
 def is_gpu_node_group(props: Mapping[str, Any]) -> bool:
@@ -186,4 +201,39 @@ def gpu_node_group_efa(resources: Sequence[StackResource]) -> list[tuple[str, st
                     "NCCL would fall back to TCP",
                 )
             )
+    return violations
+
+
+def trusts_ec2(role: StackResource) -> bool | None:
+    """Whether EC2 may assume the role (an instance role: a node's); None while its trust is unknown."""
+    statements = policy_statements(role.props.get("assumeRolePolicy"))
+    if statements is None:
+        return None
+    return any(
+        dig(statement, "Effect") == "Allow"
+        and "ec2.amazonaws.com" in as_list(dig(statement, "Principal", "Service"))
+        for statement in statements
+    )
+
+
+@stack_rule(
+    "node-role-least-privilege",
+    MANDATORY,
+    description="A node role holds neither the VPC CNI's policy nor ECR's read-only one.",
+    resources="IAM roles EC2 assumes (node roles) and their policy attachments",
+    requires="no `AmazonEKS_CNI_Policy` (the VPC CNI's own IRSA role holds it) and no `AmazonEC2ContainerRegistryReadOnly` (`AmazonEC2ContainerRegistryPullOnly` instead), attached or in `managedPolicyArns`",
+)
+def node_role_least_privilege(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """A node role holds what a node needs and no more: any host-network pod (the EFA counter reader's,
+    aws-node) reads the node's credentials from instance metadata, which the hop limit keeps only
+    from pods in their own network namespace."""
+    attachments = [r for r in resources if r.type == ROLE_POLICY_ATTACHMENT]
+    violations = []
+    for role in (r for r in resources if r.type == ROLE and trusts_ec2(r)):
+        held = [a.props.get("policyArn") for a in linked(role, "name", attachments, "role")]
+        held += as_list(role.props.get("managedPolicyArns"))
+        for arn in held:
+            for policy, instead in NODE_ROLE_FORBIDDEN.items():
+                if isinstance(arn, str) and arn.endswith(f":{policy}"):
+                    violations.append((role.urn, f"the node role holds {policy.split('/')[1]}: {instead}"))
     return violations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,19 @@ RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 # Helm's own client installs, and a v4 Chart, which renders the chart into objects.
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 HELM_INSTALLS = (HELM_RELEASE, "kubernetes:helm.sh/v4:Chart")
+SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+ROLE_POLICY_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+IAM_POLICY = "aws:iam/policy:Policy"
+KMS_KEY = "aws:kms/key:Key"
+VPC_ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
+BUCKET_ENCRYPTION = (
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+    "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+)
+EKS_ADDON = "aws:eks/addon:Addon"
+PULUMI_EKS_VPC_CNI = "eks:index:VpcCniAddon"
 
 
 # During preview the engine replaces values it cannot know yet by these strings (one per kind of value).
@@ -75,6 +89,24 @@ def is_true(value: Any) -> bool:
 
 def is_false(value: Any) -> bool:
     return value is False or (isinstance(value, str) and value.lower() == "false")
+
+
+def as_list(value: Any) -> list:
+    """An IAM policy element that is one value or a list of them, as a list."""
+    return [value] if isinstance(value, str) else items(value)
+
+
+def policy_statements(policy: Any) -> list | None:
+    """The statements of a policy document (JSON text or already a dict); None while it is unknown,
+    none when it cannot be read."""
+    if is_unknown(policy):
+        return None
+    try:
+        document = json.loads(policy) if isinstance(policy, str) else policy
+    except ValueError:
+        return []
+    statements = dig(document, "Statement")
+    return [statements] if isinstance(statements, Mapping) else items(statements)
 
 
 def type_kind(resource_type: str) -> tuple[str, str]:

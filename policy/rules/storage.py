@@ -1,25 +1,29 @@
-"""Buckets and logs: TLS-only and versioned buckets, log groups with a retention and a KMS key."""
+"""Buckets and logs: TLS-only and versioned buckets reached through the VPC's S3 endpoint and
+encrypted with a key of their own, log groups with a retention and a KMS key."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .properties import (
     AWS_EKS_CLUSTER,
+    BUCKET_ENCRYPTION,
     BUCKET_POLICY,
     BUCKET_VERSIONING,
     BUCKETS,
     LOG_GROUP,
     PULUMI_EKS_CLUSTER,
+    VPC_ENDPOINT,
     StackResource,
+    as_list,
     dig,
     is_false,
     is_true,
     is_unknown,
     items,
     linked,
+    policy_statements,
 )
 from .registry import ADVISORY, MANDATORY, resource_rule, stack_rule
 
@@ -35,29 +39,29 @@ def denies_plain_http(policy: Any) -> bool | None:
     The S3 user guide's form: Deny, any principal, `s3:*`, the bucket and `bucket/*`, when
     `aws:SecureTransport` is "false".
     """
-    if is_unknown(policy):
+    statements = policy_statements(policy)
+    if statements is None:
         return None
-    try:
-        document = json.loads(policy) if isinstance(policy, str) else policy
-    except ValueError:
-        return False
-    statements = dig(document, "Statement")
-    for statement in [statements] if isinstance(statements, Mapping) else items(statements):
-        actions = dig(statement, "Action")
-        resources = dig(statement, "Resource")
-        resources = [resources] if isinstance(resources, str) else items(resources)
-        principal = dig(statement, "Principal")
+    for statement in statements:
         secure = dig(statement, "Condition", "Bool", "aws:SecureTransport")
-        if (
-            dig(statement, "Effect") == "Deny"
-            and principal in ("*", {"AWS": "*"})
-            and {"s3:*", "*"} & set([actions] if isinstance(actions, str) else items(actions))
-            and any(str(r).endswith("/*") for r in resources)
-            and any(not str(r).endswith("/*") for r in resources)
-            and (is_false(secure) or items(secure) in (["false"], [False]))
+        if denies_all_of_the_bucket(statement) and (
+            is_false(secure) or items(secure) in (["false"], [False])
         ):
             return True
     return False
+
+
+def denies_all_of_the_bucket(statement: Any) -> bool:
+    """A statement that denies every S3 action on the bucket and its objects to any principal (its
+    condition aside)."""
+    resources = as_list(dig(statement, "Resource"))
+    return (
+        dig(statement, "Effect") == "Deny"
+        and dig(statement, "Principal") in ("*", {"AWS": "*"})
+        and bool({"s3:*", "*"} & set(as_list(dig(statement, "Action"))))
+        and any(str(r).endswith("/*") for r in resources)
+        and any(not str(r).endswith("/*") for r in resources)
+    )
 
 
 @stack_rule(
@@ -112,6 +116,116 @@ def buckets_versioned(resources: Sequence[StackResource]) -> list[tuple[str, str
             continue
         violations.append(
             (bucket.urn, "the bucket does not keep versions: add a BucketVersioning with status Enabled")
+        )
+    return violations
+
+
+def is_s3_gateway(endpoint: StackResource) -> bool | None:
+    """Whether a VPC endpoint is an S3 gateway on at least one route table; None while unknown."""
+    kind, service, tables = (
+        endpoint.props.get(key) for key in ("vpcEndpointType", "serviceName", "routeTableIds")
+    )
+    if any(is_unknown(value) for value in (kind, service, tables)):
+        return None
+    return kind == "Gateway" and isinstance(service, str) and service.endswith(".s3") and bool(items(tables))
+
+
+def endpoints_required(policy: StackResource) -> list[Any] | None:
+    """The endpoints a bucket policy requires: `aws:SourceVpce` of each statement that denies all of
+    the bucket when a request came through another endpoint or none (`StringNotEquals`); None while
+    the policy is unknown."""
+    statements = policy_statements(policy.props.get("policy"))
+    if statements is None:
+        return None
+    return [
+        endpoint
+        for statement in statements
+        if denies_all_of_the_bucket(statement)
+        for operator in ("StringNotEquals", "StringNotEqualsIfExists")
+        for endpoint in as_list(dig(statement, "Condition", operator, "aws:SourceVpce"))
+    ]
+
+
+def _endpoint_verdict(policy: StackResource, gateways: Sequence[StackResource]) -> bool | str | None:
+    """True when the policy requires an S3 gateway endpoint of the stack, None while unknown, else
+    what is missing."""
+    required = endpoints_required(policy)
+    if required is None or any(is_unknown(endpoint) for endpoint in required):
+        return None
+    if not required:
+        return "has no statement denying requests that do not come through the VPC's S3 endpoint"
+    if any(g.urn in policy.dependencies or g.props.get("id") in required for g in gateways):
+        return True
+    return "requires an endpoint that is no S3 gateway endpoint of the stack on a route table"
+
+
+@stack_rule(
+    "s3-buckets-vpc-endpoint-only",
+    MANDATORY,
+    description="Every S3 bucket's policy denies requests that do not come through the stack's S3 gateway endpoint.",
+    resources="S3 buckets, their bucket policies and the VPC endpoints",
+    requires="a bucket policy statement denying `s3:*` on the bucket and `bucket/*` when `aws:SourceVpce` is not (`StringNotEquals`) an S3 gateway endpoint of the stack that joins a route table",
+)
+def buckets_vpc_endpoint_only(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """Credentials that reach a bucket, taken out of the VPC, open nothing: the bucket policy refuses
+    the principals it names (or everyone) any request that does not come through the VPC's S3 gateway
+    endpoint (S3 user guide, "Controlling access from VPC endpoints with bucket policies")."""
+    policies = [r for r in resources if r.type == BUCKET_POLICY]
+    gateways = [r for r in resources if r.type == VPC_ENDPOINT and is_s3_gateway(r) is not False]
+    violations = []
+    for bucket in (r for r in resources if r.type in BUCKETS):
+        verdicts = [_endpoint_verdict(p, gateways) for p in linked(bucket, "bucket", policies, "bucket")]
+        if True in verdicts or None in verdicts:
+            continue
+        problem = next((f"'s policy {v}" for v in verdicts if isinstance(v, str)), " has no bucket policy")
+        violations.append(
+            (
+                bucket.urn,
+                f"the bucket{problem}: add an S3 gateway endpoint (vpc_endpoint_type 'Gateway', service "
+                "com.amazonaws.<region>.s3) on the private route tables and a bucket policy statement denying "
+                "s3:* on the bucket and bucket/* when aws:SourceVpce is not that endpoint",
+            )
+        )
+    return violations
+
+
+def _kms_key_of(rules: Any) -> Any:
+    """The KMS key of the first default-encryption rule that names one (unknown stays unknown)."""
+    if is_unknown(rules):
+        return rules
+    for rule in as_list(rules) if not isinstance(rules, Mapping) else [rules]:
+        default = dig(rule, "applyServerSideEncryptionByDefault")
+        if is_unknown(default):
+            return default
+        algorithm, key = dig(default, "sseAlgorithm"), dig(default, "kmsMasterKeyId")
+        if is_unknown(algorithm) or (str(algorithm).startswith("aws:kms") and key not in (None, "")):
+            return key
+    return None
+
+
+@stack_rule(
+    "s3-buckets-kms-cmk",
+    MANDATORY,
+    description="Every S3 bucket encrypts new objects with a customer-managed KMS key.",
+    resources="S3 buckets and their server-side encryption configurations",
+    requires="default encryption `aws:kms` (or `aws:kms:dsse`) naming a `kmsMasterKeyId` other than the AWS managed key `alias/aws/s3` (S3's default encryption, SSE-S3, names none)",
+)
+def buckets_kms_cmk(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """Reading an object takes the bucket's own key too, whose policy names who may use it; S3's
+    default (SSE-S3) and the AWS managed key `aws/s3` admit whoever may read the bucket."""
+    configs = [r for r in resources if r.type in BUCKET_ENCRYPTION]
+    violations = []
+    for bucket in (r for r in resources if r.type in BUCKETS):
+        keys = [_kms_key_of(c.props.get("rules")) for c in linked(bucket, "bucket", configs, "bucket")]
+        keys.append(_kms_key_of(dig(bucket.props, "serverSideEncryptionConfiguration", "rule")))
+        if any(key is not None and (is_unknown(key) or "alias/aws/s3" not in str(key)) for key in keys):
+            continue
+        violations.append(
+            (
+                bucket.urn,
+                "the bucket does not encrypt with a key of its own: add a BucketServerSideEncryptionConfiguration "
+                "with sse_algorithm 'aws:kms' and kms_master_key_id a KMS key of the stack",
+            )
         )
     return violations
 

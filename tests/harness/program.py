@@ -59,6 +59,7 @@ class Registration:
     inputs: dict[str, Any]
     secret_inputs: set[str]
     alias_names: list[str] = field(default_factory=list)
+    alias_parents: list[str] = field(default_factory=list)  # the parent URN each alias names
     delete_before_replace: bool = False
     provider: str = ""  # the explicit provider reference, `<urn>::<id>`
     retain_on_delete: bool = False
@@ -155,6 +156,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     inputs=inputs,
                     secret_inputs=_secret_paths(request.object),
                     alias_names=[a.spec.name for a in request.aliases if a.HasField("spec")],
+                    alias_parents=[a.spec.parentUrn for a in request.aliases if a.HasField("spec")],
                     delete_before_replace=request.deleteBeforeReplace,
                     provider=request.provider,
                     retain_on_delete=request.retainOnDelete,

@@ -4,6 +4,7 @@ equal the originals, and every resource of every stack's mocks run passes every 
 from __future__ import annotations
 
 import copy
+import json
 import runpy
 import sys
 
@@ -14,9 +15,15 @@ from pulumi_policy import (
 )
 
 import platform_contract
-from infra.resources.cluster import control_plane_log_group
+from infra.resources import irsa, keys
+from infra.resources.cluster import (
+    NODE_POLICIES,
+    VPC_CNI_POLICY,
+    VPC_CNI_SERVICE_ACCOUNT,
+    control_plane_log_group,
+)
 from infra.resources.node_groups import METADATA_OPTIONS
-from policy.rules import eks, nodes, pods, properties, ray, registered, registry, storage
+from policy.rules import eks, iam, kms, nodes, pods, properties, ray, registered, registry, storage
 from policy.rules.properties import StackResource
 from tests.harness.paths import REPO_ROOT
 from tests.harness.policy_resources import (
@@ -36,6 +43,7 @@ from tests.harness.program import (
     stack_name,
 )
 from workloads import manifests
+from workloads.manifests import ray_service_account
 
 POLICY_DIR = REPO_ROOT / "policy"
 
@@ -100,6 +108,15 @@ def test_pack_constants_match_the_program():
     key, value = nodes.GPU_NODE_LABEL
     assert platform_contract.GPU_LABELS[key] == value
     assert {key: value} == platform_contract.GPU_NODE_SELECTOR
+    assert iam.STS_AUDIENCE == irsa.STS_AUDIENCE
+    assert iam.ROLE_ARN_ANNOTATION == ray_service_account.ROLE_ARN_ANNOTATION
+    assert iam.TOKEN_EXPIRATION_ANNOTATION == ray_service_account.TOKEN_EXPIRATION_ANNOTATION
+    assert iam.TOKEN_EXPIRATION_MAX_S == ray_service_account.TOKEN_EXPIRATION_S
+    assert kms.MIN_DELETION_WINDOW_DAYS == keys.DELETION_WINDOW_DAYS
+    assert eks.VPC_CNI_SERVICE_ACCOUNT == VPC_CNI_SERVICE_ACCOUNT
+    forbidden = [f":{policy}" for policy in nodes.NODE_ROLE_FORBIDDEN]
+    assert VPC_CNI_POLICY.endswith(forbidden[0])
+    assert not any(arn.endswith(policy) for arn in NODE_POLICIES for policy in forbidden)
 
 
 @pytest.fixture(scope="module", params=STACK_FILES, ids=stack_name)
@@ -166,6 +183,18 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
     reader_daemonset = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters")
     reader_namespace_name = reader_daemonset.inputs["metadata"]["namespace"]
     kuberay_release = plan.one("kubernetes:helm.sh/v3:Release", manifests.KUBERAY_OPERATOR.name)
+    cluster_name = cluster.inputs["name"]
+    pull_only = next(
+        r for r in plan.of_type(properties.ROLE_POLICY_ATTACHMENT) if r.name.endswith("PullOnly")
+    )
+    vpc_cni = plan.one(properties.PULUMI_EKS_VPC_CNI)
+    cni_role = plan.one(properties.ROLE, f"{cluster_name}-vpc-cni")
+    ray_service_account = plan.one(properties.SERVICE_ACCOUNT)
+    pods_access = plan.one(properties.ROLE_POLICY, "checkpoints-ray-pods")
+    s3_endpoint = plan.one(properties.VPC_ENDPOINT)
+    bucket_encryption = plan.one(properties.BUCKET_ENCRYPTION[0])
+    bucket_key = plan.one(properties.KMS_KEY, "checkpoints")
+    cluster_key = plan.one(properties.KMS_KEY, f"{cluster_name}-secrets")
 
     def broken(registration, change) -> list[str]:
         original = registration.inputs
@@ -178,6 +207,25 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
 
     def worker(inputs: dict) -> dict:
         return inputs["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+
+    def in_document(key: str, change):
+        """Change the policy document (JSON text) at `key` of the inputs."""
+
+        def edit(inputs: dict) -> None:
+            document = json.loads(inputs[key])
+            change(document)
+            inputs[key] = json.dumps(document)
+
+        return edit
+
+    def statement(document: dict, sid: str) -> dict:
+        return next(s for s in document["Statement"] if s.get("Sid") == sid)
+
+    def subject_as_a_pattern(condition: dict) -> None:
+        """The trust's :sub moved from StringEquals to a StringLike pattern of its namespace."""
+        [subject] = [key for key in condition["StringEquals"] if key.endswith(":sub")]
+        namespace = condition["StringEquals"].pop(subject).rsplit(":", 1)[0]
+        condition["StringLike"] = {subject: f"{namespace}:*"}
 
     breakages = {
         "imdsv2-required": (gpu_template, lambda p: p["metadataOptions"].update(httpTokens="optional")),
@@ -218,7 +266,7 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
         ),
         "s3-buckets-tls-only": (
             tls_policy,
-            lambda p: p.update(policy=p["policy"].replace('"Deny"', '"Allow"')),
+            in_document("policy", lambda d: statement(d, "DenyRequestsWithoutTls").update(Effect="Allow")),
         ),
         "log-retention-set": (control_plane_logs, lambda p: p.pop("retentionInDays")),
         "s3-buckets-versioned": (
@@ -277,6 +325,76 @@ def test_mandatory_rules_catch_breakage_in_the_programs_own_resources(stack_plan
         "ray-namespace-default-deny (egress everywhere)": (
             ray_pods_policy,
             lambda p: p["spec"]["egress"].append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}),
+        ),
+        "node-role-least-privilege": (
+            pull_only,
+            lambda p: p.update(policyArn="arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"),
+        ),
+        "node-role-least-privilege (the CNI policy back on the node role)": (
+            pull_only,
+            lambda p: p.update(policyArn="arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"),
+        ),
+        "vpc-cni-irsa": (vpc_cni, lambda p: p.pop("serviceAccountRoleArn")),
+        "vpc-cni-irsa (the cluster's own add-on, without a role)": (
+            cluster,
+            lambda p: p.pop("useDefaultVpcCni"),
+        ),
+        "irsa-trust-scoped": (
+            cni_role,
+            in_document(
+                "assumeRolePolicy",
+                lambda d: [
+                    conditions.pop(key)
+                    for conditions in [d["Statement"][0]["Condition"]["StringEquals"]]
+                    for key in list(conditions)
+                    if key.endswith(":aud")
+                ],
+            ),
+        ),
+        "irsa-trust-scoped (a subject pattern)": (
+            cni_role,
+            in_document("assumeRolePolicy", lambda d: subject_as_a_pattern(d["Statement"][0]["Condition"])),
+        ),
+        "irsa-token-lifetime": (
+            ray_service_account,
+            lambda p: p["metadata"]["annotations"].pop("eks.amazonaws.com/token-expiration"),
+        ),
+        "s3-access-prefix-scoped": (
+            pods_access,
+            in_document(
+                "policy",
+                lambda d: statement(d, "ReadAndWriteTheRuns").update(
+                    Resource=[statement(d, "ListTheJobsPrefixes")["Resource"] + "/*"]
+                ),
+            ),
+        ),
+        "s3-access-prefix-scoped (listing the whole bucket)": (
+            pods_access,
+            in_document("policy", lambda d: statement(d, "ListTheJobsPrefixes").pop("Condition")),
+        ),
+        "s3-buckets-vpc-endpoint-only": (
+            tls_policy,
+            in_document(
+                "policy", lambda d: d["Statement"].remove(statement(d, "RayPodsOnlyThroughTheVpcEndpoint"))
+            ),
+        ),
+        "s3-buckets-vpc-endpoint-only (an endpoint on no route table)": (
+            s3_endpoint,
+            lambda p: p.update(routeTableIds=[]),
+        ),
+        "s3-buckets-kms-cmk": (
+            bucket_encryption,
+            lambda p: p["rules"][0]["applyServerSideEncryptionByDefault"].pop("kmsMasterKeyId"),
+        ),
+        "kms-key-deletion-window": (bucket_key, lambda p: p.update(deletionWindowInDays=7)),
+        "kms-key-deletion-window (the cluster's key)": (
+            cluster_key,
+            lambda p: p.update(deletionWindowInDays=7),
+        ),
+        "kms-key-rotation": (bucket_key, lambda p: p.update(enableKeyRotation=False)),
+        "kms-key-use-bound": (
+            bucket_key,
+            in_document("policy", lambda d: statement(d, "RayPodsThroughS3").pop("Condition")),
         ),
     }
     mandatory = {rule.name for rule in DEFINED_RULES if rule.enforcement is EnforcementLevel.MANDATORY}

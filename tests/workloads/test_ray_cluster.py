@@ -53,7 +53,7 @@ def test_ray_pods_are_closed_and_their_namespace_denies_by_default_before_they_s
     reader_rule = pods_policy.inputs["spec"]["egress"][-1]
     assert reader_rule["to"] == [{"ipBlock": {"cidr": gpu_subnet.inputs["cidrBlock"]}}]
     # Enforced only with the VPC CNI's network policy agent on.
-    assert plan.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+    assert plan.one("eks:index:VpcCniAddon").inputs["enableNetworkPolicy"] is True
     labels = plan.one("kubernetes:core/v1:Namespace", namespace).inputs["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
 

@@ -8,7 +8,12 @@ import json
 import pulumi
 import pytest
 
-from infra.resources.cluster import kept_addon_version, names_same_principal
+from infra.resources.cluster import (
+    NODE_POLICIES,
+    VPC_CNI_POLICY,
+    kept_addon_version,
+    names_same_principal,
+)
 from tests.harness.fake_aws import (
     COREDNS_VERSIONS,
     FakeAws,
@@ -83,7 +88,7 @@ def test_cluster_settings(stack_plan):
     }
     assert cluster["version"] == "1.36"
     assert cluster["nodeAssociatePublicIpAddress"] is False
-    assert plan.one("aws:kms/key:Key").inputs["enableKeyRotation"] is True
+    assert cluster["useDefaultVpcCni"] is True and "vpcCniOptions" not in cluster
     addons = {r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")}
     assert addons == {"coredns", "amazon-cloudwatch-observability"}
 
@@ -176,7 +181,7 @@ def test_log_retention_is_configurable():
 def test_control_plane_logs_are_encrypted_with_the_cluster_key(stack_plan):
     config, plan = stack_plan
     region, cluster_name = config["aws:region"], config["eks-ray-train:clusterName"]
-    key = plan.one("aws:kms/key:Key")
+    key = plan.one("aws:kms/key:Key", f"{cluster_name}-secrets")
     group = plan.one("aws:cloudwatch/logGroup:LogGroup")
     assert group.inputs["kmsKeyId"] == f"arn:aws:service:{region}:{ACCOUNT}:key/{key.name}"
     assert key.urn in group.dependencies and group.urn in plan.one("eks:index:Cluster").dependencies
@@ -187,3 +192,64 @@ def test_control_plane_logs_are_encrypted_with_the_cluster_key(stack_plan):
     assert logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"] == (
         f"arn:aws:logs:{region}:{ACCOUNT}:log-group:/aws/eks/{cluster_name}/cluster"
     )
+
+
+def test_the_cluster_key_rotates_and_waits_30_days_before_deletion(stack_plan):
+    config, plan = stack_plan
+    key = plan.one("aws:kms/key:Key", f"{config['eks-ray-train:clusterName']}-secrets").inputs
+    assert key["enableKeyRotation"] is True
+    assert key["deletionWindowInDays"] == 30
+
+
+ROLE_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+
+
+def attached_to(plan: Preview, role_name: str) -> set[str]:
+    """The managed policies attached to the role (mocked role names are their resource names)."""
+    return {r.inputs["policyArn"] for r in plan.of_type(ROLE_ATTACHMENT) if r.inputs["role"] == role_name}
+
+
+def test_nodes_hold_only_what_a_node_needs(stack_plan):
+    config, plan = stack_plan
+    node_role = f"{config['eks-ray-train:clusterName']}-node"
+    assert attached_to(plan, node_role) == {
+        "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+        "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    }
+    assert set(NODE_POLICIES) == attached_to(plan, node_role)
+    assert json.loads(plan.one("aws:iam/role:Role", node_role).inputs["assumeRolePolicy"])["Statement"] == [
+        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}
+    ]
+
+
+def test_the_vpc_cni_runs_as_a_role_of_its_own(stack_plan):
+    """aws-node assumes a role trusted for kube-system:aws-node alone, which holds the CNI policy; the
+    add-on carries it, keeps the network policy agent on, and keeps pulumi-eks's add-on (its alias)."""
+    config, plan = stack_plan
+    cluster_name, region = config["eks-ray-train:clusterName"], config["aws:region"]
+    role = plan.one("aws:iam/role:Role", f"{cluster_name}-vpc-cni")
+    [statement] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    issuer = f"oidc.eks.{region}.amazonaws.com/id/0123456789ABCDEF"
+    assert statement["Principal"] == {"Federated": f"arn:aws:iam::{ACCOUNT}:oidc-provider/{issuer}"}
+    assert statement["Action"] == "sts:AssumeRoleWithWebIdentity"
+    assert statement["Condition"] == {
+        "StringEquals": {
+            f"{issuer}:sub": "system:serviceaccount:kube-system:aws-node",
+            f"{issuer}:aud": "sts.amazonaws.com",
+        }
+    }
+    assert attached_to(plan, role.name) == {VPC_CNI_POLICY}
+    cni = plan.one("eks:index:VpcCniAddon")
+    eks_cluster = plan.one("eks:index:Cluster")
+    assert cni.name == f"{cluster_name}-vpc-cni"
+    assert cni.inputs["serviceAccountRoleArn"] == f"arn:aws:service:{region}:{ACCOUNT}:role/{role.name}"
+    assert cni.inputs["enableNetworkPolicy"] is True
+    assert cni.inputs["clusterName"] == cluster_name and cni.inputs["tags"] == {"project": "eks-ray-train"}
+    assert eks_cluster.urn in cni.dependencies
+    assert plan.ancestors(cni)[0] == "eks-ray-train:infra:Cluster"
+    assert eks_cluster.urn in cni.alias_parents
+    attachment = next(r for r in plan.of_type(ROLE_ATTACHMENT) if r.inputs["role"] == role.name)
+    assert attachment.urn in cni.dependencies
+    # A node joins once aws-node can run as its own role.
+    for group in plan.of_type("aws:eks/nodeGroup:NodeGroup"):
+        assert cni.urn in group.dependencies, group.name

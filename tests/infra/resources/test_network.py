@@ -1,5 +1,6 @@
 """The VPC: each zone's blocks follow its letter and never overlap, and in the program's plan its NAT,
-private subnets, the subnets a GPU zone move keeps, the default security group and flow logs."""
+private subnets, the subnets a GPU zone move keeps, the default security group, flow logs and the
+route table the S3 gateway endpoint joins."""
 
 from __future__ import annotations
 
@@ -177,3 +178,19 @@ def test_vpc_flow_logs_go_to_a_log_group_with_the_stacks_retention():
         plan.one("aws:iam/rolePolicy:RolePolicy", "eks-ray-train-flow-logs").inputs["policy"]
     )
     assert delivery["Statement"][0]["Resource"][0] == flow_log["logDestination"]
+
+
+def test_s3_traffic_of_every_private_subnet_takes_the_gateway_endpoint():
+    """The endpoint joins the private route table, which every private subnet uses, the GPU zone's own
+    included (here outside the home zones), and not the public one."""
+    stack_file = next(f for f in STACK_FILES if stack_config(f)["aws:region"] == "us-east-1")
+    plan = run_program(config_of(stack_file, gpuAz="us-east-1d"), FakeAws(region="us-east-1"))
+    tables = {r.name: f"{r.name}-id" for r in plan.of_type("aws:ec2/routeTable:RouteTable")}
+    [private_table] = [table_id for name, table_id in tables.items() if name.endswith("-private")]
+    endpoint = plan.one("aws:ec2/vpcEndpoint:VpcEndpoint").inputs
+    assert endpoint["routeTableIds"] == [private_table]
+    associations = plan.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+    private_zones = {
+        a.name.rsplit("-private-", 1)[1] for a in associations if a.inputs["routeTableId"] == private_table
+    }
+    assert private_zones == {"us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"}

@@ -1,6 +1,9 @@
-"""The nodes' rules: IMDSv2 with a hop limit of 1, the GPU node group in one subnet with an EFA interface."""
+"""The nodes' rules: IMDSv2 with a hop limit of 1, a node role without the VPC CNI's or ECR's
+read-only policy, the GPU node group in one subnet with an EFA interface."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from pulumi_policy.proxy import (
@@ -8,7 +11,7 @@ from pulumi_policy.proxy import (
     UNKNOWN_OBJECT_VALUE,
 )
 
-from policy.rules import nodes
+from policy.rules import nodes, properties
 from policy.rules.properties import StackResource
 from tests.harness.policy_resources import (
     ENA_ONLY,
@@ -157,3 +160,75 @@ def test_gpu_node_group_efa(resources, expected):
         assert len(violations) == 1 and violations[0][0] == "urn:ng-gpu" and expected in violations[0][1], (
             violations
         )
+
+
+NODE_TRUST = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}
+        ],
+    }
+)
+NODE_ROLE = StackResource(properties.ROLE, "urn:node-role", {"assumeRolePolicy": NODE_TRUST}, ())
+WORKER = "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy"
+PULL_ONLY = "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly"
+READ_ONLY = "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"
+CNI_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
+
+
+def attached(policy_arn: str, dependencies: tuple[str, ...] = ("urn:node-role",), **props) -> StackResource:
+    return StackResource(
+        properties.ROLE_POLICY_ATTACHMENT,
+        f"urn:{policy_arn}",
+        {"role": UNKNOWN, "policyArn": policy_arn, **props},
+        dependencies,
+    )
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([NODE_ROLE, attached(WORKER), attached(PULL_ONLY)], None),
+        # Another role's: the VPC CNI's holds its policy.
+        ([NODE_ROLE, attached(WORKER), attached(CNI_POLICY, ("urn:cni-role",))], None),
+        # A role whose trust is not known yet cannot be told a node's.
+        (
+            [
+                StackResource(properties.ROLE, "urn:node-role", {"assumeRolePolicy": UNKNOWN}, ()),
+                attached(CNI_POLICY),
+            ],
+            None,
+        ),
+        ([NODE_ROLE, attached(UNKNOWN)], None),
+        ([NODE_ROLE, attached(WORKER), attached(CNI_POLICY)], "holds AmazonEKS_CNI_Policy: give the VPC CNI"),
+        ([NODE_ROLE, attached(WORKER), attached(READ_ONLY)], "holds AmazonEC2ContainerRegistryReadOnly"),
+        # An update's preview: linked by the role's known name.
+        (
+            [
+                StackResource(
+                    properties.ROLE, "urn:node-role", {"name": "node-1", "assumeRolePolicy": NODE_TRUST}, ()
+                ),
+                attached(READ_ONLY, (), role="node-1"),
+            ],
+            "AmazonEC2ContainerRegistryPullOnly instead",
+        ),
+        (
+            [
+                StackResource(
+                    properties.ROLE,
+                    "urn:node-role",
+                    {"assumeRolePolicy": NODE_TRUST, "managedPolicyArns": [WORKER, CNI_POLICY]},
+                    (),
+                )
+            ],
+            "holds AmazonEKS_CNI_Policy",
+        ),
+    ],
+)
+def test_node_role_least_privilege(resources, expected):
+    violations = nodes.node_role_least_privilege.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:node-role" and expected in violations[0][1]

@@ -1,4 +1,5 @@
-"""The rules of buckets and logs: TLS-only and versioned buckets, log groups with a retention and a KMS key."""
+"""The rules of buckets and logs: TLS-only and versioned buckets reached through the VPC's S3 endpoint
+and encrypted with a key of their own, log groups with a retention and a KMS key."""
 
 from __future__ import annotations
 
@@ -199,3 +200,184 @@ def test_buckets_versioned(resources, expected):
         assert violations == []
     else:
         assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1]
+
+
+ENDPOINT = StackResource(
+    properties.VPC_ENDPOINT,
+    "urn:vpce",
+    {"vpcEndpointType": "Gateway", "serviceName": "com.amazonaws.us-east-2.s3", "routeTableIds": ["rtb-1"]},
+    (),
+)
+VPCE_ONLY = {
+    "Effect": "Deny",
+    "Principal": "*",
+    "Action": "s3:*",
+    "Resource": [ARN, f"{ARN}/*"],
+    "Condition": {
+        "ArnEquals": {"aws:PrincipalArn": "arn:aws:iam::1:role/ray-pods"},
+        "StringNotEquals": {"aws:SourceVpce": "vpce-1"},
+    },
+}
+
+
+def guarded(*statements: dict) -> dict:
+    return {**TLS_ONLY, "Statement": [*TLS_ONLY["Statement"], *statements]}
+
+
+def endpoint(**props) -> StackResource:
+    return StackResource(ENDPOINT.type, ENDPOINT.urn, {**ENDPOINT.props, **props}, ())
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([CKPT_BUCKET, ENDPOINT, bucket_policy(guarded(VPCE_ONLY), ("urn:bucket", "urn:vpce"))], None),
+        # An update's preview: the endpoint linked by its id.
+        ([CKPT_BUCKET, endpoint(id="vpce-1"), bucket_policy(guarded(VPCE_ONLY))], None),
+        ([CKPT_BUCKET, ENDPOINT, bucket_policy(UNKNOWN)], None),
+        (
+            [
+                CKPT_BUCKET,
+                ENDPOINT,
+                bucket_policy(
+                    guarded({**VPCE_ONLY, "Condition": {"StringNotEquals": {"aws:SourceVpce": UNKNOWN}}})
+                ),
+            ],
+            None,
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                endpoint(routeTableIds=UNKNOWN),
+                bucket_policy(guarded(VPCE_ONLY), ("urn:bucket", "urn:vpce")),
+            ],
+            None,
+        ),
+        ([CKPT_BUCKET, ENDPOINT], "has no bucket policy"),
+        (
+            [CKPT_BUCKET, ENDPOINT, bucket_policy(TLS_ONLY)],
+            "has no statement denying requests that do not come",
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                ENDPOINT,
+                bucket_policy(guarded({**VPCE_ONLY, "Effect": "Allow"}), ("urn:bucket", "urn:vpce")),
+            ],
+            "has no statement denying",
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                ENDPOINT,
+                bucket_policy(guarded({**VPCE_ONLY, "Resource": [ARN]}), ("urn:bucket", "urn:vpce")),
+            ],
+            "has no statement denying",
+        ),
+        (
+            [CKPT_BUCKET, bucket_policy(guarded(VPCE_ONLY))],
+            "requires an endpoint that is no S3 gateway endpoint",
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                endpoint(routeTableIds=[]),
+                bucket_policy(guarded(VPCE_ONLY), ("urn:bucket", "urn:vpce")),
+            ],
+            "no S3 gateway endpoint of the stack on a route table",
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                endpoint(vpcEndpointType="Interface"),
+                bucket_policy(guarded(VPCE_ONLY), ("urn:bucket", "urn:vpce")),
+            ],
+            "no S3 gateway endpoint",
+        ),
+        (
+            [
+                CKPT_BUCKET,
+                endpoint(serviceName="com.amazonaws.us-east-2.dynamodb"),
+                bucket_policy(guarded(VPCE_ONLY), ("urn:bucket", "urn:vpce")),
+            ],
+            "no S3 gateway endpoint",
+        ),
+        ([CKPT_BUCKET, endpoint(id="vpce-2"), bucket_policy(guarded(VPCE_ONLY))], "no S3 gateway endpoint"),
+    ],
+)
+def test_buckets_vpc_endpoint_only(resources, expected):
+    violations = storage.buckets_vpc_endpoint_only.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1], (
+            violations
+        )
+
+
+ENCRYPTION = properties.BUCKET_ENCRYPTION[0]
+
+
+def encryption(default: dict | str, dependencies=("urn:bucket",), **props) -> StackResource:
+    rules = [{"applyServerSideEncryptionByDefault": default, "bucketKeyEnabled": True}]
+    return StackResource(ENCRYPTION, "urn:sse", {"bucket": UNKNOWN, "rules": rules, **props}, dependencies)
+
+
+KEY_ARN = "arn:aws:kms:us-east-2:1:key/k"
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        ([CKPT_BUCKET, encryption({"sseAlgorithm": "aws:kms", "kmsMasterKeyId": KEY_ARN})], None),
+        ([CKPT_BUCKET, encryption({"sseAlgorithm": "aws:kms", "kmsMasterKeyId": UNKNOWN})], None),
+        ([CKPT_BUCKET, encryption({"sseAlgorithm": "aws:kms:dsse", "kmsMasterKeyId": KEY_ARN})], None),
+        ([CKPT_BUCKET, encryption(UNKNOWN)], None),
+        (
+            [
+                CKPT_BUCKET,
+                encryption({"sseAlgorithm": "aws:kms", "kmsMasterKeyId": KEY_ARN}, (), bucket="ckpt"),
+            ],
+            None,
+        ),
+        (
+            [
+                StackResource(
+                    BUCKET,
+                    "urn:bucket",
+                    {
+                        "serverSideEncryptionConfiguration": {
+                            "rule": {
+                                "applyServerSideEncryptionByDefault": {
+                                    "sseAlgorithm": "aws:kms",
+                                    "kmsMasterKeyId": KEY_ARN,
+                                }
+                            }
+                        }
+                    },
+                    (),
+                )
+            ],
+            None,
+        ),
+        ([CKPT_BUCKET], "does not encrypt with a key of its own"),
+        ([CKPT_BUCKET, encryption({"sseAlgorithm": "aws:kms"})], "does not encrypt with a key of its own"),
+        ([CKPT_BUCKET, encryption({"sseAlgorithm": "AES256"})], "does not encrypt with a key of its own"),
+        (
+            [CKPT_BUCKET, encryption({"sseAlgorithm": "aws:kms", "kmsMasterKeyId": "alias/aws/s3"})],
+            "does not encrypt with a key of its own",
+        ),
+        (
+            [CKPT_BUCKET, encryption({"sseAlgorithm": "aws:kms", "kmsMasterKeyId": KEY_ARN}, ("urn:other",))],
+            "does not encrypt with a key of its own",
+        ),
+    ],
+)
+def test_buckets_kms_cmk(resources, expected):
+    violations = storage.buckets_kms_cmk.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1], (
+            violations
+        )
