@@ -265,7 +265,8 @@ def benchmark_output(run: TrainingRun) -> dict[str, Any]:
 
 
 def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynamic.DiffResult:
-    """Replace (run again) when an input of `RERUN_INPUTS` changed; one not known yet differs too."""
+    """Replace (run again) when an input of `RERUN_INPUTS` changed; one that is or holds a value not
+    known yet (`is_known`) differs too."""
     changed = [key for key in RERUN_INPUTS if not is_known(news.get(key)) or olds.get(key) != news.get(key)]
     return pulumi.dynamic.DiffResult(
         changes=bool(changed), replaces=changed, stables=[], delete_before_replace=False

@@ -211,6 +211,17 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         dashboard.stop()
 
 
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[ProviderHost]:
+    """The provider host alone, for calls that reach no cluster: Check, Diff, Read, Delete."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    host = ProviderHost(env, tmp_path / "provider-host.stderr").start()
+    try:
+        yield host
+    finally:
+        host.stop()
+
+
 def failure(world: World, **changes: Any) -> tuple[str, float]:
     """Create, which must fail: (the message the engine gets, seconds until it failed)."""
     started = time.monotonic()
@@ -262,6 +273,28 @@ def test_diff_reruns_when_what_the_pods_run_changes(world: World):
     assert list(unknown.replaces) == ["code_hash"]
     timeout_only = world.host.diff(olds, {**world.inputs, "timeout_minutes": 5})
     assert timeout_only.changes == 1
+
+
+def test_check_and_diff_take_unknowns_inside_a_list(host: ProviderHost, registered: dict[str, Any]):
+    """At preview a list input may be known but hold elements that are not (a job argument from another
+    resource's output). The host deserializes Check's and Diff's properties with `keep_unknowns`
+    (pulumi 3.272.0, pulumi/dynamic/__main__.py lines 115-116 and 183-184:
+    `rpc.deserialize_properties(request.news, True)`), which deserializes each element of a list
+    (pulumi/runtime/rpc.py line 1146) and each value of a map (line 891) the same way, the sentinel
+    `rpc.UNKNOWN` becoming `pulumi.output.Unknown()` (line 1141). Check passes the input and hands it
+    back as it came (`serialize_property` writes an element's `Unknown` as the sentinel, rpc.py lines
+    448-470), and Diff runs the job again for it."""
+    host.configure(STACK_CONFIG)
+    preview = {**registered, "job_args": [*registered["job_args"], "--steps", rpc.UNKNOWN]}
+    response = host.check({}, preview)
+    assert list(response.failures) == []
+    assert plain(response.inputs)["job_args"] == preview["job_args"]
+    olds = {**registered, "job_id": "eks-ray-train-main-0123456789ab", "transport": "efa"}
+    changed = host.diff(olds, preview)
+    assert changed.changes == 2 and list(changed.replaces) == ["job_args"]  # DIFF_SOME
+    # Check still refuses what is known to be wrong beside an unknown element.
+    bad = host.check({}, {**preview, "gpus_per_node": 0})
+    assert [f.property for f in bad.failures] == ["gpus_per_node"]
 
 
 # --- Create ------------------------------------------------------------------------------------------

@@ -60,6 +60,11 @@ def test_diff_reruns_when_an_input_is_not_known_yet():
     assert provider.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["code_hash"]
 
 
+def test_diff_reruns_when_an_element_of_an_input_is_not_known_yet():
+    news = {**props(run_inputs()), "job_args": [*SMOKE_ARGS, "--steps", pulumi.output.Unknown()]}
+    assert provider.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["job_args"]
+
+
 def test_update_runs_the_job_again_and_delete_removes_nothing():
     fake = FakeCluster(main_and_tcp_head())
     run_provider = fake.provider()
