@@ -297,6 +297,34 @@ def test_check_and_diff_take_unknowns_inside_a_list(host: ProviderHost, register
     assert [f.property for f in bad.failures] == ["gpus_per_node"]
 
 
+# --- Read and Delete of a state an older release wrote ---------------------------------------------------
+
+STORED_PROVIDERS = FIXTURES / "stored_providers"
+
+
+@pytest.mark.parametrize("written_at", sorted(path.stem for path in STORED_PROVIDERS.glob("*.txt")))
+def test_refresh_and_destroy_load_the_provider_each_release_stored(
+    host: ProviderHost, registered: dict[str, Any], written_at: str
+):
+    """`pulumi refresh` and `pulumi destroy` of a TrainingRun an older release created. The engine hands
+    Read and Delete the resource's outputs, whose `__provider` is the pickle of the release that created
+    or last replaced it, and the host unpickles that one (pulumi/dynamic/__main__.py, `Read` and
+    `Delete` call `get_provider(props)`, which `dill.loads` `props["__provider"]`); a `pulumi up`
+    without a change keeps those outputs (pulumi/pulumi, pkg/resource/deploy/step.go, `SameStep.Apply`:
+    "Retain the ID and outputs"). Each fixture is such a pickle (tests/fixtures/training_run/README.md)."""
+    stored = {
+        **registered,
+        "job_id": "eks-ray-train-main-0123456789ab",
+        "status": "SUCCEEDED",
+        "transport": "efa",
+        "__provider": (STORED_PROVIDERS / f"{written_at}.txt").read_text().strip(),
+    }
+    host.configure(STACK_CONFIG)
+    read = host.read(stored)
+    assert read.id == "run-id" and plain(read.properties) == stored
+    host.delete(stored)
+
+
 # --- Create ------------------------------------------------------------------------------------------
 
 
