@@ -132,6 +132,14 @@ def test_the_guard_reads_the_names_of_an_instance_pickled_whole():
     ]
 
 
+def test_the_provider_this_checkout_stores_is_a_golden_one():
+    """The `__provider` this checkout writes is one of tests/fixtures/training_run/stored_providers, whose
+    Read and Delete through the host are tested (test_engine_host.py): when it changes, add it there
+    (the fixtures' README says how) and keep the older ones."""
+    stored = {path.read_text().strip() for path in STORED_PROVIDERS.glob("*.txt")}
+    assert serialize_provider(provider.TrainingRunProvider()) in stored
+
+
 def test_the_stored_provider_holds_nothing_of_the_configured_instance():
     """Static keys in the stack config reach the configured provider, never its pickle: the host builds
     the provider anew (`connect_to_eks`, default settings) and `configure` gives it the settings again."""
