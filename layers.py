@@ -27,7 +27,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"infra.aws_facts"},
         {"infra.resources", "infra.plan"},
         {"infra.preflight", "infra.region_survey"},
-        {"infra.pricing"},
+        {"infra.pricing", "infra.aws_identity"},
     ],
     "workloads": [
         {"workloads.__init__", "workloads.efa_counter_reader", "workloads.nccl_transport"},

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
@@ -74,14 +74,16 @@ class AssumedRole:
         return {"RoleSessionName": DEFAULT_SESSION_NAME, **dict(self.parameters)}
 
 
+# TrainingRun states stored by the releases of 2026-12-04 and 2026-12-05 name this class here
+# ("The stored provider", workloads/training_run/provider.py): it stays importable from this module.
 @dataclass(frozen=True)
 class AwsCredentialSettings:
-    """The identity settings of the stack, typed."""
+    """The identity settings of the stack, typed; the secret key and session token left out of its repr."""
 
     profile: str | None = None
     access_key: str | None = None
-    secret_key: str | None = None
-    token: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     roles: tuple[AssumedRole, ...] = ()
 
     @classmethod

@@ -22,10 +22,23 @@ runs the job as `create` does; `read` returns the recorded run unchanged (a fini
 change); `delete` does nothing: a finished job holds no resources, its history goes with the
 RayCluster.
 
-Credentials. The provider is serialized into the state with dill; it holds no client and no
-secret. Inputs are the cluster name and region; inside `create` the provider asks EKS for the
+Credentials. Inputs are the cluster name and region; inside `create` the provider asks EKS for the
 endpoint and signs its own Kubernetes token (`eks_auth`) as the identity of the stack's AWS
-settings (`infra.config.aws_identity`). Neither a token nor a kubeconfig reaches inputs or outputs.
+settings (`infra.config.aws_identity`), which `configure` reads from the stack config the engine
+hands the host. Neither a token nor a kubeconfig reaches inputs or outputs.
+
+The stored provider. The SDK pickles the provider with dill into the resource's `__provider`
+(`serialize_provider`, pulumi/dynamic/dynamic.py), storing importable classes and functions by
+module and name. `TrainingRunProvider.__reduce__` makes that pickle one name,
+`workloads.training_run.provider:TrainingRunProvider`, and nothing of the instance: the host builds
+the provider anew and configures it (`get_provider`, pulumi/dynamic/__main__.py), so no setting,
+client or secret is stored. `Read` and `Delete` (`pulumi refresh`, `pulumi destroy`) unpickle the
+`__provider` of the resource's outputs, written by the release that last created or updated it: a
+`pulumi up` without a change keeps the outputs (pulumi/pulumi pkg/resource/deploy/step.go,
+`SameStep.Apply`). Earlier releases pickled the instance, which also names `connect_to_eks` here
+and `AwsCredentialSettings` in `infra.config.aws_identity` or, before the packages' regrouping
+(2026-12-04), in `infra.aws_identity` (a shim); each stays importable where those states look
+for it (tests/fixtures/training_run/stored_providers holds a `__provider` of each layout).
 
 Progress and failures. The dynamic provider runs without an engine connection, so
 `pulumi.log.info` writes `info: ...` on the provider's stderr, which the CLI shows as diagnostics.
@@ -265,7 +278,8 @@ def benchmark_output(run: TrainingRun) -> dict[str, Any]:
 
 
 def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynamic.DiffResult:
-    """Replace (run again) when an input of `RERUN_INPUTS` changed; one not known yet differs too."""
+    """Replace (run again) when an input of `RERUN_INPUTS` changed; one that is or holds a value not
+    known yet (`is_known`) differs too."""
     changed = [key for key in RERUN_INPUTS if not is_known(news.get(key)) or olds.get(key) != news.get(key)]
     return pulumi.dynamic.DiffResult(
         changes=bool(changed), replaces=changed, stables=[], delete_before_replace=False
@@ -440,6 +454,11 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
         self._connect = connect
         self._aws = AwsCredentialSettings()
         self._aws_problem: AwsSettingsError | None = None
+
+    def __reduce__(self) -> tuple[type[TrainingRunProvider], tuple[()]]:
+        """Pickled as the class's name alone (see "The stored provider" in the module doc): the host
+        builds it with `connect_to_eks` and `configure` gives it the stack's AWS settings."""
+        return TrainingRunProvider, ()
 
     def configure(self, req: pulumi.dynamic.ConfigureRequest) -> None:
         """Hook the host (`engine_host`) and read the stack's AWS identity settings."""

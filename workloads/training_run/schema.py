@@ -149,13 +149,25 @@ IDENTITY_INPUTS = frozenset(name for name in INPUTS if _meta(name, "identity"))
 
 
 def is_known(value: Any) -> bool:
-    """False for a value the engine does not know yet (preview).
+    """False for None and for a value the engine does not know yet (preview), or that holds one at
+    any depth: a list or map may be known while an element or value of it is not.
 
-    The dynamic-provider host deserializes unknowns as `pulumi.output.Unknown` objects
-    (`rpc.deserialize_properties(..., keep_unknowns=True)` in pulumi/dynamic/__main__.py);
-    the sentinel string `rpc.UNKNOWN` is what they are on the wire.
+    The dynamic-provider host deserializes Check's and Diff's properties with `keep_unknowns`
+    (`rpc.deserialize_properties(request.news, True)`, pulumi/dynamic/__main__.py `Check` and
+    `Diff`), which makes every unknown, at the top or inside a list or map, a `pulumi.output.Unknown`
+    object (pulumi/runtime/rpc.py `deserialize_property` deserializes a list's elements and,
+    through `deserialize_properties`, a map's values as it does the top); the sentinel string
+    `rpc.UNKNOWN` is what they are on the wire.
     """
-    return value is not None and not isinstance(value, pulumi.output.Unknown) and value != rpc.UNKNOWN
+    return value is not None and not _holds_unknown(value)
+
+
+def _holds_unknown(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_unknown(item) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_unknown(item) for item in value.values())
+    return isinstance(value, pulumi.output.Unknown) or value == rpc.UNKNOWN
 
 
 def efa_problem(expect_transport: str, efa_per_node: int) -> str | None:
@@ -176,7 +188,8 @@ _VALIDATORS = {name: _validator(name) for name in INPUTS}
 
 
 def input_problems(props: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(input, reason) for each input that cannot work, by its declaration; unknown values (preview) pass."""
+    """(input, reason) for each input that cannot work, by its declaration; an input that is or holds a
+    value not known yet (preview) passes, and is checked again once known (`pulumi up`)."""
     problems: list[tuple[str, str]] = []
     valid: dict[str, Any] = {}
     for name in INPUTS:

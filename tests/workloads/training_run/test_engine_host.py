@@ -255,6 +255,17 @@ def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
     assert engine_host._state_folder() == tmp_path / ".local" / "state" / "eks-ray-train"
 
 
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[ProviderHost]:
+    """The provider host alone, for calls that reach no cluster: Check, Diff, Read, Delete."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    host = ProviderHost(env, tmp_path / "provider-host.stderr").start()
+    try:
+        yield host
+    finally:
+        host.stop()
+
+
 def failure(world: World, **changes: Any) -> tuple[str, float]:
     """Create, which must fail: (the message the engine gets, seconds until it failed)."""
     started = time.monotonic()
@@ -306,6 +317,56 @@ def test_diff_reruns_when_what_the_pods_run_changes(world: World):
     assert list(unknown.replaces) == ["code_hash"]
     timeout_only = world.host.diff(olds, {**world.inputs, "timeout_minutes": 5})
     assert timeout_only.changes == 1
+
+
+def test_check_and_diff_take_unknowns_inside_a_list(host: ProviderHost, registered: dict[str, Any]):
+    """At preview a list input may be known but hold elements that are not (a job argument from another
+    resource's output). The host deserializes Check's and Diff's properties with `keep_unknowns`
+    (pulumi 3.272.0, pulumi/dynamic/__main__.py lines 115-116 and 183-184:
+    `rpc.deserialize_properties(request.news, True)`), which deserializes each element of a list
+    (pulumi/runtime/rpc.py line 1146) and each value of a map (line 891) the same way, the sentinel
+    `rpc.UNKNOWN` becoming `pulumi.output.Unknown()` (line 1141). Check passes the input and hands it
+    back as it came (`serialize_property` writes an element's `Unknown` as the sentinel, rpc.py lines
+    448-470), and Diff runs the job again for it."""
+    host.configure(STACK_CONFIG)
+    preview = {**registered, "job_args": [*registered["job_args"], "--steps", rpc.UNKNOWN]}
+    response = host.check({}, preview)
+    assert list(response.failures) == []
+    assert plain(response.inputs)["job_args"] == preview["job_args"]
+    olds = {**registered, "job_id": "eks-ray-train-main-0123456789ab", "transport": "efa"}
+    changed = host.diff(olds, preview)
+    assert changed.changes == 2 and list(changed.replaces) == ["job_args"]  # DIFF_SOME
+    # Check still refuses what is known to be wrong beside an unknown element.
+    bad = host.check({}, {**preview, "gpus_per_node": 0})
+    assert [f.property for f in bad.failures] == ["gpus_per_node"]
+
+
+# --- Read and Delete of a state an older release wrote ---------------------------------------------------
+
+STORED_PROVIDERS = FIXTURES / "stored_providers"
+
+
+@pytest.mark.parametrize("written_at", sorted(path.stem for path in STORED_PROVIDERS.glob("*.txt")))
+def test_refresh_and_destroy_load_the_provider_each_release_stored(
+    host: ProviderHost, registered: dict[str, Any], written_at: str
+):
+    """`pulumi refresh` and `pulumi destroy` of a TrainingRun an older release created. The engine hands
+    Read and Delete the resource's outputs, whose `__provider` is the pickle of the release that created
+    or last replaced it, and the host unpickles that one (pulumi/dynamic/__main__.py, `Read` and
+    `Delete` call `get_provider(props)`, which `dill.loads` `props["__provider"]`); a `pulumi up`
+    without a change keeps those outputs (pulumi/pulumi, pkg/resource/deploy/step.go, `SameStep.Apply`:
+    "Retain the ID and outputs"). Each fixture is such a pickle (tests/fixtures/training_run/README.md)."""
+    stored = {
+        **registered,
+        "job_id": "eks-ray-train-main-0123456789ab",
+        "status": "SUCCEEDED",
+        "transport": "efa",
+        "__provider": (STORED_PROVIDERS / f"{written_at}.txt").read_text().strip(),
+    }
+    host.configure(STACK_CONFIG)
+    read = host.read(stored)
+    assert read.id == "run-id" and plain(read.properties) == stored
+    host.delete(stored)
 
 
 # --- Create ------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickletools
 
 import dill
 import pulumi
@@ -12,6 +13,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
 from infra.config.aws_identity import AwsCredentialSettings
+from tests.harness import paths
 from tests.harness.training_run_fakes import SMOKE_ARGS, FakeCluster, main_and_tcp_head, props, run_inputs
 from workloads.training_run import (
     errors,
@@ -60,6 +62,11 @@ def test_diff_reruns_when_an_input_is_not_known_yet():
     assert provider.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["code_hash"]
 
 
+def test_diff_reruns_when_an_element_of_an_input_is_not_known_yet():
+    news = {**props(run_inputs()), "job_args": [*SMOKE_ARGS, "--steps", pulumi.output.Unknown()]}
+    assert provider.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["job_args"]
+
+
 def test_update_runs_the_job_again_and_delete_removes_nothing():
     fake = FakeCluster(main_and_tcp_head())
     run_provider = fake.provider()
@@ -69,11 +76,89 @@ def test_update_runs_the_job_again_and_delete_removes_nothing():
     assert run_provider.delete("id", outs) is None
 
 
-def test_the_serialized_provider_holds_no_client_or_secret():
-    payload = serialize_provider(provider.TrainingRunProvider())
+# The `module:name`s the provider's pickle may hold. Every name a released pickle holds must stay
+# importable where it is for as long as states hold it (the module doc's "The stored provider"), so a
+# new one is a path no later release can move.
+PICKLED_NAMES = {"workloads.training_run.provider:TrainingRunProvider"}
+STORED_PROVIDERS = paths.FIXTURES / "training_run" / "stored_providers"
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
+_MEMO_GETS = {"GET", "BINGET", "LONG_BINGET"}
+_NOT_PUSHING = {"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
+
+
+def pickled_names(payload: str) -> list[str]:
+    """The `module:name`s of a `__provider` (base64 of a pickle): each GLOBAL opcode's, and for each
+    STACK_GLOBAL the two strings pushed before it, written there or read back from the memo
+    (Lib/pickletools.py documents the opcodes)."""
+    pushed: list[str | None] = []  # what each pushing opcode put on the stack: a string, else None
+    memo: dict[int, str | None] = {}
+    names = []
+    for opcode, arg, _ in pickletools.genops(base64.b64decode(payload)):
+        if opcode.name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1]
+        elif opcode.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = pushed[-1]
+        elif opcode.name == "GLOBAL":
+            names.append(str(arg).replace(" ", ":"))
+        elif opcode.name == "STACK_GLOBAL":
+            module, name = pushed[-2:]
+            assert module is not None and name is not None, "a STACK_GLOBAL whose strings were not read"
+            names.append(f"{module}:{name}")
+        if opcode.name not in _NOT_PUSHING:
+            pushed.append(
+                str(arg)
+                if opcode.name in _STRINGS
+                else memo.get(int(arg))
+                if opcode.name in _MEMO_GETS
+                else None
+            )
+    return names
+
+
+def test_the_stored_provider_names_only_the_declared_names():
+    """Fails when the provider's pickle names a `module:name` outside PICKLED_NAMES: a class or function
+    that a later release could not move without breaking `pulumi refresh` and `pulumi destroy`."""
+    names = pickled_names(serialize_provider(provider.TrainingRunProvider()))
+    assert names and set(names) <= PICKLED_NAMES, names
+
+
+def test_the_guard_reads_the_names_of_an_instance_pickled_whole():
+    """The guard itself, on a `__provider` of the release of 2026-12-05, which pickled the instance."""
+    stored = (STORED_PROVIDERS / "de86ced.txt").read_text().strip()
+    assert sorted(set(pickled_names(stored))) == [
+        "infra.config.aws_identity:AwsCredentialSettings",
+        "workloads.training_run.provider:TrainingRunProvider",
+        "workloads.training_run.provider:connect_to_eks",
+    ]
+
+
+def test_the_provider_this_checkout_stores_is_a_golden_one():
+    """The `__provider` this checkout writes is one of tests/fixtures/training_run/stored_providers, whose
+    Read and Delete through the host are tested (test_engine_host.py): when it changes, add it there
+    (the fixtures' README says how) and keep the older ones."""
+    stored = {path.read_text().strip() for path in STORED_PROVIDERS.glob("*.txt")}
+    assert serialize_provider(provider.TrainingRunProvider()) in stored
+
+
+def test_the_stored_provider_holds_nothing_of_the_configured_instance():
+    """Static keys in the stack config reach the configured provider, never its pickle: the host builds
+    the provider anew (`connect_to_eks`, default settings) and `configure` gives it the settings again."""
+    configured = provider.TrainingRunProvider()
+    config = {"aws:accessKey": "AKIAEXAMPLEKEY", "aws:secretKey": "s3cr3t-key", "aws:token": "s3ssion-token"}
+    configured.configure(pulumi.dynamic.ConfigureRequest(pulumi.dynamic.Config(config, "eks-ray-train")))
+    assert configured._aws.secret_key == "s3cr3t-key"
+    payload = serialize_provider(configured)
+    assert payload == serialize_provider(provider.TrainingRunProvider())
     loaded = dill.loads(base64.b64decode(payload))
     assert isinstance(loaded, provider.TrainingRunProvider) and loaded._connect is provider.connect_to_eks
-    assert len(payload) < 4000  # module references only, not pickled code or clients
+    assert loaded._aws == AwsCredentialSettings() and loaded._aws_problem is None
+
+
+def test_the_aws_settings_repr_leaves_the_secret_key_and_session_token_out():
+    text = repr(
+        AwsCredentialSettings(access_key="AKIAEXAMPLEKEY", secret_key="s3cr3t-key", token="s3ssion-token")
+    )
+    assert "AKIAEXAMPLEKEY" in text and "s3cr3t" not in text and "s3ssion" not in text
 
 
 def test_configure_takes_the_stack_aws_profile():

@@ -175,6 +175,30 @@ def test_check_accepts_good_inputs_and_unknown_values_of_a_preview():
     for unknown in (rpc.UNKNOWN, pulumi.output.Unknown()):  # the wire form, and what the host hands over
         preview = {**good, "code_hash": unknown, "job_args": unknown, "run_spec_hash": unknown}
         assert checker.check({}, preview).failures == []
+        inside = {**good, "job_args": [*good["job_args"], "--steps", unknown]}
+        assert checker.check({}, inside).failures == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ["--steps", pulumi.output.Unknown()],
+        ("--steps", rpc.UNKNOWN),
+        [["--steps", pulumi.output.Unknown()]],
+        {"steps": [1, {"at": rpc.UNKNOWN}]},
+    ],
+    ids=["list-element", "tuple-sentinel", "nested-list", "map-in-list-in-map"],
+)
+def test_a_value_holding_an_unknown_at_any_depth_is_not_known(value):
+    assert not schema.is_known(value)
+
+
+def test_a_null_element_is_known_and_refused():
+    """Only the engine's unknowns pass unchecked: a null inside a list is a value, and a wrong one."""
+    assert schema.is_known(["--steps", None])
+    assert schema.input_problems({**props(run_inputs()), "job_args": ["--steps", None]}) == [
+        ("job_args", "must be a list of strings (flags of `python -m training`)")
+    ]
 
 
 @pytest.mark.parametrize(
