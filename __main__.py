@@ -17,7 +17,7 @@ from infra.config.training_settings import (
     training_config,
     warn_if_the_run_outlasts_its_timeout,
 )
-from infra.plan.cost import measured_cost, planned_cost
+from infra.plan.cost import PlannedRun, measured_cost, planned_cost
 from infra.plan.figures import line_rate_gbps
 from infra.plan.report import log_plan, measured_against_plan
 from infra.preflight import deadline_of, fit_the_window, place_nodes
@@ -72,8 +72,9 @@ if settings.train:
         settings.gpu_node_count,
         placement.gpu_node.network_performance,
     )
-    # The predicted run against that deadline: fits, stops early with a checkpoint, or refused.
-    fit_the_window(settings, placement, deadline, config, predicted)
+    # The predicted run against that deadline: fits, stops early with a checkpoint, or refused (while
+    # the stack has no cluster; with one, warned, and refused by the training run if it runs).
+    deadline_check = fit_the_window(settings, placement, deadline, config, predicted)
     # What the run will be billed at (the Price List's answer, or the shipped price it names) and
     # what the stack costs per hour at rest.
     costs = cost_basis(settings, placement, predicted, config.steps)
@@ -232,6 +233,8 @@ if settings.train:
             gpu_node_count=settings.gpu_node_count,
             gpu_nodes_after_training=settings.gpu_nodes_after_training,
             not_before=placement.gpus_from.isoformat() if placement.gpus_from else None,
+            deadline_check=deadline_check,
+            planned=costs.planned_run,
         ),
         node_group_name=gpu_nodes.node_group.node_group_name,
         # After the Ray pods may write checkpoints and, with observability, publish: the job's
@@ -248,20 +251,25 @@ if settings.train:
             # and the cost.
             **training_output(run),
             "predictedTokensPerS": predicted.tokens_per_s if predicted else None,
-            "planVsMeasured": run.summary.apply(lambda summary: measured_against_plan(predicted, summary)),
+            # The plan the run recorded beside what it measured (`PlannedRun`: not today's planner).
+            "planVsMeasured": pulumi.Output.all(run.planned, run.summary).apply(
+                lambda facts: measured_against_plan(PlannedRun.recorded(facts[0]), facts[1])
+            ),
             "dashboard": observability.url if observability else None,
             # An estimate from list prices: the price basis, the planner's prediction and the stack per
             # hour at rest (known at preview), and what the run measured: GPU node hours from launch
-            # to their release or the output, their US$ and US$ per million tokens.
+            # to their release or the output, their US$ at the price the run recorded, and US$ per
+            # million tokens.
             "cost": {
                 **planned_cost(costs),
                 "measured": pulumi.Output.all(
+                    run.planned,
                     run.gpu_nodes,
                     run.gpu_nodes_unavailable,
                     run.finished_at,
                     run.summary,
                     run.gpu_nodes_released_at,
-                ).apply(lambda facts: measured_cost(costs, *facts)),
+                ).apply(lambda facts: measured_cost(PlannedRun.recorded(facts[0]), *facts[1:])),
             },
         },
     )

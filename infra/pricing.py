@@ -105,6 +105,14 @@ def cost_basis(
         nat_gateways=NAT_GATEWAYS,
     )
     prediction = (
-        Prediction(steps, plan.step_time_s, plan.tokens_per_s, settings.gpu_node_count) if plan else None
+        Prediction(
+            steps,
+            plan.step_time_s,
+            plan.tokens_per_s,
+            settings.gpu_node_count,
+            plan.inter_node_bytes_per_step,
+        )
+        if plan
+        else None
     )
     return CostBasis(gpu_price, prediction, at_rest_usd_per_hour(shape))

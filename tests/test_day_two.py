@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import pulumi
 import pytest
@@ -20,6 +21,7 @@ from infra.preflight import live_cluster
 from tests.harness.fake_aws import COREDNS_VERSIONS, OBSERVABILITY_VERSIONS, AwsApiError, FakeAws
 from tests.harness.program import Preview, dev_config, run_program
 from tests.harness.program import deployed as deployed_stack
+from workloads.training_run.provider import diff_props
 
 SUBNET = "aws:ec2/subnet:Subnet"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -383,3 +385,83 @@ def test_a_private_endpoint_this_machine_reaches_turns_the_public_one_off(monkey
     cluster = run_program(private(), fake).one("eks:index:Cluster").inputs
     assert cluster["endpointPublicAccess"] is False and cluster["endpointPrivateAccess"] is True
     assert "publicAccessCidrs" not in cluster
+
+
+# --- a deadline that passed after the run --------------------------------------------------------
+
+# 3 h after NOW: the first `pulumi up` (a new stack: control plane, nodes, image, gate) fits well before it.
+DEADLINE = '{"preset": "smoke", "steps": 20, "deadline": "2026-12-05T12:00:00Z"}'
+NOW = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
+
+
+def test_a_deployed_stack_previewed_two_days_after_its_deadline_plans_with_a_warning(caplog):
+    """The job ran before its deadline at the first `pulumi up`. Two days later another change is
+    planned: the TrainingRun's inputs are the same (its --deadline is absolute), so its Diff finds no
+    change and it does not run; the preview, which cannot read whether it finished, warns instead of
+    refusing. Without a cluster the same preview is still refused."""
+    fake = FakeAccount(region="us-east-2")
+    first = run_program(dev_config(training=DEADLINE), fake, now=NOW)
+    deployed(first, fake)
+    caplog.set_level(logging.WARNING)
+    later = run_program(dev_config(training=DEADLINE, systemNodeCount="2"), fake, now=NOW + timedelta(days=2))
+    assert later.one(NODE_GROUP, "system").inputs["scalingConfig"]["desiredSize"] == 2  # the change, planned
+    assert run_inputs_of(later) == run_inputs_of(first)
+    assert not diff_props(run_inputs_of(first), run_inputs_of(later)).changes
+    (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run window: ")]
+    assert warning.startswith(
+        "run window: training.deadline 2026-12-05T12:00:00Z. Predicted: start-up GPU nodes 5 min + image pull "
+        "10 min + fabric gate 1 min: the job starts about 2026-12-07T09:16:00Z, after the deadline"
+    )
+    assert "not even one checkpointed step fits. The cluster exists" in warning
+    assert "refused when it starts, before any GPU node is scaled or job submitted" in warning
+    assert warning.endswith("To run the job again, set a later training.deadline, or remove it")
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(
+            dev_config(training=DEADLINE), FakeAccount(region="us-east-2"), now=NOW + timedelta(days=2)
+        )
+    assert str(raised.value).startswith("config key 'training.deadline' = '2026-12-05T12:00:00Z': ")
+    assert raised.value.plan.resources == []
+
+
+# --- a live cluster that cannot be read -----------------------------------------------------------
+
+GET_CLUSTER = "aws:eks/getCluster:getCluster"
+
+
+@pytest.mark.parametrize(
+    ("token", "failure", "action", "fix"),
+    [
+        (
+            GET_CLUSTER,
+            "denied",
+            "eks:DescribeCluster",
+            "allow eks:DescribeCluster to the identity running Pulumi",
+        ),
+        (
+            GET_CLUSTER,
+            "throttled",
+            "eks:DescribeCluster",
+            "AWS throttled the account's eks:DescribeCluster calls",
+        ),
+        ("aws:ec2/getSubnet:getSubnet", "denied", "ec2:DescribeSubnets", "allow ec2:DescribeSubnets"),
+    ],
+)
+def test_a_live_cluster_that_cannot_be_read_stops_the_preview_naming_the_permission(
+    token, failure, action, fix
+):
+    """Planned as new, a live stack would get its zones, subnets and GPU zone chosen anew from today's
+    offerings (`test_a_live_cluster_keeps_its_zones_when_aws_adds_an_offering`): nothing is planned
+    until the read works."""
+    fake = after_first_deploy(FakeAccount(region="us-east-2"))
+    getattr(fake, failure).add(token)
+    message = refusal(fake)
+    assert message.startswith("config key 'clusterName' = 'eks-ray-train': could not read ")
+    assert f"in us-east-2 ({action}: " in message and fix in message
+    assert "would plan its zones, subnets and GPU node group anew" in message and "\n" not in message
+
+
+def test_a_denied_cluster_read_stops_a_first_preview_too():
+    """No read, no telling a new stack from a live one; and every `pulumi up` calls DescribeCluster."""
+    message = refusal(FakeAccount(region="us-east-2", denied={GET_CLUSTER}))
+    assert "could not read EKS cluster eks-ray-train in us-east-2 (eks:DescribeCluster: " in message
+    assert "AccessDeniedException" in message

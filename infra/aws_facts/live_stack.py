@@ -22,6 +22,16 @@ With the public API endpoint off (`endpointPublicAccess: false`), the same read 
 machine reaches the private one, which every `pulumi up` and training run call
 (`private_endpoint_problem`).
 
+A read of the cluster that fails with anything but NotFound (the identity may not call
+`eks:DescribeCluster`, AWS throttled it) leaves the preview unable to tell a live cluster from none,
+and planning it as new would choose its zones, subnets and GPU zone anew, moving a live one's. So
+every read the zones rest on raises `UnreadLiveStack` naming its IAM action, where the preflight
+refuses (`infra.preflight.live_cluster`). That asks for no permission the stack lacks: creating its
+cluster calls DescribeCluster (the `aws.eks.Cluster` resource waits for ACTIVE with it:
+terraform-provider-aws internal/service/eks/cluster.go, `waitClusterCreated` over
+`findClusterByName`), and so does every training run (`workloads.training_run.provider.connect_to_eks`).
+The add-on versions stay a warning: an unread one only takes the newest build.
+
 A control-plane log group without this program's tag, while no cluster exists, was left by a
 destroyed cluster: EKS writes its last logs after the program deleted the group, which re-creates it
 (terraform-aws-eks#2763), and the next CreateLogGroup fails with ResourceAlreadyExistsException.
@@ -29,6 +39,7 @@ destroyed cluster: EKS writes its last logs after the program deleted the group,
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,28 +91,55 @@ def owner() -> str:
     return f"{pulumi.get_project()}/{pulumi.get_stack()}"
 
 
+class UnreadLiveStack(Exception):
+    """A read of what runs under the stack's names failed with something other than NotFound: `what`
+    was read, `action` is the IAM action it needs, `error` AWS's answer (its first line)."""
+
+    def __init__(self, what: str, action: str, error: str) -> None:
+        super().__init__(f"could not read {what} ({action}): {error}")
+        self.what, self.action, self.error = what, action, error
+
+
+def _not_found(err: Exception) -> bool:
+    """The provider words a data source's missing object "couldn't find resource" or NotFound."""
+    return "couldn't find resource" in str(err) or "NotFound" in str(err)
+
+
+def _first_line(err: Exception) -> str:
+    text = " ".join(str(err).strip().splitlines()[:1])
+    return text or type(err).__name__
+
+
 def _read(fetch: Callable[[], T], unread: str) -> T | None:
-    """`fetch()`, or None when AWS has no such object (the provider words a data source's missing
-    object "couldn't find resource" or NotFound); another failure is warned: `unread` says what
+    """`fetch()`, or None when AWS has no such object; another failure is warned: `unread` says what
     goes unchecked."""
     try:
         return fetch()
     except Exception as err:
-        if "couldn't find resource" not in str(err) and "NotFound" not in str(err):
+        if not _not_found(err):
             pulumi.log.warn(f"could not read {unread} ({err})")
         return None
 
 
+def _must_read(fetch: Callable[[], T], what: str, action: str) -> T:
+    """`fetch()`; a failure raises `UnreadLiveStack`."""
+    try:
+        return fetch()
+    except Exception as err:
+        raise UnreadLiveStack(what, action, _first_line(err)) from err
+
+
 def read_live_cluster(cluster_name: str) -> LiveCluster | None:
     """The cluster, its VPC's block, its subnets' zones and its pinned add-ons' versions; None when
-    EKS has no cluster of that name."""
-    cluster = _read(
-        lambda: aws.eks.get_cluster(name=cluster_name),
-        f"EKS cluster {cluster_name}; its VPC and zones were not checked",
-    )
-    if cluster is None:
-        return None
-    vpc = aws.ec2.get_vpc(id=cluster.vpc_config.vpc_id)
+    EKS has no cluster of that name. Raises `UnreadLiveStack` when a read the zones rest on fails."""
+    try:
+        cluster = aws.eks.get_cluster(name=cluster_name)
+    except Exception as err:
+        if _not_found(err):
+            return None
+        raise UnreadLiveStack(f"EKS cluster {cluster_name}", "eks:DescribeCluster", _first_line(err)) from err
+    vpc_id = cluster.vpc_config.vpc_id
+    vpc = _must_read(lambda: aws.ec2.get_vpc(id=vpc_id), f"VPC {vpc_id}", "ec2:DescribeVpcs")
     zones = {_zone(subnet) for subnet in cluster.vpc_config.subnet_ids}
     return LiveCluster(
         version=cluster.version,
@@ -116,13 +154,25 @@ def read_live_cluster(cluster_name: str) -> LiveCluster | None:
 
 
 def _zone(subnet_id: str) -> str:
-    return aws.ec2.get_subnet(id=subnet_id).availability_zone
+    subnet = _must_read(
+        lambda: aws.ec2.get_subnet(id=subnet_id), f"subnet {subnet_id}", "ec2:DescribeSubnets"
+    )
+    return subnet.availability_zone
 
 
 def _gpu_group(cluster_name: str) -> LiveNodeGroup | None:
     """The node group carrying the GPU labels (autonamed, so found by its labels)."""
-    for name in aws.eks.get_node_groups(cluster_name=cluster_name).names:
-        group = aws.eks.get_node_group(cluster_name=cluster_name, node_group_name=name)
+    listed = _must_read(
+        lambda: aws.eks.get_node_groups(cluster_name=cluster_name),
+        f"the node groups of EKS cluster {cluster_name}",
+        "eks:ListNodegroups",
+    )
+    for name in listed.names:
+        group = _must_read(
+            functools.partial(aws.eks.get_node_group, cluster_name=cluster_name, node_group_name=name),
+            f"node group {name} of EKS cluster {cluster_name}",
+            "eks:DescribeNodegroup",
+        )
         if GPU_LABELS.items() <= (group.labels or {}).items():
             scaling = group.scaling_configs[0] if group.scaling_configs else None
             return LiveNodeGroup(
@@ -155,6 +205,22 @@ def orphaned_log_group(name: str) -> bool:
 
 
 # --- judgements ------------------------------------------------------------------------------------
+
+
+# Error codes of a refused call (AWS's common errors: AccessDeniedException; EC2's
+# UnauthorizedOperation) and of a throttled one (ThrottlingException; EC2's RequestLimitExceeded;
+# TooManyRequestsException), as the provider's error text carries them.
+DENIED_CODES = ("AccessDenied", "UnauthorizedOperation", "not authorized")
+THROTTLED_CODES = ("Throttling", "RequestLimitExceeded", "TooManyRequests", "Rate exceeded")
+
+
+def unread_cause(error: str) -> str:
+    """Why a read failed, from AWS's answer: "denied", "throttled", or "failed" for anything else."""
+    if any(code in error for code in THROTTLED_CODES):
+        return "throttled"
+    if any(code in error for code in DENIED_CODES):
+        return "denied"
+    return "failed"
 
 
 def _minor(version: str) -> tuple[int, int]:

@@ -176,6 +176,14 @@ class JobTimes:
         last = step_s + self.eval_s(step_s) + (self.checkpoint_s if checkpoint else 0.0)
         return self.through(steps - 1, step_s) + last + self.export_s + WIND_DOWN_S
 
+    def least_s(self) -> float:
+        """The least time the job needs before its deadline once it starts: one step with its
+        checkpoint (and what the last step brings: an evaluation, the export, the wind-down); without
+        a step time, the job's own floor at its start, a checkpoint and the wind-down."""
+        if self.step_s is None:
+            return self.checkpoint_s + WIND_DOWN_S
+        return self.ending_after(1, self.step_s, checkpoint=True)
+
     def margin_s(self, step_s: float) -> float:
         """What the job keeps back before its deadline once its steps take `step_s`."""
         return margin_s(
@@ -230,9 +238,9 @@ def fit_window(job: JobTimes, start: StartUp, deadline: datetime, now: datetime)
     available = (deadline - begins).total_seconds()
     if job.step_s is None:
         # The job's own refusal at its start: no room to checkpoint and wind down.
-        verdict = Verdict.REFUSED if available <= job.checkpoint_s + WIND_DOWN_S else Verdict.UNPREDICTED
+        verdict = Verdict.REFUSED if available <= job.least_s() else Verdict.UNPREDICTED
         return WindowFit(verdict, begins, available, None, 0)
-    one = job.ending_after(1, job.step_s, checkpoint=True)
+    one = job.least_s()
     if available < one:
         return WindowFit(Verdict.REFUSED, begins, available, one, 0, 1)
     steps = steps_that_fit(job, job.step_s, available)
@@ -241,3 +249,28 @@ def fit_window(job: JobTimes, start: StartUp, deadline: datetime, now: datetime)
     verdict = Verdict.PARTIAL if steps < job.steps else Verdict.FITS
     run_s = job.ending_after(steps, job.step_s, checkpoint)
     return WindowFit(verdict, begins, available, run_s, steps, job.checkpoints(steps, checkpoint))
+
+
+# --- the same refusal at the run's own time ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadlineCheck:
+    """The preview's refusal of a run that cannot fit, made again by the training run when it is about
+    to run (`workloads.training_run.runner`), at its own time and before it scales or submits
+    anything: only a run that really happens gets there, so a deadline that passed after a finished
+    run stops nothing. `key` and `value`: the stack key the job's `--deadline` comes from
+    (`DEADLINE_KEY` or `RESERVATION_KEY`) and its value; `fix`: what to change, as the preview words
+    it; `least_s`: the least the run needs before its deadline from then on, the phases certain to be
+    ahead of it (`least_before_deadline_s`)."""
+
+    key: str
+    value: str
+    fix: str
+    least_s: float
+
+
+def least_before_deadline_s(job: JobTimes) -> float:
+    """What a run needs before its deadline once its cluster is up, whatever else is still ahead (GPU
+    nodes to launch, an image to pull): the fabric gate, then one step with its checkpoint."""
+    return FABRIC_GATE_S + job.least_s()

@@ -126,12 +126,34 @@ def tokens_trained(summary: Mapping[str, Any] | None) -> int | None:
 
 @dataclass(frozen=True)
 class Prediction:
-    """The planner's step for the configured strategy (`infra.plan.planner.log_plan`), and the run's size."""
+    """The planner's step for the configured strategy (`infra.plan.planner.log_plan`), and the run's
+    size; `bytes_per_step` is what the planner sends through each node's NIC per step, each way."""
 
     steps: int
     step_time_s: float
     tokens_per_s: float
     nodes: int
+    bytes_per_step: float
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """What the preview priced and predicted a run at: the GPU nodes' hourly price and its basis, the
+    planner's step time and bytes per step (None without a plan). The TrainingRun takes it as an input
+    that does not run it again and keeps it among its outputs from the run on; an unchanged run keeps
+    its outputs (the engine's same step: pulumi/pulumi pkg/resource/deploy/step.go, `SameStep.Apply`
+    retains the old outputs), so `training.cost.measured` and `planVsMeasured`, computed from the run's
+    own, stay as the run was billed and planned whatever later Price Lists and planners say."""
+
+    usd_per_gpu_node_hour: float | None
+    price_basis: str
+    step_time_s: float | None
+    bytes_per_step: float | None
+
+    @classmethod
+    def recorded(cls, value: Mapping[str, Any] | None) -> PlannedRun | None:
+        """As the TrainingRun's output holds it; None for a run that recorded none."""
+        return cls(**value) if value else None
 
 
 @dataclass(frozen=True)
@@ -142,6 +164,17 @@ class CostBasis:
     gpu_price: Price
     prediction: Prediction | None
     at_rest: Mapping[str, Any]
+
+    @property
+    def planned_run(self) -> PlannedRun:
+        """The price and the prediction, for the TrainingRun to record with the run."""
+        prediction = self.prediction
+        return PlannedRun(
+            self.gpu_price.usd_per_hour,
+            self.gpu_price.basis,
+            prediction.step_time_s if prediction else None,
+            prediction.bytes_per_step if prediction else None,
+        )
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:
@@ -168,18 +201,24 @@ def planned_cost(basis: CostBasis) -> dict[str, Any]:
     }
 
 
+# The basis `measured_cost` gives a run that recorded no price.
+UNRECORDED_PRICE = "no price was recorded with this run; the next run records the price it is billed at"
+
+
 def measured_cost(
-    basis: CostBasis,
+    planned: PlannedRun | None,
     gpu_nodes: Mapping[str, Mapping[str, str]] | None,
     gpu_nodes_unavailable: str | None,
     finished_at: str | None,
     summary: Mapping[str, Any] | None,
     released_at: str | None = None,
 ) -> dict[str, Any]:
-    """What the run cost, `training.cost.measured`. `gpu_nodes` are the TrainingRun's (node ->
-    instanceId, launchTime); the hours run to `released_at` (when the GPU nodes were released) or
-    else to `finished_at` (the output's time). Without the launch times (before the first run, or
-    when EC2 refused DescribeInstances) the hours and US$ are None and `unavailable` says why."""
+    """What the run cost, `training.cost.measured`, at the price recorded with it (`planned`, the
+    TrainingRun's; None: it recorded none, and the US$ figures are None). `gpu_nodes` are the
+    TrainingRun's (node -> instanceId, launchTime); the hours run to `released_at` (when the GPU nodes
+    were released) or else to `finished_at` (the output's time). Without the launch times (before the
+    first run, or when EC2 refused DescribeInstances) the hours and US$ are None and `unavailable` says
+    why."""
     end_text = released_at or finished_at
     hours: float | None = None
     reason = gpu_nodes_unavailable
@@ -188,10 +227,12 @@ def measured_cost(
         hours = gpu_node_hours((parse_aws_time(node["launchTime"]) for node in gpu_nodes.values()), end)
     elif reason is None:
         reason = "no training run has reported its GPU nodes yet"
-    price = basis.gpu_price.usd_per_hour
+    price = planned.usd_per_gpu_node_hour if planned else None
     usd = hours * price if hours is not None and price is not None else None
     tokens = tokens_trained(summary)
     return {
+        "usdPerGpuNodeHour": price,
+        "priceBasis": planned.price_basis if planned else UNRECORDED_PRICE,
         "gpuNodeHours": _rounded(hours),
         "from": "each GPU node's EC2 launch time",
         "to": ("the GPU nodes' release" if released_at else "the output's time") if end_text else None,

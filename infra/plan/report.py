@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from infra.plan.cost import PlannedRun
 from infra.plan.figures import INSTANCES, MFU_POINTS, line_rate_gbps
 from infra.plan.planner import (
     GB,
@@ -117,23 +118,22 @@ def log_plan(
     return configured[0] if configured else None
 
 
-def measured_against_plan(
-    predicted: StrategyPlan | None, summary: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """After a run: the planner's step time and inter-node bytes per step beside the run's, and
-    measured / predicted. The run's bytes are its summary's `efa_bytes_per_step` (sent plus
-    received through each node's EFA ports, `training.metrics.efa_meter`), halved into the one direction
-    the planner counts (FSDP's ring collectives send what they receive) and averaged over the
-    nodes; None where either side has no figure."""
+def measured_against_plan(planned: PlannedRun | None, summary: Mapping[str, Any] | None) -> dict[str, Any]:
+    """After a run: the planner's step time and inter-node bytes per step as recorded with the run
+    (`planned`, the TrainingRun's; None: it recorded none) beside the run's, and measured / predicted.
+    The run's bytes are its summary's `efa_bytes_per_step` (sent plus received through each node's EFA
+    ports, `training.metrics.efa_meter`), halved into the one direction the planner counts (FSDP's ring
+    collectives send what they receive) and averaged over the nodes; None where either side has no
+    figure."""
     summary = summary or {}
     step_time = summary.get("step_time_s")
     per_node = [value for value in (summary.get("efa_bytes_per_step") or {}).values() if value is not None]
     measured_bytes = sum(per_node) / len(per_node) / 2 if per_node else None
-    predicted_step = predicted.step_time_s if predicted else None
-    predicted_bytes = predicted.inter_node_bytes_per_step if predicted else None
+    predicted_step = planned.step_time_s if planned else None
+    predicted_bytes = planned.bytes_per_step if planned else None
 
-    def ratio(measured: float | None, planned: float | None) -> float | None:
-        return round(measured / planned, 3) if measured is not None and planned else None
+    def ratio(measured: float | None, predicted: float | None) -> float | None:
+        return round(measured / predicted, 3) if measured is not None and predicted else None
 
     return {
         "predictedStepTimeS": predicted_step,

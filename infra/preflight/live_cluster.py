@@ -1,7 +1,9 @@
 """The cluster this stack already runs, read in the preview and checked against the settings it
 cannot change (VPC block, Kubernetes version); a DEGRADED GPU group is warned about with its fix
-(`infra.aws_facts.live_stack.gpu_group_warning`). With the public endpoint off, this machine must
-reach the private one: its name is resolved and each address in the VPC tried on the endpoint's port."""
+(`infra.aws_facts.live_stack.gpu_group_warning`). A read that fails with anything but NotFound stops
+the preview (`infra.aws_facts.live_stack.UnreadLiveStack`): without it the stack would be planned as
+new. With the public endpoint off, this machine must reach the private one: its name is resolved and
+each address in the VPC tried on the endpoint's port."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import pulumi
 
 from infra.aws_facts.live_stack import (
     LiveCluster,
+    UnreadLiveStack,
     addresses_in_vpc,
     gpu_group_warning,
     orphaned_log_group,
     private_endpoint_problem,
     read_live_cluster,
+    unread_cause,
     version_change_problem,
     vpc_change_problem,
 )
@@ -67,7 +71,10 @@ def _private_endpoint_refusal(live: LiveCluster | None) -> str | None:
 def checked_live_cluster(settings: StackSettings) -> LiveCluster | None:
     """The cluster this stack already runs, checked against the settings that it cannot change, and,
     with the public endpoint off, against this machine's way to the private one."""
-    live = read_live_cluster(settings.cluster_name)
+    try:
+        live = read_live_cluster(settings.cluster_name)
+    except UnreadLiveStack as unread:
+        raise PreflightError(_unread_refusal(settings, unread)) from None
     if not settings.endpoint_public_access:
         refusal = _private_endpoint_refusal(live)
         if refusal:
@@ -89,6 +96,23 @@ def checked_live_cluster(settings: StackSettings) -> LiveCluster | None:
     if problem:
         raise ConfigError(f"config key 'kubernetesVersion' = {settings.kubernetes_version!r}: {problem}")
     return live
+
+
+def _unread_refusal(settings: StackSettings, unread: UnreadLiveStack) -> str:
+    """One line: what could not be read, why, what the preview would otherwise plan, and the fix."""
+    cause = unread_cause(unread.error)
+    if cause == "throttled":
+        fix = f"AWS throttled the account's {unread.action} calls: run the preview again in a minute"
+    elif cause == "denied":
+        fix = f"allow {unread.action} to the identity running Pulumi (aws:profile, aws:assumeRole), then run the preview again"
+    else:
+        fix = "run the preview again once the read works"
+    return (
+        f"config key 'clusterName' = {settings.cluster_name!r}: could not read {unread.what} in {settings.region} "
+        f"({unread.action}: {unread.error}), so the preview cannot tell whether this stack's cluster runs, and "
+        "would plan its zones, subnets and GPU node group anew, moving a live cluster's; nothing is planned until "
+        f"the read works: {fix}"
+    )
 
 
 def warn_about_a_degraded_gpu_group(settings: StackSettings, live: LiveCluster | None) -> None:

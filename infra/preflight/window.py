@@ -14,13 +14,16 @@ from infra.aws_facts.capacity_rules import (
     ReservationFacts,
 )
 from infra.aws_facts.reservation_window import (
+    DEADLINE_KEY,
     RESERVATION_KEY,
+    DeadlineCheck,
     JobTimes,
     RunDeadline,
     StartUp,
     Verdict,
     WindowFit,
     fit_window,
+    least_before_deadline_s,
     run_deadline,
     start_up,
     usable_end,
@@ -95,10 +98,13 @@ def fit_the_window(
     deadline: RunDeadline | None,
     config: TrainConfig,
     predicted: StrategyPlan | None,
-) -> WindowFit | None:
+) -> DeadlineCheck | None:
     """At preview: the predicted run against its deadline. Fits: an info line with the time to
     spare; only some steps fit: a warning (the job stops at its deadline with a checkpoint); not
-    even one checkpointed step fits: refused, naming the key the deadline comes from."""
+    even one checkpointed step fits: refused, naming the key the deadline comes from, while the
+    stack has no cluster. With a live cluster a warning instead: a training run may have finished
+    already, which the preview cannot read, and its unchanged inputs do not run it again. Returns
+    the check the training run makes again when it is about to run (`DeadlineCheck`)."""
     if deadline is None:
         return None
     reservation, now = placement.reservation, placement.read_at
@@ -106,6 +112,7 @@ def fit_the_window(
     start = start_up(placement.live is not None, nodes_running, placement.gpus_from)
     job = _job_times(config, predicted)
     fit = fit_window(job, start, deadline.at, now)
+    check = _deadline_check(settings, deadline, reservation, job)
     source = _deadline_source(deadline, reservation)
     begins = f"start-up {_start_up_words(start, now)}: the job starts about {utc_text(fit.job_starts)}"
     steps = f"{job.steps} steps x {job.step_s:.2f} s" if job.step_s is not None else f"{job.steps} steps"
@@ -115,8 +122,8 @@ def fit_the_window(
         else "no checkpoint"
     )
     if fit.verdict is Verdict.REFUSED:
-        _refuse_the_window(settings, deadline, reservation, source, begins, fit, job)
-    if fit.verdict is Verdict.UNPREDICTED:
+        _refuse_the_window(check, placement, source, begins, fit)
+    elif fit.verdict is Verdict.UNPREDICTED:
         pulumi.log.info(
             f"run window: {source}. The job gets --deadline {deadline.text} and stops before it with a "
             f"checkpoint; with no step time from the planner for {settings.gpu_node_type}, its {steps} are not "
@@ -134,25 +141,17 @@ def fit_the_window(
             f"run window: {source}. Predicted: {begins}; {steps} with {checkpoints} take {span(fit.run_s)}: "
             f"the run fits before --deadline {deadline.text} with {span(fit.spare_s)} to spare"
         )
-    return fit
+    return check
 
 
-def _refuse_the_window(
-    settings: StackSettings,
-    deadline: RunDeadline,
-    reservation: ReservationFacts | None,
-    source: str,
-    begins: str,
-    fit: WindowFit,
-    job: JobTimes,
-) -> None:
-    one = f"{span(fit.run_s)} for one step with its checkpoint" if fit.run_s is not None else "a checkpoint"
-    left = f"{span(fit.available_s)} before the deadline" if fit.available_s > 0 else "after the deadline"
-    window = f"{source}. Predicted: {begins}, {left}, and it needs {one}"
+def _deadline_check(
+    settings: StackSettings, deadline: RunDeadline, reservation: ReservationFacts | None, job: JobTimes
+) -> DeadlineCheck:
+    """The key the deadline comes from, its value and its fix, and what a run needs before it."""
+    least = least_before_deadline_s(job)
     if deadline.key != RESERVATION_KEY or reservation is None:
-        raise ConfigError(
-            f"config key 'training.deadline' = {deadline.text!r}: {window}: not even one checkpointed step fits; "
-            "set a later training.deadline, or remove it"
+        return DeadlineCheck(
+            DEADLINE_KEY, deadline.text, "set a later training.deadline, or remove it", least
         )
     reservation_id = reservation.reservation_id
     if reservation.is_capacity_block:
@@ -166,6 +165,21 @@ def _refuse_the_window(
             f"move its end date (`aws ec2 modify-capacity-reservation --capacity-reservation-id {reservation_id} "
             f"--end-date-type limited --end-date <later> --region {settings.region}`), or remove capacityReservationId"
         )
-    raise PreflightError(
-        f"config key 'capacityReservationId' = {reservation_id!r}: {window}: not even one checkpointed step fits; {fix}"
+    return DeadlineCheck(RESERVATION_KEY, reservation_id, fix, least)
+
+
+def _refuse_the_window(
+    check: DeadlineCheck, placement: Placement, source: str, begins: str, fit: WindowFit
+) -> None:
+    """Not even one checkpointed step fits: refused without a cluster, warned about with one."""
+    one = f"{span(fit.run_s)} for one step with its checkpoint" if fit.run_s is not None else "a checkpoint"
+    left = f"{span(fit.available_s)} before the deadline" if fit.available_s > 0 else "after the deadline"
+    window = f"{source}. Predicted: {begins}, {left}, and it needs {one}: not even one checkpointed step fits"
+    if placement.live is None:
+        error = ConfigError if check.key == DEADLINE_KEY else PreflightError
+        raise error(f"config key {check.key!r} = {check.value!r}: {window}; {check.fix}")
+    pulumi.log.warn(
+        f"run window: {window}. The cluster exists and the preview cannot read whether its training run has "
+        "finished: a run whose inputs are unchanged does not run again, and one that runs is refused when it "
+        f"starts, before any GPU node is scaled or job submitted. To run the job again, {check.fix}"
     )

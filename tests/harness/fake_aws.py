@@ -402,7 +402,9 @@ class AwsApiError(Exception):
 class FakeAws:
     """One AWS account in one region. `offerings` and `quotas` entries replace the defaults they name.
 
-    `denied` lists invoke tokens the caller's IAM policy does not allow (they fail with AccessDenied).
+    `denied` lists invoke tokens the caller's IAM policy does not allow (they fail with AccessDenied),
+    `throttled` those AWS keeps throttling (ThrottlingException, "the request was denied due to request
+    throttling", a common error of every AWS API, once the provider's retries are spent).
     `instances` are the account's EC2 instances, as `launch_into_reservation` leaves them.
     """
 
@@ -412,6 +414,7 @@ class FakeAws:
     reservations: dict[str, dict] | None = None
     calls: list = field(default_factory=list)
     denied: set[str] = field(default_factory=set)
+    throttled: set[str] = field(default_factory=set)
     instances: list[dict] = field(default_factory=list)
     # What runs in the account already (a deployed stack, or what a destroy left): EKS clusters by
     # name ({"version", "vpcId", "subnetIds"}), VPC blocks and subnet zones by id, log groups' tags.
@@ -491,6 +494,8 @@ class FakeAws:
             raise AwsApiError(
                 token, "AccessDeniedException", f"user/tester is not authorized to perform {token}"
             )
+        if token in self.throttled:
+            raise AwsApiError(token, "ThrottlingException", "Rate exceeded")
         return answer(args)
 
     # --- invokes ----------------------------------------------------------------------------------

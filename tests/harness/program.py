@@ -2,7 +2,9 @@
 
 The fake AWS account (`tests.harness.fake_aws`) answers the invokes; this module adds the resource side:
 plausible outputs for what the program reads back (ARNs, ids, the cluster's kubeconfig) and a
-record of each registration with its parent and dependencies, so tests can assert the plan.
+record of each registration with its parent and dependencies, so tests can assert the plan. Given
+what a deployed stack's state holds for its TrainingRun, it answers as the engine does for a
+resource whose Diff finds no change: with the outputs the state holds.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from platform_contract import is_dev_stack
 from tests.harness.fake_aws import FakeAws, FakeAwsMocks
 from tests.harness.paths import REPO_ROOT
 from workloads import addons
+from workloads.training_run.provider import diff_props
 
 ROOT = REPO_ROOT
 STACK_FILES = sorted(ROOT.glob("Pulumi.*.yaml"))
@@ -47,6 +50,9 @@ def user_settings(stack_file: Path) -> dict[str, str]:
     """What a user adds to this stack file before its first `pulumi up` (its comments say so)."""
     pinned = {} if is_dev_stack(stack_name(stack_file)) else {"eks-ray-train:image": PINNED_IMAGE}
     return {**USER_SETTINGS, **pinned}
+
+
+TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 
 
 @dataclass
@@ -96,6 +102,10 @@ class Preview:
         return chain
 
 
+def _eks_cluster_urn(component_name: str) -> str:
+    return f"urn:pulumi:{pulumi.get_stack()}::eks-ray-train::aws:eks/cluster:Cluster::{component_name}-eksCluster"
+
+
 def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[str, Any]:
     """Outputs the program reads back from resources it creates."""
     name, arn = args.name, f"arn:aws:service:{region}:{ACCOUNT}:{args.typ.split(':')[-1].lower()}/{args.name}"
@@ -108,6 +118,13 @@ def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[st
             oidcProviderArn=f"arn:aws:iam::{ACCOUNT}:oidc-provider/{issuer}",
             oidcProviderUrl=issuer,
         )
+        if not pulumi.runtime.is_dry_run():
+            # Its aws.eks.Cluster, which `pulumi up` knows (in a first preview it is unknown).
+            outputs["eksCluster"] = {
+                pulumi.runtime.rpc._special_sig_key: pulumi.runtime.rpc._special_resource_sig,
+                "urn": _eks_cluster_urn(name),
+                "id": f"{name}-eksCluster-id",
+            }
     elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
         outputs["latestVersion"] = 1
     elif args.typ == "aws:s3/bucket:Bucket":
@@ -144,6 +161,17 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
+        if request.type == "eks:index:Cluster" and not pulumi.runtime.is_dry_run():
+            # The pulumi-eks component's `eksCluster` output, a reference to its aws.eks.Cluster: the
+            # SDK reads a referenced resource with the `pulumi:pulumi:getResource` invoke, which the
+            # mock monitor answers from the resources it holds.
+            inputs = pulumi.runtime.rpc.deserialize_properties(request.object)
+            eks_urn = _eks_cluster_urn(request.name)
+            self.resources[eks_urn] = pulumi_mocks.MockMonitor.ResourceRegistration(
+                eks_urn,
+                f"{request.name}-eksCluster-id",
+                {"name": inputs.get("name"), "version": inputs.get("version")},
+            )
         if request.type != "pulumi:pulumi:Stack":
             inputs = pulumi.runtime.rpc.deserialize_properties(request.object, keep_unknowns=True)
             self.plan.resources.append(
@@ -216,7 +244,13 @@ def eks_kubeconfig(cluster: Registration, region: str, profile: str | None, role
 
 
 class ProgramMocks(FakeAwsMocks):
-    """The fake account's invokes and pulumi-eks's method calls, plus outputs for the resources the program creates."""
+    """The fake account's invokes and pulumi-eks's method calls, plus outputs for the resources the program
+    creates. `recorded`: what the state holds for the TrainingRun (its name -> its outputs), from an
+    earlier `pulumi up`."""
+
+    def __init__(self, aws: FakeAws, recorded: dict[str, dict[str, Any]] | None = None):
+        super().__init__(aws)
+        self.recorded = recorded or {}
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         if args.token == "eks:index:Cluster/getKubeconfig":
@@ -227,6 +261,12 @@ class ProgramMocks(FakeAwsMocks):
         return super().call(args)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        old = self.recorded.get(args.name) if args.typ == TRAINING_RUN else None
+        if old is not None and not diff_props(old, args.inputs).changes:
+            # The engine's same step: the provider's Diff found no change, so the resource keeps the ID
+            # and outputs its state holds, whatever the new inputs (pulumi/pulumi
+            # pkg/resource/deploy/step.go, `SameStep.Apply`: "Retain the ID and outputs").
+            return f"{args.name}-id", dict(old)
         return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
 
 
@@ -297,34 +337,40 @@ def run_program(
     secret_keys: list[str] | None = None,
     crd_schemas: bool = False,
     now: datetime | None = None,
+    recorded: dict[str, dict[str, Any]] | None = None,
+    preview: bool = True,
 ) -> Preview:
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises.
 
     `crd_schemas`: apply KubeRay's CRDs with their full schemas (see `_schemas_left_out`). `now`:
     the time the preview reads (`infra.preflight.placement.utc_now`), for tests about reservation dates.
+    `recorded`: what the state of an earlier `pulumi up` holds for the TrainingRun (`ProgramMocks`).
+    `preview=False`: the program as `pulumi up` runs it after its preview, where an output the engine
+    did not return resolves to None; in a preview it is unknown (pulumi/runtime/rpc.py, `resolve_properties`).
+    The pulumi-eks cluster's `eksCluster` then resolves too (`RecordingMonitor.RegisterResource`).
     """
     if now is not None:
         machine_time = placement.utc_now
         placement.utc_now = lambda: now
         try:
-            return run_program(config, fake_aws, stack, secret_keys, crd_schemas)
+            return run_program(config, fake_aws, stack, secret_keys, crd_schemas, None, recorded, preview)
         finally:
             placement.utc_now = machine_time
     if not crd_schemas:
         vendored = addons.kuberay_crds
         addons.kuberay_crds = lambda: _schemas_left_out(vendored())
         try:
-            return run_program(config, fake_aws, stack, secret_keys, crd_schemas=True)
+            return run_program(config, fake_aws, stack, secret_keys, True, None, recorded, preview)
         finally:
             addons.kuberay_crds = vendored
     region = config.get("aws:region", "us-east-2")
     fake_aws = fake_aws or FakeAws(region=region)
-    mocks = ProgramMocks(fake_aws)
+    mocks = ProgramMocks(fake_aws, recorded)
     monitor = RecordingMonitor(mocks)
     # A root stack of its own for each run (`set_mocks` keeps the last one), so `outputs` holds this
     # run's exports alone.
     pulumi.runtime.settings.ROOT.set(None)
-    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=True, monitor=monitor)
+    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack=stack, preview=preview, monitor=monitor)
     pulumi.runtime.set_all_config(config, secret_keys or [])
     failure: list[BaseException] = []
 

@@ -31,9 +31,8 @@ from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
-from tests.harness.program import ROOT, dev_config, run_program
+from tests.harness.program import ROOT, TRAINING_RUN, dev_config, run_program
 
-TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 URN = f"urn:pulumi:dev::eks-ray-train::{TRAINING_RUN}::training"
 
 

@@ -1,13 +1,17 @@
-"""training.cost at preview: the Price List's price through a us-east-1 provider, the shipped\nprices when it refuses, a Capacity Block's upfront fee, the NAT gateways it counts."""
+"""training.cost at preview: the Price List's price through a us-east-1 provider, the shipped
+prices when it refuses, a Capacity Block's upfront fee, the NAT gateways it counts; a run's cost at
+the price recorded with it."""
 
 from __future__ import annotations
 
 import json
 
 import pulumi
+from pulumi.runtime.sync_await import _sync_await
 
 from infra.resources.network import NAT_GATEWAYS
 from tests.harness.fake_aws import (
+    LIST_PRICES,
     FakeAws,
     capacity_reservation,
 )
@@ -17,6 +21,7 @@ from tests.harness.preview_queries import (
 from tests.harness.program import (
     ACCOUNT,
     ROOT,
+    TRAINING_RUN,
     config_of,
     dev_config,
     run_program,
@@ -94,3 +99,63 @@ def test_the_network_has_the_nat_gateways_the_cost_counts(stack_plan):
     _, plan = stack_plan
     assert len(plan.of_type("aws:ec2/natGateway:NatGateway")) == NAT_GATEWAYS
     assert len(plan.of_type("aws:ec2/eip:Eip")) == NAT_GATEWAYS
+
+
+# What a run's create returns beside its inputs (`RunOutputs`): the GPU nodes' launches, the output's
+# time, the summary; with `gpuNodesAfterTraining: keep` no release.
+RUN_OUTPUTS = {
+    "status": "SUCCEEDED",
+    "gpu_nodes": {
+        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
+        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:30:00+00:00"},
+    },
+    "finished_at": "2026-12-05T09:00:00+00:00",
+    "summary": {
+        "tokens_seen": 1_000_000,
+        "step_time_s": 3.0,
+        "efa_bytes_per_step": {"pod-a": 4e9, "pod-b": 4e9},
+    },
+}
+
+
+def resolved(output: pulumi.Output):
+    return _sync_await(output.future())
+
+
+def test_an_unchanged_run_keeps_the_price_and_plan_it_was_billed_and_planned_at(monkeypatch):
+    """The first `pulumi up` runs the job at the Price List's price; the run records that price and the
+    planner's prediction with it (its `planned` input, among its outputs). Two later `pulumi up`s,
+    after AWS changed the price, leave the run alone (no input that reruns it changed, so the engine
+    keeps its outputs): `training.cost.measured` and `planVsMeasured` are the same in both, at the
+    run's price, while the preview's own figures follow the Price List. A run that runs again records
+    the new price."""
+    fake = FakeAws(region="us-east-2")
+    first = run_program(dev_config(), fake)
+    inputs = {key: value for key, value in first.one(TRAINING_RUN).inputs.items() if key != "__provider"}
+    recorded = {"training": {**inputs, **RUN_OUTPUTS}}
+    assert inputs["planned"]["usd_per_gpu_node_hour"] == 4.6016
+
+    costs, compared = [], []
+    for usd in ("5.1000000000", "3.9000000000"):
+        monkeypatch.setitem(LIST_PRICES, "g6.12xlarge", usd)
+        later = run_program(dev_config(), fake, recorded=recorded, preview=False)
+        assert later.outputs["training"]["cost"]["usdPerGpuNodeHour"] == float(usd)  # the preview's, today's
+        costs.append(resolved(later.outputs["training"]["cost"]["measured"]))
+        compared.append(resolved(later.outputs["training"]["planVsMeasured"]))
+    assert costs[0] == costs[1] and compared[0] == compared[1]
+    measured = costs[0]
+    # Node a ran 2 h, node b 1 h 30 min, at the recorded 4.6016 a node-hour.
+    assert (measured["gpuNodeHours"], measured["usd"]) == (3.5, round(3.5 * 4.6016, 2))
+    assert measured["usdPerGpuNodeHour"] == 4.6016
+    assert (
+        measured["priceBasis"]
+        == "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview"
+    )
+    assert compared[0]["predictedStepTimeS"] == inputs["planned"]["step_time_s"]
+    assert compared[0]["stepTimeRatio"] == round(3.0 / inputs["planned"]["step_time_s"], 3)
+
+    # A changed job input runs the job again (Diff replaces it), and the new run records today's price.
+    rerun = run_program(
+        dev_config(training='{"preset": "smoke", "steps": 21}'), fake, recorded=recorded, preview=False
+    )
+    assert resolved(rerun.outputs["training"]["cost"]["measured"])["usdPerGpuNodeHour"] == 3.9

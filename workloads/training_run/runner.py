@@ -1,5 +1,10 @@
 """One run of the TrainingRun resource: readiness, the gate, the job(s), the verdict(s), the outputs.
 
+First the deadline: a job's `--deadline` that leaves no room for the fabric gate and one step with
+its checkpoint stops the run before anything is scaled or submitted (`window_problem`): the
+preview's refusal (`infra.preflight.window`) made again at the run's own time. Only a run that
+really happens gets here, so a deadline that passed after a finished run stops no later `pulumi up`.
+
 The steps, each in its own module: wait for a Capacity Block's start when it has not begun
 (`not_before`), then until the cluster is ready (`readiness`); run the fabric
 probe on the job's worker group with the job's NCCL environment and judge it (`gate`): a fabric
@@ -26,7 +31,9 @@ from dataclasses import dataclass, replace
 
 import pulumi
 
+from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
 from platform_contract import EFA_RESOURCE, GPU_RESOURCE
+from training.config.settings import DEADLINE_FLAG
 from training.metrics.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
@@ -121,6 +128,40 @@ class GpuNodeLaunches:
     nodes: dict[str, dict[str, str]] | None
     unavailable: str | None
     at: str
+
+
+def job_deadline(job_args: Sequence[str]) -> datetime.datetime | None:
+    """The job's `--deadline` (the last one given, as its parser takes it); None without one."""
+    found = None
+    for index, arg in enumerate(job_args):
+        if arg == DEADLINE_FLAG and index + 1 < len(job_args):
+            found = job_args[index + 1]
+        elif arg.startswith(f"{DEADLINE_FLAG}="):
+            found = arg.partition("=")[2]
+    return datetime.datetime.fromisoformat(found) if found else None
+
+
+def window_problem(
+    job_args: Sequence[str], check: DeadlineCheck | None, now: datetime.datetime, not_before: str | None
+) -> str | None:
+    """Why the run must not begin: its `--deadline` leaves less than `check.least_s` (the fabric gate
+    and one step with its checkpoint, as the preview predicted them) after it begins, now or at a
+    Capacity Block's start (`not_before`). The preview's refusal of the same run, made at the run's own
+    time, in one line naming the key the deadline comes from and its fix; None when it fits."""
+    deadline = job_deadline(job_args)
+    if check is None or deadline is None:
+        return None
+    begins = max(now, datetime.datetime.fromisoformat(not_before)) if not_before else now
+    left_s = (deadline - begins).total_seconds()
+    if left_s >= check.least_s:
+        return None
+    left = f"{left_s / 60:.1f} min before" if left_s > 0 else "after"
+    return (
+        f"config key {check.key!r} = {check.value!r}: the training run begins at {utc_text(begins)}, {left} its "
+        f"--deadline {utc_text(deadline)}, and the fabric gate and one step with its checkpoint need "
+        f"{check.least_s / 60:.1f} min: not even one checkpointed step fits, so no GPU node was scaled and no job "
+        f"submitted; {check.fix}"
+    )
 
 
 class TrainingRunner:
@@ -484,7 +525,14 @@ class TrainingRunner:
         return passed, job
 
     def run(self) -> tuple[tuple[GateResult, JobResult], tuple[GateResult, JobResult] | None]:
-        """The gated job(s); with `release`, the GPU nodes scaled out before and released after (module doc)."""
+        """The gated job(s); with `release`, the GPU nodes scaled out before and released after (module
+        doc). First of all, the deadline's room (`window_problem`)."""
+        now = datetime.datetime.fromtimestamp(self.env.wall_clock(), datetime.UTC)
+        problem = window_problem(
+            self.request.job_args, self.request.deadline_check, now, self.request.not_before
+        )
+        if problem:
+            raise TrainingRunError(problem)
         sizer = self.env.node_group if self.request.gpu_nodes_after_training == RELEASE else None
         if sizer is None:
             return self.gated_jobs()

@@ -25,7 +25,9 @@ from pydantic import (
     ValidationError,
 )
 
+from infra.aws_facts.reservation_window import DEADLINE_KEY, RESERVATION_KEY, DeadlineCheck
 from infra.config.stack import GPU_NODES_AFTER_TRAINING, KEEP, RELEASE
+from infra.plan.cost import PlannedRun
 from platform_contract import EXPECTABLE_TRANSPORTS
 from workloads.training_run.access.call_bounds import ApiTimeouts
 from workloads.training_run.errors import TrainingRunError
@@ -76,6 +78,12 @@ def _list(value: Any) -> Any:
 JobArgs = Annotated[tuple[Annotated[str, Field(strict=True)], ...], BeforeValidator(_list)]
 
 
+def _checkable(value: DeadlineCheck) -> DeadlineCheck:
+    if value.key not in (DEADLINE_KEY, RESERVATION_KEY) or not value.least_s > 0:
+        raise ValueError("not a deadline check")
+    return value
+
+
 def _input(reason: str, *, identity: bool = False, rerun: bool = True, **kwargs: Any) -> Any:
     return Field(json_schema_extra={"identity": identity, "rerun": rerun, "reason": reason}, **kwargs)
 
@@ -123,6 +131,21 @@ class RunInputs(BaseModel):
     # A Capacity Block's start, when it has not begun: the run waits for it before the GPU nodes.
     not_before: Annotated[str, Field(strict=True), AfterValidator(_utc_time)] | None = _input(
         "must be an ISO 8601 time with its UTC offset", default=None, rerun=False
+    )
+
+    # The preview's refusal of a run that cannot fit before its --deadline, made again by the run when
+    # it is about to run, at its own time (`runner`).
+    deadline_check: Annotated[DeadlineCheck, AfterValidator(_checkable)] | None = _input(
+        f"must be an object of key ({DEADLINE_KEY} or {RESERVATION_KEY}), value, fix and a positive least_s",
+        default=None,
+        rerun=False,
+    )
+    # What the preview priced and predicted the run at. `create` returns its inputs among its outputs,
+    # so the run records them, and the stack's measured cost and plan comparison are computed from them.
+    planned: PlannedRun | None = _input(
+        "must be an object of usd_per_gpu_node_hour, price_basis, step_time_s and bytes_per_step",
+        default=None,
+        rerun=False,
     )
 
     @classmethod

@@ -18,6 +18,7 @@ from infra.aws_facts.reservation_window import (
     StartUp,
     Verdict,
     fit_window,
+    least_before_deadline_s,
     parse_aws_time,
     run_deadline,
     start_up,
@@ -122,6 +123,16 @@ def test_a_window_without_room_for_one_checkpointed_step_is_refused():
     # A start-up that ends past the deadline leaves a negative window.
     late = fit_window(job, StartUp(0.0, 0.0, 0.0, gate_s=600.0), NOW + timedelta(minutes=5), NOW)
     assert late.verdict is Verdict.REFUSED and late.available_s == -300
+
+
+def test_what_a_run_needs_before_its_deadline_is_the_gate_and_one_checkpointed_step():
+    """The training run's own check when it is about to run: the fabric gate, then the refused
+    window's one step with its checkpoint (or, without a step time, the job's own floor)."""
+    job = JobTimes(steps=1000, step_s=100.0, checkpoint_s=50.0, evaluates=True)
+    assert job.least_s() == 100 + 100 + 50 + WIND_DOWN_S  # the step, its evaluation, its checkpoint
+    assert least_before_deadline_s(job) == FABRIC_GATE_S + job.least_s()
+    unpredicted = JobTimes(steps=10, step_s=None, checkpoint_s=40.0)
+    assert least_before_deadline_s(unpredicted) == FABRIC_GATE_S + 40 + WIND_DOWN_S
 
 
 @pytest.mark.parametrize(("window_s", "verdict"), [(31.0, Verdict.UNPREDICTED), (30.0, Verdict.REFUSED)])

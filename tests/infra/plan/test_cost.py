@@ -8,7 +8,9 @@ import datetime
 import pytest
 
 from infra.plan.cost import (
+    UNRECORDED_PRICE,
     CostBasis,
+    PlannedRun,
     Prediction,
     Price,
     StackShape,
@@ -74,7 +76,8 @@ def test_tokens_come_from_tokens_seen_else_steps_times_the_steps_tokens():
     assert tokens_trained({"steps": 5}) is None and tokens_trained(None) is None
 
 
-BASIS = CostBasis(Price(4.0, "a list price"), Prediction(20, 1.8, 500.0, 2), {"gpuNodesAtZero": 0.36})
+BASIS = CostBasis(Price(4.0, "a list price"), Prediction(20, 1.8, 500.0, 2, 3e9), {"gpuNodesAtZero": 0.36})
+RECORDED = BASIS.planned_run
 
 
 def test_the_prediction_is_steps_times_step_time_times_the_fleet_at_the_named_price():
@@ -95,24 +98,48 @@ NODES = {
 
 def test_the_measured_cost_runs_to_the_output_or_to_the_release():
     summary = {"tokens_seen": 1_000_000}
-    measured = measured_cost(BASIS, NODES, None, "2026-12-05T07:00:00+00:00", summary)
+    measured = measured_cost(RECORDED, NODES, None, "2026-12-05T07:00:00+00:00", summary)
     assert measured["gpuNodeHours"] == 1.5 and measured["usd"] == 6.0
+    assert (measured["usdPerGpuNodeHour"], measured["priceBasis"]) == (4.0, "a list price")
     assert measured["usdPerMillionTokens"] == 6.0 and measured["to"] == "the output's time"
-    released = measured_cost(BASIS, NODES, None, "2026-12-05T09:00:00+00:00", summary, "2026-12-05T08:00:00Z")
+    released = measured_cost(
+        RECORDED, NODES, None, "2026-12-05T09:00:00+00:00", summary, "2026-12-05T08:00:00Z"
+    )
     assert released["gpuNodeHours"] == 3.5 and released["to"] == "the GPU nodes' release"
     assert released["endedAt"] == "2026-12-05T08:00:00Z"
 
 
 def test_without_launch_times_the_measured_cost_is_unavailable_with_the_reason():
-    refused = measured_cost(BASIS, None, "AWS refused ec2:DescribeInstances", "2026-12-05T07:00:00+00:00", {})
+    refused = measured_cost(
+        RECORDED, None, "AWS refused ec2:DescribeInstances", "2026-12-05T07:00:00+00:00", {}
+    )
     assert refused["gpuNodeHours"] is None and refused["usd"] is None
     assert refused["unavailable"] == "AWS refused ec2:DescribeInstances"
-    before = measured_cost(BASIS, None, None, None, None)
+    before = measured_cost(RECORDED, None, None, None, None)
     assert before["unavailable"] == "no training run has reported its GPU nodes yet"
     block = measured_cost(
-        CostBasis(capacity_block_price("cr-1"), None, {}), NODES, None, "2026-12-05T07:00:00Z", {}
+        CostBasis(capacity_block_price("cr-1"), None, {}).planned_run, NODES, None, "2026-12-05T07:00:00Z", {}
     )
     assert block["gpuNodeHours"] == 1.5 and block["usd"] is None
+
+
+def test_the_measured_cost_is_at_the_price_the_run_recorded_and_none_without_one():
+    """The run records its price and plan (`PlannedRun`, the TrainingRun's `planned` input and output):
+    a later Price List leaves its cost as it was; a run that recorded none has no US$ figure, and says so."""
+    recorded = PlannedRun.recorded(
+        {
+            "usd_per_gpu_node_hour": 4.0,
+            "price_basis": "a list price",
+            "step_time_s": 1.8,
+            "bytes_per_step": 3e9,
+        }
+    )
+    assert recorded == RECORDED
+    assert PlannedRun(4.0, "a list price", 1.8, 3e9) == RECORDED
+    assert CostBasis(capacity_block_price("cr-1"), None, {}).planned_run.step_time_s is None
+    unrecorded = measured_cost(PlannedRun.recorded(None), NODES, None, "2026-12-05T07:00:00+00:00", {})
+    assert unrecorded["gpuNodeHours"] == 1.5 and unrecorded["usd"] is None
+    assert unrecorded["usdPerGpuNodeHour"] is None and unrecorded["priceBasis"] == UNRECORDED_PRICE
 
 
 def shape(**changes) -> StackShape:

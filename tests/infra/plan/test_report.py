@@ -7,6 +7,7 @@ import pulumi
 import pytest
 
 from infra.plan import planner, report
+from infra.plan.cost import PlannedRun
 from infra.plan.figures import INSTANCES
 from tests.harness.fake_aws import FakeAws
 from tests.harness.program import dev_config, run_program
@@ -62,13 +63,14 @@ def test_after_a_run_the_plan_meets_the_measured_step_time_and_bytes_per_step():
             "pod-b": 2.2 * plan.inter_node_bytes_per_step,
         },
     }
-    compared = report.measured_against_plan(plan, summary)
+    recorded = PlannedRun(4.6016, "a list price", plan.step_time_s, plan.inter_node_bytes_per_step)
+    compared = report.measured_against_plan(recorded, summary)
     assert compared["predictedStepTimeS"] == plan.step_time_s and compared["stepTimeRatio"] == 2.0
     assert compared["predictedBytesPerStep"] == plan.inter_node_bytes_per_step
     assert compared["measuredBytesPerStep"] == pytest.approx(1.05 * plan.inter_node_bytes_per_step)
     assert compared["bytesPerStepRatio"] == 1.05
     # A run without EFA (or a plan without facts) leaves its side and the ratio empty, not zero.
-    empty = report.measured_against_plan(plan, {"step_time_s": plan.step_time_s})
+    empty = report.measured_against_plan(recorded, {"step_time_s": plan.step_time_s})
     assert empty["measuredBytesPerStep"] is None and empty["bytesPerStepRatio"] is None
     assert empty["stepTimeRatio"] == 1.0
     assert report.measured_against_plan(None, summary)["stepTimeRatio"] is None

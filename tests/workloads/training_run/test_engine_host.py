@@ -26,7 +26,7 @@ import pytest
 from pulumi.runtime import rpc
 
 from infra.aws_facts.reservation_window import parse_aws_time
-from infra.plan.cost import CostBasis, list_price, measured_cost, planned_cost
+from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
 from tests.harness import fake_kube_api as fake
 from tests.harness import paths
 from tests.harness.fake_aws import LIST_PRICES, price_list_item
@@ -495,6 +495,30 @@ def test_release_refuses_a_degraded_group_in_one_line(world: World, registered_r
     print(f"\nDEGRADED group refused {time.monotonic() - started:.2f} s after Create began")
 
 
+def test_a_create_past_the_deadline_fails_in_one_line_before_anything_is_scaled_or_submitted(
+    world: World, registered_release: dict[str, Any]
+):
+    """A run that really happens (Create) with a --deadline long passed: refused naming training.deadline,
+    the GPU node group left as it is, no probe and no job on the head."""
+    world.host.configure(STACK_CONFIG)
+    past = "2026-01-05T12:00:00Z"
+    check = {"key": "training.deadline", "value": past, "fix": "set a later training.deadline, or remove it"}
+    inputs = {
+        **registered_release,
+        "job_args": [*registered_release["job_args"], "--deadline", past],
+        "deadline_check": {**check, "least_s": 150.0},
+    }
+    with pytest.raises(grpc.RpcError) as caught:
+        world.host.create(inputs, timeout_s=GRPC_DEADLINE_S)
+    assert_one_clear_message(caught.value.details())
+    message = caught.value.details().partition("\n")[0]
+    assert message.startswith(f"config key 'training.deadline' = '{past}': the training run begins at ")
+    assert (
+        f"after its --deadline {past}" in message and "no GPU node was scaled and no job submitted" in message
+    )
+    assert world.group.updates == [] and world.pods.submissions == [] and world.pods.probe_submissions == []
+
+
 def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_output(world: World):
     """The provider reads the GPU nodes' instances (their providerID) and EC2's launch times after the
     job; the stack's `training.cost` turns them into node hours and US$ at the Price List's price."""
@@ -518,9 +542,15 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
         None,
     )
     basis = CostBasis(price, None, {})
+    # The run records the price the program priced it at (its `planned` input), and is billed at it.
+    recorded = PlannedRun.recorded(outs["planned"])
+    assert recorded is not None and (recorded.usd_per_gpu_node_hour, recorded.price_basis) == (
+        price.usd_per_hour,
+        price.basis,
+    )
     cost = {
         **planned_cost(basis),
-        "measured": measured_cost(basis, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]),
+        "measured": measured_cost(recorded, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]),
     }
     assert cost["priceBasis"] == "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview"
     seconds = sum(math.ceil((finished - at).total_seconds()) for at in launched.values())
@@ -543,7 +573,9 @@ def test_ec2_refusing_describe_instances_leaves_the_cost_unavailable_naming_why(
         "authorized to perform this operation."
     )
     basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "refused"), None, {})
-    measured = measured_cost(basis, None, outs["gpu_nodes_unavailable"], outs["finished_at"], outs["summary"])
+    measured = measured_cost(
+        basis.planned_run, None, outs["gpu_nodes_unavailable"], outs["finished_at"], outs["summary"]
+    )
     assert measured["gpuNodeHours"] is None and measured["usd"] is None
     assert measured["unavailable"] == outs["gpu_nodes_unavailable"]
 

@@ -12,7 +12,9 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
+from infra.aws_facts.reservation_window import DeadlineCheck
 from infra.config.aws_identity import AwsCredentialSettings
+from infra.plan.cost import PlannedRun
 from tests.harness import paths
 from tests.harness.training_run_fakes import SMOKE_ARGS, FakeCluster, main_and_tcp_head, props, run_inputs
 from workloads.training_run import (
@@ -187,7 +189,14 @@ def test_the_resource_registers_only_names_and_settings():
         # Every input set, so every one is sent (the engine leaves out a null one).
         run = provider.TrainingRun(
             "training",
-            run_inputs(gpu_node_count=2, not_before="2026-12-05T11:30:00Z"),
+            run_inputs(
+                gpu_node_count=2,
+                not_before="2026-12-05T11:30:00Z",
+                deadline_check=DeadlineCheck(
+                    "training.deadline", "2026-12-05T14:00:00Z", "set it later", 150.0
+                ),
+                planned=PlannedRun(4.6016, "a list price", 1.2, 3e9),
+            ),
             node_group_name=pulumi.Output.from_input("gpu-0a1b2c3"),
         )
         return run.transport.apply(transports.append)

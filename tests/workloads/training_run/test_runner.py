@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.aws_facts.reservation_window import utc_text
-from infra.plan.cost import CostBasis, list_price, measured_cost, planned_cost
+from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
+from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
 from tests.harness.fake_kube_api import HANDSHAKE_TRAFFIC, FakeReaderNode
 from tests.harness.paths import REPO_ROOT
 from tests.harness.ray_head import RayHead
@@ -26,6 +26,7 @@ from tests.harness.training_run_fakes import (
     OOM_JOB,
     OUTPUT_TIME,
     PROBE_TRAFFIC,
+    SMOKE_ARGS,
     WORKER_NODES,
     WORKER_PODS,
     FakeCluster,
@@ -648,9 +649,12 @@ def test_ray_head_failed_job_fails_with_its_log(ray_head):
 def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time():
     """Read after the job: the instances the nodes' providerID names, their EC2 launch times
     (DescribeInstances, stubbed on EC2's own service model), and the output's time from the run's
-    wall clock; the cost of the fake cluster then counts from them at the named price."""
+    wall clock; the cost of the fake cluster then counts from them at the price the run recorded."""
+    price = list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused")
+    basis = CostBasis(price, None, {})
     fake = FakeCluster(main_and_tcp_head())
-    outs = fake.provider().create(props(run_inputs())).outs
+    outs = fake.provider().create(props(run_inputs(planned=basis.planned_run))).outs
+    assert PlannedRun.recorded(outs["planned"]) == basis.planned_run
     assert outs["gpu_nodes"] == {
         "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
         "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:00:30+00:00"},
@@ -658,9 +662,9 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     assert outs["gpu_nodes_unavailable"] is None
     finished = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
     assert outs["finished_at"] == finished.isoformat()
-    price = list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused")
-    basis = CostBasis(price, None, {})
-    measured = measured_cost(basis, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"])
+    measured = measured_cost(
+        PlannedRun.recorded(outs["planned"]), outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]
+    )
     seconds = (
         2 * 2 * 3600 + 2 * fake.clock.now - 30
     )  # two nodes launched 2 h and 1 h 59 min 30 s before 09:00
@@ -689,3 +693,47 @@ def test_a_node_without_an_instance_id_makes_the_launch_times_unavailable():
     outs = fake.provider().create(props(run_inputs())).outs
     assert outs["gpu_nodes"] is None
     assert outs["gpu_nodes_unavailable"] == "node(s) node-b carry no EC2 instance id in spec.providerID"
+
+
+# --- the deadline, judged again when the run is about to run ----------------------------------------
+
+# What the preview hands the run with `training.deadline` (`infra.preflight.window`): the fabric gate
+# and one smoke step with its checkpoint, 2 min 30 s.
+DEADLINE_CHECK = DeadlineCheck(
+    "training.deadline", "2026-12-05T08:00:00Z", "set a later training.deadline, or remove it", 150.0
+)
+
+
+def with_deadline(deadline: str, **changes) -> schema.RunInputs:
+    check = replace(DEADLINE_CHECK, value=deadline)
+    return run_inputs(job_args=(*SMOKE_ARGS, "--deadline", deadline), deadline_check=check, **changes)
+
+
+def test_a_run_past_its_deadline_is_refused_in_one_line_before_anything_is_scaled_or_submitted():
+    """Only a run that really happens reaches create: its deadline passed an hour before (the fake
+    wall clock is at 09:00:00Z), so nothing is scaled out, probed or submitted."""
+    fake = FakeCluster(main_and_tcp_head())
+    fake.node_group.desired = 0
+    message = failure_of(fake, with_deadline("2026-12-05T08:00:00Z", **RELEASE))
+    assert message == (
+        "config key 'training.deadline' = '2026-12-05T08:00:00Z': the training run begins at 2026-12-05T09:00:00Z, "
+        "after its --deadline 2026-12-05T08:00:00Z, and the fabric gate and one step with its checkpoint need "
+        "2.5 min: not even one checkpointed step fits, so no GPU node was scaled and no job submitted; set a later "
+        "training.deadline, or remove it"
+    )
+    assert fake.head.submissions == [] and fake.head.probe_submissions == []
+    assert fake.node_group.sizes == [] and fake.clock.slept == 0
+
+
+def test_a_deadline_too_near_for_the_gate_and_a_step_counts_from_a_capacity_blocks_start():
+    """Two minutes of room now, one after the block's start: refused either way; with room it runs."""
+    near = FakeCluster(main_and_tcp_head())
+    message = failure_of(near, with_deadline("2026-12-05T09:02:00Z"))
+    assert "begins at 2026-12-05T09:00:00Z, 2.0 min before its --deadline 2026-12-05T09:02:00Z" in message
+    later = FakeCluster(main_and_tcp_head())
+    message = failure_of(later, with_deadline("2026-12-05T10:05:00Z", not_before="2026-12-05T10:04:00Z"))
+    assert "begins at 2026-12-05T10:04:00Z, 1.0 min before its --deadline 2026-12-05T10:05:00Z" in message
+    assert later.clock.slept == 0 and later.head.probe_submissions == []
+    room = FakeCluster(main_and_tcp_head())
+    outs = room.provider().create(props(with_deadline("2026-12-05T09:03:00Z"))).outs
+    assert outs["status"] == "SUCCEEDED"

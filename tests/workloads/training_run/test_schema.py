@@ -217,6 +217,14 @@ def test_a_null_element_is_known_and_refused():
         ("benchmark", "yes", "true or false"),
         ("not_before", "2026-12-05T11:30:00", "with its UTC offset"),
         ("not_before", "at 11:30", "ISO 8601 time"),
+        ("deadline_check", {"key": "training.deadline", "value": "x", "fix": "y"}, "positive least_s"),
+        (
+            "deadline_check",
+            {"key": "gpuAz", "value": "x", "fix": "y", "least_s": 90.0},
+            "training.deadline or",
+        ),
+        ("deadline_check", {"key": "training.deadline", "value": "x", "fix": "y", "least_s": 0}, "positive"),
+        ("planned", {"usd_per_gpu_node_hour": 4.6, "price_basis": "list"}, "step_time_s and bytes_per_step"),
     ],
 )
 def test_check_names_the_bad_input(key, value, reason):
