@@ -121,6 +121,7 @@ gpu_nodes = GpuNodeGroup(
         settings.gpu_node_count,
         GPU_ROOT_VOLUME_GIB,
         released=settings.gpu_nodes_after_training == RELEASE,
+        trained=settings.train,
     ),
     reservation=placement.reservation,
     kubernetes_version=cluster.kubernetes_version,

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pulumi
 import pytest
+from pulumi.runtime import rpc
 
 from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from infra.aws_facts.live_stack import OWNER_TAG
@@ -284,9 +285,9 @@ def test_keep_owns_the_gpu_group_size_and_says_what_idle_nodes_cost(caplog):
 
 
 def test_release_leaves_the_desired_size_to_the_training_run_across_two_ups(caplog):
-    """The first `pulumi up` creates the group at 2 nodes, minimum 0; the run then scales it to 0. The
-    second plans the same group, still ignoring its desired size, and the same TrainingRun inputs, so
-    neither the group nor the run changes: the group stays at 0 and the verdict stands."""
+    """The first `pulumi up` creates the group at 0 nodes, minimum 0; the run scales it out and then to
+    0. The second plans the same group, still ignoring its desired size, and the same TrainingRun
+    inputs, so neither the group nor the run changes: the group stays at 0 and the verdict stands."""
     caplog.set_level(logging.INFO)
     fake = FakeAccount(region="us-east-2")
     first = run_program(dev_config(gpuNodesAfterTraining="release"), fake)
@@ -298,7 +299,7 @@ def test_release_leaves_the_desired_size_to_the_training_run_across_two_ups(capl
     second = run_program(dev_config(gpuNodesAfterTraining="release"), fake)
     for plan in (first, second):
         group = plan.one(NODE_GROUP, "gpu")
-        assert group.inputs["scalingConfig"] == {"desiredSize": 2, "minSize": 0, "maxSize": 2}
+        assert group.inputs["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
         assert group.ignore_changes == ["scalingConfig.desiredSize"]
         assert plan.one(NODE_GROUP, "system").ignore_changes == []
     assert run_inputs_of(second) == run_inputs_of(first)
@@ -306,6 +307,39 @@ def test_release_leaves_the_desired_size_to_the_training_run_across_two_ups(capl
     assert inputs["gpu_nodes_after_training"] == "release" and inputs["gpu_node_count"] == 2
     assert inputs["node_group_name"] == "gpu"  # the group's own name, an output of the group
     assert "stay up after the run" not in caplog.text and "DEGRADED" not in caplog.text
+
+
+def test_release_without_a_training_run_creates_the_group_at_its_size():
+    """With `train: false` no run scales a released group out, so it starts at `gpuNodeCount`."""
+    plan = run_program(
+        dev_config(gpuNodesAfterTraining="release", train="false"), FakeAccount(region="us-east-2")
+    )
+    assert plan.one(NODE_GROUP, "gpu").inputs["scalingConfig"] == {
+        "desiredSize": 2,
+        "minSize": 0,
+        "maxSize": 2,
+    }
+    assert plan.of_type(TRAINING_RUN) == []
+
+
+def test_a_gpu_zone_move_under_release_leaves_the_new_group_at_0_and_the_verdict_standing():
+    """The move replaces the GPU node group (EKS cannot move a group's subnets), and the engine creates
+    a replacement from the program's inputs, ignored ones included: at 0 nodes. No input of the job
+    changes, so the TrainingRun is not run again; the group's new name (unknown at preview) makes it
+    an update, which releases the new group should it run nodes (tests/workloads/training_run/)."""
+    fake = FakeAccount(region="us-east-2")
+    first = run_program(dev_config(gpuNodesAfterTraining="release"), fake)
+    moved = run_program(
+        dev_config(gpuNodesAfterTraining="release", gpuAz="us-east-2b"), deployed(first, fake)
+    )
+    group = moved.one(NODE_GROUP, "gpu")
+    assert group.inputs["subnetIds"][0] != first.one(NODE_GROUP, "gpu").inputs["subnetIds"][0]
+    assert group.inputs["subnetIds"][0].endswith("-private-us-east-2b-id") and group.delete_before_replace
+    assert group.inputs["scalingConfig"] == {"desiredSize": 0, "minSize": 0, "maxSize": 2}
+    recorded, news = run_inputs_of(first), {**run_inputs_of(moved), "node_group_name": rpc.UNKNOWN}
+    assert recorded == run_inputs_of(moved)  # every job input as it was
+    diff = diff_props(recorded, news)
+    assert diff.changes is True and diff.replaces == []
 
 
 def test_a_degraded_gpu_group_is_warned_about_at_preview_with_the_fix(caplog):

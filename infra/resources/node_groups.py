@@ -16,11 +16,16 @@ with Capacity Blocks for ML").
 
 Who owns the GPU group's size (`gpuNodesAfterTraining`). With `keep` the program does: minimum,
 maximum and desired size are all `gpuNodeCount`, and a `pulumi up` sets them back if anyone changed
-them. With `release` the program owns the bounds (minimum 0, maximum `gpuNodeCount`) and creates
-the group at `gpuNodeCount` nodes, and from then on the TrainingRun owns the desired size: it scales
-the group to `gpuNodeCount` before a run that needs the nodes and to 0 once the job has ended. The
-program ignores the desired size (`ignore_changes`), so a later `pulumi up`, with or without
-`--refresh`, leaves the group as the TrainingRun left it. The system group always has a fixed size.
+them. With `release` the program owns the bounds (minimum 0, maximum `gpuNodeCount`) and the
+TrainingRun owns the desired size: it scales the group to `gpuNodeCount` before a run that needs the
+nodes and to 0 once the job has ended. The program ignores the desired size (`ignore_changes`), so a
+later `pulumi up`, with or without `--refresh`, leaves the group as the TrainingRun left it; and it
+creates the group at 0 nodes, which the run scales out (at `gpuNodeCount` with `train: false`, where
+no run would). A replacement (a new `gpuAz`, GPU type or capacity type) is created at 0 too: the
+engine checks a replacement's inputs afresh from the program's, ignored ones included, where an
+update takes an ignored property's old value (pulumi/pulumi pkg/resource/deploy/step_generator.go:
+`processIgnoreChanges` on the old inputs in `generateSteps`, then, once the diff replaces, `Check`
+of `goal.Properties` in `continueStepsFromDiff`). The system group always has a fixed size.
 """
 
 from __future__ import annotations
@@ -104,17 +109,19 @@ def efa_network_interfaces(
 @dataclass(frozen=True)
 class NodeGroupSpec:
     """What differs between the two node groups. `released`: the group may stand at 0 nodes between
-    runs and its desired size belongs to the TrainingRun (module doc)."""
+    runs and its desired size belongs to the TrainingRun (module doc); `trained`: the stack runs the
+    TrainingRun (`train`), which scales a released group out before its job."""
 
     instance: InstanceFacts
     count: int
     root_volume_gib: int
     released: bool = False
+    trained: bool = False
 
     @property
     def scaling_config(self) -> aws.eks.NodeGroupScalingConfigArgsDict:
         return {
-            "desired_size": self.count,
+            "desired_size": 0 if self.released and self.trained else self.count,
             "min_size": 0 if self.released else self.count,
             "max_size": self.count,
         }

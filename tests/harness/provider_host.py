@@ -126,6 +126,17 @@ class ProviderHost:
             timeout=timeout_s,
         )
 
+    def update(
+        self, olds: Mapping[str, Any], news: Mapping[str, Any], timeout_s: float = 60
+    ) -> provider_pb2.UpdateResponse:
+        """`olds`: the resource's recorded outputs, as the engine sends them (UpdateRequest `olds`)."""
+        return self.stub.Update(
+            provider_pb2.UpdateRequest(
+                id="run-id", urn=URN, olds=struct(olds), news=struct(news), timeout=timeout_s
+            ),
+            timeout=timeout_s,
+        )
+
     def read(self, properties: Mapping[str, Any]) -> provider_pb2.ReadResponse:
         return self.stub.Read(
             provider_pb2.ReadRequest(

@@ -10,17 +10,34 @@ Re-runs. `diff` replaces the resource, which runs the job (again), when an input
 changes: the code, the job arguments, what the pods run (`run_spec_hash`: a hash of the rendered
 RayCluster: image, NCCL/EFA environment, resources, volumes, node selection; the pods carry it and
 the run waits for pods that do; `gpu_instance_type`), the
-expected transport, `benchmark`, or where the job runs. `timeout_minutes` alone changes nothing, nor
-do the GPU node group's inputs (`node_group_name`, `gpu_node_count`, `gpu_nodes_after_training`): with
-`release` the run scales the group out before the job and to 0 after it (`runner`), so a `pulumi up`
-without a change leaves the group at 0 and the verdict standing.
+expected transport, `benchmark`, or where the job runs. `timeout_minutes` alone changes nothing, and
+the GPU node group's inputs (`node_group_name`, `gpu_node_count`, `gpu_nodes_after_training`) run no
+job: with `release` the run scales the group out before the job and to 0 after it (`runner`), so a
+`pulumi up` without a change leaves the group at 0 and the verdict standing, and a group no run
+released is released again (below).
 An input not known yet counts as changed. The fabric gate runs with the job, never alone: a
 `pulumi up` without a change runs neither. The gate's probe job takes its id from the same identity
 (`gate-<variant>-...`), so after an interrupted `pulumi up` it is adopted or judged again on the
-same pods as the job is. `update` (reached only when the engine asks for it)
-runs the job as `create` does; `read` returns the recorded run unchanged (a finished job does not
+same pods as the job is. `read` returns the recorded run unchanged (a finished job does not
 change); `delete` does nothing: a finished job holds no resources, its history goes with the
 RayCluster.
+
+Release again. Under `release`, a GPU node group that no run of these inputs has released is an
+update (changes, no replaces) when no job input changed (`RELEASE_INPUTS`): a new `node_group_name`
+(the group was replaced: a new `gpuAz`, GPU type or capacity type; pulumi-aws names a replacement
+anew, and a preview may not know the name yet), or `gpu_nodes_after_training` switched from `keep`.
+`update`, which the engine asks for only then (a diff with replaces is a replacement: pulumi/pulumi
+pkg/resource/deploy/step_generator.go, `continueStepsFromDiff`), submits no job: the recorded run's
+jobs ended before it was recorded (`create` returns once each job it followed ended), so it scales
+the group to 0 and keeps the recorded verdict and outputs, with `gpu_nodes_released_at` the new
+release (the recorded one when the group already stood at 0). Not being a replacement also keeps
+the TrainingRun out of the node group's delete-before-replace: the engine deletes first only the
+dependents whose `Diff`, with the group's outputs unknown, replaces (`calculateDependentReplacements`,
+same file). The engine hands `diff` and `update` the resource's recorded outputs as `olds` (DiffRequest
+and UpdateRequest `olds`, pulumi/runtime/proto/provider_pb2.pyi: "the old *output* properties"),
+which a `pulumi up` without a change keeps (below): a group replaced under an earlier release of
+this program, where the run saw no change, is still recorded under its old name and released on the
+next `pulumi up`.
 
 Credentials. Inputs are the cluster name and region; inside `create` the provider asks EKS for the
 endpoint and signs its own Kubernetes token (`eks_auth`) as the identity of the stack's AWS
@@ -78,6 +95,7 @@ from workloads.training_run.errors import (
 )
 from workloads.training_run.runner import GpuNodeLaunches, RunEnvironment, TrainingRunner
 from workloads.training_run.schema import (
+    RELEASE,
     RERUN_INPUTS,
     RunInputs,
     RunTimings,
@@ -121,8 +139,9 @@ class RunOutputs:
     being ready to its verdict; `busbw_gbps` is its bus bandwidth per collective at the largest
     message size, and `busbw_fraction` that over the `line_rate_gbps` input (None without one).
     `gpu_nodes_released_at`: with `gpu_nodes_after_training` release, when EKS accepted the GPU node
-    group's scale-down to 0 after the job (ISO 8601 UTC; the nodes drain and stop within about 5
-    minutes of it); None when the nodes were kept.
+    group's scale-down to 0 after the job, or the later one of an `update` that released a replaced
+    group or one kept until then (ISO 8601 UTC; the nodes drain and stop within about 5 minutes of
+    it); None when the nodes were kept.
     `gpu_nodes` are the GPU nodes the job ran on, each with its EC2 `instanceId` and `launchTime`
     (None with `gpu_nodes_unavailable` saying why), and `finished_at` the time these outputs were
     made (ISO 8601, UTC): the stack's `training.cost` counts GPU node hours from the one to their
@@ -277,12 +296,27 @@ def benchmark_output(run: TrainingRun) -> dict[str, Any]:
 # --- check and diff ------------------------------------------------------------------------------
 
 
+# The inputs whose change, under `release`, leaves a GPU node group no run of these inputs released
+# ("Release again" in the module doc).
+RELEASE_INPUTS = ("node_group_name", "gpu_nodes_after_training")
+
+
+def _differ(olds: Mapping[str, Any], news: Mapping[str, Any], keys: tuple[str, ...]) -> list[str]:
+    """The `keys` that changed; one that is or holds a value not known yet (`is_known`) differs too."""
+    return [key for key in keys if not is_known(news.get(key)) or olds.get(key) != news.get(key)]
+
+
 def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynamic.DiffResult:
-    """Replace (run again) when an input of `RERUN_INPUTS` changed; one that is or holds a value not
-    known yet (`is_known`) differs too."""
-    changed = [key for key in RERUN_INPUTS if not is_known(news.get(key)) or olds.get(key) != news.get(key)]
+    """Replace (run again) when an input of `RERUN_INPUTS` changed; else, under `release`, update
+    (release again) when one of `RELEASE_INPUTS` did."""
+    changed = _differ(olds, news, RERUN_INPUTS)
+    release_again = (
+        not changed
+        and news.get("gpu_nodes_after_training") == RELEASE
+        and bool(_differ(olds, news, RELEASE_INPUTS))
+    )
     return pulumi.dynamic.DiffResult(
-        changes=bool(changed), replaces=changed, stables=[], delete_before_replace=False
+        changes=bool(changed) or release_again, replaces=changed, stables=[], delete_before_replace=False
     )
 
 
@@ -482,11 +516,15 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
         return diff_props(olds, news)
 
-    def _run(self, props: dict[str, Any]) -> dict[str, Any]:
+    def _usable_settings(self) -> AwsCredentialSettings:
         if self._aws_problem is not None:
             raise TrainingRunError(str(self._aws_problem))
+        return self._aws
+
+    def _run(self, props: dict[str, Any]) -> dict[str, Any]:
+        aws = self._usable_settings()
         inputs = RunInputs.from_props(props)
-        with self._connect(inputs, self._aws, RunTimings.from_env()) as env:
+        with self._connect(inputs, aws, RunTimings.from_env()) as env:
             runner = TrainingRunner(inputs, env)
             main, tcp = runner.run()
             launches = runner.gpu_node_launches()
@@ -496,8 +534,25 @@ class TrainingRunProvider(pulumi.dynamic.ResourceProvider):
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         return pulumi.dynamic.CreateResult(uuid.uuid4().hex, self._run(props))
 
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
-        return pulumi.dynamic.UpdateResult(self._run(news))
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        """Release again ("Release again" in the module doc): the GPU node group to 0, no job; the
+        recorded run (`olds`) stands under the new inputs."""
+        aws = self._usable_settings()
+        inputs = RunInputs.from_props(news)
+        recorded = {name: olds.get(name) for name in OUTPUTS}
+        with self._connect(inputs, aws, RunTimings.from_env()) as env:
+            sizer = env.node_group
+            assert sizer is not None, "checked: node_group_name is required with release"
+            env.log(
+                f"training run: job {recorded['job_id']} ({recorded['status']}) keeps its verdict: no input of "
+                f"the job changed, so no job runs; GPU node group {inputs.node_group_name}, which no run of these "
+                "inputs released, goes to 0 (gpuNodesAfterTraining: release)"
+            )
+            released_at = TrainingRunner(inputs, env).release(sizer)
+            if released_at is None:
+                env.log(f"training run: GPU node group {inputs.node_group_name} already stands at 0 nodes")
+        released = {"gpu_nodes_released_at": released_at} if released_at else {}
+        return pulumi.dynamic.UpdateResult({**inputs.props(), **recorded, **released})
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         """A refresh keeps the recorded run: a finished job's result does not change."""

@@ -430,10 +430,12 @@ def registered_release() -> dict[str, Any]:
     return serialized_training_run(gpuNodesAfterTraining="release")
 
 
-def test_release_follows_the_run_through_three_ups(world: World, registered_release: dict[str, Any]):
+def test_release_follows_the_run_through_four_ups(world: World, registered_release: dict[str, Any]):
     """Up 1 creates: the job runs on the group's 2 nodes, then the group goes to 0. Up 2 without a
     change: Diff says none, nothing runs, the group stays at 0 and the verdict stands. Up 3 changes a
-    job input: the group goes back to 2, the run waits for the nodes to join, runs, and releases them."""
+    job input: the group goes back to 2, the run waits for the nodes to join, runs, and releases them.
+    Up 4 moves `gpuAz`: the group is replaced under a new name and no job input changes, so Diff says
+    update (no replaces), and Update scales the new group to 0 with no job, keeping the recorded run."""
     world.host.configure(STACK_CONFIG)
     inputs = dict(registered_release)
     assert inputs["gpu_nodes_after_training"] == "release" and inputs["gpu_node_count"] == len(NODES)
@@ -469,6 +471,38 @@ def test_release_follows_the_run_through_three_ups(world: World, registered_rele
     ]
     assert "scaled from 0 to 2 nodes (gpuNodesAfterTraining: release); waiting for them" in world.host.stderr
     assert world.kube.nodes == [] and len(world.pods.submissions) == 2
+
+    # Up 4, the zone move: the old group deleted first; its successor stands at 2 nodes with the worker
+    # pods on them, as a replacement made under an earlier release of the program stood.
+    moved = ["node-c", "node-d"]
+    del world.aws.node_groups[world.group.name]
+    successor = fake.FakeNodeGroup(
+        world.kube, f"{world.group.name}-b", dict(zip(moved, WORKER_PODS, strict=True)), desired=len(moved)
+    )
+    world.aws.node_groups[successor.name] = successor
+    world.kube.nodes = [fake.node(name) for name in moved]
+    for worker, name in zip(WORKER_PODS, moved, strict=True):
+        world.kube.set_worker(worker, name)
+    moved_inputs = {**changed, "node_group_name": successor.name}
+    for preview in (moved_inputs, {**moved_inputs, "node_group_name": rpc.UNKNOWN}):
+        diff = world.host.diff(third, preview)
+        assert diff.changes == 2 and list(diff.replaces) == []  # DIFF_SOME: an update
+    world.aws.clock = lambda: 1_800_007_200.0
+    fourth = plain(world.host.update(third, moved_inputs, timeout_s=GRPC_DEADLINE_S).properties)
+    assert [update["scalingConfig"] for update in successor.updates] == [{"desiredSize": 0}]
+    assert successor.desired == 0 and world.kube.nodes == []
+    assert len(world.pods.submissions) == 2 and len(world.pods.probe_submissions) == 2  # no job, no probe
+    assert fourth["job_id"] == third["job_id"] and fourth["node_group_name"] == successor.name
+    assert fourth["gpu_nodes_released_at"] == "2027-01-15T10:00:00Z"
+    anew = {"gpu_nodes_released_at", "node_group_name"}
+    assert {k: v for k, v in fourth.items() if k not in anew} == {
+        k: v for k, v in third.items() if k not in anew
+    }
+    assert (
+        f"GPU node group {successor.name} scaled from 2 to 0 nodes at 2027-01-15T10:00:00Z"
+        in world.host.stderr
+    )
+    assert world.host.diff(fourth, moved_inputs).changes == 1  # the next up: DIFF_NONE
 
 
 def test_release_refuses_a_degraded_group_in_one_line(world: World, registered_release: dict[str, Any]):

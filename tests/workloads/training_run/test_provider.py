@@ -1,4 +1,4 @@
-"""The provider: diff (what runs the job again), update/delete, the AWS identity settings, no secret in the state, 401 causes."""
+"""The provider: diff (what runs the job again, what releases the GPU nodes again), update/delete, the AWS identity settings, no secret in the state, 401 causes."""
 
 from __future__ import annotations
 
@@ -69,11 +69,61 @@ def test_diff_reruns_when_an_element_of_an_input_is_not_known_yet():
     assert provider.TrainingRunProvider().diff("id", props(run_inputs()), news).replaces == ["job_args"]
 
 
-def test_update_runs_the_job_again_and_delete_removes_nothing():
+RELEASED = {"node_group_name": "gpu-0a1b2c3", "gpu_node_count": 2, "gpu_nodes_after_training": "release"}
+
+
+@pytest.mark.parametrize(
+    "olds_changes, news_changes",
+    [
+        ({}, {"node_group_name": "gpu-9z8y7x6"}),  # the group replaced: pulumi-aws names it anew
+        ({}, {"node_group_name": rpc.UNKNOWN}),  # ... which a preview may not know yet
+        ({"gpu_nodes_after_training": "keep"}, {}),  # kept until now
+        ({"gpu_nodes_after_training": None}, {}),  # recorded before gpuNodesAfterTraining existed
+    ],
+    ids=["replaced-group", "replaced-group-at-preview", "keep-to-release", "older-state"],
+)
+def test_diff_releases_again_a_group_no_run_released_without_running_the_job(olds_changes, news_changes):
+    olds = {**props(run_inputs(**RELEASED)), "job_id": "eks-ray-train-main-0123456789ab", **olds_changes}
+    result = provider.diff_props(olds, {**props(run_inputs(**RELEASED)), **news_changes})
+    assert result.changes is True and result.replaces == []
+
+
+def test_diff_replaces_when_a_job_input_changes_beside_the_group():
+    """The new run releases the group itself."""
+    news = {**props(run_inputs(**RELEASED)), "node_group_name": "gpu-9z8y7x6", "code_hash": "0" * 16}
+    assert provider.diff_props(props(run_inputs(**RELEASED)), news).replaces == ["code_hash"]
+
+
+def test_diff_leaves_a_kept_group_alone():
+    """With keep the program sizes the group; a released one that stays is no change either."""
+    kept = props(run_inputs(node_group_name="gpu-0a1b2c3"))
+    assert provider.diff_props(kept, {**kept, "node_group_name": "gpu-9z8y7x6"}).changes is False
+    release_to_keep = {**props(run_inputs(**RELEASED)), "gpu_nodes_after_training": "keep"}
+    assert provider.diff_props(props(run_inputs(**RELEASED)), release_to_keep).changes is False
+    assert provider.diff_props(props(run_inputs(**RELEASED)), props(run_inputs(**RELEASED))).changes is False
+
+
+def test_update_releases_the_group_and_keeps_the_recorded_run_and_delete_removes_nothing():
     fake = FakeCluster(main_and_tcp_head())
     run_provider = fake.provider()
-    outs = run_provider.update("id", props(run_inputs()), props(run_inputs(expect_transport="efa"))).outs
-    assert outs["transport"] == "efa" and len(fake.head.submissions) == 1
+    recorded = run_provider.create(props(run_inputs(node_group_name="gpu-0a1b2c3", gpu_node_count=2))).outs
+    assert len(fake.head.submissions) == 1 and fake.node_group.sizes == []  # keep: never sized
+    fake.clock.now = 3600.0
+    news = props(run_inputs(**RELEASED))
+    outs = run_provider.update("id", recorded, news).outs
+    assert len(fake.head.submissions) == 1 and fake.node_group.sizes == [0]
+    assert outs == {
+        **recorded,
+        **run_inputs(**RELEASED).props(),
+        "gpu_nodes_released_at": "2027-01-15T09:00:00Z",
+    }
+    assert any(
+        "keeps its verdict: no input of the job changed, so no job runs" in line for line in fake.logged
+    )
+    # Already at 0 (a replacement created at 0): nothing to size, the recorded release stands.
+    again = run_provider.update("id", outs, {**news, "node_group_name": "gpu-9z8y7x6"}).outs
+    assert fake.node_group.sizes == [0] and again["gpu_nodes_released_at"] == "2027-01-15T09:00:00Z"
+    assert again["node_group_name"] == "gpu-9z8y7x6" and again["job_id"] == recorded["job_id"]
     assert run_provider.read("id", outs).outs == outs
     assert run_provider.delete("id", outs) is None
 
