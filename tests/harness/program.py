@@ -246,14 +246,25 @@ def eks_kubeconfig(cluster: Registration, region: str, profile: str | None, role
 class ProgramMocks(FakeAwsMocks):
     """The fake account's invokes and pulumi-eks's method calls, plus outputs for the resources the program
     creates. `recorded`: what the state holds for the TrainingRun (its name -> its outputs), from an
-    earlier `pulumi up`."""
+    earlier `pulumi up`. `first_preview`: the engine's answers in the first `pulumi preview` of a new
+    stack, where nothing exists yet (`new_resource`, `call`)."""
 
-    def __init__(self, aws: FakeAws, recorded: dict[str, dict[str, Any]] | None = None):
+    def __init__(
+        self, aws: FakeAws, recorded: dict[str, dict[str, Any]] | None = None, first_preview: bool = False
+    ):
         super().__init__(aws)
         self.recorded = recorded or {}
+        self.first_preview = first_preview
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         if args.token == "eks:index:Cluster/getKubeconfig":
+            if self.first_preview:
+                # pulumi-eks builds the kubeconfig from the cluster's outputs (nodejs/eks/cluster.ts,
+                # `Cluster.getKubeconfig` -> `generateKubeconfig` over the endpoint and CA data), unknown
+                # before the cluster exists; its provider's Call returns such an output as the sentinel
+                # `rpc.UNKNOWN`, which the SDK's `call` resolves as an unknown output
+                # (pulumi/runtime/invoke.py, `call`: `is_known = not rpc.contains_unknowns(deserialized)`).
+                return {"result": pulumi.runtime.rpc.UNKNOWN}
             kubeconfig = eks_kubeconfig(
                 args.args["__self__"], self.aws.region, args.args.get("profileName"), args.args.get("roleArn")
             )
@@ -261,6 +272,15 @@ class ProgramMocks(FakeAwsMocks):
         return super().call(args)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        if self.first_preview:
+            # A create at preview: the engine returns an empty ID and the inputs as the state
+            # (pulumi/pulumi sdk/go/common/resource/plugin/provider_plugin.go, `(*provider).Create`: a
+            # preview of a provider without preview support returns the inputs; a bridged provider
+            # that supports it marks its computed outputs unknown). The SDK resolves the empty ID as
+            # unknown (pulumi/runtime/resource.py, `register_resource`: `is_known = bool(resp.id)`) and
+            # each output it was not given as unknown in a preview (pulumi/runtime/rpc.py,
+            # `resolve_outputs`: `known = not settings.is_dry_run() and ...`).
+            return "", dict(args.inputs)
         old = self.recorded.get(args.name) if args.typ == TRAINING_RUN else None
         if old is not None and not diff_props(old, args.inputs).changes:
             # The engine's same step: the provider's Diff found no change, so the resource keeps the ID
@@ -339,6 +359,7 @@ def run_program(
     now: datetime | None = None,
     recorded: dict[str, dict[str, Any]] | None = None,
     preview: bool = True,
+    first_preview: bool = False,
 ) -> Preview:
     """Run `__main__.py` once under mocks with this stack config; raise what the program raises.
 
@@ -348,24 +369,32 @@ def run_program(
     `preview=False`: the program as `pulumi up` runs it after its preview, where an output the engine
     did not return resolves to None; in a preview it is unknown (pulumi/runtime/rpc.py, `resolve_properties`).
     The pulumi-eks cluster's `eksCluster` then resolves too (`RecordingMonitor.RegisterResource`).
+    `first_preview=True`: the first `pulumi preview` of a new stack, where every output the program
+    reads back from a resource is unknown (`ProgramMocks`); `preview=True` alone answers with the ids
+    and outputs of `_fake_outputs`, known.
     """
+    assert preview or not first_preview, "a first preview is a preview"
     if now is not None:
         machine_time = placement.utc_now
         placement.utc_now = lambda: now
         try:
-            return run_program(config, fake_aws, stack, secret_keys, crd_schemas, None, recorded, preview)
+            return run_program(
+                config, fake_aws, stack, secret_keys, crd_schemas, None, recorded, preview, first_preview
+            )
         finally:
             placement.utc_now = machine_time
     if not crd_schemas:
         vendored = addons.kuberay_crds
         addons.kuberay_crds = lambda: _schemas_left_out(vendored())
         try:
-            return run_program(config, fake_aws, stack, secret_keys, True, None, recorded, preview)
+            return run_program(
+                config, fake_aws, stack, secret_keys, True, None, recorded, preview, first_preview
+            )
         finally:
             addons.kuberay_crds = vendored
     region = config.get("aws:region", "us-east-2")
     fake_aws = fake_aws or FakeAws(region=region)
-    mocks = ProgramMocks(fake_aws, recorded)
+    mocks = ProgramMocks(fake_aws, recorded, first_preview)
     monitor = RecordingMonitor(mocks)
     # A root stack of its own for each run (`set_mocks` keeps the last one), so `outputs` holds this
     # run's exports alone.

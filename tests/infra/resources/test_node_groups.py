@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pulumi.output import Unknown
-
 from tests.harness.fake_aws import (
     FakeAws,
     capacity_block,
@@ -185,19 +183,16 @@ def test_a_zone_move_gets_a_placement_group_of_its_own():
     assert names == ["gpu-us-east-2a", "gpu-us-east-2b"]
 
 
-def test_node_groups_follow_the_control_plane_version(stack_plan):
+def test_node_groups_follow_the_control_plane_version():
     """Managed node groups keep the version they were created with, and EKS refuses the next
     control-plane upgrade while they lag ("Nodegroups must be updated to match cluster version"):
-    both take the cluster's applied version, so they update after the control plane."""
-    _, plan = stack_plan
+    both take the cluster's applied version, so they update after the control plane. In the update
+    phase of `pulumi up` (`preview=False`), where pulumi-eks's `eksCluster` and its version are known."""
+    plan = run_program(dev_config(kubernetesVersion="1.35"), FakeAws(region="us-east-2"), preview=False)
     cluster = plan.one("eks:index:Cluster")
     for name in ("system", "gpu"):
         group = plan.one(NODE_GROUP, name)
-        # The cluster's output: unknown in a first preview, the applied version afterwards.
-        assert (
-            isinstance(group.inputs["version"], Unknown)
-            or group.inputs["version"] == cluster.inputs["version"]
-        )
+        assert group.inputs["version"] == cluster.inputs["version"] == "1.35", name
         assert cluster.urn in group.dependencies, name
 
 
