@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 
 import pulumi
+import pytest
 
+from infra import pricing
+from infra.plan.refresh import price_list_filters
 from infra.resources.network import NAT_GATEWAYS
 from tests.harness.fake_aws import (
+    AwsApiError,
     FakeAws,
+    FakeAwsMocks,
     capacity_reservation,
 )
 from tests.harness.preview_queries import (
@@ -56,6 +61,7 @@ def test_the_cost_names_the_price_lists_price_read_through_a_us_east_1_provider(
         ("m7i.xlarge", "us-east-2"),
         ("g6.12xlarge", "us-east-2"),
     ]
+    assert all(f["marketoption"] == "OnDemand" and f["capacitystatus"] == "Used" for f in priced)
     assert isinstance(cost["measured"], pulumi.Output)  # known once the TrainingRun has run
 
 
@@ -94,3 +100,23 @@ def test_the_network_has_the_nat_gateways_the_cost_counts(stack_plan):
     _, plan = stack_plan
     assert len(plan.of_type("aws:ec2/natGateway:NatGateway")) == NAT_GATEWAYS
     assert len(plan.of_type("aws:ec2/eip:Eip")) == NAT_GATEWAYS
+
+
+def test_a_type_the_price_list_also_sells_as_a_capacity_block_is_priced_on_demand():
+    """p5 (and p4d) are also Capacity Block products of the same attributes but `marketoption`: the
+    query names OnDemand, so the one product is found, not two (which fail the data source and
+    would leave the shipped price)."""
+    fake = FakeAws(region="us-east-1")
+    pulumi.runtime.set_mocks(FakeAwsMocks(fake), preview=True)
+    price = pricing._price("p5.48xlarge", "us-east-1", None)
+    assert (price.usd_per_hour, price.basis) == (
+        55.04,
+        "On-Demand list price of p5.48xlarge in us-east-1, AWS Price List at preview",
+    )
+    unnamed = [
+        {"field": field, "value": value}
+        for field, value in price_list_filters("p5.48xlarge", "us-east-1").items()
+        if field != "marketoption"
+    ]
+    with pytest.raises(AwsApiError, match="not precise enough"):
+        fake.call(PRICE_LIST, {"serviceCode": "AmazonEC2", "filters": unnamed})
