@@ -252,7 +252,7 @@ if settings.train:
             "dashboard": observability.url if observability else None,
             # An estimate from list prices: the price basis, the planner's prediction and the stack per
             # hour at rest (known at preview), and what the run measured: GPU node hours from launch
-            # to their release or the output, their US$ and US$ per million tokens.
+            # to their stop, release or the output, their US$ and US$ per million tokens.
             "cost": {
                 **planned_cost(costs),
                 "measured": pulumi.Output.all(
@@ -261,6 +261,7 @@ if settings.train:
                     run.finished_at,
                     run.summary,
                     run.gpu_nodes_released_at,
+                    run.tcp_summary,
                 ).apply(lambda facts: measured_cost(costs, *facts)),
             },
         },
