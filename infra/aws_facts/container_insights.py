@@ -60,6 +60,7 @@ NODE_DIMENSIONS = ("ClusterName", "InstanceId", "NodeName")
 # which the add-on's configuration here leaves as it is (no `metrics_collection_interval`, no
 # `accelerated_compute_gpu_metrics_collection_interval`).
 COLLECTION_INTERVAL_S = 60
+
 # Same page, "NVIDIA GPU metrics" (add-on v1.3.0 and later): percent, bytes, watts.
 GPU_UTILIZATION = "node_gpu_utilization"
 GPU_MEMORY_USED = "node_gpu_memory_used"
