@@ -259,8 +259,8 @@ if settings.train:
             "dashboard": observability.url if observability else None,
             # An estimate from list prices: the price basis, the planner's prediction and the stack per
             # hour at rest (known at preview), and what the run measured: GPU node hours from launch
-            # to their release or the output, their US$ at the price the run recorded, and US$ per
-            # million tokens.
+            # to their stop, release or the output, their US$ at the price the run recorded, and US$
+            # per million tokens.
             "cost": {
                 **planned_cost(costs),
                 "measured": pulumi.Output.all(
@@ -270,6 +270,7 @@ if settings.train:
                     run.finished_at,
                     run.summary,
                     run.gpu_nodes_released_at,
+                    run.tcp_summary,
                 ).apply(lambda facts: measured_cost(PlannedRun.recorded(facts[0]), *facts[1:])),
             },
         },

@@ -1,10 +1,11 @@
 """The prices behind the stack output `training.cost`, read at preview from the AWS Price List.
 
 `aws.pricing.get_product` (pricing:GetProducts) answers one product: a Linux On-Demand instance
-type in the stack's region, with shared tenancy, no pre-installed software, no license, and
-`capacitystatus` Used (the Price List also lists the same type as unused-reservation and
-allocated-reservation capacity; the pulumi-aws data source fails when its filters match more than
-one product). The Price List API is served from us-east-1 and ap-south-1 only (the pulumi-aws
+type in the stack's region, filtered on every attribute that tells it from the Price List's other
+products of the type (`infra.plan.refresh.price_list_filters`: shared tenancy, no pre-installed
+software, no license, `capacitystatus` Used, `marketoption` OnDemand; the pulumi-aws data source
+fails when its filters match more than one product, as a Capacity Block product of p4d or p5 would
+without `marketoption`). The Price List API is served from us-east-1 and ap-south-1 only (the pulumi-aws
 data source says it works only with a provider there), so for a stack elsewhere the invoke goes
 through a provider pinned to us-east-1 with the stack's identity (`aws:profile` and the role of
 `aws:assumeRole`, as the cluster's kubeconfig uses them); `regionCode` still names the stack's region.
@@ -30,6 +31,7 @@ from infra.plan.cost import (
     list_price,
 )
 from infra.plan.planner import StrategyPlan
+from infra.plan.refresh import price_list_filters
 from infra.preflight import Placement
 from infra.resources.network import NAT_GATEWAYS
 from infra.resources.node_groups import GPU_ROOT_VOLUME_GIB, SYSTEM_ROOT_VOLUME_GIB
@@ -37,13 +39,6 @@ from infra.resources.node_groups import GPU_ROOT_VOLUME_GIB, SYSTEM_ROOT_VOLUME_
 # Where the pulumi-aws pricing data source works (its docs: "only available in a us-east-1 or
 # ap-south-1 provider"), the Price List API's endpoints.
 PRICE_LIST_REGIONS = ("us-east-1", "ap-south-1")
-PRICE_LIST_FILTERS = {
-    "operatingSystem": "Linux",
-    "tenancy": "Shared",
-    "preInstalledSw": "NA",
-    "licenseModel": "No License required",
-    "capacitystatus": "Used",
-}
 
 
 def _price_list_provider(settings: StackSettings) -> aws.Provider | None:
@@ -60,11 +55,13 @@ def _price_list_provider(settings: StackSettings) -> aws.Provider | None:
 
 
 def _price(instance_type: str, region: str, provider: aws.Provider | None) -> Price:
-    filters = {"instanceType": instance_type, "regionCode": region, **PRICE_LIST_FILTERS}
     try:
         answer = aws.pricing.get_product(
             service_code="AmazonEC2",
-            filters=[{"field": field, "value": value} for field, value in filters.items()],
+            filters=[
+                {"field": field, "value": value}
+                for field, value in price_list_filters(instance_type, region).items()
+            ],
             opts=pulumi.InvokeOptions(provider=provider),
         )
     except Exception as err:  # refused (no pricing:GetProducts), unreachable, or not one product

@@ -216,7 +216,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "workloads/manifests/ray_service_account.py": "schema-checked in tests/workloads/manifests/test_kubernetes_schemas.py",
     "workloads/manifests/secret.py": "schema-checked in tests/workloads/manifests/test_kubernetes_schemas.py",
     "workloads/training_run/access/commands.py": "LocalExecutor runs the commands of tests/workloads/training_run/test_runner.py",
-    "workloads/training_run/access/ec2_instances.py": "tested through the runner in tests/workloads/training_run/test_runner.py",
     "workloads/training_run/access/head_jobs_api.py": "run in the fake head pod by tests/workloads/training_run/access/test_jobs.py",
     "workloads/training_run/errors.py": "exception classes, raised in the TrainingRun's tests",
 }

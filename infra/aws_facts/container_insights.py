@@ -27,25 +27,75 @@ AGENT_SERVICE_ACCOUNT = "cloudwatch-agent"
 AGENT_POLICY_ARN = "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"
 
 # CloudWatch user guide, "Amazon EKS and Kubernetes Container Insights with enhanced observability
-# metrics": the namespace, and the dimensions of each node's GPU and EFA metrics summed or averaged
-# over its devices (each metric is also published per cluster alone, and per device with
-# `InstanceType` and `GpuDevice` or `NetworkInterfaceId`).
+# metrics": the namespace, and the node-level dimensions of each node's GPU and EFA metrics (each
+# metric is also published per cluster alone, and per device with `InstanceType` and `GpuDevice`
+# or `NetworkInterfaceId`).
 METRIC_NAMESPACE = "ContainerInsights"
 NODE_DIMENSIONS = ("ClusterName", "InstanceId", "NodeName")
+
+# How the agent publishes them: once per device per collection, and every device's datapoint on
+# NODE_DIMENSIONS too; nothing adds a node's devices up before CloudWatch does.
+# - GPUs: the DCGM exporter's series are per GPU, the `device` label kept as `GpuDevice`
+#   (amazon-contributing/opentelemetry-collector-contrib, receiver/awscontainerinsightreceiver/
+#   internal/gpu/dcgmscraper_config.go, the relabel to `ci.AttributeGpuDevice`); the agent's
+#   gpuattributes processor keeps `GpuDevice` on node metrics (aws/amazon-cloudwatch-agent,
+#   plugins/processors/gpuattributes/processor.go, its "Node" schemas); its EMF declarations give
+#   each node GPU metric the sets {ClusterName}, {ClusterName,NodeName,InstanceId} and the per-device
+#   one (translator/translate/otel/exporter/awsemf/kubernetes.go, getGPUMetricDeclarations).
+# - EFA: one node metric per device (the fork's receiver/awscontainerinsightreceiver/internal/efa/
+#   efaSysfs.go, `GetMetrics`: a `nodeMetric` per entry of the store's devices, tagged with the device
+#   and its ENI), declared on the same three sets with `NetworkInterfaceId` for the per-device one
+#   (kubernetes.go, getEFAMetricDeclarations).
+# - The EMF exporter writes one log event per label set, so per device (the fork's
+#   exporter/awsemfexporter/grouped_metric.go, `addToGroupedMetric`: grouped by all the labels), and
+#   CloudWatch takes one datapoint from each event for each of its dimension sets (CloudWatch user
+#   guide, "Specification: Embedded metric format").
+# So a node's {ClusterName,InstanceId,NodeName} metric holds one datapoint per device per collection:
+# its `Average` is the mean over the devices, its `Sum` over a period of one collection the node's
+# total.
+#
+# The collection interval: the receiver's `CollectionInterval` (the fork's receiver/
+# awscontainerinsightreceiver/receiver.go, its ticker), the agent's default 1 minute
+# (translator/translate/otel/receiver/awscontainerinsight/utils.go, DefaultMetricsCollectionInterval),
+# which the add-on's configuration here leaves as it is (no `metrics_collection_interval`, no
+# `accelerated_compute_gpu_metrics_collection_interval`).
+COLLECTION_INTERVAL_S = 60
+
 # Same page, "NVIDIA GPU metrics" (add-on v1.3.0 and later): percent, bytes, watts.
 GPU_UTILIZATION = "node_gpu_utilization"
 GPU_MEMORY_USED = "node_gpu_memory_used"
 GPU_POWER_DRAW = "node_gpu_power_draw"
 # Same page, "AWS Elastic Fabric Adapter (EFA) metrics" (add-on v1.5.2 and later, with the EFA device
-# plugin): bytes per second through the node's EFA devices.
+# plugin): bytes received and sent through each EFA device, the sysfs counters rx_bytes and tx_bytes.
+# Labelled Bytes/Second (the fork's internal/aws/containerinsight/const.go, `UnitBytesPerSec`), but
+# each value is the counter's change since the previous collection (efaSysfs.go, `calculateDelta`:
+# `val - prev.RawValue`, not divided by any time; `GetMetrics` runs once a collection, on the
+# counters its scraper read last, every 20 s: `defaultCollectionInterval`), so bytes per collection.
 EFA_RX_BYTES = "node_efa_rx_bytes"
 EFA_TX_BYTES = "node_efa_tx_bytes"
 # SRD retransmitted packets and connections that entered an impaired state, per node, with the
-# dimensions above: the CloudWatch agent publishes them from its v1.300065.0 (its EMF metric
-# declarations, `translator/translate/otel/exporter/awsemf/kubernetes.go`, getEFAMetricDeclarations),
-# which the add-on ships from v5.3.0 (its chart's RELEASE_NOTES: "Upgrade CWAgent to v1.300066.0").
+# dimensions above: the CloudWatch agent publishes them from its v1.300063.0 (its EMF metric
+# declarations, `translator/translate/otel/exporter/awsemf/kubernetes.go`, getEFAMetricDeclarations,
+# commit 7ca8d86 "Add EFA Metrics to Container Insights"; none in v1.300062.0), which the add-on
+# ships from v5.3.0 (its chart's RELEASE_NOTES: "Upgrade CWAgent to v1.300066.0").
+# Each value is the change per collection, as for the bytes. A counter file the node lacks reads as
+# 0 (efaSysfs.go, `readUint64ValueFromFile`: `os.IsNotExist` -> 0, nil), so a flat 0 does not tell "no
+# retransmits" from "no such counter"; the TrainingRun's `efa_counters` output names the counters
+# each worker node has (`training.metrics.efa_sysfs.counter_lines` skips a missing file).
 EFA_RETRANSMITTED_PACKETS = "node_efa_retrans_pkts"
 EFA_IMPAIRED_CONNECTIONS = "node_efa_impaired_remote_conn_events"
+
+# How a node's value is made from its devices' datapoints of one collection (above): utilisation is
+# a mean over the GPUs; memory, power, bytes and events add up over the devices.
+NODE_STATISTIC = {
+    GPU_UTILIZATION: "Average",
+    GPU_MEMORY_USED: "Sum",
+    GPU_POWER_DRAW: "Sum",
+    EFA_RX_BYTES: "Sum",
+    EFA_TX_BYTES: "Sum",
+    EFA_RETRANSMITTED_PACKETS: "Sum",
+    EFA_IMPAIRED_CONNECTIONS: "Sum",
+}
 
 GPU_METRICS = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER_DRAW)
 EFA_METRICS = (EFA_RX_BYTES, EFA_TX_BYTES, EFA_RETRANSMITTED_PACKETS, EFA_IMPAIRED_CONNECTIONS)

@@ -107,9 +107,16 @@ def billed_seconds(launched: datetime.datetime, end: datetime.datetime) -> int:
     return max(seconds, EC2_MINIMUM_BILLED_S) if seconds > 0 else 0
 
 
-def gpu_node_hours(launch_times: Iterable[datetime.datetime], end: datetime.datetime) -> float:
-    """Node hours from each node's launch to `end`: the release of the nodes, or the output's time."""
-    return sum(billed_seconds(launched, end) for launched in launch_times) / 3600
+def gpu_node_hours(spans: Iterable[tuple[datetime.datetime, datetime.datetime]]) -> float:
+    """Node hours of instances each billed from its launch to its end (`instance_end`)."""
+    return sum(billed_seconds(launched, end) for launched, end in spans) / 3600
+
+
+def instance_end(record: Mapping[str, str], end: datetime.datetime) -> datetime.datetime:
+    """Where one instance's billed time ends: when it stopped running, if before `end` (the nodes'
+    release or the output's time)."""
+    stopped = record.get("stoppedAt")
+    return min(parse_aws_time(stopped), end) if stopped else end
 
 
 def tokens_trained(summary: Mapping[str, Any] | None) -> int | None:
@@ -212,24 +219,51 @@ def measured_cost(
     finished_at: str | None,
     summary: Mapping[str, Any] | None,
     released_at: str | None = None,
+    tcp_summary: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the run cost, `training.cost.measured`, at the price recorded with it (`planned`, the
     TrainingRun's; None: it recorded none, and the US$ figures are None). `gpu_nodes` are the
-    TrainingRun's (node -> instanceId, launchTime); the hours run to `released_at` (when the GPU nodes
-    were released) or else to `finished_at` (the output's time). Without the launch times (before the
-    first run, or when EC2 refused DescribeInstances) the hours and US$ are None and `unavailable` says
-    why."""
+    TrainingRun's (node -> its instance: `instanceId`, `launchTime`, `stoppedAt` for one that stopped
+    running, `unavailable` for one that cannot be counted:
+    `workloads.training_run.access.ec2_instances.instance_record`); the hours run from each launch to
+    its stop, or to `released_at` (when the GPU nodes were released), or else to `finished_at` (the
+    output's time); those not counted are named in `notCounted`. Without any launch time (before the
+    first run, or when EC2 refused DescribeInstances) the hours and US$ are None and `unavailable`
+    says why. `tcp_summary` (with `benchmark`): the TCP baseline's summary, whose tokens the
+    per-token figure counts beside the job's, as the nodes' hours hold its run too."""
     end_text = released_at or finished_at
     hours: float | None = None
     reason = gpu_nodes_unavailable
-    if gpu_nodes and end_text and not reason:
+    records = list((gpu_nodes or {}).values())
+    counted = [record for record in records if "launchTime" in record and "unavailable" not in record]
+    not_counted = {
+        record["instanceId"]: record["unavailable"] for record in records if "unavailable" in record
+    }
+    if counted and end_text and not reason:
         end = parse_aws_time(end_text)
-        hours = gpu_node_hours((parse_aws_time(node["launchTime"]) for node in gpu_nodes.values()), end)
+        hours = gpu_node_hours(
+            (parse_aws_time(record["launchTime"]), instance_end(record, end)) for record in counted
+        )
     elif reason is None:
-        reason = "no training run has reported its GPU nodes yet"
+        reason = (
+            "no GPU node's instance could be counted: "
+            + "; ".join(f"{i}: {why}" for i, why in not_counted.items())
+            if not_counted
+            else "no training run has reported its GPU nodes yet"
+        )
     price = planned.usd_per_gpu_node_hour if planned else None
     usd = hours * price if hours is not None and price is not None else None
     tokens = tokens_trained(summary)
+    baseline = tokens_trained(tcp_summary) if tcp_summary is not None else None
+    if tcp_summary is None:
+        trained = tokens
+        covers = "the GPU nodes' whole time (their start, the gate, the job) over the job's tokens"
+    else:
+        trained = tokens + baseline if tokens is not None and baseline is not None else None
+        covers = (
+            "the GPU nodes' whole time (their start, both gates, the job and the TCP baseline) over the "
+            "tokens of both jobs"
+        )
     return {
         "usdPerGpuNodeHour": price,
         "priceBasis": planned.price_basis if planned else UNRECORDED_PRICE,
@@ -238,9 +272,12 @@ def measured_cost(
         "to": ("the GPU nodes' release" if released_at else "the output's time") if end_text else None,
         "endedAt": end_text,
         "unavailable": reason if hours is None else None,
+        "notCounted": not_counted or None,
         "usd": _rounded(usd, 2),
         "tokens": tokens,
-        "usdPerMillionTokens": _rounded(usd / tokens * 1e6, 2) if usd is not None and tokens else None,
+        "tcpBaselineTokens": baseline,
+        "usdPerMillionTokens": _rounded(usd / trained * 1e6, 2) if usd is not None and trained else None,
+        "usdPerMillionTokensOf": covers,
     }
 
 

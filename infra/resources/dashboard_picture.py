@@ -27,7 +27,8 @@ WHO = {
     JOB_NAMESPACE: "the run: the training job's rank 0 and the fabric gate's probe",
 }
 _SEARCH = re.compile(
-    r"SEARCH\('\{(?P<namespace>[^,}]+)[^}]*\} MetricName=\"(?P<metric>[^\"]+)\"[^']*', '(?P<stat>\w+)'"
+    r"SEARCH\('\{(?P<namespace>[^,}]+)[^}]*\} MetricName=\"(?P<metric>[^\"]+)\"[^']*', '(?P<stat>\w+)', \d+\)"
+    r"(?P<math>.*)"
 )
 # What the picture shows for the stack's add-on version, which EKS names at preview.
 VERSION_SHOWN = "(the version pinned at preview)"
@@ -75,7 +76,12 @@ def _widget(widget: dict[str, Any]) -> list[str]:
         searches = [_SEARCH.search(entry[0]["expression"]) for entry in properties["metrics"]]
         kind = searches[0]["namespace"] if searches[0] else "text"
         title = properties["title"]
-        body = [part for m in searches if m for part in _wrap(f"{m['metric']} ({m['stat']})", width, 11)]
+        body = [
+            part
+            for m in searches
+            if m
+            for part in _wrap(f"{m['metric']} ({m['stat']}{m['math']})", width, 11)
+        ]
         sketch = _sketch(
             x, y, width, height, properties.get("view", "timeSeries"), len(searches), STROKE[kind]
         )

@@ -23,6 +23,7 @@ from infra.aws_facts.container_insights import (
     AGENT_NAMESPACE,
     AGENT_POLICY_ARN,
     AGENT_SERVICE_ACCOUNT,
+    COLLECTION_INTERVAL_S,
     EFA_IMPAIRED_CONNECTIONS,
     EFA_RETRANSMITTED_PACKETS,
     EFA_RX_BYTES,
@@ -32,6 +33,7 @@ from infra.aws_facts.container_insights import (
     GPU_UTILIZATION,
     METRIC_NAMESPACE,
     NODE_DIMENSIONS,
+    NODE_STATISTIC,
     addon_version_problem,
 )
 from infra.aws_facts.live_stack import LiveCluster
@@ -41,10 +43,12 @@ from infra.resources.irsa import irsa_role
 from platform_contract import GPU_TOLERATION
 from training.metrics import cloudwatch_metrics as job
 
-# Every graph's period: Container Insights collects once a minute (its metric reference).
-PERIOD_S = 60
+# Every graph's period: the agent's collection interval, so that one period holds one collection of
+# each of a node's devices, and a period's `Sum` of a node's GPU memory or power is the node's total
+# (`infra.aws_facts.container_insights`: one datapoint per device per collection).
+PERIOD_S = COLLECTION_INTERVAL_S
 GRID_COLUMNS = 24  # a dashboard's grid (CloudWatch API Reference, "Dashboard Body Structure and Syntax")
-WIDGET_WIDTH, WIDGET_HEIGHT, HEADER_HEIGHT = 8, 6, 3
+WIDGET_WIDTH, WIDGET_HEIGHT, HEADER_HEIGHT = 8, 6, 4
 
 
 def addon_configuration() -> dict[str, Any]:
@@ -157,26 +161,45 @@ def _metric_widget(
 def dashboard_body(cluster_name: str, region: str, addon_version: str) -> dict[str, Any]:
     """The dashboard: the nodes' GPU and EFA metrics, then the run's, a row of three each."""
 
-    def nodes(metric: str, stat: str = "Average") -> str:
-        return search(METRIC_NAMESPACE, NODE_DIMENSIONS, metric, cluster_name, stat)
+    def nodes(metric: str, per_second: bool = False) -> str:
+        """Each node's value over its devices (`NODE_STATISTIC`). `per_second`: a metric of changes per
+        collection, whose period's `Sum` is what the node's devices counted in it, over the period's
+        seconds (CloudWatch user guide, "Metric math syntax and functions": an arithmetic operator
+        between an array of time series and a scalar applies to each series)."""
+        found = search(METRIC_NAMESPACE, NODE_DIMENSIONS, metric, cluster_name, NODE_STATISTIC[metric])
+        return f"{found} / {PERIOD_S}" if per_second else found
 
     def run(metric: str, stat: str = "Average") -> str:
         return search(job.NAMESPACE, job.METRICS[metric][1], metric, cluster_name, stat)
 
     rows = [
         [
-            _metric_widget("GPU utilisation per node", [nodes(GPU_UTILIZATION)], region, unit="%"),
-            _metric_widget("GPU memory used per node", [nodes(GPU_MEMORY_USED)], region, unit="bytes"),
-            _metric_widget("GPU power per node", [nodes(GPU_POWER_DRAW)], region, unit="W"),
+            _metric_widget(
+                "GPU utilisation per node (mean of its GPUs)", [nodes(GPU_UTILIZATION)], region, unit="%"
+            ),
+            _metric_widget(
+                "GPU memory used per node (its GPUs)", [nodes(GPU_MEMORY_USED)], region, unit="bytes"
+            ),
+            _metric_widget("GPU power per node (its GPUs)", [nodes(GPU_POWER_DRAW)], region, unit="W"),
         ],
         [
-            _metric_widget("EFA bytes in per node", [nodes(EFA_RX_BYTES)], region, unit="bytes/s"),
-            _metric_widget("EFA bytes out per node", [nodes(EFA_TX_BYTES)], region, unit="bytes/s"),
+            _metric_widget(
+                "EFA bytes in per node (its devices)",
+                [nodes(EFA_RX_BYTES, per_second=True)],
+                region,
+                unit="bytes/s",
+            ),
+            _metric_widget(
+                "EFA bytes out per node (its devices)",
+                [nodes(EFA_TX_BYTES, per_second=True)],
+                region,
+                unit="bytes/s",
+            ),
             _metric_widget(
                 "EFA retransmits, impaired connections",
-                [nodes(EFA_RETRANSMITTED_PACKETS, "Sum"), nodes(EFA_IMPAIRED_CONNECTIONS, "Sum")],
+                [nodes(EFA_RETRANSMITTED_PACKETS), nodes(EFA_IMPAIRED_CONNECTIONS)],
                 region,
-                unit="per minute",
+                unit=f"per {PERIOD_S} s",
             ),
         ],
         [
@@ -203,7 +226,11 @@ def dashboard_body(cluster_name: str, region: str, addon_version: str) -> dict[s
         "properties": {
             "markdown": (
                 f"## {cluster_name} ({region})\n"
-                f"Per GPU node: Container Insights (`{METRIC_NAMESPACE}`, {ADDON_NAME} {addon_version}). "
+                f"Per GPU node: Container Insights (`{METRIC_NAMESPACE}`, {ADDON_NAME} {addon_version}), "
+                "each node's GPUs or EFA devices together (utilisation their mean). EFA bytes in plus out are "
+                "the sysfs tx_bytes and rx_bytes; the job's bytes/s add the RDMA read and write bytes. A node "
+                "without a retransmit counter shows 0: `efaCounters` of `pulumi stack output training` names "
+                "the counters each worker's node has. "
                 f"Per run: the training job's rank 0 and the fabric gate (`{job.NAMESPACE}`); a run is named "
                 "after its Ray job, the `jobId` of `pulumi stack output training`."
             )

@@ -99,19 +99,26 @@ LIST_PRICES: dict[str, str] = {
     "g6.12xlarge": "4.6016000000",
     "m7i.xlarge": "0.2016000000",
     "m5.large": "0.0960000000",
+    "p5.48xlarge": "55.0400000000",
 }
+# Types the Price List also lists as Capacity Block products: `marketoption` CapacityBlock, operation
+# `RunInstances:CB`, every other attribute of the On-Demand product alike (pricing:GetAttributeValues
+# of AmazonEC2 `marketoption`: OnDemand, CapacityBlock; a block's price is its offering's, so the
+# product's hourly rate is 0).
+CAPACITY_BLOCK_TYPES = ("p4d.24xlarge", "p5.48xlarge")
 # Where the Price List API answers (its endpoints; the pulumi-aws pricing data source works only
 # with a provider in us-east-1 or ap-south-1).
 PRICE_LIST_REGIONS = ("us-east-1", "ap-south-1")
 
 
-def price_list_item(instance_type: str, region: str, usd: str) -> str:
-    """One `pricing:GetProducts` PriceList item of a Linux On-Demand instance type, a JSON text, in
-    the shape the AWS Price List API reference (GetProducts) and the Price List user guide ("Service
-    price list" files) document: `product` with its `attributes`, `terms.OnDemand.<sku>.<offer
+def price_list_item(instance_type: str, region: str, usd: str, market: str = "OnDemand") -> str:
+    """One `pricing:GetProducts` PriceList item of a Linux instance type, a JSON text, in the shape
+    the AWS Price List API reference (GetProducts) and the Price List user guide ("Service price
+    list" files) document: `product` with its `attributes`, `terms.OnDemand.<sku>.<offer
     term>.priceDimensions.<rate code>.pricePerUnit.USD`. JRTCKXETXF is the On-Demand offer term code
-    and 6YS6EN2CT7 the hourly rate code of every On-Demand EC2 product; the SKU is made up."""
-    sku = "FAKESKU" + instance_type.replace(".", "").upper()
+    and 6YS6EN2CT7 the hourly rate code of every On-Demand EC2 product; the SKU is made up. `market`:
+    the product's `marketoption`, OnDemand or CapacityBlock (`CAPACITY_BLOCK_TYPES`)."""
+    sku = "FAKESKU" + instance_type.replace(".", "").upper() + ("CB" if market == "CapacityBlock" else "")
     term = f"{sku}.JRTCKXETXF"
     return json.dumps(
         {
@@ -126,10 +133,10 @@ def price_list_item(instance_type: str, region: str, usd: str) -> str:
                     "preInstalledSw": "NA",
                     "licenseModel": "No License required",
                     "capacitystatus": "Used",
-                    "marketoption": "OnDemand",
+                    "marketoption": market,
                     "servicecode": "AmazonEC2",
                     "usagetype": f"BoxUsage:{instance_type}",
-                    "operation": "RunInstances",
+                    "operation": "RunInstances:CB" if market == "CapacityBlock" else "RunInstances",
                 },
                 "sku": sku,
             },
@@ -141,7 +148,9 @@ def price_list_item(instance_type: str, region: str, usd: str) -> str:
                             f"{term}.6YS6EN2CT7": {
                                 "unit": "Hrs",
                                 "endRange": "Inf",
-                                "description": f"${float(usd):.4f} per On Demand Linux {instance_type} Instance Hour",
+                                "description": f"${float(usd):.4f} per "
+                                f"{'Capacity Block' if market == 'CapacityBlock' else 'On Demand'} Linux "
+                                f"{instance_type} Instance Hour",
                                 "appliesTo": [],
                                 "rateCode": f"{term}.6YS6EN2CT7",
                                 "beginRange": "0",
@@ -658,32 +667,36 @@ class FakeAws:
 
     def _product(self, args: dict) -> dict:
         """`pricing:GetProducts` behind `aws.pricing.get_product`: its filters are TERM_MATCH on product
-        attributes, and the data source fails unless exactly one product matches (terraform-provider-aws
+        attributes, every one of which a product must hold (Price List API reference, `Filter`), and
+        the data source fails unless exactly one product matches (terraform-provider-aws
         internal/service/pricing/product_data_source.go: "did not return any elements", "not precise
-        enough"); its `result` is the one PriceList item."""
+        enough"); its `result` is the one PriceList item. The products: each type of `LIST_PRICES`
+        as a Linux On-Demand product, and those of `CAPACITY_BLOCK_TYPES` as a Capacity Block one too."""
+        if args.get("serviceCode") != "AmazonEC2":
+            raise NotImplementedError(f"FakeAws prices EC2 instances only, not {args}")
         filters = {item["field"]: item["value"] for item in args.get("filters") or []}
-        wanted = {"instanceType", "regionCode", "operatingSystem", "tenancy", "preInstalledSw"}
-        wanted |= {"licenseModel", "capacitystatus"}
-        if args.get("serviceCode") != "AmazonEC2" or set(filters) != wanted:
-            raise NotImplementedError(f"FakeAws prices EC2 instances by {sorted(wanted)}, not {args}")
-        linux_on_demand = {
-            "operatingSystem": "Linux",
-            "tenancy": "Shared",
-            "preInstalledSw": "NA",
-            "licenseModel": "No License required",
-            "capacitystatus": "Used",
-        }
-        usd = LIST_PRICES.get(filters["instanceType"])
-        if usd is None or any(filters[key] != value for key, value in linux_on_demand.items()):
+        instance_type, region = filters.get("instanceType", ""), filters.get("regionCode", "")
+        usd = LIST_PRICES.get(instance_type)
+        markets = ["OnDemand", "CapacityBlock"] if instance_type in CAPACITY_BLOCK_TYPES else ["OnDemand"]
+        items = [price_list_item(instance_type, region, usd, market) for market in markets] if usd else []
+        found = [
+            item
+            for item in items
+            if all(
+                json.loads(item)["product"]["attributes"].get(key) == value for key, value in filters.items()
+            )
+        ]
+        if not found:
             raise AwsApiError(
                 "Pricing: GetProducts", "NotFound", "Pricing product query did not return any elements"
             )
-        return {
-            "id": "AmazonEC2",
-            "serviceCode": "AmazonEC2",
-            "filters": args["filters"],
-            "result": price_list_item(filters["instanceType"], filters["regionCode"], usd),
-        }
+        if len(found) > 1:
+            raise AwsApiError(
+                "Pricing: GetProducts",
+                "NotFound",
+                f"Pricing product query not precise enough. Returned more than one element: {found}",
+            )
+        return {"id": "AmazonEC2", "serviceCode": "AmazonEC2", "filters": args["filters"], "result": found[0]}
 
     def _missing(self, what: str, name: str) -> AwsApiError:
         """How the AWS provider's data sources report an object that does not exist."""

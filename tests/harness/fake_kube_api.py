@@ -10,7 +10,7 @@ Each models the real behaviour the provider depends on, and where that is docume
   `Authorization` header is recorded, so tests see which identity the provider used. boto3 is pointed
   here with `AWS_ENDPOINT_URL_EKS` / `_STS` / `_EC2` (botocore's service-specific endpoints).
 - EC2 `DescribeInstances` (query protocol, XML; EC2 API reference): each GPU node's instance with its
-  `launchTime`, named by the node's `spec.providerID`.
+  `launchTime`, named by the node's `spec.providerID` in an `instance-id` filter.
 - EKS `DescribeNodegroup` (`GET /clusters/<c>/node-groups/<ng>`) and `UpdateNodegroupConfig` (`POST
   /clusters/<c>/node-groups/<ng>/update-config`), shapes as in the EKS API reference (botocore's
   `eks` model): a `FakeNodeGroup` answers its `status`, `scalingConfig` and `health.issues`; an update
@@ -705,9 +705,9 @@ class FakeNodeGroup:
 @dataclass
 class FakeAwsApis:
     """EKS DescribeCluster, DescribeNodegroup and UpdateNodegroupConfig, STS GetCallerIdentity/
-    AssumeRole and EC2 DescribeInstances over plain HTTP on 127.0.0.1. `instances` are the account's
-    EC2 instances (id -> LaunchTime, ISO 8601 UTC); `ec2_refused`: EC2 answers every
-    DescribeInstances with UnauthorizedOperation."""
+    AssumeRole and EC2 DescribeInstances over plain HTTP on 127.0.0.1. `instances` are the instances
+    EC2 lists (id -> LaunchTime, ISO 8601 UTC): an id not among them is one EC2 no longer knows;
+    `ec2_refused`: EC2 answers every DescribeInstances with UnauthorizedOperation."""
 
     clusters: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # name -> (endpoint, CA PEM)
     node_groups: dict[str, FakeNodeGroup] = field(default_factory=dict)  # by name, in any cluster
@@ -803,32 +803,31 @@ class FakeAwsApis:
         return self._sts(handler, form)
 
     def _ec2_describe_instances(self, handler: BaseHTTPRequestHandler, form: dict[str, list[str]]) -> None:
-        """EC2 DescribeInstances with `InstanceId.N` (EC2 API reference, DescribeInstances and its
-        example response; errors as in "Error codes" and "Error responses": an identity without
-        ec2:DescribeInstances gets 403 UnauthorizedOperation, an id EC2 does not know 400
-        InvalidInstanceID.NotFound; both in a `<Response><Errors>` document)."""
+        """EC2 DescribeInstances with the filter `instance-id` (EC2 API reference, DescribeInstances,
+        `Filter.N.Name` and `Filter.N.Value.M`, and its example response): the instances EC2 lists
+        whose id is among the filter's values, any other id left out (a filter matches; only
+        `InstanceId.N` answers an unknown id with InvalidInstanceID.NotFound). An identity without
+        ec2:DescribeInstances gets 403 UnauthorizedOperation in a `<Response><Errors>` document ("Error
+        codes", "Error responses")."""
         self.ec2_requests.append(form)
-        ids = [values[0] for key, values in sorted(form.items()) if key.startswith("InstanceId.")]
-
-        def error(code: int, name: str, message: str) -> None:
-            body = (
-                f"<Response><Errors><Error><Code>{name}</Code><Message>{message}</Message></Error></Errors>"
-                "<RequestID>ea966190-f9aa-478e-9ede-example</RequestID></Response>"
-            )
-            self._reply(handler, code, body.encode(), "text/xml")
-
         if self.ec2_refused:
-            return error(403, "UnauthorizedOperation", "You are not authorized to perform this operation.")
-        unknown = [instance for instance in ids if instance not in self.instances]
-        if unknown:
-            return error(
-                400, "InvalidInstanceID.NotFound", f"The instance IDs '{', '.join(unknown)}' do not exist"
+            body = (
+                "<Response><Errors><Error><Code>UnauthorizedOperation</Code><Message>You are not authorized to "
+                "perform this operation.</Message></Error></Errors><RequestID>ea966190-f9aa-478e-9ede-example"
+                "</RequestID></Response>"
             )
+            return self._reply(handler, 403, body.encode(), "text/xml")
+        if form.get("Filter.1.Name") != ["instance-id"] or any(key.startswith("InstanceId.") for key in form):
+            raise NotImplementedError(
+                f"FakeAwsApis serves DescribeInstances by the instance-id filter only: {form}"
+            )
+        ids = [values[0] for key, values in sorted(form.items()) if key.startswith("Filter.1.Value.")]
         items = "".join(
             f"<item><instanceId>{instance}</instanceId><instanceType>g6.12xlarge</instanceType>"
             f"<launchTime>{self.instances[instance]}</launchTime>"
-            "<instanceState><code>16</code><name>running</name></instanceState></item>"
+            "<instanceState><code>16</code><name>running</name></instanceState><reason/></item>"
             for instance in ids
+            if instance in self.instances
         )
         body = (
             '<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'

@@ -79,7 +79,11 @@ PROBE_JOB, TCP_PROBE_JOB = "05000000", "06000000"
 
 # Each GPU node's EC2 instance (its providerID, as EKS sets it: `aws:///<zone>/<instance id>`) and
 # when EC2 launched it (DescribeInstances `LaunchTime`).
-INSTANCE_IDS = {"node-a": "i-0a1b2c3d4e5f60001", "node-b": "i-0a1b2c3d4e5f60002"}
+INSTANCE_IDS = {
+    "node-a": "i-0a1b2c3d4e5f60001",
+    "node-b": "i-0a1b2c3d4e5f60002",
+    "node-c": "i-0a1b2c3d4e5f60003",
+}
 LAUNCHED = {
     "i-0a1b2c3d4e5f60001": datetime.datetime(2026, 12, 5, 7, 0, 0, tzinfo=datetime.UTC),
     "i-0a1b2c3d4e5f60002": datetime.datetime(2026, 12, 5, 7, 0, 30, tzinfo=datetime.UTC),
@@ -188,25 +192,36 @@ def reader_pod(name: str, node: str, reader: FakeReaderNode):
     )
 
 
-def stubbed_ec2(launched: dict[str, datetime.datetime] | None = None, refused: str | None = None):
+def stubbed_ec2(
+    launched: dict[str, datetime.datetime] | None = None,
+    refused: str | None = None,
+    stopped: dict[str, datetime.datetime] | None = None,
+):
     """A boto3 EC2 client whose DescribeInstances answers from `launched` (instance id -> LaunchTime),
-    checked against EC2's own service model by botocore's `Stubber`; `refused` is an error code EC2
-    answers instead (UnauthorizedOperation, HTTP 403, for an identity without ec2:DescribeInstances:
-    EC2 API reference, "Error codes"). Each call is answered once; `stubbed_ec2` stubs one call."""
+    checked against EC2's own service model by botocore's `Stubber`: asked by the `instance-id`
+    filter, it lists the instances EC2 knows and leaves out any other id (EC2 API reference,
+    DescribeInstances, `Filter.N`), so an id missing from `launched` is one EC2 no longer knows.
+    `stopped` (id -> when) are terminated, their `StateTransitionReason` as EC2 writes it,
+    `User initiated (YYYY-MM-DD HH:MM:SS GMT)`. `refused` is an error code EC2 answers instead
+    (UnauthorizedOperation, HTTP 403, for an identity without ec2:DescribeInstances: EC2 API
+    reference, "Error codes"). Each call is answered once; `stubbed_ec2` stubs one call."""
     import boto3
-    from botocore.stub import Stubber
+    from botocore.stub import ANY, Stubber
 
     ec2 = boto3.client(
         "ec2", region_name="us-east-2", aws_access_key_id="AKIAFAKE", aws_secret_access_key="fake"
     )
     stubber = Stubber(ec2)
     launched = LAUNCHED if launched is None else launched
+    stopped = stopped or {}
+    asked = {"Filters": [{"Name": "instance-id", "Values": ANY}]}
     if refused:
         stubber.add_client_error(
             "describe_instances",
             service_error_code=refused,
             service_message="You are not authorized to perform this operation.",
             http_status_code=403,
+            expected_params=asked,
         )
     else:
         instances = [
@@ -214,7 +229,12 @@ def stubbed_ec2(launched: dict[str, datetime.datetime] | None = None, refused: s
                 "InstanceId": instance,
                 "InstanceType": "g6.12xlarge",
                 "LaunchTime": at,
-                "State": {"Code": 16, "Name": "running"},
+                "State": {"Code": 48, "Name": "terminated"}
+                if instance in stopped
+                else {"Code": 16, "Name": "running"},
+                "StateTransitionReason": f"User initiated ({stopped[instance]:%Y-%m-%d %H:%M:%S} GMT)"
+                if instance in stopped
+                else "",
             }
             for instance, at in launched.items()
         ]
@@ -225,6 +245,7 @@ def stubbed_ec2(launched: dict[str, datetime.datetime] | None = None, refused: s
                     {"ReservationId": "r-0fake", "OwnerId": "123456789012", "Instances": instances}
                 ]
             },
+            asked,
         )
     stubber.activate()
     return ec2
@@ -556,9 +577,11 @@ class FakeCluster:
     clock: FakeClock = field(default_factory=FakeClock)
     logged: list[str] = field(default_factory=list)
     node_group: FakeNodeGroupSizer | None = None
-    # EC2's answer to DescribeInstances for the GPU nodes: their launch times, or a refusal's code.
+    # EC2's answer to DescribeInstances for the GPU nodes: their launch times, those terminated and
+    # when, or a refusal's code.
     launched: dict[str, datetime.datetime] = field(default_factory=lambda: dict(LAUNCHED))
     ec2_refused: str | None = None
+    stopped: dict[str, datetime.datetime] = field(default_factory=dict)
 
     def __post_init__(self):
         self.node_group = self.node_group or FakeNodeGroupSizer(self.clock)
@@ -609,7 +632,7 @@ class FakeCluster:
             sleep=self.clock.sleep,
             node_group=self.node_group,
             launch_times=ec2_launch_times(
-                stubbed_ec2(self.launched, self.ec2_refused), "the ambient AWS credentials"
+                stubbed_ec2(self.launched, self.ec2_refused, self.stopped), "the ambient AWS credentials"
             ),
             wall_clock=self.clock.wall,
         )

@@ -7,12 +7,17 @@ from __future__ import annotations
 import json
 
 import pulumi
+import pytest
 from pulumi.runtime.sync_await import _sync_await
 
+from infra import pricing
+from infra.plan.refresh import price_list_filters
 from infra.resources.network import NAT_GATEWAYS
 from tests.harness.fake_aws import (
     LIST_PRICES,
+    AwsApiError,
     FakeAws,
+    FakeAwsMocks,
     capacity_reservation,
 )
 from tests.harness.preview_queries import (
@@ -61,6 +66,7 @@ def test_the_cost_names_the_price_lists_price_read_through_a_us_east_1_provider(
         ("m7i.xlarge", "us-east-2"),
         ("g6.12xlarge", "us-east-2"),
     ]
+    assert all(f["marketoption"] == "OnDemand" and f["capacitystatus"] == "Used" for f in priced)
     assert isinstance(cost["measured"], pulumi.Output)  # known once the TrainingRun has run
 
 
@@ -159,3 +165,23 @@ def test_an_unchanged_run_keeps_the_price_and_plan_it_was_billed_and_planned_at(
         dev_config(training='{"preset": "smoke", "steps": 21}'), fake, recorded=recorded, preview=False
     )
     assert resolved(rerun.outputs["training"]["cost"]["measured"])["usdPerGpuNodeHour"] == 3.9
+
+
+def test_a_type_the_price_list_also_sells_as_a_capacity_block_is_priced_on_demand():
+    """p5 (and p4d) are also Capacity Block products of the same attributes but `marketoption`: the
+    query names OnDemand, so the one product is found, not two (which fail the data source and
+    would leave the shipped price)."""
+    fake = FakeAws(region="us-east-1")
+    pulumi.runtime.set_mocks(FakeAwsMocks(fake), preview=True)
+    price = pricing._price("p5.48xlarge", "us-east-1", None)
+    assert (price.usd_per_hour, price.basis) == (
+        55.04,
+        "On-Demand list price of p5.48xlarge in us-east-1, AWS Price List at preview",
+    )
+    unnamed = [
+        {"field": field, "value": value}
+        for field, value in price_list_filters("p5.48xlarge", "us-east-1").items()
+        if field != "marketoption"
+    ]
+    with pytest.raises(AwsApiError, match="not precise enough"):
+        fake.call(PRICE_LIST, {"serviceCode": "AmazonEC2", "filters": unnamed})

@@ -37,7 +37,8 @@ STEP_METRICS: dict[str, str] = {
     STEP_TIME_S: "Seconds",
 }
 RUN_DIMENSIONS = (CLUSTER_DIMENSION, RUN_DIMENSION)
-# Each step, per node: bytes sent plus received through its EFA ports per second (ClusterName, RunName, Host).
+# Each step, per node: the bytes its EFA ports moved per second, sent, received and by RDMA read and
+# write (`training.metrics.efa_sysfs.MOVED`) (ClusterName, RunName, Host).
 EFA_METRIC = "efa_bytes_per_s"
 EFA_UNIT = "Bytes/Second"
 NODE_DIMENSIONS = (CLUSTER_DIMENSION, RUN_DIMENSION, HOST_DIMENSION)

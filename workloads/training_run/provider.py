@@ -142,10 +142,13 @@ class RunOutputs:
     group's scale-down to 0 after the job, or the later one of an `update` that released a replaced
     group or one kept until then (ISO 8601 UTC; the nodes drain and stop within about 5 minutes of
     it); None when the nodes were kept.
-    `gpu_nodes` are the GPU nodes the job ran on, each with its EC2 `instanceId` and `launchTime`
-    (None with `gpu_nodes_unavailable` saying why), and `finished_at` the time these outputs were
-    made (ISO 8601, UTC): the stack's `training.cost` counts GPU node hours from the one to their
-    release, or to the other when they were kept."""
+    `gpu_nodes` are the GPU nodes the run saw (at readiness, after each job, at the end), each with
+    its EC2 `instanceId`, `launchTime`, `stoppedAt` for one that stopped running, and `unavailable`
+    for one whose hours cannot be counted (`ec2_instances.instance_record`); None with
+    `gpu_nodes_unavailable` saying why. `finished_at` is the time these outputs were made (ISO 8601,
+    UTC): the stack's `training.cost` counts GPU node hours from each launch to its stop, the nodes'
+    release, or the other when they were kept. `tcp_summary`: the TCP baseline's run summary, whose
+    tokens the cost's US$ per million tokens counts beside the job's."""
 
     job_id: str = dataclasses.field(metadata=shown())
     status: str = dataclasses.field(metadata=shown())
@@ -182,6 +185,7 @@ class RunOutputs:
     tcp_tokens_per_s: float | None = dataclasses.field(
         default=None, metadata=shown(None, benchmark="tcpTokensPerS")
     )
+    tcp_summary: dict | None = None
     tcp_efa_bytes: dict[str, int | None] | None = dataclasses.field(
         default=None, metadata=shown(None, benchmark="tcpEfaBytes")
     )
@@ -247,6 +251,7 @@ class RunOutputs:
             tcp_transport=tcp_job.verdict.transport,
             tcp_evidence=list(tcp_job.verdict.evidence),
             tcp_tokens_per_s=tcp_rate,
+            tcp_summary=tcp_job.summary,
             tcp_efa_bytes=tcp_job.efa.bytes_moved() if tcp_job.efa else None,
             tcp_gate_job_id=tcp_gate.run.submission_id,
             tcp_busbw_gbps=tcp_gate.probe.busbw_gbps,

@@ -290,9 +290,13 @@ def wait_for_gpu_nodes(
     gpus_per_node: int,
     efa_per_node: int,
     worker_pods: int,
+    seen: Callable[[list[NodeFacts]], None],
 ) -> list[NodeFacts]:
+    """The GPU nodes once they can run the job; `seen` is told each listing, Ready or not."""
+
     def attempt():
         nodes = cluster.list_nodes(GPU_NODE_LABEL_SELECTOR)
+        seen(nodes)
         problems = gpu_node_problems(nodes, gpus_per_node, efa_per_node, worker_pods)
         return not problems, (nodes, problems)
 

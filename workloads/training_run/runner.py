@@ -44,6 +44,7 @@ from workloads.training_run.access.ec2_instances import (
     LaunchTimes,
     LaunchTimesUnavailable,
     instance_id,
+    instance_record,
     no_launch_times,
 )
 from workloads.training_run.access.jobs import (
@@ -109,7 +110,7 @@ class RunEnvironment:
     sleep: Callable[[float], None] = time.sleep
     # The GPU node group's size, for `gpuNodesAfterTraining: release` (None: nothing to size).
     node_group: NodeGroupSizer | None = None
-    # The GPU nodes' launch times by EC2 instance id (`ec2_instances`): the run's cost counts from them.
+    # What EC2 says of the GPU nodes' instances, by id (`ec2_instances`): the run's cost counts from it.
     launch_times: LaunchTimes = no_launch_times
     # Seconds since the epoch, against AWS's dates (a Capacity Block's start, the nodes' launch) and
     # dating the outputs; `clock` measures spans.
@@ -122,7 +123,7 @@ class RunEnvironment:
 
 @dataclass(frozen=True)
 class GpuNodeLaunches:
-    """The GPU nodes the job ran on, each with its EC2 instance and launch time (ISO 8601, UTC), or
+    """Every GPU node the run saw, each with its EC2 instance (`ec2_instances.instance_record`), or
     why they are unavailable; `at` is when this was read, the output's time (ISO 8601, UTC)."""
 
     nodes: dict[str, dict[str, str]] | None
@@ -175,7 +176,8 @@ class TrainingRunner:
         self.env = env
         self.in_flight: str | None = None  # the job started or adopted and not yet seen to end
         self.released_at: str | None = None  # when EKS accepted the GPU group's scale-down to 0
-        self.gpu_nodes: list[NodeFacts] = []  # those the readiness wait found ready
+        # Every GPU node the run saw, by providerID (`see_gpu_nodes`): the instances its hours count.
+        self.gpu_nodes: dict[str, NodeFacts] = {}
 
     def start_job(
         self,
@@ -354,6 +356,7 @@ class TrainingRunner:
         plan = self.start_job(pods, jobs, variant, env_vars, module, args, fresh)
         submission_id = plan.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
+        self.see_gpu_nodes(self.env.cluster.list_nodes(readiness.GPU_NODE_LABEL_SELECTOR))
         if job.status != JobStatus.SUCCEEDED:
             raise TrainingRunError(
                 evidence.failure_report(job, log, pods.workers, self.env.executor_for, self.env.ray_log_dir)
@@ -456,8 +459,8 @@ class TrainingRunner:
             request.gpus_per_node,
             request.efa_per_node,
             worker_pods,
+            self.see_gpu_nodes,
         )
-        self.gpu_nodes = nodes
         env.log(
             f"training run: {len(nodes)} GPU nodes ready ({request.gpus_per_node} {GPU_RESOURCE}, "
             f">= {request.efa_per_node} {EFA_RESOURCE} each)"
@@ -600,10 +603,16 @@ class TrainingRunner:
             pods, TCP_VARIANT, TCP_BASELINE_ENV, "socket", self.env.clock(), tcp_floor
         )
 
+    def see_gpu_nodes(self, nodes: list[NodeFacts]) -> None:
+        """Record the GPU nodes listed now: every readiness poll, after each job and at the end, so an
+        instance replaced during the run, or one that never became Ready, is counted too."""
+        self.gpu_nodes.update({node.provider_id or node.name: node for node in nodes})
+
     def gpu_node_launches(self) -> GpuNodeLaunches:
-        """Each GPU node's EC2 instance and launch time, read after the job: the run's cost counts
-        node hours from them. A node without an instance id, or EC2 refusing DescribeInstances,
-        makes them unavailable with the reason."""
+        """What EC2 says of every GPU node's instance the run saw, read after the job: the run's cost
+        counts node hours from it. A node without an instance id, or EC2 refusing DescribeInstances,
+        makes them unavailable with the reason; an instance EC2 does not list is named in its record."""
+        self.see_gpu_nodes(self.env.cluster.list_nodes(readiness.GPU_NODE_LABEL_SELECTOR))
         nodes, unavailable = self._launches()
         if unavailable:
             self.env.log(f"training run: the GPU nodes' launch times are unavailable: {unavailable}")
@@ -611,21 +620,18 @@ class TrainingRunner:
         return GpuNodeLaunches(nodes, unavailable, finished.isoformat())
 
     def _launches(self) -> tuple[dict[str, dict[str, str]] | None, str | None]:
-        ids = {node.name: instance_id(node.provider_id) for node in self.gpu_nodes}
-        if not ids:
+        seen = sorted(self.gpu_nodes.values(), key=lambda node: (node.name, node.provider_id))
+        if not seen:
             return None, "the run found no GPU node"
-        missing = sorted(name for name, found in ids.items() if found is None)
+        missing = sorted(node.name for node in seen if instance_id(node.provider_id) is None)
         if missing:
             return None, f"node(s) {', '.join(missing)} carry no EC2 instance id in spec.providerID"
-        instances = {name: found for name, found in ids.items() if found}
+        instances: dict[str, str] = {}
+        for node in seen:  # a name a later instance took again is told apart by its instance
+            found = instance_id(node.provider_id) or ""
+            instances[node.name if node.name not in instances else f"{node.name} ({found})"] = found
         try:
-            launched = self.env.launch_times(sorted(set(instances.values())))
+            lives = self.env.launch_times(sorted(set(instances.values())))
         except LaunchTimesUnavailable as error:
             return None, str(error)
-        gone = sorted(found for found in instances.values() if found not in launched)
-        if gone:
-            return None, f"ec2:DescribeInstances did not return {', '.join(gone)}"
-        return {
-            name: {"instanceId": found, "launchTime": launched[found].astimezone(datetime.UTC).isoformat()}
-            for name, found in instances.items()
-        }, None
+        return {name: instance_record(found, lives.get(found)) for name, found in instances.items()}, None

@@ -41,9 +41,9 @@ def test_ec2_bills_whole_seconds_and_a_minute_at_least(ran_s, billed):
     assert billed_seconds(T0, at(ran_s)) == billed
 
 
-def test_node_hours_add_each_nodes_billed_seconds_to_the_end_given():
-    assert gpu_node_hours([T0, at(1800)], at(3600)) == pytest.approx(1.5)
-    assert gpu_node_hours([T0, at(3590)], at(3600)) == pytest.approx((3600 + 60) / 3600)
+def test_node_hours_add_each_nodes_billed_seconds_from_its_launch_to_its_end():
+    assert gpu_node_hours([(T0, at(3600)), (at(1800), at(3600))]) == pytest.approx(1.5)
+    assert gpu_node_hours([(T0, at(3600)), (at(3590), at(3600))]) == pytest.approx((3600 + 60) / 3600)
 
 
 def test_the_price_lists_item_is_the_price_and_names_its_basis():
@@ -192,3 +192,47 @@ def test_idle_gpu_nodes_are_priced_only_where_keeping_them_costs_more():
         assert "US$" not in reserved and "releasing them would save nothing" in reserved
     unpriced = idle_gpu_cost(2, "g6.12xlarge", Price(None, "no price for g6.12xlarge"), None, False)
     assert "US$" not in unpriced and "(no price for g6.12xlarge)" in unpriced
+
+
+def test_an_instance_that_stopped_counts_to_its_stop_and_one_not_counted_is_named():
+    """A node replaced during the run: its instance to its stop, the replacement's from its launch; an
+    instance EC2 does not list is named in `notCounted`, the hours of the others counted."""
+    nodes = {
+        **NODES,
+        "node-b": {**NODES["node-b"], "stoppedAt": "2026-12-05T06:45:00+00:00"},
+        "node-c": {"instanceId": "i-3", "launchTime": "2026-12-05T06:46:00+00:00"},
+        "node-d": {"instanceId": "i-4", "unavailable": "ec2:DescribeInstances does not list it"},
+    }
+    measured = measured_cost(RECORDED, nodes, None, "2026-12-05T07:00:00+00:00", {"tokens_seen": 10**6})
+    assert measured["gpuNodeHours"] == round((3600 + 900 + 840) / 3600, 4)
+    assert measured["notCounted"] == {"i-4": "ec2:DescribeInstances does not list it"}
+    late = {"node-b": {**NODES["node-b"], "stoppedAt": "2026-12-05T07:10:00+00:00"}}
+    assert measured_cost(RECORDED, late, None, "2026-12-05T07:00:00+00:00", {})["gpuNodeHours"] == 0.5
+    none = measured_cost(RECORDED, {"node-d": nodes["node-d"]}, None, "2026-12-05T07:00:00+00:00", {})
+    assert none["gpuNodeHours"] is None
+    assert none["unavailable"] == (
+        "no GPU node's instance could be counted: i-4: ec2:DescribeInstances does not list it"
+    )
+
+
+def test_with_the_tcp_baseline_the_per_token_figure_counts_both_jobs_tokens_and_says_so():
+    """The nodes' hours hold the TCP baseline's run too: its tokens are counted beside the job's."""
+    alone = measured_cost(RECORDED, NODES, None, "2026-12-05T07:00:00+00:00", {"tokens_seen": 10**6})
+    assert alone["usdPerMillionTokens"] == 6.0 and alone["tcpBaselineTokens"] is None
+    assert alone["usdPerMillionTokensOf"].endswith("over the job's tokens")
+    both = measured_cost(
+        RECORDED,
+        NODES,
+        None,
+        "2026-12-05T07:00:00+00:00",
+        {"tokens_seen": 10**6},
+        None,
+        {"tokens_seen": 5 * 10**5},
+    )
+    assert (both["usd"], both["tokens"], both["tcpBaselineTokens"]) == (6.0, 10**6, 5 * 10**5)
+    assert both["usdPerMillionTokens"] == 4.0
+    assert (
+        "the TCP baseline" in both["usdPerMillionTokensOf"] and "both jobs" in both["usdPerMillionTokensOf"]
+    )
+    unknown = measured_cost(RECORDED, NODES, None, "2026-12-05T07:00:00+00:00", {"tokens_seen": 10**6}, None, {})
+    assert unknown["usdPerMillionTokens"] is None  # not the baseline's hours over the job's tokens alone

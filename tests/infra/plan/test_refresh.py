@@ -7,6 +7,7 @@ import json
 
 from infra.plan import refresh
 from infra.plan.figures import INSTANCES
+from infra.plan.refresh import ON_DEMAND_LINUX, price_list_filters
 
 
 def test_the_price_list_item_reads_as_its_hourly_price():
@@ -27,8 +28,10 @@ def test_the_price_list_item_reads_as_its_hourly_price():
     assert refresh.on_demand_usd(json.dumps({"terms": {}})) is None
 
 
-def stubbed_aws(monkeypatch, instance_type: str, network: str | None, price: str | None):
-    """boto3 clients whose answers botocore checks against the EC2 and Price List API models."""
+def stubbed_aws(monkeypatch, instance_type: str, network: str | None, *prices: str):
+    """boto3 clients whose answers botocore checks against the EC2 and Price List API models; the
+    Price List answers `prices` (one product each) to the query for the type's On-Demand Linux price
+    in us-east-1, and to no other."""
     import boto3
     from botocore.stub import Stubber
 
@@ -48,8 +51,20 @@ def stubbed_aws(monkeypatch, instance_type: str, network: str | None, price: str
             },
             {"InstanceTypes": [instance_type]},
         )
-        item = {"terms": {"OnDemand": {"T": {"priceDimensions": {"D": {"pricePerUnit": {"USD": price}}}}}}}
-        pricing.add_response("get_products", {"FormatVersion": "aws_v1", "PriceList": [json.dumps(item)]})
+        items = [
+            json.dumps(
+                {"terms": {"OnDemand": {"T": {"priceDimensions": {"D": {"pricePerUnit": {"USD": usd}}}}}}}
+            )
+            for usd in prices
+        ]
+        query = {
+            "ServiceCode": "AmazonEC2",
+            "Filters": [
+                {"Type": "TERM_MATCH", "Field": key, "Value": value}
+                for key, value in price_list_filters(instance_type, "us-east-1").items()
+            ],
+        }
+        pricing.add_response("get_products", {"FormatVersion": "aws_v1", "PriceList": items}, query)
     ec2.activate()
     pricing.activate()
     monkeypatch.setattr(boto3, "client", lambda service, region_name=None: clients[service])
@@ -67,6 +82,19 @@ def test_aws_answers_replace_the_shipped_line_rate_and_price(monkeypatch):
 
 
 def test_without_aws_the_shipped_facts_stay(monkeypatch):
-    stubbed_aws(monkeypatch, "g6.12xlarge", None, None)
+    stubbed_aws(monkeypatch, "g6.12xlarge", None)
     fact, source = refresh.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
     assert fact == INSTANCES["g6.12xlarge"] and source.startswith("shipped facts (ClientError")
+
+
+def test_the_query_names_the_on_demand_market_and_more_than_one_product_keeps_the_shipped_price(monkeypatch):
+    """p5 is also sold as Capacity Blocks, a product alike but for `marketoption`: the query names
+    OnDemand, and an answer of two products is no price of the type (the first is not taken)."""
+    assert ON_DEMAND_LINUX["marketoption"] == "OnDemand"
+    stubbed_aws(monkeypatch, "p5.48xlarge", "3200 Gigabit", "55.0400000000", "0.0000000000")
+    fact, source = refresh.refreshed("p5.48xlarge", "us-east-2", INSTANCES["p5.48xlarge"])
+    assert fact.usd_per_hour == INSTANCES["p5.48xlarge"].usd_per_hour
+    assert source == (
+        "line rate from AWS, the shipped price: the Price List answered 2 products, not one for On-Demand "
+        "Linux p5.48xlarge in us-east-1"
+    )

@@ -24,11 +24,21 @@ from infra.resources.observability import (
 )
 from platform_contract import GPU_TAINT, GPU_TOLERATION
 from tests.harness.fake_aws import OBSERVABILITY_VERSIONS, FakeAws
+from tests.harness.fake_cloudwatch import (
+    COLLECTION_S,
+    EFA_SCRAPE_S,
+    FakeAgentNode,
+    FakeCloudWatch,
+    FakeGpu,
+    FakeJobMeter,
+)
+from tests.harness.fake_kube_api import EFA_COUNTERS_AT_BOOT, EFA_DEVICE, FakeEfaSysfs
 from tests.harness.paths import REPO_ROOT
 from tests.harness.preview_queries import NODE_GROUP, TRAINING_RUN
 from tests.harness.program import ACCOUNT, Preview, dev_config, run_program
 from training.metrics import cloudwatch_metrics
 from training.metrics.cloudwatch_metrics import CLUSTER_NAME_ENV
+from training.metrics.efa_sysfs import counter_lines, parse_counters
 
 CHART_VALUES = REPO_ROOT / "tests/fixtures/schemas/amazon-cloudwatch-observability-6.4.0.values.yaml"
 BODY = dashboard_body("eks-ray-train", "us-east-2", "v6.4.0-eksbuild.1")
@@ -162,10 +172,11 @@ DASHBOARD_BODY_SCHEMA = {
 }
 VALIDATOR = jsonschema.Draft202012Validator(DASHBOARD_BODY_SCHEMA)
 
-# What `infra.resources.observability.search` writes, read back.
+# What `infra.resources.observability.search` writes, read back, with the per-second division of a
+# node's changes per collection.
 SEARCH = re.compile(
     r"SEARCH\('\{(?P<schema>[^}]+)\} MetricName=\"(?P<metric>[^\"]+)\" ClusterName=\"(?P<cluster>[^\"]+)\"', "
-    r"'(?P<stat>\w+)', (?P<period>\d+)\)"
+    r"'(?P<stat>\w+)', (?P<period>\d+)\)(?: / (?P<divisor>\d+))?"
 )
 
 
@@ -224,6 +235,7 @@ def test_the_dashboard_names_only_metrics_the_add_on_or_the_job_emits_with_their
         namespace, *dimensions = match["schema"].split(",")
         assert tuple(dimensions) == emitted[namespace][match["metric"]], match[0]
         assert match["cluster"] == "eks-ray-train" and match["period"] == "60"
+        assert match["divisor"] in (None, match["period"]), match[0]  # bytes per period -> per second
         graphed[namespace].add(match["metric"])
     # ... and graphs every one of them.
     assert {namespace: set(metrics) for namespace, metrics in emitted.items()} == graphed
@@ -386,3 +398,125 @@ def test_an_add_on_version_without_the_dashboards_metrics_stops_the_preview(monk
     )
     assert "observability: false" in message and "\n" not in message.strip()
     assert not any(r.type == DASHBOARD for r in raised.value.plan.resources)
+
+
+# --- what the node widgets read, under an agent modelled on its source ---------------------------------
+
+START = 1_800_000_000.0  # a multiple of 60 s: the graphs' periods begin on it
+MINUTES = 10
+GIB = 2**30
+
+
+def widget_expression(title_start: str, index: int = 0) -> str:
+    (widget,) = [w for w in BODY["widgets"][1:] if w["properties"]["title"].startswith(title_start)]
+    return widget["properties"]["metrics"][index][0]["expression"]
+
+
+def run_for(seconds: int, agents: list[FakeAgentNode], meters=(), traffic=()) -> None:
+    """`seconds` of the nodes' life: the traffic (each `FakeEfaSysfs` with the counts it adds each
+    second, written before each read), the EFA scraper every 20 s, the agent's collection every
+    minute, a training step every 15 s; each on its own phase, none on a period's boundary."""
+    written = 0
+    for second in range(seconds):
+        now = START + second
+        scrape, collect, step = second % EFA_SCRAPE_S == 3, second % COLLECTION_S == 7, second % 15 == 1
+        if (scrape or step) and traffic:
+            for sysfs, per_second in traffic:
+                sysfs.add({name: count * (second - written) for name, count in per_second.items()})
+            written = second
+        for agent in agents:
+            if agent.efa_root is not None and scrape:
+                agent.scrape_efa(now)
+            if collect:
+                agent.collect(now)
+        if step:
+            for meter in meters:
+                meter.step(now)
+
+
+def steady(values: list[float | None]) -> list[float | None]:
+    """The periods after the first: the agent publishes a change per collection from its second on."""
+    return values[1:]
+
+
+def node_series(cloudwatch: FakeCloudWatch, expression: str) -> dict[str, list[float | None]]:
+    found = cloudwatch.evaluate(expression, START, START + MINUTES * 60)
+    return {dict(dimensions)["NodeName"]: values for dimensions, values in found.items()}
+
+
+def test_a_nodes_gpu_memory_and_power_read_its_gpus_together_and_utilisation_their_mean():
+    """The agent publishes one datapoint per GPU per collection on the node's dimensions: the widgets
+    read 4 GPUs of 10 GiB and 70 W as 40 GiB and 280 W (an `Average` would read one GPU's)."""
+    cloudwatch = FakeCloudWatch()
+    gpus = [FakeGpu(utilization, 10 * GIB, 70.0) for utilization in (40.0, 60.0, 80.0, 100.0)]
+    agent = FakeAgentNode(cloudwatch, "eks-ray-train", "node-a", "i-0a1", "g6.12xlarge", gpus)
+    run_for(MINUTES * 60, [agent])
+    assert node_series(cloudwatch, widget_expression("GPU memory used")) == {"node-a": [40 * GIB] * MINUTES}
+    assert node_series(cloudwatch, widget_expression("GPU power")) == {"node-a": [280.0] * MINUTES}
+    assert node_series(cloudwatch, widget_expression("GPU utilisation")) == {"node-a": [70.0] * MINUTES}
+    per_gpu = widget_expression("GPU memory used").replace("'Sum'", "'Average'")
+    assert node_series(cloudwatch, per_gpu) == {"node-a": [10 * GIB] * MINUTES}
+
+
+def test_efa_bytes_per_node_read_bytes_per_second_over_all_its_devices_as_the_jobs_widget(tmp_path):
+    """A node of 4 EFA devices (p4d's count) sending 1 GB/s in all, 0.25 GB/s each, receiving 0.5 GB/s
+    and writing 0.1 GB/s by RDMA: the agent publishes each device's change per minute, labelled
+    bytes/s; the widgets read 1e9 and 5e8 B/s, and the job's own widget in plus out plus the RDMA
+    bytes, which it counts too (`efa_sysfs.MOVED`) and the node widgets do not."""
+    cloudwatch = FakeCloudWatch()
+    counters = dict.fromkeys(("tx_bytes", "rx_bytes", "rdma_write_bytes"), 0)
+    devices = [
+        FakeEfaSysfs(tmp_path / "infiniband", device=f"rdmap{index}s27", counters=counters)
+        for index in range(4)
+    ]
+    agent = FakeAgentNode(
+        cloudwatch, "eks-ray-train", "node-a", "i-0a1", "p4d.24xlarge", efa_root=tmp_path / "infiniband"
+    )
+    meter = FakeJobMeter(
+        cloudwatch, "eks-ray-train", "02000000", "ray-train-worker-a", tmp_path / "infiniband"
+    )
+    moving = {"tx_bytes": 250_000_000, "rx_bytes": 125_000_000, "rdma_write_bytes": 25_000_000}
+    run_for(MINUTES * 60, [agent], [meter], [(device, moving) for device in devices])
+    out_of, into = widget_expression("EFA bytes out"), widget_expression("EFA bytes in")
+    assert steady(node_series(cloudwatch, out_of)["node-a"]) == [1e9] * (MINUTES - 1)
+    assert steady(node_series(cloudwatch, into)["node-a"]) == [5e8] * (MINUTES - 1)
+    job_widget = widget_expression("EFA bytes/s per node, as the job")
+    (job_node,) = cloudwatch.evaluate(job_widget, START, START + MINUTES * 60).values()
+    assert steady(job_node) == [1e9 + 5e8 + 1e8] * (MINUTES - 1)
+    # The agent's numbers before the dashboard's math: each device's bytes per minute.
+    one_device = out_of.replace("'Sum'", "'Average'").removesuffix(f" / {COLLECTION_S}")
+    assert steady(node_series(cloudwatch, one_device)["node-a"]) == [60 * 250_000_000] * (MINUTES - 1)
+
+
+def test_a_node_without_a_retransmit_counter_reads_0_and_the_run_names_the_counters_it_has(tmp_path):
+    """The agent reads a missing counter file as 0, so the widget cannot tell the node without
+    `retrans_pkts` from the node without retransmits; the counters the TrainingRun reads (its
+    `efa_counters` output, per worker pod) name only the files the node has."""
+    cloudwatch = FakeCloudWatch()
+    with_counter = FakeEfaSysfs(tmp_path / "a" / "infiniband")
+    without = FakeEfaSysfs(
+        tmp_path / "b" / "infiniband",
+        counters={name: value for name, value in EFA_COUNTERS_AT_BOOT.items() if name != "retrans_pkts"},
+    )
+    agents = [
+        FakeAgentNode(cloudwatch, "eks-ray-train", name, f"i-0{name}", "g6.12xlarge", efa_root=sysfs.root)
+        for name, sysfs in (("node-a", with_counter), ("node-b", without))
+    ]
+    run_for(MINUTES * 60, agents)
+    read = node_series(cloudwatch, widget_expression("EFA retransmits"))
+    assert {node: steady(values) for node, values in read.items()} == {
+        "node-a": [0] * (MINUTES - 1),
+        "node-b": [0] * (MINUTES - 1),
+    }
+    has = {name: set(counters) for name, counters in parse_counters(counter_lines(str(without.root))).items()}
+    assert "retrans_pkts" not in has[f"{EFA_DEVICE}/1"] and "tx_bytes" in has[f"{EFA_DEVICE}/1"]
+    assert "retrans_pkts" in parse_counters(counter_lines(str(with_counter.root)))[f"{EFA_DEVICE}/1"]
+
+
+def test_the_fake_evaluates_every_expression_of_the_dashboard_and_refuses_any_other():
+    cloudwatch = FakeCloudWatch()
+    for widget in BODY["widgets"][1:]:
+        for entry in widget["properties"]["metrics"]:
+            assert cloudwatch.evaluate(entry[0]["expression"], START, START + 60) == {}
+    with pytest.raises(NotImplementedError):
+        cloudwatch.evaluate("SUM(SEARCH('{ContainerInsights,NodeName} tx', 'Sum', 60))", START, START + 60)

@@ -561,9 +561,12 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
     assert outs.get("gpu_nodes_unavailable") is None  # a null output is left out of the answer
     assert {node: facts["instanceId"] for node, facts in outs["gpu_nodes"].items()} == INSTANCES
     assert [
-        sorted(v[0] for k, v in request.items() if k.startswith("InstanceId."))
+        (
+            request["Filter.1.Name"],
+            sorted(v[0] for k, v in request.items() if k.startswith("Filter.1.Value.")),
+        )
         for request in world.aws.ec2_requests
-    ] == [sorted(INSTANCES.values())]
+    ] == [(["instance-id"], sorted(INSTANCES.values()))]
     launched = {node: parse_aws_time(facts["launchTime"]) for node, facts in outs["gpu_nodes"].items()}
     assert {node: world.aws.instances[INSTANCES[node]] for node in launched} == {
         node: at.strftime("%Y-%m-%dT%H:%M:%S.000Z") for node, at in launched.items()
@@ -594,6 +597,23 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
     # The fixture's summary predates `tokens_seen`: 5 steps of 530.6 tokens/s x 1.93 s (1024 tokens each).
     assert measured["tokens"] == 5 * 1024
     assert measured["usdPerMillionTokens"] == round(seconds / 3600 * 4.6016 / 5120 * 1e6, 2)
+
+
+def test_an_instance_ec2_no_longer_lists_is_named_not_a_refusal(world: World):
+    """One GPU node's instance is gone from EC2: DescribeInstances answers the other, the run's output
+    names the gone one, and the cost counts the other's hours."""
+    world.host.configure(STACK_CONFIG)
+    node, gone = sorted(INSTANCES.items())[-1]
+    del world.aws.instances[gone]
+    outs = plain(world.create().properties)
+    assert outs["status"] == "SUCCEEDED" and outs.get("gpu_nodes_unavailable") is None
+    assert (
+        outs["gpu_nodes"][node]["instanceId"] == gone
+        and "does not list it" in outs["gpu_nodes"][node]["unavailable"]
+    )
+    basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "refused"), None, {})
+    measured = measured_cost(basis.planned_run, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"])
+    assert list(measured["notCounted"]) == [gone] and measured["gpuNodeHours"] > 0
 
 
 def test_ec2_refusing_describe_instances_leaves_the_cost_unavailable_naming_why(world: World):

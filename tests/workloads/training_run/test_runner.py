@@ -23,6 +23,8 @@ from tests.harness.training_run_fakes import (
     FAKE_EPOCH,
     FALLBACK_JOB,
     HEAD_POD,
+    INSTANCE_IDS,
+    LAUNCHED,
     OOM_JOB,
     OUTPUT_TIME,
     PROBE_TRAFFIC,
@@ -127,6 +129,23 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     assert "Socket" in tcp_probe[tcp_probe.index("--runtime-env-json") + 1]
     assert outs["tcp_gate_job_id"].startswith("eks-ray-train-gate-tcp-")
     assert outs["tcp_busbw_gbps"] == {"all_reduce": 14.2, "all_gather": 15.1, "reduce_scatter": 14.8}
+    # The nodes' hours hold the baseline's run too: the per-token cost counts its tokens beside the job's.
+    assert outs["tcp_summary"]["tokens_per_s"] == 258.6
+    basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "refused"), None, {})
+    measured = measured_cost(
+        basis.planned_run,
+        outs["gpu_nodes"],
+        None,
+        outs["finished_at"],
+        outs["summary"],
+        None,
+        outs["tcp_summary"],
+    )
+    assert measured["tcpBaselineTokens"] == 5 * 1024 and measured["tokens"] == 5 * 1024
+    job_alone = measured_cost(
+        basis.planned_run, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]
+    )
+    assert measured["usdPerMillionTokens"] == pytest.approx(job_alone["usdPerMillionTokens"] / 2, abs=0.01)
 
 
 def test_jobs_whose_nccl_lines_reach_only_their_nccl_log_files_are_judged_on_those():
@@ -737,3 +756,87 @@ def test_a_deadline_too_near_for_the_gate_and_a_step_counts_from_a_capacity_bloc
     room = FakeCluster(main_and_tcp_head())
     outs = room.provider().create(props(with_deadline("2026-12-05T09:03:00Z"))).outs
     assert outs["status"] == "SUCCEEDED"
+
+
+def hours_of(fake: FakeCluster, outs: dict) -> dict:
+    basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused"), None, {})
+    return measured_cost(
+        basis.planned_run,
+        outs["gpu_nodes"],
+        outs["gpu_nodes_unavailable"],
+        outs["finished_at"],
+        outs["summary"],
+    )
+
+
+def test_a_node_replaced_during_the_run_counts_both_instances_hours():
+    """node-b's instance is terminated at 08:30 while the gate runs and node-c's launched in its place:
+    the nodes listed after each job hold node-c, the readiness wait's held node-b; both are counted,
+    node-b's to its termination (its StateTransitionReason), node-c's to the output."""
+    replaced_at = datetime.datetime(2026, 12, 5, 8, 30, 0, tzinfo=datetime.UTC)
+    launched_c = datetime.datetime(2026, 12, 5, 8, 31, 0, tzinfo=datetime.UTC)
+    fake = FakeCluster(
+        main_and_tcp_head(),
+        node_snapshots=[[gpu_node("node-a"), gpu_node("node-b")], [gpu_node("node-a"), gpu_node("node-c")]],
+        launched={**LAUNCHED, INSTANCE_IDS["node-c"]: launched_c},
+        stopped={INSTANCE_IDS["node-b"]: replaced_at},
+    )
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["gpu_nodes"]["node-b"] == {
+        "instanceId": INSTANCE_IDS["node-b"],
+        "launchTime": "2026-12-05T07:00:30+00:00",
+        "stoppedAt": "2026-12-05T08:30:00+00:00",
+    }
+    assert outs["gpu_nodes"]["node-c"] == {
+        "instanceId": INSTANCE_IDS["node-c"],
+        "launchTime": "2026-12-05T08:31:00+00:00",
+    }
+    end = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
+    seconds = (
+        (end - LAUNCHED[INSTANCE_IDS["node-a"]]).total_seconds()
+        + (replaced_at - LAUNCHED[INSTANCE_IDS["node-b"]]).total_seconds()
+        + (end - launched_c).total_seconds()
+    )
+    measured = hours_of(fake, outs)
+    assert measured["gpuNodeHours"] == round(seconds / 3600, 4) and measured["notCounted"] is None
+
+
+def test_a_node_that_never_became_ready_is_counted_too():
+    """A third GPU node NotReady at the first poll of the readiness wait and gone at the next: EC2 billed
+    it, so its instance is among the run's."""
+    stuck = gpu_node("node-c", ready=False)
+    fake = FakeCluster(
+        main_and_tcp_head(),
+        node_snapshots=[
+            [gpu_node("node-a"), gpu_node("node-b"), stuck],
+            [gpu_node("node-a"), gpu_node("node-b")],
+        ],
+        launched={
+            **LAUNCHED,
+            INSTANCE_IDS["node-c"]: datetime.datetime(2026, 12, 5, 7, 1, tzinfo=datetime.UTC),
+        },
+    )
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert sorted(outs["gpu_nodes"]) == ["node-a", "node-b", "node-c"]
+
+
+def test_an_instance_ec2_no_longer_lists_is_named_and_the_others_counted_not_a_refusal():
+    """node-b's instance terminated more than an hour ago is gone from DescribeInstances: asked by the
+    `instance-id` filter EC2 answers node-a's alone (with the ids it would refuse the whole call,
+    InvalidInstanceID.NotFound); node-b is named, node-a's hours counted."""
+    fake = FakeCluster(
+        main_and_tcp_head(), launched={INSTANCE_IDS["node-a"]: LAUNCHED[INSTANCE_IDS["node-a"]]}
+    )
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["gpu_nodes_unavailable"] is None
+    assert outs["gpu_nodes"]["node-b"] == {
+        "instanceId": INSTANCE_IDS["node-b"],
+        "unavailable": "ec2:DescribeInstances does not list it (EC2 lists a terminated instance for about an "
+        "hour), so its launch is unknown and its hours are not counted",
+    }
+    measured = hours_of(fake, outs)
+    end = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
+    assert measured["gpuNodeHours"] == round(
+        (end - LAUNCHED[INSTANCE_IDS["node-a"]]).total_seconds() / 3600, 4
+    )
+    assert list(measured["notCounted"]) == [INSTANCE_IDS["node-b"]] and measured["unavailable"] is None
