@@ -152,7 +152,7 @@ def read_counters(source: str) -> PortCounters:
 
 
 def read_moved_bytes(source: str) -> dict[str, int]:
-    """Bytes sent plus received so far through each EFA port (`<device>/<port>`) of the node."""
+    """Bytes moved so far through each EFA port (`<device>/<port>`) of the node (`MOVED`)."""
     return {
         port: sum(counts[name] for name in MOVED if name in counts)
         for port, counts in read_counters(source).items()

@@ -38,7 +38,7 @@ class StepMetrics:
     tokens_per_s_per_gpu: float
     mfu: float | None
     peak_mem_gib: float
-    # Bytes/s sent plus received through each node's EFA ports since the step before (by host
+    # Bytes/s moved through each node's EFA ports (`efa_sysfs.MOVED`) since the step before (by host
     # name; None for a node without them); absent on a machine without EFA (`training.metrics.efa_meter`).
     efa_bytes_per_s: dict[str, float | None] | None = None
 
@@ -117,7 +117,7 @@ class RunSummary:
     deadline: str | None = None
     stopped_at_deadline: bool = False
     # Over the steps after the first (as `step_time_s`), per node: EFA bytes/s and bytes per step
-    # (sent plus received), and the busiest node's share of its ports' capacity both ways
+    # (`efa_sysfs.MOVED`), and the busiest node's share of its ports' capacity both ways
     # (2 x --line-rate-gbps); absent without EFA (and the share without --line-rate-gbps).
     efa_bytes_per_s: dict[str, float | None] | None = None
     efa_bytes_per_step: dict[str, float | None] | None = None

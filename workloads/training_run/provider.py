@@ -131,7 +131,7 @@ def shown(group: str | None = TOP, *, key: str | None = None, benchmark: str | N
 @dataclass(frozen=True)
 class RunOutputs:
     """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`. `efa_bytes`
-    (bytes sent plus received through each worker node's EFA ports during the job) and
+    (bytes moved through each worker node's EFA ports during the job: `efa_sysfs.MOVED`) and
     `efa_counters` (each counter's delta), per worker pod, are None for a node whose counters are
     unknown; `efa_unavailable` says why for each node whose counters could not be read (None: all were).
     The `gate_*` ones are the fabric gate's that passed before the job (`gate`): its probe job, its

@@ -234,5 +234,7 @@ def test_with_the_tcp_baseline_the_per_token_figure_counts_both_jobs_tokens_and_
     assert (
         "the TCP baseline" in both["usdPerMillionTokensOf"] and "both jobs" in both["usdPerMillionTokensOf"]
     )
-    unknown = measured_cost(RECORDED, NODES, None, "2026-12-05T07:00:00+00:00", {"tokens_seen": 10**6}, None, {})
+    unknown = measured_cost(
+        RECORDED, NODES, None, "2026-12-05T07:00:00+00:00", {"tokens_seen": 10**6}, None, {}
+    )
     assert unknown["usdPerMillionTokens"] is None  # not the baseline's hours over the job's tokens alone
