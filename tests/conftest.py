@@ -37,6 +37,20 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
+@pytest.fixture
+def host(tmp_path):
+    """The real Pulumi provider host alone (tests/harness/provider_host.py), for calls that reach no
+    cluster: Check, Diff, Read, Delete; stopped with the test."""
+    from tests.harness.provider_host import ProviderHost
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    host = ProviderHost(env, tmp_path / "provider-host.stderr").start()
+    try:
+        yield host
+    finally:
+        host.stop()
+
+
 @pytest.fixture(scope="session")
 def ray_head():
     """The session's one `ray start --head` (tests/harness/ray_head.py), started by the first test that

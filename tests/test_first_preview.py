@@ -4,9 +4,6 @@ from a resource is unknown, as the engine gives it (`run_program(first_preview=T
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -98,16 +95,6 @@ def test_the_preview_says_what_the_planner_and_the_window_found(first_preview):
     (window,) = [line for _, line in logged if line.startswith("run window: ")]
     assert window.startswith(f"run window: training.deadline {DEADLINE}.")
     assert f"the run fits before --deadline {DEADLINE}" in window
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[ProviderHost]:
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
-    host = ProviderHost(env, tmp_path / "provider-host.stderr").start()
-    try:
-        yield host
-    finally:
-        host.stop()
 
 
 def test_the_real_provider_host_checks_the_first_previews_training_run(first_preview, host: ProviderHost):

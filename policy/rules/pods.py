@@ -4,7 +4,7 @@ containers on pinned images (by digest outside dev stacks)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .properties import (
@@ -217,17 +217,22 @@ def container_images_pinned(resource_type: str, props: Mapping[str, Any], stack:
     """Containers run a fixed image: a tag other than latest, or a digest, so every node runs the same bits."""
     if not resource_type.startswith("kubernetes:"):
         return []
-    violations = []
+    return [
+        f"container {name}: image {image} {problem}; pin a version tag or an @sha256 digest"
+        for name, image, problem in _image_problems(props, image_pin_problem)
+    ]
+
+
+def _image_problems(
+    props: Mapping[str, Any], problem_of: Callable[[str], str | None]
+) -> list[tuple[Any, str, str]]:
+    """(container name, image, problem) for each container whose known image `problem_of` faults."""
+    found = []
     for container in pod_containers(props):
         image = container.get("image")
-        if not isinstance(image, str) or is_unknown(image):
-            continue
-        problem = image_pin_problem(image)
-        if problem:
-            violations.append(
-                f"container {container.get('name')}: image {image} {problem}; pin a version tag or an @sha256 digest"
-            )
-    return violations
+        if isinstance(image, str) and not is_unknown(image) and (problem := problem_of(image)):
+            found.append((container.get("name"), image, problem))
+    return found
 
 
 @resource_rule(
@@ -242,18 +247,11 @@ def container_images_digest_pinned(resource_type: str, props: Mapping[str, Any],
     it can a tag; Helm releases are not read (their charts' pods are not visible to the pack)."""
     if not resource_type.startswith("kubernetes:") or is_dev_stack(stack):
         return []
-    violations = []
-    for container in pod_containers(props):
-        image = container.get("image")
-        if not isinstance(image, str) or is_unknown(image):
-            continue
-        problem = image_digest_problem(image)
-        if problem:
-            violations.append(
-                f"container {container.get('name')}: image {image} {problem}, and stack {stack} is not a dev "
-                "stack: pin it as <repository>@sha256:<digest> (`crane digest <image>` prints the digest)"
-            )
-    return violations
+    return [
+        f"container {name}: image {image} {problem}, and stack {stack} is not a dev stack: pin it as "
+        "<repository>@sha256:<digest> (`crane digest <image>` prints the digest)"
+        for name, image, problem in _image_problems(props, image_digest_problem)
+    ]
 
 
 @stack_rule(

@@ -255,17 +255,6 @@ def test_a_relative_xdg_state_home_is_ignored(tmp_path, monkeypatch):
     assert engine_host._state_folder() == tmp_path / ".local" / "state" / "eks-ray-train"
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[ProviderHost]:
-    """The provider host alone, for calls that reach no cluster: Check, Diff, Read, Delete."""
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
-    host = ProviderHost(env, tmp_path / "provider-host.stderr").start()
-    try:
-        yield host
-    finally:
-        host.stop()
-
-
 def failure(world: World, **changes: Any) -> tuple[str, float]:
     """Create, which must fail: (the message the engine gets, seconds until it failed)."""
     started = time.monotonic()
