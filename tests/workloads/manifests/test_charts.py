@@ -47,20 +47,21 @@ def commented_keys(chart: manifests.Chart) -> set[str]:
     return set(_COMMENTED_KEY.findall(values_file(chart).read_text()))
 
 
+# Each Helm release's values as the program sets them, with its chart.
+RELEASES = [
+    (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
+    (manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2"), manifests.EFA_DEVICE_PLUGIN),
+    (manifests.kuberay_operator_values("ray-train"), manifests.KUBERAY_OPERATOR),
+]
+RELEASE_IDS = ["nvidia", "efa", "kuberay"]
+
+
 def documented_values(chart: manifests.Chart) -> dict:
     """The chart's defaults, with each commented-out top-level key as a key without a default."""
     return {**dict.fromkeys(commented_keys(chart)), **chart_values(chart)}
 
 
-@pytest.mark.parametrize(
-    "values, chart",
-    [
-        (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
-        (manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2"), manifests.EFA_DEVICE_PLUGIN),
-        (manifests.kuberay_operator_values("ray-train"), manifests.KUBERAY_OPERATOR),
-    ],
-    ids=["nvidia", "efa", "kuberay"],
-)
+@pytest.mark.parametrize("values, chart", RELEASES, ids=RELEASE_IDS)
 def test_helm_values_keys_exist_in_the_chart(values, chart):
     """Helm ignores unknown keys silently, so a typo would pass unnoticed anywhere but here."""
     assert _keys_exist(values, documented_values(chart)) == []
@@ -129,15 +130,7 @@ CHART_DEFAULT_TAGS = {
 }
 
 
-@pytest.mark.parametrize(
-    "values, chart",
-    [
-        (manifests.nvidia_device_plugin_values(), manifests.NVIDIA_DEVICE_PLUGIN),
-        (manifests.efa_device_plugin_values("g6.12xlarge", "us-east-2"), manifests.EFA_DEVICE_PLUGIN),
-        (manifests.kuberay_operator_values("ray-train"), manifests.KUBERAY_OPERATOR),
-    ],
-    ids=["nvidia", "efa", "kuberay"],
-)
+@pytest.mark.parametrize("values, chart", RELEASES, ids=RELEASE_IDS)
 def test_each_release_names_its_image_tag_the_charts_own(values, chart):
     """The values name the image a release runs, tag and repository, rather than leave it to the chart;
     they are the chart's own at the pinned version, so a chart bump fails here until they are checked."""
