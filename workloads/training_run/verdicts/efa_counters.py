@@ -192,6 +192,17 @@ def tcp_leak_problems(traffic: EfaTraffic, floor: MovedFloor) -> list[str]:
     return problems
 
 
+def counter_problems(traffic: EfaTraffic, expect: str, floor: MovedFloor) -> list[str]:
+    """What a run's EFA counters say against the transport it was to use: every node's EFA traffic at
+    least `floor` (`efa`), or none that large (`socket`, the TCP baseline); other transports are not
+    judged by the EFA counters."""
+    if expect == "efa":
+        return efa_problems(traffic, floor)
+    if expect == "socket":
+        return tcp_leak_problems(traffic, floor)
+    return []
+
+
 def traffic_record(traffic: EfaTraffic) -> dict[str, Any]:
     """The traffic as JSON, recorded beside the job it was measured around."""
     return {"ports": traffic.ports, "deltas": traffic.deltas, "unavailable": traffic.unavailable}

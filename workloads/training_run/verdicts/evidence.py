@@ -40,12 +40,8 @@ from workloads.training_run.access.cluster_api import PodFacts, stdout_of_each_p
 from workloads.training_run.access.commands import CommandTimeout, Executor
 from workloads.training_run.access.jobs import NCCL_LOG_DIR, JobRecord
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.verdicts.efa_counters import (
-    EfaTraffic,
-    MovedFloor,
-    efa_problems,
-    tcp_leak_problems,
-)
+from workloads.training_run.verdicts import efa_counters
+from workloads.training_run.verdicts.efa_counters import EfaTraffic, MovedFloor
 
 RAY_LOG_DIR = "/tmp/ray/session_latest/logs"
 NCCL_LINES_PER_POD = 200_000
@@ -216,13 +212,10 @@ def failure_report(
 
 
 def counter_problems(result: JobResult, expect: str, floor: MovedFloor) -> list[str]:
-    """What the EFA counters around a job say against `expect`: EFA traffic of at least `floor`
-    on every node, or for a TCP run none that large (`efa_counters`)."""
+    """What the EFA counters around a job say against `expect` (`efa_counters.counter_problems`)."""
     if result.efa is None:
         return ["the EFA counters around the job were not read"]
-    if expect == "efa":
-        return efa_problems(result.efa, floor)
-    return tcp_leak_problems(result.efa, floor)
+    return efa_counters.counter_problems(result.efa, expect, floor)
 
 
 def check_transport(result: JobResult, expect: str, floor: MovedFloor | None) -> None:

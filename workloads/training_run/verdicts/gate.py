@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.training_run.access.jobs import NCCL_LOG_DIR
 from workloads.training_run.errors import TrainingRunError
-from workloads.training_run.verdicts.efa_counters import efa_problems, probe_floor, tcp_leak_problems
+from workloads.training_run.verdicts.efa_counters import counter_problems, probe_floor
 from workloads.training_run.verdicts.evidence import RAY_LOG_DIR, JobResult
 from workloads.training_run.verdicts.fabric import ProbeResult, busbw_problems
 
@@ -114,18 +114,23 @@ def counter_problem(gate: GateResult, expect: str) -> tuple[str, str] | None:
             "the probe's report does not say how many calls it made, so the bytes it must have moved are unknown",
             "run `pulumi up` again: the probe of this release's code reports its `iters` and `warmup_iters`",
         )
-    moved = f"(EFA bytes per worker pod during the probe: {traffic.bytes_moved()})"
+    problems = counter_problems(traffic, expect, floor)
+    if not problems:
+        return None
+    found = f"{'; '.join(problems)} (EFA bytes per worker pod during the probe: {traffic.bytes_moved()})"
     unread = f"; for the nodes not read, {READER_FIX}" if traffic.unavailable else ""
-    if expect == "efa" and (problems := efa_problems(traffic, floor)):
-        if len(problems) == len(traffic.unavailable):
-            what = "the EFA counters of the worker nodes could not be read, so nothing shows the probe's traffic on EFA"
-            return f"{what}: {'; '.join(problems)} {moved}", READER_FIX
-        what = "NCCL's log says EFA, but the EFA counters of the worker nodes did not move with the probe's traffic"
-        return f"{what}: {'; '.join(problems)} {moved}", COUNTERS_FIX + unread
-    if expect == "socket" and (problems := tcp_leak_problems(traffic, floor)):
-        what = "the TCP baseline's probe cannot be shown to have run on TCP alone"
-        return f"{what}: {'; '.join(problems)} {moved}", TCP_BASELINE_FIX + unread
-    return None
+    if expect == "socket":
+        return (
+            f"the TCP baseline's probe cannot be shown to have run on TCP alone: {found}",
+            TCP_BASELINE_FIX + unread,
+        )
+    if len(problems) == len(traffic.unavailable):
+        what = "the EFA counters of the worker nodes could not be read, so nothing shows the probe's traffic on EFA"
+        return f"{what}: {found}", READER_FIX
+    what = (
+        "NCCL's log says EFA, but the EFA counters of the worker nodes did not move with the probe's traffic"
+    )
+    return f"{what}: {found}", COUNTERS_FIX + unread
 
 
 def check_gate(
