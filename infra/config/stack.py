@@ -274,7 +274,8 @@ _RAY_IMAGE_TAG = re.compile(r"(?:.*/)?ray(?:-ml)?:(\d+\.\d+\.\d+)(?:[-.].*)?")
 _RAY_TOKEN_AUTH_SINCE = "2.52.0"
 
 
-def _release(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
+    """A dotted version (`1.35`, `2.52.0`) as numbers, to compare and sort by."""
     return tuple(int(part) for part in version.split("."))
 
 
@@ -289,7 +290,7 @@ def _ray_version_problem(image: str, ray_version: str) -> str | None:
     tagged = _RAY_IMAGE_TAG.fullmatch(image.split("@", 1)[0])
     if tagged and tagged.group(1) != ray_version:
         return f"the image {image} carries Ray {tagged.group(1)}: set rayVersion to {tagged.group(1)}"
-    if _release(ray_version) < _release(_RAY_TOKEN_AUTH_SINCE):
+    if version_key(ray_version) < version_key(_RAY_TOKEN_AUTH_SINCE):
         return (
             f"the RayCluster turns on Ray's token authentication, which Ray has since {_RAY_TOKEN_AUTH_SINCE} "
             f"(KubeRay refuses it below): use an image with Ray {_RAY_TOKEN_AUTH_SINCE} or later"

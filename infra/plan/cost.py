@@ -254,7 +254,7 @@ def measured_cost(
     price = planned.usd_per_gpu_node_hour if planned else None
     usd = hours * price if hours is not None and price is not None else None
     tokens = tokens_trained(summary)
-    baseline = tokens_trained(tcp_summary) if tcp_summary is not None else None
+    baseline = tokens_trained(tcp_summary)
     if tcp_summary is None:
         trained = tokens
         covers = "the GPU nodes' whole time (their start, the gate, the job) over the job's tokens"

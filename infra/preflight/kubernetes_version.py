@@ -5,20 +5,16 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.config.stack import ConfigError
+from infra.config.stack import ConfigError, version_key
 
 
 def kubernetes_version_problem(version: str, offered: dict[str, str]) -> str | None:
     """Why EKS will not create a cluster of `version`, from DescribeClusterVersions' answer
     (version -> `versionStatus`: STANDARD_SUPPORT, EXTENDED_SUPPORT or UNSUPPORTED)."""
-    usable = sorted((v for v, status in offered.items() if status != "UNSUPPORTED"), key=_version_key)
+    usable = sorted((v for v, status in offered.items() if status != "UNSUPPORTED"), key=version_key)
     if offered.get(version, "UNSUPPORTED") == "UNSUPPORTED":
         return f"EKS offers {', '.join(usable)} here: pick one of them"
     return None
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
 
 
 def check_kubernetes_version(version: str, region: str) -> str | None:
