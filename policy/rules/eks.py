@@ -95,11 +95,15 @@ def deletion_protection(resource_type: str, props: Mapping[str, Any], stack: str
     return [f"stack {stack} is not a dev stack: set deletionProtection on the EKS cluster"]
 
 
+def _names_role(value: Any) -> bool:
+    """A role ARN property that names a role; an unknown value counts."""
+    return is_unknown(value) or (isinstance(value, str) and bool(value))
+
+
 def _has_own_role(addon: StackResource) -> bool:
     """The add-on's service account assumes a role of its own: `serviceAccountRoleArn` (IRSA), or an
     EKS Pod Identity association for aws-node; an unknown value counts."""
-    role = addon.props.get("serviceAccountRoleArn")
-    if is_unknown(role) or (isinstance(role, str) and role):
+    if _names_role(addon.props.get("serviceAccountRoleArn")):
         return True
     associations = addon.props.get("podIdentityAssociations")
     return is_unknown(associations) or any(
@@ -143,8 +147,7 @@ def vpc_cni_irsa(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
             cluster.props.get("useDefaultVpcCni")
         )
         if makes_its_own:
-            role = dig(cluster.props, "vpcCniOptions", "serviceAccountRoleArn")
-            if not (is_unknown(role) or (isinstance(role, str) and role)):
+            if not _names_role(dig(cluster.props, "vpcCniOptions", "serviceAccountRoleArn")):
                 violations.append(
                     (
                         cluster.urn,

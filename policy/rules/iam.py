@@ -33,6 +33,11 @@ _BUCKET_ARN = re.compile(r"arn:[a-z-]+:s3:::[^/]+")
 _EVERY_OBJECT = re.compile(r"\*|arn:[a-z-]+:s3:::(\*|[^/]+/\*)")
 
 
+def _condition_values(equals: Mapping[str, Any], suffix: str) -> list[Any]:
+    """Every value a `StringEquals` block holds for the keys ending in `suffix` (`:sub`, `:aud`)."""
+    return [value for key, values in equals.items() if key.endswith(suffix) for value in as_list(values)]
+
+
 def _web_identity_problems(statement: Any) -> list[str]:
     """What an Allow of `sts:AssumeRoleWithWebIdentity` from an OIDC provider lacks: `StringEquals`
     on the issuer's `:sub` (one service account per value) and `:aud` (STS)."""
@@ -43,11 +48,11 @@ def _web_identity_problems(statement: Any) -> list[str]:
     if not {"sts:AssumeRoleWithWebIdentity", "sts:*", "*"} & set(actions):
         return []
     equals = dig(statement, "Condition", "StringEquals")
-    if is_unknown(equals) or is_unknown(dig(statement, "Condition")):
+    if is_unknown(equals):
         return []
     equals = equals if isinstance(equals, Mapping) else {}
     problems = []
-    subjects = [value for key, values in equals.items() if key.endswith(":sub") for value in as_list(values)]
+    subjects = _condition_values(equals, ":sub")
     if not subjects:
         problems.append(
             "admits every service account of the cluster: add StringEquals "
@@ -57,7 +62,7 @@ def _web_identity_problems(statement: Any) -> list[str]:
         problems.append(
             "names a :sub that is not one service account (system:serviceaccount:<namespace>:<name>)"
         )
-    audiences = [value for key, values in equals.items() if key.endswith(":aud") for value in as_list(values)]
+    audiences = _condition_values(equals, ":aud")
     if audiences != [STS_AUDIENCE] and not any(is_unknown(a) for a in audiences):
         problems.append(
             f"does not hold the token's audience to STS: add StringEquals <issuer>:aud = {STS_AUDIENCE}"
@@ -95,11 +100,7 @@ def irsa_token_lifetime(resource_type: str, props: Mapping[str, Any], stack: str
     if resource_type != SERVICE_ACCOUNT:
         return []
     annotations = dig(props, "metadata", "annotations")
-    if (
-        is_unknown(annotations)
-        or not isinstance(annotations, Mapping)
-        or ROLE_ARN_ANNOTATION not in annotations
-    ):
+    if not isinstance(annotations, Mapping) or ROLE_ARN_ANNOTATION not in annotations:
         return []
     lifetime = annotations.get(TOKEN_EXPIRATION_ANNOTATION)
     if is_unknown(lifetime):

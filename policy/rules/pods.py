@@ -396,7 +396,7 @@ def helm_namespaces_declared(resources: Sequence[StackResource]) -> list[tuple[s
     whose labels that rule checks, or into EKS's `kube-system`."""
     namespaces = [r for r in resources if r.type == NAMESPACE]
     names = {r.urn: dig(r.props, "metadata", "name") for r in namespaces}
-    declared = {name for name in names.values() if isinstance(name, str) and name and not is_unknown(name)}
+    declared = {name for name in names.values() if _unresolved(name) is None}
     # A Namespace whose name is unknown during preview may be the one a release names.
     unnamed = {urn for urn, name in names.items() if is_unknown(name)}
     violations = []
@@ -417,7 +417,7 @@ def helm_namespaces_declared(resources: Sequence[StackResource]) -> list[tuple[s
             continue
         named = (
             f"namespace {target!r} is not a Namespace of the stack"
-            if isinstance(target, str) and target
+            if _unresolved(target) is None
             else "namespace is not set, so the chart installs into the provider's default namespace, which is not a Namespace of the stack"
         )
         violations.append(

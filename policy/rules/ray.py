@@ -83,6 +83,16 @@ _QUANTITY_FACTORS = {
 }
 
 
+def _worker_groups(spec: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Each worker group of a RayCluster spec with the label messages name it by: its `groupName`, or
+    `#<index>` while that is unknown or missing."""
+    groups = []
+    for index, group in enumerate(items(spec.get("workerGroupSpecs"))):
+        name = dig(group, "groupName")
+        groups.append((name if isinstance(name, str) and not is_unknown(name) else f"#{index}", group))
+    return groups
+
+
 def _quantity(value: Any) -> Decimal | str:
     """A Kubernetes quantity as a number (so "40" equals 40 and "1Gi" equals "1024Mi"); else its text."""
     text = str(value).strip()
@@ -170,11 +180,7 @@ def ray_workers_guaranteed(resource_type: str, props: Mapping[str, Any], stack: 
     if spec is None:
         return []
     violations = []
-    for group_index, group in enumerate(items(spec.get("workerGroupSpecs"))):
-        group_name = dig(group, "groupName")
-        label = (
-            group_name if isinstance(group_name, str) and not is_unknown(group_name) else f"#{group_index}"
-        )
+    for label, group in _worker_groups(spec):
         for container in items(dig(group, "template", "spec", "containers")):
             gaps = _container_resource_gaps(container)
             if gaps:
@@ -202,15 +208,13 @@ def ray_pods_without_api_token(resource_type: str, props: Mapping[str, Any], sta
     if spec is None:
         return []
     autoscaling = spec.get("enableInTreeAutoscaling")
-    templates = [("the head", dig(spec, "headGroupSpec", "template", "spec"))]
-    for group_index, group in enumerate(items(spec.get("workerGroupSpecs"))):
-        name = dig(group, "groupName")
-        label = name if isinstance(name, str) and not is_unknown(name) else f"#{group_index}"
-        templates.append((f"worker group {label}", dig(group, "template", "spec")))
+    templates = [
+        (f"worker group {label}", dig(group, "template", "spec")) for label, group in _worker_groups(spec)
+    ]
+    if not (is_true(autoscaling) or is_unknown(autoscaling)):
+        templates.insert(0, ("the head", dig(spec, "headGroupSpec", "template", "spec")))
     violations = []
     for who, pod in templates:
-        if who == "the head" and (is_true(autoscaling) or is_unknown(autoscaling)):
-            continue
         mount = dig(pod, "automountServiceAccountToken")
         if not (is_false(mount) or is_unknown(mount)):
             violations.append(
