@@ -59,15 +59,15 @@ from platform_contract import (
     PART_OF_LABELS,
 )
 from workloads.efa_counter_reader import READER_PORT
+from workloads.manifests.charts import KUBE_SYSTEM
 from workloads.manifests.pod_labels import ray_cluster_pod_labels
 
 # The label the API server puts on every namespace, its name (Kubernetes documentation, "Network
 # Policies", "Targeting a Namespace by its name").
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 # CoreDNS, as EKS's CoreDNS add-on runs it: the Deployment's pods carry `k8s-app: kube-dns` (EKS user
-# guide, "Manage CoreDNS", its default topologySpreadConstraints), in `kube-system`, answering on
+# guide, "Manage CoreDNS", its default topologySpreadConstraints), in `kube-system` (`KUBE_SYSTEM`), answering on
 # port 53 over UDP and TCP.
-DNS_NAMESPACE = "kube-system"
 DNS_POD_LABELS = {"k8s-app": "kube-dns"}
 DNS_PORT = 53
 HTTPS_PORT = 443
@@ -109,7 +109,7 @@ def ray_pods_network_policy(cluster_name: str, namespace_name: str, gpu_subnet_c
                     # One peer with both selectors: CoreDNS's pods in kube-system, not either alone.
                     "to": [
                         {
-                            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: DNS_NAMESPACE}},
+                            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: KUBE_SYSTEM}},
                             "podSelector": {"matchLabels": dict(DNS_POD_LABELS)},
                         }
                     ],

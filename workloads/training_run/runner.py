@@ -133,12 +133,7 @@ class GpuNodeLaunches:
 
 def job_deadline(job_args: Sequence[str]) -> datetime.datetime | None:
     """The job's `--deadline` (the last one given, as its parser takes it); None without one."""
-    found = None
-    for index, arg in enumerate(job_args):
-        if arg == DEADLINE_FLAG and index + 1 < len(job_args):
-            found = job_args[index + 1]
-        elif arg.startswith(f"{DEADLINE_FLAG}="):
-            found = arg.partition("=")[2]
+    found = evidence.flag_value(job_args, DEADLINE_FLAG)
     return datetime.datetime.fromisoformat(found) if found else None
 
 

@@ -124,11 +124,7 @@ def probe_floor(least_node_bytes: int | None) -> MovedFloor | None:
     """The probe's floor from the bytes its collectives must bring into each node; None: unknown."""
     if least_node_bytes is None:
         return None
-    return MovedFloor(
-        max(1, int(least_node_bytes * PROBE_FLOOR_SHARE)),
-        f"{PROBE_FLOOR_SHARE:g} of the {least_node_bytes} bytes the probe's collectives must bring "
-        "into each node",
-    )
+    return _share_of(least_node_bytes, "the probe's collectives must bring into each node")
 
 
 def baseline_floor(efa_run: EfaTraffic) -> MovedFloor | None:
@@ -137,10 +133,13 @@ def baseline_floor(efa_run: EfaTraffic) -> MovedFloor | None:
     moved = [bytes_ for bytes_ in efa_run.bytes_moved().values() if bytes_ is not None]
     if efa_run.unavailable or not moved:
         return None
-    least = min(moved)
+    return _share_of(min(moved), "a node's EFA ports moved in the EFA run of the same job")
+
+
+def _share_of(least: int, what: str) -> MovedFloor:
+    """`PROBE_FLOOR_SHARE` of `least` bytes (at least one byte), saying what `least` is."""
     return MovedFloor(
-        max(1, int(least * PROBE_FLOOR_SHARE)),
-        f"{PROBE_FLOOR_SHARE:g} of the {least} bytes a node's EFA ports moved in the EFA run of the same job",
+        max(1, int(least * PROBE_FLOOR_SHARE)), f"{PROBE_FLOOR_SHARE:g} of the {least} bytes {what}"
     )
 
 

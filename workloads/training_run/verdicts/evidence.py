@@ -94,13 +94,21 @@ def log_tail_command(log_dir: str, ray_job_id: str) -> list[str]:
 def expected_coverage(job_args: Sequence[str], gpus_per_node: int, worker_pods: int) -> tuple[int, int]:
     """(ranks, hosts) a verdict must cover: the job's `--workers` (without it, one per GPU of the
     worker pods, the training default), on as many worker pods as they fill, one rank per GPU."""
-    ranks = gpus_per_node * worker_pods
-    for index, arg in enumerate(job_args):
-        if arg == "--workers" and index + 1 < len(job_args):
-            ranks = int(job_args[index + 1])
-        elif arg.startswith("--workers="):
-            ranks = int(arg.partition("=")[2])
+    workers = flag_value(job_args, "--workers")
+    ranks = int(workers) if workers else gpus_per_node * worker_pods
     return ranks, min(worker_pods, -(-ranks // gpus_per_node))
+
+
+def flag_value(job_args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` among the job's arguments (`--flag value` or `--flag=value`; the last one
+    given, as its parser takes it); None without one."""
+    found = None
+    for index, arg in enumerate(job_args):
+        if arg == flag and index + 1 < len(job_args):
+            found = job_args[index + 1]
+        elif arg.startswith(f"{flag}="):
+            found = arg.partition("=")[2]
+    return found
 
 
 @dataclass(frozen=True)
