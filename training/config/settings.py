@@ -340,6 +340,12 @@ class TrainConfig:
     max_failures: int = setting(
         "--max-failures", type=integer, help="worker-group restarts from the latest checkpoint; -1 unlimited"
     )
+    recovery_budget_s: float = setting(
+        "--recovery-budget-s",
+        type=positive_float,
+        help="seconds the run's restarts may spend recovering (fault to the next finished step) in all; "
+        "past them no further restart",
+    )
     hsdp_replicas: int = setting(
         "--hsdp-replicas",
         type=replicas,
