@@ -54,14 +54,18 @@ class WorkerError:
     message: str
 
 
-def _why(message: str) -> str:
-    """The line of an error message that says what happened."""
-    lines = [line.strip() for line in message.splitlines() if line.strip() and not line.startswith("\t")]
+def _why(error: WorkerError) -> str:
+    """What happened, from an error's message: its first line, or for a death the first sentence of
+    the line after Ray's fixed one and its fields (the rest lists causes that may not apply)."""
+    lines = [
+        line.strip() for line in error.message.splitlines() if line.strip() and not line.startswith("\t")
+    ]
     if not lines:
         return ""
-    if lines[0] == ACTOR_DIED and len(lines) > 1:
-        return lines[1]
-    return lines[0]
+    if not error.died:
+        return lines[0]
+    why = lines[1] if lines[0] == ACTOR_DIED and len(lines) > 1 else lines[0]
+    return why.split(". ", 1)[0].rstrip(".") + "."
 
 
 def fault_cause(errors: Sequence[WorkerError], hosts: Mapping[int, str]) -> tuple[str, str | None]:
@@ -73,7 +77,7 @@ def fault_cause(errors: Sequence[WorkerError], hosts: Mapping[int, str]) -> tupl
     what = "died" if first.died else "raised"
     others = len(errors) - 1
     also = f" (and {others} other rank{'s' if others > 1 else ''})" if others else ""
-    why = _why(first.message)
+    why = _why(first)
     line = f"{where} {what}{also}: {first.kind}" + (f": {why}" if why else "")
     return (line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"), node
 
