@@ -85,7 +85,9 @@ def test_a_killed_worker_restarts_in_place_and_the_run_ends_as_the_uninterrupted
                 lines.append((time.monotonic(), line))
                 step = parse_step_line(line)
                 if killed_at is None and step is not None and step["step"] == KILL_AFTER:
-                    rank_0 = int(RANK_0_PID.search(line).group(1))
+                    prefix = RANK_0_PID.search(line)
+                    assert prefix is not None, line
+                    rank_0 = int(prefix.group(1))
                     # Rank 1: a worker other than the one that prints, as a lost node's would be.
                     victim = next(pid for pid in train_workers(process.pid) if pid != rank_0)
                     os.kill(victim, signal.SIGKILL)
@@ -96,7 +98,8 @@ def test_a_killed_worker_restarts_in_place_and_the_run_ends_as_the_uninterrupted
                 process.kill()
                 process.wait()
     stdout = "".join(line for _, line in lines)
-    assert victim is not None and process.returncode == 0, (tmp_path / "stderr.txt").read_text()[-4000:]
+    assert victim is not None and killed_at is not None
+    assert process.returncode == 0, (tmp_path / "stderr.txt").read_text()[-4000:]
 
     # Every step finished, the ones after the checkpoint replayed once.
     timed = [(at, entry) for at, line in lines if (entry := parse_step_line(line)) is not None]
