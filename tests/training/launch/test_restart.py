@@ -137,3 +137,46 @@ def test_a_killed_worker_restarts_in_place_and_the_run_ends_as_the_uninterrupted
     assert (whole["restarts"], whole["attempts"]) == (0, [])
     assert summary["loss_last"] == whole["loss_last"]
     assert step_lines(uninterrupted.stdout)[-1]["loss"] == timed[-1][1]["loss"]
+
+
+def test_a_second_fault_past_the_recovery_budget_ends_the_run_in_one_line(tmp_path):
+    """--recovery-budget-s 1: the first restart is made (no recovery spent before it), and takes
+    more than a second; a worker killed after it then ends the run with exit 1 and one line."""
+    command = [
+        sys.executable, "-m", "training", *FLAGS, "--recovery-budget-s", "1",
+        "--storage-path", str(tmp_path), "--run-name", "budget",
+    ]  # fmt: skip
+    kills: list[int] = []
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        restarted = False
+        for line in process.stdout:
+            restarted = restarted or " restart 1 of 3 after " in line
+            step = parse_step_line(line)
+            # Kill once after step 3, and once more after the restart's second step.
+            if (
+                step is not None
+                and (len(kills), restarted) in ((0, False), (1, True))
+                and step["step"] in (3, 7)
+            ):
+                prefix = RANK_0_PID.search(line)
+                assert prefix is not None, line
+                victim = next(pid for pid in train_workers(process.pid) if pid != int(prefix.group(1)))
+                os.kill(victim, signal.SIGKILL)
+                kills.append(victim)
+        _, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert len(kills) == 2 and process.returncode == 1, stderr[-4000:]
+    last = stderr.strip().splitlines()[-1]
+    assert re.match(r"training failed: 1 restarts spent \d+ s recovering, --recovery-budget-s 1: ", last), (
+        last
+    )
+    # Ray's controller logs each worker death with its traceback before; the run's own error is one line.
+    assert "raise --recovery-budget-s" in last and "Traceback" not in last
