@@ -48,9 +48,16 @@ BUSBW_METRIC = "busbw_gbps"
 BUSBW_UNIT = "Gigabits/Second"
 GATE_DIMENSIONS = (CLUSTER_DIMENSION, COLLECTIVE_DIMENSION)
 
+# Once per restart of the job's worker group: 1, and the steps it lost (the `restarts` and an
+# attempt's `lost_steps` of the run summary) (ClusterName, RunName).
+RESTARTS_METRIC = "restarts"
+LOST_STEPS_METRIC = "lost_steps"
+RESTART_METRICS: dict[str, str] = {RESTARTS_METRIC: "Count", LOST_STEPS_METRIC: "Count"}
+
 # Every metric the job publishes, with its unit and dimensions.
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     **{name: (unit, RUN_DIMENSIONS) for name, unit in STEP_METRICS.items()},
+    **{name: (unit, RUN_DIMENSIONS) for name, unit in RESTART_METRICS.items()},
     EFA_METRIC: (EFA_UNIT, NODE_DIMENSIONS),
     BUSBW_METRIC: (BUSBW_UNIT, GATE_DIMENSIONS),
 }
