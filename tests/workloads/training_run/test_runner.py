@@ -25,6 +25,7 @@ from tests.harness.training_run_fakes import (
     HEAD_POD,
     INSTANCE_IDS,
     LAUNCHED,
+    LOST_WORKER_ATTEMPT,
     OOM_JOB,
     OUTPUT_TIME,
     PROBE_TRAFFIC,
@@ -35,6 +36,7 @@ from tests.harness.training_run_fakes import (
     FakeCoreApi,
     FakeCustomObjects,
     FakeRayHead,
+    driver_log,
     failure_of,
     gpu_node,
     main_and_tcp_head,
@@ -43,6 +45,7 @@ from tests.harness.training_run_fakes import (
     ray_pod,
     run_inputs,
     scripted,
+    with_restarts,
 )
 from training.metrics.efa_sysfs import MOVED, SYSFS_ROOT
 from workloads import manifests
@@ -106,6 +109,39 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     assert outs["busbw_fraction"] == {"all_reduce": 0.84, "all_gather": 0.88, "reduce_scatter": 0.872}
     progress = [line for line in fake.logged if "step 5/5" in line]
     assert progress and "531 tok/s" in progress[0]
+
+
+def test_a_job_that_restarted_outputs_its_attempts_and_logs_a_line_for_each():
+    """The job's summary reports its restarts (`workloads.training_run.attempts`): the outputs carry
+    them as reported, the stack output `training` shows them, and `pulumi up` logs one line per
+    attempt naming its cause, node and lost steps."""
+    second = {**LOST_WORKER_ATTEMPT, "attempt": 2, "node": None, "recovery_s": None, "cause": "NCCL error"}
+    restarted = with_restarts(driver_log("driver_main.log"), [LOST_WORKER_ATTEMPT, second])
+    fake = FakeCluster(main_and_tcp_head(driver_log=restarted))
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["status"] == "SUCCEEDED" and outs["restarts"] == 2
+    assert outs["attempts"] == [LOST_WORKER_ATTEMPT, second]
+    assert {"restarts", "attempts"} <= set(provider.training_output_keys()[provider.TOP].values())
+    lines = [line for line in fake.logged if ": restart " in line]
+    assert lines == [
+        f"training run: job {outs['job_id']}: restart 1 on ray-train-gpu-workers-worker-b: worker on "
+        "ray-train-gpu-workers-worker-b died: ActorDiedError (the pod was deleted); failed after step 3, "
+        "resumed from step 2, 1 steps lost, recovered in 41.5 s",
+        f"training run: job {outs['job_id']}: restart 2: NCCL error; failed after step 3, resumed from "
+        "step 2, 1 steps lost, no step finished after it",
+    ]
+
+
+def test_a_summary_without_restarts_leaves_them_unknown_and_logs_none():
+    """A job whose summary says nothing of restarts (a training package without them) is not read as
+    one that never restarted: both outputs are null."""
+    fake = FakeCluster(main_and_tcp_head())
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert (outs["restarts"], outs["attempts"]) == (None, None)
+    assert not [line for line in fake.logged if ": restart " in line]
+    unrestarted = with_restarts(driver_log("driver_main.log"), [])
+    outs = FakeCluster(main_and_tcp_head(driver_log=unrestarted)).provider().create(props(run_inputs())).outs
+    assert (outs["restarts"], outs["attempts"]) == (0, [])
 
 
 def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
