@@ -57,6 +57,7 @@ from training.components.attempts import (
 )
 from training.components.checkpoint import CHECKPOINT_SCORE
 from training.config.run_config import TrainConfig, check_hsdp_replicas
+from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
 from training.data.packing import (
     PackedCorpus,
@@ -81,7 +82,6 @@ CONTROLLER_POLL_S = "0.25"
 # on the attempt (ray/train/v2/_internal/constants.py: RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S,
 # 60 s by default): on a cluster the worker of a lost node waits for the node group to launch a
 # replacement and the GPU, EFA and Ray pods to start on it, which takes minutes, not one.
-WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 WORKER_GROUP_START_TIMEOUT_S = 900.0
 DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
 USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with

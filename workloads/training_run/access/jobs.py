@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from infra.aws_facts.node_repair import NODE_REPLACEMENT_S
 from platform_contract import PROJECT, RAY_PORTS
+from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
 from workloads import manifests
 from workloads.training_run.access import head_jobs_api
 from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor
@@ -61,7 +62,6 @@ NCCL_LOG_DIR = manifests.RAY_TMP_DIR
 # (`NODE_REPLACEMENT_S`). In the job's runtime environment, which reaches its driver; Ray Train
 # passes it on to its controller (`ENV_VARS_TO_PROPAGATE`), and the training driver sets its own
 # default only where the variable is unset.
-WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 RESTART_ENV = {WORKER_GROUP_START_TIMEOUT_ENV: str(NODE_REPLACEMENT_S)}
 PODS_METADATA = f"{PROJECT}/pods"  # Ray job metadata key: the pods the job was submitted to
 RECORD_DIR = f"{PROJECT}-records"  # below the head pod's /tmp/ray: one JSON record per submission id
