@@ -21,6 +21,7 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "tuned-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
     "tuned-compiled-4096x8": {"seq_len": 4096, "batch_size": 8, "compile": True},
+    "tuned-compiled-4096x6": {"seq_len": 4096, "batch_size": 6, "compile": True},
     "tuned-compiled-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True},
     "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
     "tuned-compiled-4096x16": {"seq_len": 4096, "batch_size": 16, "compile": True},
@@ -58,14 +59,45 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         }
         for kernel in ("flex", "sdpa")
     },
-    "tuned-compiled-accum8-deferred-isolated-flex-4096x10": {
+    # The grouped-query flex path against transformers' own, which copies the 2 key-value heads to
+    # 12 (`repeat_kv`); and the memory that frees spent on more rows.
+    "tuned-compiled-isolated-flex-repeat-kv-4096x12": {
         "seq_len": 4096,
-        "batch_size": 10,
+        "batch_size": 12,
         "compile": True,
-        "grad_accum_steps": 8,
-        "defer_grad_sync": True,
         "attention": "flex",
         "documents": DOCUMENTS_PER_ROW,
+        "repeat_kv": True,
+    },
+    **{
+        f"tuned-compiled-isolated-flex-4096x{batch}": {
+            "seq_len": 4096,
+            "batch_size": batch,
+            "compile": True,
+            "attention": "flex",
+            "documents": DOCUMENTS_PER_ROW,
+        }
+        for batch in (6, 13, 14)
+    },
+    "tuned-compiled-isolated-flex-repeat-kv-4096x6": {
+        "seq_len": 4096,
+        "batch_size": 6,
+        "compile": True,
+        "attention": "flex",
+        "documents": DOCUMENTS_PER_ROW,
+        "repeat_kv": True,
+    },
+    **{
+        f"tuned-compiled-accum8-deferred-isolated-flex-4096x{batch}": {
+            "seq_len": 4096,
+            "batch_size": batch,
+            "compile": True,
+            "grad_accum_steps": 8,
+            "defer_grad_sync": True,
+            "attention": "flex",
+            "documents": DOCUMENTS_PER_ROW,
+        }
+        for batch in (10, 12)
     },
     "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},
     "tuned-compiled-float8-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "float8": True},
@@ -86,7 +118,7 @@ DEFAULT_VARIANTS = [
     "tuned-compiled-float8-4096x12",
 ]
 # Keys of a variant that are not TrainConfig fields but the benchmark's own.
-BENCH_KEYS = ("documents",)
+BENCH_KEYS = ("documents", "repeat_kv")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
