@@ -4,13 +4,13 @@
 # then the job's own loop under torchrun on a corpus of 512-token documents. Each JSON lands in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
-BATCHES=${BATCHES:-"12 14"}
+BATCHES=${BATCHES:-12}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-timeout 150 python -m bench.flex_checks --out "$OUT/flex-checks-gqa.json" --checks isolation grouped-heads 2>&1 | grep -v Warning | tail -4
+timeout 100 python -m bench.flex_checks --out "$OUT/flex-checks-gqa.json" --checks isolation grouped-heads 2>&1 | grep -v Warning | tail -4
 VARIANTS="tuned-compiled-4096x12 tuned-compiled-isolated-flex-repeat-kv-4096x12"
 for batch in $BATCHES; do VARIANTS="$VARIANTS tuned-compiled-isolated-flex-4096x$batch"; done
-timeout 420 python -m bench.train_bench --out "$OUT/bench-gqa.json" --steps 8 --skip-reference --memory-cases \
+timeout 330 python -m bench.train_bench --out "$OUT/bench-gqa.json" --steps 8 --skip-reference --memory-cases \
   --naive naive-compiled-4096x4 --variants $VARIANTS 2>&1 | grep -v "^step \|Warning" | tail -12
 # A corpus of 511-byte documents: 512 tokens each with its EOS, as the bench's rows of 8 a row.
 python - <<'PY'
@@ -23,7 +23,7 @@ with open("/tmp/docs.jsonl", "w") as handle:
         handle.write(json.dumps({"text": text}) + "\n")
 PY
 JOB_BATCH=${JOB_BATCH:-12}
-timeout 240 torchrun --standalone --nproc-per-node=1 -m training --launcher torchrun --preset throughput \
+timeout 160 torchrun --standalone --nproc-per-node=1 -m training --launcher torchrun --preset throughput \
   --init random --tokenizer bytes --data /tmp/docs.jsonl --seq-len 4096 --batch-size "$JOB_BATCH" --steps 12 \
   --hsdp-replicas 1 --no-activation-checkpointing --no-reshard-after-forward --no-tensorboard \
   --storage-path /tmp/runs --run-name job-gqa 2>&1 | grep -v Warning | tee "$OUT/job-gqa.log" | tail -16
