@@ -4,14 +4,17 @@
 # then the job's own loop under torchrun on a corpus of 512-token documents. Each JSON lands in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
+# An H200's shapes; an H100 (80 GiB) runs NAIVE=naive-compiled-4096x2 BASE_BATCH=6 BATCHES="6 7".
+NAIVE=${NAIVE:-naive-compiled-4096x4}
+BASE_BATCH=${BASE_BATCH:-12}
 BATCHES=${BATCHES:-12}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
 timeout 100 python -m bench.flex_checks --out "$OUT/flex-checks-gqa.json" --checks isolation grouped-heads 2>&1 | grep -v Warning | tail -4
-VARIANTS="tuned-compiled-4096x12 tuned-compiled-isolated-flex-repeat-kv-4096x12"
+VARIANTS="tuned-compiled-4096x$BASE_BATCH tuned-compiled-isolated-flex-repeat-kv-4096x$BASE_BATCH"
 for batch in $BATCHES; do VARIANTS="$VARIANTS tuned-compiled-isolated-flex-4096x$batch"; done
 timeout 330 python -m bench.train_bench --out "$OUT/bench-gqa.json" --steps 8 --skip-reference --memory-cases \
-  --naive naive-compiled-4096x4 --variants $VARIANTS 2>&1 | grep -v "^step \|Warning" | tail -12
+  --naive "$NAIVE" --variants $VARIANTS 2>&1 | grep -v "^step \|Warning" | tail -12
 # A corpus of 511-byte documents: 512 tokens each with its EOS, as the bench's rows of 8 a row.
 python - <<'PY'
 import json, random
