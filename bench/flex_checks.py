@@ -5,9 +5,10 @@
   document 2 run alone: its logits (max |difference|, relative norm), and the job's fused loss over
   its labels in the row and alone. The same row with plain causal attention shows the check can
   fail. The tiny model in float32 and the Qwen2.5-1.5B architecture in bf16, random weights.
-- Grouped heads: the layers' flex call, each query head reading its key-value head in place,
-  against the key-value heads copied to the query heads' count first (transformers' own flex
-  path), both against float64 attention: output and gradients, at the 1.5B head shape in bf16.
+- Grouped heads: flex with each query head reading its key-value head in place
+  (bench/train_bench/grouped_flex.py) against the key-value heads copied to the query heads'
+  count first (the job's flex path), both against float64 attention: output and gradients, at
+  the 1.5B head shape in bf16.
 - Small shared memory: the start-up compile check (`training.model.attention.flex_compile_error`) of the
   Qwen2.5-1.5B head shape with each tile choice the job tries, with Inductor picking tiles as for
   an L4 (sm_89) and any kernel above the L4's 99 KiB of shared memory a block refused at load, the
@@ -103,14 +104,14 @@ def isolation(model_config: str, dtype: torch.dtype, device: torch.device) -> di
 
 
 def grouped_heads(device: torch.device, lengths: tuple[int, ...] = (300, 200, 250, 274)) -> dict[str, Any]:
-    """The layers' flex call (`grouped_flex_attention`: each query head reads its key-value head in
-    place) against transformers' (the key-value heads copied to the query heads' count first), at
+    """Flex on grouped heads (`grouped_flex_attention`: each query head reads its key-value head in
+    place) against the job's (the key-value heads copied to the query heads' count first), at
     the 1.5B head shape under the job's mask of documents of unaligned `lengths`, in bf16, compiled:
     the output and the gradients of the query, keys and values of each, as relative norm
     differences from float64 attention over the dense mask (SDPA on repeated heads)."""
     from transformers.integrations.flex_attention import repeat_kv
 
-    from training.model.attention import grouped_flex_attention
+    from bench.train_bench.grouped_flex import grouped_flex_attention
 
     architecture = load_architecture(
         dataclasses.replace(parse_flags(["--preset", "throughput"]), init="random")
@@ -335,6 +336,7 @@ def main() -> None:
         report["fallback"] = fallback_run(device)
         print(json.dumps(report["fallback"], indent=1), flush=True)
         save()
+
 
 if __name__ == "__main__":
     main()

@@ -7,18 +7,18 @@ import contextlib
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from bench.train_bench.grouped_flex import grouped_flex
 from bench.train_bench.session import BenchSession, benchmark_config, start_process_group, timed_steps
 from bench.train_bench.variants import DOCUMENTS_PER_ROW, documents_rows, mfu_counts, tuned_config
 from training.config.run_config import TrainConfig
 from training.loop import build, train, train_step
 from training.metrics.flops import flops_per_token, mfu, peak_flops
 from training.metrics.run_metrics import GIB
-from training.model.attention import GROUPED_FLEX, grouped_flex_attention, register_grouped_flex
 from training.model.causal_lm import load_architecture, model_batch
 
 
@@ -71,26 +71,10 @@ def tuned_run(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -
         count = config.steps * config.batch_size * config.grad_accum_steps
         rows = documents_rows(count, config.seq_len, spec["documents"], vocab_size, config.seed)
     session = BenchSession(1, 1, device, rows)
-    with transformers_flex() if spec.get("repeat_kv") else contextlib.nullcontext():
+    with grouped_flex() if spec.get("grouped_kv") else contextlib.nullcontext():
         train(config, session)
     assert session.summary is not None
     return session
-
-
-@contextlib.contextmanager
-def transformers_flex() -> Iterator[None]:
-    """Transformers' own flex path under the job's flex name, the baseline of the grouped one: it
-    copies the key-value heads to the query heads' count when that is no power of two (Qwen2.5's
-    2 to 12), and keeps the copies for backward."""
-    from transformers import AttentionInterface
-    from transformers.integrations.flex_attention import flex_attention_forward
-
-    register_grouped_flex()
-    AttentionInterface.register(GROUPED_FLEX, flex_attention_forward)
-    try:
-        yield
-    finally:
-        AttentionInterface.register(GROUPED_FLEX, grouped_flex_attention)
 
 
 def tuned_loop(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> dict[str, Any]:

@@ -24,9 +24,8 @@ DEFAULT_STORAGE_PATH = "runs"
 # itself; "auto" isolates every document on GPUs, and on CPUs only conversations (chat rows), where
 # SDPA, the CPU's kernel, computes the masked blocks too.
 DOCUMENT_ATTENTION = ("auto", "packed", "isolated")
-# The attention kernels a run can take, as transformers names them (`attn_implementation`): flex is
-# the job's own grouped-query FlexAttention (training/model/attention.py registers it).
-ATTENTION_KERNELS = {"sdpa": "sdpa", "flex": "grouped_flex_attention"}
+# The attention kernels a run can take, as transformers names them (`attn_implementation`).
+ATTENTION_KERNELS = {"sdpa": "sdpa", "flex": "flex_attention"}
 # --attention's choices: a kernel, or "auto": flex on GPUs with isolated documents (it skips the
 # blocks they mask out), else sdpa (FlexAttention has no backward on CPUs).
 AUTO = "auto"

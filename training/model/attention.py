@@ -12,11 +12,6 @@ With flex, a micro-batch of isolated documents gets one `BlockMask` (causal insi
 built on the device by the compiled `create_block_mask` from the document ids `model_batch` made on
 the host, and passed to every layer: no host synchronisation, and the blocks it masks out are
 never computed.
-
-The layers call flex through `grouped_flex_attention`, registered with transformers as
-`GROUPED_FLEX`: each query head reads its key-value head in place (`enable_gqa`), where
-transformers' own flex path copies Qwen2.5's 2 key-value heads to its 12 query heads whenever the
-query heads are no power of two, and keeps the copies for backward.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ import torch.distributed as dist
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from training.config.run_config import TrainConfig
-from training.config.settings import ATTENTION_KERNELS
 from training.errors import UsageError, first_line
 
 # The BlockMask's block: tokens per query and key block that are skipped or computed together
@@ -50,67 +44,6 @@ SMALL_TILES: dict[str, Any] = {
 }
 # The tile choices tried in turn: None is torch's own (per GPU generation, head_dim and dtype).
 TILE_CHOICES: tuple[dict[str, Any] | None, ...] = (None, SMALL_TILES)
-
-
-def _compiled_flex() -> Callable[..., Any]:
-    """flex_attention compiled once for the calls made outside a compiled layer (eager, or the CPU
-    forward), as transformers does: run as it is, flex computes every score of the row."""
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED_FLEX
-
-
-_COMPILED_FLEX: Callable[..., Any] | None = None
-
-
-def grouped_flex_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: BlockMask | torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """A transformers attention function (`AttentionInterface`): FlexAttention over [batch, heads,
-    seq, head_dim] queries and the key-value heads as they are (`enable_gqa` when fewer), under the
-    layer's BlockMask and with the `kernel_options` the model passes; [batch, seq, heads, head_dim]
-    out, no attention weights. Only a BlockMask masks: any other mask is refused."""
-    if not isinstance(attention_mask, BlockMask):
-        raise UsageError(
-            f"attention {GROUPED_FLEX} takes a FlexAttention BlockMask, not {type(attention_mask).__name__}: "
-            "pass document_ids to CausalLMWithFusedLoss, or use --attention sdpa"
-        )
-    if dropout:
-        raise UsageError(f"attention {GROUPED_FLEX} has no dropout: set the config's attention_dropout to 0")
-    flex = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
-    out = flex(
-        query,
-        key,
-        value,
-        block_mask=attention_mask,
-        scale=scaling,
-        enable_gqa=key.shape[1] != query.shape[1],
-        kernel_options=kwargs.get("kernel_options"),
-    )
-    return cast(torch.Tensor, out).transpose(1, 2).contiguous(), None
-
-
-# The name under which transformers calls `grouped_flex_attention` (`attn_implementation`).
-GROUPED_FLEX = ATTENTION_KERNELS["flex"]
-
-
-def register_grouped_flex() -> None:
-    """Make `GROUPED_FLEX` a transformers attention implementation, its own masks built as for
-    flex; once a process, so that a benchmark may put another function under the name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
-
-    if GROUPED_FLEX not in AttentionInterface._global_mapping:
-        AttentionInterface.register(GROUPED_FLEX, grouped_flex_attention)
-        AttentionMaskInterface.register(GROUPED_FLEX, flex_attention_mask)
 
 
 def document_mask_mod(document_ids: torch.Tensor) -> Callable[..., torch.Tensor]:

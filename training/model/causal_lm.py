@@ -22,7 +22,7 @@ from training.config.run_config import TrainConfig
 from training.config.settings import ATTENTION_KERNELS
 from training.data.packing import DOCUMENT_START, NO_LOSS, TOKEN_ID
 from training.errors import MODEL_SOURCE_FIX, UsageError, first_line
-from training.model.attention import document_block_mask, register_grouped_flex
+from training.model.attention import document_block_mask
 from training.model.loss import (
     IGNORE_INDEX,
     ChunkFn,
@@ -71,7 +71,6 @@ def build_causal_lm(config: TrainConfig, architecture: Any, device: torch.device
     is measured and tested against."""
     from transformers import AutoModelForCausalLM
 
-    register_grouped_flex()
     if config.init == "pretrained":
         return AutoModelForCausalLM.from_pretrained(
             config.model_id,
@@ -128,7 +127,6 @@ def build_meta_causal_lm(config: TrainConfig, architecture: Any) -> nn.Module:
     `shard_weights_from_rank0`)."""
     from transformers import AutoModelForCausalLM
 
-    register_grouped_flex()
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(
             architecture, dtype=torch.float32, attn_implementation=ATTENTION_KERNELS[config.wanted_attention]

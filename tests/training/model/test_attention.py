@@ -178,80 +178,28 @@ def test_flex_with_the_job_mask_gives_sdpas_loss_on_causal_and_isolated_rows():
         torch.testing.assert_close(losses["flex"], losses["sdpa"], rtol=1e-5, atol=1e-5)
 
 
-def _eager_flex_spy(monkeypatch) -> list[dict]:
-    """Run the layers' flex call uncompiled (the CPU forward; no 13 s compile) and record its arguments."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    seen: list[dict] = []
-
-    def spy(query, key, value, **kwargs):
-        seen.append({"query_heads": query.shape[1], "key_heads": key.shape[1], **kwargs})
-        return flex_attention(query, key, value, **kwargs)
-
-    monkeypatch.setattr(attention, "_compiled_flex", lambda: spy)
-    return seen
-
-
 @pytest.mark.slow
-def test_each_layer_calls_flex_with_the_tiles_and_the_key_value_heads_ungrouped(monkeypatch):
-    """The model hands `flex_tiles` to each decoder layer's flex call, and the tiny model's 2
-    key-value heads reach it as they are (enable_gqa), not copied to its 4 query heads."""
+def test_the_tiles_the_check_picked_reach_every_layers_flex_call(monkeypatch):
+    """The model hands `flex_tiles` to transformers' flex call of each decoder layer (forward on the
+    CPU, which takes the options; the GPU compiles them into the kernels)."""
+    import transformers.integrations.flex_attention as flex_integration
+
     from training.model.causal_lm import CausalLMWithFusedLoss, build_causal_lm
 
     config = parse_flags(["--preset", "tiny", "--gpu", "--attention", "flex"])
     architecture = load_architecture(config)
     model = CausalLMWithFusedLoss(build_causal_lm(config, architecture, CPU), 64, SMALL_TILES).eval()
-    seen = _eager_flex_spy(monkeypatch)
+    seen = []
+    original = flex_integration.compile_friendly_flex_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("kernel_options"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flex_integration, "compile_friendly_flex_attention", spy)
     batch = model_batch(np.random.default_rng(0).integers(0, 256, size=(2, 129), dtype=np.int32), CPU)
     with torch.no_grad():
         assert torch.isfinite(
             model(batch.input_ids, batch.labels, None, batch.position_ids, batch.document_ids)
         )
-    assert len(seen) == architecture.num_hidden_layers
-    for call in seen:
-        assert call["kernel_options"] == SMALL_TILES and call["enable_gqa"] is True
-        assert (call["query_heads"], call["key_heads"]) == (4, 2)
-
-
-def test_grouped_flex_gives_the_attention_of_each_query_heads_own_key_value_head(monkeypatch):
-    """Six query heads on two key-value heads (no power of two, where transformers' own flex path
-    copies them), documents of unaligned lengths: the grouped call equals float64 attention over the
-    dense document mask with query head h reading key-value head h // 3, and equals flex on the
-    copied heads; reading head h % 2 instead (a wrong grouping) does not."""
-    _eager_flex_spy(monkeypatch)
-    generator = torch.Generator().manual_seed(0)
-    lengths, heads, kv_heads, head_dim = (150, 70, 36), 6, 2, 16
-    seq = sum(lengths)
-    document_ids = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths)).int().expand(2, seq)
-    q = torch.randn(2, heads, seq, head_dim, generator=generator)
-    k, v = (torch.randn(2, kv_heads, seq, head_dim, generator=generator) for _ in range(2))
-    module = torch.nn.Module()
-    mask = document_block_mask(document_ids)
-    grouped, weights = attention.grouped_flex_attention(module, q, k, v, mask, scaling=0.3)
-    assert weights is None and grouped.shape == (2, seq, heads, head_dim)
-    copied, _ = attention.grouped_flex_attention(
-        module, q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), mask, scaling=0.3
-    )
-    allowed = (document_ids[0][:, None] == document_ids[0][None, :]) & torch.ones(seq, seq).tril().bool()
-
-    def dense(k_heads: torch.Tensor, v_heads: torch.Tensor) -> torch.Tensor:
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.double(), k_heads.double(), v_heads.double(), attn_mask=allowed, scale=0.3
-        )
-        return out.transpose(1, 2).float()
-
-    reference = dense(k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1))
-    torch.testing.assert_close(grouped, reference, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grouped, copied, rtol=1e-6, atol=1e-6)
-    wrong = dense(k.repeat(1, 3, 1, 1), v.repeat(1, 3, 1, 1))
-    assert (grouped - wrong).abs().max() > 0.1
-
-
-def test_grouped_flex_refuses_a_mask_that_is_no_block_mask_in_one_line():
-    q = torch.zeros(1, 2, 8, 4)
-    with pytest.raises(UsageError) as raised:
-        attention.grouped_flex_attention(torch.nn.Module(), q, q, q, None)
-    assert str(raised.value) == (
-        "attention grouped_flex_attention takes a FlexAttention BlockMask, not NoneType: pass "
-        "document_ids to CausalLMWithFusedLoss, or use --attention sdpa"
-    )
+    assert seen == [SMALL_TILES] * architecture.num_hidden_layers
