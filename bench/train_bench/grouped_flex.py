@@ -51,7 +51,7 @@ def grouped_flex_attention(
         )
     if dropout:
         raise ValueError("grouped_flex_attention has no dropout: set the config's attention_dropout to 0")
-    flex: Callable[..., Any] = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+    flex = cast(Callable[..., Any], flex_attention) if torch.compiler.is_compiling() else _compiled_flex()
     out = flex(
         query,
         key,
@@ -70,8 +70,8 @@ def grouped_flex() -> Iterator[None]:
     from transformers import AttentionInterface
 
     name = ATTENTION_KERNELS["flex"]
-    original: Callable[..., Any] = AttentionInterface._global_mapping[name]
-    AttentionInterface.register(name, grouped_flex_attention)
+    original = cast(Callable[..., Any], AttentionInterface._global_mapping[name])
+    AttentionInterface.register(name, cast(Callable[..., Any], grouped_flex_attention))
     try:
         yield
     finally:
