@@ -64,9 +64,19 @@ class TorchrunSession:
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
             return
+        path = self.checkpoint_folder(step)
+        save(path)
+        self.publish(metrics, step, path)
+
+    def checkpoint_folder(self, step: int) -> str:
+        """The shared folder every rank writes its shards into; not complete (`is_complete`) before
+        rank 0 writes its train state into it."""
         path = self.run_dir / f"{CHECKPOINT_PREFIX}{step:06d}"
         path.mkdir(parents=True, exist_ok=True)
-        save(str(path))
+        return str(path)
+
+    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
+        """Rank 0 keeps --keep-checkpoints of the complete ones, once every rank is past the commit."""
         dist.barrier()
         if self.rank == 0:
             checkpoints = self._checkpoints()
