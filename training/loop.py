@@ -567,7 +567,14 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     stopped_early = stopped_at_deadline = False
     step = start_step
     checkpoint_s: float | None = None
-    checkpoints = CheckpointWriter(session, model, optimizer, config.checkpoint_interval_s, session.device)
+    checkpoints = CheckpointWriter(
+        session,
+        model,
+        optimizer,
+        config.checkpoint_interval_s,
+        session.device,
+        log=emit if session.rank == 0 else None,
+    )
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()

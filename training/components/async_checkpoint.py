@@ -85,8 +85,11 @@ class CheckpointWriter:
         interval_s: float,
         device: torch.device,
         clock: Callable[[], float] = time.monotonic,
+        log: Callable[[str], None] | None = None,
     ) -> None:
+        """`log`: where a commit is told (rank 0's console)."""
         self.session, self.model, self.optimizer = session, model, optimizer
+        self.log = log
         self.wanted_interval_s, self.clock = interval_s, clock
         self.group = dist.new_group(backend="gloo")
         # Kept for the run: its CPU copies (pinned on GPUs) are reused by each checkpoint's staging.
@@ -136,7 +139,7 @@ class CheckpointWriter:
         and `save`, where given, writes the final checkpoint synchronously."""
         published = False
         if self.pending is not None and (self.all_written or state is not None or last):
-            self._commit(metrics)
+            self._commit(metrics, step)
             published = True
         if save is not None:
             self.session.report(metrics, step, save)
@@ -162,7 +165,7 @@ class CheckpointWriter:
         self.pending = _Write(step, folder, state, future, staging_s)
         self.blocking_s = staging_s  # until its commit adds its own time
 
-    def _commit(self, metrics: dict[str, Any]) -> None:
+    def _commit(self, metrics: dict[str, Any], step: int) -> None:
         """Collective: waits for this rank's write (every rank's has finished, or each waits for its
         own at this same step), then rank 0 marks the folder complete and the session publishes it.
         The metrics published are the step's, ranked by the checkpoint's own score."""
@@ -175,6 +178,8 @@ class CheckpointWriter:
         score = {CHECKPOINT_SCORE: write.state.get(CHECKPOINT_SCORE)}
         self.session.publish({**metrics, **score}, write.step, write.folder)
         self.blocking_s = write.staging_s + time.perf_counter() - started
+        if self.log is not None:
+            self.log(commit_line(write.step, step, self.blocking_s))
 
     def close(self) -> None:
         """At the run's end, or when it raised: a write still in flight is left uncommitted (its
@@ -182,3 +187,10 @@ class CheckpointWriter:
         is gone."""
         self.pending = None
         self.stager.close()
+
+
+def commit_line(written: int, committed: int, blocking_s: float) -> str:
+    return (
+        f"checkpoint of step {written} committed at step {committed}, written behind "
+        f"{committed - written} steps; training stalled {blocking_s:.2f} s for it"
+    )
