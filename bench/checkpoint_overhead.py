@@ -96,9 +96,6 @@ def _variant(
     model, optimizer, config, device = parts["model"], parts["optimizer"], parts["config"], parts["device"]
     batches, folders = parts["batches"], _Folders(root)
     writer = CheckpointWriter(folders, model, optimizer, 0.0, device)
-    # torch 2.11 (the GPU image's) stages no classes (a DTensor's spec holds some): torch 2.13's
-    # StateDictStager copies them as atomic (torch/distributed/checkpoint/_state_dict_stager.py).
-    writer.stager._state_dict_stager._deepcopy_dispatch.setdefault(type, lambda value, memo: value)
     times: list[float] = []
     stalls: list[float] = []  # each checkpoint's: the step's time beyond the baseline's median
     state = {"step": 0, "note": "benchmark: no train state"}
