@@ -76,9 +76,14 @@ class TorchrunSession:
         return str(path)
 
     def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
-        """Rank 0 keeps --keep-checkpoints of the complete ones, once every rank is past the commit."""
+        """Rank 0 keeps --keep-checkpoints of the complete ones, once every rank is past the commit,
+        and removes the folders of earlier steps that never completed (writes a killed run left)."""
         dist.barrier()
         if self.rank == 0:
+            for path in self.run_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+                written = path.name.removeprefix(CHECKPOINT_PREFIX)
+                if written.isdigit() and int(written) < step and not is_complete(str(path)):
+                    shutil.rmtree(path)
             checkpoints = self._checkpoints()
             scores = [read_train_state(str(path)).get(CHECKPOINT_SCORE) for path in checkpoints]
             kept = checkpoints_kept(scores, self.keep_checkpoints)

@@ -213,8 +213,13 @@ def test_an_async_checkpoint_equals_a_synchronous_one_and_resumes_as_the_run_wen
     """Two torchrun ranks: a run of 6 steps checkpoints step 3 behind its steps 4 to 6; a run of 3
     steps checkpoints its last, step 3, synchronously. Same weights, optimizer state and train
     state; the resume from the async one trains steps 4 to 6 as the first run did."""
+    # A write an earlier run left unfinished: no checkpoint to resume from, removed at a commit.
+    left = tmp_path / "behind" / "checkpoint_000002"
+    left.mkdir(parents=True)
+    (left / "__0_0.distcp").write_bytes(b"cut short")
     behind = _torchrun(tmp_path, "behind", "--steps", "6", "--checkpoint-every", "3")
     assert "checkpoint of step 3 committed at step " in behind.stdout
+    assert "resumed" not in behind.stdout and not left.exists()
     _torchrun(tmp_path, "sync", "--steps", "3", "--checkpoint-every", "3")
     async_folder, sync_folder = (
         tmp_path / "behind" / "checkpoint_000003",
