@@ -3,10 +3,11 @@ cadence's rule, the commit every rank agrees on, a write cut short by a kill, an
 an async checkpoint with a synchronous one of the same step.
 
 The ranks are spawned gloo processes (as tests/training/components/test_deadline.py's) or torchrun
-ranks of `python -m training --launcher torchrun`. A slow write is made by delaying the
-filesystem writer's `write_data` (torch 2.13: torch/distributed/checkpoint/filesystem.py
-`_FileSystemWriter.write_data`, which DCP's save calls in its writer thread), so the write is
-really in flight, not only its future.
+ranks of `python -m training --launcher torchrun`. A write still in flight at a kill is made by
+delaying the filesystem writer's `write_data` (torch 2.13: torch/distributed/checkpoint/filesystem.py
+`_FileSystemWriter.write_data`, which DCP's save calls in its writer thread); one rank's write
+ending later than another's, by delaying its `async_save` future's completion (DCP's save ends
+with collectives, so delaying one rank's shards delays every rank's).
 """
 
 from __future__ import annotations
@@ -79,6 +80,28 @@ def _slow_writes(delay_s: float) -> None:
     filesystem._FileSystemWriter.write_data = write_data
 
 
+def _late_writes(delay_s: float) -> None:
+    """This process's async saves report done `delay_s` after their write ended: a rank whose
+    writer thread is still busy after the collectives of DCP's save (its own files' close and sync)."""
+    import threading
+    from concurrent.futures import Future
+
+    import torch.distributed.checkpoint as dcp
+
+    original = dcp.async_save
+
+    def async_save(*args, **kwargs):
+        result = original(*args, **kwargs)
+        written = result if isinstance(result, Future) else result.upload_completion
+        late: Future = Future()
+        written.add_done_callback(
+            lambda done: threading.Timer(delay_s, lambda: late.set_result(done.result())).start()
+        )
+        return late
+
+    dcp.async_save = async_save
+
+
 def _agreeing_ranks(rank: int, init_file: str, root: str, out: str) -> None:
     import torch.distributed as dist
 
@@ -87,7 +110,7 @@ def _agreeing_ranks(rank: int, init_file: str, root: str, out: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     if rank == 1:
-        _slow_writes(1.5)  # rank 0's write ends within a step, rank 1's some 7 steps later
+        _late_writes(1.5)  # rank 0's write ends within a step, rank 1's some 7 steps later
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
