@@ -35,7 +35,12 @@ from typing import Any
 import torch
 
 from bench.train_bench.session import BenchSession, benchmark_config
-from training.components.async_checkpoint import CheckpointWriter, checkpoint_interval_s
+from training.components.async_checkpoint import (
+    MAX_STALL_FRACTION,
+    CheckpointWriter,
+    checkpoint_interval_s,
+    stall_fraction,
+)
 from training.components.checkpoint import save_checkpoint
 from training.config.presets import PRESETS
 from training.data.packing import synthetic_batches
@@ -56,12 +61,6 @@ def overhead_fraction(baseline_s: list[float], measured_s: list[float]) -> float
 def extra_seconds(baseline_s: list[float], measured_s: list[float]) -> float:
     """What the measured steps took beyond as many baseline steps: one checkpoint's cost to the run."""
     return sum(measured_s) - statistics.fmean(baseline_s) * len(measured_s)
-
-
-def run_overhead(extra_s: float, interval_s: float) -> float:
-    """The share of a run's time checkpoints cost when each costs `extra_s` and one starts every
-    `interval_s` seconds."""
-    return extra_s / (interval_s + extra_s)
 
 
 class _Folders:
@@ -208,8 +207,8 @@ def main() -> None:
             "overhead_at_these_checkpoints": overhead_fraction(baseline, run["step_times_s"]),
             "extra_s_per_checkpoint": extra,
             "interval_s": interval,
-            "run_overhead_at_interval": run_overhead(extra, interval),
-            "within_3_percent": run_overhead(extra, interval) <= 0.03,
+            "run_overhead_at_interval": stall_fraction(extra, interval),
+            "within_3_percent": stall_fraction(extra, interval) <= MAX_STALL_FRACTION,
         }
     record = {
         **_environment(device),
