@@ -13,8 +13,10 @@ and is written synchronously.
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,9 +31,11 @@ from torch.optim import Optimizer
 
 from training.components.checkpoint import CHECKPOINT_SCORE, write_train_state
 
-# The share of the run's time a checkpoint may stall training: a time-based checkpoint is written
-# no more often than its blocking time (staging, and the commit's publish) divided by this.
+# The share of the run's time checkpoints may take from training: a time-based checkpoint is
+# written no more often than one checkpoint's measured cost (`write_cost_s`) divided by this.
 MAX_STALL_FRACTION = 0.03
+# Steps without a write in flight that the cost's baseline step time is the median of.
+BASELINE_STEPS = 32
 # The slots of this module's counts on the step's all-reduce (`CheckpointWriter.ballot`).
 WRITTEN, INTERVAL_DUE = 0, 1
 
@@ -49,20 +53,31 @@ class Publisher(Protocol):
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None: ...
 
 
-def checkpoint_interval_s(wanted_s: float, blocking_s: float | None) -> float:
+def checkpoint_interval_s(wanted_s: float, cost_s: float | None) -> float:
     """Seconds between time-based checkpoints: --checkpoint-interval-s, lengthened where one
-    checkpoint's measured blocking time would stall training more than MAX_STALL_FRACTION of the
-    time between two (interval >= blocking_s / 0.03: 3 s of staging allow one every 100 s).
-    0 (no time-based checkpoints) stays 0."""
-    if not wanted_s or blocking_s is None:
+    checkpoint's measured cost would take more than MAX_STALL_FRACTION of the time between two
+    (interval >= cost_s / 0.03: a checkpoint costing 3 s allows one every 100 s). 0 (no
+    time-based checkpoints) stays 0."""
+    if not wanted_s or cost_s is None:
         return wanted_s
-    return max(wanted_s, blocking_s / MAX_STALL_FRACTION)
+    return max(wanted_s, cost_s / MAX_STALL_FRACTION)
 
 
-def stall_fraction(blocking_s: float, interval_s: float) -> float:
-    """The share of the run's time that checkpoints `interval_s` apart, each blocking
-    `blocking_s`, take from training."""
-    return blocking_s / (interval_s + blocking_s)
+def stall_fraction(cost_s: float, interval_s: float) -> float:
+    """The share of the run's time that checkpoints `interval_s` apart, each costing `cost_s`,
+    take from training."""
+    return cost_s / (interval_s + cost_s)
+
+
+def write_cost_s(stall_s: float, overlapped_s: Sequence[float], baseline_s: Sequence[float]) -> float:
+    """What one checkpoint cost the run: its stall (staging, the commit) and what the steps it was
+    written behind took beyond as many steps without a write (their median: a writer thread
+    competes with training for the host's cores and memory bandwidth). Before any step ran without
+    a write, the stall alone."""
+    if not baseline_s:
+        return stall_s
+    excess = sum(overlapped_s) - statistics.median(baseline_s) * len(overlapped_s)
+    return stall_s + max(0.0, excess)
 
 
 @dataclass
@@ -103,13 +118,16 @@ class CheckpointWriter:
         )
         self.pending: _Write | None = None
         self.since = clock()  # the last checkpoint's start, or the run's
-        self.blocking_s: float | None = None  # the last checkpoint's stall: staging plus its commit
+        self.cost_s: float | None = None  # the last committed checkpoint's `write_cost_s`
+        self.last_report: float | None = None
+        self.overlapped: list[float] = []  # the steps the write in flight is behind, their times
+        self.baseline: deque[float] = deque(maxlen=BASELINE_STEPS)  # steps with no write in flight
         self.all_written = True
         self.interval_due = False
 
     @property
     def interval_s(self) -> float:
-        return checkpoint_interval_s(self.wanted_interval_s, self.blocking_s)
+        return checkpoint_interval_s(self.wanted_interval_s, self.cost_s)
 
     def ballot(self) -> list[float]:
         """This rank's counts for the step's all-reduce: its write finished (or none in flight), and
@@ -137,6 +155,23 @@ class CheckpointWriter:
         `state` (a checkpoint due that is not the run's last) starts a write behind the next steps,
         after the one in flight is committed; at the `last` step the write in flight is committed
         and `save`, where given, writes the final checkpoint synchronously."""
+        now = self.clock()
+        if self.last_report is not None:  # the step since the last report: its work
+            (self.overlapped if self.pending is not None else self.baseline).append(now - self.last_report)
+        try:
+            self._report(metrics, step, state=state, last=last, save=save)
+        finally:
+            self.last_report = self.clock()
+
+    def _report(
+        self,
+        metrics: dict[str, Any],
+        step: int,
+        *,
+        state: dict[str, Any] | None,
+        last: bool,
+        save: Callable[[str], None] | None,
+    ) -> None:
         published = False
         if self.pending is not None and (self.all_written or state is not None or last):
             self._commit(metrics, step)
@@ -150,8 +185,7 @@ class CheckpointWriter:
             self.session.report(metrics, step, None)
 
     def _start(self, step: int, state: dict[str, Any]) -> None:
-        started = time.perf_counter()
-        self.since = self.clock()
+        started = self.since = self.clock()
         folder = self.session.checkpoint_folder(step)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         result = dcp.async_save(
@@ -161,15 +195,13 @@ class CheckpointWriter:
             async_stager=self.stager,
         )
         future = result if isinstance(result, Future) else result.upload_completion
-        staging_s = time.perf_counter() - started
-        self.pending = _Write(step, folder, state, future, staging_s)
-        self.blocking_s = staging_s  # until its commit adds its own time
+        self.pending = _Write(step, folder, state, future, self.clock() - started)
 
     def _commit(self, metrics: dict[str, Any], step: int) -> None:
         """Collective: waits for this rank's write (every rank's has finished, or each waits for its
         own at this same step), then rank 0 marks the folder complete and the session publishes it.
         The metrics published are the step's, ranked by the checkpoint's own score."""
-        started = time.perf_counter()
+        started = self.clock()
         write, self.pending = self.pending, None
         assert write is not None
         write.future.result()
@@ -177,9 +209,11 @@ class CheckpointWriter:
             write_train_state(write.folder, write.state)
         score = {CHECKPOINT_SCORE: write.state.get(CHECKPOINT_SCORE)}
         self.session.publish({**metrics, **score}, write.step, write.folder)
-        self.blocking_s = write.staging_s + time.perf_counter() - started
+        stall_s = write.staging_s + self.clock() - started
+        self.cost_s = write_cost_s(stall_s, self.overlapped, self.baseline)
+        self.overlapped = []
         if self.log is not None:
-            self.log(commit_line(write.step, step, self.blocking_s))
+            self.log(commit_line(write.step, step, stall_s, self.cost_s))
 
     def close(self) -> None:
         """At the run's end, or when it raised: a write still in flight is left uncommitted (its
@@ -189,8 +223,9 @@ class CheckpointWriter:
         self.stager.close()
 
 
-def commit_line(written: int, committed: int, blocking_s: float) -> str:
+def commit_line(written: int, committed: int, stall_s: float, cost_s: float) -> str:
     return (
         f"checkpoint of step {written} committed at step {committed}, written behind "
-        f"{committed - written} steps; training stalled {blocking_s:.2f} s for it"
+        f"{committed - written} steps; it stalled training {stall_s:.2f} s and cost the run "
+        f"{cost_s:.2f} s in all"
     )

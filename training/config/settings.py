@@ -329,8 +329,9 @@ class TrainConfig:
         "--checkpoint-interval-s",
         type=non_negative_float,
         help="also checkpoint when this many seconds passed since the last one, lengthened so that "
-        "staging a checkpoint stalls training at most 3 percent of the time; 0 never. Checkpoints before "
-        "the run's last are written behind the next steps",
+        "checkpoints take at most 3 percent of the run's time (measured: each one's stall and how much "
+        "it slowed the steps it was written behind); 0 never. Checkpoints before the run's last are "
+        "written behind the next steps",
     )
     keep_checkpoints: int = setting(
         "--keep-checkpoints",

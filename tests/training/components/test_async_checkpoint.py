@@ -30,6 +30,7 @@ from training.components.async_checkpoint import (
     checkpoint_interval_s,
     commit_line,
     stall_fraction,
+    write_cost_s,
 )
 from training.components.checkpoint import is_complete, read_train_state
 
@@ -194,10 +195,22 @@ def test_a_run_killed_with_a_write_in_flight_leaves_no_complete_looking_folder(t
     assert folder.is_dir() and not is_complete(str(folder))
 
 
-def test_the_commit_line_says_how_far_behind_and_what_it_stalled():
-    assert commit_line(10, 13, 0.084) == (
-        "checkpoint of step 10 committed at step 13, written behind 3 steps; training stalled 0.08 s for it"
+def test_the_commit_line_says_how_far_behind_what_it_stalled_and_cost():
+    assert commit_line(10, 13, 0.084, 0.31) == (
+        "checkpoint of step 10 committed at step 13, written behind 3 steps; it stalled training "
+        "0.08 s and cost the run 0.31 s in all"
     )
+
+
+def test_a_checkpoints_cost_is_its_stall_and_the_slowdown_of_the_steps_it_was_behind():
+    """Steps of 1 s without a write; three steps behind it took 1.5, 1.2 and 1.0 s: 0.7 s beyond
+    three baseline steps, with a 0.2 s stall, 0.9 s."""
+    assert write_cost_s(0.2, [1.5, 1.2, 1.0], [1.0, 0.9, 1.1, 1.0]) == pytest.approx(0.9)
+    assert write_cost_s(0.2, [0.9, 0.95], [1.0, 1.0]) == 0.2  # faster steps are no saving
+    assert write_cost_s(0.2, [3.0], []) == 0.2  # nothing to compare with yet
+    # A write behind that slows its steps as much as a synchronous write stalls one is sized so.
+    cost = write_cost_s(1.7, [13.0, 13.0], [7.0, 7.0, 7.0])
+    assert checkpoint_interval_s(300.0, cost) == pytest.approx(cost / MAX_STALL_FRACTION)
 
 
 def _torchrun(storage: Path, run_name: str, *flags: str) -> subprocess.CompletedProcess:
