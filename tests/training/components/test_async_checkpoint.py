@@ -55,8 +55,10 @@ class _Recorder:
     def __init__(self, rank: int, world_size: int, root: Path) -> None:
         self.rank, self.world_size, self.root = rank, world_size, root
         self.calls: list[tuple] = []
+        self.writes: list[int] = []  # the steps whose checkpoint began
 
     def checkpoint_folder(self, step):
+        self.writes.append(step)
         path = self.root / f"rank{self.rank}" / f"checkpoint_{step:06d}"
         path.mkdir(parents=True)
         return str(path)
@@ -158,6 +160,49 @@ def test_every_rank_commits_at_the_same_step_once_the_slowest_write_ends(tmp_pat
     expected = torch.nn.Linear(8, 8).weight + 1.0  # one add, after step 1
     saved = torch.load(tmp_path / "flat.pt")["model"]["weight"]
     assert torch.equal(saved, expected.detach())
+
+
+def _clocks_apart(rank: int, init_file: str, root: str, out: str) -> None:
+    """Rank 1's clock runs 20 times as fast as rank 0's: only rank 1's says the interval passed."""
+    import torch.distributed as dist
+
+    from training.components.async_checkpoint import CheckpointWriter
+    from training.metrics.run_metrics import loss_and_grad_norm
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 2.0 if rank == 1 else 0.1
+        return now[0]
+
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = _Recorder(rank, 2, Path(root))
+    writer = CheckpointWriter(session, model, optimizer, 5.0, torch.device("cpu"), clock=clock)
+    votes = []
+    steps = 8
+    for step in range(1, steps + 1):
+        tally = writer.ballot()
+        votes.append(tally[1])
+        loss_and_grad_norm(torch.tensor(1.0), torch.tensor(1.0), tally=tally)
+        writer.count(tally)
+        last = step == steps
+        state = {"step": step} if writer.interval_due and not last else None
+        writer.report({"step": step}, step, state=state, last=last, save=None)
+    writer.close()
+    Path(out, f"{rank}.json").write_text(json.dumps({"writes": session.writes, "votes": votes}))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_time_based_checkpoint_falls_on_the_same_step_on_every_rank(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_clocks_apart, args=(str(tmp_path / "pg"), str(tmp_path), str(tmp_path)), nprocs=2)
+    ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert not any(ranks[0]["votes"]) and any(ranks[1]["votes"])
+    assert ranks[0]["writes"] == ranks[1]["writes"] and ranks[0]["writes"]
 
 
 def _killed_mid_write(init_file: str, root: str) -> None:
