@@ -64,11 +64,26 @@ class TorchrunSession:
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
             return
+        path = self.checkpoint_folder(step)
+        save(path)
+        self.publish(metrics, step, path)
+
+    def checkpoint_folder(self, step: int) -> str:
+        """The shared folder every rank writes its shards into; not complete (`is_complete`) before
+        rank 0 writes its train state into it."""
         path = self.run_dir / f"{CHECKPOINT_PREFIX}{step:06d}"
         path.mkdir(parents=True, exist_ok=True)
-        save(str(path))
+        return str(path)
+
+    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
+        """Rank 0 keeps --keep-checkpoints of the complete ones, once every rank is past the commit,
+        and removes the folders of earlier steps that never completed (writes a killed run left)."""
         dist.barrier()
         if self.rank == 0:
+            for path in self.run_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+                written = path.name.removeprefix(CHECKPOINT_PREFIX)
+                if written.isdigit() and int(written) < step and not is_complete(str(path)):
+                    shutil.rmtree(path)
             checkpoints = self._checkpoints()
             scores = [read_train_state(str(path)).get(CHECKPOINT_SCORE) for path in checkpoints]
             kept = checkpoints_kept(scores, self.keep_checkpoints)
