@@ -118,7 +118,9 @@ def _variant(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
-    writer.close()
+    # Closed after every variant (main): torch 2.11's stagers share one copy table that a close
+    # clears, so a writer closed here would break the next variant's first write.
+    parts["writers"].append(writer)
     written = [entry.path for entry in os.scandir(root)]
     result = {
         "variant": name,
@@ -187,7 +189,14 @@ def main() -> None:
     )
     for step in range(1, args.warmup_steps + 1):
         train_step(model, optimizer, [model_batch(next(batches), device)], config.lr, 1.0, step=step)
-    parts = {"model": model, "optimizer": optimizer, "config": config, "device": device, "batches": batches}
+    parts: dict[str, Any] = {
+        "model": model,
+        "optimizer": optimizer,
+        "config": config,
+        "device": device,
+        "batches": batches,
+        "writers": [],
+    }
     root = tempfile.mkdtemp(prefix="checkpoint-overhead-", dir=args.dir)
     runs = []
     for number, name in enumerate(VARIANTS):
@@ -195,6 +204,8 @@ def main() -> None:
         print(
             json.dumps({key: value for key, value in runs[-1].items() if key != "step_times_s"}), flush=True
         )
+    for writer in parts["writers"]:
+        writer.close()
     shutil.rmtree(root)
     baseline = runs[0]["step_times_s"] + runs[-1]["step_times_s"]
     summary: dict[str, Any] = {"baseline_mean_step_s": statistics.fmean(baseline)}

@@ -87,6 +87,7 @@ class _Write:
     state: dict[str, Any]
     future: Future[Any]
     staging_s: float  # what starting it stalled the step
+    stager: DefaultStager  # its CPU copy, closed once the write is committed or abandoned
 
 
 class CheckpointWriter:
@@ -107,15 +108,7 @@ class CheckpointWriter:
         self.log = log
         self.wanted_interval_s, self.clock = interval_s, clock
         self.group = dist.new_group(backend="gloo")
-        # Kept for the run: its CPU copies (pinned on GPUs) are reused by each checkpoint's staging.
-        self.stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=device.type == "cuda",
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=False,
-            )
-        )
+        self.pin_memory = device.type == "cuda"
         self.pending: _Write | None = None
         self.since = clock()  # the last checkpoint's start, or the run's
         self.cost_s: float | None = None  # the last committed checkpoint's `write_cost_s`
@@ -188,14 +181,25 @@ class CheckpointWriter:
         started = self.since = self.clock()
         folder = self.session.checkpoint_folder(step)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        # A stager of its own for each write: torch 2.11's DefaultStager closes its copier after
+        # one synchronous `stage` (a second then fails with KeyError <class 'type'>: seen on an
+        # H100, bench/reports/checkpoint-overhead_cpu-h100_202612.md); 2.13 keeps it for reuse.
+        stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=self.pin_memory,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
         result = dcp.async_save(
             {"model": model_state, "optimizer": optimizer_state},
             checkpoint_id=folder,
             process_group=self.group,
-            async_stager=self.stager,
+            async_stager=stager,
         )
         future = result if isinstance(result, Future) else result.upload_completion
-        self.pending = _Write(step, folder, state, future, self.clock() - started)
+        self.pending = _Write(step, folder, state, future, self.clock() - started, stager)
 
     def _commit(self, metrics: dict[str, Any], step: int) -> None:
         """Collective: waits for this rank's write (every rank's has finished, or each waits for its
@@ -205,6 +209,7 @@ class CheckpointWriter:
         write, self.pending = self.pending, None
         assert write is not None
         write.future.result()
+        write.stager.close()
         if self.session.rank == 0:
             write_train_state(write.folder, write.state)
         score = {CHECKPOINT_SCORE: write.state.get(CHECKPOINT_SCORE)}
@@ -219,8 +224,9 @@ class CheckpointWriter:
         """At the run's end, or when it raised: a write still in flight is left uncommitted (its
         folder never complete); it is not waited for, as its collectives may wait on a rank that
         is gone."""
+        if self.pending is not None:
+            self.pending.stager.close()
         self.pending = None
-        self.stager.close()
 
 
 def commit_line(written: int, committed: int, stall_s: float, cost_s: float) -> str:
