@@ -29,8 +29,10 @@ from training.components.checkpoint import (
     save_checkpoint,
 )
 from training.components.deadline import Deadline
+from training.components.drain import DrainWatch, notice_line
 from training.components.evaluate import best_evaluation, eval_batches, evaluate, evaluations_since_best
 from training.components.optim import build_optimizer, learning_rate, schedule_settings, set_learning_rate
+from training.components.watchdog import HangWatchdog
 from training.config.run_config import TrainConfig, flag_name, nothing_left_to_train
 from training.data.packing import (
     PackedCorpus,
@@ -46,7 +48,7 @@ from training.metrics.cloudwatch_sink import publish_step
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.flops import num_params
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
-from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
+from training.metrics.run_metrics import RunMetrics, step_sums
 from training.metrics.tensorboard_sink import TensorBoardSink
 from training.model.attention import attention_kernel
 from training.model.causal_lm import (
@@ -376,6 +378,7 @@ def train_step(
     *,
     step: int,
     deadline: Deadline | None = None,
+    drain: DrainWatch | None = None,
 ) -> tuple[float, float]:
     """Optimizer step `step` on micro-batches (`model_batch` of stored rows; forward and
     backward each in turn, then one clip and one optimizer step); returns the step's loss,
@@ -383,7 +386,8 @@ def train_step(
     clipping. A non-finite loss or gradient
     norm raises `DivergedError` on every rank before the optimizer step touches the weights.
     With `deadline`, this rank's vote to stop after this step rides on the same all-reduce, and
-    `deadline.agreed` says whether any rank voted so."""
+    `deadline.agreed` says whether any rank voted so; so do `drain`'s votes
+    (`training.components.drain`)."""
     set_learning_rate(optimizer, lr)
     # One normaliser for the whole step: each micro-batch's summed loss over the step's
     # valid-label count, so the accumulated gradient is that of the step's token mean.
@@ -414,13 +418,15 @@ def train_step(
     # backward, then queues the optimizer step and builds the next batch while the device runs it.
     # Both values are all-reduced, so every rank decides alike and none is left waiting in a
     # collective.
-    step_loss, norm, stop = loss_and_grad_norm(
+    step_loss, norm, (stop, *drain_counts) = step_sums(
         torch.stack(losses).sum(),
         cast(DTensor, grad_norm).full_tensor(),
-        stop=deadline is not None and deadline.vote(),
+        (deadline is not None and deadline.vote(), *(drain.votes() if drain else ())),
     )
     if deadline is not None:
-        deadline.agreed = stop
+        deadline.agreed = stop > 0
+    if drain is not None:
+        drain.tally(drain_counts)
     problem = divergence(step, loss=step_loss, grad_norm=norm, lr=lr)
     if problem:
         raise DivergedError(problem)
@@ -553,6 +559,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     stopped_early = stopped_at_deadline = False
     step = start_step
     checkpoint_s: float | None = None
+    # A session may offer a drain notice to poll (Ray Train's preemption API; a barrier).
+    drain = DrainWatch(getattr(session, "preemption_notice", None))
+    watchdog = HangWatchdog.start(session.rank, session.world_size, config.hang_margin_s, emit)
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()
@@ -562,21 +571,24 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 model_batch(next(batches), session.device) for _ in range(config.grad_accum_steps)
             ]
             lr = learning_rate(config, step)
-            loss, grad_norm = train_step(
-                model,
-                optimizer,
-                micro_batches,
-                lr,
-                config.max_grad_norm,
-                config.defer_grad_sync,
-                step=step,
-                deadline=deadline,
-            )
+            with watchdog.step(step):
+                loss, grad_norm = train_step(
+                    model,
+                    optimizer,
+                    micro_batches,
+                    lr,
+                    config.max_grad_norm,
+                    config.defer_grad_sync,
+                    step=step,
+                    deadline=deadline,
+                    drain=drain,
+                )
             step_time = time.perf_counter() - step_start
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
             # Every rank's vote was summed in the step's all-reduce: all stop after this step.
             stopped_at_deadline = deadline is not None and deadline.agreed and step < config.steps
-            due = _checkpoint_due(config, step, last=step == config.steps) or stopped_at_deadline
+            drained = drain.decide()  # the same on every rank: a notice to checkpoint this step
+            due = _checkpoint_due(config, step, last=step == config.steps) or stopped_at_deadline or drained
             eval_start = time.perf_counter()
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
             eval_s = None if eval_loss is None else time.perf_counter() - eval_start
@@ -594,7 +606,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             # The eval loss is all-reduced: every rank decides alike.
             stopped_early = eval_loss is not None and step < config.steps and _stops_early(config, history)
             last = step == config.steps or stopped_early or stopped_at_deadline
-            checkpoint_due = _checkpoint_due(config, step, last) or stopped_at_deadline
+            checkpoint_due = _checkpoint_due(config, step, last) or stopped_at_deadline or drained
             if session.rank == 0:
                 left = None if deadline is None else deadline.left_s()
                 emit(format_progress_line(record, deadline_left_s=left))
@@ -604,6 +616,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                     emit(early_stop_line(step, history, config.early_stop_patience))
                 if stopped_at_deadline and deadline is not None:
                     emit(deadline_line(step, config.steps, deadline))
+                if drained and drain.notice is not None:
+                    emit(notice_line(drain.notice, step, time.time()))
             if sink is not None:
                 sink.write(record)
                 if checkpoint_due:
@@ -622,6 +636,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             if stopped_early or stopped_at_deadline:
                 break
     finally:
+        watchdog.stop()
         # Also when a step diverges: its events up to there are what explains it.
         if sink is not None:
             sink.close()

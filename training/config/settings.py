@@ -133,6 +133,7 @@ def column_name(text: str) -> str:
 
 
 DEADLINE_FLAG = "--deadline"
+HANG_MARGIN_FLAG = "--hang-margin-s"
 
 
 def parse_deadline(text: str) -> str:
@@ -339,6 +340,12 @@ class TrainConfig:
     )
     max_failures: int = setting(
         "--max-failures", type=integer, help="worker-group restarts from the latest checkpoint; -1 unlimited"
+    )
+    hang_margin_s: float = setting(
+        HANG_MARGIN_FLAG,
+        type=non_negative_float,
+        help="seconds added to 2 x the median recent step time before a step counts as hung: its "
+        "ranks that did not arrive are named and the attempt restarts from the latest checkpoint",
     )
     hsdp_replicas: int = setting(
         "--hsdp-replicas",

@@ -41,6 +41,7 @@ from ray.train.v2.api.result import Result
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.components.checkpoint import CHECKPOINT_SCORE
+from training.components.drain import Notice
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
 from training.data.packing import (
@@ -52,6 +53,7 @@ from training.data.packing import (
     tokenize_batch,
 )
 from training.errors import DivergedError, RunFailedError, UsageError
+from training.launch import local_drain
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.metrics.artifacts import write_run_files
@@ -64,6 +66,12 @@ CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
 DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
 USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with
+# Restarts after a node's preemption (a drain: eviction, spot reclaim, repair), counted apart from
+# --max-failures by Ray Train; bounded, so a node group that keeps losing nodes ends the run.
+MAX_PREEMPTION_FAILURES = 5
+# PyTorch's flight recorder: each rank keeps its last collectives, which the hang watchdog names
+# (training/components/watchdog.py); torch 2.13 records gloo's as well as NCCL's.
+FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
 
 
 class RaySession:
@@ -127,6 +135,17 @@ class RaySession:
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.outcome = {"summary": summary, "history": history}
+
+    def preemption_notice(self) -> Notice | None:
+        """Ray Train's notice that a node of the worker group is being drained; a barrier every rank
+        calls at the same step (`training.components.drain.DrainWatch`)."""
+        info = ray.train.get_preemption_info()
+        if info is None:
+            return None
+        nodes = ", ".join(node[:8] for node in info.preempted_node_ids)
+        ranks = ", ".join(map(str, info.preempted_ranks))
+        deadline = None if info.deadline_ms is None else info.deadline_ms / 1000
+        return Notice(f"Ray Train preemption of node {nodes}, ranks {ranks}", deadline)
 
 
 def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -233,7 +252,7 @@ def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
         num_cpus=cpus,
         include_dashboard=False,
         runtime_env={
-            "env_vars": {"PYTHONPATH": python_path},
+            "env_vars": {"PYTHONPATH": python_path, **FLIGHT_RECORDER_ENV},
             "worker_process_setup_hook": "training.launch.ray_quiet.quiet_placement_group_cleaner",
         },
     )
@@ -303,6 +322,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
             check_hsdp_replicas(workers, config.hsdp_replicas)
         except ValueError as error:
             raise UsageError(str(error)) from None
+        if config.local:
+            # What `ray start --block` does for a pod's node on SIGTERM (the module says why).
+            local_drain.install(f"{config.storage_path.rstrip('/')}/{config.run_name}", config.run_name)
         corpus = None if config.synthetic_data else cached_corpus(config, workers)
         eval_corpus = None if config.eval_data is None else cached_corpus(config, workers, "--eval-data")
         result = _fit(
@@ -317,7 +339,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
             RunConfig(
                 name=config.run_name,
                 storage_path=config.storage_path,
-                failure_config=FailureConfig(max_failures=config.max_failures),
+                failure_config=FailureConfig(
+                    max_failures=config.max_failures, max_preemption_failures=MAX_PREEMPTION_FAILURES
+                ),
                 # The latest checkpoint is always kept too (to resume from); with --eval-data every
                 # checkpoint is evaluated and the lowest eval_loss ranks first
                 # (training.components.checkpoint.checkpoints_kept, which torchrun applies).

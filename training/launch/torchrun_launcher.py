@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from training.components.checkpoint import CHECKPOINT_SCORE, checkpoints_kept, is_complete, read_train_state
+from training.components.drain import install_sigterm_notice
 from training.config.run_config import TrainConfig
 from training.data.corpus_cache import in_process_corpus
 from training.data.packing import PackedCorpus
@@ -109,5 +110,6 @@ def run(config: TrainConfig) -> None:
     from training.loop import train
 
     device = start_process_group(config.use_gpu, "training", f"--preset {config.preset} trains")
+    install_sigterm_notice()  # torchrun forwards its SIGTERM to every rank: checkpoint, then train on
     train(config, TorchrunSession(config, device))
     tear_down_process_group()

@@ -6,6 +6,7 @@ import math
 import resource
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,12 +41,21 @@ def loss_and_grad_norm(
     through one all-reduce and one read: the step's one host
     synchronisation. All three are then the same on every rank. Summed in float64, so
     that no sum of finite fp32 values overflows into a spurious inf."""
-    vote = torch.tensor(1.0 if stop else 0.0, dtype=torch.float64, device=loss.device)
-    values = torch.stack([loss.detach().double(), grad_norm.detach().double(), vote])
+    step_loss, norm, (votes,) = step_sums(loss, grad_norm, (stop,))
+    return step_loss, norm, votes > 0
+
+
+def step_sums(
+    loss: torch.Tensor, grad_norm: torch.Tensor, votes: Sequence[bool]
+) -> tuple[float, float, list[int]]:
+    """`loss_and_grad_norm` with any number of votes (the deadline's, a drain's), each counted
+    over the ranks in the same all-reduce: how many ranks cast it."""
+    flags = torch.tensor([1.0 if vote else 0.0 for vote in votes], dtype=torch.float64, device=loss.device)
+    values = torch.cat([torch.stack([loss.detach().double(), grad_norm.detach().double()]), flags])
     dist.all_reduce(values, op=dist.ReduceOp.SUM)  # gloo has no AVG
     world_size = dist.get_world_size()
-    loss_sum, norm_sum, votes = values.tolist()
-    return loss_sum / world_size, norm_sum / world_size, votes > 0
+    loss_sum, norm_sum, *counts = values.tolist()
+    return loss_sum / world_size, norm_sum / world_size, [round(count) for count in counts]
 
 
 def _across_ranks(value: float, device: torch.device, op: dist.ReduceOp.RedOpType) -> float:

@@ -1,0 +1,296 @@
+"""The hang watchdog: a training step far slower than the recent ones is a hang, named and ended.
+
+Each rank runs one thread. The loop arms it around the training step alone (`HangWatchdog.step`),
+never around evaluation, checkpoint writes or reports. A step that takes longer than
+`hang_limit_s` (2 x the median of this attempt's recent step times, plus --hang-margin-s; before
+any step is timed, `FIRST_STEP_LIMIT_S` for the build and compile) is judged against every rank's
+heartbeat in the process group's store: a rank whose heartbeat went stale (its process stopped or
+gone) or that is behind this step did not arrive. The thread writes one line naming those ranks and
+the collective this rank waits in (its training thread's innermost torch.distributed frame, and
+the flight recorder's last entry where TORCH_FR_BUFFER_SIZE is set: torch 2.13 records gloo's
+collectives too), dumps every thread's stack to stderr, and ends the attempt so the launcher
+restarts it from the latest checkpoint, long before the backend's own timeout:
+
+- NCCL: the process group is aborted (`_abort_process_group`, which makes the blocked collective
+  raise), and the step raises `HangError` with the line, which Ray Train's failure handling sees
+  as the attempt's cause.
+- gloo: `ProcessGroupGloo.abort()` returns but leaves a blocked collective waiting (measured on
+  torch 2.13.0+cpu: an all_reduce whose peer is asleep stays blocked after it), so the rank exits
+  with `HANG_EXIT_CODE` after the line; Ray Train sees a dead worker and restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+import torch.distributed as dist
+
+from training.config.settings import HANG_MARGIN_FLAG
+from training.errors import RunFailedError
+
+# The watchdog's tick: how often a rank publishes its heartbeat and checks its own step.
+TICK_S = 0.25
+# A heartbeat older than this belongs to a rank whose process is stopped or gone.
+STALE_S = 3.0
+# Step times the expected one is the median of.
+RECENT_STEPS = 20
+# The limit of an attempt's first step, which builds, loads and compiles: generous, and still
+# below NCCL's 10-minute default timeout and Ray Train's 30-minute process-group timeout.
+FIRST_STEP_LIMIT_S = 540.0
+# How long a rank waits for the store to answer before naming its host (rank 0) as not answering.
+STORE_TIMEOUT_S = 2.0
+# A gloo rank that found a hang exits with this (EX_TEMPFAIL: try again), after its line.
+HANG_EXIT_CODE = 75
+KEY_PREFIX = "hang-watchdog/"
+IN_STEP, BETWEEN = "step", "between"
+
+
+class HangError(RunFailedError):
+    """A step found hung; its message is the one-line finding."""
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A rank's heartbeat: when it last ticked (wall time), its step and whether it is inside it."""
+
+    time: float
+    step: int
+    phase: str
+
+    def encode(self) -> str:
+        return f"{self.time:.3f} {self.step} {self.phase}"
+
+    @staticmethod
+    def decode(text: str) -> Beat:
+        when, step, phase = text.split()
+        return Beat(float(when), int(step), phase)
+
+
+def expected_step_s(recent: Sequence[float]) -> float | None:
+    """The step time a healthy step takes: the median of the recent ones; None before any."""
+    return statistics.median(recent[-RECENT_STEPS:]) if recent else None
+
+
+def hang_limit_s(expected: float | None, margin_s: float) -> float:
+    """How long a step may take before it counts as hung."""
+    return (FIRST_STEP_LIMIT_S if expected is None else 2 * expected) + margin_s
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`hung`: no rank is still busy outside the step; `lagging`: the ranks that did not arrive."""
+
+    hung: bool
+    lagging: tuple[int, ...]
+    unanswered: bool = False
+
+
+def judge(beats: dict[int, Beat] | None, now: float, step: int, world_size: int) -> Verdict:
+    """Judge a step that ran past its limit from every rank's heartbeat (None: the store, which
+    rank 0 hosts, did not answer). A rank with no heartbeat, a stale one or one behind `step`
+    did not arrive; a fresh rank still outside its step (a checkpoint write, an evaluation) is
+    working, not hung: the step waits for it."""
+    if beats is None:
+        return Verdict(hung=True, lagging=(0,), unanswered=True)
+    lagging, busy = [], False
+    for rank in range(world_size):
+        beat = beats.get(rank)
+        if beat is None or now - beat.time > STALE_S:
+            lagging.append(rank)
+        elif beat.phase == BETWEEN and beat.step >= step - 1:
+            busy = busy or beat.step < step
+        elif beat.step < step:
+            lagging.append(rank)
+    return Verdict(hung=bool(lagging) or not busy, lagging=tuple(lagging))
+
+
+def waiting_collective(frames: Sequence[tuple[str, str, int]]) -> str:
+    """The collective a thread waits in, from its stack (outermost first: file, function, line):
+    its innermost frame in torch.distributed's c10d module, else in torch.distributed."""
+    distributed = [frame for frame in frames if f"torch{os.sep}distributed{os.sep}" in frame[0]]
+    c10d = [frame for frame in distributed if frame[0].endswith("distributed_c10d.py")]
+    if not distributed:
+        return "no collective on its stack"
+    chosen = (c10d or distributed)[-1]
+    return f"{chosen[1]} ({os.path.basename(chosen[0])}:{chosen[2]})"
+
+
+def last_recorded_collective(dump: str | None) -> str | None:
+    """The flight recorder's last entry (`_dump_fr_trace_json`'s JSON) as `name #sequence`."""
+    if not dump:
+        return None
+    entries = json.loads(dump).get("entries") or []
+    if not entries:
+        return None
+    last = entries[-1]
+    return f"{last.get('profiling_name', '?')} #{last.get('collective_seq_id', '?')}"
+
+
+def hang_line(
+    *,
+    rank: int,
+    step: int,
+    elapsed_s: float,
+    expected_s: float | None,
+    margin_s: float,
+    verdict: Verdict,
+    collective: str,
+    recorded: str | None,
+) -> str:
+    """The one-line finding."""
+    if verdict.unanswered:
+        who = "rank 0 (the store's host) does not answer: it is stopped or gone"
+    elif verdict.lagging:
+        who = f"rank(s) {', '.join(map(str, verdict.lagging))} did not arrive"
+    else:
+        who = "every rank is in the step and alive: a collective deadlock"
+    expected = "the first step's" if expected_s is None else f"2 x {expected_s:.2f} s expected"
+    recorder = f"; flight recorder's last: {recorded}" if recorded else ""
+    return (
+        f"hang at step {step}: {who}; rank {rank} waits in {collective}{recorder} for "
+        f"{elapsed_s:.1f} s (limit {hang_limit_s(expected_s, margin_s):.1f} s: {expected} + "
+        f"{margin_s:g} s {HANG_MARGIN_FLAG}); ending the attempt to restart from the latest checkpoint"
+    )
+
+
+def _stack(frame: FrameType | None) -> list[tuple[str, str, int]]:
+    frames = []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno))
+        frame = frame.f_back
+    return frames[::-1]
+
+
+def _flight_recorder_dump() -> str | None:
+    if not (os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        return None
+    try:
+        dump: str = dist.distributed_c10d._C._distributed_c10d._dump_fr_trace_json(True, True)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        return None
+    return dump
+
+
+class HangWatchdog:
+    """One rank's watchdog thread (`start`); `step` arms it around a training step."""
+
+    def __init__(
+        self, rank: int, world_size: int, margin_s: float, store: Any, emit: Callable[[str], None]
+    ) -> None:
+        self.rank, self.world_size, self.margin_s = rank, world_size, margin_s
+        self.store, self.emit = store, emit
+        self.step_times: list[float] = []
+        self.current = Beat(time.time(), 0, BETWEEN)
+        self.step_started: float | None = None
+        self.training_thread = threading.get_ident()
+        self.finding: str | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
+
+    @classmethod
+    def start(cls, rank: int, world_size: int, margin_s: float, emit: Callable[[str], None]) -> HangWatchdog:
+        """A watchdog with its own client of the process group's store (MASTER_ADDR/MASTER_PORT,
+        which torchrun and Ray Train's env:// set-up export), so a store call that waits on a
+        stopped host never holds the process group's own client."""
+        store = None
+        if world_size > 1 and "MASTER_ADDR" in os.environ:
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=False,
+                timeout=timedelta(seconds=STORE_TIMEOUT_S),
+                wait_for_workers=False,
+            )
+        watchdog = cls(rank, world_size, margin_s, store, emit)
+        watchdog._thread.start()
+        return watchdog
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        """Arm around training step `step`; a collective that raises after an abort the watchdog
+        made raises `HangError` with its finding instead."""
+        self.training_thread = threading.get_ident()
+        self.current = Beat(time.time(), step, IN_STEP)
+        self.step_started = time.perf_counter()
+        try:
+            yield
+        except Exception as error:
+            if self.finding is not None:
+                raise HangError(self.finding) from error
+            raise
+        finally:
+            elapsed = time.perf_counter() - self.step_started
+            self.step_started = None
+            self.current = Beat(time.time(), step, BETWEEN)
+        self.step_times.append(elapsed)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=2 * TICK_S + STORE_TIMEOUT_S)
+
+    def _publish(self) -> None:
+        if self.store is None:
+            return
+        beat = Beat(time.time(), self.current.step, self.current.phase)
+        with contextlib.suppress(RuntimeError):  # torch's DistStoreError: the host does not answer
+            self.store.set(f"{KEY_PREFIX}{self.rank}", beat.encode())
+
+    def _beats(self) -> dict[int, Beat] | None:
+        if self.store is None:
+            return {self.rank: Beat(time.time(), self.current.step, self.current.phase)}
+        try:
+            values = self.store.multi_get([f"{KEY_PREFIX}{rank}" for rank in range(self.world_size)])
+        except RuntimeError:
+            return None
+        return {rank: Beat.decode(value.decode()) for rank, value in enumerate(values)}
+
+    def _run(self) -> None:
+        while not self._stopped.wait(TICK_S):
+            self._publish()
+            started = self.step_started
+            if started is None or self.finding is not None:
+                continue
+            expected = expected_step_s(self.step_times)
+            elapsed = time.perf_counter() - started
+            if elapsed <= hang_limit_s(expected, self.margin_s):
+                continue
+            verdict = judge(self._beats(), time.time(), self.current.step, self.world_size)
+            if verdict.hung:
+                self._end(self._finding(elapsed, expected, verdict))
+
+    def _finding(self, elapsed: float, expected: float | None, verdict: Verdict) -> str:
+        frame = sys._current_frames().get(self.training_thread)
+        return hang_line(
+            rank=self.rank,
+            step=self.current.step,
+            elapsed_s=elapsed,
+            expected_s=expected,
+            margin_s=self.margin_s,
+            verdict=verdict,
+            collective=waiting_collective(_stack(frame)),
+            recorded=last_recorded_collective(_flight_recorder_dump()),
+        )
+
+    def _end(self, finding: str) -> None:
+        self.finding = finding
+        self.emit(finding)
+        sys.stderr.write(finding + "\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
+            return
+        sys.stdout.flush()
+        os._exit(HANG_EXIT_CODE)
