@@ -97,17 +97,25 @@ class Verdict:
     unanswered: bool = False
 
 
-def judge(beats: dict[int, Beat] | None, now: float, step: int, world_size: int) -> Verdict:
-    """Judge a step that ran past its limit from every rank's heartbeat (None: the store, which
-    rank 0 hosts, did not answer). A rank with no heartbeat, a stale one or one behind `step`
-    did not arrive; a fresh rank still outside its step (a checkpoint write, an evaluation) is
-    working, not hung: the step waits for it."""
+def judge(
+    beats: dict[int, Beat] | None, now: float, step: int, world_size: int, *, step_over: bool, limit_s: float
+) -> Verdict:
+    """Judge every rank's heartbeat (None: the store, which rank 0 hosts, does not answer; the
+    caller asks only once it has been silent for `limit_s` or a step ran past it). In any phase, a
+    rank whose heartbeat is older than `limit_s` is stopped or gone: a hang, even while this rank
+    writes a checkpoint or reports (which wait for it too). A step past its limit (`step_over`) is
+    also a hang when a rank's heartbeat is merely stale or behind the step, or when every rank is
+    inside it; not while a fresh rank is still outside it (writing its checkpoint, evaluating): the
+    step waits for that rank."""
     if beats is None:
         return Verdict(hung=True, lagging=(0,), unanswered=True)
+    gone = tuple(rank for rank in range(world_size) if rank not in beats or now - beats[rank].time > limit_s)
+    if gone or not step_over:
+        return Verdict(hung=bool(gone), lagging=gone)
     lagging, busy = [], False
     for rank in range(world_size):
-        beat = beats.get(rank)
-        if beat is None or now - beat.time > STALE_S:
+        beat = beats[rank]
+        if now - beat.time > STALE_S:
             lagging.append(rank)
         elif beat.phase == BETWEEN and beat.step >= step - 1:
             busy = busy or beat.step < step
@@ -118,13 +126,16 @@ def judge(beats: dict[int, Beat] | None, now: float, step: int, world_size: int)
 
 def waiting_collective(frames: Sequence[tuple[str, str, int]]) -> str:
     """The collective a thread waits in, from its stack (outermost first: file, function, line):
-    its innermost frame in torch.distributed's c10d module, else in torch.distributed."""
+    its innermost frame in torch.distributed's c10d module, else in torch.distributed, else in
+    Ray Train (a report's barrier), else its innermost frame."""
     distributed = [frame for frame in frames if f"torch{os.sep}distributed{os.sep}" in frame[0]]
     c10d = [frame for frame in distributed if frame[0].endswith("distributed_c10d.py")]
-    if not distributed:
-        return "no collective on its stack"
-    chosen = (c10d or distributed)[-1]
-    return f"{chosen[1]} ({os.path.basename(chosen[0])}:{chosen[2]})"
+    ray_train = [frame for frame in frames if f"ray{os.sep}train{os.sep}" in frame[0]]
+    chosen = (c10d or distributed or ray_train or list(frames))[-1:]
+    if not chosen:
+        return "an unknown frame"
+    file, function, line = chosen[0]
+    return f"{function} ({os.path.basename(file)}:{line})"
 
 
 def last_recorded_collective(dump: str | None) -> str | None:
@@ -142,7 +153,7 @@ def hang_line(
     *,
     rank: int,
     step: int,
-    elapsed_s: float,
+    waited_s: float,
     expected_s: float | None,
     margin_s: float,
     verdict: Verdict,
@@ -160,7 +171,7 @@ def hang_line(
     recorder = f"; flight recorder's last: {recorded}" if recorded else ""
     return (
         f"hang at step {step}: {who}; rank {rank} waits in {collective}{recorder} for "
-        f"{elapsed_s:.1f} s (limit {hang_limit_s(expected_s, margin_s):.1f} s: {expected} + "
+        f"{waited_s:.1f} s (limit {hang_limit_s(expected_s, margin_s):.1f} s: {expected} + "
         f"{margin_s:g} s {HANG_MARGIN_FLAG}); ending the attempt to restart from the latest checkpoint"
     )
 
@@ -214,6 +225,7 @@ class HangWatchdog:
                 wait_for_workers=False,
             )
         watchdog = cls(rank, world_size, margin_s, store, emit)
+        watchdog._publish()  # before any rank reads it
         watchdog._thread.start()
         return watchdog
 
@@ -257,25 +269,35 @@ class HangWatchdog:
         return {rank: Beat.decode(value.decode()) for rank, value in enumerate(values)}
 
     def _run(self) -> None:
+        store_answered = time.monotonic()
         while not self._stopped.wait(TICK_S):
             self._publish()
-            started = self.step_started
-            if started is None or self.finding is not None:
+            if self.finding is not None:
                 continue
             expected = expected_step_s(self.step_times)
-            elapsed = time.perf_counter() - started
-            if elapsed <= hang_limit_s(expected, self.margin_s):
+            limit = hang_limit_s(expected, self.margin_s)
+            started = self.step_started
+            in_step = 0.0 if started is None else time.perf_counter() - started
+            beats = self._beats()
+            if beats is not None:
+                store_answered = time.monotonic()
+            elif time.monotonic() - store_answered <= limit and in_step <= limit:
                 continue
-            verdict = judge(self._beats(), time.time(), self.current.step, self.world_size)
+            now = time.time()
+            verdict = judge(
+                beats, now, self.current.step, self.world_size, step_over=in_step > limit, limit_s=limit
+            )
             if verdict.hung:
-                self._end(self._finding(elapsed, expected, verdict))
+                ages = [now - beats[rank].time for rank in verdict.lagging if beats and rank in beats]
+                waited = max([in_step, time.monotonic() - store_answered, *ages])
+                self._end(self._finding(waited, expected, verdict))
 
-    def _finding(self, elapsed: float, expected: float | None, verdict: Verdict) -> str:
+    def _finding(self, waited: float, expected: float | None, verdict: Verdict) -> str:
         frame = sys._current_frames().get(self.training_thread)
         return hang_line(
             rank=self.rank,
             step=self.current.step,
-            elapsed_s=elapsed,
+            waited_s=waited,
             expected_s=expected,
             margin_s=self.margin_s,
             verdict=verdict,
@@ -286,7 +308,6 @@ class HangWatchdog:
     def _end(self, finding: str) -> None:
         self.finding = finding
         self.emit(finding)
-        sys.stderr.write(finding + "\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         if dist.is_initialized() and dist.get_backend() == "nccl":
