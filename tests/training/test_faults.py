@@ -17,8 +17,8 @@ import pytest
 
 from tests.harness.paths import REPO_ROOT
 from training.components.checkpoint import is_complete
+from training.components.drain import DRAINED_EXIT_CODE
 from training.components.watchdog import TICK_S
-from training.launch.local_drain import DRAINED_EXIT_CODE
 
 STEP = re.compile(r"\(RayTrainWorker pid=(\d+)\) step\s+(\d+)/\d+ \| .* \| ([\d.]+) s/step")
 MARGIN_S = 5.0
@@ -150,3 +150,64 @@ def test_a_sigterm_to_the_driver_commits_the_step_in_progress_before_exit(tmp_pa
     print(
         f"SIGTERM at step {signalled_at_step}; step {step} committed; exit {exited_s:.1f} s after the signal"
     )
+
+
+def _torchrun_sigterm(tmp_path: Path, name: str, after_step: int) -> tuple[int, str, int]:
+    """One torchrun run of 2 gloo ranks SIGTERMed once step `after_step` is printed: the exit
+    status, the committed line, and the step the signal found in progress."""
+    run = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("torchrun")),
+            "--nproc-per-node=2",
+            "-m",
+            "training",
+            "--launcher",
+            "torchrun",
+            "--steps",
+            "2000",
+            "--checkpoint-every",
+            "0",
+            "--no-tensorboard",
+            "--storage-path",
+            str(tmp_path),
+            "--run-name",
+            name,
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    committed, in_progress = "", 0
+    try:
+        assert run.stdout is not None
+        for line in run.stdout:
+            match = re.match(r"step\s+(\d+)/", line)
+            if match and not in_progress and int(match.group(1)) >= after_step:
+                in_progress = int(match.group(1)) + 1
+                run.send_signal(signal.SIGTERM)
+            if line.startswith("SIGTERM: checkpoint of step"):
+                committed = line
+        return run.wait(timeout=60), committed, in_progress
+    finally:
+        if run.poll() is None:
+            run.kill()
+
+
+@pytest.mark.slow
+def test_twenty_sigterms_under_torchrun_each_commit_the_step_in_progress(tmp_path):
+    """torchrun forwards its SIGTERM to both ranks and SIGKILLs them 30 s later; each try must
+    commit the step in progress (or the next, when the signal lands after its all-reduce) first."""
+    committed_steps = []
+    for attempt in range(20):
+        after = 2 + attempt % 7
+        started = time.monotonic()
+        _, committed, in_progress = _torchrun_sigterm(tmp_path, f"try{attempt}", after)
+        took = time.monotonic() - started
+        assert committed, f"try {attempt}: no checkpoint committed"
+        step = int(re.search(r"checkpoint of step (\d+)", committed).group(1))  # type: ignore[union-attr]
+        assert step in (in_progress, in_progress + 1), (attempt, step, in_progress)
+        assert is_complete(str(tmp_path / f"try{attempt}" / f"checkpoint_{step:06d}"))
+        committed_steps.append((step, round(took, 1)))
+    print(f"20 of 20 committed: {committed_steps}")

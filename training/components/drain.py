@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 # (a few milliseconds on CPU, measured in docs/fault-tolerance.md), so every 2 s costs < 1%.
 POLL_EVERY_S = 2.0
 SIGTERM_SOURCE = "SIGTERM"
+# What a shell reports for a process that a SIGTERM ended: a drained run did not finish.
+DRAINED_EXIT_CODE = 128 + signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -104,4 +106,4 @@ def notice_line(notice: Notice, step: int, now: float) -> str:
     else:
         moment = datetime.fromtimestamp(notice.deadline, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         by = f"before {moment} ({notice.deadline - now:.0f} s left)"
-    return f"drain notice ({notice.source}): checkpointing step {step} {by}, then training on"
+    return f"drain notice ({notice.source}): checkpointing step {step} {by}"

@@ -27,11 +27,11 @@ import ray
 from ray._private import ray_constants
 from ray.core.generated import autoscaler_pb2
 
+from training.components.drain import DRAINED_EXIT_CODE
+
 # Ray Train V2 keeps its checkpoint manager's state here, under the run's folder
 # (ray 2.58: ray/train/v2/_internal/constants.py CHECKPOINT_MANAGER_SNAPSHOT_FILENAME).
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
-# What a shell reports for a process that a SIGTERM ended: the run did not finish.
-DRAINED_EXIT_CODE = 128 + signal.SIGTERM
 POLL_S = 0.2
 _STEP = re.compile(r"checkpoint_(\d+)$")
 

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 from training.components.checkpoint import CHECKPOINT_SCORE, checkpoints_kept, is_complete, read_train_state
-from training.components.drain import install_sigterm_notice
+from training.components.drain import DRAINED_EXIT_CODE, install_sigterm_notice, sigterm_received
 from training.config.run_config import TrainConfig
 from training.data.corpus_cache import in_process_corpus
 from training.data.packing import PackedCorpus
-from training.distributed.rank_exit import tear_down_process_group
+from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import UsageError
 from training.metrics.artifacts import write_run_files
 from training.metrics.report import format_summary
@@ -69,6 +69,15 @@ class TorchrunSession:
         path.mkdir(parents=True, exist_ok=True)
         save(str(path))
         dist.barrier()
+        if _all_signalled(self.device):
+            # torchrun SIGTERMs every rank and SIGKILLs them 30 s later: end with this checkpoint.
+            if self.rank == 0:
+                print(
+                    f"SIGTERM: checkpoint of step {step} committed ({path}); the same torchrun command "
+                    "resumes from it",
+                    flush=True,
+                )
+            end_rank_process(DRAINED_EXIT_CODE)
         if self.rank == 0:
             checkpoints = self._checkpoints()
             scores = [read_train_state(str(path)).get(CHECKPOINT_SCORE) for path in checkpoints]
@@ -87,6 +96,13 @@ class TorchrunSession:
 
         completed = write_run_files(write, str(self.run_dir), summary, history)
         print(format_summary(completed), flush=True)
+
+
+def _all_signalled(device: torch.device) -> bool:
+    """Whether every rank received torchrun's SIGTERM (agreed: one all-reduce, at checkpoints only)."""
+    flag = torch.tensor([1.0 if sigterm_received() else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def start_process_group(use_gpu: bool, module: str, gpu_user: str) -> torch.device:

@@ -13,8 +13,15 @@ import signal
 import torch
 
 from training.components import drain
-from training.components.drain import POLL_EVERY_S, SIGTERM_SOURCE, DrainWatch, Notice, notice_line
-from training.launch.local_drain import DRAINED_EXIT_CODE, checkpoint_step, committed_checkpoint, drained_line
+from training.components.drain import (
+    DRAINED_EXIT_CODE,
+    POLL_EVERY_S,
+    SIGTERM_SOURCE,
+    DrainWatch,
+    Notice,
+    notice_line,
+)
+from training.launch.local_drain import checkpoint_step, committed_checkpoint, drained_line
 from training.metrics.run_metrics import step_sums
 
 GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds default, and Ray's drain deadline on SIGTERM
@@ -132,7 +139,7 @@ def test_the_notice_line_says_the_step_and_the_time_left():
         Notice("Ray Train preemption of node ab, ranks 1", 1_796_486_558.126), 57, 1_796_486_532.0
     ) == (
         "drain notice (Ray Train preemption of node ab, ranks 1): checkpointing step 57 before "
-        "2026-12-05T16:02:38Z (26 s left), then training on"
+        "2026-12-05T16:02:38Z (26 s left)"
     )
     assert "within the sender's grace period" in notice_line(Notice(SIGTERM_SOURCE), 3, 0.0)
 
