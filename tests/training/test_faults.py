@@ -124,12 +124,12 @@ def test_a_worker_stopped_mid_run_is_named_and_the_run_restarts_and_finishes(tmp
 @pytest.mark.slow
 def test_a_sigterm_to_the_driver_commits_the_step_in_progress_before_exit(tmp_path):
     run = _start(tmp_path, "--steps", "2000", "--checkpoint-every", "0")
-    signalled_at_step, signalled, committed, lines = None, 0.0, None, []
+    signalled_at_step, signalled, committed, lines = 0, 0.0, None, []
     try:
         assert run.stdout is not None
         for line in run.stdout:
             lines.append(line)
-            if (match := STEP.search(line)) and signalled_at_step is None and int(match.group(2)) >= 20:
+            if (match := STEP.search(line)) and not signalled_at_step and int(match.group(2)) >= 20:
                 signalled_at_step, signalled = int(match.group(2)), time.monotonic()
                 run.send_signal(signal.SIGTERM)
             if line.startswith("SIGTERM: checkpoint of step"):

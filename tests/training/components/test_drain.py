@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+from collections.abc import Callable
 
 import torch
 
@@ -80,10 +81,11 @@ def _trial(rng: random.Random) -> tuple[int, int, float]:
     step_s, reduce_at, write_s = rng.uniform(0.1, 5.0), rng.uniform(0.5, 0.95), rng.uniform(0.5, 10.0)
     signal_at = rng.uniform(10.0, 60.0)
     clock = Clock(0.0)
-    ranks = [
-        DrainWatch(None, local=lambda rank=rank: rank == 1 and clock.now >= signal_at, clock=clock)
-        for rank in range(2)
-    ]
+
+    def signalled(rank: int) -> Callable[[], bool]:
+        return lambda: rank == 1 and clock.now >= signal_at
+
+    ranks = [DrainWatch(None, local=signalled(rank), clock=clock) for rank in range(2)]
     step = 0
     while step < 1_000:  # a notice never acted on fails below
         step += 1

@@ -198,7 +198,7 @@ def test_a_rank_stopped_mid_step_is_named_by_the_other_which_exits(tmp_path, cap
         detected = time.time()
     finally:
         for process in ranks:
-            if process.is_alive():
+            if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGKILL)
                 process.join()
     stopped = float((tmp_path / "stopped").read_text())
