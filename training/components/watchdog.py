@@ -42,6 +42,9 @@ from training.errors import RunFailedError
 
 # The watchdog's tick: how often a rank publishes its heartbeat and checks its own step.
 TICK_S = 0.25
+# How often a rank reads every rank's heartbeat while its step is within its limit (every tick
+# once past it): one multi-key read a second per rank keeps the store's load small at scale.
+CHECK_EVERY_S = 1.0
 # A heartbeat older than this belongs to a rank whose process is stopped or gone.
 STALE_S = 3.0
 # Step times the expected one is the median of.
@@ -162,7 +165,9 @@ def hang_line(
 ) -> str:
     """The one-line finding."""
     if verdict.unanswered:
-        who = "rank 0 (the store's host) does not answer: it is stopped or gone"
+        who = (
+            "the process group's store does not answer: rank 0 (its host under Ray Train) is stopped or gone"
+        )
     elif verdict.lagging:
         who = f"rank(s) {', '.join(map(str, verdict.lagging))} did not arrive"
     else:
@@ -269,7 +274,7 @@ class HangWatchdog:
         return {rank: Beat.decode(value.decode()) for rank, value in enumerate(values)}
 
     def _run(self) -> None:
-        store_answered = time.monotonic()
+        store_answered = checked = time.monotonic()
         while not self._stopped.wait(TICK_S):
             self._publish()
             if self.finding is not None:
@@ -278,6 +283,9 @@ class HangWatchdog:
             limit = hang_limit_s(expected, self.margin_s)
             started = self.step_started
             in_step = 0.0 if started is None else time.perf_counter() - started
+            if in_step <= limit and time.monotonic() - checked < CHECK_EVERY_S:
+                continue
+            checked = time.monotonic()
             beats = self._beats()
             if beats is not None:
                 store_answered = time.monotonic()

@@ -134,7 +134,7 @@ def test_the_line_names_the_ranks_the_collective_and_the_limit():
         "--hang-margin-s); ending the attempt to restart from the latest checkpoint"
     )
     assert "\n" not in line
-    assert "store's host" in hang_line(
+    assert "store does not answer: rank 0" in hang_line(
         rank=1,
         step=3,
         waited_s=9.0,
