@@ -60,6 +60,10 @@ KEY_PREFIX = "hang-watchdog/"
 IN_STEP, BETWEEN = "step", "between"
 
 
+class _Silent(Exception):
+    """The store did not answer."""
+
+
 class HangError(RunFailedError):
     """A step found hung; its message is the one-line finding."""
 
@@ -212,6 +216,7 @@ class HangWatchdog:
         self.step_started: float | None = None
         self.training_thread = threading.get_ident()
         self.finding: str | None = None
+        self._stuck: threading.Thread | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
 
@@ -257,19 +262,43 @@ class HangWatchdog:
         self._stopped.set()
         self._thread.join(timeout=2 * TICK_S + STORE_TIMEOUT_S)
 
+    def _store_call(self, call: Callable[[], Any]) -> Any:
+        """`call` on the store, or `_Silent` when it fails or takes longer than STORE_TIMEOUT_S. A
+        client blocks on a stopped host past its own timeout (measured on torch 2.13: a TCPStore
+        whose server process is SIGSTOPped), so the call runs in a thread of its own; while one is
+        stuck, no other is made."""
+        if self._stuck is not None and self._stuck.is_alive():
+            raise _Silent
+        answer: dict[str, Any] = {}
+
+        def run() -> None:
+            with contextlib.suppress(RuntimeError):  # torch's DistStoreError
+                answer["value"] = call()
+
+        thread = threading.Thread(target=run, name="hang-watchdog-store", daemon=True)
+        thread.start()
+        thread.join(STORE_TIMEOUT_S)
+        if thread.is_alive():
+            self._stuck = thread
+        if "value" not in answer:
+            raise _Silent
+        return answer["value"]
+
     def _publish(self) -> None:
         if self.store is None:
             return
-        beat = Beat(time.time(), self.current.step, self.current.phase)
-        with contextlib.suppress(RuntimeError):  # torch's DistStoreError: the host does not answer
-            self.store.set(f"{KEY_PREFIX}{self.rank}", beat.encode())
+        store, key = self.store, f"{KEY_PREFIX}{self.rank}"
+        beat = Beat(time.time(), self.current.step, self.current.phase).encode()
+        with contextlib.suppress(_Silent):
+            self._store_call(lambda: store.set(key, beat))
 
     def _beats(self) -> dict[int, Beat] | None:
         if self.store is None:
             return {self.rank: Beat(time.time(), self.current.step, self.current.phase)}
+        store, keys = self.store, [f"{KEY_PREFIX}{rank}" for rank in range(self.world_size)]
         try:
-            values = self.store.multi_get([f"{KEY_PREFIX}{rank}" for rank in range(self.world_size)])
-        except RuntimeError:
+            values = self._store_call(lambda: store.multi_get(keys))
+        except _Silent:
             return None
         return {rank: Beat.decode(value.decode()) for rank, value in enumerate(values)}
 

@@ -1,6 +1,7 @@
 """Ray Train launcher: TorchTrainer on an embedded or existing Ray cluster.
 
-The only module of the package that imports ray. Workers run `train` from
+With `training.launch.local_drain` (the --local driver's SIGTERM), the only modules of the package
+that import ray. Workers run `train` from
 training.loop through a `RaySession`; `run_on_workers` runs any function of a
 device on a worker group the same way (the fabric probe's). The corpus is read and tokenized by Ray
 Data in parallel and packed on the driver in corpus order (so rows do not depend

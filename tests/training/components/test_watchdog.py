@@ -20,6 +20,7 @@ from training.components.watchdog import (
     HANG_EXIT_CODE,
     IN_STEP,
     STALE_S,
+    STORE_TIMEOUT_S,
     Beat,
     HangError,
     HangWatchdog,
@@ -156,8 +157,8 @@ def test_a_collective_that_raises_after_the_watchdogs_abort_raises_its_finding()
     assert len(watchdog.step_times) == 0  # a step that raised is no step time
 
 
-def _rank(rank: int, port: int, margin_s: float, out: str) -> None:
-    """Rank 1 stops itself inside an all_reduce's step; rank 0's watchdog must name it."""
+def _rank(rank: int, port: int, margin_s: float, out: str, stops: int) -> None:
+    """Rank `stops` stops itself inside an all_reduce's step; the other's watchdog must name it."""
     import torch
     import torch.distributed as dist
 
@@ -172,7 +173,7 @@ def _rank(rank: int, port: int, margin_s: float, out: str) -> None:
     for step in range(1, 6):
         with watchdog.step(step):
             time.sleep(0.05)
-            if rank == 1 and step == 5:
+            if rank == stops and step == 5:
                 Path(out, "stopped").write_text(str(time.time()))
                 os.kill(os.getpid(), signal.SIGSTOP)
             dist.all_reduce(torch.ones(1))
@@ -185,16 +186,27 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_a_rank_stopped_mid_step_is_named_by_the_other_which_exits(tmp_path, capfd):
+@pytest.mark.parametrize(
+    ("stops", "named"),
+    [
+        (1, "hang at step 5: rank(s) 1 did not arrive; rank 0 waits in all_reduce ("),
+        # Rank 0 hosts the store: the other finds it silent.
+        (0, "hang at step 5: the process group's store does not answer: rank 0 (its host under Ray"),
+    ],
+    ids=["a rank", "the store's host"],
+)
+def test_a_rank_stopped_mid_step_is_named_by_the_other_which_exits(tmp_path, capfd, stops, named):
     margin_s = 2.0
     context = multiprocessing.get_context("spawn")
     port = _free_port()
-    ranks = [context.Process(target=_rank, args=(rank, port, margin_s, str(tmp_path))) for rank in range(2)]
+    args = (port, margin_s, str(tmp_path), stops)
+    ranks = [context.Process(target=_rank, args=(rank, *args)) for rank in range(2)]
+    waiting = 1 - stops
     for process in ranks:
         process.start()
     try:
-        ranks[0].join(timeout=120)
-        assert ranks[0].exitcode == HANG_EXIT_CODE
+        ranks[waiting].join(timeout=120)
+        assert ranks[waiting].exitcode == HANG_EXIT_CODE
         detected = time.time()
     finally:
         for process in ranks:
@@ -203,9 +215,9 @@ def test_a_rank_stopped_mid_step_is_named_by_the_other_which_exits(tmp_path, cap
                 process.join()
     stopped = float((tmp_path / "stopped").read_text())
     err = capfd.readouterr().err
-    # Each step is ~0.05 s: the limit is 2 x that + the margin; one tick and the spawn's exit added.
-    assert detected - stopped < 2 * 0.1 + margin_s + 2.0
+    # Each step is ~0.05 s: the limit is 2 x that + the margin; a tick, the process's exit and, for a
+    # silent store, its two timed-out calls added.
+    assert detected - stopped < 2 * 0.1 + margin_s + 2.0 + (0 if stops else 2 * STORE_TIMEOUT_S)
     assert "Current thread" in err or "Thread 0x" in err  # the stacks, dumped
-    assert not (tmp_path / "0.done").exists()
-    line = (tmp_path / "0.line").read_text()
-    assert line.startswith("hang at step 5: rank(s) 1 did not arrive; rank 0 waits in all_reduce (")
+    assert not (tmp_path / f"{waiting}.done").exists()
+    assert (tmp_path / f"{waiting}.line").read_text().startswith(named)
