@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 # Seconds between polls of the launcher's preemption notice. Ray Train's PreemptionWatcher reads
-# Ray Core's draining nodes every 5 s (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S) and Ray's own SIGTERM
-# drain lasts 30 s (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S): a notice is acted on within 7 s of
-# the drain plus a step, leaving the rest of the 30 s for the checkpoint. A poll is one barrier
-# (a few milliseconds on CPU, measured in docs/fault-tolerance.md), so every 2 s costs < 1%.
+# Ray Core's draining nodes every second (the Ray launcher's RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S)
+# and Ray's own SIGTERM drain lasts 30 s (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S): a notice is acted
+# on within 3 s of the drain plus a step, leaving the rest of the 30 s for the checkpoint. A poll is
+# one barrier (3.3 ms on the 2-core CPU with 2 workers, docs/training/hangs-and-drains.md), so one
+# every 2 s costs under 0.2%.
 POLL_EVERY_S = 2.0
 SIGTERM_SOURCE = "SIGTERM"
 # What a shell reports for a process that a SIGTERM ended: a drained run did not finish.
