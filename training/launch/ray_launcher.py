@@ -245,7 +245,7 @@ def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
     """Join the cluster at `address`, or start an embedded one (None)."""
     plain_prefixes_unless_terminal()
     if address is not None:
-        ray.init(address=address)
+        ray.init(address=address, runtime_env={"env_vars": FLIGHT_RECORDER_ENV})
         quiet_driver_logs()
         return
     workers = config.workers or 1
