@@ -10,6 +10,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.aws_facts.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
 from infra.aws_facts.sizing import size_workers
 from infra.config.stack import RELEASE, hf_token, load_settings
 from infra.config.training_settings import (
@@ -31,6 +32,7 @@ from infra.resources.node_groups import (
     NodeGroupSpec,
     SystemNodeGroup,
 )
+from infra.resources.node_health import node_monitoring_agent
 from infra.resources.observability import Observability, checked_addon_version
 from infra.resources.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
 from platform_contract import RAY_PORTS, RAY_SERVICE_ACCOUNT
@@ -126,11 +128,20 @@ gpu_nodes = GpuNodeGroup(
     reservation=placement.reservation,
     kubernetes_version=cluster.kubernetes_version,
     after=[*cluster.node_prerequisites, *network.private_egress],
+    auto_repair=settings.gpu_node_auto_repair,
 )
 # CoreDNS stays at the live add-on's version until kubernetesVersion moves.
 coredns = cluster.install_coredns(
     addon_version("coredns", settings.kubernetes_version, placement.live), after=[system_nodes.node_group]
 )
+# The node monitoring agent whose node conditions the GPU group's auto repair acts on, kept as CoreDNS is.
+if settings.gpu_node_auto_repair:
+    node_monitoring_agent(
+        cluster_name=cluster.cluster_name,
+        version=addon_version(NODE_MONITORING_ADDON, settings.kubernetes_version, placement.live),
+        after=[system_nodes.node_group, gpu_nodes.node_group],
+        parent=cluster,
+    )
 checkpoints = CheckpointStore(
     "checkpoints",
     bucket_name=bucket_name,

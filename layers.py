@@ -36,6 +36,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"workloads.training_run.access", "workloads.training_run.engine_host"},
         {
             "workloads.training_run.verdicts",
+            "workloads.training_run.attempts",
             "workloads.training_run.readiness",
             "workloads.training_run.schema",
         },

@@ -32,6 +32,7 @@ from bench.train_bench.session import (
     start_process_group,
     timed_steps,
 )
+from training.config.settings import ATTENTION_KERNELS
 from training.data.packing import DOCUMENT_START
 from training.loop import build, train_step
 from training.model.causal_lm import ModelBatch, model_batch
@@ -83,7 +84,9 @@ def main() -> None:
         started = time.perf_counter()
         batch = model_batch(stored, device)
         host_ms = (time.perf_counter() - started) * 1000
-        model.causal_lm.set_attn_implementation("flex_attention" if variant.endswith("flex") else "sdpa")
+        model.causal_lm.set_attn_implementation(
+            ATTENTION_KERNELS["flex" if variant.endswith("flex") else "sdpa"]
+        )
         record: dict[str, Any] = {"variant": variant, "model_batch_host_ms": round(host_ms, 2)}
         try:
             step_time, losses = timed_steps(stepper(model, optimizer, batch, config.lr), args.steps)

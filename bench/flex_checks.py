@@ -5,12 +5,16 @@
   document 2 run alone: its logits (max |difference|, relative norm), and the job's fused loss over
   its labels in the row and alone. The same row with plain causal attention shows the check can
   fail. The tiny model in float32 and the Qwen2.5-1.5B architecture in bf16, random weights.
+- Grouped heads: flex with each query head reading its key-value head in place
+  (bench/train_bench/grouped_flex.py) against the key-value heads copied to the query heads'
+  count first (the job's flex path), both against float64 attention: output and gradients, at
+  the 1.5B head shape in bf16.
 - Small shared memory: the start-up compile check (`training.model.attention.flex_compile_error`) of the
   Qwen2.5-1.5B head shape with each tile choice the job tries, with Inductor picking tiles as for
   an L4 (sm_89) and any kernel above the L4's 99 KiB of shared memory a block refused at load, the
   tiles torch picks there and the shared memory each flex kernel needs. The kernels are compiled
   for this GPU (sm_90), whose needs can differ from sm_89's, so this approximates an L4.
-- Fallback (`--fallback-only`): the job's loop with `--attention auto` on isolated documents where
+- Fallback: the job's loop with `--attention auto` on isolated documents where
   the compile check cannot fit any tiles (a shared-memory limit of 8 KiB for the check alone): one
   warning line, then training with SDPA.
 
@@ -43,6 +47,8 @@ from training.model.loss import IGNORE_INDEX
 L4_SHARED_MEMORY_BYTES = 99 * 1024
 L4_CAPABILITY = (8, 9)
 DOCUMENT_LENGTHS = (300, 200, 250)
+# The checks, in the order they run (--checks).
+CHECKS = ("isolation", "grouped-heads", "small-shared-memory", "fallback")
 
 
 def isolation(model_config: str, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
@@ -95,6 +101,68 @@ def isolation(model_config: str, dtype: torch.dtype, device: torch.device) -> di
         "loss_in_the_row": in_the_row.item(),
         "loss_alone": by_itself.item(),
     }
+
+
+def grouped_heads(device: torch.device, lengths: tuple[int, ...] = (300, 200, 250, 274)) -> dict[str, Any]:
+    """Flex on grouped heads (`grouped_flex_attention`: each query head reads its key-value head in
+    place) against the job's (the key-value heads copied to the query heads' count first), at
+    the 1.5B head shape under the job's mask of documents of unaligned `lengths`, in bf16, compiled:
+    the output and the gradients of the query, keys and values of each, as relative norm
+    differences from float64 attention over the dense mask (SDPA on repeated heads)."""
+    from transformers.integrations.flex_attention import repeat_kv
+
+    from bench.train_bench.grouped_flex import grouped_flex_attention
+
+    architecture = load_architecture(
+        dataclasses.replace(parse_flags(["--preset", "throughput"]), init="random")
+    )
+    heads, kv_heads = architecture.num_attention_heads, architecture.num_key_value_heads
+    head_dim, group = architecture.hidden_size // heads, heads // kv_heads
+    seq = sum(lengths)
+    document_ids = torch.repeat_interleave(
+        torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device)
+    ).int()
+    document_ids = torch.stack([document_ids, document_ids.flip(0).max() - document_ids.flip(0)])
+    generator = torch.Generator(device=device).manual_seed(3)
+    shapes = {
+        "q": (2, heads, seq, head_dim),
+        "k": (2, kv_heads, seq, head_dim),
+        "v": (2, kv_heads, seq, head_dim),
+    }
+    inputs = {name: torch.randn(shape, device=device, generator=generator) for name, shape in shapes.items()}
+    upstream = torch.randn((2, seq, heads, head_dim), device=device, generator=generator)
+    mask = document_block_mask(document_ids)
+    module = torch.nn.Module()
+
+    def run(repeated: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        q, k, v = (inputs[name].to(dtype).requires_grad_() for name in ("q", "k", "v"))
+        if dtype == torch.float64:
+            causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+            allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & causal
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, repeat_kv(k, group), repeat_kv(v, group), attn_mask=allowed[:, None]
+            ).transpose(1, 2)
+        elif repeated:
+            out, _ = grouped_flex_attention(module, q, repeat_kv(k, group), repeat_kv(v, group), mask)
+        else:
+            out, _ = grouped_flex_attention(module, q, k, v, mask)
+        (out.float() * upstream).sum().backward()
+        return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}  # type: ignore[dict-item]
+
+    reference = run(False, torch.float64)
+    result: dict[str, Any] = {
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "document_lengths": list(lengths),
+    }
+    for label, repeated in (("grouped", False), ("repeated", True)):
+        got = run(repeated, torch.bfloat16)
+        result[label] = {
+            name: ((got[name].double() - reference[name]).norm() / reference[name].norm()).item()
+            for name in reference
+        }
+    return result
 
 
 @contextlib.contextmanager
@@ -225,7 +293,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument(
-        "--fallback-only", action="store_true", help="only the run where flex cannot compile (SDPA fallback)"
+        "--checks", nargs="+", choices=CHECKS, default=list(CHECKS), help="the checks to run (default: all)"
     )
     args = parser.parse_args()
     import transformers
@@ -240,6 +308,7 @@ def main() -> None:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "isolation": [],
+        "grouped_heads": None,
         "small_shared_memory": None,
     }
 
@@ -247,20 +316,26 @@ def main() -> None:
         with open(args.out, "w") as handle:
             json.dump(report, handle, indent=2)
 
-    if not args.fallback_only:
+    if "isolation" in args.checks:
         for model_config, dtype in (("tiny", torch.float32), ("qwen2.5-1.5b", torch.bfloat16)):
             report["isolation"].append(isolation(model_config, dtype, device))
             print(json.dumps(report["isolation"][-1]), flush=True)
             save()
+    if "grouped-heads" in args.checks:
+        report["grouped_heads"] = grouped_heads(device)
+        print(json.dumps(report["grouped_heads"]), flush=True)
+        save()
+    if "small-shared-memory" in args.checks:
         try:
             report["small_shared_memory"] = small_shared_memory(device)
         except Exception as error:  # the check leans on torch and Triton internals; record, do not stop
             report["small_shared_memory"] = {"error": f"{type(error).__name__}: {str(error)[:500]}"}
         print(json.dumps(report["small_shared_memory"], indent=1), flush=True)
         save()
-    report["fallback"] = fallback_run(device)
-    print(json.dumps(report["fallback"], indent=1), flush=True)
-    save()
+    if "fallback" in args.checks:
+        report["fallback"] = fallback_run(device)
+        print(json.dumps(report["fallback"], indent=1), flush=True)
+        save()
 
 
 if __name__ == "__main__":

@@ -18,8 +18,15 @@ from pulumi.runtime import rpc
 
 from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from infra.aws_facts.live_stack import OWNER_TAG
+from infra.aws_facts.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
 from infra.preflight import live_cluster
-from tests.harness.fake_aws import COREDNS_VERSIONS, OBSERVABILITY_VERSIONS, AwsApiError, FakeAws
+from tests.harness.fake_aws import (
+    COREDNS_VERSIONS,
+    NODE_MONITORING_VERSIONS,
+    OBSERVABILITY_VERSIONS,
+    AwsApiError,
+    FakeAws,
+)
 from tests.harness.program import Preview, dev_config, run_program
 from tests.harness.program import deployed as deployed_stack
 from workloads.training_run.provider import diff_props
@@ -33,6 +40,8 @@ CLUSTER_NAME = "eks-ray-train"
 LATER_COREDNS_BUILD = "v1.12.4-eksbuild.4"
 # A CloudWatch Observability build EKS publishes after the first deploy.
 LATER_OBSERVABILITY_BUILD = "v6.5.0-eksbuild.1"
+# A node monitoring agent build EKS publishes after the first deploy.
+LATER_NODE_MONITORING_BUILD = "v1.8.0-eksbuild.1"
 
 
 @dataclass
@@ -47,6 +56,7 @@ class FakeAccount(FakeAws):
     addons: dict[str, dict[str, str]] = field(default_factory=dict)
     coredns_versions: dict[str, str] = field(default_factory=lambda: dict(COREDNS_VERSIONS))
     observability_versions: dict[str, str] = field(default_factory=lambda: dict(OBSERVABILITY_VERSIONS))
+    node_monitoring_versions: dict[str, str] = field(default_factory=lambda: dict(NODE_MONITORING_VERSIONS))
 
     def call(self, token: str, args: dict) -> dict:
         if token != GET_ADDON:
@@ -79,7 +89,11 @@ class FakeAccount(FakeAws):
         # (https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeAddonVersions.html): an
         # add-on's versions with the Kubernetes versions each is compatible with; EKS adds builds
         # over time, and the provider's `most_recent = true` returns the newest for the version asked.
-        builds = {"coredns": self.coredns_versions, OBSERVABILITY_ADDON: self.observability_versions}
+        builds = {
+            "coredns": self.coredns_versions,
+            OBSERVABILITY_ADDON: self.observability_versions,
+            NODE_MONITORING_ADDON: self.node_monitoring_versions,
+        }
         version = builds.get(args["addonName"], {}).get(args["kubernetesVersion"])
         if version is None:
             return super()._addon_version(args)
@@ -260,6 +274,27 @@ def test_the_observability_add_on_is_kept_as_coredns_is():
     assert (
         observability_version(run_program(dev_config(kubernetesVersion="1.34"), fake))
         == LATER_OBSERVABILITY_BUILD
+    )
+
+
+def test_the_node_monitoring_agent_is_kept_as_coredns_is():
+    """The same rule again: an unrelated `pulumi up` leaves the agent (and with OVERWRITE, its
+    DaemonSets) at the live build; a kubernetesVersion move takes the newest for the new version."""
+    fake = after_first_deploy(FakeAccount(region="us-east-2"), kubernetesVersion="1.34")
+    assert fake.addons[CLUSTER_NAME][NODE_MONITORING_ADDON] == NODE_MONITORING_VERSIONS["1.34"]
+    fake.node_monitoring_versions["1.34"] = fake.node_monitoring_versions["1.35"] = (
+        LATER_NODE_MONITORING_BUILD
+    )
+
+    def agent_version(plan: Preview) -> str:
+        return plan.one(ADDON, NODE_MONITORING_ADDON).inputs["addonVersion"]
+
+    assert (
+        agent_version(run_program(dev_config(kubernetesVersion="1.34"), fake))
+        == NODE_MONITORING_VERSIONS["1.34"]
+    )
+    assert (
+        agent_version(run_program(dev_config(kubernetesVersion="1.35"), fake)) == LATER_NODE_MONITORING_BUILD
     )
 
 

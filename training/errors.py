@@ -16,6 +16,12 @@ class DivergedError(RunFailedError):
     from the last checkpoint would only diverge again."""
 
 
+class RestartRefusedError(RunFailedError):
+    """A restart that cannot help (a second fault in a row on one node, the recovery budget
+    spent: `training.components.attempts.restart_refusal`). Every rank judges the same stored
+    record alike and refuses before the model is built, so none waits in a collective."""
+
+
 # The fix for a model or tokenizer that neither the Hub nor the cache holds.
 MODEL_SOURCE_FIX = (
     "connect to the Hub, or download it beforehand (`huggingface-cli download {name}`) into the "

@@ -20,6 +20,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from training.components.attempts import Restarts
 from training.components.checkpoint import (
     CHECKPOINT_SCORE,
     export_hugging_face,
@@ -44,7 +45,7 @@ from training.data.packing import (
 from training.data.tokenizer import load_tokenizer
 from training.distributed.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.errors import DivergedError, UsageError
-from training.metrics.cloudwatch_sink import publish_step
+from training.metrics.cloudwatch_sink import publish_restart, publish_step
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.flops import num_params
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
@@ -92,6 +93,10 @@ class Session(Protocol):
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """Publish the run summary and per-step history."""
+
+    def faults(self) -> list[dict[str, Any]]:
+        """The faults the launcher restarted this run after, oldest first
+        (`training.components.attempts`); [] for one that does not restart a run."""
 
 
 def emit(line: str) -> None:
@@ -476,6 +481,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     """Build, resume if a checkpoint exists (or take --init-from's weights), train up to
     config.steps (or until the held-out loss stops improving), hand the summary to the session."""
     _prepare_device(session.device)
+    restarts = Restarts.begin(
+        session.faults(), config, one_node=session.world_size == session.local_world_size
+    )
     start_step, history, resharded = 0, [], False
     position: tuple[int, int] = (0, 0)
     with session.latest_checkpoint() as checkpoint_path:
@@ -611,6 +619,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 left = None if deadline is None else deadline.left_s()
                 emit(format_progress_line(record, deadline_left_s=left))
                 emit(format_step_line(record))
+                if step == start_step + 1 and (attempt := restarts.first_step(start_step, time.time(), emit)):
+                    publish_restart(config, attempt["lost_steps"])  # before the last step's closes the sink
                 publish_step(config, record)  # CloudWatch, off the training thread
                 if stopped_early:
                     emit(early_stop_line(step, history, config.early_stop_patience))
@@ -653,6 +663,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         stopped_at_deadline=stopped_at_deadline,
         last_step=step,
         steps_left=config.steps - step,
+        **restarts.summary_fields(),
     )
     session.finish(summary.as_dict(), history)
     return summary

@@ -3,6 +3,7 @@ itself), each timed over its steps; and the step closures `bench.profile_step` p
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import statistics
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from bench.train_bench.grouped_flex import grouped_flex
 from bench.train_bench.session import BenchSession, benchmark_config, start_process_group, timed_steps
 from bench.train_bench.variants import DOCUMENTS_PER_ROW, documents_rows, mfu_counts, tuned_config
 from training.config.run_config import TrainConfig
@@ -69,7 +71,8 @@ def tuned_run(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -
         count = config.steps * config.batch_size * config.grad_accum_steps
         rows = documents_rows(count, config.seq_len, spec["documents"], vocab_size, config.seed)
     session = BenchSession(1, 1, device, rows)
-    train(config, session)
+    with grouped_flex() if spec.get("grouped_kv") else contextlib.nullcontext():
+        train(config, session)
     assert session.summary is not None
     return session
 

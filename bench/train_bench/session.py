@@ -59,6 +59,9 @@ class BenchSession:
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.summary, self.history = summary, history
 
+    def faults(self) -> list[dict[str, Any]]:
+        return []  # one attempt: the benchmark does not restart
+
 
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)

@@ -21,6 +21,7 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
     "tuned-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "tuned-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
     "tuned-compiled-4096x8": {"seq_len": 4096, "batch_size": 8, "compile": True},
+    "tuned-compiled-4096x6": {"seq_len": 4096, "batch_size": 6, "compile": True},
     "tuned-compiled-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True},
     "tuned-compiled-8192x4": {"seq_len": 8192, "batch_size": 4, "compile": True},
     "tuned-compiled-4096x16": {"seq_len": 4096, "batch_size": 16, "compile": True},
@@ -58,6 +59,22 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         }
         for kernel in ("flex", "sdpa")
     },
+    # Flex on the key-value heads as they are (bench/train_bench/grouped_flex.py), against the job's
+    # flex path, which copies them to the query heads' count; and the isolated-flex loop at 6 rows,
+    # the most an 80 GiB GPU holds.
+    **{
+        f"tuned-compiled-isolated-flex{grouped}-4096x{batch}": {
+            "seq_len": 4096,
+            "batch_size": batch,
+            "compile": True,
+            "attention": "flex",
+            "documents": DOCUMENTS_PER_ROW,
+            **({"grouped_kv": True} if grouped else {}),
+        }
+        for grouped in ("", "-grouped-kv")
+        for batch in (6, 12)
+        if (grouped, batch) != ("", 12)  # declared above with the SDPA one
+    },
     "tuned-compiled-accum8-deferred-isolated-flex-4096x10": {
         "seq_len": 4096,
         "batch_size": 10,
@@ -86,10 +103,12 @@ DEFAULT_VARIANTS = [
     "tuned-compiled-float8-4096x12",
 ]
 # Keys of a variant that are not TrainConfig fields but the benchmark's own.
-BENCH_KEYS = ("documents",)
+BENCH_KEYS = ("documents", "grouped_kv")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},
+    # For 80 GiB GPUs (an H100), where the naive loop's 4 rows need 86 GiB.
+    "naive-compiled-4096x2": {"seq_len": 4096, "batch_size": 2, "compile": True},
 }
 
 

@@ -49,13 +49,14 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
+from infra.aws_facts.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
 from platform_contract import GPU_LABELS
 
 T = TypeVar("T")
 # The tag the program puts on the control-plane log group, naming the stack that owns it.
 OWNER_TAG = "eks-ray-train:stack"
 # The managed add-ons whose versions the program keeps (`infra.resources.cluster.addon_version`).
-PINNED_ADDONS = ("coredns", OBSERVABILITY_ADDON)
+PINNED_ADDONS = ("coredns", OBSERVABILITY_ADDON, NODE_MONITORING_ADDON)
 
 
 @dataclass(frozen=True)

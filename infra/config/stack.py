@@ -409,6 +409,10 @@ class StackKeys(BaseModel):
         default=KEEP,
         description="what becomes of the GPU nodes once the training run has its verdict: `keep` leaves them running (the preview says what they cost per hour idle); `release` scales the GPU node group to 0 after the job ends, and the next run that needs them scales it back to `gpuNodeCount` and waits for the nodes. The program then creates the group with a minimum of 0 and leaves its desired size to the training run ([operations](operations/gpu-nodes-after-training.md))",
     )
+    gpu_node_auto_repair: Annotated[bool, BeforeValidator(as_bool)] = Field(
+        default=True,
+        description="EKS node auto repair on the GPU node group, with the `eks-node-monitoring-agent` EKS add-on that reports each node's GPU, kernel, network and storage health: EKS reboots or replaces a GPU node that stays unhealthy (a GPU fault for 10 minutes). A repair drains the node, which the running job meets as any drain: a checkpoint within the worker pods' grace, then a restart from it once the node is back ([operations](operations/node-repair.md)); `false` installs no agent and leaves repairs to you",
+    )
     train: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True, description="run the training job during `pulumi up`"
     )

@@ -49,6 +49,14 @@ GPU_MAX_UNAVAILABLE = 1
 # ... such as GPUs" (EKS API reference, NodegroupUpdateConfig.updateStrategy). A training job loses
 # the node either way; the GPU group always updates with MINIMAL, one node at a time.
 GPU_UPDATE_CONFIG = {"max_unavailable": GPU_MAX_UNAVAILABLE, "update_strategy": "MINIMAL"}
+
+
+def node_repair_config(enabled: bool) -> aws.eks.NodeGroupNodeRepairConfigArgsDict:
+    """The GPU group's node auto repair (EKS API `NodegroupNodeRepairConfig`), stated either way: off
+    is written as `enabled: false`, so turning the stack key off turns a live group's repair off."""
+    return {"enabled": enabled}
+
+
 # The node group's desired size as Pulumi names the property (`ignore_changes` takes such paths).
 DESIRED_SIZE_PROPERTY = "scalingConfig.desiredSize"
 # IMDSv2 only, and a hop limit of 1: the metadata response dies at the pod network's extra hop, so
@@ -239,8 +247,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
         reservation: ReservationFacts | None,
         kubernetes_version: pulumi.Input[str],
         after: list[pulumi.Resource],
+        auto_repair: bool = True,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """`auto_repair`: EKS node auto repair (`gpuNodeAutoRepair`); its health signals come from
+        the node monitoring agent (`infra.resources.node_health`)."""
         super().__init__("eks-ray-train:infra:GpuNodeGroup", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
@@ -319,6 +330,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             # hold in another zone (EC2 InvalidPlacementGroup.InUse): the old group goes first.
             replace_first=True,
             update_config=GPU_UPDATE_CONFIG,
+            node_repair_config=node_repair_config(auto_repair),
         )
         placement = template_args.get("placement", {}).get("group_name")
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name, "placementGroup": placement})

@@ -159,7 +159,8 @@ def _metric_widget(
 
 
 def dashboard_body(cluster_name: str, region: str, addon_version: str) -> dict[str, Any]:
-    """The dashboard: the nodes' GPU and EFA metrics, then the run's, a row of three each."""
+    """The dashboard: the nodes' GPU and EFA metrics, then the run's, a row of three each; last, the
+    run's restarts."""
 
     def nodes(metric: str, per_second: bool = False) -> str:
         """Each node's value over its devices (`NODE_STATISTIC`). `per_second`: a metric of changes per
@@ -214,6 +215,15 @@ def dashboard_body(cluster_name: str, region: str, addon_version: str) -> dict[s
             ),
             _metric_widget(
                 "Fabric gate: busbw (Gbit/s)", [run(job.BUSBW_METRIC, "Maximum")], region, view="singleValue"
+            ),
+        ],
+        [
+            # Each restart publishes once: a period's Sum is the restarts and the steps lost in it.
+            _metric_widget(
+                "Restarts and steps lost per run",
+                [run(job.RESTARTS_METRIC, "Sum"), run(job.LOST_STEPS_METRIC, "Sum")],
+                region,
+                unit=f"per {PERIOD_S} s",
             ),
         ],
     ]

@@ -80,7 +80,15 @@ COREDNS_VERSIONS: dict[str, str] = {
 # The same for the CloudWatch Observability add-on (EKS names its builds `v<chart>-eksbuild.<n>`;
 # 6.4.0 is the chart whose values.yaml tests/fixtures/schemas holds; the builds are illustrative).
 OBSERVABILITY_VERSIONS: dict[str, str] = dict.fromkeys(EKS_VERSIONS, "v6.4.0-eksbuild.1")
-ADDON_VERSIONS = {"coredns": COREDNS_VERSIONS, "amazon-cloudwatch-observability": OBSERVABILITY_VERSIONS}
+# The same for the EKS node monitoring agent (its builds `v<agent>-eksbuild.<n>`, as its chart's image
+# tag names them, aws/eks-node-monitoring-agent charts/eks-node-monitoring-agent/values.yaml; the
+# builds per Kubernetes version are illustrative).
+NODE_MONITORING_VERSIONS: dict[str, str] = dict.fromkeys(EKS_VERSIONS, "v1.7.0-eksbuild.1")
+ADDON_VERSIONS = {
+    "coredns": COREDNS_VERSIONS,
+    "amazon-cloudwatch-observability": OBSERVABILITY_VERSIONS,
+    "eks-node-monitoring-agent": NODE_MONITORING_VERSIONS,
+}
 
 REGION_DESCRIPTIONS = {
     "us-east-1": "US East (N. Virginia)",

@@ -100,9 +100,10 @@ def stop_process_tree(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_head(token: str | None = None) -> Iterator[RayHead]:
+def running_head(token: str | None = None, num_cpus: int = CPUS) -> Iterator[RayHead]:
     """A head with token authentication when given a token: always given, never Ray's own, which it
-    would generate into ~/.ray/auth_token (ray/_private/authentication/authentication_token_setup.py)."""
+    would generate into ~/.ray/auth_token (ray/_private/authentication/authentication_token_setup.py).
+    `num_cpus` 0: a head that runs drivers and no training worker, as the RayCluster's (`num-gpus: 0`)."""
     root = Path(tempfile.mkdtemp(prefix="ray-head-"))  # short: Ray's unix sockets live under it
     env = {
         **os.environ,
@@ -118,7 +119,7 @@ def running_head(token: str | None = None) -> Iterator[RayHead]:
     env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
     command = [
         "ray", "start", "--head", "--block",
-        f"--num-cpus={CPUS}",
+        f"--num-cpus={num_cpus}",
         "--include-dashboard=true",
         f"--dashboard-port={dashboard_port}",
         f"--port={port}",
@@ -152,3 +153,36 @@ def running_head(token: str | None = None) -> Iterator[RayHead]:
     finally:
         stop_process_tree(process)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def worker_node(head: RayHead, num_cpus: int) -> Iterator[subprocess.Popen]:
+    """A second raylet joined to `head`, as a KubeRay worker pod is a Ray node of its own: `ray start
+    --address=<head> --block`, PID 1 of the pod. Leaving the block stops it as a deleted pod whose
+    node is gone (its whole process tree killed); a test may stop it sooner with `stop_process_tree`."""
+    command = [
+        "ray", "start", "--block",
+        f"--address={head.address}",
+        f"--num-cpus={num_cpus}",
+        f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    log = head.root / f"worker-node-{free_port()}.log"
+    with open(log, "w") as start_log:
+        process = subprocess.Popen(
+            command,
+            cwd=head.root,
+            env=head.env,
+            stdout=start_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            stop_process_tree(process)

@@ -515,6 +515,28 @@ EFA_JOB_TRAFFIC = {
 }
 
 
+# A restart as the job's run summary reports it (`workloads.training_run.attempts.ATTEMPT_KEYS`): the
+# worker pod on the second GPU node lost at step 3, resumed from the checkpoint of step 2.
+LOST_WORKER_ATTEMPT = {
+    "attempt": 1,
+    "cause": "worker on ray-train-gpu-workers-worker-b died: ActorDiedError (the pod was deleted)",
+    "node": "ray-train-gpu-workers-worker-b",
+    "failed_after_step": 3,
+    "resumed_from_step": 2,
+    "lost_steps": 1,
+    "recovery_s": 41.5,
+}
+
+
+def with_restarts(log: str, attempts: list[dict]) -> str:
+    """A driver log whose run summary (its JSON line with `world_size`) also reports `attempts`."""
+    lines = log.splitlines(keepends=True)
+    (index,) = [i for i, line in enumerate(lines) if line.startswith('{"world_size"')]
+    summary = {**json.loads(lines[index]), "restarts": len(attempts), "attempts": attempts}
+    lines[index] = json.dumps(summary) + "\n"
+    return "".join(lines)
+
+
 def scripted(
     ray_job_id: str,
     log_name: str,

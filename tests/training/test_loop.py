@@ -140,6 +140,9 @@ class _RecordingSession:
     def finish(self, summary, history):
         self.finished = True
 
+    def faults(self):
+        return []  # a run that was never restarted (training.loop.Session.faults)
+
 
 def _train_until_it_stops(monkeypatch, argv: list[str], hook=None) -> tuple[str, _RecordingSession, dict]:
     """Train the tiny model on synthetic rows, checkpointing every step; the DivergedError's

@@ -43,7 +43,8 @@ _BASE: dict[str, Any] = {
     "checkpoint_every": 0,
     "keep_checkpoints": 2,
     "early_stop_patience": 0,
-    "max_failures": 0,
+    "max_failures": 3,
+    "recovery_budget_s": 1800.0,
     # Above a step's ordinary jitter (a garbage collection, a slow host, the step after a checkpoint
     # when a rank is still uploading is judged apart) and far below NCCL's 10-minute timeout.
     "hang_margin_s": 30.0,

@@ -18,6 +18,10 @@ from typing import Any
 from training.config.corpus_files import SYNTHETIC
 from training.config.presets import BYTE_TOKENIZER, DEFAULT_PRESET, PRESETS
 
+# Ray Train's wait for a worker group to start, a restarted one included
+# (ray/train/v2/_internal/constants.py, 60 s by default): the training driver sets its own default
+# where it is unset, and the cluster's job sets it in its runtime environment.
+WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 DEFAULT_STORAGE_PATH = "runs"
 # How packed documents see each other: "packed" attends across document boundaries with running
 # positions; "isolated" restarts positions at each document, which confines its attention to
@@ -340,6 +344,12 @@ class TrainConfig:
     )
     max_failures: int = setting(
         "--max-failures", type=integer, help="worker-group restarts from the latest checkpoint; -1 unlimited"
+    )
+    recovery_budget_s: float = setting(
+        "--recovery-budget-s",
+        type=positive_float,
+        help="seconds the run's restarts may spend recovering (fault to the next finished step) in all; "
+        "past them no further restart",
     )
     hang_margin_s: float = setting(
         HANG_MARGIN_FLAG,

@@ -15,19 +15,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import pyarrow.fs
 import ray
 import ray.data
 import ray.train
 import ray.train.torch
 import torch
+from ray.exceptions import RayActorError
 from ray.train import Checkpoint
+from ray.train.v2.api.callback import UserCallback
 
 # Ray Train V2 (the default since Ray 2.51, needed for the training function's return
 # value), imported from where it lives so type checkers see it rather than V1.
@@ -41,9 +47,19 @@ from ray.train.v2.api.config import (
 from ray.train.v2.api.result import Result
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
+from training.components.attempts import (
+    ATTEMPTS_FILE,
+    WorkerError,
+    dumps_record,
+    fault_cause,
+    loads_record,
+    record_fault,
+    record_recovery,
+)
 from training.components.checkpoint import CHECKPOINT_SCORE
 from training.components.drain import Notice
 from training.config.run_config import TrainConfig, check_hsdp_replicas
+from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
 from training.data.packing import (
     PackedCorpus,
@@ -53,7 +69,7 @@ from training.data.packing import (
     steps_per_epoch,
     tokenize_batch,
 )
-from training.errors import DivergedError, RunFailedError, UsageError
+from training.errors import DivergedError, RestartRefusedError, RunFailedError, UsageError
 from training.launch import local_drain
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
@@ -65,14 +81,23 @@ from training.metrics.artifacts import write_run_files
 # Ray hands to the controller) asks for a shorter poll.
 CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 CONTROLLER_POLL_S = "0.25"
+# A restarted worker group waits this long for its workers' resources before Ray Train gives up
+# on the attempt (ray/train/v2/_internal/constants.py: RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S,
+# 60 s by default): on a cluster the worker of a lost node waits for the node group to launch a
+# replacement and the GPU, EFA and Ray pods to start on it, which takes minutes, not one.
+WORKER_GROUP_START_TIMEOUT_S = 900.0
+DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
+USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with
+REFUSED_KEY = "restart_refused"  # in a worker's return value: a restart that cannot help
+# In each worker's reported metrics: its host (the Ray worker pod on a cluster), so the controller
+# can name the node of a worker that fails.
+HOST_KEY = "host"
 # Ray Train's PreemptionWatcher reads Ray Core's draining nodes every 5 s by default; a drain's
 # deadline is 30 s away (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S), so the driver asks for every second
 # (one small GCS call), which leaves the checkpoint more of it. The controller takes it from the
 # driver's environment (ray 2.58: ray/train/v2/_internal/constants.py, the variables it propagates).
 PREEMPTION_POLL_ENV = "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"
 PREEMPTION_POLL_S = "1"
-DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
-USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with
 # Restarts after a node's preemption (a drain: eviction, spot reclaim, repair), counted apart from
 # --max-failures by Ray Train; bounded, so a node group that keeps losing nodes ends the run.
 MAX_PREEMPTION_FAILURES = 5
@@ -96,6 +121,7 @@ class RaySession:
         self.cached_corpus = corpus
         self.cached_eval_corpus = eval_corpus
         self.outcome: dict[str, Any] | None = None
+        self.host = socket.gethostname()
         quiet_report_logger()
 
     @contextlib.contextmanager
@@ -128,6 +154,7 @@ class RaySession:
         return cached_corpus_rows(self.cached_eval_corpus)
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
+        metrics = {**metrics, HOST_KEY: self.host}
         if save is None:
             ray.train.report(metrics)
             return
@@ -143,6 +170,11 @@ class RaySession:
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.outcome = {"summary": summary, "history": history}
 
+    def faults(self) -> list[dict[str, Any]]:
+        # Written by the controller's AttemptRecorder before it restarts the worker group.
+        storage = ray.train.get_context().get_storage()
+        return read_attempts(storage.storage_filesystem, storage.experiment_fs_path)
+
     def preemption_notice(self) -> Notice | None:
         """Ray Train's notice that a node of the worker group is being drained; a barrier every rank
         calls at the same step (`training.components.drain.DrainWatch`)."""
@@ -153,6 +185,70 @@ class RaySession:
         ranks = ", ".join(map(str, info.preempted_ranks))
         deadline = None if info.deadline_ms is None else info.deadline_ms / 1000
         return Notice(f"Ray Train preemption of node {nodes}, ranks {ranks}", deadline)
+
+
+def _attempts_path(run_path: str) -> str:
+    return f"{run_path.rstrip('/')}/{ATTEMPTS_FILE}"
+
+
+def read_attempts(filesystem: pyarrow.fs.FileSystem, run_path: str) -> list[dict[str, Any]]:
+    """The run's stored attempts ([] before its first fault)."""
+    path = _attempts_path(run_path)
+    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return []
+    with filesystem.open_input_stream(path) as stream:
+        return loads_record(stream.read())
+
+
+def worker_error(rank: int, error: BaseException) -> WorkerError:
+    """A worker's error as Ray Train's poll reports it: a worker whose actor died comes wrapped in
+    the health check's error (ray/train/v2/_internal/exceptions.py, WorkerHealthCheckFailedError)."""
+    error = getattr(error, "health_check_failure", None) or error
+    return WorkerError(rank, isinstance(error, RayActorError), type(error).__name__, str(error))
+
+
+class AttemptRecorder(UserCallback):
+    """On Ray Train's controller, which outlives the worker groups it restarts: each fault of the
+    run written to its storage folder for the restarted rank 0 (`training.components.attempts`),
+    and the attempt's recovery once its first step is reported (ray/train/v2/api/callback.py)."""
+
+    def __init__(self) -> None:
+        self.record: list[dict[str, Any]] = []
+        self.last_step = 0  # every worker reported it: the last step finished
+        self.checkpoint_step = 0  # the latest checkpoint's, which a restart resumes from
+        self.hosts: dict[int, str] = {}
+
+    def _write(self, run_context: Any) -> None:
+        storage = run_context.run_config.storage_context
+        with storage.storage_filesystem.open_output_stream(_attempts_path(storage.experiment_fs_path)) as out:
+            out.write(dumps_record(self.record))
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        step = int(metrics[0].get("step", self.last_step))
+        self.hosts = {
+            rank: reported[HOST_KEY] for rank, reported in enumerate(metrics) if HOST_KEY in reported
+        }
+        if self.record and self.record[-1]["recovery_s"] is None:
+            self.record = record_recovery(self.record, first_step=step, at=time.time())
+            self._write(run_context)
+        self.last_step = step
+        if checkpoint is not None:
+            self.checkpoint_step = step
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+        errors = [worker_error(rank, error) for rank, error in sorted(worker_exceptions.items())]
+        cause, node = fault_cause(errors, self.hosts)
+        self.record = record_fault(
+            self.record,
+            cause=cause,
+            node=node,
+            failed_after_step=self.last_step,
+            resumed_from_step=self.checkpoint_step,
+            detected_at=time.time(),
+        )
+        # The restart starts from the checkpoint: until it reports, that is the last step finished.
+        self.last_step = self.checkpoint_step
+        self._write(run_context)
 
 
 def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -172,6 +268,9 @@ def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | Non
         # The same on every rank (a checkpoint that does not fit the flags, a held-out corpus too
         # small): one line at the driver, not a traceback per worker and retries.
         return {USAGE_KEY: str(error)}
+    except RestartRefusedError as error:
+        # Judged alike on every rank from the stored attempts: raised, it would be retried again.
+        return {REFUSED_KEY: str(error)}
     return session.outcome
 
 
@@ -321,10 +420,27 @@ def _fit(
         raise RunFailedError(str(error)) from error
 
 
+def start_retries(recovery_budget_s: float, start_timeout_s: float) -> int:
+    """How many times Ray Train may start a worker group that timed out waiting for its resources
+    (it retries them without limit by default, FailureConfig.controller_failure_limit -1): as many
+    start timeouts as fit in --recovery-budget-s, and at least one."""
+    return max(1, math.ceil(recovery_budget_s / start_timeout_s))
+
+
+def _clear_attempts(run_config: RunConfig) -> None:
+    """A run starts with no attempts: a record left by an earlier run of this --run-name (which
+    failed, and which this one resumes) is not this run's."""
+    storage = run_config.storage_context
+    path = _attempts_path(storage.experiment_fs_path)
+    if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
+        storage.storage_filesystem.delete_file(path)
+
+
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train on Ray and return the summary (also written to the run folder)."""
     os.environ.setdefault(CONTROLLER_POLL_ENV, CONTROLLER_POLL_S)
     os.environ.setdefault(PREEMPTION_POLL_ENV, PREEMPTION_POLL_S)
+    os.environ.setdefault(WORKER_GROUP_START_TIMEOUT_ENV, str(WORKER_GROUP_START_TIMEOUT_S))
     with _worker_group(config) as workers:
         try:
             check_hsdp_replicas(workers, config.hsdp_replicas)
@@ -335,6 +451,29 @@ def run(config: TrainConfig) -> dict[str, Any]:
             local_drain.install(f"{config.storage_path.rstrip('/')}/{config.run_name}", config.run_name)
         corpus = None if config.synthetic_data else cached_corpus(config, workers)
         eval_corpus = None if config.eval_data is None else cached_corpus(config, workers, "--eval-data")
+        run_config = RunConfig(
+            name=config.run_name,
+            storage_path=config.storage_path,
+            failure_config=FailureConfig(
+                max_failures=config.max_failures,
+                max_preemption_failures=MAX_PREEMPTION_FAILURES,
+                controller_failure_limit=start_retries(
+                    config.recovery_budget_s, float(os.environ[WORKER_GROUP_START_TIMEOUT_ENV])
+                ),
+            ),
+            # The latest checkpoint is always kept too (to resume from); with --eval-data every
+            # checkpoint is evaluated and the lowest eval_loss ranks first
+            # (training.components.checkpoint.checkpoints_kept, which torchrun applies).
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=config.keep_checkpoints,
+                checkpoint_score_attribute=None if config.eval_data is None else CHECKPOINT_SCORE,
+                checkpoint_score_order="min",
+            ),
+            # A line per report would bury the training's own progress lines.
+            logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=[AttemptRecorder()],
+        )
+        _clear_attempts(run_config)
         result = _fit(
             train_loop_per_worker,
             {
@@ -344,23 +483,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             },
             config,
             workers,
-            RunConfig(
-                name=config.run_name,
-                storage_path=config.storage_path,
-                failure_config=FailureConfig(
-                    max_failures=config.max_failures, max_preemption_failures=MAX_PREEMPTION_FAILURES
-                ),
-                # The latest checkpoint is always kept too (to resume from); with --eval-data every
-                # checkpoint is evaluated and the lowest eval_loss ranks first
-                # (training.components.checkpoint.checkpoints_kept, which torchrun applies).
-                checkpoint_config=CheckpointConfig(
-                    num_to_keep=config.keep_checkpoints,
-                    checkpoint_score_attribute=None if config.eval_data is None else CHECKPOINT_SCORE,
-                    checkpoint_score_order="min",
-                ),
-                # A line per report would bury the training's own progress lines.
-                logging_config=LoggingConfig(log_level="WARNING"),
-            ),
+            run_config,
         )
         outcome = result.return_value
         if outcome is None:
@@ -369,6 +492,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
             raise DivergedError(outcome[DIVERGED_KEY])
         if USAGE_KEY in outcome:
             raise UsageError(outcome[USAGE_KEY])
+        if REFUSED_KEY in outcome:
+            raise RestartRefusedError(outcome[REFUSED_KEY])
         filesystem, run_path = result.filesystem, result.path
 
         def write(name: str, data: bytes) -> None:

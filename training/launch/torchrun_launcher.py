@@ -86,6 +86,9 @@ class TorchrunSession:
                 if index not in kept:
                     shutil.rmtree(stale)
 
+    def faults(self) -> list[dict[str, Any]]:
+        return []  # torchrun restarts no rank: a failed run is rerun with the same --run-name
+
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         if self.rank != 0:
             return

@@ -48,9 +48,16 @@ BUSBW_METRIC = "busbw_gbps"
 BUSBW_UNIT = "Gigabits/Second"
 GATE_DIMENSIONS = (CLUSTER_DIMENSION, COLLECTIVE_DIMENSION)
 
+# Each restart of a run (`training.components.attempts`), once, by the restarted rank 0 after its
+# first step: 1, and the steps the fault lost (ClusterName, RunName); a Sum over a run is its restarts
+# and the steps they cost.
+RESTARTS_METRIC, LOST_STEPS_METRIC = "restarts", "lost_steps"
+RESTART_METRICS: dict[str, str] = {RESTARTS_METRIC: "Count", LOST_STEPS_METRIC: "Count"}
+
 # Every metric the job publishes, with its unit and dimensions.
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     **{name: (unit, RUN_DIMENSIONS) for name, unit in STEP_METRICS.items()},
+    **{name: (unit, RUN_DIMENSIONS) for name, unit in RESTART_METRICS.items()},
     EFA_METRIC: (EFA_UNIT, NODE_DIMENSIONS),
     BUSBW_METRIC: (BUSBW_UNIT, GATE_DIMENSIONS),
 }

@@ -1,6 +1,6 @@
 """The job's numbers in CloudWatch, beside the nodes' Container Insights metrics: rank 0 publishes
-each step's tokens/s, loss, MFU, step time and each node's EFA bytes/s, and the fabric gate's probe
-its busbw (names, units and dimensions in `training.metrics.cloudwatch_metrics`).
+each step's tokens/s, loss, MFU, step time and each node's EFA bytes/s, each restart and the steps it
+lost, and the fabric gate's probe its busbw (names, units and dimensions in `training.metrics.cloudwatch_metrics`).
 
 Publishing never slows or stops training. A step only appends its data points to a list; a
 background thread sends them with `PutMetricData` every `FLUSH_SECONDS` (or sooner when
@@ -34,7 +34,10 @@ from training.metrics.cloudwatch_metrics import (
     EFA_METRIC,
     EFA_UNIT,
     HOST_DIMENSION,
+    LOST_STEPS_METRIC,
     NAMESPACE,
+    RESTART_METRICS,
+    RESTARTS_METRIC,
     RUN_DIMENSION,
     STEP_METRICS,
 )
@@ -97,6 +100,17 @@ def step_datums(record: StepMetrics, cluster: str, run: str, at: datetime.dateti
     for host, rate in sorted((record.efa_bytes_per_s or {}).items()):
         datums += _datum(EFA_METRIC, rate, EFA_UNIT, {**run_dimensions, HOST_DIMENSION: host}, at)
     return datums
+
+
+def restart_datums(lost_steps: int, cluster: str, run: str, at: datetime.datetime) -> list[Datum]:
+    """A restart's data points: one restart, and the steps it lost."""
+    run_dimensions = {CLUSTER_DIMENSION: cluster, RUN_DIMENSION: run}
+    values = {RESTARTS_METRIC: 1, LOST_STEPS_METRIC: lost_steps}
+    return [
+        datum
+        for name, unit in RESTART_METRICS.items()
+        for datum in _datum(name, values[name], unit, run_dimensions, at)
+    ]
 
 
 def busbw_datums(report: Mapping[str, Any], cluster: str, at: datetime.datetime) -> list[Datum]:
@@ -195,6 +209,16 @@ def _cluster_name(environ: Mapping[str, str]) -> str | None:
     return environ.get(CLUSTER_NAME_ENV) or None
 
 
+def _run_sink(
+    config: TrainConfig, environ: Mapping[str, str], client_factory: Callable[[], Any] | None
+) -> CloudWatchSink:
+    sink = _RUN_SINKS.get(config.run_name)
+    if sink is None:
+        factory = client_factory or (lambda: cloudwatch_client(environ.get("AWS_REGION")))
+        sink = _RUN_SINKS[config.run_name] = CloudWatchSink(factory)
+    return sink
+
+
 def publish_step(
     config: TrainConfig,
     record: StepMetrics,
@@ -206,13 +230,25 @@ def publish_step(
     cluster = _cluster_name(environ)
     if cluster is None or config.local:
         return
-    sink = _RUN_SINKS.get(config.run_name)
-    if sink is None:
-        factory = client_factory or (lambda: cloudwatch_client(environ.get("AWS_REGION")))
-        sink = _RUN_SINKS[config.run_name] = CloudWatchSink(factory)
+    sink = _run_sink(config, environ, client_factory)
     sink.put(step_datums(record, cluster, config.run_name, datetime.datetime.now(datetime.UTC)))
     if record.step >= record.steps:
         _RUN_SINKS.pop(config.run_name).close()
+
+
+def publish_restart(
+    config: TrainConfig,
+    lost_steps: int,
+    environ: Mapping[str, str] = os.environ,
+    client_factory: Callable[[], Any] | None = None,
+) -> None:
+    """The restarted rank 0's hook, once, after its first step: the restart and the steps it lost,
+    through the run's sink (sent with the steps'). Nothing without the cluster's name or with --local."""
+    cluster = _cluster_name(environ)
+    if cluster is None or config.local:
+        return
+    sink = _run_sink(config, environ, client_factory)
+    sink.put(restart_datums(lost_steps, cluster, config.run_name, datetime.datetime.now(datetime.UTC)))
 
 
 def publish_busbw(

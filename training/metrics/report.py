@@ -122,6 +122,10 @@ class RunSummary:
     efa_bytes_per_s: dict[str, float | None] | None = None
     efa_bytes_per_step: dict[str, float | None] | None = None
     efa_line_rate_fraction: float | None = None
+    # The worker-group restarts this run made (--max-failures), each as
+    # `training.components.attempts.ATTEMPT_KEYS`: cause, node, steps lost, seconds to recover.
+    restarts: int = 0
+    attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return _without_absent(dataclasses.asdict(self))

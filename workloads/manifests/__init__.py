@@ -50,10 +50,13 @@ from workloads.manifests.pod_labels import (
 from workloads.manifests.ray_namespace import POD_SECURITY_LABELS, namespace
 from workloads.manifests.ray_service_account import service_account
 from workloads.manifests.raycluster import (
+    DRAIN_TIMEOUT_ENV,
     RAY_AUTH_OPTIONS,
     RAY_LOGS_VOLUME,
+    RAY_STOP_MARGIN_S,
     RAY_TMP_DIR,
     SPEC_HASH_ANNOTATION,
+    WORKER_GRACE_S,
     RayClusterSpec,
     ray_auth_token_command,
     ray_cluster,
@@ -64,6 +67,7 @@ from workloads.manifests.secret import HF_TOKEN_SECRET, hf_token_secret
 __all__ = [
     "CODE_HASH_FILE",
     "CODE_MOUNT",
+    "DRAIN_TIMEOUT_ENV",
     "EFA_DEVICE_PLUGIN",
     "HF_TOKEN_SECRET",
     "INSTANCE_TYPE_LABEL",
@@ -79,8 +83,10 @@ __all__ = [
     "RAY_CLUSTER_LABEL",
     "RAY_LOGS_VOLUME",
     "RAY_NODE_TYPE_LABEL",
+    "RAY_STOP_MARGIN_S",
     "RAY_TMP_DIR",
     "SPEC_HASH_ANNOTATION",
+    "WORKER_GRACE_S",
     "Chart",
     "RayClusterSpec",
     "code_hash",

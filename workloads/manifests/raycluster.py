@@ -30,6 +30,22 @@ RAY_LOGS_VOLUME = "ray-logs"
 # On both pod templates: the hash of the rendered RayCluster, so the training run can tell pods of
 # the current spec from pods KubeRay has not replaced yet.
 SPEC_HASH_ANNOTATION = "eks-ray-train/spec-hash"
+# How a worker pod ends when its node is drained (an eviction, a scale-down, a node update or an EKS
+# node repair) or the pod is deleted: the kubelet runs the container's preStop hook (none here), sends
+# SIGTERM to its PID 1 and, once the pod's `terminationGracePeriodSeconds` have passed since the
+# deletion, SIGKILL (Kubernetes docs, "Pod Lifecycle", Termination of Pods). PID 1 is `ray start
+# --block`: KubeRay runs `ulimit ...; ray start ... --block` through `bash -c`, which execs the last
+# command of its string. On SIGTERM Ray 2.58 marks the node draining with a deadline of
+# RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S and waits up to that long before it stops the node's processes
+# (ray/_private/node.py, `_drain_node_before_shutdown`); Ray Train's preemption watcher reads the
+# drain and the job sees it in `ray.train.get_preemption_info()`, on which the loop checkpoints. An
+# idle node (no job) ends its drain at once. The drain ends `RAY_STOP_MARGIN_S` before the kubelet's
+# SIGKILL: Ray then stops each of the node's processes, one second each at most before it kills it
+# (`_kill_process_impl`, `wait_timeout_seconds`), about half a dozen on a worker.
+WORKER_GRACE_S = 120
+RAY_STOP_MARGIN_S = 10
+DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+WORKER_DRAIN_ENV = {DRAIN_TIMEOUT_ENV: str(WORKER_GRACE_S - RAY_STOP_MARGIN_S)}
 # NCCL through libfabric's EFA provider; INFO logs are what the transport check reads.
 EFA_NCCL_ENV = {
     "FI_PROVIDER": "efa",
@@ -199,6 +215,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                 "automountServiceAccountToken": False,
                 "nodeSelector": dict(GPU_NODE_SELECTOR),
                 "tolerations": [GPU_TOLERATION],
+                "terminationGracePeriodSeconds": WORKER_GRACE_S,
                 "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
                 "containers": [
                     {
@@ -206,7 +223,13 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         "image": spec.image,
                         "securityContext": copy.deepcopy(RAY_CONTAINER_SECURITY_CONTEXT),
                         # The node's EFA counters come from its counter reader: the pod's own sysfs has none.
-                        "env": [*_env(EFA_NCCL_ENV), *aws_env, dict(HF_TOKEN_PATH_ENV), *counters_url_env()],
+                        "env": [
+                            *_env(EFA_NCCL_ENV),
+                            *_env(WORKER_DRAIN_ENV),
+                            *aws_env,
+                            dict(HF_TOKEN_PATH_ENV),
+                            *counters_url_env(),
+                        ],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
                         "volumeMounts": [

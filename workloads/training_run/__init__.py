@@ -6,6 +6,7 @@ One file per concern (each module below; `tests/test_docs.py` checks the list is
 - `provider`: the dynamic resource: outputs (declared once, exported from that declaration), check, diff, CRUD;
 - `readiness`: when the cluster counts as ready (GPU nodes, pods, shipped code), and the waits;
 - `runner`: one run, in order: readiness, gate, job(s), verdict(s);
+- `attempts`: the job's restarts from a checkpoint, as its run summary reports them;
 - `engine_host`: what the stock dynamic-provider host lacks (Cancel, clean errors);
 - `errors`: the failures, each a whole message;
 - `access.cluster_api`, `access.pod_exec`, `access.commands`, `access.call_bounds`, `access.eks_auth`: the cluster and AWS, with bounded calls (the AWS identity is `infra.config.aws_identity`, shared with the program);

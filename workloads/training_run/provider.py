@@ -84,6 +84,7 @@ from workloads.training_run.access.cluster_api import KubernetesCluster
 from workloads.training_run.access.ec2_instances import ec2_launch_times
 from workloads.training_run.access.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.access.node_group import EksNodeGroup
+from workloads.training_run.attempts import restarts_of
 from workloads.training_run.errors import (
     JOB_KEEPS_RUNNING,
     ApiRefused,
@@ -195,6 +196,10 @@ class RunOutputs:
     )
     efa_speedup: float | None = dataclasses.field(default=None, metadata=shown(None, benchmark="efaSpeedup"))
     gpu_nodes_released_at: str | None = dataclasses.field(default=None, metadata=shown())
+    # The job's restarts from a checkpoint and one record per restart (`attempts.ATTEMPT_KEYS`), as
+    # its summary reports them; None when it reports none.
+    restarts: int | None = dataclasses.field(default=None, metadata=shown())
+    attempts: list[dict[str, Any]] | None = dataclasses.field(default=None, metadata=shown())
     gpu_nodes: dict[str, dict[str, str]] | None = None
     gpu_nodes_unavailable: str | None = None
     finished_at: str | None = None
@@ -210,8 +215,11 @@ class RunOutputs:
     ) -> RunOutputs:
         gate, job = main
         summary = job.summary
+        restarts = restarts_of(summary)
         outputs = cls(
             gpu_nodes_released_at=released_at,
+            restarts=restarts.restarts,
+            attempts=restarts.attempts,
             job_id=job.submission_id,
             status=job.status,
             transport=job.verdict.transport,

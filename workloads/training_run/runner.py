@@ -58,6 +58,7 @@ from workloads.training_run.access.jobs import (
     submission_id_base,
 )
 from workloads.training_run.access.node_group import NodeGroupSizer
+from workloads.training_run.attempts import attempt_line, restarts_of
 from workloads.training_run.errors import (
     ApiRefused,
     ApiUnauthorized,
@@ -397,6 +398,8 @@ class TrainingRunner:
                 f"with world_size, steps, tokens_per_s, ...); last lines:\n" + "\n".join(log.last_lines())
             )
         self.env.log(f"training run: job {result.submission_id}: {summary.get('tokens_per_s')} tokens/s")
+        for attempt in restarts_of(summary).attempts or []:
+            self.env.log(attempt_line(result.submission_id, attempt))
         return replace(result, summary=summary)
 
     def run_gate(

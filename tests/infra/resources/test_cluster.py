@@ -90,7 +90,7 @@ def test_cluster_settings(stack_plan):
     assert cluster["nodeAssociatePublicIpAddress"] is False
     assert cluster["useDefaultVpcCni"] is True and "vpcCniOptions" not in cluster
     addons = {r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")}
-    assert addons == {"coredns", "amazon-cloudwatch-observability"}
+    assert addons == {"coredns", "amazon-cloudwatch-observability", "eks-node-monitoring-agent"}
 
 
 def test_kubeconfig_is_secret(stack_plan):

@@ -376,7 +376,11 @@ def test_the_dashboard_and_its_link(stack_plan):
 
 def test_observability_off_creates_none_of_it():
     plan = run_program(dev_config(observability="false"), FakeAws(region="us-east-2"))
-    assert [r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")] == ["coredns"]
+    # CoreDNS and the node monitoring agent (`gpuNodeAutoRepair`), no CloudWatch add-on.
+    assert [r.inputs["addonName"] for r in plan.of_type("aws:eks/addon:Addon")] == [
+        "coredns",
+        "eks-node-monitoring-agent",
+    ]
     assert plan.of_type(DASHBOARD) == []
     assert plan.of_type("eks-ray-train:infra:Observability") == []
     assert [r.name for r in plan.of_type(ROLE_POLICY)] == ["checkpoints-ray-pods"]
@@ -520,3 +524,39 @@ def test_the_fake_evaluates_every_expression_of_the_dashboard_and_refuses_any_ot
             assert cloudwatch.evaluate(entry[0]["expression"], START, START + 60) == {}
     with pytest.raises(NotImplementedError):
         cloudwatch.evaluate("SUM(SEARCH('{ContainerInsights,NodeName} tx', 'Sum', 60))", START, START + 60)
+
+
+def test_restarts_and_lost_steps_read_per_run_what_its_restarts_published():
+    """The job publishes, once per restart, 1 as `restarts` and the attempt's `lost_steps`
+    (`training.metrics.cloudwatch_metrics`, on the run's dimensions): the widget's `Sum` per period
+    reads how many restarts and how many lost steps fell in it, each run its own line."""
+    cloudwatch = FakeCloudWatch()
+    restarts = [("run-a", 90.0, 4), ("run-a", 110.0, 7), ("run-a", 330.0, 2), ("run-b", 200.0, 5)]
+    for run, at, lost in restarts:
+        dimensions = {
+            cloudwatch_metrics.CLUSTER_DIMENSION: "eks-ray-train",
+            cloudwatch_metrics.RUN_DIMENSION: run,
+        }
+        cloudwatch.put(
+            cloudwatch_metrics.NAMESPACE, cloudwatch_metrics.RESTARTS_METRIC, dimensions, START + at, 1
+        )
+        cloudwatch.put(
+            cloudwatch_metrics.NAMESPACE, cloudwatch_metrics.LOST_STEPS_METRIC, dimensions, START + at, lost
+        )
+
+    def per_run(index: int) -> dict[str, list[float | None]]:
+        found = cloudwatch.evaluate(
+            widget_expression("Restarts and steps lost", index), START, START + 6 * 60
+        )
+        return {
+            dict(dimensions)[cloudwatch_metrics.RUN_DIMENSION]: values for dimensions, values in found.items()
+        }
+
+    assert per_run(0) == {
+        "run-a": [None, 2, None, None, None, 1],
+        "run-b": [None, None, None, 1, None, None],
+    }
+    assert per_run(1) == {
+        "run-a": [None, 11, None, None, None, 2],
+        "run-b": [None, None, None, 5, None, None],
+    }

@@ -202,6 +202,9 @@ class _FolderSession:
     def finish(self, summary, history):
         self.summary, self.history = summary, history
 
+    def faults(self):
+        return []  # a run that was never restarted (training.loop.Session.faults)
+
 
 @pytest.fixture(scope="module")
 def one_rank_group():

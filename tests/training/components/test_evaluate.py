@@ -165,6 +165,9 @@ class _HeldOutSession:
     def finish(self, summary, history):
         self.summary = {**summary, "history": history}
 
+    def faults(self):
+        return []  # a run that was never restarted (training.loop.Session.faults)
+
 
 def test_a_run_reports_eval_loss_lr_and_grad_norm_and_tensorboard_holds_the_step_stream(
     tmp_path, capsys, one_rank_group

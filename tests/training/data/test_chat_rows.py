@@ -228,6 +228,9 @@ class _CorpusSession:
     def finish(self, summary, history):
         self.summary = summary
 
+    def faults(self):
+        return []  # a run that was never restarted (training.loop.Session.faults)
+
 
 def test_a_chat_run_reports_the_tokens_it_saw_and_the_assistant_tokens_it_trained_on(
     tmp_path, one_rank_group

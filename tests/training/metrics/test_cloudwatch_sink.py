@@ -21,8 +21,10 @@ from training.metrics.cloudwatch_metrics import (
     BUSBW_METRIC,
     CLUSTER_NAME_ENV,
     EFA_METRIC,
+    LOST_STEPS_METRIC,
     METRICS,
     NAMESPACE,
+    RESTARTS_METRIC,
 )
 from training.metrics.cloudwatch_sink import CloudWatchSink, publish_busbw, publish_step, step_datums
 from training.metrics.report import StepMetrics
@@ -248,3 +250,20 @@ def test_a_hung_request_never_holds_a_step(cloudwatch):
     release.set()
     sink.close()
     assert sink.requests >= 2
+
+
+def test_a_restart_goes_out_with_the_steps_as_one_restart_and_its_lost_steps(cloudwatch):
+    """The restarted rank 0 publishes once after its first step, before that step's points; the
+    run's last step sends both (training/loop.py)."""
+    client, sent = counting(cloudwatch)
+    config = parse_flags(["--run-name", "job-2", "--steps", "3"])
+    cloudwatch_sink.publish_restart(config, 4, environ=ENVIRON, client_factory=lambda: client)
+    publish_step(config, record(3), environ=ENVIRON, client_factory=lambda: client)
+    assert len(sent) == 1
+    run = {"ClusterName": CLUSTER, "RunName": "job-2"}
+    assert values_of(cloudwatch, RESTARTS_METRIC, run, "Sum") == [1.0]
+    assert values_of(cloudwatch, LOST_STEPS_METRIC, run, "Sum") == [4.0]
+    at = datetime.datetime.now(datetime.UTC)
+    for datum in cloudwatch_sink.restart_datums(4, CLUSTER, "job-2", at):
+        unit, dimensions = METRICS[datum["MetricName"]]
+        assert (datum["Unit"], tuple(d["Name"] for d in datum["Dimensions"])) == (unit, dimensions)

@@ -175,6 +175,7 @@ def test_worker_pods_match_the_reference_sizes():
         "NCCL_NET_PLUGIN": "ofi",
         "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_DEBUG": "INFO",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "110",
         "AWS_REGION": "us-east-2",
         "AWS_DEFAULT_REGION": "us-east-2",
         "HF_TOKEN_PATH": "/var/run/secrets/huggingface/token",
@@ -187,6 +188,41 @@ def test_worker_pods_match_the_reference_sizes():
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_a_worker_pod_drains_ray_and_stops_it_before_the_kubelets_sigkill(ray_cluster_schema):
+    """Deleted or drained, a worker pod gets SIGTERM, then SIGKILL once its grace has passed
+    (Kubernetes docs, "Pod Lifecycle"). `ray start --block` drains the node for
+    RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, then stops its processes, a second each at most
+    (ray/_private/node.py): the drain ends a margin before the grace does."""
+    cluster = manifests.ray_cluster(spec())
+    jsonschema.validate(cluster, ray_cluster_schema)
+    pod = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    grace = pod["terminationGracePeriodSeconds"]
+    env = {item["name"]: item.get("value") for item in pod["containers"][0]["env"]}
+    drain = float(env[manifests.DRAIN_TIMEOUT_ENV])
+    assert grace == manifests.WORKER_GRACE_S > 30  # longer than Kubernetes' default of 30 s
+    assert 0 < drain == grace - manifests.RAY_STOP_MARGIN_S
+    assert manifests.RAY_STOP_MARGIN_S >= 6  # one second for each of a worker's Ray processes, about 6
+    # The head is not drained: its pod's end is the cluster's.
+    assert "terminationGracePeriodSeconds" not in cluster["spec"]["headGroupSpec"]["template"]["spec"]
+
+
+def test_ray_reads_the_drain_timeout_the_worker_pod_sets():
+    """The variable is the one Ray 2.58 reads, as the number the pod gives (ray/_private/ray_constants.py)."""
+    env = {item["name"]: item.get("value") for item in ray_pod_specs()[1]["containers"][0]["env"]}
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ray._private import ray_constants; print(ray_constants.RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S)",
+        ],
+        env={**os.environ, manifests.DRAIN_TIMEOUT_ENV: env[manifests.DRAIN_TIMEOUT_ENV]},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert float(read.stdout.strip()) == manifests.WORKER_GRACE_S - manifests.RAY_STOP_MARGIN_S
 
 
 def test_gpu_count_follows_the_instance_type():

@@ -381,6 +381,8 @@ def test_the_training_output_shows_the_declared_outputs_camelcased():
         "busbwGbps": "busbw_gbps",
         "busbwFraction": "busbw_fraction",
         "gpuNodesReleasedAt": "gpu_nodes_released_at",
+        "restarts": "restarts",
+        "attempts": "attempts",
         "lineRateGbps": "line_rate_gbps",
         "checkEfaCounters": "check_efa_counters",
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import threading
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import replace
@@ -16,7 +18,7 @@ from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
 from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
 from tests.harness.fake_kube_api import HANDSHAKE_TRAFFIC, FakeReaderNode
 from tests.harness.paths import REPO_ROOT
-from tests.harness.ray_head import RayHead
+from tests.harness.ray_head import RayHead, running_head, stop_process_tree, worker_node
 from tests.harness.training_run_fakes import (
     EFA_JOB,
     EFA_JOB_TRAFFIC,
@@ -25,6 +27,7 @@ from tests.harness.training_run_fakes import (
     HEAD_POD,
     INSTANCE_IDS,
     LAUNCHED,
+    LOST_WORKER_ATTEMPT,
     OOM_JOB,
     OUTPUT_TIME,
     PROBE_TRAFFIC,
@@ -35,6 +38,7 @@ from tests.harness.training_run_fakes import (
     FakeCoreApi,
     FakeCustomObjects,
     FakeRayHead,
+    driver_log,
     failure_of,
     gpu_node,
     main_and_tcp_head,
@@ -43,10 +47,12 @@ from tests.harness.training_run_fakes import (
     ray_pod,
     run_inputs,
     scripted,
+    with_restarts,
 )
+from training.config.run_config import TRAIN_STATE_FILE
 from training.metrics.efa_sysfs import MOVED, SYSFS_ROOT
 from workloads import manifests
-from workloads.training_run import errors, provider, runner, schema
+from workloads.training_run import attempts, errors, provider, runner, schema
 from workloads.training_run.access import jobs
 from workloads.training_run.access.cluster_api import KubernetesCluster
 from workloads.training_run.access.commands import LocalExecutor
@@ -108,12 +114,46 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     assert progress and "531 tok/s" in progress[0]
 
 
+def test_a_job_that_restarted_outputs_its_attempts_and_logs_a_line_for_each():
+    """The job's summary reports its restarts (`workloads.training_run.attempts`): the outputs carry
+    them as reported, the stack output `training` shows them, and `pulumi up` logs one line per
+    attempt naming its cause, node and lost steps."""
+    second = {**LOST_WORKER_ATTEMPT, "attempt": 2, "node": None, "recovery_s": None, "cause": "NCCL error"}
+    restarted = with_restarts(driver_log("driver_main.log"), [LOST_WORKER_ATTEMPT, second])
+    fake = FakeCluster(main_and_tcp_head(driver_log=restarted))
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert outs["status"] == "SUCCEEDED" and outs["restarts"] == 2
+    assert outs["attempts"] == [LOST_WORKER_ATTEMPT, second]
+    assert {"restarts", "attempts"} <= set(provider.training_output_keys()[provider.TOP].values())
+    lines = [line for line in fake.logged if ": restart " in line]
+    assert lines == [
+        f"training run: job {outs['job_id']}: restart 1 on ray-train-gpu-workers-worker-b: worker on "
+        "ray-train-gpu-workers-worker-b died: ActorDiedError (the pod was deleted); failed after step 3, "
+        "resumed from step 2, 1 steps lost, recovered in 41.5 s",
+        f"training run: job {outs['job_id']}: restart 2: NCCL error; failed after step 3, resumed from "
+        "step 2, 1 steps lost, no step finished after it",
+    ]
+
+
+def test_a_summary_without_restarts_leaves_them_unknown_and_logs_none():
+    """A job whose summary says nothing of restarts (a training package without them) is not read as
+    one that never restarted: both outputs are null."""
+    fake = FakeCluster(main_and_tcp_head())
+    outs = fake.provider().create(props(run_inputs())).outs
+    assert (outs["restarts"], outs["attempts"]) == (None, None)
+    assert not [line for line in fake.logged if ": restart " in line]
+    unrestarted = with_restarts(driver_log("driver_main.log"), [])
+    outs = FakeCluster(main_and_tcp_head(driver_log=unrestarted)).provider().create(props(run_inputs())).outs
+    assert (outs["restarts"], outs["attempts"]) == (0, [])
+
+
 def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     fake = FakeCluster(main_and_tcp_head())
     outs = fake.provider().create(props(run_inputs(benchmark=True))).outs
     main_submit, tcp_submit = fake.head.submissions
     main_env = json.loads(main_submit[main_submit.index("--runtime-env-json") + 1])["env_vars"]
-    assert list(main_env) == ["NCCL_DEBUG_FILE"]  # the main run keeps the pods' NCCL settings
+    # The main run keeps the pods' NCCL settings; beside its NCCL log file, only Ray Train's restart wait.
+    assert sorted(main_env) == ["NCCL_DEBUG_FILE", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]
     tcp_env = json.loads(tcp_submit[tcp_submit.index("--runtime-env-json") + 1])["env_vars"]
     assert (tcp_env["NCCL_NET"], tcp_env["NCCL_NET_PLUGIN"]) == ("Socket", "none")
     assert (
@@ -840,3 +880,68 @@ def test_an_instance_ec2_no_longer_lists_is_named_and_the_others_counted_not_a_r
         (end - LAUNCHED[INSTANCE_IDS["node-a"]]).total_seconds() / 3600, 4
     )
     assert list(measured["notCounted"]) == [INSTANCE_IDS["node-b"]] and measured["unavailable"] is None
+
+
+# A worker pod deleted mid-job, on a real local Ray. A KubeRay worker pod is a Ray node (`ray start
+# --address=<head> --block`), so the "pod" is a second raylet on this machine (`ray_head.worker_node`)
+# holding every CPU the training workers ask for; the head holds none, as the RayCluster's head holds
+# no GPU. The pod deleted with its node gone is its raylet's process tree killed; KubeRay's replacement
+# is a fresh raylet. The job runs through the run's own commands (`local_job`: the gate's probe cannot
+# pass on CPU, where gloo prints no NCCL line). The job's driver log reaches the run in batches, so
+# the kill waits for the first checkpoint on disk; steps of about 0.2 to 0.7 s on this CPU leave the
+# job most of its steps after it.
+RESTART_STEPS, RESTART_CHECKPOINT_EVERY = 60, 5
+RESTART_WORKER_CPUS = 3  # two CPU workers and one for Ray Data's tasks, as `--local` sizes its embedded Ray
+
+
+@pytest.mark.slow
+def test_a_worker_pod_deleted_mid_job_ends_succeeded_after_one_restart_naming_it():
+    with running_head(num_cpus=0) as head:
+        code_dir, code_hash = shipped_code(head.root)
+        job_args = (
+            "--preset", "tiny",
+            "--data", "synthetic",
+            "--steps", str(RESTART_STEPS),
+            "--workers", "2",
+            "--no-use-gpu",
+            "--checkpoint-every", str(RESTART_CHECKPOINT_EVERY),
+            "--max-failures", "2",
+            "--storage-path", str(head.root / "runs"),
+        )  # fmt: skip
+        inputs = run_inputs(code_hash=code_hash, job_args=job_args, timeout_minutes=10)
+        logged: list[str] = []
+        result: list[JobResult | BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(local_job(head, inputs, code_dir, logged))
+            except BaseException as error:  # handed to the test's thread
+                result.append(error)
+
+        with worker_node(head, RESTART_WORKER_CPUS) as pod:
+            follower = threading.Thread(target=run, daemon=True)
+            follower.start()
+            deadline = time.monotonic() + 300
+            # A complete checkpoint in the run's storage (its train state is written last).
+            while not any((head.root / "runs").rglob(f"checkpoint_*/{TRAIN_STATE_FILE}")):
+                assert follower.is_alive() and time.monotonic() < deadline, (logged[-5:], result)
+                time.sleep(0.2)
+            stop_process_tree(pod)  # the pod deleted, its node gone
+        with worker_node(head, RESTART_WORKER_CPUS):  # KubeRay's replacement pod
+            follower.join(timeout=540)
+        assert result, "the job did not end within 9 minutes of the restart"
+        (job,) = result
+        assert isinstance(job, JobResult), job
+        assert job.status == "SUCCEEDED" and job.summary["steps"] == RESTART_STEPS
+        found = attempts.restarts_of(job.summary)
+        assert found.restarts == 1
+        (attempt,) = found.attempts or []
+        assert attempt["attempt"] == 1 and attempt["cause"] and "\n" not in attempt["cause"]
+        # The controller counts a step once every worker's report of it is polled: it may trail the
+        # killed worker's last step (training.components.attempts), never the checkpoint resumed from.
+        assert attempt["resumed_from_step"] % RESTART_CHECKPOINT_EVERY == 0
+        assert attempt["failed_after_step"] >= attempt["resumed_from_step"]
+        assert 0 <= attempt["lost_steps"] <= 2 * RESTART_CHECKPOINT_EVERY
+        assert [line for line in logged if ": restart 1" in line] == [
+            attempts.attempt_line(job.submission_id, attempt)
+        ]

@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from infra.aws_facts.node_repair import NODE_REPLACEMENT_S
 from platform_contract import PROJECT, RAY_PORTS
+from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
 from workloads import manifests
 from workloads.training_run.access import head_jobs_api
 from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor
@@ -55,6 +57,12 @@ JOB_ID_PREFIX = PROJECT
 # often the channel lines of the first collective. The folder is the Ray pods' emptyDir; NCCL
 # does not create folders (it falls back to stdout), so the file lies in it directly.
 NCCL_LOG_DIR = manifests.RAY_TMP_DIR
+# Ray Train's wait for a worker group to start, a restarted one included (ray/train/v2/_internal/
+# constants.py, default 60 s): long enough for the node group to replace a lost GPU node
+# (`NODE_REPLACEMENT_S`). In the job's runtime environment, which reaches its driver; Ray Train
+# passes it on to its controller (`ENV_VARS_TO_PROPAGATE`), and the training driver sets its own
+# default only where the variable is unset.
+RESTART_ENV = {WORKER_GROUP_START_TIMEOUT_ENV: str(NODE_REPLACEMENT_S)}
 PODS_METADATA = f"{PROJECT}/pods"  # Ray job metadata key: the pods the job was submitted to
 RECORD_DIR = f"{PROJECT}-records"  # below the head pod's /tmp/ray: one JSON record per submission id
 WRITE_RECORD_SCRIPT = 'mkdir -p "${1%/*}" && printf "%s" "$2" > "$1"'
@@ -205,11 +213,12 @@ def submit_command(
 
     The run folder is named after the submission id, so checkpoints and summaries in the
     storage path can be found from the stack output. The job's metadata records `pods`. The
-    job's runtime environment, which Ray Train's workers inherit, names their NCCL log files.
+    job's runtime environment, which Ray Train's workers inherit, names their NCCL log files and
+    gives a restarted worker group the time a node replacement takes (`RESTART_ENV`).
     """
     argv = ["ray", "job", "submit", "--address", dashboard, "--submission-id", submission_id, "--no-wait"]
     argv += ["--working-dir", code_dir, "--metadata-json", json.dumps({PODS_METADATA: pods})]
-    env = {**env_vars, "NCCL_DEBUG_FILE": nccl_debug_file(nccl_log_dir, submission_id)}
+    env = {**RESTART_ENV, **env_vars, "NCCL_DEBUG_FILE": nccl_debug_file(nccl_log_dir, submission_id)}
     argv += ["--runtime-env-json", json.dumps({"env_vars": env}, sort_keys=True)]
     argv += ["--", "python", "-m", module, *job_args]
     if module == "training" and "--run-name" not in job_args:

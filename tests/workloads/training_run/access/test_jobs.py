@@ -93,8 +93,29 @@ def test_submit_command_ships_the_code_and_names_the_run_after_the_job():
     assert int(env["NCCL_SOCKET_NTHREADS"]) * int(env["NCCL_NSOCKS_PERTHREAD"]) > 1
     plain = jobs.submit_command(jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, {}, PODS_NOW)
     assert json.loads(plain[plain.index("--runtime-env-json") + 1]) == {
-        "env_vars": {"NCCL_DEBUG_FILE": "/tmp/ray/nccl-j.%h.%p.log"}
+        "env_vars": {
+            "NCCL_DEBUG_FILE": "/tmp/ray/nccl-j.%h.%p.log",
+            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "1200",
+        }
     }
+
+
+def test_a_restarted_worker_group_waits_as_long_as_a_node_replacement_takes():
+    """Ray Train gives a worker group RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S to start, 60 s by default
+    (ray/train/v2/_internal/constants.py): no replaced GPU node is back by then. The job's runtime
+    environment sets it to the replacement's bound, under the name Ray reads, and passes it on to Ray
+    Train's controller (ENV_VARS_TO_PROPAGATE)."""
+    from ray.train.v2._internal import constants
+
+    from infra.aws_facts.node_repair import NODE_REPLACEMENT_S
+
+    assert jobs.WORKER_GROUP_START_TIMEOUT_ENV == constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR
+    assert jobs.WORKER_GROUP_START_TIMEOUT_ENV in constants.ENV_VARS_TO_PROPAGATE
+    assert NODE_REPLACEMENT_S > constants.DEFAULT_WORKER_GROUP_START_TIMEOUT_S
+    for env_vars in ({}, runner.TCP_BASELINE_ENV):
+        argv = jobs.submit_command(jobs.DASHBOARD_ADDRESS, "j", "/c", SMOKE_ARGS, env_vars, PODS_NOW)
+        env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+        assert float(env[jobs.WORKER_GROUP_START_TIMEOUT_ENV]) == NODE_REPLACEMENT_S
 
 
 def test_job_status_mirrors_rays():

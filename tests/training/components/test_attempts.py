@@ -1,0 +1,211 @@
+"""The attempts record: a fault's one-line cause and node, the steps it lost and the seconds it took,
+the restarts refused (a second fault on one node, the recovery budget spent), and the controller's
+callback writing it where the restarted rank 0 reads it."""
+
+from __future__ import annotations
+
+import types
+
+import pyarrow.fs
+import pytest
+from ray.exceptions import RayActorError
+from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+from ray.train.v2.api.config import RunConfig
+
+from training.components.attempts import (
+    ACTOR_DIED,
+    ATTEMPT_KEYS,
+    CAUSE_CHARS,
+    DETECTED_AT,
+    Restarts,
+    WorkerError,
+    dumps_record,
+    fault_cause,
+    loads_record,
+    record_fault,
+    record_recovery,
+    recovery_spent_s,
+    restart_refusal,
+)
+from training.config.presets import PRESETS
+from training.config.run_config import parse_flags
+from training.errors import RestartRefusedError
+from training.launch.ray_launcher import (
+    HOST_KEY,
+    WORKER_GROUP_START_TIMEOUT_S,
+    AttemptRecorder,
+    read_attempts,
+    start_retries,
+    worker_error,
+)
+
+# An actor death as Ray words it: its fixed first line, tab-indented fields, then why
+# (ray/exceptions.py, ActorDiedError.__init__), as the controller logged it for a SIGKILLed worker.
+DEATH = "\n".join(
+    [
+        ACTOR_DIED,
+        "\tclass_name: RayTrainWorker",
+        "\tpid: 26248",
+        "\tip: 192.0.2.2",
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker "
+        "exit detail: Worker unexpectedly exits with a connection error code 2. End of file.",
+    ]
+)
+HOSTS = {0: "ray-worker-a", 1: "ray-worker-b"}
+
+
+def fault(node: str | None, *, at: float, recovery_s: float | None = 10.0, record=()) -> list[dict]:
+    record = record_fault(
+        record, cause="c", node=node, failed_after_step=9, resumed_from_step=5, detected_at=at
+    )
+    return record if recovery_s is None else record_recovery(record, first_step=6, at=at + recovery_s)
+
+
+def test_a_dead_worker_is_the_cause_before_the_collective_errors_it_left_on_the_others():
+    errors = [
+        WorkerError(0, died=False, kind="DistBackendError", message="Connection closed by peer\nmore"),
+        WorkerError(1, died=True, kind="ActorDiedError", message=DEATH),
+    ]
+    cause, node = fault_cause(errors, HOSTS)
+    assert node == "ray-worker-b"
+    assert cause == (
+        "rank 1 on ray-worker-b died (and 1 other rank): ActorDiedError: "
+        "The actor is dead because its worker process has died."
+    )
+
+
+def test_a_raised_error_is_its_first_line_and_a_long_one_is_cut():
+    hang = "step 12 hung: rank 1 never reached all_reduce #57\nstacks follow"
+    cause, node = fault_cause([WorkerError(3, died=False, kind="HangError", message=hang)], {})
+    assert (cause, node) == (
+        "rank 3 raised: HangError: step 12 hung: rank 1 never reached all_reduce #57",
+        None,
+    )
+    long, _ = fault_cause([WorkerError(0, died=False, kind="E", message="x" * 1000)], HOSTS)
+    assert len(long) == CAUSE_CHARS and "\n" not in long and long.endswith("…")
+
+
+def test_a_fault_records_its_steps_and_its_recovery_the_first_step_after_the_restart():
+    record = record_fault(
+        [], cause="c", node="n", failed_after_step=9, resumed_from_step=5, detected_at=100.0
+    )
+    assert record[0]["lost_steps"] == 4 and record[0]["recovery_s"] is None
+    recovered = record_recovery(record, first_step=6, at=114.25)
+    assert {key: recovered[0][key] for key in ATTEMPT_KEYS} == {
+        "attempt": 1,
+        "cause": "c",
+        "node": "n",
+        "failed_after_step": 9,
+        "resumed_from_step": 5,
+        "lost_steps": 4,
+        "recovery_s": 14.25,
+    }
+    # A second report of the same attempt keeps its first one's recovery.
+    assert record_recovery(recovered, first_step=7, at=200.0) == recovered
+    second = record_fault(
+        recovered, cause="d", node=None, failed_after_step=5, resumed_from_step=5, detected_at=300
+    )
+    assert second[1]["attempt"] == 2 and second[1]["lost_steps"] == 0
+
+
+def test_two_faults_in_a_row_on_one_node_refuse_naming_it_and_the_fix():
+    record = fault("ip-10-0-1-7", at=100.0, record=fault("ip-10-0-1-7", at=0.0))
+    line = restart_refusal(record, budget_s=1800, one_node=False)
+    assert line is not None and "\n" not in line
+    assert "two faults in a row on node ip-10-0-1-7" in line and "kubectl cordon ip-10-0-1-7" in line
+    # The run's only node (a laptop, --local) is never refused for it; other or unknown nodes are not.
+    assert restart_refusal(record, budget_s=1800, one_node=True) is None
+    assert (
+        restart_refusal(fault("b", at=100.0, record=fault("a", at=0.0)), budget_s=1800, one_node=False)
+        is None
+    )
+    assert (
+        restart_refusal(fault(None, at=100.0, record=fault(None, at=0.0)), budget_s=1800, one_node=False)
+        is None
+    )
+    assert restart_refusal([], budget_s=1800, one_node=False) is None
+
+
+def test_the_budget_counts_the_recoveries_before_the_latest_and_refuses_once_spent():
+    # 1: recovered in 10 s; 2: failed again 50 s after its fault without a step; 3: starting now.
+    record = fault("a", at=0.0)
+    record = fault("b", at=500.0, recovery_s=None, record=record)
+    record = fault("c", at=550.0, recovery_s=None, record=record)
+    assert recovery_spent_s(record) == pytest.approx(60.0)
+    assert restart_refusal(record, budget_s=61, one_node=False) is None
+    line = restart_refusal(record, budget_s=60, one_node=False)
+    assert line is not None and "2 restarts spent 60 s recovering, --recovery-budget-s 60" in line
+
+
+def test_rank_0_prints_one_line_per_restart_and_the_summary_holds_the_contracts_keys():
+    config = parse_flags(["--run-name", "r"])
+    stored = record_fault(
+        [], cause="rank 1 died", node="vm", failed_after_step=8, resumed_from_step=5, detected_at=100.0
+    )
+    lines: list[str] = []
+    restarts = Restarts.begin(loads_record(dumps_record(stored)), config, one_node=True)
+    attempt = restarts.first_step(5, 114.2, lines.append)
+    assert lines == ["restart 1 of 3 after rank 1 died: resumed from step 5, 3 steps lost, 14.2 s to recover"]
+    assert attempt == restarts.summary_fields()["attempts"][0]
+    fields = restarts.summary_fields()
+    assert fields["restarts"] == 1 and list(fields["attempts"][0]) == list(ATTEMPT_KEYS)
+    assert DETECTED_AT not in fields["attempts"][0]
+    never = Restarts.begin([], config, one_node=True)
+    assert never.first_step(0, 1.0, lines.append) is None and len(lines) == 1
+    assert never.summary_fields() == {"restarts": 0, "attempts": []}
+
+
+def test_a_refused_restart_is_a_one_line_error_before_anything_is_built():
+    config = parse_flags(["--run-name", "r", "--recovery-budget-s", "5"])
+    record = fault("b", at=100.0, record=fault("a", at=0.0))
+    with pytest.raises(
+        RestartRefusedError, match=r"^1 restarts spent 10 s recovering, --recovery-budget-s 5"
+    ):
+        Restarts.begin(record, config, one_node=False)
+
+
+def test_a_record_that_is_not_a_list_is_refused():
+    with pytest.raises(ValueError, match="not a list of attempts"):
+        loads_record(b"{}")
+
+
+def test_every_preset_restarts_three_times_within_half_an_hour():
+    assert {(preset["max_failures"], preset["recovery_budget_s"]) for preset in PRESETS.values()} == {
+        (3, 1800.0)
+    }
+
+
+def test_start_timeouts_fit_the_recovery_budget_and_are_at_least_one():
+    assert start_retries(1800.0, WORKER_GROUP_START_TIMEOUT_S) == 2
+    assert start_retries(60.0, WORKER_GROUP_START_TIMEOUT_S) == 1
+
+
+def test_a_dead_worker_comes_out_of_ray_trains_health_check_error():
+    died = worker_error(
+        1, WorkerHealthCheckFailedError("health check failed", RayActorError(error_msg=DEATH))
+    )
+    assert (died.rank, died.died, died.kind) == (1, True, "RayActorError") and DEATH in died.message
+    raised = worker_error(0, RuntimeError("NCCL error"))
+    assert (raised.died, raised.kind, raised.message) == (False, "RuntimeError", "NCCL error")
+
+
+def test_the_controllers_callback_writes_what_the_restarted_rank_0_reads(tmp_path):
+    """Ray Train calls the callback on its controller (ray/train/v2/api/callback.py) with a
+    TrainRunContext whose run_config is the driver's RunConfig (ray/train/v2/_internal/execution/
+    context.py); here a real RunConfig on a local folder, as a run's storage."""
+    run_config = RunConfig(name="run", storage_path=str(tmp_path))
+    context = types.SimpleNamespace(run_config=run_config)
+    recorder = AttemptRecorder()
+    reported = [{"step": 0, HOST_KEY: HOSTS[0]}, {"step": 0, HOST_KEY: HOSTS[1]}]
+    for step in (1, 2, 3):
+        metrics = [{**entry, "step": step} for entry in reported]
+        recorder.after_report(context, metrics, checkpoint=object() if step == 2 else None)
+    recorder.after_exception(context, {1: WorkerHealthCheckFailedError("x", RayActorError(error_msg=DEATH))})
+    filesystem = pyarrow.fs.LocalFileSystem()
+    [stored] = read_attempts(filesystem, str(tmp_path / "run"))
+    assert (stored["node"], stored["failed_after_step"], stored["resumed_from_step"]) == (HOSTS[1], 3, 2)
+    assert stored["recovery_s"] is None
+    recorder.after_report(context, [{"step": 3, HOST_KEY: HOSTS[0]}, {"step": 3, HOST_KEY: HOSTS[1]}], None)
+    [recovered] = read_attempts(filesystem, str(tmp_path / "run"))
+    assert recovered["resumed_from_step"] == 2 and recovered["recovery_s"] >= 0
+    assert read_attempts(filesystem, str(tmp_path / "other")) == []
