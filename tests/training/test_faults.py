@@ -4,6 +4,7 @@ driver drains the embedded node and exits once the checkpoint of the step in pro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -119,6 +120,15 @@ def test_a_worker_stopped_mid_run_is_named_and_the_run_restarts_and_finishes(tmp
     output = "".join(lines)
     assert "resumed from step 20" in output
     assert re.search(r"step 80/80", output)
+    summary = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+    # The attempt as training.components.attempts records it: stopped in step 24, resumed from 20;
+    # the controller's last step may trail the workers' by the reports it has not polled.
+    (attempt,) = summary["attempts"]
+    print(f"attempt: {attempt}")
+    assert summary["restarts"] == 1
+    assert attempt["resumed_from_step"] == 20
+    assert 20 <= attempt["failed_after_step"] <= 23
+    assert attempt["lost_steps"] == attempt["failed_after_step"] - 20
 
 
 @pytest.mark.slow
