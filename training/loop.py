@@ -569,7 +569,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     checkpoint_s: float | None = None
     # A session may offer a drain notice to poll (Ray Train's preemption API; a barrier).
     drain = DrainWatch(getattr(session, "preemption_notice", None))
-    watchdog = HangWatchdog.start(session.rank, session.world_size, config.hang_margin_s, emit)
+    watchdog = HangWatchdog.start(
+        session.rank, session.world_size, config.hang_margin_s, emit, getattr(session, "note_hang", None)
+    )
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()

@@ -126,6 +126,8 @@ def test_a_worker_stopped_mid_run_is_named_and_the_run_restarts_and_finishes(tmp
     (attempt,) = summary["attempts"]
     print(f"attempt: {attempt}")
     assert summary["restarts"] == 1
+    # The watchdog's finding is the cause, not the death of rank 0, which found it and exited.
+    assert attempt["cause"] == finding.split(") ", 1)[1].strip()
     assert attempt["resumed_from_step"] == 20
     assert 20 <= attempt["failed_after_step"] <= 23
     assert attempt["lost_steps"] == attempt["failed_after_step"] - 20

@@ -54,9 +54,14 @@ RECENT_STEPS = 20
 FIRST_STEP_LIMIT_S = 540.0
 # How long a rank waits for the store to answer before naming its host (rank 0) as not answering.
 STORE_TIMEOUT_S = 2.0
+# How long the finding's note (`on_finding`) may take before the attempt ends without it.
+NOTE_TIMEOUT_S = 10.0
 # A gloo rank that found a hang exits with this (EX_TEMPFAIL: try again), after its line.
 HANG_EXIT_CODE = 75
 KEY_PREFIX = "hang-watchdog/"
+# The finding a launcher keeps for its restart's record (`HangWatchdog.on_finding`): under gloo the
+# rank that found the hang exits, and the record would otherwise blame that rank's node.
+HANG_NOTE_FILE = "hang.json"
 IN_STEP, BETWEEN = "step", "between"
 
 
@@ -185,6 +190,14 @@ def hang_line(
     )
 
 
+def hang_cause(note: dict[str, Any], hosts: dict[int, str], limit: int) -> tuple[str, str | None]:
+    """The attempt's cause and node from a hang's note ({"cause": line, "ranks": lagging}): the
+    finding (cut to `limit` characters) and the host of the first rank that did not arrive."""
+    line, ranks = str(note["cause"]), list(note.get("ranks") or [])
+    cause = line if len(line) <= limit else line[: limit - 1] + "…"
+    return cause, (hosts.get(int(ranks[0])) if ranks else None)
+
+
 def _stack(frame: FrameType | None) -> list[tuple[str, str, int]]:
     frames = []
     while frame is not None:
@@ -207,10 +220,17 @@ class HangWatchdog:
     """One rank's watchdog thread (`start`); `step` arms it around a training step."""
 
     def __init__(
-        self, rank: int, world_size: int, margin_s: float, store: Any, emit: Callable[[str], None]
+        self,
+        rank: int,
+        world_size: int,
+        margin_s: float,
+        store: Any,
+        emit: Callable[[str], None],
+        on_finding: Callable[[str, tuple[int, ...]], None] | None = None,
     ) -> None:
+        """`on_finding(line, ranks)`: where the launcher keeps the finding (Ray: `HANG_NOTE_FILE`)."""
         self.rank, self.world_size, self.margin_s = rank, world_size, margin_s
-        self.store, self.emit = store, emit
+        self.store, self.emit, self.on_finding = store, emit, on_finding
         self.step_times: list[float] = []
         self.current = Beat(time.time(), 0, BETWEEN)
         self.step_started: float | None = None
@@ -221,7 +241,14 @@ class HangWatchdog:
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
 
     @classmethod
-    def start(cls, rank: int, world_size: int, margin_s: float, emit: Callable[[str], None]) -> HangWatchdog:
+    def start(
+        cls,
+        rank: int,
+        world_size: int,
+        margin_s: float,
+        emit: Callable[[str], None],
+        on_finding: Callable[[str, tuple[int, ...]], None] | None = None,
+    ) -> HangWatchdog:
         """A watchdog with its own client of the process group's store (MASTER_ADDR/MASTER_PORT,
         which torchrun and Ray Train's env:// set-up export), so a store call that waits on a
         stopped host never holds the process group's own client."""
@@ -234,7 +261,7 @@ class HangWatchdog:
                 timeout=timedelta(seconds=STORE_TIMEOUT_S),
                 wait_for_workers=False,
             )
-        watchdog = cls(rank, world_size, margin_s, store, emit)
+        watchdog = cls(rank, world_size, margin_s, store, emit, on_finding)
         watchdog._publish()  # before any rank reads it
         watchdog._thread.start()
         return watchdog
@@ -327,7 +354,7 @@ class HangWatchdog:
             if verdict.hung:
                 ages = [now - beats[rank].time for rank in verdict.lagging if beats and rank in beats]
                 waited = max([in_step, time.monotonic() - store_answered, *ages])
-                self._end(self._finding(waited, expected, verdict))
+                self._end(self._finding(waited, expected, verdict), verdict.lagging)
 
     def _finding(self, waited: float, expected: float | None, verdict: Verdict) -> str:
         frame = sys._current_frames().get(self.training_thread)
@@ -342,11 +369,16 @@ class HangWatchdog:
             recorded=last_recorded_collective(_flight_recorder_dump()),
         )
 
-    def _end(self, finding: str) -> None:
+    def _end(self, finding: str, lagging: tuple[int, ...]) -> None:
         self.finding = finding
         self.emit(finding)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
+        if self.on_finding is not None:
+            # Bounded: storage that does not answer must not hold the attempt's end.
+            note = threading.Thread(target=self.on_finding, args=(finding, lagging), daemon=True)
+            note.start()
+            note.join(NOTE_TIMEOUT_S)
         if dist.is_initialized() and dist.get_backend() == "nccl":
             dist.distributed_c10d._abort_process_group()
             return

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import socket
@@ -49,6 +50,7 @@ from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.components.attempts import (
     ATTEMPTS_FILE,
+    CAUSE_CHARS,
     WorkerError,
     dumps_record,
     fault_cause,
@@ -58,6 +60,7 @@ from training.components.attempts import (
 )
 from training.components.checkpoint import CHECKPOINT_SCORE
 from training.components.drain import Notice
+from training.components.watchdog import HANG_NOTE_FILE, hang_cause
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
@@ -175,6 +178,14 @@ class RaySession:
         storage = ray.train.get_context().get_storage()
         return read_attempts(storage.storage_filesystem, storage.experiment_fs_path)
 
+    def note_hang(self, line: str, ranks: tuple[int, ...]) -> None:
+        """The hang watchdog's finding, kept in the run's folder for the controller's record
+        (`AttemptRecorder`): under gloo this rank exits, and its death alone would be the cause."""
+        storage = ray.train.get_context().get_storage()
+        path = f"{storage.experiment_fs_path.rstrip('/')}/{HANG_NOTE_FILE}"
+        with storage.storage_filesystem.open_output_stream(path) as out:
+            out.write(json.dumps({"cause": line, "ranks": list(ranks)}).encode())
+
     def preemption_notice(self) -> Notice | None:
         """Ray Train's notice that a node of the worker group is being drained; a barrier every rank
         calls at the same step (`training.components.drain.DrainWatch`)."""
@@ -238,6 +249,8 @@ class AttemptRecorder(UserCallback):
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         errors = [worker_error(rank, error) for rank, error in sorted(worker_exceptions.items())]
         cause, node = fault_cause(errors, self.hosts)
+        if (note := _take_hang_note(run_context)) is not None:
+            cause, node = hang_cause(note, self.hosts, CAUSE_CHARS)
         self.record = record_fault(
             self.record,
             cause=cause,
@@ -427,13 +440,29 @@ def start_retries(recovery_budget_s: float, start_timeout_s: float) -> int:
     return max(1, math.ceil(recovery_budget_s / start_timeout_s))
 
 
+def _hang_note_path(run_path: str) -> str:
+    return f"{run_path.rstrip('/')}/{HANG_NOTE_FILE}"
+
+
+def _take_hang_note(run_context: Any) -> dict[str, Any] | None:
+    """The hang watchdog's note of the attempt that failed (`RaySession.note_hang`), removed as read."""
+    storage = run_context.run_config.storage_context
+    path, filesystem = _hang_note_path(storage.experiment_fs_path), storage.storage_filesystem
+    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        note: dict[str, Any] = json.loads(stream.read())
+    filesystem.delete_file(path)
+    return note
+
+
 def _clear_attempts(run_config: RunConfig) -> None:
     """A run starts with no attempts: a record left by an earlier run of this --run-name (which
     failed, and which this one resumes) is not this run's."""
     storage = run_config.storage_context
-    path = _attempts_path(storage.experiment_fs_path)
-    if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
-        storage.storage_filesystem.delete_file(path)
+    for path in (_attempts_path(storage.experiment_fs_path), _hang_note_path(storage.experiment_fs_path)):
+        if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
+            storage.storage_filesystem.delete_file(path)
 
 
 def run(config: TrainConfig) -> dict[str, Any]:

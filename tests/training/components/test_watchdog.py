@@ -26,6 +26,7 @@ from training.components.watchdog import (
     HangWatchdog,
     Verdict,
     expected_step_s,
+    hang_cause,
     hang_limit_s,
     hang_line,
     judge,
@@ -145,6 +146,20 @@ def test_the_line_names_the_ranks_the_collective_and_the_limit():
         collective="x",
         recorded=None,
     )
+
+
+def test_the_attempts_cause_is_the_finding_and_its_node_the_first_rank_that_did_not_arrive():
+    """Not the node of the rank that found the hang and exited (gloo): a repeated failure on one
+    node is judged by this node."""
+    note = {
+        "cause": "hang at step 24: rank(s) 2, 3 did not arrive; rank 0 waits in all_reduce",
+        "ranks": [2, 3],
+    }
+    hosts = {0: "worker-a", 2: "worker-b", 3: "worker-b"}
+    assert hang_cause(note, hosts, 240) == (note["cause"], "worker-b")
+    assert hang_cause({**note, "ranks": []}, hosts, 240)[1] is None  # a deadlock: no rank missing
+    cut, _ = hang_cause(note, hosts, 20)
+    assert len(cut) == 20 and cut.endswith("…")
 
 
 def test_a_collective_that_raises_after_the_watchdogs_abort_raises_its_finding():
