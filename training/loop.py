@@ -20,6 +20,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from training.components.async_checkpoint import CheckpointWriter
 from training.components.attempts import Restarts
 from training.components.checkpoint import (
     CHECKPOINT_SCORE,
@@ -49,7 +50,7 @@ from training.metrics.cloudwatch_sink import publish_restart, publish_step
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.flops import num_params
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
-from training.metrics.run_metrics import RunMetrics, step_sums
+from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
 from training.metrics.tensorboard_sink import TensorBoardSink
 from training.model.attention import attention_kernel
 from training.model.causal_lm import (
@@ -90,6 +91,13 @@ class Session(Protocol):
 
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Publish a step's metrics; `save(folder)` writes a checkpoint when one is due."""
+
+    def checkpoint_folder(self, step: int) -> str:
+        """Where this rank writes step's checkpoint behind the next steps; no checkpoint until
+        `publish` (training/components/async_checkpoint.py)."""
+
+    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
+        """The step's report, with the completed checkpoint of `step` written into `folder`."""
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """Publish the run summary and per-step history."""
@@ -383,7 +391,7 @@ def train_step(
     *,
     step: int,
     deadline: Deadline | None = None,
-    drain: DrainWatch | None = None,
+    tally: list[float] | None = None,
 ) -> tuple[float, float]:
     """Optimizer step `step` on micro-batches (`model_batch` of stored rows; forward and
     backward each in turn, then one clip and one optimizer step); returns the step's loss,
@@ -391,8 +399,8 @@ def train_step(
     clipping. A non-finite loss or gradient
     norm raises `DivergedError` on every rank before the optimizer step touches the weights.
     With `deadline`, this rank's vote to stop after this step rides on the same all-reduce, and
-    `deadline.agreed` says whether any rank voted so; so do `drain`'s votes
-    (`training.components.drain`)."""
+    `deadline.agreed` says whether any rank voted so. `tally`: counts summed over the ranks on the
+    same all-reduce, in place (the checkpoint writer's, `CheckpointWriter.ballot`)."""
     set_learning_rate(optimizer, lr)
     # One normaliser for the whole step: each micro-batch's summed loss over the step's
     # valid-label count, so the accumulated gradient is that of the step's token mean.
@@ -423,15 +431,14 @@ def train_step(
     # backward, then queues the optimizer step and builds the next batch while the device runs it.
     # Both values are all-reduced, so every rank decides alike and none is left waiting in a
     # collective.
-    step_loss, norm, (stop, *drain_counts) = step_sums(
+    step_loss, norm, stop = loss_and_grad_norm(
         torch.stack(losses).sum(),
         cast(DTensor, grad_norm).full_tensor(),
-        (deadline is not None and deadline.vote(), *(drain.votes() if drain else ())),
+        stop=deadline is not None and deadline.vote(),
+        tally=tally,
     )
     if deadline is not None:
-        deadline.agreed = stop > 0
-    if drain is not None:
-        drain.tally(drain_counts)
+        deadline.agreed = stop
     problem = divergence(step, loss=step_loss, grad_norm=norm, lr=lr)
     if problem:
         raise DivergedError(problem)
@@ -525,16 +532,19 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         if session.rank == 0:
             emit(f"initialised from the weights of {config.init_from}; optimizer and step counter fresh")
 
+    def train_state(step: int, eval_loss: float | None) -> dict[str, Any]:
+        state: dict[str, Any] = {"step": step, "history": list(history), **facts, CHECKPOINT_SCORE: eval_loss}
+        if rows is not None:
+            state["data_position"] = position_after(
+                position, step - start_step, rows=len(rows), global_batch=facts["global_batch"]
+            )
+        state["architecture"] = json.loads(architecture.to_json_string(use_diff=False))
+        state["tokenizer"] = config.tokenizer
+        return state
+
     def saver(step: int, eval_loss: float | None, last: bool) -> Callable[[str], None]:
         def write(path: str) -> None:
-            state: dict[str, Any] = {"step": step, "history": history, **facts, CHECKPOINT_SCORE: eval_loss}
-            if rows is not None:
-                state["data_position"] = position_after(
-                    position, step - start_step, rows=len(rows), global_batch=facts["global_batch"]
-                )
-            state["architecture"] = json.loads(architecture.to_json_string(use_diff=False))
-            state["tokenizer"] = config.tokenizer
-            save_checkpoint(path, model, optimizer, state, session.rank)
+            save_checkpoint(path, model, optimizer, train_state(step, eval_loss), session.rank)
             if config.export_hf and last:
                 tokenizer = load_tokenizer(config.tokenizer)
                 export_hugging_face(
@@ -572,6 +582,14 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     watchdog = HangWatchdog.start(
         session.rank, session.world_size, config.hang_margin_s, emit, getattr(session, "note_hang", None)
     )
+    checkpoints = CheckpointWriter(
+        session,
+        model,
+        optimizer,
+        config.checkpoint_interval_s,
+        session.device,
+        log=emit if session.rank == 0 else None,
+    )
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()
@@ -581,6 +599,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 model_batch(next(batches), session.device) for _ in range(config.grad_accum_steps)
             ]
             lr = learning_rate(config, step)
+            ballot = checkpoints.ballot()
+            tally = ballot + drain.ballot()  # the drain's votes ride on the same all-reduce
             with watchdog.step(step):
                 loss, grad_norm = train_step(
                     model,
@@ -591,14 +611,17 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                     config.defer_grad_sync,
                     step=step,
                     deadline=deadline,
-                    drain=drain,
+                    tally=tally,
                 )
+            checkpoints.count(tally)
+            drain.tally(tally[len(ballot) :])
             step_time = time.perf_counter() - step_start
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
             # Every rank's vote was summed in the step's all-reduce: all stop after this step.
             stopped_at_deadline = deadline is not None and deadline.agreed and step < config.steps
             drained = drain.decide()  # the same on every rank: a notice to checkpoint this step
             due = _checkpoint_due(config, step, last=step == config.steps) or stopped_at_deadline or drained
+            due = due or checkpoints.interval_due
             eval_start = time.perf_counter()
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
             eval_s = None if eval_loss is None else time.perf_counter() - eval_start
@@ -617,6 +640,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             stopped_early = eval_loss is not None and step < config.steps and _stops_early(config, history)
             last = step == config.steps or stopped_early or stopped_at_deadline
             checkpoint_due = _checkpoint_due(config, step, last) or stopped_at_deadline or drained
+            checkpoint_due = checkpoint_due or checkpoints.interval_due
             if session.rank == 0:
                 left = None if deadline is None else deadline.left_s()
                 emit(format_progress_line(record, deadline_left_s=left))
@@ -634,21 +658,30 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 sink.write(record)
                 if checkpoint_due:
                     sink.sync()
-            # The checkpoint's time is its write and, on Ray, its upload to the run's storage.
+            # The checkpoint's time is its write and, on Ray, its upload to the run's storage; one
+            # before the last is written behind the next steps, and this is its stall.
             report_start = time.perf_counter()
-            session.report(record.as_dict(), step, saver(step, eval_loss, last) if checkpoint_due else None)
+            checkpoints.report(
+                record.as_dict(),
+                step,
+                state=train_state(step, eval_loss) if checkpoint_due and not last else None,
+                last=last,
+                save=saver(step, eval_loss, last) if checkpoint_due and last else None,
+            )
             if checkpoint_due:
                 checkpoint_s = time.perf_counter() - report_start
             if deadline is not None:
                 deadline.record(
                     iteration_s=time.perf_counter() - step_start,
                     eval_s=eval_s,
-                    checkpoint_s=checkpoint_s if checkpoint_due else None,
+                    # A write behind the steps is no measure of the synchronous one the deadline's is.
+                    checkpoint_s=checkpoint_s if checkpoint_due and last else None,
                 )
             if stopped_early or stopped_at_deadline:
                 break
     finally:
         watchdog.stop()
+        checkpoints.close()
         # Also when a step diverges: its events up to there are what explains it.
         if sink is not None:
             sink.close()

@@ -56,6 +56,12 @@ class BenchSession:
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         """Nothing to publish: the loop's own step lines are the log."""
 
+    def checkpoint_folder(self, step: int) -> str:
+        raise AssertionError("the benchmark's config writes no checkpoints (benchmark_config)")
+
+    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
+        raise AssertionError("the benchmark's config writes no checkpoints (benchmark_config)")
+
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.summary, self.history = summary, history
 
@@ -84,6 +90,7 @@ def benchmark_config(model_config: str, steps: int, **overrides: Any) -> TrainCo
         "steps": steps,
         "storage_path": "unused",
         "tensorboard": False,  # the benchmark's record is its JSON lines, not a run folder
+        "checkpoint_interval_s": 0.0,  # nor checkpoints, whatever the run's length
         "run_name": "bench",
         "resume_from": None,
         "local": False,

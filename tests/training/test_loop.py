@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -136,6 +138,15 @@ class _RecordingSession:
         assert math.isfinite(metrics["loss"])
         if save is not None:
             self.checkpointed.append(step)
+
+    def checkpoint_folder(self, step):
+        """A checkpoint written behind the next steps is asked for here."""
+        self.checkpointed.append(step)
+        return tempfile.mkdtemp(prefix="checkpoint-")
+
+    def publish(self, metrics, step, folder):
+        assert math.isfinite(metrics["loss"])
+        shutil.rmtree(folder)
 
     def finish(self, summary, history):
         self.finished = True

@@ -49,8 +49,14 @@ def save_checkpoint(
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
     if rank == 0:
-        with open(os.path.join(path, TRAIN_STATE_FILE), "w") as handle:
-            json.dump(train_state, handle)
+        write_train_state(path, train_state)
+
+
+def write_train_state(path: str, train_state: dict[str, Any]) -> None:
+    """Rank 0's last write to a checkpoint folder, once every rank's shards are written: its
+    presence makes the folder complete (`is_complete`)."""
+    with open(os.path.join(path, TRAIN_STATE_FILE), "w") as handle:
+        json.dump(train_state, handle)
 
 
 def read_train_state(path: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@ or node drain, a spot interruption, a repair) makes every rank checkpoint the st
 step's end, and train on; the restart after the node is gone resumes from that step.
 
 Two sources feed the same notice, each agreed by all ranks at the same step through the step's
-all-reduce (`training.metrics.run_metrics.step_sums`), as --deadline's vote is:
+all-reduce (the counts `training.metrics.run_metrics.loss_and_grad_norm` sums), as --deadline's vote
+and the checkpoint writer's ballot are:
 
 - a launcher's poll (`poll`, Ray Train's `ray.train.get_preemption_info`, ray 2.58:
   ray/train/v2/api/train_fn_utils.py), a barrier every rank must call the same number of times: each
@@ -18,7 +19,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -78,9 +79,13 @@ class DrainWatch:
         due = self.poll is not None and self.clock() - self.last_poll >= self.poll_every_s
         return due, self.local()
 
-    def tally(self, counts: list[int]) -> None:
+    def ballot(self) -> list[float]:
+        """`votes` as counts for the step's all-reduce."""
+        return [float(vote) for vote in self.votes()]
+
+    def tally(self, counts: Sequence[float]) -> None:
         """How many ranks cast each vote of `votes`, from the step's all-reduce."""
-        self.counts = (counts[0], counts[1])
+        self.counts = (round(counts[0]), round(counts[1]))
 
     def decide(self) -> bool:
         """At the step's end, on every rank alike: whether to checkpoint this step for a notice not

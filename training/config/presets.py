@@ -41,6 +41,8 @@ _BASE: dict[str, Any] = {
     "resume_from": None,
     "init_from": None,
     "checkpoint_every": 0,
+    # Every few minutes: a fault loses at most that, plus a write in flight.
+    "checkpoint_interval_s": 300.0,
     "keep_checkpoints": 2,
     "early_stop_patience": 0,
     "max_failures": 3,

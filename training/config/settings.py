@@ -330,6 +330,14 @@ class TrainConfig:
     checkpoint_every: int = setting(
         "--checkpoint-every", type=non_negative_int, help="checkpoint every N steps and at the end; 0 never"
     )
+    checkpoint_interval_s: float = setting(
+        "--checkpoint-interval-s",
+        type=non_negative_float,
+        help="also checkpoint when this many seconds passed since the last one, lengthened so that "
+        "checkpoints take at most 3 percent of the run's time (measured: each one's stall and how much "
+        "it slowed the steps it was written behind); 0 never. Checkpoints before the run's last are "
+        "written behind the next steps",
+    )
     keep_checkpoints: int = setting(
         "--keep-checkpoints",
         type=positive_int,

@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -161,14 +162,25 @@ class RaySession:
         if save is None:
             ray.train.report(metrics)
             return
-        # Each rank writes its shards to a private folder; Ray merges them in storage.
-        with tempfile.TemporaryDirectory(prefix="checkpoint-") as path:
-            save(path)
+        path = self.checkpoint_folder(step)
+        save(path)
+        self.publish(metrics, step, path)
+
+    def checkpoint_folder(self, step: int) -> str:
+        """Each rank writes its shards to a private folder; Ray merges them in storage when it is
+        published. A folder of a write that never finished is never reported."""
+        return tempfile.mkdtemp(prefix=f"checkpoint_{step:06d}-")
+
+    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
+        """Every rank at the same step (Ray Train requires all ranks to report alike)."""
+        try:
             ray.train.report(
                 metrics,
-                checkpoint=Checkpoint.from_directory(path),
+                checkpoint=Checkpoint.from_directory(folder),
                 checkpoint_dir_name=f"checkpoint_{step:06d}",
             )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.outcome = {"summary": summary, "history": history}

@@ -41,6 +41,7 @@ class TorchrunSession:
         self.run_dir = Path(config.storage_path) / config.run_name
         self.resume_from = config.resume_from
         self.keep_checkpoints = config.keep_checkpoints
+        self.drained_from: int | None = None  # the step of the first checkpoint after a SIGTERM
 
     def _checkpoints(self) -> list[Path]:
         found = self.run_dir.glob(f"{CHECKPOINT_PREFIX}*") if self.run_dir.is_dir() else []
@@ -65,20 +66,38 @@ class TorchrunSession:
     def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
         if save is None:
             return
+        path = self.checkpoint_folder(step)
+        save(path)
+        self.publish(metrics, step, path)
+
+    def checkpoint_folder(self, step: int) -> str:
+        """The shared folder every rank writes its shards into; not complete (`is_complete`) before
+        rank 0 writes its train state into it."""
         path = self.run_dir / f"{CHECKPOINT_PREFIX}{step:06d}"
         path.mkdir(parents=True, exist_ok=True)
-        save(str(path))
+        if self.drained_from is None and sigterm_received():
+            self.drained_from = step  # the first checkpoint begun after torchrun's SIGTERM
+        return str(path)
+
+    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
+        """Rank 0 keeps --keep-checkpoints of the complete ones, once every rank is past the commit,
+        and removes the folders of earlier steps that never completed (writes a killed run left)."""
         dist.barrier()
-        if _all_signalled(self.device):
-            # torchrun SIGTERMs every rank and SIGKILLs them 30 s later: end with this checkpoint.
+        if _all_agree(self.device, self.drained_from is not None and step >= self.drained_from):
+            # torchrun SIGTERMs every rank and SIGKILLs them 30 s later: end with the checkpoint the
+            # SIGTERM brought (not one begun before it and committed since).
             if self.rank == 0:
                 print(
-                    f"SIGTERM: checkpoint of step {step} committed ({path}); the same torchrun command "
+                    f"SIGTERM: checkpoint of step {step} committed ({folder}); the same torchrun command "
                     "resumes from it",
                     flush=True,
                 )
             end_rank_process(DRAINED_EXIT_CODE)
         if self.rank == 0:
+            for path in self.run_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+                written = path.name.removeprefix(CHECKPOINT_PREFIX)
+                if written.isdigit() and int(written) < step and not is_complete(str(path)):
+                    shutil.rmtree(path)
             checkpoints = self._checkpoints()
             scores = [read_train_state(str(path)).get(CHECKPOINT_SCORE) for path in checkpoints]
             kept = checkpoints_kept(scores, self.keep_checkpoints)
@@ -101,9 +120,9 @@ class TorchrunSession:
         print(format_summary(completed), flush=True)
 
 
-def _all_signalled(device: torch.device) -> bool:
-    """Whether every rank received torchrun's SIGTERM (agreed: one all-reduce, at checkpoints only)."""
-    flag = torch.tensor([1.0 if sigterm_received() else 0.0], device=device)
+def _all_agree(device: torch.device, mine: bool) -> bool:
+    """Whether every rank holds `mine` true (one all-reduce, at checkpoints only)."""
+    flag = torch.tensor([1.0 if mine else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 

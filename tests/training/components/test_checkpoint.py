@@ -195,9 +195,15 @@ class _FolderSession:
 
     def report(self, metrics, step, save):
         if save is not None:
-            path = self.root / str(step)
-            path.mkdir(parents=True)
-            save(str(path))
+            save(self.checkpoint_folder(step))
+
+    def checkpoint_folder(self, step):
+        path = self.root / str(step)
+        path.mkdir(parents=True)
+        return str(path)
+
+    def publish(self, metrics, step, folder):
+        pass
 
     def finish(self, summary, history):
         self.summary, self.history = summary, history

@@ -19,7 +19,7 @@ from training.components.drain import (
     Notice,
     notice_line,
 )
-from training.metrics.run_metrics import step_sums
+from training.metrics.run_metrics import loss_and_grad_norm
 
 GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds default, and Ray's drain deadline on SIGTERM
 
@@ -128,8 +128,12 @@ def test_a_real_sigterm_becomes_this_processs_notice():
 
 
 def test_the_votes_are_counted_in_the_steps_all_reduce(one_rank_group):
-    loss, norm, counts = step_sums(torch.tensor(1.5), torch.tensor(0.5), (False, True, True))
-    assert (loss, norm, counts) == (1.5, 0.5, [0, 1, 1])
+    watch = DrainWatch(None, local=lambda: True)
+    tally = [1.0, 0.0, *watch.ballot()]  # after the checkpoint writer's ballot, as the loop puts it
+    loss, norm, _ = loss_and_grad_norm(torch.tensor(1.5), torch.tensor(0.5), tally=tally)
+    watch.tally(tally[2:])
+    assert (loss, norm, watch.counts) == (1.5, 0.5, (0, 1))
+    assert watch.decide() and watch.notice == Notice(SIGTERM_SOURCE)
 
 
 def test_the_notice_line_says_the_step_and_the_time_left():

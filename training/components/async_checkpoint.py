@@ -1,0 +1,231 @@
+"""Checkpoints written behind the next steps, and the time-based cadence that places them.
+
+A periodic checkpoint stages the model and optimizer state to CPU memory (the step's only stall)
+and `torch.distributed.checkpoint.async_save` writes it from a thread over a gloo process group of
+its own, so the writer's collectives never interleave with training's on the default group
+(torch 2.13: torch/distributed/checkpoint/state_dict_saver.py, which asks for a CPU backend). The
+checkpoint is committed, rank 0's `train_state.json` written (`is_complete` keys on it) and the
+folder published through the session, only at a step boundary where every rank's write has
+finished: each rank's "written" count rides on the step's all-reduce (`tally`), so all ranks
+commit at the same step. One write is in flight at a time; the run's last checkpoint waits for it
+and is written synchronously.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.optim import Optimizer
+
+from training.components.checkpoint import CHECKPOINT_SCORE, write_train_state
+
+# The share of the run's time checkpoints may take from training: a time-based checkpoint is
+# written no more often than one checkpoint's measured cost (`write_cost_s`) divided by this.
+MAX_STALL_FRACTION = 0.03
+# Steps without a write in flight that the cost's baseline step time is the median of.
+BASELINE_STEPS = 32
+# The slots of this module's counts on the step's all-reduce (`CheckpointWriter.ballot`).
+WRITTEN, INTERVAL_DUE = 0, 1
+
+
+class Publisher(Protocol):
+    """What the writer needs of the launcher's session (training/loop.py `Session`)."""
+
+    rank: int
+    world_size: int
+
+    def checkpoint_folder(self, step: int) -> str: ...
+
+    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None: ...
+
+    def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None: ...
+
+
+def checkpoint_interval_s(wanted_s: float, cost_s: float | None) -> float:
+    """Seconds between time-based checkpoints: --checkpoint-interval-s, lengthened where one
+    checkpoint's measured cost would take more than MAX_STALL_FRACTION of the time between two
+    (interval >= cost_s / 0.03: a checkpoint costing 3 s allows one every 100 s). 0 (no
+    time-based checkpoints) stays 0."""
+    if not wanted_s or cost_s is None:
+        return wanted_s
+    return max(wanted_s, cost_s / MAX_STALL_FRACTION)
+
+
+def stall_fraction(cost_s: float, interval_s: float) -> float:
+    """The share of the run's time that checkpoints `interval_s` apart, each costing `cost_s`,
+    take from training."""
+    return cost_s / (interval_s + cost_s)
+
+
+def write_cost_s(stall_s: float, overlapped_s: Sequence[float], baseline_s: Sequence[float]) -> float:
+    """What one checkpoint cost the run: its stall (staging, the commit) and what the steps it was
+    written behind took beyond as many steps without a write (their median: a writer thread
+    competes with training for the host's cores and memory bandwidth). Before any step ran without
+    a write, the stall alone."""
+    if not baseline_s:
+        return stall_s
+    excess = sum(overlapped_s) - statistics.median(baseline_s) * len(overlapped_s)
+    return stall_s + max(0.0, excess)
+
+
+@dataclass
+class _Write:
+    step: int
+    folder: str
+    state: dict[str, Any]
+    future: Future[Any]
+    staging_s: float  # what starting it stalled the step
+
+
+class CheckpointWriter:
+    """One rank's checkpoint writes and their commits. Collective to build (its gloo group)."""
+
+    def __init__(
+        self,
+        session: Publisher,
+        model: nn.Module,
+        optimizer: Optimizer,
+        interval_s: float,
+        device: torch.device,
+        clock: Callable[[], float] = time.monotonic,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        """`log`: where a commit is told (rank 0's console)."""
+        self.session, self.model, self.optimizer = session, model, optimizer
+        self.log = log
+        self.wanted_interval_s, self.clock = interval_s, clock
+        self.group = dist.new_group(backend="gloo")
+        # Kept for the run: its CPU copies (pinned on GPUs) are reused by each checkpoint's staging.
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=device.type == "cuda",
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
+        self.pending: _Write | None = None
+        self.since = clock()  # the last checkpoint's start, or the run's
+        self.cost_s: float | None = None  # the last committed checkpoint's `write_cost_s`
+        self.last_report: float | None = None
+        self.overlapped: list[float] = []  # the steps the write in flight is behind, their times
+        self.baseline: deque[float] = deque(maxlen=BASELINE_STEPS)  # steps with no write in flight
+        self.all_written = True
+        self.interval_due = False
+
+    @property
+    def interval_s(self) -> float:
+        return checkpoint_interval_s(self.wanted_interval_s, self.cost_s)
+
+    def ballot(self) -> list[float]:
+        """This rank's counts for the step's all-reduce: its write finished (or none in flight), and
+        its clock says a time-based checkpoint is due."""
+        written = self.pending is None or self.pending.future.done()
+        interval = self.interval_s
+        due = bool(interval) and self.clock() - self.since >= interval
+        return [float(written), float(due)]
+
+    def count(self, tally: list[float]) -> None:
+        """The ballots summed over the ranks: the same decisions on every rank."""
+        self.all_written = tally[WRITTEN] >= self.session.world_size
+        self.interval_due = tally[INTERVAL_DUE] > 0
+
+    def report(
+        self,
+        metrics: dict[str, Any],
+        step: int,
+        *,
+        state: dict[str, Any] | None,
+        last: bool,
+        save: Callable[[str], None] | None,
+    ) -> None:
+        """The step's report through the session. A write every rank finished is committed now;
+        `state` (a checkpoint due that is not the run's last) starts a write behind the next steps,
+        after the one in flight is committed; at the `last` step the write in flight is committed
+        and `save`, where given, writes the final checkpoint synchronously."""
+        now = self.clock()
+        if self.last_report is not None:  # the step since the last report: its work
+            (self.overlapped if self.pending is not None else self.baseline).append(now - self.last_report)
+        try:
+            self._report(metrics, step, state=state, last=last, save=save)
+        finally:
+            self.last_report = self.clock()
+
+    def _report(
+        self,
+        metrics: dict[str, Any],
+        step: int,
+        *,
+        state: dict[str, Any] | None,
+        last: bool,
+        save: Callable[[str], None] | None,
+    ) -> None:
+        published = False
+        if self.pending is not None and (self.all_written or state is not None or last):
+            self._commit(metrics, step)
+            published = True
+        if save is not None:
+            self.session.report(metrics, step, save)
+            return
+        if state is not None:
+            self._start(step, state)
+        if not published:
+            self.session.report(metrics, step, None)
+
+    def _start(self, step: int, state: dict[str, Any]) -> None:
+        started = self.since = self.clock()
+        folder = self.session.checkpoint_folder(step)
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        result = dcp.async_save(
+            {"model": model_state, "optimizer": optimizer_state},
+            checkpoint_id=folder,
+            process_group=self.group,
+            async_stager=self.stager,
+        )
+        future = result if isinstance(result, Future) else result.upload_completion
+        self.pending = _Write(step, folder, state, future, self.clock() - started)
+
+    def _commit(self, metrics: dict[str, Any], step: int) -> None:
+        """Collective: waits for this rank's write (every rank's has finished, or each waits for its
+        own at this same step), then rank 0 marks the folder complete and the session publishes it.
+        The metrics published are the step's, ranked by the checkpoint's own score."""
+        started = self.clock()
+        write, self.pending = self.pending, None
+        assert write is not None
+        write.future.result()
+        if self.session.rank == 0:
+            write_train_state(write.folder, write.state)
+        score = {CHECKPOINT_SCORE: write.state.get(CHECKPOINT_SCORE)}
+        self.session.publish({**metrics, **score}, write.step, write.folder)
+        stall_s = write.staging_s + self.clock() - started
+        self.cost_s = write_cost_s(stall_s, self.overlapped, self.baseline)
+        self.overlapped = []
+        if self.log is not None:
+            self.log(commit_line(write.step, step, stall_s, self.cost_s))
+
+    def close(self) -> None:
+        """At the run's end, or when it raised: a write still in flight is left uncommitted (its
+        folder never complete); it is not waited for, as its collectives may wait on a rank that
+        is gone."""
+        self.pending = None
+        self.stager.close()
+
+
+def commit_line(written: int, committed: int, stall_s: float, cost_s: float) -> str:
+    return (
+        f"checkpoint of step {written} committed at step {committed}, written behind "
+        f"{committed - written} steps; it stalled training {stall_s:.2f} s and cost the run "
+        f"{cost_s:.2f} s in all"
+    )
