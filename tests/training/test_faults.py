@@ -118,19 +118,21 @@ def test_a_worker_stopped_mid_run_is_named_and_the_run_restarts_and_finishes(tmp
     assert "rank(s) 1 did not arrive; rank 0 waits in " in finding
     assert re.search(r"waits in (all_reduce|all_gather_into_tensor|reduce_scatter_tensor|\w+) \(", finding)
     output = "".join(lines)
-    assert "resumed from step 20" in output
     assert re.search(r"step 80/80", output)
     summary = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
-    # The attempt as training.components.attempts records it: stopped in step 24, resumed from 20;
-    # the controller's last step may trail the workers' by the reports it has not polled.
+    # The attempt as training.components.attempts records it: stopped in step 24, resumed from the
+    # latest committed checkpoint (step 20's is written behind the steps after it and may not be
+    # committed yet: then step 10's); the controller's last step may trail the workers'.
     (attempt,) = summary["attempts"]
     print(f"attempt: {attempt}")
     assert summary["restarts"] == 1
     # The watchdog's finding is the cause, not the death of rank 0, which found it and exited.
     assert attempt["cause"] == finding.split(") ", 1)[1].strip()
-    assert attempt["resumed_from_step"] == 20
+    resumed = attempt["resumed_from_step"]
+    assert resumed in (10, 20)
+    assert f"resumed from step {resumed}" in output
     assert 20 <= attempt["failed_after_step"] <= 23
-    assert attempt["lost_steps"] == attempt["failed_after_step"] - 20
+    assert attempt["lost_steps"] == attempt["failed_after_step"] - resumed
 
 
 @pytest.mark.slow
