@@ -31,8 +31,10 @@ from training.components.checkpoint import (
     save_checkpoint,
 )
 from training.components.deadline import Deadline
+from training.components.drain import DrainWatch, notice_line
 from training.components.evaluate import best_evaluation, eval_batches, evaluate, evaluations_since_best
 from training.components.optim import build_optimizer, learning_rate, schedule_settings, set_learning_rate
+from training.components.watchdog import HangWatchdog
 from training.config.run_config import TrainConfig, flag_name, nothing_left_to_train
 from training.data.packing import (
     PackedCorpus,
@@ -575,6 +577,11 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     stopped_early = stopped_at_deadline = False
     step = start_step
     checkpoint_s: float | None = None
+    # A session may offer a drain notice to poll (Ray Train's preemption API; a barrier).
+    drain = DrainWatch(getattr(session, "preemption_notice", None))
+    watchdog = HangWatchdog.start(
+        session.rank, session.world_size, config.hang_margin_s, emit, getattr(session, "note_hang", None)
+    )
     checkpoints = CheckpointWriter(
         session,
         model,
@@ -592,23 +599,28 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 model_batch(next(batches), session.device) for _ in range(config.grad_accum_steps)
             ]
             lr = learning_rate(config, step)
-            loss, grad_norm = train_step(
-                model,
-                optimizer,
-                micro_batches,
-                lr,
-                config.max_grad_norm,
-                config.defer_grad_sync,
-                step=step,
-                deadline=deadline,
-                tally=(tally := checkpoints.ballot()),
-            )
+            ballot = checkpoints.ballot()
+            tally = ballot + drain.ballot()  # the drain's votes ride on the same all-reduce
+            with watchdog.step(step):
+                loss, grad_norm = train_step(
+                    model,
+                    optimizer,
+                    micro_batches,
+                    lr,
+                    config.max_grad_norm,
+                    config.defer_grad_sync,
+                    step=step,
+                    deadline=deadline,
+                    tally=tally,
+                )
             checkpoints.count(tally)
+            drain.tally(tally[len(ballot) :])
             step_time = time.perf_counter() - step_start
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
             # Every rank's vote was summed in the step's all-reduce: all stop after this step.
             stopped_at_deadline = deadline is not None and deadline.agreed and step < config.steps
-            due = _checkpoint_due(config, step, last=step == config.steps) or stopped_at_deadline
+            drained = drain.decide()  # the same on every rank: a notice to checkpoint this step
+            due = _checkpoint_due(config, step, last=step == config.steps) or stopped_at_deadline or drained
             due = due or checkpoints.interval_due
             eval_start = time.perf_counter()
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
@@ -627,7 +639,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             # The eval loss is all-reduced: every rank decides alike.
             stopped_early = eval_loss is not None and step < config.steps and _stops_early(config, history)
             last = step == config.steps or stopped_early or stopped_at_deadline
-            checkpoint_due = _checkpoint_due(config, step, last) or stopped_at_deadline
+            checkpoint_due = _checkpoint_due(config, step, last) or stopped_at_deadline or drained
             checkpoint_due = checkpoint_due or checkpoints.interval_due
             if session.rank == 0:
                 left = None if deadline is None else deadline.left_s()
@@ -640,6 +652,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                     emit(early_stop_line(step, history, config.early_stop_patience))
                 if stopped_at_deadline and deadline is not None:
                     emit(deadline_line(step, config.steps, deadline))
+                if drained and drain.notice is not None:
+                    emit(notice_line(drain.notice, step, time.time()))
             if sink is not None:
                 sink.write(record)
                 if checkpoint_due:
@@ -666,6 +680,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             if stopped_early or stopped_at_deadline:
                 break
     finally:
+        watchdog.stop()
         checkpoints.close()
         # Also when a step diverges: its events up to there are what explains it.
         if sink is not None:

@@ -47,6 +47,9 @@ _BASE: dict[str, Any] = {
     "early_stop_patience": 0,
     "max_failures": 3,
     "recovery_budget_s": 1800.0,
+    # Above a step's ordinary jitter (a garbage collection, a slow host, the step after a checkpoint
+    # when a rank is still uploading is judged apart) and far below NCCL's 10-minute timeout.
+    "hang_margin_s": 30.0,
     "hsdp_replicas": 1,
     "compile": False,
     "activation_checkpointing": False,

@@ -137,6 +137,7 @@ def column_name(text: str) -> str:
 
 
 DEADLINE_FLAG = "--deadline"
+HANG_MARGIN_FLAG = "--hang-margin-s"
 
 
 def parse_deadline(text: str) -> str:
@@ -357,6 +358,12 @@ class TrainConfig:
         type=positive_float,
         help="seconds the run's restarts may spend recovering (fault to the next finished step) in all; "
         "past them no further restart",
+    )
+    hang_margin_s: float = setting(
+        HANG_MARGIN_FLAG,
+        type=non_negative_float,
+        help="seconds added to 2 x the median recent step time before a step counts as hung: its "
+        "ranks that did not arrive are named and the attempt restarts from the latest checkpoint",
     )
     hsdp_replicas: int = setting(
         "--hsdp-replicas",

@@ -1,6 +1,7 @@
 """Ray Train launcher: TorchTrainer on an embedded or existing Ray cluster.
 
-The only module of the package that imports ray. Workers run `train` from
+With `training.launch.local_drain` (the --local driver's SIGTERM), the only modules of the package
+that import ray. Workers run `train` from
 training.loop through a `RaySession`; `run_on_workers` runs any function of a
 device on a worker group the same way (the fabric probe's). The corpus is read and tokenized by Ray
 Data in parallel and packed on the driver in corpus order (so rows do not depend
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import shutil
@@ -49,6 +51,7 @@ from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.components.attempts import (
     ATTEMPTS_FILE,
+    CAUSE_CHARS,
     WorkerError,
     dumps_record,
     fault_cause,
@@ -57,6 +60,8 @@ from training.components.attempts import (
     record_recovery,
 )
 from training.components.checkpoint import CHECKPOINT_SCORE
+from training.components.drain import Notice
+from training.components.watchdog import HANG_NOTE_FILE, hang_cause
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
@@ -69,6 +74,7 @@ from training.data.packing import (
     tokenize_batch,
 )
 from training.errors import DivergedError, RestartRefusedError, RunFailedError, UsageError
+from training.launch import local_drain
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.metrics.artifacts import write_run_files
@@ -90,6 +96,18 @@ REFUSED_KEY = "restart_refused"  # in a worker's return value: a restart that ca
 # In each worker's reported metrics: its host (the Ray worker pod on a cluster), so the controller
 # can name the node of a worker that fails.
 HOST_KEY = "host"
+# Ray Train's PreemptionWatcher reads Ray Core's draining nodes every 5 s by default; a drain's
+# deadline is 30 s away (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S), so the driver asks for every second
+# (one small GCS call), which leaves the checkpoint more of it. The controller takes it from the
+# driver's environment (ray 2.58: ray/train/v2/_internal/constants.py, the variables it propagates).
+PREEMPTION_POLL_ENV = "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"
+PREEMPTION_POLL_S = "1"
+# Restarts after a node's preemption (a drain: eviction, spot reclaim, repair), counted apart from
+# --max-failures by Ray Train; bounded, so a node group that keeps losing nodes ends the run.
+MAX_PREEMPTION_FAILURES = 5
+# PyTorch's flight recorder: each rank keeps its last collectives, which the hang watchdog names
+# (training/components/watchdog.py); torch 2.13 records gloo's as well as NCCL's.
+FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
 
 
 class RaySession:
@@ -172,6 +190,25 @@ class RaySession:
         storage = ray.train.get_context().get_storage()
         return read_attempts(storage.storage_filesystem, storage.experiment_fs_path)
 
+    def note_hang(self, line: str, ranks: tuple[int, ...]) -> None:
+        """The hang watchdog's finding, kept in the run's folder for the controller's record
+        (`AttemptRecorder`): under gloo this rank exits, and its death alone would be the cause."""
+        storage = ray.train.get_context().get_storage()
+        path = f"{storage.experiment_fs_path.rstrip('/')}/{HANG_NOTE_FILE}"
+        with storage.storage_filesystem.open_output_stream(path) as out:
+            out.write(json.dumps({"cause": line, "ranks": list(ranks)}).encode())
+
+    def preemption_notice(self) -> Notice | None:
+        """Ray Train's notice that a node of the worker group is being drained; a barrier every rank
+        calls at the same step (`training.components.drain.DrainWatch`)."""
+        info = ray.train.get_preemption_info()
+        if info is None:
+            return None
+        nodes = ", ".join(node[:8] for node in info.preempted_node_ids)
+        ranks = ", ".join(map(str, info.preempted_ranks))
+        deadline = None if info.deadline_ms is None else info.deadline_ms / 1000
+        return Notice(f"Ray Train preemption of node {nodes}, ranks {ranks}", deadline)
+
 
 def _attempts_path(run_path: str) -> str:
     return f"{run_path.rstrip('/')}/{ATTEMPTS_FILE}"
@@ -224,6 +261,8 @@ class AttemptRecorder(UserCallback):
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         errors = [worker_error(rank, error) for rank, error in sorted(worker_exceptions.items())]
         cause, node = fault_cause(errors, self.hosts)
+        if (note := _take_hang_note(run_context)) is not None:
+            cause, node = hang_cause(note, self.hosts, CAUSE_CHARS)
         self.record = record_fault(
             self.record,
             cause=cause,
@@ -330,7 +369,7 @@ def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
     """Join the cluster at `address`, or start an embedded one (None)."""
     plain_prefixes_unless_terminal()
     if address is not None:
-        ray.init(address=address)
+        ray.init(address=address, runtime_env={"env_vars": FLIGHT_RECORDER_ENV})
         quiet_driver_logs()
         return
     workers = config.workers or 1
@@ -344,7 +383,7 @@ def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
         num_cpus=cpus,
         include_dashboard=False,
         runtime_env={
-            "env_vars": {"PYTHONPATH": python_path},
+            "env_vars": {"PYTHONPATH": python_path, **FLIGHT_RECORDER_ENV},
             "worker_process_setup_hook": "training.launch.ray_quiet.quiet_placement_group_cleaner",
         },
     )
@@ -413,24 +452,44 @@ def start_retries(recovery_budget_s: float, start_timeout_s: float) -> int:
     return max(1, math.ceil(recovery_budget_s / start_timeout_s))
 
 
+def _hang_note_path(run_path: str) -> str:
+    return f"{run_path.rstrip('/')}/{HANG_NOTE_FILE}"
+
+
+def _take_hang_note(run_context: Any) -> dict[str, Any] | None:
+    """The hang watchdog's note of the attempt that failed (`RaySession.note_hang`), removed as read."""
+    storage = run_context.run_config.storage_context
+    path, filesystem = _hang_note_path(storage.experiment_fs_path), storage.storage_filesystem
+    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        note: dict[str, Any] = json.loads(stream.read())
+    filesystem.delete_file(path)
+    return note
+
+
 def _clear_attempts(run_config: RunConfig) -> None:
     """A run starts with no attempts: a record left by an earlier run of this --run-name (which
     failed, and which this one resumes) is not this run's."""
     storage = run_config.storage_context
-    path = _attempts_path(storage.experiment_fs_path)
-    if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
-        storage.storage_filesystem.delete_file(path)
+    for path in (_attempts_path(storage.experiment_fs_path), _hang_note_path(storage.experiment_fs_path)):
+        if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
+            storage.storage_filesystem.delete_file(path)
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train on Ray and return the summary (also written to the run folder)."""
     os.environ.setdefault(CONTROLLER_POLL_ENV, CONTROLLER_POLL_S)
+    os.environ.setdefault(PREEMPTION_POLL_ENV, PREEMPTION_POLL_S)
     os.environ.setdefault(WORKER_GROUP_START_TIMEOUT_ENV, str(WORKER_GROUP_START_TIMEOUT_S))
     with _worker_group(config) as workers:
         try:
             check_hsdp_replicas(workers, config.hsdp_replicas)
         except ValueError as error:
             raise UsageError(str(error)) from None
+        if config.local:
+            # What `ray start --block` does for a pod's node on SIGTERM (the module says why).
+            local_drain.install(f"{config.storage_path.rstrip('/')}/{config.run_name}", config.run_name)
         corpus = None if config.synthetic_data else cached_corpus(config, workers)
         eval_corpus = None if config.eval_data is None else cached_corpus(config, workers, "--eval-data")
         run_config = RunConfig(
@@ -438,6 +497,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             storage_path=config.storage_path,
             failure_config=FailureConfig(
                 max_failures=config.max_failures,
+                max_preemption_failures=MAX_PREEMPTION_FAILURES,
                 controller_failure_limit=start_retries(
                     config.recovery_budget_s, float(os.environ[WORKER_GROUP_START_TIMEOUT_ENV])
                 ),

@@ -18,10 +18,11 @@ import torch
 import torch.distributed as dist
 
 from training.components.checkpoint import CHECKPOINT_SCORE, checkpoints_kept, is_complete, read_train_state
+from training.components.drain import DRAINED_EXIT_CODE, install_sigterm_notice, sigterm_received
 from training.config.run_config import TrainConfig
 from training.data.corpus_cache import in_process_corpus
 from training.data.packing import PackedCorpus
-from training.distributed.rank_exit import tear_down_process_group
+from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import UsageError
 from training.metrics.artifacts import write_run_files
 from training.metrics.report import format_summary
@@ -40,6 +41,7 @@ class TorchrunSession:
         self.run_dir = Path(config.storage_path) / config.run_name
         self.resume_from = config.resume_from
         self.keep_checkpoints = config.keep_checkpoints
+        self.drained_from: int | None = None  # the step of the first checkpoint after a SIGTERM
 
     def _checkpoints(self) -> list[Path]:
         found = self.run_dir.glob(f"{CHECKPOINT_PREFIX}*") if self.run_dir.is_dir() else []
@@ -73,12 +75,24 @@ class TorchrunSession:
         rank 0 writes its train state into it."""
         path = self.run_dir / f"{CHECKPOINT_PREFIX}{step:06d}"
         path.mkdir(parents=True, exist_ok=True)
+        if self.drained_from is None and sigterm_received():
+            self.drained_from = step  # the first checkpoint begun after torchrun's SIGTERM
         return str(path)
 
     def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
         """Rank 0 keeps --keep-checkpoints of the complete ones, once every rank is past the commit,
         and removes the folders of earlier steps that never completed (writes a killed run left)."""
         dist.barrier()
+        if _all_agree(self.device, self.drained_from is not None and step >= self.drained_from):
+            # torchrun SIGTERMs every rank and SIGKILLs them 30 s later: end with the checkpoint the
+            # SIGTERM brought (not one begun before it and committed since).
+            if self.rank == 0:
+                print(
+                    f"SIGTERM: checkpoint of step {step} committed ({folder}); the same torchrun command "
+                    "resumes from it",
+                    flush=True,
+                )
+            end_rank_process(DRAINED_EXIT_CODE)
         if self.rank == 0:
             for path in self.run_dir.glob(f"{CHECKPOINT_PREFIX}*"):
                 written = path.name.removeprefix(CHECKPOINT_PREFIX)
@@ -106,6 +120,13 @@ class TorchrunSession:
         print(format_summary(completed), flush=True)
 
 
+def _all_agree(device: torch.device, mine: bool) -> bool:
+    """Whether every rank holds `mine` true (one all-reduce, at checkpoints only)."""
+    flag = torch.tensor([1.0 if mine else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def start_process_group(use_gpu: bool, module: str, gpu_user: str) -> torch.device:
     """This torchrun rank's device, its process group started: NCCL on its GPU, or gloo on CPU.
     `module` is what torchrun runs, `gpu_user` what wants the GPUs (for the error lines)."""
@@ -127,5 +148,6 @@ def run(config: TrainConfig) -> None:
     from training.loop import train
 
     device = start_process_group(config.use_gpu, "training", f"--preset {config.preset} trains")
+    install_sigterm_notice()  # torchrun forwards its SIGTERM to every rank: checkpoint, then train on
     train(config, TorchrunSession(config, device))
     tear_down_process_group()
