@@ -620,8 +620,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             # Every rank's vote was summed in the step's all-reduce: all stop after this step.
             stopped_at_deadline = deadline is not None and deadline.agreed and step < config.steps
             drained = drain.decide()  # the same on every rank: a notice to checkpoint this step
-            due = _checkpoint_due(config, step, last=step == config.steps) or stopped_at_deadline or drained
-            due = due or checkpoints.interval_due
+            # Due whatever the step counts say: the deadline's stop, a drain notice, the interval.
+            forced = stopped_at_deadline or drained or checkpoints.interval_due
+            due = _checkpoint_due(config, step, last=step == config.steps) or forced
             eval_start = time.perf_counter()
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
             eval_s = None if eval_loss is None else time.perf_counter() - eval_start
@@ -639,8 +640,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             # The eval loss is all-reduced: every rank decides alike.
             stopped_early = eval_loss is not None and step < config.steps and _stops_early(config, history)
             last = step == config.steps or stopped_early or stopped_at_deadline
-            checkpoint_due = _checkpoint_due(config, step, last) or stopped_at_deadline or drained
-            checkpoint_due = checkpoint_due or checkpoints.interval_due
+            checkpoint_due = _checkpoint_due(config, step, last) or forced
             if session.rank == 0:
                 left = None if deadline is None else deadline.left_s()
                 emit(format_progress_line(record, deadline_left_s=left))
