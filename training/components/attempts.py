@@ -23,19 +23,11 @@ from typing import Any
 
 from training.config.run_config import TrainConfig
 from training.errors import RestartRefusedError
+from training.metrics.report import ATTEMPT_KEYS
 
 # In the run's folder beside its checkpoints (`<storage-path>/<run-name>/`), on any filesystem Ray
 # Train stores to (s3:// on a cluster).
 ATTEMPTS_FILE = "attempts.json"
-ATTEMPT_KEYS = (
-    "attempt",
-    "cause",
-    "node",
-    "failed_after_step",
-    "resumed_from_step",
-    "lost_steps",
-    "recovery_s",
-)
 DETECTED_AT = "detected_at"
 # A cause is one line; a long exception message is cut here.
 CAUSE_CHARS = 240

@@ -54,6 +54,21 @@ def _without_absent(record: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in record.items() if key not in EFA_FIELDS or value is not None}
 
 
+# An attempt of the run summary's `attempts`, in this order: the restart's number (1 = the first),
+# its cause in one line, the failed worker's node or pod where known, the last step finished before
+# the fault, the checkpoint's step it resumed from, the steps lost, and the seconds from the fault's
+# detection to the first step finished after the restart (None when none finished).
+ATTEMPT_KEYS = (
+    "attempt",
+    "cause",
+    "node",
+    "failed_after_step",
+    "resumed_from_step",
+    "lost_steps",
+    "recovery_s",
+)
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """A finished run: the JSON line the driver prints last and the run folder's summary.json."""
@@ -123,7 +138,7 @@ class RunSummary:
     efa_bytes_per_step: dict[str, float | None] | None = None
     efa_line_rate_fraction: float | None = None
     # The worker-group restarts this run made (--max-failures), each as
-    # `training.components.attempts.ATTEMPT_KEYS`: cause, node, steps lost, seconds to recover.
+    # `ATTEMPT_KEYS`: cause, node, steps lost, seconds to recover.
     restarts: int = 0
     attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 

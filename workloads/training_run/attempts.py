@@ -11,19 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# An attempt's keys, in the summary's order: the restart's number (1 = the first), its cause in one
-# line, the failed worker's node or pod where known, the last step finished before the fault, the
-# checkpoint's step it resumed from, the steps lost, and the seconds from the fault's detection to
-# the first step finished after the restart (None when none finished).
-ATTEMPT_KEYS = (
-    "attempt",
-    "cause",
-    "node",
-    "failed_after_step",
-    "resumed_from_step",
-    "lost_steps",
-    "recovery_s",
-)
+from training.metrics.report import ATTEMPT_KEYS
 
 
 @dataclass(frozen=True)
