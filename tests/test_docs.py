@@ -146,9 +146,75 @@ def test_readme_stays_short():
     assert (ROOT / "README.md").stat().st_size < README_MAX_BYTES
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=page_id)
+# The pages whose repository paths must exist: the README, docs/ and the policy pack's README.
+CITING = [*DOCUMENTS, ROOT / "policy" / "README.md"]
+# A repository path: `dir/.../name.ext`, in prose, code spans and ```text blocks alike.
+REPOSITORY_PATH = re.compile(r"(?<![\w./:@~$-])((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_.-]*[A-Za-z0-9_]\.[A-Za-z0-9]+)\b")
+
+
+def missing_paths(document: Path, root: Path = ROOT) -> list[str]:
+    """Paths `dir/.../name.ext` the page names that are neither under the repository's root nor
+    beside the page. Only paths starting at a top-level folder of the repository count: an
+    upstream project's file (`ray/_private/node.py`) or a path on a pod is not the repository's."""
+    top = {path.name for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")}
+    return [
+        path
+        for path in REPOSITORY_PATH.findall(document.read_text())
+        if path.split("/")[0] in top and not (root / path).exists() and not (document.parent / path).exists()
+    ]
+
+
+def layout_paths(document: Path) -> list[str]:
+    """The files and folders the layout tree (the ```text block under `## Layout`) names, as
+    repository paths: a line's indent (two spaces a level) places its `folder/` or `name.py` in the
+    folder above it; a bare `name.py` or `folder/` in a line's description is in that line's folder,
+    a `dir/name.py` there is under that folder or the line's parent."""
+    block = document.read_text().split("\n## Layout", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    stack: list[str] = []
+    named: list[str] = []
+    for line in block.splitlines():
+        if line.startswith(" " * 20):  # a description's continuation: in the last line's folder
+            where, description = "/".join(stack), line
+        else:
+            indent = (len(line) - len(line.lstrip())) // 2
+            del stack[indent:]
+            entry, _, description = line.strip().partition("  ")
+            names = [name.strip() for name in entry.split(",")]
+            parent = "/".join(stack)
+            named += [f"{parent}/{name}".lstrip("/") for name in names]
+            folders = [name.rstrip("/") for name in names if name.endswith("/")]
+            if len(folders) == 1 and len(names) == 1:
+                stack.append(folders[0])
+            where = "/".join(stack)
+        prose_only = re.sub(r"`[^`]*`", "", description)
+        for token in re.findall(r"(?<![\w/.])([\w/]+\.(?:py|md|svg|yaml)|\w+/)(?![\w/])", prose_only):
+            parent = where.rsplit("/", 1)[0] if "/" in where else ""
+            candidates = [f"{where}/{token}".lstrip("/"), f"{parent}/{token}".lstrip("/"), token]
+            named.append(next((c for c in candidates if (ROOT / c).exists()), candidates[0]))
+    return named
+
+
+@pytest.mark.parametrize("document", CITING, ids=lambda path: str(path.relative_to(ROOT)))
 def test_no_document_cites_a_file_the_repository_lacks(document):
+    """Every repository path a page names exists (and no page cites a SPEC the repository lacks)."""
     assert not re.search(r"\bSPEC\b|the spec's", document.read_text())
+    assert missing_paths(document) == []
+
+
+def test_the_layout_tree_names_only_files_that_exist():
+    """docs/architecture.md's tree of packages: each folder and module it names is in the repository."""
+    assert [path for path in layout_paths(ARCHITECTURE) if not (ROOT / path).exists()] == []
+
+
+def test_the_path_check_catches_a_renamed_file(tmp_path):
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "here.py").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`infra/here.py` and infra/gone.py\n```text\ninfra/moved.py\n```\n"
+        "upstream ray/_private/node.py, a pod's /var/log/x.log\n"
+    )
+    assert missing_paths(page, root=tmp_path) == ["infra/gone.py", "infra/moved.py"]
 
 
 def table(document: Path, heading: str, index: int = 0) -> list[list[str]]:
