@@ -149,7 +149,9 @@ def test_readme_stays_short():
 # The pages whose repository paths must exist: the README, docs/ and the policy pack's README.
 CITING = [*DOCUMENTS, ROOT / "policy" / "README.md"]
 # A repository path: `dir/.../name.ext`, in prose, code spans and ```text blocks alike.
-REPOSITORY_PATH = re.compile(r"(?<![\w./:@~$-])((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_.-]*[A-Za-z0-9_]\.[A-Za-z0-9]+)\b")
+REPOSITORY_PATH = re.compile(
+    r"(?<![\w./:@~$-])((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_.-]*[A-Za-z0-9_]\.[A-Za-z0-9]+)\b"
+)
 
 
 def missing_paths(document: Path, root: Path = ROOT) -> list[str]:
@@ -366,3 +368,89 @@ def test_the_training_run_module_map_names_each_module():
         if path.name != "__init__.py"
     }
     assert named == modules
+
+
+GLOSSARY = ROOT / "docs" / "glossary.md"
+# The shared vocabulary: each term has one meaning, written once in docs/glossary.md.
+TERMS = [
+    "facts",
+    "figures",
+    "contract",
+    "plan",
+    "the planner",
+    "choice",
+    "preflight",
+    "policy",
+    "readiness",
+    "gate",
+    "verdict",
+    "checkpoint settings",
+]
+
+
+def code_spans(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_the_glossary_defines_each_term_of_the_vocabulary():
+    rows = table(GLOSSARY, "## Terms")
+    assert [row[0] for row in rows] == TERMS
+    assert all(row[1] and code_spans(row[2]) for row in rows)
+
+
+def test_the_glossary_names_only_files_and_names_that_exist():
+    """Each `path` of the glossary's last column exists, and each `path:name` is defined in that file."""
+    missing = []
+    for row in table(GLOSSARY, "## Terms"):
+        for span in code_spans(row[2]):
+            path, _, name = span.partition(":")
+            file = ROOT / path
+            if not file.exists() or (
+                name
+                and not re.search(rf"^\s*(def|class) {re.escape(name)}\b", file.read_text(), re.MULTILINE)
+            ):
+                missing.append(span)
+    assert missing == []
+
+
+TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
+CHECK_ORDER = ["config", "preflight", "policy", "readiness", "gate", "job", "verdict"]
+# Where the program's one-line refusals are written.
+PRODUCT = [
+    path for folder in ("infra", "workloads", "training", "policy") for path in (ROOT / folder).rglob("*.py")
+]
+
+
+def first_words_pattern(first_words: str) -> re.Pattern[str]:
+    """The first words as written in the code: `...` stands for a placeholder the message fills in."""
+    return re.compile(".{1,80}?".join(re.escape(part) for part in first_words.split("...")), flags=re.DOTALL)
+
+
+def test_troubleshooting_opens_with_the_order_of_the_checks():
+    section = TROUBLESHOOTING.read_text().split("\n## The order of the checks\n", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\d+\. \*\*(\w+)\*\*", section, flags=re.MULTILINE) == CHECK_ORDER
+
+
+def test_troubleshooting_lists_the_refusals_in_the_order_of_the_checks():
+    rows = table(TROUBLESHOOTING, "## The refusals, by first words")
+    checks = [row[1] for row in rows]
+    assert set(checks) <= set(CHECK_ORDER)
+    assert checks == sorted(checks, key=CHECK_ORDER.index)
+    assert all(code(row[0]) and row[2] and row[3] and "](" in row[4] for row in rows)
+
+
+def test_each_refusal_of_troubleshooting_is_still_in_the_code():
+    """Each entry's first words occur in the code that prints them: a reworded message moves its entry."""
+    sources = [path.read_text() for path in PRODUCT]
+    stale = []
+    for row in table(TROUBLESHOOTING, "## The refusals, by first words"):
+        pattern = first_words_pattern(code(row[0]) or "")
+        if not any(pattern.search(source) for source in sources):
+            stale.append(row[0])
+    assert stale == []
+
+
+def test_the_first_words_check_catches_a_reworded_message():
+    source = 'raise Error(f"GPU node group {group.name} is still {group.status} after")'
+    assert first_words_pattern("GPU node group ... is still").search(source)
+    assert not first_words_pattern("GPU node group ... stays").search(source)
