@@ -321,7 +321,7 @@ def test_often_set_training_keys_are_flags_of_the_job():
 
 
 # Inputs of the bad-input table that are not config keys: the fake account they describe.
-ACCOUNTS = {
+ACCOUNTS: dict[str, dict] = {
     "`eks:DescribeCluster` denied to the identity": {"denied": {"aws:eks/getCluster:getCluster"}},
     "a vCPU quota of 48 for `L-DB2E81BA`": {"quotas": {"L-DB2E81BA": 48}},
 }
