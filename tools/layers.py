@@ -2,7 +2,7 @@
 
 A module imports its own unit (the module or subpackage a layer names) and the layers below it,
 never a peer of its own layer or anything above. `tests/test_layers.py` enforces these
-declarations; `python -m catalogues` writes them into docs/architecture.md. Standard library only.
+declarations; `python -m tools docs` writes them into docs/architecture.md. Standard library only.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ from tests.harness.paths import REPO_ROOT as ROOT
 
 PROGRAM_PACKAGES = {
     "platform_contract",
-    "layers",
-    "catalogues",
+    "tools",
     "infra",
     "workloads",
     "training",
