@@ -141,6 +141,12 @@ def test_policy_pack_imports_nothing_of_the_program():
     assert crossings("policy", PROGRAM_PACKAGES - {"policy"}) == []
 
 
+@pytest.mark.parametrize("package", PRODUCT_FOLDERS)
+def test_no_product_package_imports_the_development_tools(package):
+    """tools/ (the generators, the layer declarations) is for development; nothing shipped needs it."""
+    assert crossings(package, {"tools"}) == []
+
+
 def product_folders() -> list[Path]:
     return [
         folder

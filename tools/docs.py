@@ -31,9 +31,8 @@ def stale() -> list[Path]:
 
 
 def write() -> list[Path]:
-    """Rewrite every document's generated regions; the documents written."""
-    written = []
-    for document, rewrite in rewriters().items():
-        document.write_text(rewrite(document.read_text()))
-        written.append(document)
-    return written
+    """Rewrite every document's generated regions, none written unless all are found; the documents."""
+    texts = {document: rewrite(document.read_text()) for document, rewrite in rewriters().items()}
+    for document, text in texts.items():
+        document.write_text(text)
+    return list(texts)
