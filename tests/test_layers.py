@@ -2,7 +2,7 @@
 
 Each product package is a stack of layers, lowest first. A module may import its own unit (the
 module or subpackage a layer names) and the layers below it, never a peer of its own layer or
-anything above: an arrow back up fails here. The layers are declared in `layers.py`, from which
+anything above: an arrow back up fails here. The layers are declared in `tools/layers.py`, from which
 docs/architecture.md's table is generated.
 """
 

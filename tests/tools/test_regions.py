@@ -60,7 +60,7 @@ def test_every_marked_region_of_the_documents_has_a_generator_and_every_generato
     marked = {
         path: names(path.read_text())
         for path in [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("policy/**/*.md")]
-        if re.search(r"<!-- (BEGIN|END) GENERATED", path.read_text())
+        if re.search(r"^<!-- (BEGIN|END) GENERATED", path.read_text(), flags=re.MULTILINE)
     }
     generated = {document: list(regions) for document, regions in catalogues.tables().items()}
     generated[config_tables.CONFIGURATION] = list(config_tables.tables())
