@@ -1,4 +1,4 @@
-"""`python -m tools docs`: rewrite every generated region of the documents from the code;
+"""`python -m tools docs`: rewrite every generated region and drawn file of the documents from the code;
 `python -m tools docs --check`: write nothing, fail naming each stale document."""
 
 from __future__ import annotations

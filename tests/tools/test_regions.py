@@ -70,4 +70,5 @@ def test_every_marked_region_of_the_documents_has_a_generator_and_every_generato
 
 def test_the_documents_are_as_the_command_writes_them():
     assert docs.stale() == []
+    assert set(docs.generated()) == {*docs.rewriters(), *docs.DRAWN}
     assert main(["docs", "--check"]) == 0
