@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +74,15 @@ def test_the_documents_are_as_the_command_writes_them():
     assert docs.stale() == []
     assert set(docs.generated()) == {*docs.rewriters(), *docs.DRAWN}
     assert main(["docs", "--check"]) == 0
+
+
+def test_the_command_runs_as_a_user_types_it():
+    """`python -m tools docs --check` from the repository's root, as docs/testing.md gives it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tools", "docs", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
