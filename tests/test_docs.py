@@ -10,13 +10,13 @@ import pulumi
 import pytest
 import yaml
 
-import catalogues
-from infra.config.docs_table import rewritten
 from infra.config.parsing import key_names
 from infra.config.stack import StackKeys
 from infra.config.training_settings import setting_keys
 from tests.harness.fake_aws import FakeAws
 from tests.harness.program import ROOT, dev_config, run_program
+from tools import catalogues
+from tools.config_tables import rewritten
 from workloads import training_run
 from workloads.training_run.provider import GATE, TOP, benchmark_output_keys, training_output_keys
 
@@ -297,7 +297,7 @@ def code(cell: str) -> str | None:
 
 
 def test_key_tables_are_generated_from_the_declaration():
-    """The stack keys, the judging keys and the program's flags, as `python -m infra.config.docs_table`
+    """The stack keys, the judging keys and the program's flags, as `python -m tools docs`
     writes them from the code (run it after changing a key)."""
     document = CONFIGURATION.read_text()
     assert document == rewritten(document)
@@ -352,7 +352,7 @@ def test_bad_input_table_shows_the_real_message(given, message):
 
 @pytest.mark.parametrize("document", sorted(catalogues.tables()), ids=lambda path: path.name)
 def test_catalogues_are_generated_from_their_declarations(document):
-    """The policy rules, the chart pins and the layers, as `python -m catalogues` writes them from
+    """The policy rules, the chart pins and the layers, as `python -m tools docs` writes them from
     the code (run it after changing a rule, a pin or a layer)."""
     assert document.read_text() == catalogues.rewritten(document, document.read_text())
 

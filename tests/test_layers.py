@@ -2,7 +2,7 @@
 
 Each product package is a stack of layers, lowest first. A module may import its own unit (the
 module or subpackage a layer names) and the layers below it, never a peer of its own layer or
-anything above: an arrow back up fails here. The layers are declared in `layers.py`, from which
+anything above: an arrow back up fails here. The layers are declared in `tools/layers.py`, from which
 docs/architecture.md's table is generated.
 """
 
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from layers import LAYERS, OUTSIDE
 from tests.harness.import_graph import (
     PROGRAM_PACKAGES,
     crossings,
@@ -24,6 +23,7 @@ from tests.harness.import_graph import (
     within,
 )
 from tests.harness.paths import REPO_ROOT as ROOT
+from tools.layers import LAYERS, OUTSIDE
 
 PRODUCT_FOLDERS = ("training", "infra", "workloads", "policy", "bench", "examples")
 MODULES_PER_FOLDER = 12
@@ -141,6 +141,12 @@ def test_policy_pack_imports_nothing_of_the_program():
     assert crossings("policy", PROGRAM_PACKAGES - {"policy"}) == []
 
 
+@pytest.mark.parametrize("package", PRODUCT_FOLDERS)
+def test_no_product_package_imports_the_development_tools(package):
+    """tools/ (the generators, the layer declarations) is for development; nothing shipped needs it."""
+    assert crossings(package, {"tools"}) == []
+
+
 def product_folders() -> list[Path]:
     return [
         folder
@@ -186,7 +192,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/aws_facts/live_stack.py": "the live cluster's reads and judgements are tests/test_day_two.py's",
     "infra/aws_facts/sizing.py": "sizes are checked through the program in tests/infra/config/test_stack.py",
     "infra/config/aws_identity.py": "tested through the stack config (tests/infra/config/test_stack.py) and the provider",
-    "infra/config/docs_table.py": "tests/test_docs.py checks the tables it generates",
     "infra/config/parsing.py": "each primitive is tested through the keys of tests/infra/config/test_stack.py",
     "infra/config/training_settings.py": "the training block is tested in tests/infra/config/test_stack.py",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",

@@ -312,7 +312,7 @@ _STRICT_KEYS = ConfigDict(
 class StackKeys(BaseModel):
     """Every key of the project's namespace, declared once: its camelCase name (the alias), type,
     default, the parser whose `ValueError` names the reason, and the description the docs' key
-    table is generated from (`python -m infra.config.docs_table`)."""
+    table is generated from (`python -m tools docs`)."""
 
     model_config = _STRICT_KEYS
 

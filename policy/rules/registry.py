@@ -3,7 +3,7 @@
 A rule is a pure function of a resource's type and properties (a resource rule) or of the stack's
 resources (a stack rule), turned by `resource_rule` or `stack_rule` into one object that carries
 its name, enforcement level, description and the documentation's columns, and that registers
-itself: the pack (`policy/__main__.py`) and its README table (`python -m catalogues`) are built
+itself: the pack (`policy/__main__.py`) and its README table (`python -m tools docs`) are built
 from `registered()`.
 
 Resource rules: `check(resource_type, props, stack) -> [violation message, ...]`.

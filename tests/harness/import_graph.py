@@ -9,8 +9,7 @@ from tests.harness.paths import REPO_ROOT as ROOT
 
 PROGRAM_PACKAGES = {
     "platform_contract",
-    "layers",
-    "catalogues",
+    "tools",
     "infra",
     "workloads",
     "training",
@@ -38,7 +37,7 @@ def imported_modules(path: Path) -> set[str]:
     """Absolute names of every module a file imports, at any depth (functions, TYPE_CHECKING too):
     `from P import x` counts as importing P.x where that is a module, else as importing P; a relative
     import is named from the file's place in the tree."""
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)

@@ -1,24 +1,24 @@
 """The catalogues the documents show, generated from the one declaration of each.
 
-`python -m catalogues` rewrites them in place, with the stack keys of docs/configuration.md
-(`infra.config.docs_table`); `tests/test_docs.py` fails while a document and the code differ.
+`python -m tools docs` rewrites them in place, each between its markers (`tools/regions.py`), with
+the stack keys of docs/configuration.md (`tools/config_tables.py`); `tests/test_docs.py` fails while
+a document and the code differ.
 
 - policy/README.md: the policy rules, from the pack's registry (`policy.rules.registered`);
-- docs/architecture.md: the Helm chart pins (`workloads.manifests`) and who may import whom (`layers`).
+- docs/architecture.md: the Helm chart pins (`workloads.manifests`) and who may import whom (`tools/layers.py`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import layers
-from infra.config import docs_table
-from infra.config.docs_table import replace_tables
 from policy.rules import registered
 from policy.rules.registry import MANDATORY, StackRule
+from tools import layers
+from tools.regions import replace_regions
 from workloads.manifests import EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
 POLICY_README = ROOT / "policy" / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # The Helm charts the program installs, in the order it installs them.
@@ -50,24 +50,13 @@ def chart_table() -> str:
 
 
 def tables() -> dict[Path, dict[str, str]]:
-    """Each document's generated tables by the anchor line after which each stands."""
+    """Each document's generated tables by the name of its region."""
     return {
-        POLICY_README: {"## Rules": policy_table()},
-        ARCHITECTURE: {
-            "above, and a module in no layer fails the test:": layers.table(),
-            "The Helm charts, each pinned once in `workloads/manifests/charts.py`:": chart_table(),
-        },
+        POLICY_README: {"policy-rules": policy_table()},
+        ARCHITECTURE: {"layers": layers.table(), "charts": chart_table()},
     }
 
 
 def rewritten(document: Path, text: str) -> str:
     """`text`, the document's, with each of its generated tables replaced by the code's."""
-    return replace_tables(text, tables()[document])
-
-
-if __name__ == "__main__":
-    for document in tables():
-        document.write_text(rewritten(document, document.read_text()))
-        print(f"wrote {document}")
-    docs_table.CONFIGURATION.write_text(docs_table.rewritten(docs_table.CONFIGURATION.read_text()))
-    print(f"wrote {docs_table.CONFIGURATION}")
+    return replace_regions(text, tables()[document], str(document.relative_to(ROOT)))

@@ -1,7 +1,7 @@
 """The key tables of docs/configuration.md, generated from the one declaration of each key.
 
-`python -m infra.config.docs_table` rewrites them in place; `tests/test_docs.py` fails while the
-document and the code differ.
+`python -m tools docs` rewrites them in place, each between its markers (`tools/regions.py`);
+`tests/test_docs.py` fails while the document and the code differ.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pydantic import BaseModel
 
 from infra.config.stack import REGION_KEY_DESCRIPTION, StackKeys
 from infra.config.training_settings import PROGRAM_FLAGS, TrainingRunKeys, key_of_flag
+from tools.regions import replace_regions
 
-CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = "| key | default | meaning |\n| --- | --- | --- |\n"
 
 
@@ -37,37 +38,16 @@ def key_rows(model: type[BaseModel]) -> list[str]:
 
 
 def tables() -> dict[str, str]:
-    """Each generated table by the first line after which it stands in the document."""
+    """Each generated table by the name of its region in the document."""
     stack = [f"| `aws:region` | per stack file | {REGION_KEY_DESCRIPTION} |", *key_rows(StackKeys)]
     program = [f"| `{key_of_flag(flag)}` | {why} |" for flag, why in PROGRAM_FLAGS.items()]
     return {
-        "## Stack keys": HEADER + "\n".join(stack) + "\n",
-        "These keys are no flag of the job; they say how `pulumi up` judges the run:": HEADER
-        + "\n".join(key_rows(TrainingRunKeys))
-        + "\n",
-        "The program sets these flags itself, so the stack may not:": "| key | why |\n| --- | --- |\n"
-        + "\n".join(program)
-        + "\n",
+        "stack-keys": HEADER + "\n".join(stack) + "\n",
+        "judging-keys": HEADER + "\n".join(key_rows(TrainingRunKeys)) + "\n",
+        "program-flags": "| key | why |\n| --- | --- |\n" + "\n".join(program) + "\n",
     }
 
 
 def rewritten(document: str) -> str:
     """The document with each generated table replaced by the code's."""
-    return replace_tables(document, tables())
-
-
-def replace_tables(document: str, tables: dict[str, str]) -> str:
-    """`document` with the first table after each anchor line (a key of `tables`) replaced by its value."""
-    for anchor, table in tables.items():
-        before, after = document.split(f"\n{anchor}\n", 1)
-        lines = after.split("\n")
-        start = next(index for index, line in enumerate(lines) if line.startswith("|"))
-        end = next(index for index in range(start, len(lines)) if not lines[index].startswith("|"))
-        document = f"{before}\n{anchor}\n" + "\n".join(lines[:start]) + ("\n" if start else "")
-        document += table + "\n".join(lines[end:])
-    return document
-
-
-if __name__ == "__main__":
-    CONFIGURATION.write_text(rewritten(CONFIGURATION.read_text()))
-    print(f"wrote {CONFIGURATION}")
+    return replace_regions(document, tables(), "docs/configuration.md")

@@ -2,7 +2,7 @@
 
 A module imports its own unit (the module or subpackage a layer names) and the layers below it,
 never a peer of its own layer or anything above. `tests/test_layers.py` enforces these
-declarations; `python -m catalogues` writes them into docs/architecture.md. Standard library only.
+declarations; `python -m tools docs` writes them into docs/architecture.md. Standard library only.
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ LAYERS: dict[str, list[set[str]]] = {
         {"workloads.training_run.provider"},
         {"workloads.training_run.__init__"},
     ],
+    "tools": [
+        {"tools.__init__", "tools.regions", "tools.layers"},
+        {"tools.catalogues", "tools.config_tables"},
+        {"tools.docs"},
+        {"tools.__main__"},
+    ],
 }
 # What each package may import of the others (module prefixes), and why.
 OUTSIDE: dict[str, dict[str, str]] = {
@@ -63,12 +69,19 @@ OUTSIDE: dict[str, dict[str, str]] = {
         "training.metrics.cloudwatch_metrics": "the variable that names the cluster for the job's metrics",
         "training.config.settings": "the job's GPU switches and its --deadline, read in its arguments",
     },
+    "tools": {
+        "infra.config": "the stack keys, for docs/configuration.md",
+        "infra.resources.dashboard_picture": "the dashboard's picture, docs/dashboard.svg",
+        "policy.rules": "the registered rules, for policy/README.md",
+        "workloads.manifests": "the Helm chart pins, for docs/architecture.md",
+    },
 }
 # What a package's imports of the others come to, beyond OUTSIDE's list.
 OUTSIDE_NOTES = {
     "training": "nothing: only `training/` is shipped to the pods",
     "infra": "all standard library only, with every module they reach and every `__init__` that "
     "importing them runs",
+    "tools": "the development tools: nothing of the product imports them",
 }
 # Packages that are one unit and import nothing of the program, and why.
 ISOLATED = {
