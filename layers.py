@@ -40,6 +40,12 @@ LAYERS: dict[str, list[set[str]]] = {
             "workloads.training_run.readiness",
             "workloads.training_run.schema",
         },
+        {
+            "workloads.training_run.deadline",
+            "workloads.training_run.gpu_node_group",
+            "workloads.training_run.job_following",
+            "workloads.training_run.node_hours",
+        },
         {"workloads.training_run.runner"},
         {"workloads.training_run.provider"},
         {"workloads.training_run.__init__"},
