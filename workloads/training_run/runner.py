@@ -30,6 +30,7 @@ from platform_contract import EFA_RESOURCE, GPU_RESOURCE
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
 from workloads.training_run import deadline, gpu_node_group, node_hours, readiness
+from workloads.training_run.access import efa_counter_reads
 from workloads.training_run.access.cluster_api import ClusterApi, NodeFacts, PodFacts
 from workloads.training_run.access.commands import Executor
 from workloads.training_run.access.ec2_instances import LaunchTimes, no_launch_times
@@ -166,18 +167,18 @@ class TrainingRunner(JobFollowing):
         )
         return choice
 
-    def read_counters(self, pods: RayPods) -> efa_counters.Readings:
+    def read_counters(self, pods: RayPods) -> efa_counter_reads.Readings:
         """Each worker node's EFA counters now, or why not. A node whose read failed is asked again,
         with the reader pods listed afresh, for as long as `READER_WAIT_S` (at most the readiness
         wait): a reader pod starts with its node, and the DaemonSet replaces every reader when its
         command (the source of `efa_sysfs.py`) or the image changes, which `pulumi up` does not wait
         for (`efa_counter_reader.SKIP_AWAIT`). With the counter check off they are read once: no
         verdict waits on them."""
-        found: efa_counters.Readings = {}
+        found: efa_counter_reads.Readings = {}
 
-        def attempt() -> tuple[bool, efa_counters.Readings]:
+        def attempt() -> tuple[bool, efa_counter_reads.Readings]:
             unread = [pod for pod in pods.workers if isinstance(found.get(pod.name, ""), str)]
-            found.update(efa_counters.read_counters(self.env.cluster, unread, self.env.executor_for))
+            found.update(efa_counter_reads.read_counters(self.env.cluster, unread, self.env.executor_for))
             return not any(isinstance(read, str) for read in found.values()), found
 
         wait_s = min(READER_WAIT_S, self.env.readiness_timeout_s) if self.request.check_efa_counters else 0
