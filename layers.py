@@ -46,7 +46,7 @@ LAYERS: dict[str, list[set[str]]] = {
             "workloads.training_run.job_following",
             "workloads.training_run.node_hours",
         },
-        {"workloads.training_run.runner"},
+        {"workloads.training_run.outputs", "workloads.training_run.runner"},
         {"workloads.training_run.provider"},
         {"workloads.training_run.__init__"},
     ],
