@@ -30,8 +30,8 @@ LAYERS: dict[str, list[set[str]]] = {
         {"infra.pricing", "infra.aws_identity"},
     ],
     "workloads": [
-        {"workloads.__init__", "workloads.efa_counter_reader", "workloads.nccl_transport"},
-        {"workloads.manifests"},
+        {"workloads.__init__", "workloads.efa_counter_reader", "workloads.nccl_logs"},
+        {"workloads.manifests", "workloads.nccl_transport"},
         {"workloads.addons", "workloads.ray_cluster", "workloads.training_run.errors"},
         {"workloads.training_run.access", "workloads.training_run.engine_host"},
         {
@@ -40,7 +40,13 @@ LAYERS: dict[str, list[set[str]]] = {
             "workloads.training_run.readiness",
             "workloads.training_run.schema",
         },
-        {"workloads.training_run.runner"},
+        {
+            "workloads.training_run.deadline",
+            "workloads.training_run.gpu_node_group",
+            "workloads.training_run.job_following",
+            "workloads.training_run.node_hours",
+        },
+        {"workloads.training_run.outputs", "workloads.training_run.runner"},
         {"workloads.training_run.provider"},
         {"workloads.training_run.__init__"},
     ],

@@ -60,8 +60,8 @@ CLI (exit 0 when the expectation holds, 1 when not, 2 on bad arguments or unread
 
     python -m workloads.nccl_transport [--expect efa] [--ranks N] [--hosts N] LOGFILE|DIR|- ...
 
-Directories are walked for *.log, *.out and *.err and their rotated parts (`.out.1`: a Ray
-session `logs/` folder). Without --expect, `ok` means an inter-node network transport (efa,
+Directories are walked for *.log, *.out and *.err and their rotated parts (`workloads.nccl_logs`).
+Without --expect, `ok` means an inter-node network transport (efa,
 socket or ib) was identified; `unknown` is no expectation. With --ranks/--hosts (default 1 each), a
 verdict other than socket must cover that many NCCL processes and hosts, else it is unknown
 (`Verdict.covering`). Lines without a host name count as one host, the log's own, when no line of
@@ -72,26 +72,24 @@ for nothing, so a cluster's logs are judged by their host names alone.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import cast
 
 from platform_contract import EXPECTABLE_TRANSPORTS
+from workloads.nccl_logs import UnreadableLogError as UnreadableLogError
+from workloads.nccl_logs import log_lines
 
 NETWORK_TRANSPORTS = frozenset({"efa", "socket", "ib"})
 # *.log, *.out, *.err, and their size-rotated parts (Ray's `worker-...-<pid>.out.1`).
-_LOG_NAME = re.compile(r"\.(?:log|out|err)(?:\.\d+)?$")
 EVIDENCE_PER_HOST = 6
 EVIDENCE_TOTAL = 24
 UNKNOWN_HOST = "unknown-host"
 
 _LINES_KEPT_PER_KIND = 3  # per process and kind of line: bounds memory on huge logs
-_BINARY_PROBE_BYTES = 8192
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _RAY_DEDUP_SUFFIX = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
@@ -130,10 +128,6 @@ _FALLBACK_HINTS = (
 # whenever a plugin lacks CollNet or an interface version, so it explains nothing.
 _PLUGIN_PROBE = re.compile(r"^NET/Plugin\s?: ?Failed to find nccl\w*Plugin")
 _COLLNET = "COLLNET/"
-
-
-class UnreadableLogError(Exception):
-    """A log argument cannot be read as text: missing, not permitted, binary, or an empty folder."""
 
 
 @dataclass(frozen=True)
@@ -545,56 +539,9 @@ def classify_lines(lines: Iterable[str]) -> Verdict:
     return reader.verdict()
 
 
-def _refuse_folder(error: OSError) -> None:
-    raise UnreadableLogError(f"cannot read folder {error.filename}: {error.strerror}")
-
-
-def _iter_log_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[str]:
-    """Expand the arguments: files as given, folders walked (sorted) for *.log/*.out/*.err (and rotated parts)."""
-    for given in paths:
-        path = os.fspath(given)
-        if path == "-" or not os.path.isdir(path):
-            yield path
-            continue
-        found = False
-        for folder, subfolders, names in os.walk(path, onerror=_refuse_folder):
-            subfolders.sort()
-            for name in sorted(names):
-                if _LOG_NAME.search(name):
-                    found = True
-                    yield os.path.join(folder, name)
-        if not found:
-            raise UnreadableLogError(f"no *.log, *.out or *.err files under {path}")
-
-
-def _read_lines(path: str) -> Iterator[str]:
-    """Yield the text lines of a file (or stdin for `-`); carriage returns split lines too."""
-    try:
-        stream = cast(
-            io.BufferedReader,
-            sys.stdin.buffer if path == "-" else open(path, "rb"),  # noqa: SIM115 (closed by the with below)
-        )
-    except OSError as error:
-        raise UnreadableLogError(f"cannot read {path}: {error.strerror}") from error
-    with stream:
-        try:
-            probe = stream.peek(_BINARY_PROBE_BYTES)[:_BINARY_PROBE_BYTES]
-            if b"\x00" in probe:
-                raise UnreadableLogError(f"{path} is binary, not a text log")
-            for raw in stream:
-                for piece in raw.split(b"\r"):
-                    yield piece.decode("utf-8", errors="replace")
-        except OSError as error:
-            raise UnreadableLogError(f"cannot read {path}: {error.strerror}") from error
-
-
 def classify_files(paths: Iterable[str | os.PathLike[str]]) -> Verdict:
     """Classify the transport from log files and folders; raises UnreadableLogError."""
-    reader = _LogReader()
-    for path in _iter_log_files(paths):
-        for line in _read_lines(path):
-            reader.feed(line)
-    return reader.verdict()
+    return classify_lines(log_lines(paths))
 
 
 def _positive_int(text: str) -> int:

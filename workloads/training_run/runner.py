@@ -1,9 +1,7 @@
 """One run of the TrainingRun resource: readiness, the gate, the job(s), the verdict(s), the outputs.
 
 First the deadline: a job's `--deadline` that leaves no room for the fabric gate and one step with
-its checkpoint stops the run before anything is scaled or submitted (`window_problem`): the
-preview's refusal (`infra.preflight.window`) made again at the run's own time. Only a run that
-really happens gets here, so a deadline that passed after a finished run stops no later `pulumi up`.
+its checkpoint stops the run before anything is scaled or submitted (`deadline.window_problem`).
 
 The steps, each in its own module: wait for a Capacity Block's start when it has not begun
 (`not_before`), then until the cluster is ready (`readiness`); run the fabric
@@ -14,12 +12,9 @@ gate and job then run with NCCL forced onto TCP (`TCP_BASELINE_ENV`), that run m
 used sockets, and both throughputs and their ratio are output. A wait cut short by Ctrl-C or by
 `timeout_minutes` leaves the job running: the next `pulumi up` adopts it.
 
-With `gpuNodesAfterTraining: release` the run owns the GPU node group's desired size: it scales the
-group out before the readiness wait when it has fewer than `gpuNodeCount` nodes, and to 0 once every
-job it started or followed has ended, whatever the verdict (`released_at`). The job writes its own
-checkpoints before it ends; EKS drains a node it removes and terminates it after 5 minutes at most,
-so nothing is left to write then. A run that stops while a job still runs (Ctrl-C, `timeout_minutes`,
-a cluster it cannot reach) leaves the nodes running for the job and says so.
+With `gpuNodesAfterTraining: release` the run owns the GPU node group's desired size
+(`gpu_node_group`): out before the readiness wait, to 0 once every job it started or followed has
+ended (`released_at`).
 """
 
 from __future__ import annotations
@@ -31,26 +26,17 @@ from dataclasses import dataclass, replace
 
 import pulumi
 
-from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
 from platform_contract import EFA_RESOURCE, GPU_RESOURCE
-from training.config.settings import DEADLINE_FLAG
-from training.metrics.report import format_progress_line
 from workloads import manifests
 from workloads.nccl_transport import classify_lines
-from workloads.training_run import readiness
+from workloads.training_run import deadline, gpu_node_group, node_hours, readiness
+from workloads.training_run.access import efa_counter_reads
 from workloads.training_run.access.cluster_api import ClusterApi, NodeFacts, PodFacts
 from workloads.training_run.access.commands import Executor
-from workloads.training_run.access.ec2_instances import (
-    LaunchTimes,
-    LaunchTimesUnavailable,
-    instance_id,
-    instance_record,
-    no_launch_times,
-)
+from workloads.training_run.access.ec2_instances import LaunchTimes, no_launch_times
 from workloads.training_run.access.jobs import (
     DASHBOARD_ADDRESS,
     NCCL_LOG_DIR,
-    JobRecord,
     JobStatus,
     RayJobsClient,
     SubmissionChoice,
@@ -67,6 +53,8 @@ from workloads.training_run.errors import (
     PodGone,
     TrainingRunError,
 )
+from workloads.training_run.job_following import JobFollowing
+from workloads.training_run.node_hours import GpuNodeLaunches
 from workloads.training_run.readiness import Pace, RayPods
 from workloads.training_run.schema import RELEASE, RunInputs, RunTimings
 from workloads.training_run.verdicts import efa_counters, evidence, fabric, gate
@@ -122,47 +110,10 @@ class RunEnvironment:
         return Pace(self.poll_interval_s, self.clock, self.sleep)
 
 
-@dataclass(frozen=True)
-class GpuNodeLaunches:
-    """Every GPU node the run saw, each with its EC2 instance (`ec2_instances.instance_record`), or
-    why they are unavailable; `at` is when this was read, the output's time (ISO 8601, UTC)."""
-
-    nodes: dict[str, dict[str, str]] | None
-    unavailable: str | None
-    at: str
-
-
-def job_deadline(job_args: Sequence[str]) -> datetime.datetime | None:
-    """The job's `--deadline` (the last one given, as its parser takes it); None without one."""
-    found = evidence.flag_value(job_args, DEADLINE_FLAG)
-    return datetime.datetime.fromisoformat(found) if found else None
-
-
-def window_problem(
-    job_args: Sequence[str], check: DeadlineCheck | None, now: datetime.datetime, not_before: str | None
-) -> str | None:
-    """Why the run must not begin: its `--deadline` leaves less than `check.least_s` (the fabric gate
-    and one step with its checkpoint, as the preview predicted them) after it begins, now or at a
-    Capacity Block's start (`not_before`). The preview's refusal of the same run, made at the run's own
-    time, in one line naming the key the deadline comes from and its fix; None when it fits."""
-    deadline = job_deadline(job_args)
-    if check is None or deadline is None:
-        return None
-    begins = max(now, datetime.datetime.fromisoformat(not_before)) if not_before else now
-    left_s = (deadline - begins).total_seconds()
-    if left_s >= check.least_s:
-        return None
-    left = f"{left_s / 60:.1f} min before" if left_s > 0 else "after"
-    return (
-        f"config key {check.key!r} = {check.value!r}: the training run begins at {utc_text(begins)}, {left} its "
-        f"--deadline {utc_text(deadline)}, and the fabric gate and one step with its checkpoint need "
-        f"{check.least_s / 60:.1f} min: not even one checkpointed step fits, so no GPU node was scaled and no job "
-        f"submitted; {check.fix}"
-    )
-
-
-class TrainingRunner:
+class TrainingRunner(JobFollowing):
     """One run of the resource: checks, job(s), verdict(s), outputs."""
+
+    env: RunEnvironment
 
     # Failures after which this run cannot tell whether a job still runs on the GPU nodes.
     UNSURE = (Interrupted, ApiUnreachable, ApiUnauthorized, ApiRefused)
@@ -190,42 +141,44 @@ class TrainingRunner:
         judged again: one an earlier run left running is waited for, then a new one is submitted."""
         args = self.request.job_args if args is None else args
         base = submission_id_base(self.request.job_identity(), variant, env_vars)
-        plan = choose_submission(jobs.list(base), base, pods.identity(), rejudge=not fresh)
-        if fresh and plan.adopted is not None:
+        choice = choose_submission(jobs.list(base), base, pods.identity(), rejudge=not fresh)
+        if fresh and choice.adopted is not None:
             self.env.log(
-                f"training run: probe {plan.submission_id} ({plan.adopted.status}), started by an earlier run, "
+                f"training run: probe {choice.submission_id} ({choice.adopted.status}), started by an earlier run, "
                 "is waited for; then a fresh probe runs"
             )
-            self.follow_job(pods, jobs, plan.submission_id)
-            plan = choose_submission(jobs.list(base), base, pods.identity(), rejudge=False)
-        if plan.note:
-            self.env.log(f"training run: {plan.note}")
-        if plan.adopted is not None:
+            self.follow_job(pods, jobs, choice.submission_id)
+            choice = choose_submission(jobs.list(base), base, pods.identity(), rejudge=False)
+        if choice.note:
+            self.env.log(f"training run: {choice.note}")
+        if choice.adopted is not None:
             self.env.log(
-                f"training run: following job {plan.submission_id} ({plan.adopted.status}), started by an earlier run"
+                f"training run: following job {choice.submission_id} ({choice.adopted.status}), started by an earlier run"
             )
-            if not plan.adopted.status.is_terminal:
-                self.in_flight = plan.submission_id
-            return plan
+            if not choice.adopted.status.is_terminal:
+                self.in_flight = choice.submission_id
+            return choice
         # Recorded before the job exists: a submit that is cut off leaves no job without its record.
-        jobs.write_record(plan.submission_id, {"efa_before": self.read_counters(pods)})
-        self.in_flight = plan.submission_id
-        jobs.submit(plan.submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
-        self.env.log(f"training run: submitted job {plan.submission_id}: python -m {module} {' '.join(args)}")
-        return plan
+        jobs.write_record(choice.submission_id, {"efa_before": self.read_counters(pods)})
+        self.in_flight = choice.submission_id
+        jobs.submit(choice.submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
+        self.env.log(
+            f"training run: submitted job {choice.submission_id}: python -m {module} {' '.join(args)}"
+        )
+        return choice
 
-    def read_counters(self, pods: RayPods) -> efa_counters.Readings:
+    def read_counters(self, pods: RayPods) -> efa_counter_reads.Readings:
         """Each worker node's EFA counters now, or why not. A node whose read failed is asked again,
         with the reader pods listed afresh, for as long as `READER_WAIT_S` (at most the readiness
         wait): a reader pod starts with its node, and the DaemonSet replaces every reader when its
         command (the source of `efa_sysfs.py`) or the image changes, which `pulumi up` does not wait
         for (`efa_counter_reader.SKIP_AWAIT`). With the counter check off they are read once: no
         verdict waits on them."""
-        found: efa_counters.Readings = {}
+        found: efa_counter_reads.Readings = {}
 
-        def attempt() -> tuple[bool, efa_counters.Readings]:
+        def attempt() -> tuple[bool, efa_counter_reads.Readings]:
             unread = [pod for pod in pods.workers if isinstance(found.get(pod.name, ""), str)]
-            found.update(efa_counters.read_counters(self.env.cluster, unread, self.env.executor_for))
+            found.update(efa_counter_reads.read_counters(self.env.cluster, unread, self.env.executor_for))
             return not any(isinstance(read, str) for read in found.values()), found
 
         wait_s = min(READER_WAIT_S, self.env.readiness_timeout_s) if self.request.check_efa_counters else 0
@@ -247,95 +200,6 @@ class TrainingRunner:
         jobs.write_record(submission_id, {**record, "efa_traffic": efa_counters.traffic_record(traffic)})
         return traffic
 
-    def jobs_client(self, head: PodFacts) -> RayJobsClient:
-        """The Ray Jobs client over exec in `head`."""
-        return RayJobsClient(self.env.executor_for(head), self.env.dashboard_address, self.env.nccl_log_dir)
-
-    def replacement_head(self, gone: PodFacts) -> PodFacts:
-        """The Ready head pod that took over from `gone`, waited for as long as the readiness wait."""
-        selector = manifests.head_pod_selector(self.request.ray_cluster_name)
-
-        def attempt():
-            heads = [
-                pod
-                for pod in self.env.cluster.list_pods(self.request.namespace, selector)
-                if pod.ready and not pod.terminating and pod.name != gone.name
-            ]
-            return bool(heads), heads
-
-        found, heads = self.env.pace.until(self.env.readiness_timeout_s, attempt)
-        if not found:
-            raise TrainingRunError(
-                f"head pod {gone.name} is gone and no new Ray head pod became Ready within "
-                f"{self.env.readiness_timeout_s / 60:.0f} min; the Ray job history went with it. Check the "
-                f"RayCluster (`kubectl -n {self.request.namespace} describe raycluster "
-                f"{self.request.ray_cluster_name}`); once its head is Ready, `pulumi up` submits the job again"
-            )
-        return heads[0]
-
-    def follow_job(self, pods: RayPods, jobs: RayJobsClient, submission_id: str) -> tuple[JobRecord, JobLog]:
-        """Poll until the job ends, logging each step; bounded by `timeout_minutes` and Ctrl-C.
-
-        Ray keeps its jobs in the head pod. When the head pod is replaced (404 on exec), the new
-        head is looked up once: a job still listed there is followed on, a missing one ends the run
-        saying so (`pods.head` is the new head either way)."""
-        log = JobLog()
-        offset, status = 0, None
-        seen = "not polled yet"
-        replaced: str | None = None
-        deadline = self.env.clock() + self.request.timeout_minutes * 60
-        try:
-            while True:
-                try:
-                    answer = jobs.poll(submission_id, offset)
-                except PodGone as gone:
-                    if replaced is not None or gone.pod != pods.head.name:
-                        raise
-                    replaced = pods.head.name
-                    pods.head = self.replacement_head(pods.head)
-                    self.env.log(f"training run: head pod {replaced} was replaced by {pods.head.name}")
-                    jobs = self.jobs_client(pods.head)
-                    continue
-                if answer.job is None:
-                    if replaced is not None:
-                        raise TrainingRunError(
-                            f"head pod {replaced} was replaced by {pods.head.name} while job {submission_id} ran "
-                            f"({seen}); Ray keeps job history in the head pod, so the job's state and logs went with "
-                            "it. Run `pulumi up` again: it submits the job afresh on the new head"
-                        )
-                    raise TrainingRunError(
-                        f"job {submission_id} no longer exists on the Ray head pod {pods.head.name} ({seen}): "
-                        "the Ray head restarted and lost its job history. Run `pulumi up` again: it submits "
-                        "the job afresh"
-                    )
-                job, offset = answer.job, answer.offset
-                steps = log.feed(answer.logs)
-                if job.status.is_terminal:
-                    steps += log.close()
-                for step in steps:
-                    self.env.log(f"training run {submission_id}: {format_progress_line(step)}")
-                if job.status != status:
-                    status = job.status
-                    self.env.log(f"training run: job {submission_id} is {status}")
-                if job.status.is_terminal:
-                    self.in_flight = None
-                    return job, log
-                last = format_progress_line(log.steps[-1]) if log.steps else "no step finished yet"
-                seen = f"{job.status}, {last}"
-                if self.env.clock() >= deadline:
-                    raise TrainingRunError(
-                        f"job {submission_id} still {job.status} after timeout_minutes={self.request.timeout_minutes} "
-                        f"({last}). It keeps running: the next `pulumi up` waits for it; raise timeout_minutes, or stop "
-                        f"it with `ray job stop {submission_id}` in the head pod."
-                    )
-                self.env.sleep(self.env.poll_interval_s)
-        except Interrupted:
-            raise Interrupted(
-                f"interrupted: stopped waiting for job {submission_id} ({seen}). The job keeps "
-                "running on the Ray cluster and the next `pulumi up` follows it to its end; to stop it, run "
-                f"`ray job stop {submission_id}` in the head pod."
-            ) from None
-
     def judged_run(
         self,
         pods: RayPods,
@@ -349,8 +213,8 @@ class TrainingRunner:
         its lines, covering the job's ranks and worker pods, and the EFA counters around it. Its
         `summary` is left empty for the caller to read from the log."""
         jobs = self.jobs_client(pods.head)
-        plan = self.start_job(pods, jobs, variant, env_vars, module, args, fresh)
-        submission_id = plan.submission_id
+        choice = self.start_job(pods, jobs, variant, env_vars, module, args, fresh)
+        submission_id = choice.submission_id
         job, log = self.follow_job(pods, jobs, submission_id)
         self.see_gpu_nodes(self.env.cluster.list_nodes(readiness.GPU_NODE_LABEL_SELECTOR))
         if job.status != JobStatus.SUCCEEDED:
@@ -381,7 +245,7 @@ class TrainingRunner:
             f"training run: job {submission_id}: NCCL transport {verdict.transport} ({verdict.reason}); "
             f"{kind} read: {log_files}"
         )
-        rejudged = plan.note if plan.adopted is not None and plan.adopted.status.is_terminal else None
+        rejudged = choice.note if choice.adopted is not None and choice.adopted.status.is_terminal else None
         traffic = self.job_traffic(pods, jobs, submission_id)
         self.env.log(
             f"training run: job {submission_id}: EFA bytes per worker pod {traffic.bytes_moved()}"
@@ -529,7 +393,7 @@ class TrainingRunner:
         """The gated job(s); with `release`, the GPU nodes scaled out before and released after (module
         doc). First of all, the deadline's room (`window_problem`)."""
         now = datetime.datetime.fromtimestamp(self.env.wall_clock(), datetime.UTC)
-        problem = window_problem(
+        problem = deadline.window_problem(
             self.request.job_args, self.request.deadline_check, now, self.request.not_before
         )
         if problem:
@@ -556,7 +420,7 @@ class TrainingRunner:
         return result
 
     def release(self, sizer: NodeGroupSizer) -> str | None:
-        return readiness.release_gpu_nodes(
+        return gpu_node_group.release_gpu_nodes(
             sizer, self.env.pace, self.env.readiness_timeout_s, self.gpu_node_count, self.env.log
         )
 
@@ -573,7 +437,7 @@ class TrainingRunner:
         try:
             self.wait_for_the_block()
             if sizer is not None:
-                readiness.scale_gpu_nodes_up(
+                gpu_node_group.scale_gpu_nodes_up(
                     sizer,
                     self.env.pace,
                     self.env.readiness_timeout_s,
@@ -611,25 +475,8 @@ class TrainingRunner:
         counts node hours from it. A node without an instance id, or EC2 refusing DescribeInstances,
         makes them unavailable with the reason; an instance EC2 does not list is named in its record."""
         self.see_gpu_nodes(self.env.cluster.list_nodes(readiness.GPU_NODE_LABEL_SELECTOR))
-        nodes, unavailable = self._launches()
+        nodes, unavailable = node_hours.launches(self.gpu_nodes.values(), self.env.launch_times)
         if unavailable:
             self.env.log(f"training run: the GPU nodes' launch times are unavailable: {unavailable}")
         finished = datetime.datetime.fromtimestamp(self.env.wall_clock(), datetime.UTC)
         return GpuNodeLaunches(nodes, unavailable, finished.isoformat())
-
-    def _launches(self) -> tuple[dict[str, dict[str, str]] | None, str | None]:
-        seen = sorted(self.gpu_nodes.values(), key=lambda node: (node.name, node.provider_id))
-        if not seen:
-            return None, "the run found no GPU node"
-        missing = sorted(node.name for node in seen if instance_id(node.provider_id) is None)
-        if missing:
-            return None, f"node(s) {', '.join(missing)} carry no EC2 instance id in spec.providerID"
-        instances: dict[str, str] = {}
-        for node in seen:  # a name a later instance took again is told apart by its instance
-            found = instance_id(node.provider_id) or ""
-            instances[node.name if node.name not in instances else f"{node.name} ({found})"] = found
-        try:
-            lives = self.env.launch_times(sorted(set(instances.values())))
-        except LaunchTimesUnavailable as error:
-            return None, str(error)
-        return {name: instance_record(found, lives.get(found)) for name, found in instances.items()}, None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import threading
 import time
@@ -14,24 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
-from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
+from infra.plan.cost import CostBasis, list_price, measured_cost
 from tests.harness.fake_kube_api import HANDSHAKE_TRAFFIC, FakeReaderNode
 from tests.harness.paths import REPO_ROOT
 from tests.harness.ray_head import RayHead, running_head, stop_process_tree, worker_node
 from tests.harness.training_run_fakes import (
     EFA_JOB,
     EFA_JOB_TRAFFIC,
-    FAKE_EPOCH,
     FALLBACK_JOB,
     HEAD_POD,
-    INSTANCE_IDS,
-    LAUNCHED,
     LOST_WORKER_ATTEMPT,
     OOM_JOB,
-    OUTPUT_TIME,
     PROBE_TRAFFIC,
-    SMOKE_ARGS,
     WORKER_NODES,
     WORKER_PODS,
     FakeCluster,
@@ -501,79 +494,6 @@ def test_a_capacity_block_not_begun_is_waited_for_before_the_nodes_with_a_line_e
     assert waited.clock.slept - at_once.clock.slept == 25.0
 
 
-def test_a_job_that_outlives_the_timeout_is_left_running_for_the_next_update():
-    head = FakeRayHead({"main": replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING"])})
-    fake = FakeCluster(head)
-    message = failure_of(fake, run_inputs(timeout_minutes=2))
-    assert "still RUNNING after timeout_minutes=2" in message
-    assert "the next `pulumi up` waits for it" in message and "ray job stop eks-ray-train-main-" in message
-    assert 30 + 120 <= fake.clock.slept <= 30 + 130  # the gate's three polls, then the job's 2 minutes
-
-
-# --- gpuNodesAfterTraining: release ---------------------------------------------------------------
-
-RELEASE = {"gpu_nodes_after_training": "release", "node_group_name": "gpu-0a1b2c3", "gpu_node_count": 2}
-
-
-def test_release_scales_the_group_out_before_the_run_and_to_zero_after_it():
-    fake = FakeCluster(main_and_tcp_head())
-    fake.node_group.desired = 0
-    outs = fake.provider().create(props(run_inputs(**RELEASE))).outs
-    assert outs["status"] == "SUCCEEDED" and fake.node_group.sizes == [2, 0]
-    assert outs["gpu_nodes_released_at"] == utc_text(
-        datetime.datetime.fromtimestamp(FAKE_EPOCH + fake.clock.now, datetime.UTC)
-    )
-    assert any("scaled from 0 to 2 nodes" in line for line in fake.logged)
-
-
-def test_keep_never_sizes_the_group():
-    fake = FakeCluster(main_and_tcp_head())
-    outs = fake.provider().create(props(run_inputs(**{**RELEASE, "gpu_nodes_after_training": "keep"}))).outs
-    assert outs["gpu_nodes_released_at"] is None and fake.node_group.sizes == []
-
-
-def test_a_failed_job_is_the_verdict_and_releases_the_nodes_too():
-    fake = FakeCluster(main_and_tcp_head(statuses=["PENDING", "RUNNING", "FAILED"], message="OOM"))
-    with pytest.raises(errors.TrainingRunError):
-        fake.provider().create(props(run_inputs(**RELEASE)))
-    assert fake.node_group.sizes == [0]
-
-
-def test_a_job_left_running_at_the_timeout_keeps_its_nodes_and_says_so():
-    head = FakeRayHead({"main": replace(scripted(EFA_JOB, "driver_main.log"), statuses=["RUNNING"])})
-    fake = FakeCluster(head)
-    message = failure_of(fake, run_inputs(timeout_minutes=2, **RELEASE))
-    assert "still RUNNING after timeout_minutes=2" in message and fake.node_group.sizes == []
-    assert any("the GPU nodes keep running" in line for line in fake.logged)
-
-
-def test_a_degraded_group_is_refused_before_anything_runs():
-    fake = FakeCluster(main_and_tcp_head())
-    fake.node_group.desired, fake.node_group.status = 0, "DEGRADED"
-    fake.node_group.issues = ("AsgInstanceLaunchFailures: InsufficientInstanceCapacity (eks-gpu-asg)",)
-    message = failure_of(fake, run_inputs(**RELEASE))
-    assert message.startswith("GPU node group gpu-0a1b2c3 of EKS cluster eks-ray-train is DEGRADED (")
-    assert "desiredSize=2 --region us-east-2" in message and "\n" not in message
-    assert fake.node_group.sizes == [] and fake.head.probe_submissions == []
-
-
-def test_a_group_degraded_by_launches_before_its_capacity_block_began_is_waited_for_not_refused():
-    """Created at 2 nodes before the block's start, the group's launches failed until then; once the
-    block has begun the run waits for the nodes instead of refusing the DEGRADED status."""
-    fake = FakeCluster(main_and_tcp_head())
-    fake.node_group.status = "DEGRADED"
-    fake.node_group.issues = ("AsgInstanceLaunchFailures: the Capacity Block is not active (eks-gpu-asg)",)
-    outs = fake.provider().create(props(run_inputs(**RELEASE, not_before="2026-12-05T09:00:25Z"))).outs
-    assert outs["status"] == "SUCCEEDED" and fake.node_group.sizes == [0]
-    assert any(
-        "is DEGRADED from its launches before the Capacity Block began" in line for line in fake.logged
-    )
-    # The same group with no block to wait for is refused, as any DEGRADED group is.
-    refused = FakeCluster(main_and_tcp_head())
-    refused.node_group.status = "DEGRADED"
-    assert "is DEGRADED (" in failure_of(refused, run_inputs(**RELEASE))
-
-
 def shipped_code(root: Path) -> tuple[Path, str]:
     """The training code as the ConfigMap mount presents it: the package files and `.code-hash`."""
     files = manifests.collect_code(REPO_ROOT)
@@ -700,186 +620,6 @@ def test_ray_head_failed_job_fails_with_its_log(ray_head):
     message = str(caught.value)
     assert " FAILED: Job entrypoint command failed with exit code 2" in message
     assert "argument --steps: must be >= 1, got 0" in message
-
-
-# --- the GPU nodes' launch times, for the stack's `training.cost` ----------------------------------
-
-
-def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time():
-    """Read after the job: the instances the nodes' providerID names, their EC2 launch times
-    (DescribeInstances, stubbed on EC2's own service model), and the output's time from the run's
-    wall clock; the cost of the fake cluster then counts from them at the price the run recorded."""
-    price = list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused")
-    basis = CostBasis(price, None, {})
-    fake = FakeCluster(main_and_tcp_head())
-    outs = fake.provider().create(props(run_inputs(planned=basis.planned_run))).outs
-    assert PlannedRun.recorded(outs["planned"]) == basis.planned_run
-    assert outs["gpu_nodes"] == {
-        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
-        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:00:30+00:00"},
-    }
-    assert outs["gpu_nodes_unavailable"] is None
-    finished = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
-    assert outs["finished_at"] == finished.isoformat()
-    measured = measured_cost(
-        PlannedRun.recorded(outs["planned"]), outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]
-    )
-    seconds = (
-        2 * 2 * 3600 + 2 * fake.clock.now - 30
-    )  # two nodes launched 2 h and 1 h 59 min 30 s before 09:00
-    assert measured["gpuNodeHours"] == round(seconds / 3600, 4)
-    assert measured["usd"] == round(seconds / 3600 * 4.6016, 2)
-    assert planned_cost(basis)["priceBasis"].startswith(
-        "On-Demand list price of g6.12xlarge shipped with the stack"
-    )
-
-
-def test_ec2_refusing_describe_instances_makes_the_launch_times_unavailable_not_the_run():
-    fake = FakeCluster(main_and_tcp_head(), ec2_refused="UnauthorizedOperation")
-    outs = fake.provider().create(props(run_inputs())).outs
-    assert outs["status"] == "SUCCEEDED" and outs["gpu_nodes"] is None
-    assert outs["gpu_nodes_unavailable"] == (
-        "AWS refused ec2:DescribeInstances of i-0a1b2c3d4e5f60001, i-0a1b2c3d4e5f60002 for the ambient AWS "
-        "credentials: UnauthorizedOperation: You are not authorized to perform this operation."
-    )
-    assert any("launch times are unavailable" in line for line in fake.logged)
-
-
-def test_a_node_without_an_instance_id_makes_the_launch_times_unavailable():
-    bare = gpu_node("node-b")
-    bare.spec.provider_id = None
-    fake = FakeCluster(main_and_tcp_head(), nodes=[gpu_node("node-a"), bare])
-    outs = fake.provider().create(props(run_inputs())).outs
-    assert outs["gpu_nodes"] is None
-    assert outs["gpu_nodes_unavailable"] == "node(s) node-b carry no EC2 instance id in spec.providerID"
-
-
-# --- the deadline, judged again when the run is about to run ----------------------------------------
-
-# What the preview hands the run with `training.deadline` (`infra.preflight.window`): the fabric gate
-# and one smoke step with its checkpoint, 2 min 30 s.
-DEADLINE_CHECK = DeadlineCheck(
-    "training.deadline", "2026-12-05T08:00:00Z", "set a later training.deadline, or remove it", 150.0
-)
-
-
-def with_deadline(deadline: str, **changes) -> schema.RunInputs:
-    check = replace(DEADLINE_CHECK, value=deadline)
-    return run_inputs(job_args=(*SMOKE_ARGS, "--deadline", deadline), deadline_check=check, **changes)
-
-
-def test_a_run_past_its_deadline_is_refused_in_one_line_before_anything_is_scaled_or_submitted():
-    """Only a run that really happens reaches create: its deadline passed an hour before (the fake
-    wall clock is at 09:00:00Z), so nothing is scaled out, probed or submitted."""
-    fake = FakeCluster(main_and_tcp_head())
-    fake.node_group.desired = 0
-    message = failure_of(fake, with_deadline("2026-12-05T08:00:00Z", **RELEASE))
-    assert message == (
-        "config key 'training.deadline' = '2026-12-05T08:00:00Z': the training run begins at 2026-12-05T09:00:00Z, "
-        "after its --deadline 2026-12-05T08:00:00Z, and the fabric gate and one step with its checkpoint need "
-        "2.5 min: not even one checkpointed step fits, so no GPU node was scaled and no job submitted; set a later "
-        "training.deadline, or remove it"
-    )
-    assert fake.head.submissions == [] and fake.head.probe_submissions == []
-    assert fake.node_group.sizes == [] and fake.clock.slept == 0
-
-
-def test_a_deadline_too_near_for_the_gate_and_a_step_counts_from_a_capacity_blocks_start():
-    """Two minutes of room now, one after the block's start: refused either way; with room it runs."""
-    near = FakeCluster(main_and_tcp_head())
-    message = failure_of(near, with_deadline("2026-12-05T09:02:00Z"))
-    assert "begins at 2026-12-05T09:00:00Z, 2.0 min before its --deadline 2026-12-05T09:02:00Z" in message
-    later = FakeCluster(main_and_tcp_head())
-    message = failure_of(later, with_deadline("2026-12-05T10:05:00Z", not_before="2026-12-05T10:04:00Z"))
-    assert "begins at 2026-12-05T10:04:00Z, 1.0 min before its --deadline 2026-12-05T10:05:00Z" in message
-    assert later.clock.slept == 0 and later.head.probe_submissions == []
-    room = FakeCluster(main_and_tcp_head())
-    outs = room.provider().create(props(with_deadline("2026-12-05T09:03:00Z"))).outs
-    assert outs["status"] == "SUCCEEDED"
-
-
-def hours_of(fake: FakeCluster, outs: dict) -> dict:
-    basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused"), None, {})
-    return measured_cost(
-        basis.planned_run,
-        outs["gpu_nodes"],
-        outs["gpu_nodes_unavailable"],
-        outs["finished_at"],
-        outs["summary"],
-    )
-
-
-def test_a_node_replaced_during_the_run_counts_both_instances_hours():
-    """node-b's instance is terminated at 08:30 while the gate runs and node-c's launched in its place:
-    the nodes listed after each job hold node-c, the readiness wait's held node-b; both are counted,
-    node-b's to its termination (its StateTransitionReason), node-c's to the output."""
-    replaced_at = datetime.datetime(2026, 12, 5, 8, 30, 0, tzinfo=datetime.UTC)
-    launched_c = datetime.datetime(2026, 12, 5, 8, 31, 0, tzinfo=datetime.UTC)
-    fake = FakeCluster(
-        main_and_tcp_head(),
-        node_snapshots=[[gpu_node("node-a"), gpu_node("node-b")], [gpu_node("node-a"), gpu_node("node-c")]],
-        launched={**LAUNCHED, INSTANCE_IDS["node-c"]: launched_c},
-        stopped={INSTANCE_IDS["node-b"]: replaced_at},
-    )
-    outs = fake.provider().create(props(run_inputs())).outs
-    assert outs["gpu_nodes"]["node-b"] == {
-        "instanceId": INSTANCE_IDS["node-b"],
-        "launchTime": "2026-12-05T07:00:30+00:00",
-        "stoppedAt": "2026-12-05T08:30:00+00:00",
-    }
-    assert outs["gpu_nodes"]["node-c"] == {
-        "instanceId": INSTANCE_IDS["node-c"],
-        "launchTime": "2026-12-05T08:31:00+00:00",
-    }
-    end = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
-    seconds = (
-        (end - LAUNCHED[INSTANCE_IDS["node-a"]]).total_seconds()
-        + (replaced_at - LAUNCHED[INSTANCE_IDS["node-b"]]).total_seconds()
-        + (end - launched_c).total_seconds()
-    )
-    measured = hours_of(fake, outs)
-    assert measured["gpuNodeHours"] == round(seconds / 3600, 4) and measured["notCounted"] is None
-
-
-def test_a_node_that_never_became_ready_is_counted_too():
-    """A third GPU node NotReady at the first poll of the readiness wait and gone at the next: EC2 billed
-    it, so its instance is among the run's."""
-    stuck = gpu_node("node-c", ready=False)
-    fake = FakeCluster(
-        main_and_tcp_head(),
-        node_snapshots=[
-            [gpu_node("node-a"), gpu_node("node-b"), stuck],
-            [gpu_node("node-a"), gpu_node("node-b")],
-        ],
-        launched={
-            **LAUNCHED,
-            INSTANCE_IDS["node-c"]: datetime.datetime(2026, 12, 5, 7, 1, tzinfo=datetime.UTC),
-        },
-    )
-    outs = fake.provider().create(props(run_inputs())).outs
-    assert sorted(outs["gpu_nodes"]) == ["node-a", "node-b", "node-c"]
-
-
-def test_an_instance_ec2_no_longer_lists_is_named_and_the_others_counted_not_a_refusal():
-    """node-b's instance terminated more than an hour ago is gone from DescribeInstances: asked by the
-    `instance-id` filter EC2 answers node-a's alone (with the ids it would refuse the whole call,
-    InvalidInstanceID.NotFound); node-b is named, node-a's hours counted."""
-    fake = FakeCluster(
-        main_and_tcp_head(), launched={INSTANCE_IDS["node-a"]: LAUNCHED[INSTANCE_IDS["node-a"]]}
-    )
-    outs = fake.provider().create(props(run_inputs())).outs
-    assert outs["gpu_nodes_unavailable"] is None
-    assert outs["gpu_nodes"]["node-b"] == {
-        "instanceId": INSTANCE_IDS["node-b"],
-        "unavailable": "ec2:DescribeInstances does not list it (EC2 lists a terminated instance for about an "
-        "hour), so its launch is unknown and its hours are not counted",
-    }
-    measured = hours_of(fake, outs)
-    end = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
-    assert measured["gpuNodeHours"] == round(
-        (end - LAUNCHED[INSTANCE_IDS["node-a"]]).total_seconds() / 3600, 4
-    )
-    assert list(measured["notCounted"]) == [INSTANCE_IDS["node-b"]] and measured["unavailable"] is None
 
 
 # A worker pod deleted mid-job, on a real local Ray. A KubeRay worker pod is a Ray node (`ray start

@@ -1,10 +1,9 @@
-"""The EFA hardware counters of each worker node, read before and after a job: what EFA carried.
+"""What EFA carried during a job, judged from each worker node's EFA counters read before and after it.
 
 NCCL's log lines say which transport NCCL chose; the counters say how much the EFA devices moved
 while the job ran. A worker pod cannot see them (its network namespace shows compat devices
 without port counters: `training.metrics.efa_sysfs`), so they are read by exec in the EFA counter
-reader pod on the worker pod's node (`workloads.efa_counter_reader`, `hostNetwork`), matched by
-node name.
+reader pod on the worker pod's node (`access.efa_counter_reads`); this module judges them.
 
 A node whose counters cannot be read (no running reader pod on it, an exec that fails, after
 the run waited and asked again) is *unavailable*, with the reason: never reported as
@@ -27,18 +26,11 @@ The judgement of a job's counters is recorded beside the job (`traffic_record`),
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.metrics.efa_sysfs import COUNTER_GLOB, MOVED, SYSFS_ROOT, PortCounters, parse_counters
-from workloads.efa_counter_reader import READER_NAME, READER_NAMESPACE, READER_SELECTOR, counters_command
-from workloads.training_run.access.cluster_api import ClusterApi, PodFacts
-from workloads.training_run.access.commands import COMMAND_TIMEOUT_S, CommandTimeout, Executor
-from workloads.training_run.errors import ApiRefused, ExecStreamCut, PodGone
-
-# Per worker pod: its node's counters, or why they could not be read.
-Readings = dict[str, PortCounters | str]
+from training.metrics.efa_sysfs import COUNTER_GLOB, MOVED, SYSFS_ROOT, PortCounters
 
 
 def efa_counter_delta(
@@ -209,45 +201,3 @@ def traffic_record(traffic: EfaTraffic) -> dict[str, Any]:
 
 def traffic_from_record(record: Mapping[str, Any]) -> EfaTraffic:
     return EfaTraffic(dict(record["ports"]), dict(record["deltas"]), dict(record.get("unavailable") or {}))
-
-
-def reader_pods(cluster: ClusterApi) -> dict[str, PodFacts]:
-    """The reader pod to exec in on each node, by node name: a Ready one, else one whose container
-    runs. The exec'd `print` reads sysfs itself, so it works while the pod's server is not Ready
-    (wedged, or still starting)."""
-    found: dict[str, PodFacts] = {}
-    for pod in cluster.list_pods(READER_NAMESPACE, READER_SELECTOR):
-        running = pod.phase == "Running" and not pod.problems and not pod.terminating
-        if pod.node_name and running and (pod.ready or pod.node_name not in found):
-            found[pod.node_name] = pod
-    return found
-
-
-def _read_one(
-    worker: PodFacts, readers: Mapping[str, PodFacts], executor_for: Callable[[PodFacts], Executor]
-) -> PortCounters | str:
-    """One worker pod's node's counters, read by exec in its node's reader pod; or why not."""
-    reader = readers.get(worker.node_name or "")
-    if reader is None:
-        return (
-            f"no running {READER_NAME} pod on node {worker.node_name} "
-            f"(`kubectl -n {READER_NAMESPACE} get pods -o wide`)"
-        )
-    try:
-        result = executor_for(reader).run(counters_command(), COMMAND_TIMEOUT_S)
-    except (PodGone, ExecStreamCut, CommandTimeout, ApiRefused) as error:
-        return f"reading them in {READER_NAMESPACE}/{reader.name} failed: {error}"
-    if result.returncode != 0:
-        return (
-            f"reading them in {READER_NAMESPACE}/{reader.name} failed (exit {result.returncode}): "
-            f"{result.output[-300:]}"
-        )
-    return parse_counters(result.stdout)
-
-
-def read_counters(
-    cluster: ClusterApi, workers: Sequence[PodFacts], executor_for: Callable[[PodFacts], Executor]
-) -> Readings:
-    """Each worker pod's node's EFA port counters now, read by its node's reader pod; or why not."""
-    readers = reader_pods(cluster)
-    return {worker.name: _read_one(worker, readers, executor_for) for worker in workers}
