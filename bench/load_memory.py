@@ -97,7 +97,7 @@ def _parallelize(model: Any, config: Any, device: torch.device, world_size: int)
 
 
 class _Session:
-    """What `training.loop.build` reads of a launcher's session: one FSDP group of all ranks."""
+    """What `training.build.build` reads of a launcher's session: one FSDP group of all ranks."""
 
     def __init__(self, rank: int, world_size: int, device: torch.device):
         self.rank, self.world_size, self.local_world_size, self.device = rank, world_size, world_size, device
@@ -106,7 +106,7 @@ class _Session:
 def worker(args: argparse.Namespace) -> None:
     """One torchrun rank: build with `args.path` (the loop's own `build` for the init's last path),
     then report this rank's peaks."""
-    from training.loop import build
+    from training.build import build
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available() and not args.cpu

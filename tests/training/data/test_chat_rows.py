@@ -235,7 +235,7 @@ class _CorpusSession:
         self.summary = summary
 
     def faults(self):
-        return []  # a run that was never restarted (training.loop.Session.faults)
+        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 def test_a_chat_run_reports_the_tokens_it_saw_and_the_assistant_tokens_it_trained_on(
