@@ -44,7 +44,7 @@ from training.components.async_checkpoint import (
 )
 from training.components.checkpoint import save_checkpoint
 from training.config.presets import PRESETS
-from training.data.packing import synthetic_batches
+from training.data.batches import synthetic_batches
 from training.launch.torchrun_launcher import start_process_group
 from training.loop import train_step
 from training.model.causal_lm import model_batch

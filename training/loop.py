@@ -42,13 +42,8 @@ from training.components.resume import (
 )
 from training.components.watchdog import HangWatchdog
 from training.config.run_config import TrainConfig
-from training.data.packing import (
-    PackedCorpus,
-    PackingStats,
-    epoch_batches,
-    position_after,
-    synthetic_batches,
-)
+from training.data.batches import epoch_batches, position_after, synthetic_batches
+from training.data.packing import PackedCorpus, PackingStats
 from training.data.tokenizer import load_tokenizer
 from training.errors import DivergedError, UsageError
 from training.metrics.cloudwatch_sink import publish_restart, publish_step

@@ -417,7 +417,7 @@ class TrainConfig:
 
     @property
     def packing_attention(self) -> str:
-        """--document-attention as the packer applies it (`training.data.packing.document_tokens`): `auto`
+        """--document-attention as the packer applies it (`training.data.documents.document_tokens`): `auto`
         isolates every document on GPUs and keeps its CPU meaning (conversations only) without."""
         if self.document_attention == AUTO and self.use_gpu:
             return "isolated"

@@ -64,15 +64,10 @@ from training.components.drain import Notice
 from training.components.watchdog import HANG_NOTE_FILE, hang_cause
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
+from training.data.batches import steps_per_epoch
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
-from training.data.packing import (
-    PackedCorpus,
-    RowPacker,
-    batch_tokens,
-    parse_files_batch,
-    steps_per_epoch,
-    tokenize_batch,
-)
+from training.data.documents import batch_tokens, parse_files_batch, tokenize_batch
+from training.data.packing import PackedCorpus, RowPacker
 from training.errors import DivergedError, RestartRefusedError, RunFailedError, UsageError
 from training.launch import local_drain
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group

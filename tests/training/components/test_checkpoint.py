@@ -17,7 +17,8 @@ import torch
 
 from tests.harness.packing_reference import corpus_rows
 from training.config.run_config import SHIPPED_CORPUS, parse_args, parse_flags
-from training.data.packing import PackedCorpus, corpus_fingerprint, epoch_batches, epoch_order, position_after
+from training.data.batches import epoch_batches, epoch_order, position_after
+from training.data.packing import PackedCorpus, corpus_fingerprint
 from training.errors import UsageError
 
 FILES = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
@@ -415,7 +416,7 @@ def test_the_byte_tokenizers_export_stops_at_its_eos(trained):
     name (any one of them would stop): the EOS alone, and examples/generate.py stops at the bytes."""
     from transformers import GenerationConfig
 
-    from training.data.packing import end_of_turn
+    from training.data.documents import end_of_turn
     from training.data.tokenizer import ByteTokenizer
 
     assert end_of_turn(ByteTokenizer()) == list(b"<|end|>")

@@ -13,7 +13,9 @@ from training.config.run_config import (
     load_model_config,
     parse_args,
 )
-from training.data.packing import pack_documents, read_documents, synthetic_batches
+from training.data.batches import synthetic_batches
+from training.data.documents import read_documents
+from training.data.packing import pack_documents
 from training.data.tokenizer import ByteTokenizer
 
 
@@ -83,7 +85,7 @@ class _CorpusSession:
 def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(data):
     """A run resumed after step 3 of 2 micro-batches each continues with batch 7 of the stream,
     the first batch the uninterrupted run would have trained on after step 3."""
-    from training.data.packing import position_after
+    from training.data.batches import position_after
     from training.loop import _batches
 
     argv = ["--seq-len", "32", "--batch-size", "3", "--grad-accum-steps", "2"]

@@ -1,4 +1,4 @@
-"""The text column, chat rows and per-document attention: which tokens are trained on, and what
+"""A corpus's documents (training/data/documents.py): the text column, chat rows and per-document attention: which tokens are trained on, and what
 each token sees. The byte tokenizer's template renders a turn as `<|role|>\\n{content}<|end|>\\n`."""
 
 from __future__ import annotations
@@ -14,18 +14,15 @@ import torch
 
 from training.config.run_config import ArgumentsError, parse_args, parse_flags
 from training.data.corpus_cache import in_process_corpus
-from training.data.packing import (
-    DOCUMENT_START,
-    NO_LOSS,
-    TOKEN_ID,
+from training.data.documents import (
     batch_tokens,
     chat_segments,
     document_tokens,
-    pack_documents,
     parse_files_batch,
     read_documents,
     tokenize_batch,
 )
+from training.data.packing import DOCUMENT_START, NO_LOSS, TOKEN_ID, pack_documents
 from training.data.tokenizer import ByteTokenizer
 from training.errors import UsageError
 from training.model.causal_lm import model_batch
