@@ -185,7 +185,7 @@ def main() -> None:
     )
     parser.add_argument("--out", required=True, help="JSON file for the results")
     parser.add_argument(
-        "--model-config", default="qwen2.5-1.5b", help="a name in training/configs or a JSON file"
+        "--model-config", default="qwen2.5-1.5b", help="a name in training/architectures or a JSON file"
     )
     parser.add_argument("--init", default="random", choices=("random", "pretrained"))
     parser.add_argument("--model-id", help="for --init pretrained: a save_pretrained folder")

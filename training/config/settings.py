@@ -263,7 +263,8 @@ class TrainConfig:
         "--model-id", help="Hugging Face model id for pretrained weights and the default tokenizer"
     )
     model_config: str = setting(
-        "--model-config", help="architecture for --init random: a name in training/configs or a JSON file"
+        "--model-config",
+        help="architecture for --init random: a name in training/architectures or a JSON file",
     )
     init: str = setting(
         "--init", choices=("random", "pretrained"), help="random weights or the model id's weights"

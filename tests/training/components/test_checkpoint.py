@@ -280,7 +280,7 @@ def test_init_from_a_checkpoint_of_another_architecture_is_refused(trained, tmp_
     from training.loop import train
 
     arch = tmp_path / "wide.json"
-    values = json.loads((SHIPPED_CORPUS.parent / "configs" / "tiny.json").read_text())
+    values = json.loads((SHIPPED_CORPUS.parent / "architectures" / "tiny.json").read_text())
     arch.write_text(json.dumps({**values, "hidden_size": 64}))
     config = parse_args(
         [*ARGS, "--steps", "1", "--init-from", str(trained / "3"), "--model-config", str(arch)]
