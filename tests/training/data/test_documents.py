@@ -1,5 +1,6 @@
-"""A corpus's documents (training/data/documents.py): the text column, chat rows and per-document attention: which tokens are trained on, and what
-each token sees. The byte tokenizer's template renders a turn as `<|role|>\\n{content}<|end|>\\n`."""
+"""A corpus's documents (training/data/documents.py): the text column, chat rows and per-document
+attention: which tokens are trained on, and what each token sees. The byte tokenizer's template
+renders a turn as `<|role|>\\n{content}<|end|>\\n`."""
 
 from __future__ import annotations
 

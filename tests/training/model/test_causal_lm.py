@@ -1,5 +1,5 @@
-"""The loss is the mean over the global batch's valid labels, on any number of ranks and
-micro-batches.
+"""The causal LM's fused loss (training/model/causal_lm.py, `CausalLMWithFusedLoss`) is the mean
+over the global batch's valid labels, on any number of ranks and micro-batches.
 
 Two gloo ranks on CPU whose batches hold very different numbers of valid labels must
 produce the loss and the gradients of one process training on both batches at once.
