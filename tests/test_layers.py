@@ -197,8 +197,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
-    "training/config/model_configs.py": "tested through --init random in tests/training/components/test_checkpoint.py",
-    "training/config/presets.py": "tested in tests/training/config/test_run_config.py",
     "training/distributed/rank_exit.py": "tested by the multi-rank runs of tests/training/test_build.py",
     "training/errors.py": "exception classes, raised in the CLI's tests (tests/training/test_cli.py)",
     "training/export.py": "tested in tests/training/components/test_checkpoint.py",
