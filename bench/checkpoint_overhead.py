@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from bench.train_bench.session import BenchSession, benchmark_config
+from training.build import build
 from training.components.async_checkpoint import (
     MAX_STALL_FRACTION,
     CheckpointWriter,
@@ -43,9 +44,9 @@ from training.components.async_checkpoint import (
 )
 from training.components.checkpoint import save_checkpoint
 from training.config.presets import PRESETS
-from training.data.packing import synthetic_batches
+from training.data.batches import synthetic_batches
 from training.launch.torchrun_launcher import start_process_group
-from training.loop import build, train_step
+from training.loop import train_step
 from training.model.causal_lm import model_batch
 
 VARIANTS = ("baseline", "async", "sync", "baseline-after")

@@ -41,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from training.data.batches import epoch_batches
 from training.data.corpus_cache import CorpusCache, open_rows
-from training.data.packing import ROW_DTYPE, RowPacker, epoch_batches, pack_documents
+from training.data.packing import ROW_DTYPE, RowPacker, pack_documents
 
 MIB = 2**20
 PATHS = ("in-memory", "streamed", "worker")
@@ -126,7 +127,7 @@ def run_path(
 def run_ray_path(path: str, tokens: int, seq_len: int, folder: str) -> dict:
     """The Ray driver packing a JSONL corpus Ray Data reads and tokenizes; what it produced."""
     from training.config.run_config import parse_args
-    from training.data.packing import batch_tokens
+    from training.data.documents import batch_tokens
     from training.launch.ray_launcher import cached_corpus, tokenized_documents
 
     corpus = Path(folder) / f"corpus-{tokens}.jsonl"

@@ -32,9 +32,10 @@ from bench.train_bench.session import (
     start_process_group,
     timed_steps,
 )
+from training.build import build
 from training.config.settings import ATTENTION_KERNELS
 from training.data.packing import DOCUMENT_START
-from training.loop import build, train_step
+from training.loop import train_step
 from training.model.causal_lm import ModelBatch, model_batch
 
 VARIANTS = ("causal", "isolated-sdpa", "isolated-flex", "causal-again")

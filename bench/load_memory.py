@@ -97,7 +97,7 @@ def _parallelize(model: Any, config: Any, device: torch.device, world_size: int)
 
 
 class _Session:
-    """What `training.loop.build` reads of a launcher's session: one FSDP group of all ranks."""
+    """What `training.build.build` reads of a launcher's session: one FSDP group of all ranks."""
 
     def __init__(self, rank: int, world_size: int, device: torch.device):
         self.rank, self.world_size, self.local_world_size, self.device = rank, world_size, world_size, device
@@ -106,7 +106,7 @@ class _Session:
 def worker(args: argparse.Namespace) -> None:
     """One torchrun rank: build with `args.path` (the loop's own `build` for the init's last path),
     then report this rank's peaks."""
-    from training.loop import build
+    from training.build import build
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available() and not args.cpu
@@ -185,7 +185,7 @@ def main() -> None:
     )
     parser.add_argument("--out", required=True, help="JSON file for the results")
     parser.add_argument(
-        "--model-config", default="qwen2.5-1.5b", help="a name in training/configs or a JSON file"
+        "--model-config", default="qwen2.5-1.5b", help="a name in training/architectures or a JSON file"
     )
     parser.add_argument("--init", default="random", choices=("random", "pretrained"))
     parser.add_argument("--model-id", help="for --init pretrained: a save_pretrained folder")

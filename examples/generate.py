@@ -3,7 +3,7 @@
 Loads a Hugging Face folder written by `--export-hf` or `python -m training.export` with
 `from_pretrained`, renders the question as a one-turn conversation with the run's tokenizer's chat
 template (the byte tokenizer's own for the tiny CPU model), and prints the assistant's reply:
-generation stops at the template's end of turn (`training.data.packing.end_of_turn`: Qwen2.5's
+generation stops at the template's end of turn (`training.data.documents.end_of_turn`: Qwen2.5's
 `<|im_end|>`, the byte tokenizer's `<|end|>`) or at the EOS, whichever comes first.
 """
 
@@ -39,7 +39,7 @@ def answer(model_dir: str, question: str, *, tokenizer: str, max_new_tokens: int
     import torch
     from transformers import AutoModelForCausalLM, StoppingCriteriaList
 
-    from training.data.packing import end_of_turn
+    from training.data.documents import end_of_turn
     from training.data.tokenizer import load_tokenizer
 
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -15,8 +15,9 @@ LAYERS: dict[str, list[set[str]]] = {
     "training": [
         {"training.__init__", "training.errors", "training.config"},
         {"training.data", "training.metrics"},
-        {"training.model"},
+        {"training.model", "training.session"},
         {"training.components", "training.distributed"},
+        {"training.build"},
         {"training.loop"},
         {"training.launch"},
         {"training.cli", "training.export", "training.fabric_probe"},

@@ -1,7 +1,8 @@
-"""The training loop, the same under Ray Train and torchrun.
+"""The training loop, the same under Ray Train and torchrun: one optimizer step (`train_step`) and
+the run around it (`train`: resume, the steps, evaluation, checkpoints, the stops and the summary).
 
-It talks to its launcher only through a `Session` (rank, device, checkpoints,
-corpus shard, reporting), so it never needs to know which launcher it runs in.
+It talks to its launcher only through a `Session` (training/session.py), builds the model with
+training/build.py and checks a resume with training/components/resume.py.
 """
 
 from __future__ import annotations
@@ -9,17 +10,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from training.build import build
 from training.components.async_checkpoint import CheckpointWriter
 from training.components.attempts import Restarts
 from training.components.checkpoint import (
@@ -33,18 +33,18 @@ from training.components.checkpoint import (
 from training.components.deadline import Deadline
 from training.components.drain import DrainWatch, notice_line
 from training.components.evaluate import best_evaluation, eval_batches, evaluate, evaluations_since_best
-from training.components.optim import build_optimizer, learning_rate, schedule_settings, set_learning_rate
-from training.components.watchdog import HangWatchdog
-from training.config.run_config import TrainConfig, flag_name, nothing_left_to_train
-from training.data.packing import (
-    PackedCorpus,
-    PackingStats,
-    epoch_batches,
-    position_after,
-    synthetic_batches,
+from training.components.optim import learning_rate, set_learning_rate
+from training.components.resume import (
+    check_resume,
+    check_same_architecture,
+    checkpoint_settings,
+    recorded_global_batch,
 )
+from training.components.watchdog import HangWatchdog
+from training.config.run_config import TrainConfig
+from training.data.batches import epoch_batches, position_after, synthetic_batches
+from training.data.packing import PackedCorpus, PackingStats
 from training.data.tokenizer import load_tokenizer
-from training.distributed.parallelize import build_mesh, convert_to_float8, parallelize, replica_groups
 from training.errors import DivergedError, UsageError
 from training.metrics.cloudwatch_sink import publish_restart, publish_step
 from training.metrics.efa_meter import EfaMeter
@@ -52,67 +52,9 @@ from training.metrics.flops import num_params
 from training.metrics.report import RunSummary, format_progress_line, format_step_line
 from training.metrics.run_metrics import RunMetrics, loss_and_grad_norm
 from training.metrics.tensorboard_sink import TensorBoardSink
-from training.model.attention import attention_kernel
-from training.model.causal_lm import (
-    CAUSAL_LM_PREFIX,
-    CausalLMWithFusedLoss,
-    ModelBatch,
-    build_causal_lm,
-    build_meta_causal_lm,
-    load_architecture,
-    load_shards_from_checkpoint,
-    model_batch,
-    shard_weights_from_rank0,
-)
+from training.model.causal_lm import CAUSAL_LM_PREFIX, CausalLMWithFusedLoss, ModelBatch, model_batch
 from training.model.loss import global_normalizer
-
-
-class Session(Protocol):
-    """What a launcher provides to the loop."""
-
-    rank: int
-    world_size: int
-    local_world_size: int
-    device: torch.device
-
-    def latest_checkpoint(self) -> AbstractContextManager[str | None]:
-        """A folder holding the newest complete checkpoint, or None."""
-
-    def open_checkpoint(self, location: str) -> AbstractContextManager[str]:
-        """The checkpoint at `location` (--init-from) as a local folder."""
-
-    def corpus(self, config: TrainConfig) -> PackedCorpus:
-        """All packed [rows, seq_len + 1] rows of the corpus `config.data`, in corpus order, their
-        fingerprint and what packing did."""
-
-    def eval_rows(self, config: TrainConfig) -> PackedCorpus | np.ndarray:
-        """All packed [rows, seq_len + 1] rows of the held-out corpus `config.eval_data`, with what
-        packing did (a PackedCorpus), or the rows alone."""
-
-    def report(self, metrics: dict[str, Any], step: int, save: Callable[[str], None] | None) -> None:
-        """Publish a step's metrics; `save(folder)` writes a checkpoint when one is due."""
-
-    def checkpoint_folder(self, step: int) -> str:
-        """Where this rank writes step's checkpoint behind the next steps; no checkpoint until
-        `publish` (training/components/async_checkpoint.py)."""
-
-    def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
-        """The step's report, with the completed checkpoint of `step` written into `folder`."""
-
-    def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        """Publish the run summary and per-step history."""
-
-    def faults(self) -> list[dict[str, Any]]:
-        """The faults the launcher restarted this run after, oldest first
-        (`training.components.attempts`); [] for one that does not restart a run."""
-
-
-def emit(line: str) -> None:
-    """Write a console line. Not print(): Ray Train replaces print in workers with a
-    logger that echoes every line to stderr too, which would double each step line."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
+from training.session import Session, emit
 
 HISTORY_KEYS = ("step", "loss", "lr", "grad_norm", "eval_loss", "tokens_per_s", "step_time_s")
 
@@ -198,176 +140,6 @@ def _batches(
         grad_accum_steps=config.grad_accum_steps,
         start=position,
     )
-
-
-def _check_fits(config: TrainConfig, architecture: Any) -> None:
-    limit = getattr(architecture, "max_position_embeddings", None)
-    if limit is not None and config.seq_len > limit:
-        raise ValueError(f"seq_len {config.seq_len} exceeds the model's max_position_embeddings {limit}")
-    if not config.synthetic_data or config.eval_data is not None:
-        tokens = load_tokenizer(config.tokenizer).vocab_size
-        if tokens > architecture.vocab_size:
-            raise ValueError(f"tokenizer has {tokens} tokens, the model only {architecture.vocab_size}")
-
-
-def build(
-    config: TrainConfig, session: Session, resuming: bool = False
-) -> tuple[CausalLMWithFusedLoss, torch.optim.Optimizer, Any, int]:
-    """The sharded model, its optimizer, the architecture and the HSDP replica count. A
-    pretrained model is read shard by shard on each rank, never whole; a random one is rank 0's.
-    `resuming`: a checkpoint's weights replace the built ones, so the pretrained ones are not read."""
-    architecture = load_architecture(config)
-    _check_fits(config, architecture)
-    replicas = replica_groups(session.world_size, session.local_world_size, config.hsdp_replicas)
-    mesh = build_mesh(session.device.type, session.world_size, replicas)
-    kernel, flex_tiles = attention_kernel(
-        config, architecture, session.device, emit if session.rank == 0 else lambda line: None
-    )
-    config = dataclasses.replace(config, attention=kernel)
-    # A checkpoint's or --init-from's weights replace the built ones: random ones cost no download.
-    replaced = resuming or config.init_from is not None
-    weights_from = dataclasses.replace(config, init="random") if replaced else config
-    per_shard = weights_from.init == "pretrained"
-    # A random init stays rank 0's seeded full model, broadcast: one RNG stream over the full
-    # tensors, so the model is the same bits whatever the world size or mesh.
-    source = (
-        None
-        if per_shard or session.rank != 0
-        else build_causal_lm(weights_from, architecture, session.device)
-    )
-    model = CausalLMWithFusedLoss(
-        build_meta_causal_lm(config, architecture), config.loss_chunk_tokens, flex_tiles
-    )
-    if config.float8:
-        convert_to_float8(model, session.device)
-    parallelize(
-        model,
-        mesh,
-        compile_layers=config.compile,
-        activation_checkpointing=config.activation_checkpointing,
-        reshard_after_forward=config.reshard_after_forward,
-    )
-    if per_shard:
-        load_shards_from_checkpoint(model, config.model_id, session.device)
-    else:
-        shard_weights_from_rank0(model, source, session.device)
-    del source
-    model.train()
-    return model, build_optimizer(model, config, session.device), architecture, replicas
-
-
-# What the replayed data depends on, saved with each checkpoint (with the global batch and the
-# schedule's settings, below); a resume must keep each.
-REPLAY_KEYS = ("seq_len", "seed", "corpus", "batch_size")
-WEIGHTS_ALONE = "or take its weights alone with --init-from"
-
-
-def replay_facts(config: TrainConfig, world_size: int, corpus: str) -> dict[str, Any]:
-    """What a checkpoint records for a resume to train as the uninterrupted run would: the data
-    replay's inputs (`corpus`: the packed rows' `corpus_fingerprint`, or 'synthetic'), the global
-    batch in sequences (world size x --batch-size x --grad-accum-steps) and the settings the
-    learning rate of each step depends on (`schedule_settings`)."""
-    return {
-        "world_size": world_size,
-        "grad_accum_steps": config.grad_accum_steps,
-        "global_batch": world_size * config.batch_size * config.grad_accum_steps,
-        "corpus": corpus,
-        **{key: getattr(config, key) for key in REPLAY_KEYS if key != "corpus"},
-        "schedule": schedule_settings(config),
-    }
-
-
-def recorded_global_batch(state: dict[str, Any]) -> int | None:
-    """A checkpoint's global batch; for a checkpoint without the key, one written without
-    accumulation, its world size times its batch size (one micro-batch)."""
-    if "global_batch" in state:
-        return int(state["global_batch"])
-    if "world_size" in state and "batch_size" in state:
-        return int(state["world_size"] * state["batch_size"] * state.get("grad_accum_steps", 1))
-    return None
-
-
-def _global_batch_problem(state: dict[str, Any], facts: dict[str, Any], checkpoint: str) -> str | None:
-    saved = recorded_global_batch(state)
-    if saved is None or saved == facts["global_batch"]:
-        return None
-    per_micro = facts["world_size"] * facts["batch_size"]
-    fix = (
-        f"pass --grad-accum-steps {saved // per_micro}"
-        if saved % per_micro == 0
-        else f"run workers x --grad-accum-steps = {saved // facts['batch_size']}"
-    )
-    was = f"world size {state.get('world_size')} x --batch-size {state.get('batch_size')} x --grad-accum-steps {state.get('grad_accum_steps', 1)}"
-    now = f"{facts['world_size']} x {facts['batch_size']} x {facts['grad_accum_steps']}"
-    return (
-        f"{checkpoint} was written with a global batch of {saved} sequences ({was}); this run's is "
-        f"{facts['global_batch']} ({now}): {fix} to keep it, {WEIGHTS_ALONE}"
-    )
-
-
-def check_resume(state: dict[str, Any], facts: dict[str, Any], steps: int, checkpoint: str) -> None:
-    """Raises a one-line `UsageError` when the run cannot continue from `state`: it is at or past
-    --steps, a value the data replay depends on differs, the global batch differs (any split of it
-    into workers and micro-batches resumes: a step's rows are the same, `epoch_batches`), or a
-    setting of the learning-rate schedule does. Checkpoints older than a key did not record it;
-    the oldest had no accumulation (1)."""
-    if problem := nothing_left_to_train(state["step"], steps, checkpoint):
-        raise UsageError(problem)
-    for key in REPLAY_KEYS:
-        saved = state.get(key)
-        if saved is None or saved == facts[key]:
-            continue
-        if key == "corpus":
-            raise UsageError(
-                f"{checkpoint} was trained on other rows (--data or --tokenizer differ from its run's): "
-                f"resume with its corpus, {WEIGHTS_ALONE}"
-            )
-        raise UsageError(
-            f"{checkpoint} was written with {flag_name(key)} {saved}: resume with the same, {WEIGHTS_ALONE}"
-        )
-    if problem := _global_batch_problem(state, facts, checkpoint):
-        raise UsageError(problem)
-    saved_schedule = state.get("schedule", {})
-    for key, saved in saved_schedule.items():  # --lr-schedule first: it decides the other keys
-        if facts["schedule"].get(key) == saved:
-            continue
-        why = (
-            f" (its --lr-schedule {saved_schedule['lr_schedule']} decays towards the last step)"
-            if key == "steps"
-            else ""
-        )
-        raise UsageError(
-            f"{checkpoint} was written with {flag_name(key)} {saved}{why}: resume with the same, so the "
-            f"learning rate of every step is the uninterrupted run's, {WEIGHTS_ALONE}"
-        )
-
-
-def check_same_architecture(state: dict[str, Any], architecture: Any, checkpoint: str) -> None:
-    """--init-from loads weights into the architecture the flags build; a one-line error if they differ."""
-    saved = state.get("architecture")
-    if saved is None:
-        return
-    built = architecture.to_dict()
-    differ = [key for key in ARCHITECTURE_KEYS if key in saved and saved[key] != built.get(key)]
-    if differ:
-        shown = ", ".join(f"{key} {saved[key]} (the flags build {built.get(key)})" for key in differ)
-        raise UsageError(
-            f"--init-from {checkpoint} holds a model of {shown}: pass the --model-config or --model-id "
-            "it was trained with"
-        )
-
-
-# What makes two architectures' weights incompatible.
-ARCHITECTURE_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "tie_word_embeddings",
-)
 
 
 def divergence(step: int, *, loss: float, grad_norm: float, lr: float) -> str | None:
@@ -499,12 +271,12 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         )
         corpus = _corpus(config, session)
         rows = None if corpus is None else corpus.rows
-        facts = replay_facts(
+        settings = checkpoint_settings(
             config, session.world_size, "synthetic" if corpus is None else corpus.fingerprint
         )
         if checkpoint_path is not None:
             state = read_train_state(checkpoint_path)
-            check_resume(state, facts, config.steps, checkpoint_path)
+            check_resume(state, settings, config.steps, checkpoint_path)
             load_checkpoint(checkpoint_path, model, optimizer)
             start_step, history = state["step"], state["history"]
             saved_world = state.get("world_size", session.world_size)
@@ -519,7 +291,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                         (0, 0),
                         start_step,
                         rows=len(rows),
-                        global_batch=recorded_global_batch(state) or facts["global_batch"],
+                        global_batch=recorded_global_batch(state) or settings["global_batch"],
                     )
                 )
             if session.rank == 0:
@@ -533,10 +305,15 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             emit(f"initialised from the weights of {config.init_from}; optimizer and step counter fresh")
 
     def train_state(step: int, eval_loss: float | None) -> dict[str, Any]:
-        state: dict[str, Any] = {"step": step, "history": list(history), **facts, CHECKPOINT_SCORE: eval_loss}
+        state: dict[str, Any] = {
+            "step": step,
+            "history": list(history),
+            **settings,
+            CHECKPOINT_SCORE: eval_loss,
+        }
         if rows is not None:
             state["data_position"] = position_after(
-                position, step - start_step, rows=len(rows), global_batch=facts["global_batch"]
+                position, step - start_step, rows=len(rows), global_batch=settings["global_batch"]
             )
         state["architecture"] = json.loads(architecture.to_json_string(use_diff=False))
         state["tokenizer"] = config.tokenizer

@@ -1,4 +1,4 @@
-"""What `training.loop.build` reads of a launcher's session, for tests that build the model
+"""What `training.build.build` reads of a launcher's session, for tests that build the model
 outside any launcher (spawned gloo ranks)."""
 
 from __future__ import annotations

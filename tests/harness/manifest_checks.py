@@ -8,7 +8,11 @@ import yaml
 from workloads import manifests
 
 KUBERNETES_VERSION = "1.36.0"
-CODE = {"training/__init__.py": "", "training/loop.py": "print('hi')\n", "training/configs/tiny.json": "{}"}
+CODE = {
+    "training/__init__.py": "",
+    "training/loop.py": "print('hi')\n",
+    "training/architectures/tiny.json": "{}",
+}
 
 
 def vendored_crd(file_name: str) -> dict:

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from training.config.corpus_files import DEFAULT_TEXT_COLUMN
-from training.data.packing import epoch_batches, pack_documents, read_documents, tokenize
+from training.data.batches import epoch_batches
+from training.data.documents import read_documents, tokenize
+from training.data.packing import pack_documents
 
 
 def corpus_rows(

@@ -41,7 +41,7 @@ WRITTEN, INTERVAL_DUE = 0, 1
 
 
 class Publisher(Protocol):
-    """What the writer needs of the launcher's session (training/loop.py `Session`)."""
+    """What the writer needs of the launcher's session (training/session.py `Session`)."""
 
     rank: int
     world_size: int

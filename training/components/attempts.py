@@ -1,7 +1,7 @@
 """Every restart of a run recorded: its cause, the node, the steps it lost and the seconds it took.
 
 Ray Train restarts a failed worker group from the latest checkpoint (`--max-failures`). Its
-controller outlives the workers, so a callback there (`training.launch.ray_launcher.AttemptRecorder`)
+controller outlives the workers, so a callback there (`training.launch.attempt_store.AttemptRecorder`)
 writes each fault to `ATTEMPTS_FILE` in the run's storage folder; the restarted rank 0 reads it back
 (`Session.faults`), refuses a restart that cannot help, prints one line per restart after its first
 step and puts the attempts in the run summary. Everything here is plain Python over those records.

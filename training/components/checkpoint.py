@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from training.config.run_config import TRAIN_STATE_FILE
-from training.data.packing import end_of_turn
+from training.data.documents import end_of_turn
 from training.data.tokenizer import HuggingFaceTokenizer, Tokenizer
 from training.model.causal_lm import TIED_LM_HEAD
 

@@ -1,4 +1,4 @@
-"""The architectures `--init random` builds: shipped names in training/configs or JSON files (no torch)."""
+"""The architectures `--init random` builds: shipped names in training/architectures or JSON files (no torch)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "architectures"
 
 
 def is_shipped(name: str) -> bool:
-    """Whether `name` is a shipped architecture (training/configs/<name>.json)."""
+    """Whether `name` is a shipped architecture (training/architectures/<name>.json)."""
     return (CONFIG_DIR / f"{name}.json").is_file()
 
 

@@ -263,7 +263,8 @@ class TrainConfig:
         "--model-id", help="Hugging Face model id for pretrained weights and the default tokenizer"
     )
     model_config: str = setting(
-        "--model-config", help="architecture for --init random: a name in training/configs or a JSON file"
+        "--model-config",
+        help="architecture for --init random: a name in training/architectures or a JSON file",
     )
     init: str = setting(
         "--init", choices=("random", "pretrained"), help="random weights or the model id's weights"
@@ -417,7 +418,7 @@ class TrainConfig:
 
     @property
     def packing_attention(self) -> str:
-        """--document-attention as the packer applies it (`training.data.packing.document_tokens`): `auto`
+        """--document-attention as the packer applies it (`training.data.documents.document_tokens`): `auto`
         isolates every document on GPUs and keeps its CPU meaning (conversations only) without."""
         if self.document_attention == AUTO and self.use_gpu:
             return "isolated"

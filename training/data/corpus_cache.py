@@ -38,14 +38,8 @@ from pyarrow import fs as pyarrow_fs
 from training.config.corpus_files import CORPUS_SUFFIXES, corpus_files
 from training.config.presets import BYTE_TOKENIZER
 from training.config.run_config import TrainConfig, is_uri
-from training.data.packing import (
-    ROW_DTYPE,
-    PackedCorpus,
-    PackingStats,
-    RowPacker,
-    read_documents,
-    tokenize,
-)
+from training.data.documents import read_documents, tokenize
+from training.data.packing import ROW_DTYPE, PackedCorpus, PackingStats, RowPacker
 from training.errors import UsageError
 
 # Bump when the rows a given input packs into change (a tokenization or packing rule), so that

@@ -12,7 +12,7 @@ when that thread is scheduled late (seen in this project's 2-rank tests on a loa
 machine; pytorch/pytorch#179291 describes the same race for gloo). Measured on torch 2.13.0+cpu:
 after a 2-rank FSDP2 step, a barrier, `destroy_process_group()` and `gc.collect()`, four
 `pt_gloo_runloop` threads and a `gloo_tcp_loop` thread are still alive
-(`tests/training/model/test_loss_normalisation.py` checks that they outlive the teardown).
+(`tests/training/model/test_causal_lm.py` checks that they outlive the teardown).
 
 So a rank ends with `os._exit` once its collectives are done, its group destroyed and its
 output flushed: nothing is left to finalize that a rank needs (its files are closed, the

@@ -1,7 +1,8 @@
 """Ray Train launcher: TorchTrainer on an embedded or existing Ray cluster.
 
-With `training.launch.local_drain` (the --local driver's SIGTERM), the only modules of the package
-that import ray. Workers run `train` from
+With `training.launch.local_drain` (the --local driver's SIGTERM) and
+`training.launch.attempt_store` (the run's attempts, recorded by Ray Train's controller), the only
+modules of the package that import ray. Workers run `train` from
 training.loop through a `RaySession`; `run_on_workers` runs any function of a
 device on a worker group the same way (the fabric probe's). The corpus is read and tokenized by Ray
 Data in parallel and packed on the driver in corpus order (so rows do not depend
@@ -21,21 +22,17 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import pyarrow.fs
 import ray
 import ray.data
 import ray.train
 import ray.train.torch
 import torch
-from ray.exceptions import RayActorError
 from ray.train import Checkpoint
-from ray.train.v2.api.callback import UserCallback
 
 # Ray Train V2 (the default since Ray 2.51, needed for the training function's return
 # value), imported from where it lives so type checkers see it rather than V1.
@@ -49,32 +46,18 @@ from ray.train.v2.api.config import (
 from ray.train.v2.api.result import Result
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-from training.components.attempts import (
-    ATTEMPTS_FILE,
-    CAUSE_CHARS,
-    WorkerError,
-    dumps_record,
-    fault_cause,
-    loads_record,
-    record_fault,
-    record_recovery,
-)
 from training.components.checkpoint import CHECKPOINT_SCORE
 from training.components.drain import Notice
-from training.components.watchdog import HANG_NOTE_FILE, hang_cause
+from training.components.watchdog import HANG_NOTE_FILE
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
+from training.data.batches import steps_per_epoch
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
-from training.data.packing import (
-    PackedCorpus,
-    RowPacker,
-    batch_tokens,
-    parse_files_batch,
-    steps_per_epoch,
-    tokenize_batch,
-)
+from training.data.documents import batch_tokens, parse_files_batch, tokenize_batch
+from training.data.packing import PackedCorpus, RowPacker
 from training.errors import DivergedError, RestartRefusedError, RunFailedError, UsageError
 from training.launch import local_drain
+from training.launch.attempt_store import HOST_KEY, AttemptRecorder, clear_attempts, read_attempts
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.metrics.artifacts import write_run_files
@@ -93,9 +76,6 @@ WORKER_GROUP_START_TIMEOUT_S = 900.0
 DIVERGED_KEY = "diverged"  # in a worker's return value: the run stopped on a non-finite step
 USAGE_KEY = "usage_error"  # in a worker's return value: a setting the run cannot start with
 REFUSED_KEY = "restart_refused"  # in a worker's return value: a restart that cannot help
-# In each worker's reported metrics: its host (the Ray worker pod on a cluster), so the controller
-# can name the node of a worker that fails.
-HOST_KEY = "host"
 # Ray Train's PreemptionWatcher reads Ray Core's draining nodes every 5 s by default; a drain's
 # deadline is 30 s away (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S), so the driver asks for every second
 # (one small GCS call), which leaves the checkpoint more of it. The controller takes it from the
@@ -208,72 +188,6 @@ class RaySession:
         ranks = ", ".join(map(str, info.preempted_ranks))
         deadline = None if info.deadline_ms is None else info.deadline_ms / 1000
         return Notice(f"Ray Train preemption of node {nodes}, ranks {ranks}", deadline)
-
-
-def _attempts_path(run_path: str) -> str:
-    return f"{run_path.rstrip('/')}/{ATTEMPTS_FILE}"
-
-
-def read_attempts(filesystem: pyarrow.fs.FileSystem, run_path: str) -> list[dict[str, Any]]:
-    """The run's stored attempts ([] before its first fault)."""
-    path = _attempts_path(run_path)
-    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
-        return []
-    with filesystem.open_input_stream(path) as stream:
-        return loads_record(stream.read())
-
-
-def worker_error(rank: int, error: BaseException) -> WorkerError:
-    """A worker's error as Ray Train's poll reports it: a worker whose actor died comes wrapped in
-    the health check's error (ray/train/v2/_internal/exceptions.py, WorkerHealthCheckFailedError)."""
-    error = getattr(error, "health_check_failure", None) or error
-    return WorkerError(rank, isinstance(error, RayActorError), type(error).__name__, str(error))
-
-
-class AttemptRecorder(UserCallback):
-    """On Ray Train's controller, which outlives the worker groups it restarts: each fault of the
-    run written to its storage folder for the restarted rank 0 (`training.components.attempts`),
-    and the attempt's recovery once its first step is reported (ray/train/v2/api/callback.py)."""
-
-    def __init__(self) -> None:
-        self.record: list[dict[str, Any]] = []
-        self.last_step = 0  # every worker reported it: the last step finished
-        self.checkpoint_step = 0  # the latest checkpoint's, which a restart resumes from
-        self.hosts: dict[int, str] = {}
-
-    def _write(self, run_context: Any) -> None:
-        storage = run_context.run_config.storage_context
-        with storage.storage_filesystem.open_output_stream(_attempts_path(storage.experiment_fs_path)) as out:
-            out.write(dumps_record(self.record))
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        step = int(metrics[0].get("step", self.last_step))
-        self.hosts = {
-            rank: reported[HOST_KEY] for rank, reported in enumerate(metrics) if HOST_KEY in reported
-        }
-        if self.record and self.record[-1]["recovery_s"] is None:
-            self.record = record_recovery(self.record, first_step=step, at=time.time())
-            self._write(run_context)
-        self.last_step = step
-        if checkpoint is not None:
-            self.checkpoint_step = step
-
-    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        errors = [worker_error(rank, error) for rank, error in sorted(worker_exceptions.items())]
-        cause, node = fault_cause(errors, self.hosts)
-        if (note := _take_hang_note(run_context)) is not None:
-            cause, node = hang_cause(note, self.hosts, CAUSE_CHARS)
-        self.record = record_fault(
-            self.record,
-            cause=cause,
-            node=node,
-            failed_after_step=self.last_step,
-            resumed_from_step=self.checkpoint_step,
-            detected_at=time.time(),
-        )
-        # The restart starts from the checkpoint: until it reports, that is the last step finished.
-        self.last_step = self.checkpoint_step
-        self._write(run_context)
 
 
 def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -452,31 +366,6 @@ def start_retries(recovery_budget_s: float, start_timeout_s: float) -> int:
     return max(1, math.ceil(recovery_budget_s / start_timeout_s))
 
 
-def _hang_note_path(run_path: str) -> str:
-    return f"{run_path.rstrip('/')}/{HANG_NOTE_FILE}"
-
-
-def _take_hang_note(run_context: Any) -> dict[str, Any] | None:
-    """The hang watchdog's note of the attempt that failed (`RaySession.note_hang`), removed as read."""
-    storage = run_context.run_config.storage_context
-    path, filesystem = _hang_note_path(storage.experiment_fs_path), storage.storage_filesystem
-    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
-        return None
-    with filesystem.open_input_stream(path) as stream:
-        note: dict[str, Any] = json.loads(stream.read())
-    filesystem.delete_file(path)
-    return note
-
-
-def _clear_attempts(run_config: RunConfig) -> None:
-    """A run starts with no attempts: a record left by an earlier run of this --run-name (which
-    failed, and which this one resumes) is not this run's."""
-    storage = run_config.storage_context
-    for path in (_attempts_path(storage.experiment_fs_path), _hang_note_path(storage.experiment_fs_path)):
-        if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
-            storage.storage_filesystem.delete_file(path)
-
-
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train on Ray and return the summary (also written to the run folder)."""
     os.environ.setdefault(CONTROLLER_POLL_ENV, CONTROLLER_POLL_S)
@@ -514,7 +403,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             logging_config=LoggingConfig(log_level="WARNING"),
             callbacks=[AttemptRecorder()],
         )
-        _clear_attempts(run_config)
+        clear_attempts(run_config)
         result = _fit(
             train_loop_per_worker,
             {

@@ -1,19 +1,13 @@
 """The attempts record: a fault's one-line cause and node, the steps it lost and the seconds it took,
-the restarts refused (a second fault on one node, the recovery budget spent), and the controller's
-callback writing it where the restarted rank 0 reads it."""
+and the restarts refused (a second fault on one node, the recovery budget spent). The controller's
+callback writing it where the restarted rank 0 reads it is tests/training/launch/test_attempt_store.py's."""
 
 from __future__ import annotations
 
-import types
-
-import pyarrow.fs
 import pytest
-from ray.exceptions import RayActorError
-from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
-from ray.train.v2.api.config import RunConfig
 
+from tests.harness.ray_faults import DEATH, HOSTS
 from training.components.attempts import (
-    ACTOR_DIED,
     ATTEMPT_KEYS,
     CAUSE_CHARS,
     DETECTED_AT,
@@ -30,28 +24,7 @@ from training.components.attempts import (
 from training.config.presets import PRESETS
 from training.config.run_config import parse_flags
 from training.errors import RestartRefusedError
-from training.launch.ray_launcher import (
-    HOST_KEY,
-    WORKER_GROUP_START_TIMEOUT_S,
-    AttemptRecorder,
-    read_attempts,
-    start_retries,
-    worker_error,
-)
-
-# An actor death as Ray words it: its fixed first line, tab-indented fields, then why
-# (ray/exceptions.py, ActorDiedError.__init__), as the controller logged it for a SIGKILLed worker.
-DEATH = "\n".join(
-    [
-        ACTOR_DIED,
-        "\tclass_name: RayTrainWorker",
-        "\tpid: 26248",
-        "\tip: 192.0.2.2",
-        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker "
-        "exit detail: Worker unexpectedly exits with a connection error code 2. End of file.",
-    ]
-)
-HOSTS = {0: "ray-worker-a", 1: "ray-worker-b"}
+from training.launch.ray_launcher import WORKER_GROUP_START_TIMEOUT_S, start_retries
 
 
 def fault(node: str | None, *, at: float, recovery_s: float | None = 10.0, record=()) -> list[dict]:
@@ -178,34 +151,3 @@ def test_every_preset_restarts_three_times_within_half_an_hour():
 def test_start_timeouts_fit_the_recovery_budget_and_are_at_least_one():
     assert start_retries(1800.0, WORKER_GROUP_START_TIMEOUT_S) == 2
     assert start_retries(60.0, WORKER_GROUP_START_TIMEOUT_S) == 1
-
-
-def test_a_dead_worker_comes_out_of_ray_trains_health_check_error():
-    died = worker_error(
-        1, WorkerHealthCheckFailedError("health check failed", RayActorError(error_msg=DEATH))
-    )
-    assert (died.rank, died.died, died.kind) == (1, True, "RayActorError") and DEATH in died.message
-    raised = worker_error(0, RuntimeError("NCCL error"))
-    assert (raised.died, raised.kind, raised.message) == (False, "RuntimeError", "NCCL error")
-
-
-def test_the_controllers_callback_writes_what_the_restarted_rank_0_reads(tmp_path):
-    """Ray Train calls the callback on its controller (ray/train/v2/api/callback.py) with a
-    TrainRunContext whose run_config is the driver's RunConfig (ray/train/v2/_internal/execution/
-    context.py); here a real RunConfig on a local folder, as a run's storage."""
-    run_config = RunConfig(name="run", storage_path=str(tmp_path))
-    context = types.SimpleNamespace(run_config=run_config)
-    recorder = AttemptRecorder()
-    reported = [{"step": 0, HOST_KEY: HOSTS[0]}, {"step": 0, HOST_KEY: HOSTS[1]}]
-    for step in (1, 2, 3):
-        metrics = [{**entry, "step": step} for entry in reported]
-        recorder.after_report(context, metrics, checkpoint=object() if step == 2 else None)
-    recorder.after_exception(context, {1: WorkerHealthCheckFailedError("x", RayActorError(error_msg=DEATH))})
-    filesystem = pyarrow.fs.LocalFileSystem()
-    [stored] = read_attempts(filesystem, str(tmp_path / "run"))
-    assert (stored["node"], stored["failed_after_step"], stored["resumed_from_step"]) == (HOSTS[1], 3, 2)
-    assert stored["recovery_s"] is None
-    recorder.after_report(context, [{"step": 3, HOST_KEY: HOSTS[0]}, {"step": 3, HOST_KEY: HOSTS[1]}], None)
-    [recovered] = read_attempts(filesystem, str(tmp_path / "run"))
-    assert recovered["resumed_from_step"] == 2 and recovered["recovery_s"] >= 0
-    assert read_attempts(filesystem, str(tmp_path / "other")) == []

@@ -17,7 +17,8 @@ import torch
 
 from tests.harness.packing_reference import corpus_rows
 from training.config.run_config import SHIPPED_CORPUS, parse_args, parse_flags
-from training.data.packing import PackedCorpus, corpus_fingerprint, epoch_batches, epoch_order, position_after
+from training.data.batches import epoch_batches, epoch_order, position_after
+from training.data.packing import PackedCorpus, corpus_fingerprint
 from training.errors import UsageError
 
 FILES = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
@@ -129,39 +130,6 @@ def _indices(rows: np.ndarray, batch: np.ndarray) -> list[int]:
     return [int(np.flatnonzero((rows == row).all(axis=1))[0]) for row in batch]
 
 
-@pytest.mark.parametrize(
-    ("flag", "value", "named"),
-    [
-        ("--seq-len", "64", "--seq-len 128"),
-        ("--seed", "1", "--seed 0"),
-        ("--batch-size", "4", "--batch-size 8"),
-    ],
-)
-def test_a_resume_names_the_flag_whose_value_differs_from_the_checkpoint(flag, value, named):
-    from training.loop import check_resume, replay_facts
-
-    saved = {"step": 4, **replay_facts(parse_args([]), 2, "abc")}
-    changed = parse_args([flag, value])
-    with pytest.raises(UsageError, match=rf"^ckpt was written with {named}: resume with the same"):
-        check_resume(saved, replay_facts(changed, 2, "abc"), 30, "ckpt")
-    # Another split of the global batch resumes (the replay goes by global sample index); another
-    # corpus does not.
-    check_resume(saved, replay_facts(parse_args(["--grad-accum-steps", "2"]), 1, "abc"), 30, "ckpt")
-    with pytest.raises(UsageError, match=r"^ckpt was trained on other rows \(--data or --tokenizer"):
-        check_resume(saved, replay_facts(parse_args([]), 2, "other"), 30, "ckpt")
-
-
-@pytest.mark.parametrize("steps", [4, 3])
-def test_a_resume_at_or_past_steps_says_so(steps):
-    from training.loop import check_resume, replay_facts
-
-    facts = replay_facts(parse_args([]), 2, "abc")
-    with pytest.raises(
-        UsageError, match=rf"^ckpt is at step 4: --steps {steps} leaves nothing to train; pass --steps > 4$"
-    ):
-        check_resume({"step": 4, **facts}, facts, steps, "ckpt")
-
-
 def test_the_fingerprint_follows_the_packed_rows():
     rows = corpus_rows(FILES, tokenizer="bytes", seq_len=32)
     assert corpus_fingerprint(rows) == corpus_fingerprint(rows.copy())
@@ -209,7 +177,7 @@ class _FolderSession:
         self.summary, self.history = summary, history
 
     def faults(self):
-        return []  # a run that was never restarted (training.loop.Session.faults)
+        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +280,7 @@ def test_init_from_a_checkpoint_of_another_architecture_is_refused(trained, tmp_
     from training.loop import train
 
     arch = tmp_path / "wide.json"
-    values = json.loads((SHIPPED_CORPUS.parent / "configs" / "tiny.json").read_text())
+    values = json.loads((SHIPPED_CORPUS.parent / "architectures" / "tiny.json").read_text())
     arch.write_text(json.dumps({**values, "hidden_size": 64}))
     config = parse_args(
         [*ARGS, "--steps", "1", "--init-from", str(trained / "3"), "--model-config", str(arch)]
@@ -448,7 +416,7 @@ def test_the_byte_tokenizers_export_stops_at_its_eos(trained):
     name (any one of them would stop): the EOS alone, and examples/generate.py stops at the bytes."""
     from transformers import GenerationConfig
 
-    from training.data.packing import end_of_turn
+    from training.data.documents import end_of_turn
     from training.data.tokenizer import ByteTokenizer
 
     assert end_of_turn(ByteTokenizer()) == list(b"<|end|>")

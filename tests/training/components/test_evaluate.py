@@ -172,7 +172,7 @@ class _HeldOutSession:
         self.summary = {**summary, "history": history}
 
     def faults(self):
-        return []  # a run that was never restarted (training.loop.Session.faults)
+        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 def test_a_run_reports_eval_loss_lr_and_grad_norm_and_tensorboard_holds_the_step_stream(
@@ -243,9 +243,9 @@ def _evaluate_on_ranks(rank: int, world_size: int, init_file: str, rows_file: st
     import torch.distributed as dist
 
     from tests.harness.build_session import BuildSession
+    from training.build import build
     from training.components.evaluate import evaluate
     from training.distributed.rank_exit import end_rank_process, tear_down_process_group
-    from training.loop import build
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     config = parse_args(["--preset", "tiny"])

@@ -1,4 +1,4 @@
-"""Rows and batches: packing, synthetic rows, micro-batches, the local corpus split between ranks, the byte tokenizer."""
+"""Rows and batches: packing, synthetic rows, micro-batches, the local corpus split between ranks."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from tests.harness.packing_reference import corpus_rows, local_corpus_batches
 from training.config.run_config import (
     SHIPPED_CORPUS,
     SYNTHETIC,
-    load_model_config,
     parse_args,
 )
-from training.data.packing import pack_documents, read_documents, synthetic_batches
-from training.data.tokenizer import ByteTokenizer
+from training.data.batches import synthetic_batches
+from training.data.documents import read_documents
+from training.data.packing import pack_documents
 
 
 def test_packing_joins_documents_with_eos_and_drops_the_tail():
@@ -83,7 +83,7 @@ class _CorpusSession:
 def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(data):
     """A run resumed after step 3 of 2 micro-batches each continues with batch 7 of the stream,
     the first batch the uninterrupted run would have trained on after step 3."""
-    from training.data.packing import position_after
+    from training.data.batches import position_after
     from training.loop import _batches
 
     argv = ["--seq-len", "32", "--batch-size", "3", "--grad-accum-steps", "2"]
@@ -154,10 +154,3 @@ def test_jsonl_documents_are_rows(tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text('{"text": "one"}\n\n{"text": "two"}\n')
     assert list(read_documents(str(path))) == ["one", "two"]
-
-
-def test_byte_tokenizer_round_trips_utf8():
-    tokenizer = ByteTokenizer()
-    ids = tokenizer.encode("naïve café")
-    assert max(ids) < 256 and tokenizer.decode(ids) == "naïve café"
-    assert tokenizer.vocab_size == load_model_config("tiny")["vocab_size"]

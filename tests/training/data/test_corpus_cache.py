@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import training.data.corpus_cache as corpus_cache
-import training.data.packing as data
+import training.data.documents as data
+import training.data.packing as row_packing
 from tests.harness.packing_reference import corpus_rows
 from training.config.run_config import SHIPPED_CORPUS, corpus_files, parse_args
 from training.data.corpus_cache import (
@@ -34,12 +35,13 @@ from training.data.corpus_cache import (
     open_rows,
     rows_file,
 )
+from training.data.documents import document_tokens
 from training.data.packing import (
     DOCUMENT_START,
     ROW_DTYPE,
+    PackingStats,
     RowPacker,
     corpus_fingerprint,
-    document_tokens,
     pack_documents,
 )
 from training.data.tokenizer import ByteTokenizer
@@ -79,7 +81,7 @@ def test_streamed_rows_and_fingerprint_do_not_depend_on_the_flush_block(attentio
     (a document after an isolated one starts afresh) and next-fit's filler cross them."""
     documents = mixed_documents(attention)
     expected = pack_documents(documents, SEQ_LEN)  # one flush block: 1 Mi tokens
-    monkeypatch.setattr(data, "PACK_BLOCK_TOKENS", block_tokens)
+    monkeypatch.setattr(row_packing, "PACK_BLOCK_TOKENS", block_tokens)
     rows, fingerprint = streamed(documents, SEQ_LEN)
     np.testing.assert_array_equal(rows, expected)
     assert fingerprint == corpus_fingerprint(expected)
@@ -158,7 +160,7 @@ def test_the_cache_keeps_what_packing_did_for_a_later_run(tmp_path):
     lengths = [len(document_tokens(m, ByteTokenizer(), "auto")) for m in (chat, long, chat)]
     assert lengths[1] > 65 > lengths[0] > 65 / 2  # one a row: 3 rows
     assert first.rows.shape == (3, 65)
-    assert first.packing == data.PackingStats(
+    assert first.packing == PackingStats(
         documents=3,
         documents_truncated=1,
         tokens_truncated=lengths[1] - 65,

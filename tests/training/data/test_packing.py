@@ -23,6 +23,7 @@ import torch
 from examples.instruction_data import write_dataset
 from tests.harness.packing_reference import corpus_rows, local_corpus_batches
 from training.config.run_config import SHIPPED_CORPUS, corpus_files, parse_args
+from training.data.documents import document_tokens, read_documents, tokenize
 from training.data.packing import (
     DOCUMENT_START,
     NO_LOSS,
@@ -31,10 +32,7 @@ from training.data.packing import (
     PackingStats,
     RowPacker,
     corpus_fingerprint,
-    document_tokens,
     pack_documents,
-    read_documents,
-    tokenize,
 )
 from training.data.tokenizer import ByteTokenizer
 from training.errors import UsageError

@@ -1,4 +1,4 @@
-"""How `training.loop.build` shards and loads the model, on 2 gloo ranks of the tiny model.
+"""How `training.build.build` shards and loads the model, on 2 gloo ranks of the tiny model.
 
 The model is built on the meta device. A random init is rank 0's full model, broadcast into
 every rank's shards; a pretrained one is read by each rank, shard by shard, from the
@@ -26,12 +26,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from tests.harness.build_session import BuildSession
 from tests.harness.paths import REPO_ROOT
+from training.build import build
 from training.components.optim import build_optimizer
 from training.config.run_config import load_model_config, parse_args
 from training.distributed.parallelize import build_mesh, parallelize
 from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import UsageError
-from training.loop import build, train_step
+from training.loop import train_step
 from training.model.causal_lm import (
     CausalLMWithFusedLoss,
     ModelBatch,
@@ -404,7 +405,7 @@ def test_a_resuming_build_reads_no_pretrained_weights(one_rank_group, tmp_path, 
     config but not its weights (on the cluster, a download of the whole model)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import training.loop
+    import training.build
 
     folder = str(tmp_path / "pretrained")
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**load_model_config("tiny"))).save_pretrained(
@@ -412,9 +413,9 @@ def test_a_resuming_build_reads_no_pretrained_weights(one_rank_group, tmp_path, 
     )
     config = parse_args(["--preset", "tiny", "--init", "pretrained", "--model-id", folder])
     read = []
-    original = training.loop.load_shards_from_checkpoint
+    original = training.build.load_shards_from_checkpoint
     monkeypatch.setattr(
-        training.loop, "load_shards_from_checkpoint", lambda *args: read.append(1) or original(*args)
+        training.build, "load_shards_from_checkpoint", lambda *args: read.append(1) or original(*args)
     )
     session = BuildSession(0, 1, 1, torch.device("cpu"))
     build(config, session, resuming=True)

@@ -1,5 +1,5 @@
-"""The loss is the mean over the global batch's valid labels, on any number of ranks and
-micro-batches.
+"""The causal LM's fused loss (training/model/causal_lm.py, `CausalLMWithFusedLoss`) is the mean
+over the global batch's valid labels, on any number of ranks and micro-batches.
 
 Two gloo ranks on CPU whose batches hold very different numbers of valid labels must
 produce the loss and the gradients of one process training on both batches at once.
@@ -23,12 +23,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import training.distributed.parallelize
 from tests.harness.build_session import BuildSession
+from training.build import build
 from training.config.run_config import parse_args
 from training.data.packing import NO_LOSS
 from training.distributed.parallelize import build_mesh, parallelize
 from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import DivergedError
-from training.loop import build, train_step
+from training.loop import train_step
 from training.model.causal_lm import CausalLMWithFusedLoss, build_causal_lm, load_architecture, model_batch
 from training.model.loss import IGNORE_INDEX, global_normalizer
 

@@ -1,5 +1,6 @@
-"""The text column, chat rows and per-document attention: which tokens are trained on, and what
-each token sees. The byte tokenizer's template renders a turn as `<|role|>\\n{content}<|end|>\\n`."""
+"""A corpus's documents (training/data/documents.py): the text column, chat rows and per-document
+attention: which tokens are trained on, and what each token sees. The byte tokenizer's template
+renders a turn as `<|role|>\\n{content}<|end|>\\n`."""
 
 from __future__ import annotations
 
@@ -14,18 +15,15 @@ import torch
 
 from training.config.run_config import ArgumentsError, parse_args, parse_flags
 from training.data.corpus_cache import in_process_corpus
-from training.data.packing import (
-    DOCUMENT_START,
-    NO_LOSS,
-    TOKEN_ID,
+from training.data.documents import (
     batch_tokens,
     chat_segments,
     document_tokens,
-    pack_documents,
     parse_files_batch,
     read_documents,
     tokenize_batch,
 )
+from training.data.packing import DOCUMENT_START, NO_LOSS, TOKEN_ID, pack_documents
 from training.data.tokenizer import ByteTokenizer
 from training.errors import UsageError
 from training.model.causal_lm import model_batch
@@ -235,7 +233,7 @@ class _CorpusSession:
         self.summary = summary
 
     def faults(self):
-        return []  # a run that was never restarted (training.loop.Session.faults)
+        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 def test_a_chat_run_reports_the_tokens_it_saw_and_the_assistant_tokens_it_trained_on(

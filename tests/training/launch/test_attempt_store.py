@@ -1,0 +1,45 @@
+"""A run's attempts in its storage folder (training/launch/attempt_store.py): a worker's error as Ray
+Train's poll reports it, and the controller's callback writing what the restarted rank 0 reads."""
+
+from __future__ import annotations
+
+import types
+
+import pyarrow.fs
+from ray.exceptions import RayActorError
+from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+from ray.train.v2.api.config import RunConfig
+
+from tests.harness.ray_faults import DEATH, HOSTS
+from training.launch.attempt_store import HOST_KEY, AttemptRecorder, read_attempts, worker_error
+
+
+def test_a_dead_worker_comes_out_of_ray_trains_health_check_error():
+    died = worker_error(
+        1, WorkerHealthCheckFailedError("health check failed", RayActorError(error_msg=DEATH))
+    )
+    assert (died.rank, died.died, died.kind) == (1, True, "RayActorError") and DEATH in died.message
+    raised = worker_error(0, RuntimeError("NCCL error"))
+    assert (raised.died, raised.kind, raised.message) == (False, "RuntimeError", "NCCL error")
+
+
+def test_the_controllers_callback_writes_what_the_restarted_rank_0_reads(tmp_path):
+    """Ray Train calls the callback on its controller (ray/train/v2/api/callback.py) with a
+    TrainRunContext whose run_config is the driver's RunConfig (ray/train/v2/_internal/execution/
+    context.py); here a real RunConfig on a local folder, as a run's storage."""
+    run_config = RunConfig(name="run", storage_path=str(tmp_path))
+    context = types.SimpleNamespace(run_config=run_config)
+    recorder = AttemptRecorder()
+    reported = [{"step": 0, HOST_KEY: HOSTS[0]}, {"step": 0, HOST_KEY: HOSTS[1]}]
+    for step in (1, 2, 3):
+        metrics = [{**entry, "step": step} for entry in reported]
+        recorder.after_report(context, metrics, checkpoint=object() if step == 2 else None)
+    recorder.after_exception(context, {1: WorkerHealthCheckFailedError("x", RayActorError(error_msg=DEATH))})
+    filesystem = pyarrow.fs.LocalFileSystem()
+    [stored] = read_attempts(filesystem, str(tmp_path / "run"))
+    assert (stored["node"], stored["failed_after_step"], stored["resumed_from_step"]) == (HOSTS[1], 3, 2)
+    assert stored["recovery_s"] is None
+    recorder.after_report(context, [{"step": 3, HOST_KEY: HOSTS[0]}, {"step": 3, HOST_KEY: HOSTS[1]}], None)
+    [recovered] = read_attempts(filesystem, str(tmp_path / "run"))
+    assert recovered["resumed_from_step"] == 2 and recovered["recovery_s"] >= 0
+    assert read_attempts(filesystem, str(tmp_path / "other")) == []
