@@ -298,8 +298,8 @@ class StackShape:
     nat_gateways: int
 
 
-def _per_hour(fact: Figure, count: float = 1) -> float:
-    return count * fact.value
+def _per_hour(figure: Figure, count: float = 1) -> float:
+    return count * figure.value
 
 
 def _sum(parts: Sequence[float | None]) -> float | None:
