@@ -98,7 +98,7 @@ def test_the_layer_check_sees_an_arrow_back_up():
 def test_the_graph_check_sees_a_crossing():
     """Workloads may use infra (sizes, settings): the check must see those imports, at any depth."""
     found = crossings("workloads", {"infra"})
-    assert "workloads/manifests/raycluster.py imports infra.aws_facts.sizing" in found
+    assert "workloads/manifests/raycluster.py imports infra.aws_rules.sizing" in found
     assert "workloads/training_run/provider.py imports infra.config.aws_identity" in found
 
 
@@ -183,7 +183,7 @@ UNTESTED_MODULES: dict[str, str] = {
     "examples/generate.py": "run on an exported model in tests/examples/test_worked_fine_tune.py",
     "examples/instruction_data.py": "its dataset is the input of tests/examples/test_worked_fine_tune.py",
     "infra/aws_identity.py": "a shim that only resolves an old name; older states load through it in tests/workloads/training_run/test_engine_host.py",
-    "infra/aws_facts/live_stack.py": "the live cluster's reads and judgements are tests/test_day_two.py's",
+    "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_day_two.py's",
     "infra/config/docs_table.py": "tests/test_docs.py checks the tables it generates",
     "infra/config/parsing.py": "each primitive is tested through the keys of tests/infra/config/test_key_parsers.py",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",

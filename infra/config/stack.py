@@ -201,7 +201,7 @@ class StackKeys(BaseModel):
 
 
 class StackSettings(StackKeys):
-    """Every setting of one stack, validated; derived sizes live in `infra.aws_facts.sizing`."""
+    """Every setting of one stack, validated; derived sizes live in `infra.aws_rules.sizing`."""
 
     region: str
     aws_identity: AwsIdentity = AwsIdentity()

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infra.aws_facts.reservation_window import parse_aws_time
+from infra.aws_rules.reservation_window import parse_aws_time
 from infra.plan.figures import (
     EC2_BILLING_URL,
     EC2_MINIMUM_BILLED_S,

@@ -2,7 +2,7 @@
 
 The reservation's usable end or `training.deadline`, the earlier, is the job's `--deadline`
 (`deadline_of`), and the predicted run is judged against it (`fit_the_window`); the arithmetic is
-`infra.aws_facts.reservation_window`'s, the wording this module's."""
+`infra.aws_rules.reservation_window`'s, the wording this module's."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from datetime import datetime, timedelta
 
 import pulumi
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     ReservationFacts,
 )
-from infra.aws_facts.reservation_window import (
+from infra.aws_rules.reservation_window import (
     DEADLINE_KEY,
     RESERVATION_KEY,
     DeadlineCheck,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import pulumi
 
-from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
+from infra.aws_rules.reservation_window import DeadlineCheck, utc_text
 from platform_contract import EFA_RESOURCE, GPU_RESOURCE
 from training.config.settings import DEADLINE_FLAG
 from training.metrics.report import format_progress_line

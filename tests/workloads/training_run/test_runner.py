@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
+from infra.aws_rules.reservation_window import DeadlineCheck, utc_text
 from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
 from tests.harness.fake_kube_api import HANDSHAKE_TRAFFIC, FakeReaderNode
 from tests.harness.paths import REPO_ROOT

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 
-from infra.aws_facts.capacity_rules import CAPACITY_BLOCK
+from infra.aws_rules.capacity_rules import CAPACITY_BLOCK
 from training.config.deadline_margin import WIND_DOWN_S, margin_s
 
 # EKS scales a Capacity Block's node group to 0 this long before the block's end (see above).

@@ -1,11 +1,11 @@
-"""The worker pods' sizes from the instance (`infra.aws_facts.sizing`): GPUs, EFA interfaces, CPU and
+"""The worker pods' sizes from the instance (`infra.aws_rules.sizing`): GPUs, EFA interfaces, CPU and
 memory, and a size above the node refused with the numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.aws_facts.sizing import InstanceFacts, size_workers
+from infra.aws_rules.sizing import InstanceFacts, size_workers
 from infra.config.stack import ConfigError
 from tests.harness.stack_values import parse
 

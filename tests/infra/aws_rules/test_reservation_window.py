@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from infra.aws_facts.reservation_window import (
+from infra.aws_rules.reservation_window import (
     CONTROL_PLANE_S,
     DEADLINE_KEY,
     FABRIC_GATE_S,
