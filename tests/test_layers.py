@@ -185,7 +185,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/aws_identity.py": "a shim that only resolves an old name; older states load through it in tests/workloads/training_run/test_engine_host.py",
     "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_day_two.py's",
     "infra/config/docs_table.py": "tests/test_docs.py checks the tables it generates",
-    "infra/config/parsing.py": "each primitive is tested through the keys of tests/infra/config/test_key_parsers.py",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
     "infra/preflight/errors.py": "one exception class, raised in every tests/infra/preflight/ refusal",
     "infra/preflight/spans.py": "durations in words, read in the messages of tests/infra/preflight/test_window.py",
