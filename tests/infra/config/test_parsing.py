@@ -53,9 +53,9 @@ def test_whole_numbers_within_bounds_and_the_bound_says_why():
     for value, reason in [("0", "must be at least 1"), ("4", "must be at most 3 (the quota)")]:
         with pytest.raises(ValueError, match=re.escape(reason)):
             parse(value)
-    for value in (True, "1.5", "two"):
+    for written in (True, "1.5", "two"):
         with pytest.raises(ValueError, match="expected a whole number"):
-            parse(value)
+            parse(written)
 
 
 def test_a_shape_must_match_the_whole_value():
