@@ -187,7 +187,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/config/docs_table.py": "tests/test_docs.py checks the tables it generates",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
     "infra/preflight/errors.py": "one exception class, raised in every tests/infra/preflight/ refusal",
-    "infra/preflight/spans.py": "durations in words, read in the messages of tests/infra/preflight/test_window.py",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "policy/rules/properties.py": "resource types and property reading, used by every rule: tests/policy/rules/test_<area>.py",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
