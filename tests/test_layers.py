@@ -188,7 +188,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
     "infra/preflight/errors.py": "one exception class, raised in every tests/infra/preflight/ refusal",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
-    "policy/rules/properties.py": "resource types and property reading, used by every rule: tests/policy/rules/test_<area>.py",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
