@@ -10,9 +10,10 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.aws_facts.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
-from infra.aws_facts.sizing import size_workers
-from infra.config.stack import RELEASE, hf_token, load_settings
+from infra.aws_rules.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
+from infra.aws_rules.sizing import size_workers
+from infra.config.pulumi_source import hf_token, load_settings
+from infra.config.stack import RELEASE
 from infra.config.training_settings import (
     job_arguments,
     training_config,

@@ -93,7 +93,7 @@ def memory_mib(text: str) -> int:
     Parsed by the Kubernetes client's `parse_quantity`. It also takes blanks, which the API server
     refuses, and values under 1 MiB, in which no pod runs: both are refused here.
     """
-    from kubernetes.utils import parse_quantity  # here, so that importing the facts needs no client
+    from kubernetes.utils import parse_quantity  # here, so that importing the contract needs no client
 
     try:
         number = parse_quantity(text) if text == text.strip() and " " not in text else None

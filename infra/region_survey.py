@@ -9,7 +9,7 @@ vCPUs of the On-Demand instances of that class already pending or running in the
 (`ec2:DescribeInstances`, each counted at its type's default vCPUs; Spot has its own quota).
 It prints one row per zone (one per region that cannot be used), ranked by verdict (`VERDICTS`,
 usable first), then by quota headroom. Zones where EKS cannot place a control plane
-(`infra.aws_facts.capacity_rules.EKS_UNSUPPORTED_ZONE_IDS`) are left out, as `pulumi preview` leaves them out.
+(`infra.aws_rules.capacity_rules.EKS_UNSUPPORTED_ZONE_IDS`) are left out, as `pulumi preview` leaves them out.
 
 Only read calls are made: ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings,
 ec2:DescribeInstanceTypes, ec2:DescribeInstances, servicequotas:GetServiceQuota and
@@ -22,7 +22,7 @@ be called at all (credentials) or no region answered (the table still says why, 
 2 for bad arguments.
 
 The instance-family to quota table lives here, without Pulumi, and `infra.preflight` uses it too;
-the verdicts (EFA, quota shortfall, usable zones) come from `infra.aws_facts.capacity_rules`, as preflight's do.
+the verdicts (EFA, quota shortfall, usable zones) come from `infra.aws_rules.capacity_rules`, as preflight's do.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from botocore.exceptions import (
     TokenRetrievalError,
 )
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     VcpuQuota,
     eks_zones,
     has_efa,

@@ -16,9 +16,9 @@ import pulumi
 import pytest
 from pulumi.runtime import rpc
 
-from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
-from infra.aws_facts.live_stack import OWNER_TAG
-from infra.aws_facts.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
+from infra.aws_rules.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
+from infra.aws_rules.live_stack import OWNER_TAG
+from infra.aws_rules.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
 from infra.preflight import live_cluster
 from tests.harness.fake_aws import (
     COREDNS_VERSIONS,

@@ -98,7 +98,7 @@ def test_the_layer_check_sees_an_arrow_back_up():
 def test_the_graph_check_sees_a_crossing():
     """Workloads may use infra (sizes, settings): the check must see those imports, at any depth."""
     found = crossings("workloads", {"infra"})
-    assert "workloads/manifests/raycluster.py imports infra.aws_facts.sizing" in found
+    assert "workloads/manifests/raycluster.py imports infra.aws_rules.sizing" in found
     assert "workloads/training_run/provider.py imports infra.config.aws_identity" in found
 
 
@@ -189,16 +189,10 @@ UNTESTED_MODULES: dict[str, str] = {
     "examples/generate.py": "run on an exported model in tests/examples/test_worked_fine_tune.py",
     "examples/instruction_data.py": "its dataset is the input of tests/examples/test_worked_fine_tune.py",
     "infra/aws_identity.py": "a shim that only resolves an old name; older states load through it in tests/workloads/training_run/test_engine_host.py",
-    "infra/aws_facts/live_stack.py": "the live cluster's reads and judgements are tests/test_day_two.py's",
-    "infra/aws_facts/sizing.py": "sizes are checked through the program in tests/infra/config/test_stack.py",
-    "infra/config/aws_identity.py": "tested through the stack config (tests/infra/config/test_stack.py) and the provider",
-    "infra/config/parsing.py": "each primitive is tested through the keys of tests/infra/config/test_stack.py",
-    "infra/config/training_settings.py": "the training block is tested in tests/infra/config/test_stack.py",
+    "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_day_two.py's",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
     "infra/preflight/errors.py": "one exception class, raised in every tests/infra/preflight/ refusal",
-    "infra/preflight/spans.py": "durations in words, read in the messages of tests/infra/preflight/test_window.py",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
-    "policy/rules/properties.py": "resource types and property reading, used by every rule: tests/policy/rules/test_<area>.py",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pulumi
 import pytest
 
-from infra.aws_facts.container_insights import AGENT_POLICY_ARN
+from infra.aws_rules.container_insights import AGENT_POLICY_ARN
 from infra.config.stack import CLUSTER_NAME_MAX
 from infra.resources.cluster import NODE_POLICIES
 from platform_contract import GPU_RESOURCE, NO_GPU_ENV

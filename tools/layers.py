@@ -25,7 +25,7 @@ LAYERS: dict[str, list[set[str]]] = {
     ],
     "infra": [
         {"infra.__init__", "infra.config"},
-        {"infra.aws_facts"},
+        {"infra.aws_rules"},
         {"infra.resources", "infra.plan"},
         {"infra.preflight", "infra.region_survey"},
         {"infra.pricing", "infra.aws_identity"},

@@ -112,8 +112,8 @@ def comparison_rows() -> list[list[str]]:
             ]
         )
     for published in NCCL_TESTS:
-        fact = INSTANCES[published.instance_type]
-        cluster = cluster_of(published.instance_type, published.nodes, fact)
+        figures = INSTANCES[published.instance_type]
+        cluster = cluster_of(published.instance_type, published.nodes, figures)
         seconds = all_reduce_seconds(published.size_bytes, cluster)
         rows.append(
             [

@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stack", required=True, help="the stack whose Pulumi.<stack>.yaml to plan")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--line-rate-gbps", type=float, help="override the line rate (e.g. to plan TCP)")
-    parser.add_argument("--offline", action="store_true", help="use the shipped facts without asking AWS")
+    parser.add_argument("--offline", action="store_true", help="use the shipped figures without asking AWS")
     args = parser.parse_args(argv)
     if args.line_rate_gbps is not None and not args.line_rate_gbps > 0:
         parser.error("--line-rate-gbps: expected a positive number of Gbps")
@@ -62,16 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ConfigError as err:
         raise SystemExit(f"Pulumi.{args.stack}.yaml: {err}") from None
-    fact = INSTANCES.get(keys.gpu_node_type)
-    if fact is None:
+    figures = INSTANCES.get(keys.gpu_node_type)
+    if figures is None:
         raise SystemExit(
-            f"config key 'gpuNodeType' = {keys.gpu_node_type!r}: the planner has facts for "
+            f"config key 'gpuNodeType' = {keys.gpu_node_type!r}: the planner has figures for "
             f"{', '.join(INSTANCES)} only (infra/plan/figures.py)"
         )
-    source = "shipped facts (--offline)"
+    source = "shipped figures (--offline)"
     if not args.offline:
-        fact, source = refreshed(keys.gpu_node_type, region or "us-east-1", fact)
-    world = keys.gpu_node_count * fact.gpus
+        figures, source = refreshed(keys.gpu_node_type, region or "us-east-1", figures)
+    world = keys.gpu_node_count * figures.gpus
     flags = list(keys.training.flags)
     config = training_config(
         [*flags, "--use-gpu", *([] if "--workers" in flags else ["--workers", str(world)])]
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload = workload_of(config)
     if workload is None:
         raise SystemExit(f"training model config {config.model_config!r} is not shipped: nothing to plan")
-    cluster = cluster_of(keys.gpu_node_type, keys.gpu_node_count, fact, args.line_rate_gbps)
+    cluster = cluster_of(keys.gpu_node_type, keys.gpu_node_count, figures, args.line_rate_gbps)
     plans = plan(workload, cluster)
     chosen = configured_replicas(config, cluster)
     if args.json:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infra.aws_facts.reservation_window import parse_aws_time
+from infra.aws_rules.reservation_window import parse_aws_time
 from infra.plan.figures import (
     EC2_BILLING_URL,
     EC2_MINIMUM_BILLED_S,
@@ -298,8 +298,8 @@ class StackShape:
     nat_gateways: int
 
 
-def _per_hour(fact: Figure, count: float = 1) -> float:
-    return count * fact.value
+def _per_hour(figure: Figure, count: float = 1) -> float:
+    return count * figure.value
 
 
 def _sum(parts: Sequence[float | None]) -> float | None:

@@ -127,7 +127,7 @@ MEASURED_ON = "2026-12-03"
 @dataclass(frozen=True)
 class MfuPoint:
     """A benchmark case's model FLOPs utilisation (`6·N + 12·L·H·S` FLOPs per token over its GPU's
-    bf16 peak, `training.metrics.flops`); the fact's source is the report, `record` the raw JSON
+    bf16 peak, `training.metrics.flops`); the figure's source is the report, `record` the raw JSON
     beside it that holds `case`."""
 
     mfu: Figure

@@ -3,7 +3,7 @@ in inter-node bytes, time, tokens/s and dollars, per sharding strategy.
 
 `python -m infra.plan --stack NAME [--json] [--line-rate-gbps X] [--offline]` plans from the
 stack file; `pulumi preview` logs the same plan (`log_plan`). The judgement (`plan`) is pure over
-facts: the model's size and FLOPs (`training.metrics.flops`), a measured MFU (`infra.plan.figures.MFU_POINTS`),
+figures: the model's size and FLOPs (`training.metrics.flops`), a measured MFU (`infra.plan.figures.MFU_POINTS`),
 the instance's line rate, intra-node bandwidth and price (`infra.plan.figures`, refreshed from AWS
 when credentials are there, `infra.plan.refresh`). Around it: the plan as text and at preview
 (`infra.plan.report`), the planner against published and measured figures (`infra.plan.calibration`)
@@ -214,13 +214,13 @@ def remedies(workload: Workload, cluster: ClusterShape, replicas: int) -> list[t
 
 
 def cluster_of(
-    instance_type: str, nodes: int, fact: InstanceFigures, line_rate: float | None = None
+    instance_type: str, nodes: int, figures: InstanceFigures, line_rate: float | None = None
 ) -> ClusterShape:
     return ClusterShape(
         nodes=nodes,
-        gpus_per_node=fact.gpus,
-        gpu_name=fact.gpu_name,
-        line_rate_gbps=line_rate if line_rate is not None else fact.line_rate_gbps.value,
-        intra_node_gbytes_per_s=fact.intra_node_gbytes_per_s.value,
-        usd_per_hour=fact.usd_per_hour.value,
+        gpus_per_node=figures.gpus,
+        gpu_name=figures.gpu_name,
+        line_rate_gbps=line_rate if line_rate is not None else figures.line_rate_gbps.value,
+        intra_node_gbytes_per_s=figures.intra_node_gbytes_per_s.value,
+        usd_per_hour=figures.usd_per_hour.value,
     )

@@ -1,4 +1,4 @@
-"""The planner's instance facts as AWS states them now: the line rate (ec2:DescribeInstanceTypes)
+"""The planner's instance figures as AWS states them now: the line rate (ec2:DescribeInstanceTypes)
 and the us-east-1 On-Demand price (pricing:GetProducts), the shipped ones without credentials."""
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def on_demand_usd(price_item: str) -> float | None:
     return None
 
 
-def refreshed(instance_type: str, region: str, fact: InstanceFigures) -> tuple[InstanceFigures, str]:
-    """The shipped facts with the line rate (ec2:DescribeInstanceTypes) and the us-east-1
+def refreshed(instance_type: str, region: str, figures: InstanceFigures) -> tuple[InstanceFigures, str]:
+    """The shipped figures with the line rate (ec2:DescribeInstanceTypes) and the us-east-1
     on-demand price (pricing:GetProducts) AWS states now; the shipped ones without credentials."""
     import boto3
     import botocore.exceptions
@@ -61,23 +61,23 @@ def refreshed(instance_type: str, region: str, fact: InstanceFigures) -> tuple[I
             ],
         )["PriceList"]
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
-        return fact, f"shipped facts ({type(err).__name__} from AWS)"
+        return figures, f"shipped figures ({type(err).__name__} from AWS)"
     rate = line_rate_gbps(described["NetworkInfo"]["NetworkPerformance"])
     # One product or none: more than one is not a price of this instance type alone.
     usd = on_demand_usd(prices[0]) if len(prices) == 1 else None
-    refreshed_fact = dataclasses.replace(
-        fact,
-        line_rate_gbps=Figure(rate, "ec2:DescribeInstanceTypes", today) if rate else fact.line_rate_gbps,
-        usd_per_hour=Figure(usd, "pricing:GetProducts", today) if usd else fact.usd_per_hour,
+    refreshed_figures = dataclasses.replace(
+        figures,
+        line_rate_gbps=Figure(rate, "ec2:DescribeInstanceTypes", today) if rate else figures.line_rate_gbps,
+        usd_per_hour=Figure(usd, "pricing:GetProducts", today) if usd else figures.usd_per_hour,
     )
     if usd:
-        return refreshed_fact, "line rate and price from AWS"
+        return refreshed_figures, "line rate and price from AWS"
     why = (
         f"{len(prices)} products, not one"
         if len(prices) > 1
         else ("no product" if not prices else "a product without an On-Demand price")
     )
-    return refreshed_fact, (
+    return refreshed_figures, (
         f"line rate from AWS, the shipped price: the Price List answered {why} for On-Demand Linux "
         f"{instance_type} in us-east-1"
     )

@@ -90,18 +90,18 @@ def log_plan(
 ) -> StrategyPlan | None:
     """At preview: the plan of the stack's job as an info line, and a warning when the configured
     strategy is network-bound. The line rate is the one AWS states for the type (`network_performance`),
-    the other facts the shipped ones; nothing is said for a type or model without facts. Returns the
+    the other figures the shipped ones; nothing is said for a type or model without figures. Returns the
     configured strategy's plan, whose predictions the stack exports beside the measured figures."""
     import pulumi
 
-    fact = INSTANCES.get(instance_type)
+    figures = INSTANCES.get(instance_type)
     workload = workload_of(config)
-    if fact is None or workload is None:
+    if figures is None or workload is None:
         pulumi.log.info(
             f"no communication plan: the planner has no figures for {instance_type} or {config.model_config}"
         )
         return None
-    cluster = cluster_of(instance_type, nodes, fact, line_rate_gbps(network_performance))
+    cluster = cluster_of(instance_type, nodes, figures, line_rate_gbps(network_performance))
     chosen = configured_replicas(config, cluster)
     plans = plan(workload, cluster)
     configured = [row for row in plans if row.replicas == chosen]

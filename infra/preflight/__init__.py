@@ -16,7 +16,7 @@ names the cause and the fix. One module per check; `placement` runs them in orde
 - `live_cluster`: the cluster this stack already runs, against the settings it cannot change;
 - `window`: the run's deadline and whether the predicted run fits before it.
 
-Judgements live in `infra.aws_facts.capacity_rules` and `infra.aws_facts.reservation_window`; these
+Judgements live in `infra.aws_rules.capacity_rules` and `infra.aws_rules.reservation_window`; these
 modules fetch facts and word the refusals.
 """
 

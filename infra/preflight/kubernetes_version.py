@@ -5,7 +5,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.config.stack import ConfigError, version_key
+from infra.config.cross_keys import version_key
+from infra.config.stack import ConfigError
 
 
 def kubernetes_version_problem(version: str, offered: dict[str, str]) -> str | None:

@@ -1,7 +1,7 @@
 """The cluster this stack already runs, read in the preview and checked against the settings it
 cannot change (VPC block, Kubernetes version); a DEGRADED GPU group is warned about with its fix
-(`infra.aws_facts.live_stack.gpu_group_warning`). A read that fails with anything but NotFound stops
-the preview (`infra.aws_facts.live_stack.UnreadLiveStack`): without it the stack would be planned as
+(`infra.aws_rules.live_stack.gpu_group_warning`). A read that fails with anything but NotFound stops
+the preview (`infra.aws_rules.live_stack.UnreadLiveStack`): without it the stack would be planned as
 new. With the public endpoint off, this machine must reach the private one: its name is resolved and
 each address in the VPC tried on the endpoint's port."""
 
@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pulumi
 
-from infra.aws_facts.live_stack import (
+from infra.aws_rules.live_stack import (
     LiveCluster,
     UnreadLiveStack,
     addresses_in_vpc,

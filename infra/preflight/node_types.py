@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     has_efa,
 )
-from infra.aws_facts.sizing import InstanceFacts
+from infra.aws_rules.sizing import InstanceFacts
 from infra.config.stack import ConfigError
 from infra.preflight.errors import PreflightError
 from infra.resources.node_groups import AMI_ARCHITECTURE

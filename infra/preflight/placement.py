@@ -11,13 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     ReservationFacts,
 )
-from infra.aws_facts.live_stack import (
+from infra.aws_rules.live_stack import (
     LiveCluster,
 )
-from infra.aws_facts.sizing import InstanceFacts, describe_instance_type
+from infra.aws_rules.sizing import InstanceFacts, describe_instance_type
 from infra.config.stack import StackSettings
 from infra.preflight.errors import PreflightError
 from infra.preflight.kubernetes_version import check_kubernetes_version

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     VcpuQuota,
     on_demand_vcpu_quota,
     quota_increase_command,
     vcpu_shortfall,
 )
-from infra.aws_facts.sizing import InstanceFacts
+from infra.aws_rules.sizing import InstanceFacts
 from infra.config.stack import StackSettings
 from infra.preflight.errors import PreflightError
 

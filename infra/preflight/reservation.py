@@ -31,12 +31,12 @@ from datetime import datetime, timedelta
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     ReservationFacts,
     ReservationMisfit,
     reservation_misfit,
 )
-from infra.aws_facts.reservation_window import (
+from infra.aws_rules.reservation_window import (
     parse_aws_time,
     seconds_until,
     utc_text,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from infra.aws_facts.sizing import InstanceFacts
+from infra.aws_rules.sizing import InstanceFacts
 from infra.config.stack import ConfigError, StackSettings
 from infra.resources.network import zone_cidrs
 

@@ -2,7 +2,7 @@
 
 The reservation's usable end or `training.deadline`, the earlier, is the job's `--deadline`
 (`deadline_of`), and the predicted run is judged against it (`fit_the_window`); the arithmetic is
-`infra.aws_facts.reservation_window`'s, the wording this module's."""
+`infra.aws_rules.reservation_window`'s, the wording this module's."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from datetime import datetime, timedelta
 
 import pulumi
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     ReservationFacts,
 )
-from infra.aws_facts.reservation_window import (
+from infra.aws_rules.reservation_window import (
     DEADLINE_KEY,
     RESERVATION_KEY,
     DeadlineCheck,
+    Fit,
     JobTimes,
     RunDeadline,
     StartUp,
-    Verdict,
     WindowFit,
     fit_window,
     least_before_deadline_s,
@@ -121,21 +121,21 @@ def fit_the_window(
         if fit.checkpoints
         else "no checkpoint"
     )
-    if fit.verdict is Verdict.REFUSED:
+    if fit.outcome is Fit.REFUSED:
         _refuse_the_window(check, placement, source, begins, fit)
-    elif fit.verdict is Verdict.UNPREDICTED:
+    elif fit.outcome is Fit.UNPREDICTED:
         pulumi.log.info(
             f"run window: {source}. The job gets --deadline {deadline.text} and stops before it with a "
             f"checkpoint; with no step time from the planner for {settings.gpu_node_type}, its {steps} are not "
             f"predicted ({begins})"
         )
-    elif fit.verdict is Verdict.PARTIAL:
+    elif fit.outcome is Fit.PARTIAL:
         pulumi.log.warn(
             f"run window: {source}. Predicted: {begins}; only {fit.steps} of the {job.steps} configured steps "
             f"fit before --deadline {deadline.text} ({steps}; {checkpoints}): the job stops at its deadline with a "
             f"checkpoint of step {fit.steps}; lower training.steps to {fit.steps}, or give the run a later window"
         )
-    elif fit.verdict is Verdict.FITS:
+    elif fit.outcome is Fit.FITS:
         assert fit.spare_s is not None and fit.run_s is not None
         pulumi.log.info(
             f"run window: {source}. Predicted: {begins}; {steps} with {checkpoints} take {span(fit.run_s)}: "

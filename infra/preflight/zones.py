@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     EKS_UNSUPPORTED_ZONE_IDS,
     usable_zones,
 )

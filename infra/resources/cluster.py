@@ -10,7 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
-from infra.aws_facts.live_stack import OWNER_TAG, LiveCluster, owner
+from infra.aws_rules.live_stack import OWNER_TAG, LiveCluster, owner
 from infra.config.stack import StackSettings
 from infra.resources.irsa import irsa_role
 from infra.resources.keys import account_statement, customer_key
@@ -139,7 +139,7 @@ class Cluster(pulumi.ComponentResource):
             name=log_group_name,
             retention_in_days=settings.log_retention_days,
             kms_key_id=self.secrets_key.arn,
-            # Tells this stack's group from one a destroyed cluster left behind (`infra.aws_facts.live_stack`).
+            # Tells this stack's group from one a destroyed cluster left behind (`infra.aws_rules.live_stack`).
             tags={OWNER_TAG: owner()},
             opts=child,
         )

@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from infra.aws_facts.container_insights import METRIC_NAMESPACE
+from infra.aws_rules.container_insights import METRIC_NAMESPACE
 from infra.config.stack import StackKeys
 from infra.resources.observability import GRID_COLUMNS, dashboard_body
 from training.metrics.cloudwatch_metrics import NAMESPACE as JOB_NAMESPACE

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_facts.capacity_rules import ReservationFacts
-from infra.aws_facts.sizing import InstanceFacts
+from infra.aws_rules.capacity_rules import ReservationFacts
+from infra.aws_rules.sizing import InstanceFacts
 from platform_contract import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
 
 # GPU nodes replaced at once in an update: a GPU node lost mid-update takes its Ray worker with it.

@@ -7,7 +7,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_facts.node_repair import ADDON_NAME, addon_configuration
+from infra.aws_rules.node_repair import ADDON_NAME, addon_configuration
 
 
 def node_monitoring_agent(

@@ -1,7 +1,7 @@
 """See the run: the CloudWatch Observability EKS add-on on every node, the Ray pods' right to publish
 the job's metrics, and one dashboard with the nodes' GPU and EFA metrics beside the training's.
 
-The add-on (Container Insights with enhanced observability, `infra.aws_facts.container_insights`)
+The add-on (Container Insights with enhanced observability, `infra.aws_rules.container_insights`)
 collects each node's GPU metrics through NVIDIA's DCGM exporter and its EFA counters in the host's
 network namespace; its agent assumes its own role through the cluster's OIDC provider (IRSA, as the
 Ray pods do for the checkpoints). The job publishes its own numbers with `PutMetricData`
@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_facts.container_insights import (
+from infra.aws_rules.container_insights import (
     ADDON_NAME,
     AGENT_NAMESPACE,
     AGENT_POLICY_ARN,
@@ -36,7 +36,7 @@ from infra.aws_facts.container_insights import (
     NODE_STATISTIC,
     addon_version_problem,
 )
-from infra.aws_facts.live_stack import LiveCluster
+from infra.aws_rules.live_stack import LiveCluster
 from infra.config.parsing import ConfigError
 from infra.resources.cluster import addon_version
 from infra.resources.irsa import irsa_role
@@ -45,7 +45,7 @@ from training.metrics import cloudwatch_metrics as job
 
 # Every graph's period: the agent's collection interval, so that one period holds one collection of
 # each of a node's devices, and a period's `Sum` of a node's GPU memory or power is the node's total
-# (`infra.aws_facts.container_insights`: one datapoint per device per collection).
+# (`infra.aws_rules.container_insights`: one datapoint per device per collection).
 PERIOD_S = COLLECTION_INTERVAL_S
 GRID_COLUMNS = 24  # a dashboard's grid (CloudWatch API Reference, "Dashboard Body Structure and Syntax")
 WIDGET_WIDTH, WIDGET_HEIGHT, HEADER_HEIGHT = 8, 6, 4

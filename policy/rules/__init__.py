@@ -7,7 +7,7 @@ booleans of TF-bridged resources often as the strings "true"/"false", and values
 resources not created yet (during `pulumi preview`) as unknown sentinels. A rule never fails on an
 unknown: it checks what is known and leaves the rest to the next preview or `pulumi up`.
 
-The pack runs in its own virtualenv and cannot import the program: the facts it checks against
+The pack runs in its own virtualenv and cannot import the program: the contract values it checks against
 (Ray's ports, the GPU node label, the Ray pod labels, the image-pin rule, Kubernetes quantities,
 IRSA's annotations and token lifetime, the KMS deletion window, the node role's forbidden policies)
 are copies, each checked equal to the original in `tests/policy/test_pack.py`. Pulumi runs

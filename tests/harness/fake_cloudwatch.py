@@ -3,7 +3,7 @@ into it, and the dashboard's expressions evaluated over them.
 
 The agent (`FakeAgentNode`) is modelled on its source, Container Insights in its Classic mode as
 the add-on runs it (aws/amazon-cloudwatch-agent and its fork, amazon-contributing/
-opentelemetry-collector-contrib; `infra.aws_facts.container_insights` cites the same lines):
+opentelemetry-collector-contrib; `infra.aws_rules.container_insights` cites the same lines):
 
 - once a collection (`COLLECTION_S`, the agent's default: translator/translate/otel/receiver/
   awscontainerinsight/utils.go, `DefaultMetricsCollectionInterval`; the fork's

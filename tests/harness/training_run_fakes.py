@@ -28,7 +28,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from infra.aws_facts.reservation_window import utc_text
+from infra.aws_rules.reservation_window import utc_text
 from tests.harness import paths
 from tests.harness.fake_kube_api import (
     HEALTHY_HOST_LIMITS,

@@ -10,7 +10,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from infra import region_survey
-from infra.aws_facts.capacity_rules import STANDARD_QUOTA, on_demand_vcpu_quota
+from infra.aws_rules.capacity_rules import STANDARD_QUOTA, on_demand_vcpu_quota
 
 G_QUOTA = "L-DB2E81BA"
 MOTO_IMAGE = "ami-12c6146b"  # one of moto's default images

@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from infra.aws_facts.sizing import WorkerSizing
+from infra.aws_rules.sizing import WorkerSizing
 from platform_contract import (
     EFA_RESOURCE,
     GPU_NODE_SELECTOR,
@@ -80,7 +80,7 @@ RAY_AUTH_SECRET_KEY = "auth_token"
 
 @dataclass(frozen=True)
 class RayClusterSpec:
-    """Inputs of the RayCluster; the worker numbers come from `infra.aws_facts.sizing.size_workers`."""
+    """Inputs of the RayCluster; the worker numbers come from `infra.aws_rules.sizing.size_workers`."""
 
     name: str
     namespace: str

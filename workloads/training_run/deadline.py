@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 
-from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
+from infra.aws_rules.reservation_window import DeadlineCheck, utc_text
 from training.config.settings import DEADLINE_FLAG
 from workloads.training_run.verdicts import evidence
 

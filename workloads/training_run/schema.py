@@ -25,7 +25,7 @@ from pydantic import (
     ValidationError,
 )
 
-from infra.aws_facts.reservation_window import DEADLINE_KEY, RESERVATION_KEY, DeadlineCheck
+from infra.aws_rules.reservation_window import DEADLINE_KEY, RESERVATION_KEY, DeadlineCheck
 from infra.config.stack import GPU_NODES_AFTER_TRAINING, KEEP, RELEASE
 from infra.plan.cost import PlannedRun
 from platform_contract import EXPECTABLE_TRANSPORTS

@@ -72,19 +72,19 @@ def stubbed_aws(monkeypatch, instance_type: str, network: str | None, *prices: s
 
 def test_aws_answers_replace_the_shipped_line_rate_and_price(monkeypatch):
     stubbed_aws(monkeypatch, "g6.12xlarge", "50 Gigabit", "5.0000000000")
-    fact, source = refresh.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
-    assert (fact.line_rate_gbps.value, fact.usd_per_hour.value, source) == (
+    figures, source = refresh.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
+    assert (figures.line_rate_gbps.value, figures.usd_per_hour.value, source) == (
         50,
         5.0,
         "line rate and price from AWS",
     )
-    assert fact.line_rate_gbps.source == "ec2:DescribeInstanceTypes"
+    assert figures.line_rate_gbps.source == "ec2:DescribeInstanceTypes"
 
 
-def test_without_aws_the_shipped_facts_stay(monkeypatch):
+def test_without_aws_the_shipped_figures_stay(monkeypatch):
     stubbed_aws(monkeypatch, "g6.12xlarge", None)
-    fact, source = refresh.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
-    assert fact == INSTANCES["g6.12xlarge"] and source.startswith("shipped facts (ClientError")
+    figures, source = refresh.refreshed("g6.12xlarge", "us-east-2", INSTANCES["g6.12xlarge"])
+    assert figures == INSTANCES["g6.12xlarge"] and source.startswith("shipped figures (ClientError")
 
 
 def test_the_query_names_the_on_demand_market_and_more_than_one_product_keeps_the_shipped_price(monkeypatch):
@@ -92,8 +92,8 @@ def test_the_query_names_the_on_demand_market_and_more_than_one_product_keeps_th
     OnDemand, and an answer of two products is no price of the type (the first is not taken)."""
     assert ON_DEMAND_LINUX["marketoption"] == "OnDemand"
     stubbed_aws(monkeypatch, "p5.48xlarge", "3200 Gigabit", "55.0400000000", "0.0000000000")
-    fact, source = refresh.refreshed("p5.48xlarge", "us-east-2", INSTANCES["p5.48xlarge"])
-    assert fact.usd_per_hour == INSTANCES["p5.48xlarge"].usd_per_hour
+    figures, source = refresh.refreshed("p5.48xlarge", "us-east-2", INSTANCES["p5.48xlarge"])
+    assert figures.usd_per_hour == INSTANCES["p5.48xlarge"].usd_per_hour
     assert source == (
         "line rate from AWS, the shipped price: the Price List answered 2 products, not one for On-Demand "
         "Linux p5.48xlarge in us-east-1"

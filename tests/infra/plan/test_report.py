@@ -39,8 +39,8 @@ def test_the_preview_returns_the_configured_strategys_prediction_for_the_stack_o
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: None)
     config = parse_flags(["--preset", "smoke", "--workers", "8", "--use-gpu"], paths_here=False)
     predicted = report.log_plan(config, "g6.12xlarge", 2, "40 Gigabit")
-    fact = INSTANCES["g6.12xlarge"]
-    cluster = planner.cluster_of("g6.12xlarge", 2, fact, 40.0)
+    figures = INSTANCES["g6.12xlarge"]
+    cluster = planner.cluster_of("g6.12xlarge", 2, figures, 40.0)
     workload = planner.workload_of(config)
     assert workload is not None
     configured = planner.strategy_plan(workload, cluster, planner.configured_replicas(config, cluster))
@@ -69,7 +69,7 @@ def test_after_a_run_the_plan_meets_the_measured_step_time_and_bytes_per_step():
     assert compared["predictedBytesPerStep"] == plan.inter_node_bytes_per_step
     assert compared["measuredBytesPerStep"] == pytest.approx(1.05 * plan.inter_node_bytes_per_step)
     assert compared["bytesPerStepRatio"] == 1.05
-    # A run without EFA (or a plan without facts) leaves its side and the ratio empty, not zero.
+    # A run without EFA (or a plan without figures) leaves its side and the ratio empty, not zero.
     empty = report.measured_against_plan(recorded, {"step_time_s": plan.step_time_s})
     assert empty["measuredBytesPerStep"] is None and empty["bytesPerStepRatio"] is None
     assert empty["stepTimeRatio"] == 1.0

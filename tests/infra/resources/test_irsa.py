@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from infra.aws_facts.container_insights import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT
+from infra.aws_rules.container_insights import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT
 from infra.resources.irsa import irsa_trust_policy
 from platform_contract import RAY_SERVICE_ACCOUNT
 from tests.harness.program import ACCOUNT

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from infra.aws_facts.node_repair import ADDON_NAME as NMA
+from infra.aws_rules.node_repair import ADDON_NAME as NMA
 from tests.harness.fake_aws import NODE_MONITORING_VERSIONS, FakeAws
 from tests.harness.preview_queries import NODE_GROUP
 from tests.harness.program import dev_config, run_program

@@ -13,8 +13,8 @@ import pulumi
 import pytest
 import yaml
 
-from infra.aws_facts import container_insights
-from infra.aws_facts.container_insights import AGENT_POLICY_ARN
+from infra.aws_rules import container_insights
+from infra.aws_rules.container_insights import AGENT_POLICY_ARN
 from infra.config.stack import CLUSTER_NAME_MAX
 from infra.resources.observability import (
     addon_configuration,

@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from infra.aws_facts.sizing import WorkerSizing
+from infra.aws_rules.sizing import WorkerSizing
 from tests.harness.manifest_checks import CODE, KUBERNETES_VERSION, vendored_crd
 from workloads import manifests
 from workloads.training_run.verdicts import evidence

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from infra.aws_facts.reservation_window import DeadlineCheck
+from infra.aws_rules.reservation_window import DeadlineCheck
 from tests.harness.training_run_fakes import (
     SMOKE_ARGS,
     FakeCluster,

@@ -25,7 +25,7 @@ import grpc
 import pytest
 from pulumi.runtime import rpc
 
-from infra.aws_facts.reservation_window import parse_aws_time
+from infra.aws_rules.reservation_window import parse_aws_time
 from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
 from tests.harness import fake_kube_api as fake
 from tests.harness import paths

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from infra.aws_facts.reservation_window import utc_text
+from infra.aws_rules.reservation_window import utc_text
 from tests.harness.training_run_fakes import (
     EFA_JOB,
     FAKE_EPOCH,

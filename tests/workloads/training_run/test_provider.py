@@ -12,7 +12,7 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
-from infra.aws_facts.reservation_window import DeadlineCheck
+from infra.aws_rules.reservation_window import DeadlineCheck
 from infra.config.aws_identity import AwsCredentialSettings
 from infra.plan.cost import PlannedRun
 from tests.harness import paths

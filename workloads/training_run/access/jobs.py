@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from infra.aws_facts.node_repair import NODE_REPLACEMENT_S
+from infra.aws_rules.node_repair import NODE_REPLACEMENT_S
 from platform_contract import PROJECT, RAY_PORTS
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
 from workloads import manifests

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import botocore.exceptions
 
-from infra.aws_facts.reservation_window import utc_text
+from infra.aws_rules.reservation_window import utc_text
 from workloads.training_run.errors import TrainingRunError, aws_refusal
 
 

@@ -107,7 +107,7 @@ def test_a_restarted_worker_group_waits_as_long_as_a_node_replacement_takes():
     Train's controller (ENV_VARS_TO_PROPAGATE)."""
     from ray.train.v2._internal import constants
 
-    from infra.aws_facts.node_repair import NODE_REPLACEMENT_S
+    from infra.aws_rules.node_repair import NODE_REPLACEMENT_S
 
     assert jobs.WORKER_GROUP_START_TIMEOUT_ENV == constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR
     assert jobs.WORKER_GROUP_START_TIMEOUT_ENV in constants.ENV_VARS_TO_PROPAGATE

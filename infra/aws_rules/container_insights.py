@@ -1,5 +1,5 @@
 """The Amazon CloudWatch Observability EKS add-on, and the Container Insights metrics it emits that the
-stack's dashboard graphs: each fact declared once, with its source.
+stack's dashboard graphs: each name and figure declared once, with its source.
 
 The add-on runs in "Enhanced Container Insights (Classic)" mode, its only mode before 6.0 and its
 default from 6.2.0 (the chart's `containerInsights.enabled: true`): the CloudWatch agent, as a DaemonSet on

@@ -7,16 +7,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from infra.aws_facts.reservation_window import (
+from infra.aws_rules.reservation_window import (
     CONTROL_PLANE_S,
     DEADLINE_KEY,
     FABRIC_GATE_S,
     GPU_NODES_READY_S,
     IMAGE_PULL_S,
     RESERVATION_KEY,
+    Fit,
     JobTimes,
     StartUp,
-    Verdict,
     fit_window,
     least_before_deadline_s,
     parse_aws_time,
@@ -102,7 +102,7 @@ def test_the_steps_that_fit_follow_the_jobs_own_rule():
 def test_a_run_that_fits_says_what_it_has_to_spare():
     job = JobTimes(steps=10, step_s=100.0, checkpoint_s=50.0, checkpoint_every=5, final_checkpoint=True)
     fit = fit_window(job, AT_ONCE, NOW + timedelta(hours=1), NOW)
-    assert fit.verdict is Verdict.FITS and fit.steps == 10 and fit.checkpoints == 2
+    assert fit.outcome is Fit.FITS and fit.steps == 10 and fit.checkpoints == 2
     assert fit.run_s == 10 * 100 + 2 * 50 + WIND_DOWN_S
     assert fit.spare_s == 3600 - fit.run_s
 
@@ -110,19 +110,19 @@ def test_a_run_that_fits_says_what_it_has_to_spare():
 def test_a_run_longer_than_its_window_is_told_how_many_steps_fit():
     job = JobTimes(steps=1000, step_s=100.0, checkpoint_s=50.0)
     fit = fit_window(job, AT_ONCE, NOW + timedelta(seconds=1000), NOW)
-    assert (fit.verdict, fit.steps, fit.checkpoints) == (Verdict.PARTIAL, 8, 1)
+    assert (fit.outcome, fit.steps, fit.checkpoints) == (Fit.PARTIAL, 8, 1)
     assert fit.run_s == 8 * 100 + 50 + WIND_DOWN_S  # within the window: stopped with its checkpoint
 
 
 def test_a_window_without_room_for_one_checkpointed_step_is_refused():
     job = JobTimes(steps=1000, step_s=100.0, checkpoint_s=50.0)
     one = 100 + 50 + WIND_DOWN_S
-    assert fit_window(job, AT_ONCE, NOW + timedelta(seconds=one), NOW).verdict is Verdict.PARTIAL
+    assert fit_window(job, AT_ONCE, NOW + timedelta(seconds=one), NOW).outcome is Fit.PARTIAL
     refused = fit_window(job, AT_ONCE, NOW + timedelta(seconds=one - 1), NOW)
-    assert (refused.verdict, refused.run_s) == (Verdict.REFUSED, one)
+    assert (refused.outcome, refused.run_s) == (Fit.REFUSED, one)
     # A start-up that ends past the deadline leaves a negative window.
     late = fit_window(job, StartUp(0.0, 0.0, 0.0, gate_s=600.0), NOW + timedelta(minutes=5), NOW)
-    assert late.verdict is Verdict.REFUSED and late.available_s == -300
+    assert late.outcome is Fit.REFUSED and late.available_s == -300
 
 
 def test_what_a_run_needs_before_its_deadline_is_the_gate_and_one_checkpointed_step():
@@ -135,8 +135,8 @@ def test_what_a_run_needs_before_its_deadline_is_the_gate_and_one_checkpointed_s
     assert least_before_deadline_s(unpredicted) == FABRIC_GATE_S + 40 + WIND_DOWN_S
 
 
-@pytest.mark.parametrize(("window_s", "verdict"), [(31.0, Verdict.UNPREDICTED), (30.0, Verdict.REFUSED)])
-def test_without_a_step_time_only_the_jobs_own_start_refusal_is_predicted(window_s, verdict):
+@pytest.mark.parametrize(("window_s", "outcome"), [(31.0, Fit.UNPREDICTED), (30.0, Fit.REFUSED)])
+def test_without_a_step_time_only_the_jobs_own_start_refusal_is_predicted(window_s, outcome):
     """The job refuses to start when its deadline is within a checkpoint and its wind-down."""
     job = JobTimes(steps=10, step_s=None, checkpoint_s=0.0)
-    assert fit_window(job, AT_ONCE, NOW + timedelta(seconds=window_s), NOW).verdict is verdict
+    assert fit_window(job, AT_ONCE, NOW + timedelta(seconds=window_s), NOW).outcome is outcome

@@ -48,8 +48,8 @@ from typing import TypeVar
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_facts.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
-from infra.aws_facts.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
+from infra.aws_rules.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
+from infra.aws_rules.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
 from platform_contract import GPU_LABELS
 
 T = TypeVar("T")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from infra.aws_facts.capacity_rules import (
+from infra.aws_rules.capacity_rules import (
     CAPACITY_BLOCK,
     ReservationFacts,
     ReservationMisfit,

@@ -1,8 +1,8 @@
 """The capacity judgements, pure functions over instance, zone, quota and reservation facts.
 
 `infra.preflight` (Pulumi invokes, in `pulumi preview`) and `infra.region_survey` (boto3, before a
-stack exists) each fetch these facts their own way and word the verdicts for their reader;
-what a verdict is lives only here. Nothing here calls AWS or imports Pulumi.
+stack exists) each fetch these facts their own way and word the judgements for their reader;
+what each judgement is lives only here. Nothing here calls AWS or imports Pulumi.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 
-from infra.aws_facts.capacity_rules import CAPACITY_BLOCK
+from infra.aws_rules.capacity_rules import CAPACITY_BLOCK
 from training.config.deadline_margin import WIND_DOWN_S, margin_s
 
 # EKS scales a Capacity Block's node group to 0 this long before the block's end (see above).
@@ -208,7 +208,7 @@ def steps_that_fit(job: JobTimes, step_s: float, available_s: float) -> int:
     return low
 
 
-class Verdict(Enum):
+class Fit(Enum):
     FITS = "fits"
     PARTIAL = "partial"  # only some of the steps fit: the job stops at its deadline with a checkpoint
     REFUSED = "refused"  # not even one step with its checkpoint fits
@@ -220,7 +220,7 @@ class WindowFit:
     """The predicted run against its deadline. `available_s`: from the job's first step to the
     deadline; `run_s`: the predicted job (None unpredicted); `steps`: the steps it runs."""
 
-    verdict: Verdict
+    outcome: Fit
     job_starts: datetime
     available_s: float
     run_s: float | None
@@ -238,17 +238,17 @@ def fit_window(job: JobTimes, start: StartUp, deadline: datetime, now: datetime)
     available = (deadline - begins).total_seconds()
     if job.step_s is None:
         # The job's own refusal at its start: no room to checkpoint and wind down.
-        verdict = Verdict.REFUSED if available <= job.least_s() else Verdict.UNPREDICTED
-        return WindowFit(verdict, begins, available, None, 0)
+        outcome = Fit.REFUSED if available <= job.least_s() else Fit.UNPREDICTED
+        return WindowFit(outcome, begins, available, None, 0)
     one = job.least_s()
     if available < one:
-        return WindowFit(Verdict.REFUSED, begins, available, one, 0, 1)
+        return WindowFit(Fit.REFUSED, begins, available, one, 0, 1)
     steps = steps_that_fit(job, job.step_s, available)
     # Stopped at the deadline, the job checkpoints its last step whatever its cadence.
     checkpoint = steps < job.steps or job.final_checkpoint
-    verdict = Verdict.PARTIAL if steps < job.steps else Verdict.FITS
+    outcome = Fit.PARTIAL if steps < job.steps else Fit.FITS
     run_s = job.ending_after(steps, job.step_s, checkpoint)
-    return WindowFit(verdict, begins, available, run_s, steps, job.checkpoints(steps, checkpoint))
+    return WindowFit(outcome, begins, available, run_s, steps, job.checkpoints(steps, checkpoint))
 
 
 # --- the same refusal at the run's own time ---------------------------------------------------------

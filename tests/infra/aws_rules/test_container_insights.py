@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.aws_facts import container_insights
+from infra.aws_rules import container_insights
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ray.train.v2._internal import constants
 
-from infra.aws_facts.node_repair import (
+from infra.aws_rules.node_repair import (
     ACCELERATED_HARDWARE_REPAIR_AFTER_S,
     NODE_REPLACEMENT_S,
     addon_configuration,

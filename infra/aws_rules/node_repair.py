@@ -1,4 +1,4 @@
-"""EKS node auto repair and the EKS node monitoring agent: the facts the GPU node group, the add-on and
+"""EKS node auto repair and the EKS node monitoring agent: the figures the GPU node group, the add-on and
 the training job's restart window rest on, each declared once with its source.
 
 The agent (a DaemonSet of the `eks-node-monitoring-agent` add-on) reads each node's kernel, runtime,

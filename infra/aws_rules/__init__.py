@@ -1,0 +1,3 @@
+"""What AWS decides and the program keeps to, declared once with its source: limits and names
+(node repair, Container Insights), and pure judgements over facts fetched elsewhere (capacity,
+a reservation's window in dates, what a live stack may still change, the pods' sizes)."""
