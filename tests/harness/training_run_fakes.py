@@ -30,14 +30,11 @@ from kubernetes.client.exceptions import ApiException
 
 from infra.aws_facts.reservation_window import utc_text
 from tests.harness import paths
-from tests.harness.fake_kube_api import (
-    HEALTHY_HOST_LIMITS,
-    PROBE_TRAFFIC,
-    FakeEfaSysfs,
-    FakeReaderNode,
-    ScriptedJob,
-    write_nccl_log_files,
-)
+from tests.harness.fake_efa_sysfs import PROBE_TRAFFIC, FakeEfaSysfs
+from tests.harness.fake_kube_api import selected
+from tests.harness.fake_ray_dashboard import ScriptedJob
+from tests.harness.fake_ray_pods import HEALTHY_HOST_LIMITS, write_nccl_log_files
+from tests.harness.fake_reader_node import FakeReaderNode
 from training.metrics.efa_sysfs import SYSFS_ROOT, counter_lines, parse_counters
 from workloads import manifests
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
@@ -251,11 +248,6 @@ def stubbed_ec2(
     return ec2
 
 
-def _selected(labels: dict, selector: str) -> bool:
-    wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
-    return all((labels or {}).get(key) == value for key, value in wanted.items())
-
-
 class FakeCoreApi:
     """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last
     repeats; the EFA counter reader pods (`readers`: pod name, node, its container on the node, in
@@ -272,12 +264,12 @@ class FakeCoreApi:
     def list_node(self, label_selector, **_request_options):
         nodes = self.node_snapshots[min(self.node_calls, len(self.node_snapshots) - 1)]
         self.node_calls += 1
-        return k8s.V1NodeList(items=[n for n in nodes if _selected(n.metadata.labels, label_selector)])
+        return k8s.V1NodeList(items=[n for n in nodes if selected(n.metadata.labels, label_selector)])
 
     def list_namespaced_pod(self, namespace, label_selector, **_request_options):
         if namespace == READER_NAMESPACE:
             pods = [reader_pod(name, node, reader) for name, node, reader in self.readers]
-            return k8s.V1PodList(items=[p for p in pods if _selected(p.metadata.labels, label_selector)])
+            return k8s.V1PodList(items=[p for p in pods if selected(p.metadata.labels, label_selector)])
         pods = self.pod_snapshots[
             min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
         ]  # head + workers per wait
@@ -286,7 +278,7 @@ class FakeCoreApi:
             items=[
                 p
                 for p in pods
-                if p.metadata.namespace == namespace and _selected(p.metadata.labels, label_selector)
+                if p.metadata.namespace == namespace and selected(p.metadata.labels, label_selector)
             ]
         )
 
@@ -445,7 +437,7 @@ class FixturePod:
         self.nccl_logs = nccl_logs
         self.nccl_logs.mkdir(parents=True, exist_ok=True)
         self.efa = efa
-        self.host_limits = HEALTHY_HOST_LIMITS  # what its node gives it, as `fake_kube_api` models it
+        self.host_limits = HEALTHY_HOST_LIMITS  # what its node gives it, as `fake_ray_pods` models it
         stamp_write_order(self.logs)
         self.commands: list[list[str]] = []
 
@@ -567,7 +559,7 @@ FAKE_EPOCH = 1_800_000_000
 
 
 class FakeNodeGroupSizer:
-    """The GPU node group as `EksNodeGroup` reads and resizes it, in process (`fake_kube_api.FakeNodeGroup`
+    """The GPU node group as `EksNodeGroup` reads and resizes it, in process (`fake_aws_endpoints.FakeNodeGroup`
     models EKS's side over HTTP, nodes included); each resize is recorded and stamped at the fake clock."""
 
     def __init__(

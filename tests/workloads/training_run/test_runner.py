@@ -16,7 +16,8 @@ import pytest
 
 from infra.aws_facts.reservation_window import DeadlineCheck, utc_text
 from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
-from tests.harness.fake_kube_api import HANDSHAKE_TRAFFIC, FakeReaderNode
+from tests.harness.fake_efa_sysfs import HANDSHAKE_TRAFFIC
+from tests.harness.fake_reader_node import FakeReaderNode
 from tests.harness.paths import REPO_ROOT
 from tests.harness.ray_head import RayHead, running_head, stop_process_tree, worker_node
 from tests.harness.training_run_fakes import (

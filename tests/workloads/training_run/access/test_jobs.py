@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.fake_kube_api import RAY_TOKEN, FakeRayDashboard, ScriptedJob
+from tests.harness.fake_ray_dashboard import RAY_TOKEN, FakeRayDashboard, ScriptedJob
 from tests.harness.ray_head import running_head, token_auth_env
 from tests.harness.training_run_fakes import EFA_JOB, SMOKE_ARGS, run_inputs
 from workloads.training_run import runner
