@@ -103,10 +103,10 @@ class FakeRayPods:
                         )
                 return ExecReply(f"Job '{submission_id}' submitted successfully\n")
             if argv[:2] == ["python", "-c"]:
-                local = [sys.executable, "-c", argv[2], self.dashboard.url, *argv[4:]]
+                command = [sys.executable, "-c", argv[2], self.dashboard.url, *argv[4:]]
                 # In the head's Ray container environment: the token KubeRay sets from its Secret.
                 outside = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
-                return _run(local, env={**outside, **token_auth_env(self.dashboard.token)})
+                return _run(command, env={**outside, **token_auth_env(self.dashboard.token)})
             if argv[0] == "sh" and self.head_tmp is not None:
                 return _run([arg.replace("/tmp/ray/", f"{self.head_tmp}/") for arg in argv])
             return self._not_found(argv[0])
