@@ -3,6 +3,8 @@ from (its schema: test_kubernetes_schemas.py)."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from workloads.manifests.secret import (
     HF_TOKEN_KEY,
     HF_TOKEN_MOUNT,
@@ -12,13 +14,16 @@ from workloads.manifests.secret import (
     hf_token_secret,
 )
 
+# The volume's secret source (typed as what it is: a JSON object).
+SOURCE = cast(dict[str, Any], HF_TOKEN_VOLUME["secret"])
+
 
 def test_hf_token_path_names_the_file_the_volume_mounts_from_the_secret():
     secret = hf_token_secret("ray-train", "hf_example")
     assert secret["metadata"] == {"name": HF_TOKEN_SECRET, "namespace": "ray-train"}
     assert secret["stringData"] == {HF_TOKEN_KEY: "hf_example"}
-    assert HF_TOKEN_VOLUME["secret"]["secretName"] == secret["metadata"]["name"]
-    item = HF_TOKEN_VOLUME["secret"]["items"][0]
+    assert SOURCE["secretName"] == secret["metadata"]["name"]
+    item = SOURCE["items"][0]
     assert item["key"] in secret["stringData"]
     assert HF_TOKEN_MOUNT["name"] == HF_TOKEN_VOLUME["name"]
     assert {
@@ -28,6 +33,6 @@ def test_hf_token_path_names_the_file_the_volume_mounts_from_the_secret():
 
 
 def test_pods_start_without_the_secret_and_read_it_only_as_owner():
-    assert HF_TOKEN_VOLUME["secret"]["optional"] is True
-    assert HF_TOKEN_VOLUME["secret"]["defaultMode"] == 0o400
+    assert SOURCE["optional"] is True
+    assert SOURCE["defaultMode"] == 0o400
     assert HF_TOKEN_MOUNT["readOnly"] is True
