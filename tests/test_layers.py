@@ -209,8 +209,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/metrics/run_metrics.py": "tested in tests/training/metrics/test_report.py and the loop's tests",
     "training/metrics/tensorboard_sink.py": "tested in tests/training/components/test_evaluate.py",
     "training/model/causal_lm.py": "tested in tests/training/model/test_loss_normalisation.py and test_attention.py",
-    "workloads/training_run/access/commands.py": "LocalExecutor runs the commands of tests/workloads/training_run/test_runner.py",
-    "workloads/training_run/errors.py": "exception classes, raised in the TrainingRun's tests",
 }
 
 
