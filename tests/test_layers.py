@@ -187,7 +187,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/config/parsing.py": "each primitive is tested through the keys of tests/infra/config/test_stack.py",
     "infra/config/training_settings.py": "the training block is tested in tests/infra/config/test_stack.py",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
-    "infra/preflight/errors.py": "one exception class, raised in every tests/infra/preflight/ refusal",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
