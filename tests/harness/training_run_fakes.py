@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from infra.aws_facts.reservation_window import utc_text
 from tests.harness import paths
 from tests.harness.fake_efa_sysfs import PROBE_TRAFFIC, FakeEfaSysfs
-from tests.harness.fake_kube_api import selected
+from tests.harness.fake_kube_api import node, selected
 from tests.harness.fake_ray_dashboard import ScriptedJob
 from tests.harness.fake_ray_pods import HEALTHY_HOST_LIMITS, write_nccl_log_files
 from tests.harness.fake_reader_node import FakeReaderNode
@@ -92,23 +92,15 @@ OUTPUT_TIME = datetime.datetime(2026, 12, 5, 9, 0, 0, tzinfo=datetime.UTC)
 def gpu_node(
     name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
 ):
-    allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
-    if gpus is not None:
-        allocatable[readiness.GPU_RESOURCE] = gpus
-    if efa is not None:
-        allocatable[readiness.EFA_RESOURCE] = efa
-    labels = {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}
-    if present:
-        labels[readiness.GPU_PRESENT_LABEL] = "true"
+    """A GPU node as the kubernetes client's model: `fake_kube_api.node`, the one builder of a node,
+    read back as the client reads the API server's answer; its instance is `INSTANCE_IDS`'s."""
     instance = INSTANCE_IDS.get(name, "i-0f0f0f0f0f0f0f0f0")
-    return k8s.V1Node(
-        metadata=k8s.V1ObjectMeta(name=name, labels=labels),
-        spec=k8s.V1NodeSpec(provider_id=f"aws:///us-east-2a/{instance}"),
-        status=k8s.V1NodeStatus(
-            allocatable=allocatable,
-            conditions=[k8s.V1NodeCondition(type="Ready", status="True" if ready else "False")],
-        ),
-    )
+    return as_model(node(name, gpus, efa, present, ready, instance_id=instance), "V1Node")
+
+
+def as_model(body: dict, model: str):
+    """An object as the API server serialises it, deserialised into the kubernetes client's `model`."""
+    return k8s.ApiClient().deserialize(json.dumps(body), model, "application/json")
 
 
 def ray_pod(
