@@ -23,8 +23,8 @@ from tests.harness.paths import REPO_ROOT
 def stop_fake_readers():
     """Every fake node's EFA counter reader server a test started ends with the test."""
     yield
-    if "tests.harness.fake_kube_api" in sys.modules:
-        sys.modules["tests.harness.fake_kube_api"].FakeReaderNode.stop_all()
+    if "tests.harness.fake_reader_node" in sys.modules:
+        sys.modules["tests.harness.fake_reader_node"].FakeReaderNode.stop_all()
 
 
 @pytest.fixture

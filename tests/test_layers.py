@@ -186,12 +186,8 @@ UNTESTED_MODULES: dict[str, str] = {
     "bench/train_bench/loops.py": "the benchmark's timed loops, run by hand on a GPU; their variants are tests/bench/train_bench/test_variants.py's",
     "bench/train_bench/memory.py": "the benchmark's memory cases, run by hand on a GPU",
     "bench/train_bench/session.py": "the benchmark's GPU session (versions, peak, timing), run by hand on a GPU",
-    "examples/generate.py": "run on an exported model in tests/examples/test_worked_fine_tune.py",
-    "examples/instruction_data.py": "its dataset is the input of tests/examples/test_worked_fine_tune.py",
-    "infra/aws_identity.py": "a shim that only resolves an old name; older states load through it in tests/workloads/training_run/test_engine_host.py",
-    "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_day_two.py's",
+    "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_program_day_two.py's",
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
-    "infra/preflight/errors.py": "one exception class, raised in every tests/infra/preflight/ refusal",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
@@ -207,12 +203,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/metrics/efa_sysfs.py": "declared paths, read by tests/training/metrics/test_efa_meter.py",
     "training/metrics/run_metrics.py": "tested in tests/training/metrics/test_report.py and the loop's tests",
     "training/metrics/tensorboard_sink.py": "tested in tests/training/components/test_evaluate.py",
-    "workloads/manifests/pod_labels.py": "the selectors are tested in tests/workloads/manifests/test_network_policy.py",
-    "workloads/manifests/ray_service_account.py": "schema-checked in tests/workloads/manifests/test_kubernetes_schemas.py",
-    "workloads/manifests/secret.py": "schema-checked in tests/workloads/manifests/test_kubernetes_schemas.py",
-    "workloads/training_run/access/commands.py": "LocalExecutor runs the commands of tests/workloads/training_run/test_runner.py",
-    "workloads/training_run/access/head_jobs_api.py": "run in the fake head pod by tests/workloads/training_run/access/test_jobs.py",
-    "workloads/training_run/errors.py": "exception classes, raised in the TrainingRun's tests",
 }
 
 

@@ -157,7 +157,7 @@ class FakeGpu:
 @dataclass
 class FakeAgentNode:
     """The CloudWatch agent on one GPU node (module doc): its GPUs, its EFA devices' sysfs under
-    `efa_root` (`tests.harness.fake_kube_api.FakeEfaSysfs` trees), and each device's ENI."""
+    `efa_root` (`tests.harness.fake_efa_sysfs.FakeEfaSysfs` trees), and each device's ENI."""
 
     cloudwatch: FakeCloudWatch
     cluster: str

@@ -30,14 +30,11 @@ from kubernetes.client.exceptions import ApiException
 
 from infra.aws_rules.reservation_window import utc_text
 from tests.harness import paths
-from tests.harness.fake_kube_api import (
-    HEALTHY_HOST_LIMITS,
-    PROBE_TRAFFIC,
-    FakeEfaSysfs,
-    FakeReaderNode,
-    ScriptedJob,
-    write_nccl_log_files,
-)
+from tests.harness.fake_efa_sysfs import PROBE_TRAFFIC, FakeEfaSysfs
+from tests.harness.fake_kube_api import node, selected
+from tests.harness.fake_ray_dashboard import ScriptedJob
+from tests.harness.fake_ray_pods import HEALTHY_HOST_LIMITS, write_nccl_log_files
+from tests.harness.fake_reader_node import FakeReaderNode
 from training.metrics.efa_sysfs import SYSFS_ROOT, counter_lines, parse_counters
 from workloads import manifests
 from workloads.efa_counter_reader import READER_CONTAINER, READER_LABELS, READER_NAMESPACE
@@ -95,23 +92,15 @@ OUTPUT_TIME = datetime.datetime(2026, 12, 5, 9, 0, 0, tzinfo=datetime.UTC)
 def gpu_node(
     name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
 ):
-    allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
-    if gpus is not None:
-        allocatable[readiness.GPU_RESOURCE] = gpus
-    if efa is not None:
-        allocatable[readiness.EFA_RESOURCE] = efa
-    labels = {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}
-    if present:
-        labels[readiness.GPU_PRESENT_LABEL] = "true"
+    """A GPU node as the kubernetes client's model: `fake_kube_api.node`, the one builder of a node,
+    read back as the client reads the API server's answer; its instance is `INSTANCE_IDS`'s."""
     instance = INSTANCE_IDS.get(name, "i-0f0f0f0f0f0f0f0f0")
-    return k8s.V1Node(
-        metadata=k8s.V1ObjectMeta(name=name, labels=labels),
-        spec=k8s.V1NodeSpec(provider_id=f"aws:///us-east-2a/{instance}"),
-        status=k8s.V1NodeStatus(
-            allocatable=allocatable,
-            conditions=[k8s.V1NodeCondition(type="Ready", status="True" if ready else "False")],
-        ),
-    )
+    return as_model(node(name, gpus, efa, present, ready, instance_id=instance), "V1Node")
+
+
+def as_model(body: dict, model: str):
+    """An object as the API server serialises it, deserialised into the kubernetes client's `model`."""
+    return k8s.ApiClient().deserialize(json.dumps(body), model, "application/json")
 
 
 def ray_pod(
@@ -251,11 +240,6 @@ def stubbed_ec2(
     return ec2
 
 
-def _selected(labels: dict, selector: str) -> bool:
-    wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
-    return all((labels or {}).get(key) == value for key, value in wanted.items())
-
-
 class FakeCoreApi:
     """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last
     repeats; the EFA counter reader pods (`readers`: pod name, node, its container on the node, in
@@ -272,12 +256,12 @@ class FakeCoreApi:
     def list_node(self, label_selector, **_request_options):
         nodes = self.node_snapshots[min(self.node_calls, len(self.node_snapshots) - 1)]
         self.node_calls += 1
-        return k8s.V1NodeList(items=[n for n in nodes if _selected(n.metadata.labels, label_selector)])
+        return k8s.V1NodeList(items=[n for n in nodes if selected(n.metadata.labels, label_selector)])
 
     def list_namespaced_pod(self, namespace, label_selector, **_request_options):
         if namespace == READER_NAMESPACE:
             pods = [reader_pod(name, node, reader) for name, node, reader in self.readers]
-            return k8s.V1PodList(items=[p for p in pods if _selected(p.metadata.labels, label_selector)])
+            return k8s.V1PodList(items=[p for p in pods if selected(p.metadata.labels, label_selector)])
         pods = self.pod_snapshots[
             min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
         ]  # head + workers per wait
@@ -286,7 +270,7 @@ class FakeCoreApi:
             items=[
                 p
                 for p in pods
-                if p.metadata.namespace == namespace and _selected(p.metadata.labels, label_selector)
+                if p.metadata.namespace == namespace and selected(p.metadata.labels, label_selector)
             ]
         )
 
@@ -445,7 +429,7 @@ class FixturePod:
         self.nccl_logs = nccl_logs
         self.nccl_logs.mkdir(parents=True, exist_ok=True)
         self.efa = efa
-        self.host_limits = HEALTHY_HOST_LIMITS  # what its node gives it, as `fake_kube_api` models it
+        self.host_limits = HEALTHY_HOST_LIMITS  # what its node gives it, as `fake_ray_pods` models it
         stamp_write_order(self.logs)
         self.commands: list[list[str]] = []
 
@@ -567,7 +551,7 @@ FAKE_EPOCH = 1_800_000_000
 
 
 class FakeNodeGroupSizer:
-    """The GPU node group as `EksNodeGroup` reads and resizes it, in process (`fake_kube_api.FakeNodeGroup`
+    """The GPU node group as `EksNodeGroup` reads and resizes it, in process (`fake_aws_endpoints.FakeNodeGroup`
     models EKS's side over HTTP, nodes included); each resize is recorded and stamped at the fake clock."""
 
     def __init__(

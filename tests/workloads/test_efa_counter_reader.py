@@ -22,7 +22,7 @@ from tests.harness.counter_reader import (
     reader_container,
     running_reader,
 )
-from tests.harness.fake_kube_api import FakeEfaSysfs
+from tests.harness.fake_efa_sysfs import FakeEfaSysfs
 from training.metrics.efa_sysfs import COUNTERS_URL_ENV, SYSFS_ROOT, read_counters, read_moved_bytes
 from workloads import efa_counter_reader, manifests
 from workloads.efa_counter_reader import READER_PORT, READER_SOURCE, counters_command, reader_daemonset

@@ -15,7 +15,7 @@ def test_public_endpoint_needs_cidrs():
 
 
 def test_a_private_endpoint_needs_no_cidrs_and_refuses_them():
-    """Whether this machine reaches the private endpoint is the preview's to check (`test_day_two.py`)."""
+    """Whether this machine reaches the private endpoint is the preview's to check (`test_program_day_two.py`)."""
     settings = parse_settings({"endpointPublicAccess": "false"}, "us-east-2", stack="dev")
     assert settings.endpoint_public_access is False and settings.endpoint_public_access_cidrs == ()
     with pytest.raises(

@@ -32,7 +32,7 @@ from tests.harness.fake_cloudwatch import (
     FakeGpu,
     FakeJobMeter,
 )
-from tests.harness.fake_kube_api import EFA_COUNTERS_AT_BOOT, EFA_DEVICE, FakeEfaSysfs
+from tests.harness.fake_efa_sysfs import EFA_COUNTERS_AT_BOOT, EFA_DEVICE, FakeEfaSysfs
 from tests.harness.paths import REPO_ROOT
 from tests.harness.preview_queries import NODE_GROUP, TRAINING_RUN
 from tests.harness.program import ACCOUNT, Preview, dev_config, run_program

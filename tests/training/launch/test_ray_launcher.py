@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
-from tests.harness.fake_kube_api import FakeEfaSysfs
+from tests.harness.fake_efa_sysfs import FakeEfaSysfs
 from tests.harness.tensorboard_events import read_scalars
 from training.metrics.efa_sysfs import COUNTERS_URL_ENV, SYSFS_ROOT_ENV, counter_server
 from training.metrics.report import STEP_KEYS, SUMMARY_KEYS, parse_step_line, parse_summary

@@ -1,6 +1,6 @@
 """The EFA bytes of each node during a run: read by the node's first rank at every step, logged by
 rank 0 beside tokens/s, summed up in the summary; absent, not zero, without EFA. In process, on a
-one-rank gloo group and a fake sysfs tree in the EFA driver's layout (`tests.harness.fake_kube_api.FakeEfaSysfs`).
+one-rank gloo group and a fake sysfs tree in the EFA driver's layout (`tests.harness.fake_efa_sysfs.FakeEfaSysfs`).
 
 The node's counter server also runs as the reader DaemonSet runs it (`python -c <source> serve
 ADDRESS PORT ROOT`, `tests.harness.counter_reader`): a client that sends nothing holds back no read,
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.harness.counter_reader import has_ipv6_loopback, running_reader
-from tests.harness.fake_kube_api import FakeEfaSysfs
+from tests.harness.fake_efa_sysfs import FakeEfaSysfs
 from training.config.run_config import parse_args
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.efa_sysfs import (

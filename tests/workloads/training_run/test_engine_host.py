@@ -2,7 +2,7 @@
 
 `tests.harness.provider_host` starts `python -m pulumi.dynamic` from the installed `pulumi` package in the
 project root and speaks the engine's gRPC protocol to it, with the serialized provider from a mocks
-run of `__main__.py`. Behind it, `tests.harness.fake_kube_api` serves EKS, STS, the Kubernetes API (TLS,
+run of `__main__.py`. Behind it, the fakes of `tests/harness/` (docs/testing.md, "The test fakes") serve EKS, STS, the Kubernetes API (TLS,
 exec over websockets) and the head pod's Ray dashboard on 127.0.0.1. Time limits are shortened
 through the provider's `EKS_RAY_TRAIN_*` environment variables, so a fault fails in seconds.
 """
@@ -30,6 +30,12 @@ from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, pl
 from tests.harness import fake_kube_api as fake
 from tests.harness import paths
 from tests.harness.fake_aws import LIST_PRICES, price_list_item
+from tests.harness.fake_aws_endpoints import FakeAwsApis, FakeNodeGroup, insufficient_capacity
+from tests.harness.fake_efa_sysfs import PROBE_TRAFFIC, FakeEfaSysfs
+from tests.harness.fake_ray_dashboard import FakeRayDashboard, ScriptedJob
+from tests.harness.fake_ray_pods import FakeRayPods
+from tests.harness.fake_reader_node import FakeReaderNode
+from tests.harness.loopback import SilentEndpoint
 from tests.harness.provider_host import ProviderHost, plain, serialized_training_run
 from training.metrics.efa_sysfs import MOVED
 from workloads.manifests import SPEC_HASH_ANNOTATION
@@ -80,9 +86,9 @@ def scripted(
     statuses: list[str] | None = None,
     efa_traffic: dict | None = None,
     nccl_lines_of: str | None = None,
-) -> fake.ScriptedJob:
+) -> ScriptedJob:
     statuses = statuses or ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"]
-    return fake.ScriptedJob(
+    return ScriptedJob(
         ray_job_id,
         (FIXTURES / log_name).read_text(),
         statuses,
@@ -95,15 +101,15 @@ def is_probe(argv: list[str]) -> bool:
     return "training.fabric_probe" in argv
 
 
-def healthy_probe(argv: list[str]) -> fake.ScriptedJob:
+def healthy_probe(argv: list[str]) -> ScriptedJob:
     """The gate's probe: over EFA (the EFA run's NCCL lines in its NCCL log files, traffic on every
     node), or with the benchmark's TCP environment over sockets."""
     if "Socket" in argv[argv.index("--runtime-env-json") + 1]:
         return scripted("06000000", "driver_probe_tcp.log", nccl_lines_of=TCP_JOB)
-    return scripted("05000000", "driver_probe.log", efa_traffic=fake.PROBE_TRAFFIC, nccl_lines_of=EFA_JOB)
+    return scripted("05000000", "driver_probe.log", efa_traffic=PROBE_TRAFFIC, nccl_lines_of=EFA_JOB)
 
 
-def by_variant(argv: list[str]) -> fake.ScriptedJob:
+def by_variant(argv: list[str]) -> ScriptedJob:
     """The main run over EFA, or the benchmark's TCP baseline; the gate's probe before either."""
     if is_probe(argv):
         return healthy_probe(argv)
@@ -112,7 +118,7 @@ def by_variant(argv: list[str]) -> fake.ScriptedJob:
     return scripted(EFA_JOB, "driver_main.log", efa_traffic=EFA_TRAFFIC)
 
 
-def after_a_healthy_gate(job: fake.ScriptedJob) -> Callable[[list[str]], fake.ScriptedJob]:
+def after_a_healthy_gate(job: ScriptedJob) -> Callable[[list[str]], ScriptedJob]:
     """Submissions where the gate passes and the training job is `job`."""
     return lambda argv: healthy_probe(argv) if is_probe(argv) else job
 
@@ -120,35 +126,34 @@ def after_a_healthy_gate(job: fake.ScriptedJob) -> Callable[[list[str]], fake.Sc
 @dataclass
 class World:
     kube: fake.FakeKubeApi
-    aws: fake.FakeAwsApis
-    dashboard: fake.FakeRayDashboard
-    pods: fake.FakeRayPods
+    aws: FakeAwsApis
+    dashboard: FakeRayDashboard
+    pods: FakeRayPods
     host: ProviderHost
     inputs: dict[str, Any]
-    group: fake.FakeNodeGroup  # the GPU node group, at its 2 nodes
+    group: FakeNodeGroup  # the GPU node group, at its 2 nodes
 
     def create(self, **changes: Any):
         return self.host.create({**self.inputs, **changes}, timeout_s=GRPC_DEADLINE_S)
 
 
-def readers_of(pods: fake.FakeRayPods) -> dict[str, fake.FakeReaderNode]:
+def readers_of(pods: FakeRayPods) -> dict[str, FakeReaderNode]:
     """Each node's EFA counter reader container, over the node's sysfs, by reader pod."""
     return {
-        reader: fake.FakeReaderNode(pods.efa[node].root)
-        for reader, node in zip(READER_PODS, NODES, strict=True)
+        reader: FakeReaderNode(pods.efa[node].root) for reader, node in zip(READER_PODS, NODES, strict=True)
     }
 
 
 @pytest.fixture
 def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
-    dashboard = fake.FakeRayDashboard().start()
-    pods = fake.FakeRayPods(
+    dashboard = FakeRayDashboard().start()
+    pods = FakeRayPods(
         dashboard,
         HEAD_POD,
         {name: FIXTURES / "pods" / name / "logs" for name in WORKER_PODS},
         code_hash=registered["code_hash"],
         job_for_submission=by_variant,
-        efa={node: fake.FakeEfaSysfs(tmp_path / "sysfs" / node) for node in NODES},
+        efa={node: FakeEfaSysfs(tmp_path / "sysfs" / node) for node in NODES},
         node_of={**dict(zip(WORKER_PODS, NODES, strict=True)), **dict(zip(READER_PODS, NODES, strict=True))},
         nccl_logs={name: tmp_path / "tmp-ray" / name for name in WORKER_PODS},
         head_tmp=tmp_path / "head-tmp-ray",
@@ -176,14 +181,14 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
             }
         },
     ).start()
-    group = fake.FakeNodeGroup(
+    group = FakeNodeGroup(
         kube, registered["node_group_name"], dict(zip(NODES, WORKER_PODS, strict=True)), desired=len(NODES)
     )
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     launched = {
         instance: (now - ago).strftime("%Y-%m-%dT%H:%M:%S.000Z") for instance, ago in LAUNCHED_AGO.items()
     }
-    aws = fake.FakeAwsApis(
+    aws = FakeAwsApis(
         clusters={registered["cluster_name"]: (kube.endpoint, kube.ca_pem)},
         node_groups={group.name: group},
         instances=launched,
@@ -465,7 +470,7 @@ def test_release_follows_the_run_through_four_ups(world: World, registered_relea
     # pods on them, as a replacement made under an earlier release of the program stood.
     moved = ["node-c", "node-d"]
     del world.aws.node_groups[world.group.name]
-    successor = fake.FakeNodeGroup(
+    successor = FakeNodeGroup(
         world.kube, f"{world.group.name}-b", dict(zip(moved, WORKER_PODS, strict=True)), desired=len(moved)
     )
     world.aws.node_groups[successor.name] = successor
@@ -502,7 +507,7 @@ def test_release_refuses_a_degraded_group_in_one_line(world: World, registered_r
     for worker in WORKER_PODS:
         world.kube.set_worker(worker, None)
     world.group.desired, world.group.status = 0, "DEGRADED"
-    world.group.issues = [fake.insufficient_capacity()]
+    world.group.issues = [insufficient_capacity()]
     assert world.group.status == "DEGRADED"
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as caught:
@@ -660,7 +665,7 @@ def test_a_node_whose_efa_counters_do_not_move_stops_the_gate_on_every_create(wo
     read are no pass."""
     world.host.configure(STACK_CONFIG)
     world.pods.efa[NODES[1]].stuck = True
-    probed = sum(fake.PROBE_TRAFFIC.get(name, 0) for name in MOVED)
+    probed = sum(PROBE_TRAFFIC.get(name, 0) for name in MOVED)
     for attempt in (1, 2):
         details = stopped_by_the_gate(world)
         assert "NCCL's log says EFA, but the EFA counters of the worker nodes did not move" in details
@@ -725,7 +730,7 @@ def test_a_reader_whose_image_cannot_run_it_fails_the_gate_naming_the_node(world
     is never Ready and takes no exec. Its node's counters cannot be read, so the gate fails, naming
     the node, the reason and the fix, and no training job runs."""
     world.host.configure(STACK_CONFIG)
-    world.kube.readers[READER_PODS[1]] = fake.FakeReaderNode(world.pods.efa[NODES[1]].root, python=None)
+    world.kube.readers[READER_PODS[1]] = FakeReaderNode(world.pods.efa[NODES[1]].root, python=None)
     details = stopped_by_the_gate(world)
     assert (
         f"{WORKER_PODS[1]}: its node's EFA counters could not be read: no running efa-counters pod on node {NODES[1]}"
@@ -769,7 +774,7 @@ def test_a_worker_pod_that_vanishes_mid_probe_says_so_and_no_job_is_submitted(wo
     world.host.configure(STACK_CONFIG)
     gone = WORKER_PODS[1]
 
-    def submitted(argv: list[str]) -> fake.ScriptedJob:
+    def submitted(argv: list[str]) -> ScriptedJob:
         if is_probe(argv):
             world.kube.pods = [pod for pod in world.kube.pods if pod["metadata"]["name"] != gone]
         return by_variant(argv)
@@ -799,7 +804,7 @@ def test_a_cut_exec_stream_never_produces_a_verdict(world: World, closes_cleanly
 @pytest.mark.slow
 def test_a_silent_endpoint_fails_in_bounded_time_naming_it_and_the_cidrs(world: World):
     world.host.configure(STACK_CONFIG)
-    silent = fake.SilentEndpoint()
+    silent = SilentEndpoint()
     try:
         world.aws.clusters[world.inputs["cluster_name"]] = (silent.endpoint, world.kube.ca_pem)
         details, elapsed = failure(world)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from infra.plan.cost import CostBasis, list_price, measured_cost
-from tests.harness.fake_kube_api import HANDSHAKE_TRAFFIC, FakeReaderNode
+from tests.harness.fake_efa_sysfs import HANDSHAKE_TRAFFIC
+from tests.harness.fake_reader_node import FakeReaderNode
 from tests.harness.paths import REPO_ROOT
 from tests.harness.ray_head import RayHead, running_head, stop_process_tree, worker_node
 from tests.harness.training_run_fakes import (

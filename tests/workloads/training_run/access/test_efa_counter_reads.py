@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.harness.fake_kube_api import FakeEfaSysfs
+from tests.harness.fake_efa_sysfs import FakeEfaSysfs
 from training.metrics.efa_sysfs import MOVED, parse_counters, read_moved_bytes
 from workloads.efa_counter_reader import counters_command
 from workloads.training_run.access.commands import LocalExecutor

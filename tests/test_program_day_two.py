@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pulumi
 import pytest
+from pulumi.output import Unknown
 from pulumi.runtime import rpc
 
 from infra.aws_rules.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
@@ -130,6 +132,39 @@ def test_an_unchanged_second_run_plans_the_same_resources():
     assert sorted((r.type, r.name) for r in second.resources) == sorted(
         (r.type, r.name) for r in first.resources
     )
+    # The same resources means the same declarations, not only the same names: what each is given
+    # (its inputs, secret ones among them), where it sits, what it waits for and how it is replaced,
+    # so a run that keeps the names but changes what they declare does not pass.
+    assert planned(second) == planned(first)
+
+
+def planned(preview: Preview) -> dict[tuple[str, str], tuple]:
+    """Each resource's declaration as the engine would diff it, by (type, name)."""
+    return {
+        (r.type, r.name): (
+            comparable(r.inputs),
+            sorted(r.secret_inputs),
+            r.parent,
+            sorted(r.dependencies),
+            r.provider,
+            r.delete_before_replace,
+            r.retain_on_delete,
+            sorted(r.ignore_changes),
+        )
+        for r in preview.resources
+    }
+
+
+def comparable(value: Any) -> Any:
+    """`value` with each value not known at preview as one marker (each run makes its own `Unknown`
+    objects, which compare by identity)."""
+    if isinstance(value, Unknown):
+        return "<unknown at preview>"
+    if isinstance(value, dict):
+        return {key: comparable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [comparable(item) for item in value]
+    return value
 
 
 def test_eks_keeps_a_clusters_vpc_for_life():

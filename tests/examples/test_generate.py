@@ -1,6 +1,7 @@
-"""The worked fine-tune of docs/training/fine-tune.md, end to end on the CPU: generated instruction data in
-the chat format, a run with held-out evaluation whose eval loss falls, its TensorBoard events, and
-the exported model loaded back with `from_pretrained` answering a question.
+"""`examples/generate.py` answering with the model of the worked fine-tune of
+docs/training/fine-tune.md, end to end on the CPU: generated instruction data in the chat format, a
+run with held-out evaluation whose eval loss falls, its TensorBoard events, and the exported model
+loaded back with `from_pretrained` answering a question.
 
 It runs the loop through the torchrun launcher's session in this process (one gloo rank), which
 reads the corpus as `--launcher torchrun` does; the docs' `--local` command reads the same rows
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -22,22 +22,6 @@ from training.config.presets import BYTE_TOKENIZER
 from training.config.run_config import parse_args, parse_flags
 
 DOCS = REPO_ROOT / "docs" / "training" / "fine-tune.md"
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def test_the_generated_dataset_is_conversations_whose_held_out_rows_use_unseen_values(tmp_path):
-    write_dataset(tmp_path, train_rows=400, eval_rows=100, seed=0)
-    train, held_out = _rows(tmp_path / "train.jsonl"), _rows(tmp_path / "eval.jsonl")
-    assert (len(train), len(held_out)) == (400, 100)
-    for row in train + held_out:
-        assert [message["role"] for message in row["messages"]] == ["user", "assistant"]
-    questions = {row["messages"][0]["content"] for row in train}
-    assert not questions & {row["messages"][0]["content"] for row in held_out}
-    write_dataset(tmp_path / "again", train_rows=400, eval_rows=100, seed=0)
-    assert (tmp_path / "again" / "train.jsonl").read_bytes() == (tmp_path / "train.jsonl").read_bytes()
 
 
 def test_the_docs_worked_example_runs_these_flags():
