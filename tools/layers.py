@@ -31,7 +31,13 @@ LAYERS: dict[str, list[set[str]]] = {
         {"infra.pricing", "infra.aws_identity"},
     ],
     "workloads": [
-        {"workloads.__init__", "workloads.efa_counter_reader", "workloads.nccl_logs"},
+        {
+            "workloads.__init__",
+            "workloads.efa_counter_reader",
+            "workloads.nccl_logs",
+            "workloads.nccl_names",
+            "workloads.nccl_transport_args",
+        },
         {"workloads.manifests", "workloads.nccl_transport"},
         {"workloads.addons", "workloads.ray_cluster", "workloads.training_run.errors"},
         {"workloads.training_run.access", "workloads.training_run.engine_host"},

@@ -1,10 +1,8 @@
 """Decide from NCCL/Ray logs which transport NCCL used between nodes, with the evidence.
 
 A job whose pods start and whose loss goes down proves nothing about EFA: without the EFA device
-NCCL silently falls back to TCP sockets and the job still completes, only slower. This module
-reads `NCCL_DEBUG=INFO` output (NCCL 2.18-2.29, aws-ofi-nccl 1.x), from plain logs, Ray session
-logs (`worker-*.out`) or Ray driver output (`(RayTrainWorker pid=.., ip=..)` prefixes, ANSI
-colours, `[repeated Nx across cluster]`), and classifies the run as one of:
+NCCL silently falls back to TCP sockets and the job still completes, only slower. This module reads
+`NCCL_DEBUG=INFO` output (plain, Ray session or Ray driver logs) and classifies the run as one of:
 
     efa         every inter-node channel went through aws-ofi-nccl with the libfabric efa provider
     socket      some process moved inter-node traffic over TCP (NCCL's socket transport, or
@@ -13,65 +11,16 @@ colours, `[repeated Nx across cluster]`), and classifies the run as one of:
     intra-node  only P2P/SHM channels: the run never left one machine
     unknown     no NCCL line reveals the transport, or the processes contradict each other
 
-Lines are grouped per NCCL process, keyed `host:pid` from NCCL's `host:pid:tid [cudaDev]` prefix
-(or Ray's `pid=`/`ip=` prefix when NCCL's is missing). A prefix without a host name (`:22901:22901 [0]`,
-the host cut by whoever posted the log) or with an anonymised one (`<cluster_name>:919:1150 [0]`,
-`pod-id:num:num [0]`) is keyed `unknown-host:pid` (`unknown-host` when the pid is gone too), and so are
-lines with no prefix at all. Each process is decided first:
-
-1. Channel lines decide. `Channel 00/0 : 3[3] -> 4[0] [send] via NET/<name>/0` means network
-   traffic through plugin <name> (`Socket`, `IB`, `Libfabric`, `AWS Libfabric`; suffixes such as
-   `/GDRDMA` or a PXN proxy rank do not matter). `via P2P/...` (IPC, CUMEM, direct pointer) and
-   `via SHM/...` stay on the machine (so does P2P/MNNVL as far as this check goes: multi-node
-   NVLink is no network transport). A CollNet channel (`CollNet 05/0 : 5 [receive] via
-   COLLNET/SHARP/5/GDRDMA`, in-network reduction) is named as such and is a plugin this check
-   does not know.
-2. A process whose communicators all have one rank (`nranks 1`) is intra-node: it moves no bytes,
-   whatever network it announces. A process without NET channel lines is decided by its `Using network <name>` /
-   `Assigned NET plugin <name> to comm` line when its communicators span several nodes
-   (`nNodes 2` in the `comm 0x.. rank .. nRanks .. nNodes ..` line), or when it shows neither a
-   node count nor P2P/SHM channels; the verdict then has `low` confidence. Otherwise P2P/SHM
-   channels or `nNodes 1` make it intra-node: a single-node run prints `Using network Socket`
-   yet moves everything over P2P/SHM. A plugin name this check does not know is unknown.
-3. NET/Libfabric is efa only if the libfabric provider is efa (`Selected Provider is efa` up to
-   aws-ofi-nccl 1.13, `Selected provider is efa, fabric is efa|efa-direct` from 1.14). The
-   provider comes from the process's own lines, else from its host, else from any host: a
-   libfabric endpoint connects only to endpoints of the same provider. Provider tcp, sockets or
-   `tcp;ofi_rxm` is socket, even in a process without channel or network lines; none anywhere
-   leaves the process unknown.
-
-Then the run: any socket process makes the run `socket`, even when other hosts show EFA. Else
-the network transports of the remaining processes must agree (`efa` or `ib`); disagreement is
-`unknown`. With no network process at all the run is `intra-node`, unless some communicator
-spans several nodes or the processes sit on several hosts (logs incomplete: `unknown`), and
-without NCCL lines it is `unknown`.
-
-Fallback lines (`NET/OFI No eligible providers were found`, `NET/OFI aws-ofi-nccl initialization
-failed`, `NCCL_NET set by environment to Socket`, `NET/IB : No device found.`, `NET/Socket : Using
-[0]eth0:...`) never decide alone; the two that explain most (in that order) are shown as evidence
-next to the socket lines they explain. NCCL's plugin version probes (`NET/Plugin: Failed to find
-ncclCollNetPlugin_v10 symbol.`) are routine and explain nothing.
-
-Prefer the workers' session logs (`/tmp/ray/session_*/logs/worker-*.out` on each worker pod):
-Ray's driver output drops lines that differ from an earlier one only in numbers, so whole
-processes can be missing there. A rank that fell back still shows, as its lines differ in words.
-
-CLI (exit 0 when the expectation holds, 1 when not, 2 on bad arguments or unreadable input):
+How lines are read and judged (per process, then the run; fallback lines; coverage):
+docs/operations/transport-rules.md. The command line (its arguments are
+`workloads.nccl_transport_args`'s) exits 0 when the expectation holds, 1 when not, 2 on bad
+arguments or unreadable input:
 
     python -m workloads.nccl_transport [--expect efa] [--ranks N] [--hosts N] LOGFILE|DIR|- ...
-
-Directories are walked for *.log, *.out and *.err and their rotated parts (`workloads.nccl_logs`).
-Without --expect, `ok` means an inter-node network transport (efa,
-socket or ib) was identified; `unknown` is no expectation. With --ranks/--hosts (default 1 each), a
-verdict other than socket must cover that many NCCL processes and hosts, else it is unknown
-(`Verdict.covering`). Lines without a host name count as one host, the log's own, when no line of
-the input names one (`nNodes 1` on every rank says the same); among lines that name hosts they count
-for nothing, so a cluster's logs are judged by their host names alone.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -82,9 +31,10 @@ from dataclasses import dataclass, field, replace
 from platform_contract import EXPECTABLE_TRANSPORTS
 from workloads.nccl_logs import UnreadableLogError as UnreadableLogError
 from workloads.nccl_logs import log_lines
+from workloads.nccl_names import FAMILY_NAMES, PROVIDER_NAMES, network_family, provider_transport
+from workloads.nccl_transport_args import argument_parser
 
 NETWORK_TRANSPORTS = frozenset({"efa", "socket", "ib"})
-# *.log, *.out, *.err, and their size-rotated parts (Ray's `worker-...-<pid>.out.1`).
 EVIDENCE_PER_HOST = 6
 EVIDENCE_TOTAL = 24
 UNKNOWN_HOST = "unknown-host"
@@ -163,10 +113,7 @@ class Verdict:
         were not read may have fallen back to TCP. `socket` stands, since one process over TCP
         already makes the run socket.
 
-        Processes count by the host names of their lines. A log none of whose lines names a host
-        (the poster cut it, or anonymised it) is one host's, the log's own: its processes count, on
-        one host, which is also what `nNodes 1` on every rank says. Where some lines name hosts, the
-        lines that name none cannot be told from theirs and count for nothing.
+        Processes count by the host names of their lines (`_coverage`; the docs page's rules).
         """
         judged, judged_hosts, hostless = _coverage(self.processes)
         missing = [
@@ -251,34 +198,6 @@ def _keep(lines: list[_Line], line: _Line) -> None:
         lines.append(line)
 
 
-def _network_family(name: str) -> str:
-    """Map an NCCL net plugin name to `socket`, `ib`, `libfabric`, or the name itself."""
-    lowered = name.strip().lower()
-    if lowered == "socket":
-        return "socket"
-    if lowered.startswith("ib"):
-        return "ib"
-    if "libfabric" in lowered or lowered in {"ofi", "aws ofi"}:
-        return "libfabric"
-    return name.strip()
-
-
-_FAMILY_NAMES = {"socket": "Socket", "ib": "IB", "libfabric": "Libfabric"}
-_PROVIDER_NAMES = {"efa": "efa", "socket": "tcp/sockets", "ib": "verbs", "unknown": "unrecognised"}
-
-
-def _provider_transport(provider: str) -> str:
-    """Map a libfabric provider name (`efa`, `efa-direct`, `tcp;ofi_rxm`, ...) to a transport."""
-    lowered = provider.lower()
-    if lowered.startswith("efa"):
-        return "efa"
-    if any(tcp in lowered for tcp in ("tcp", "sockets", "udp")):
-        return "socket"
-    if "verbs" in lowered:
-        return "ib"
-    return "unknown"
-
-
 class _LogReader:
     """Accumulates NCCL lines per process; feed it lines in order, then call `verdict`."""
 
@@ -322,7 +241,7 @@ class _LogReader:
         if channel is not None:
             parts = channel["path"].split("/")
             if parts[0] == "NET" and len(parts) > 1:
-                _keep(process.net_channels.setdefault(_network_family(parts[1]), []), line)
+                _keep(process.net_channels.setdefault(network_family(parts[1]), []), line)
             elif parts[0] == "COLLNET" and len(parts) > 1:  # in-network reduction (SHARP), no NET plugin
                 _keep(process.net_channels.setdefault(_COLLNET + parts[1].strip(), []), line)
             elif parts[0] in {"P2P", "SHM"}:
@@ -331,11 +250,11 @@ class _LogReader:
         announced = _ANNOUNCED_NETWORK.match(message)
         if announced is not None:
             name = announced["using"] or announced["assigned"]
-            _keep(process.announced.setdefault(_network_family(name), []), line)
+            _keep(process.announced.setdefault(network_family(name), []), line)
             return
         provider = _PROVIDER.match(message)
         if provider is not None:
-            transport = _provider_transport(provider["provider"])
+            transport = provider_transport(provider["provider"])
             _keep(process.providers.setdefault(transport, []), line)
             return
         communicator = _COMMUNICATOR.search(message)
@@ -503,7 +422,7 @@ def _judge(
     if len(families) > 1:
         lines = tuple(line for group in families.values() for line in group[:1])
         networks = [family for family in sorted(families) if not family.startswith(_COLLNET)]
-        names = [f"{source}{', '.join(_FAMILY_NAMES.get(f, f) for f in networks)}"] if networks else []
+        names = [f"{source}{', '.join(FAMILY_NAMES.get(f, f) for f in networks)}"] if networks else []
         names += [_named(source, family) for family in sorted(families) if family.startswith(_COLLNET)]
         return _ProcessVerdict("unknown", from_channels, lines, f"{' and '.join(names)} at once")
     if families:
@@ -523,7 +442,7 @@ def _judge(
             return _ProcessVerdict("unknown", from_channels, lines, why)
         transport = next(t for t in ("socket", "unknown", "ib", "efa") if t in providers)
         lines += tuple(providers[transport][:1])
-        why = f"{source}Libfabric on the libfabric {_PROVIDER_NAMES[transport]} provider"
+        why = f"{source}Libfabric on the libfabric {PROVIDER_NAMES[transport]} provider"
         return _ProcessVerdict(transport, from_channels, lines, why)
     if process.local_channels or process.max_nodes == 1:
         lines = (*process.local_channels[:2], *filter(None, [process.node_count_line]))
@@ -544,50 +463,9 @@ def classify_files(paths: Iterable[str | os.PathLike[str]]) -> Verdict:
     return classify_lines(log_lines(paths))
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
-    return int(text)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m workloads.nccl_transport",
-        description="Tell from NCCL_DEBUG=INFO logs which transport NCCL used between nodes; "
-        "prints one JSON object.",
-        epilog="Exit status: 0 when the expectation holds (without --expect: a network "
-        "transport efa/socket/ib was found), 1 when it does not, 2 on bad arguments or "
-        "unreadable input.",
-    )
-    parser.add_argument(
-        "--expect",
-        choices=EXPECTABLE_TRANSPORTS,
-        help="the transport the run must have used (exit 1 otherwise)",
-    )
-    parser.add_argument(
-        "--ranks",
-        type=_positive_int,
-        default=1,
-        help="the run's number of NCCL processes (its world size): fewer judged ones make it unknown",
-    )
-    parser.add_argument(
-        "--hosts",
-        type=_positive_int,
-        default=1,
-        help="the run's number of hosts: fewer judged ones make it unknown",
-    )
-    parser.add_argument(
-        "logs",
-        nargs="+",
-        metavar="LOGFILE",
-        help="NCCL/Ray log files, folders to walk for *.log/*.out/*.err, or - for stdin",
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    args = _parser().parse_args(argv)
+    args = argument_parser().parse_args(argv)
     try:
         verdict = classify_files(args.logs).covering(args.ranks, args.hosts)
     except UnreadableLogError as error:
