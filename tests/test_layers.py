@@ -203,8 +203,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/metrics/efa_sysfs.py": "declared paths, read by tests/training/metrics/test_efa_meter.py",
     "training/metrics/run_metrics.py": "tested in tests/training/metrics/test_report.py and the loop's tests",
     "training/metrics/tensorboard_sink.py": "tested in tests/training/components/test_evaluate.py",
-    "workloads/nccl_names.py": "tested through the verdicts of tests/workloads/test_nccl_transport.py",
-    "workloads/nccl_transport_args.py": "tested through `python -m workloads.nccl_transport` in tests/workloads/test_nccl_transport.py",
 }
 
 
