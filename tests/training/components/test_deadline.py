@@ -13,15 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.components.checkpoint import EXPORT_DTYPES
 from training.components.deadline import Deadline, deadline_epoch, refusal
 from training.config.deadline_margin import (
-    CHECKPOINT_BYTES_PER_PARAMETER,
     ESTIMATED_WRITE_BYTES_PER_S,
-    EXPORT_BYTES_PER_PARAMETER,
     WIND_DOWN_S,
-    estimated_checkpoint_s,
-    margin_s,
 )
 from training.config.run_config import ArgumentsError, parse_flags
 from training.config.settings import parse_deadline
@@ -67,18 +62,6 @@ def test_the_flag_names_itself_in_its_error():
         parse_flags(["--deadline", "2026-12-05 07:00"])
     assert parse_flags(["--deadline", "2026-12-05T08:00:00+01:00"]).deadline == END
     assert parse_flags([]).deadline is None
-
-
-def test_the_margin_is_a_checkpoint_two_slowest_steps_an_evaluation_an_export_and_the_wind_down():
-    assert margin_s(checkpoint_s=90.0, slowest_step_s=3.0, eval_s=20.0) == 116.0 + WIND_DOWN_S
-    assert margin_s(checkpoint_s=90.0, slowest_step_s=3.0, eval_s=0.0, export_s=4.0) == 100.0 + WIND_DOWN_S
-
-
-def test_the_checkpoint_estimate_is_the_model_and_adamw_state_at_the_stated_rate():
-    parameters = 1_543_714_304  # Qwen2.5-1.5B
-    seconds = estimated_checkpoint_s(parameters)
-    assert parameters * CHECKPOINT_BYTES_PER_PARAMETER == pytest.approx(18.5e9, rel=0.01)
-    assert seconds == pytest.approx(18.5e9 / ESTIMATED_WRITE_BYTES_PER_S, rel=0.01)
 
 
 def test_a_deadline_past_or_too_near_to_checkpoint_is_refused_naming_the_flag():
@@ -134,10 +117,6 @@ def test_an_export_is_estimated_from_the_parameters_in_its_dtype():
     plain = Deadline(END, parameters=10**9, evaluates=False, clock=clock)
     exporting = Deadline(END, parameters=10**9, evaluates=False, export_dtype="bf16", clock=clock)
     assert exporting.margin_s() - plain.margin_s() == pytest.approx(2e9 / ESTIMATED_WRITE_BYTES_PER_S)
-
-
-def test_the_export_sizes_the_margin_reckons_with_are_the_dtypes_the_export_writes():
-    assert {name: dtype.itemsize for name, dtype in EXPORT_DTYPES.items()} == EXPORT_BYTES_PER_PARAMETER
 
 
 def _ranks(rank: int, init_file: str, out: str) -> None:
