@@ -198,7 +198,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/launch/torchrun_launcher.py": "tested in tests/training/launch/test_ray_launcher.py beside the Ray one",
     "training/metrics/artifacts.py": "tested in tests/training/metrics/test_report.py",
     "training/metrics/run_metrics.py": "tested in tests/training/metrics/test_report.py and the loop's tests",
-    "training/metrics/tensorboard_sink.py": "tested in tests/training/components/test_evaluate.py",
 }
 
 

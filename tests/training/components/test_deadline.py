@@ -1,6 +1,6 @@
 """--deadline's pure pieces: the flag's ISO parsing, the margin, the refusals at start, a rank's
-vote on a fake clock, the vote agreed over two gloo ranks whose clocks differ, the progress line's
-time left, and TensorBoard's purge on a resume. Time is a fake clock throughout, never the machine's."""
+vote on a fake clock, the vote agreed over two gloo ranks whose clocks differ, and the progress line's
+time left. Time is a fake clock throughout, never the machine's."""
 
 from __future__ import annotations
 
@@ -174,33 +174,3 @@ def test_the_progress_line_shows_the_time_left_only_with_a_deadline():
     }
     assert format_progress_line(record, deadline_left_s=125).endswith(" | 2m05s to deadline")
     assert "deadline" not in format_progress_line(record)
-
-
-def test_a_resumed_sink_purges_the_steps_after_its_checkpoint(tmp_path):
-    from tensorboardX.proto.event_pb2 import SessionLog
-
-    from tests.harness.tensorboard_events import read_events
-    from training.config.run_config import parse_flags as flags
-    from training.metrics.report import StepMetrics
-    from training.metrics.tensorboard_sink import TensorBoardSink
-
-    config = flags(["--storage-path", str(tmp_path), "--run-name", "run"])
-    folder = tmp_path / "run" / "tensorboard"
-    values = {
-        "loss": 1.0,
-        "lr": 1e-3,
-        "grad_norm": 1.0,
-        "eval_loss": None,
-        "eval_perplexity": None,
-        "step_time_s": 1.0,
-    }
-    rest = {"tokens_per_s": 1.0, "tokens_per_s_per_gpu": 1.0, "mfu": None, "peak_mem_gib": 0.0}
-    first = TensorBoardSink(config)
-    for step in range(1, 7):
-        first.write(StepMetrics(step=step, steps=10, **values, **rest))
-    first.close()
-    resumed = TensorBoardSink(config, purge_step=5)
-    resumed.write(StepMetrics(step=5, steps=10, **values, **rest))
-    resumed.close()
-    starts = [event.step for event in read_events(folder) if event.session_log.status == SessionLog.START]
-    assert starts == [5]  # TensorBoard drops the earlier run's events from step 5 on
