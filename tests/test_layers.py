@@ -196,8 +196,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "training/export.py": "tested in tests/training/components/test_checkpoint.py",
     "training/launch/ray_quiet.py": "a Ray logging set-up hook, run by every Ray test of tests/training/launch/",
     "training/launch/torchrun_launcher.py": "tested in tests/training/launch/test_ray_launcher.py beside the Ray one",
-    "training/metrics/artifacts.py": "tested in tests/training/metrics/test_report.py",
-    "training/metrics/run_metrics.py": "tested in tests/training/metrics/test_report.py and the loop's tests",
 }
 
 

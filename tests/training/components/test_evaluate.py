@@ -23,7 +23,6 @@ from training.config.run_config import (
 )
 from training.data.packing import NO_LOSS
 from training.metrics.report import parse_step_line
-from training.metrics.run_metrics import perplexity
 from training.metrics.tensorboard_sink import SCALARS, TENSORBOARD_DIR
 from training.model.causal_lm import model_batch
 from training.model.loss import IGNORE_INDEX, fused_linear_cross_entropy
@@ -119,11 +118,6 @@ def test_every_held_out_row_is_evaluated_once_on_any_world_size(world_size, batc
     assert len({len(batches) for batches in dealt}) == 1  # as many forwards on every rank
     evaluated = [row[0] for batches in dealt for batch in batches for row in batch if row[0] != NO_LOSS]
     assert sorted(evaluated) == rows[:, 0].tolist()
-
-
-def test_perplexity_is_exp_of_the_loss_and_infinite_past_a_float():
-    assert perplexity(math.log(20.0)) == pytest.approx(20.0)
-    assert perplexity(1000.0) == math.inf
 
 
 def test_the_gradient_free_loss_is_the_fused_loss():
