@@ -191,7 +191,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/distributed/rank_exit.py": "tested by the multi-rank runs of tests/training/test_build.py",
-    "training/launch/torchrun_launcher.py": "tested in tests/training/launch/test_ray_launcher.py beside the Ray one",
 }
 
 
