@@ -190,7 +190,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
-    "training/distributed/rank_exit.py": "tested by the multi-rank runs of tests/training/test_build.py",
 }
 
 
