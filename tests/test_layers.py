@@ -190,19 +190,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
     "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
-    "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
-    "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
-    "training/distributed/rank_exit.py": "tested by the multi-rank runs of tests/training/test_build.py",
-    "training/errors.py": "exception classes, raised in the CLI's tests (tests/training/test_cli.py)",
-    "training/export.py": "tested in tests/training/components/test_checkpoint.py",
-    "training/launch/launch_checks.py": "tested in tests/training/test_cli.py",
-    "training/launch/ray_quiet.py": "a Ray logging set-up hook, run by every Ray test of tests/training/launch/",
-    "training/launch/torchrun_launcher.py": "tested in tests/training/launch/test_ray_launcher.py beside the Ray one",
-    "training/metrics/artifacts.py": "tested in tests/training/metrics/test_report.py",
-    "training/metrics/cloudwatch_metrics.py": "declared names, read by tests/training/metrics/test_cloudwatch_sink.py",
-    "training/metrics/efa_sysfs.py": "declared paths, read by tests/training/metrics/test_efa_meter.py",
-    "training/metrics/run_metrics.py": "tested in tests/training/metrics/test_report.py and the loop's tests",
-    "training/metrics/tensorboard_sink.py": "tested in tests/training/components/test_evaluate.py",
 }
 
 

@@ -340,16 +340,6 @@ def test_the_export_at_the_end_of_a_run_equals_the_export_of_its_checkpoint(trai
         assert value.dtype == torch.bfloat16 and torch.equal(value, afterwards[key]), key
 
 
-def test_exporting_a_folder_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
-    from training.export import main
-
-    assert main([str(tmp_path), str(tmp_path / "out")]) == 2
-    assert (
-        capsys.readouterr().err
-        == f"python -m training.export: error: {tmp_path}: not a checkpoint folder (no train_state.json)\n"
-    )
-
-
 # --- exports that serve: the generation config and the keys transformers 4 reads ----------------
 
 # transformers 4's Qwen2Config (4.57.1, models/qwen2/configuration_qwen2.py) reads the top-level

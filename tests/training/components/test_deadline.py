@@ -1,6 +1,6 @@
 """--deadline's pure pieces: the flag's ISO parsing, the margin, the refusals at start, a rank's
-vote on a fake clock, the vote agreed over two gloo ranks whose clocks differ, the progress line's
-time left, and TensorBoard's purge on a resume. Time is a fake clock throughout, never the machine's."""
+vote on a fake clock, the vote agreed over two gloo ranks whose clocks differ, and the progress line's
+time left. Time is a fake clock throughout, never the machine's."""
 
 from __future__ import annotations
 
@@ -13,15 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.components.checkpoint import EXPORT_DTYPES
 from training.components.deadline import Deadline, deadline_epoch, refusal
 from training.config.deadline_margin import (
-    CHECKPOINT_BYTES_PER_PARAMETER,
     ESTIMATED_WRITE_BYTES_PER_S,
-    EXPORT_BYTES_PER_PARAMETER,
     WIND_DOWN_S,
-    estimated_checkpoint_s,
-    margin_s,
 )
 from training.config.run_config import ArgumentsError, parse_flags
 from training.config.settings import parse_deadline
@@ -67,18 +62,6 @@ def test_the_flag_names_itself_in_its_error():
         parse_flags(["--deadline", "2026-12-05 07:00"])
     assert parse_flags(["--deadline", "2026-12-05T08:00:00+01:00"]).deadline == END
     assert parse_flags([]).deadline is None
-
-
-def test_the_margin_is_a_checkpoint_two_slowest_steps_an_evaluation_an_export_and_the_wind_down():
-    assert margin_s(checkpoint_s=90.0, slowest_step_s=3.0, eval_s=20.0) == 116.0 + WIND_DOWN_S
-    assert margin_s(checkpoint_s=90.0, slowest_step_s=3.0, eval_s=0.0, export_s=4.0) == 100.0 + WIND_DOWN_S
-
-
-def test_the_checkpoint_estimate_is_the_model_and_adamw_state_at_the_stated_rate():
-    parameters = 1_543_714_304  # Qwen2.5-1.5B
-    seconds = estimated_checkpoint_s(parameters)
-    assert parameters * CHECKPOINT_BYTES_PER_PARAMETER == pytest.approx(18.5e9, rel=0.01)
-    assert seconds == pytest.approx(18.5e9 / ESTIMATED_WRITE_BYTES_PER_S, rel=0.01)
 
 
 def test_a_deadline_past_or_too_near_to_checkpoint_is_refused_naming_the_flag():
@@ -136,10 +119,6 @@ def test_an_export_is_estimated_from_the_parameters_in_its_dtype():
     assert exporting.margin_s() - plain.margin_s() == pytest.approx(2e9 / ESTIMATED_WRITE_BYTES_PER_S)
 
 
-def test_the_export_sizes_the_margin_reckons_with_are_the_dtypes_the_export_writes():
-    assert {name: dtype.itemsize for name, dtype in EXPORT_DTYPES.items()} == EXPORT_BYTES_PER_PARAMETER
-
-
 def _ranks(rank: int, init_file: str, out: str) -> None:
     """Rank 0's clock is far from the deadline, rank 1's past its margin: both must stop."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -195,33 +174,3 @@ def test_the_progress_line_shows_the_time_left_only_with_a_deadline():
     }
     assert format_progress_line(record, deadline_left_s=125).endswith(" | 2m05s to deadline")
     assert "deadline" not in format_progress_line(record)
-
-
-def test_a_resumed_sink_purges_the_steps_after_its_checkpoint(tmp_path):
-    from tensorboardX.proto.event_pb2 import SessionLog
-
-    from tests.harness.tensorboard_events import read_events
-    from training.config.run_config import parse_flags as flags
-    from training.metrics.report import StepMetrics
-    from training.metrics.tensorboard_sink import TensorBoardSink
-
-    config = flags(["--storage-path", str(tmp_path), "--run-name", "run"])
-    folder = tmp_path / "run" / "tensorboard"
-    values = {
-        "loss": 1.0,
-        "lr": 1e-3,
-        "grad_norm": 1.0,
-        "eval_loss": None,
-        "eval_perplexity": None,
-        "step_time_s": 1.0,
-    }
-    rest = {"tokens_per_s": 1.0, "tokens_per_s_per_gpu": 1.0, "mfu": None, "peak_mem_gib": 0.0}
-    first = TensorBoardSink(config)
-    for step in range(1, 7):
-        first.write(StepMetrics(step=step, steps=10, **values, **rest))
-    first.close()
-    resumed = TensorBoardSink(config, purge_step=5)
-    resumed.write(StepMetrics(step=5, steps=10, **values, **rest))
-    resumed.close()
-    starts = [event.step for event in read_events(folder) if event.session_log.status == SessionLog.START]
-    assert starts == [5]  # TensorBoard drops the earlier run's events from step 5 on

@@ -23,7 +23,6 @@ from training.config.run_config import (
 )
 from training.data.packing import NO_LOSS
 from training.metrics.report import parse_step_line
-from training.metrics.run_metrics import perplexity
 from training.metrics.tensorboard_sink import SCALARS, TENSORBOARD_DIR
 from training.model.causal_lm import model_batch
 from training.model.loss import IGNORE_INDEX, fused_linear_cross_entropy
@@ -121,11 +120,6 @@ def test_every_held_out_row_is_evaluated_once_on_any_world_size(world_size, batc
     assert sorted(evaluated) == rows[:, 0].tolist()
 
 
-def test_perplexity_is_exp_of_the_loss_and_infinite_past_a_float():
-    assert perplexity(math.log(20.0)) == pytest.approx(20.0)
-    assert perplexity(1000.0) == math.inf
-
-
 def test_the_gradient_free_loss_is_the_fused_loss():
     generator = torch.Generator().manual_seed(3)
     hidden = torch.randn(50, 16, generator=generator)
@@ -214,24 +208,6 @@ def test_a_run_reports_eval_loss_lr_and_grad_norm_and_tensorboard_holds_the_step
     assert {tag for tag, values in want.items() if values} == set(scalars)
     for tag, values in scalars.items():
         assert values == pytest.approx(want[tag], rel=1e-6), tag  # event files hold float32
-
-
-def test_event_files_of_a_run_on_a_uri_are_copied_to_the_run_folder_there(tmp_path):
-    from training.metrics.report import StepMetrics
-    from training.metrics.tensorboard_sink import TensorBoardSink
-
-    config = parse_args(["--storage-path", f"file://{tmp_path}/bucket", "--run-name", "remote"])
-    sink = TensorBoardSink(config)
-    record = StepMetrics(
-        step=1, steps=1, loss=2.5, lr=1e-3, grad_norm=0.5, eval_loss=2.75, eval_perplexity=math.exp(2.75),
-        step_time_s=0.1, tokens_per_s=100.0, tokens_per_s_per_gpu=50.0, mfu=None, peak_mem_gib=1.0,
-    )  # fmt: skip
-    sink.write(record)
-    sink.close()
-    scalars = read_scalars(tmp_path / "bucket" / "remote" / TENSORBOARD_DIR)
-    assert scalars["loss/eval"] == {1: 2.75} and scalars["optim/lr"] == pytest.approx({1: 1e-3})
-    assert "throughput/mfu" not in scalars
-    assert not Path(sink.folder).exists()
 
 
 # --- the same weights, the same eval_loss on any world size ------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tests.harness.packing_reference import corpus_rows, local_corpus_batches
 from training.config.run_config import (
@@ -98,17 +97,6 @@ def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(dat
         for expected in step:
             np.testing.assert_array_equal(next(resumed), expected)
     assert not np.array_equal(per_step[0][0], per_step[0][1])
-
-
-def test_tokens_per_step_count_every_micro_batch():
-    from training.metrics.run_metrics import RunMetrics
-    from training.model.causal_lm import load_architecture
-
-    config = parse_args(["--grad-accum-steps", "4"])
-    metrics = RunMetrics(config, load_architecture(config), torch.device("cpu"), 2, 0)
-    assert metrics.tokens_per_step == 8 * 128 * 2 * 4
-    record = metrics.step(1, 2.0, 0.5, 100, lr=1e-3, grad_norm=1.0, eval_loss=None)
-    assert record.tokens_per_s == 8 * 128 * 2 * 4 / 0.5 and record.tokens_per_s_per_gpu == 8 * 128 * 4 / 0.5
 
 
 def test_local_corpus_splits_rows_between_ranks():

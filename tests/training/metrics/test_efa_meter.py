@@ -1,33 +1,24 @@
 """The EFA bytes of each node during a run: read by the node's first rank at every step, logged by
 rank 0 beside tokens/s, summed up in the summary; absent, not zero, without EFA. In process, on a
 one-rank gloo group and a fake sysfs tree in the EFA driver's layout (`tests.harness.fake_efa_sysfs.FakeEfaSysfs`).
-
-The node's counter server also runs as the reader DaemonSet runs it (`python -c <source> serve
-ADDRESS PORT ROOT`, `tests.harness.counter_reader`): a client that sends nothing holds back no read,
-and it serves on an IPv6 node address."""
+The counters' source and the node's counter server are tests/training/metrics/test_efa_sysfs.py's."""
 
 from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import pytest
 import torch
 
-from tests.harness.counter_reader import has_ipv6_loopback, running_reader
 from tests.harness.fake_efa_sysfs import FakeEfaSysfs
 from training.config.run_config import parse_args
 from training.metrics.efa_meter import EfaMeter
 from training.metrics.efa_sysfs import (
     COUNTERS_URL_ENV,
-    REQUEST_TIMEOUT_S,
     SYSFS_ROOT_ENV,
-    bracketed,
     counter_server,
     counters_source,
-    read_counters,
-    sysfs_root,
 )
 from training.metrics.report import format_progress_line, format_step_line, parse_step_line
 from training.metrics.run_metrics import RunMetrics
@@ -35,11 +26,6 @@ from training.model.causal_lm import load_architecture
 
 CPU = torch.device("cpu")
 HOST = socket.gethostname()
-
-
-def test_the_root_is_the_drivers_unless_the_environment_points_elsewhere():
-    assert sysfs_root({}) == "/sys/class/infiniband"
-    assert sysfs_root({SYSFS_ROOT_ENV: "/tmp/fake"}) == "/tmp/fake"
 
 
 def test_a_pod_reads_its_nodes_counters_from_the_reader_it_was_told(one_rank_group, tmp_path):
@@ -61,40 +47,6 @@ def test_a_pod_reads_its_nodes_counters_from_the_reader_it_was_told(one_rank_gro
     finally:
         server.shutdown()
         server.server_close()
-
-
-def test_a_client_that_sends_nothing_holds_back_no_read(tmp_path):
-    """A client that connects and sends nothing (a stuck scraper, a half-open probe) keeps only its
-    own connection's thread, which gives up after `REQUEST_TIMEOUT_S`; a read beside it answers at once."""
-    sysfs = FakeEfaSysfs(tmp_path / "infiniband")
-    with (
-        running_reader(sysfs.root, "127.0.0.1") as reader,
-        socket.create_connection((reader.host, reader.port)) as silent,
-    ):
-        started = time.monotonic()
-        counters = read_counters(reader.url)
-        assert time.monotonic() - started < 1
-        assert counters == read_counters(str(sysfs.root)) != {}
-        silent.settimeout(REQUEST_TIMEOUT_S + 10)
-        assert silent.recv(1) == b""  # dropped, not served and not held open
-
-
-@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback")
-def test_the_reader_serves_on_an_ipv6_node_address(tmp_path):
-    """On an IPv6 cluster `status.hostIP` is an IPv6 address: the server listens on it, and the URL
-    the kubelet writes with it (unbracketed) reads once bracketed."""
-    sysfs = FakeEfaSysfs(tmp_path / "infiniband")
-    with running_reader(sysfs.root, "::1") as reader:
-        url = counters_source({COUNTERS_URL_ENV: reader.url})
-        assert url == f"http://[::1]:{reader.port}/"
-        assert read_counters(url) == read_counters(str(sysfs.root)) != {}
-
-
-def test_only_an_unbracketed_ipv6_host_is_bracketed():
-    assert bracketed("http://2600:1f14:abc::7:9478/") == "http://[2600:1f14:abc::7]:9478/"
-    assert bracketed("http://10.0.3.7:9478/") == "http://10.0.3.7:9478/"
-    assert bracketed("http://[2600:1f14:abc::7]:9478/") == "http://[2600:1f14:abc::7]:9478/"
-    assert bracketed("/sys/class/infiniband") == "/sys/class/infiniband"
 
 
 def test_without_efa_ports_there_is_no_meter(one_rank_group, tmp_path):

@@ -1,0 +1,49 @@
+"""The files a finished run leaves in its folder: summary.json with the run's folder, its own path
+and the history, and run.png beside it when there is a history to draw and matplotlib to draw it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from training.metrics.artifacts import PICTURE_FILE, SUMMARY_FILE, render_picture, write_run_files
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SUMMARY = {"model": "tiny", "world_size": 2, "device": "cpu", "seq_len": 128, "batch_size": 8, "mfu": None}
+HISTORY = [
+    {"step": 1, "loss": 5.5, "tokens_per_s": 900.0},
+    {"step": 2, "loss": 4.5, "tokens_per_s": 1000.0, "eval_loss": 4.75},
+]
+
+
+def written(run_dir: str, history: list[dict]) -> tuple[dict[str, bytes], dict]:
+    files: dict[str, bytes] = {}
+    summary = write_run_files(files.__setitem__, run_dir, SUMMARY, history)
+    return files, summary
+
+
+def test_the_summary_names_the_run_folder_and_its_own_path_and_holds_the_history():
+    files, summary = written("s3://bucket/runs/job-1/", HISTORY)
+    assert summary == {
+        **SUMMARY,
+        "run_dir": "s3://bucket/runs/job-1/",
+        "summary_path": f"s3://bucket/runs/job-1/{SUMMARY_FILE}",
+    }
+    assert json.loads(files[SUMMARY_FILE]) == {**summary, "history": HISTORY}
+
+
+def test_a_run_with_a_history_gets_its_picture_and_one_without_none():
+    files, _ = written("runs/job-1", HISTORY)
+    assert files.keys() == {PICTURE_FILE, SUMMARY_FILE}
+    assert files[PICTURE_FILE].startswith(PNG_SIGNATURE)
+    files, _ = written("runs/job-2", [])
+    assert files.keys() == {SUMMARY_FILE}
+
+
+def test_without_matplotlib_there_is_no_picture_and_one_note(monkeypatch, capsys):
+    """A None entry in sys.modules makes `import` raise ImportError, as a missing package does."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert render_picture(SUMMARY, HISTORY) is None
+    assert capsys.readouterr().err == "matplotlib is not installed: no run picture\n"
+    files, _ = written("runs/job-1", HISTORY)
+    assert files.keys() == {SUMMARY_FILE}
