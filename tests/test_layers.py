@@ -187,8 +187,6 @@ UNTESTED_MODULES: dict[str, str] = {
     "bench/train_bench/memory.py": "the benchmark's memory cases, run by hand on a GPU",
     "bench/train_bench/session.py": "the benchmark's GPU session (versions, peak, timing), run by hand on a GPU",
     "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_program_day_two.py's",
-    "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
-    "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
