@@ -178,9 +178,7 @@ def test_every_product_package_has_its_tests_under_the_same_path():
 # Product modules without a test file of their own (tests/<same path>/test_<module>.py), each with
 # why: where its behaviour is tested instead, or why it has none to test.
 UNTESTED_MODULES: dict[str, str] = {
-    "bench/corpus_memory.py": "a measurement run by hand; its numbers are the record's",
     "bench/flex_checks.py": "a GPU-only check run by hand on the benchmark machine",
-    "bench/load_memory.py": "a measurement run by hand; its numbers are the record's",
     "bench/train_bench/__main__.py": "the GPU benchmark's command line, run by hand on a GPU",
     "bench/train_bench/loops.py": "the benchmark's timed loops, run by hand on a GPU; their variants are tests/bench/train_bench/test_variants.py's",
     "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_program_day_two.py's",
