@@ -180,7 +180,6 @@ def test_every_product_package_has_its_tests_under_the_same_path():
 UNTESTED_MODULES: dict[str, str] = {
     "bench/flex_checks.py": "a GPU-only check run by hand on the benchmark machine",
     "bench/train_bench/__main__.py": "the GPU benchmark's command line, run by hand on a GPU",
-    "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_program_day_two.py's",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
