@@ -179,7 +179,6 @@ def test_every_product_package_has_its_tests_under_the_same_path():
 # why: where its behaviour is tested instead, or why it has none to test.
 UNTESTED_MODULES: dict[str, str] = {
     "bench/flex_checks.py": "a GPU-only check run by hand on the benchmark machine",
-    "bench/train_bench/__main__.py": "the GPU benchmark's command line, run by hand on a GPU",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
