@@ -178,7 +178,6 @@ def test_every_product_package_has_its_tests_under_the_same_path():
 # Product modules without a test file of their own (tests/<same path>/test_<module>.py), each with
 # why: where its behaviour is tested instead, or why it has none to test.
 UNTESTED_MODULES: dict[str, str] = {
-    "bench/flex_checks.py": "a GPU-only check run by hand on the benchmark machine",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
     "training/config/corpus_files.py": "tested through the corpus in tests/training/data/test_corpus_cache.py",
     "training/config/deadline_margin.py": "tested in tests/training/components/test_deadline.py",
