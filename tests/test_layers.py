@@ -178,17 +178,6 @@ def test_every_product_package_has_its_tests_under_the_same_path():
 # Product modules without a test file of their own (tests/<same path>/test_<module>.py), each with
 # why: where its behaviour is tested instead, or why it has none to test.
 UNTESTED_MODULES: dict[str, str] = {
-    "bench/corpus_memory.py": "a measurement run by hand; its numbers are the record's",
-    "bench/document_attention.py": "a measurement run by hand; its numbers are the record's",
-    "bench/flex_checks.py": "a GPU-only check run by hand on the benchmark machine",
-    "bench/load_memory.py": "a measurement run by hand; its numbers are the record's",
-    "bench/train_bench/__main__.py": "the GPU benchmark's command line, run by hand on a GPU",
-    "bench/train_bench/loops.py": "the benchmark's timed loops, run by hand on a GPU; their variants are tests/bench/train_bench/test_variants.py's",
-    "bench/train_bench/memory.py": "the benchmark's memory cases, run by hand on a GPU",
-    "bench/train_bench/session.py": "the benchmark's GPU session (versions, peak, timing), run by hand on a GPU",
-    "infra/aws_rules/live_stack.py": "the live cluster's reads and judgements are tests/test_program_day_two.py's",
-    "infra/plan/__main__.py": "the command line of infra/plan/planner.py, tested in tests/infra/plan/test_planner.py",
-    "policy/__main__.py": "the pack's entry point; tests/policy/test_pack.py builds the pack from it",
     "training/__main__.py": "`python -m training`, run by tests/training/test_main_job.py",
 }
 
