@@ -456,6 +456,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 )
             if stopped_early or stopped_at_deadline:
                 break
+    except DivergedError:
+        checkpoints.commit_in_flight()  # the last good step's checkpoint, when one is being written
+        raise
     finally:
         watchdog.stop()
         checkpoints.close()

@@ -10,6 +10,7 @@ import torch
 from bench.flex_checks import DOCUMENT_LENGTHS, isolation
 
 
+@pytest.mark.slow  # about 30 s on 2 cores: the tiny model's isolation check end to end
 def test_a_document_in_a_packed_row_under_the_block_mask_is_as_if_alone_and_causal_is_not():
     result = isolation("tiny", torch.float32, torch.device("cpu"))
     assert (result["model_config"], result["dtype"], result["document_lengths"]) == (

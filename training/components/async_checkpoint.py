@@ -88,6 +88,7 @@ class _Write:
     future: Future[Any]
     staging_s: float  # what starting it stalled the step
     stager: DefaultStager  # its CPU copy, closed once the write is committed or abandoned
+    metrics: dict[str, Any]  # its step's, published with it where no later step's are (a divergence)
 
 
 class CheckpointWriter:
@@ -173,11 +174,17 @@ class CheckpointWriter:
             self.session.report(metrics, step, save)
             return
         if state is not None:
-            self._start(step, state)
+            self._start(step, state, metrics)
         if not published:
             self.session.report(metrics, step, None)
 
-    def _start(self, step: int, state: dict[str, Any]) -> None:
+    def commit_in_flight(self) -> None:
+        """Collective, on every rank at a step that diverged (every rank decides that alike, on the
+        step's all-reduce): the write in flight holds a step before it, which the run keeps."""
+        if self.pending is not None:
+            self._commit(self.pending.metrics, self.pending.step)
+
+    def _start(self, step: int, state: dict[str, Any], metrics: dict[str, Any]) -> None:
         started = self.since = self.clock()
         folder = self.session.checkpoint_folder(step)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
@@ -199,7 +206,7 @@ class CheckpointWriter:
             async_stager=stager,
         )
         future = result if isinstance(result, Future) else result.upload_completion
-        self.pending = _Write(step, folder, state, future, self.clock() - started, stager)
+        self.pending = _Write(step, folder, state, future, self.clock() - started, stager, metrics)
 
     def _commit(self, metrics: dict[str, Any], step: int) -> None:
         """Collective: waits for this rank's write (every rank's has finished, or each waits for its

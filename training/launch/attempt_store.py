@@ -69,9 +69,10 @@ class AttemptRecorder(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         step = int(metrics[0].get("step", self.last_step))
-        self.hosts = {
-            rank: reported[HOST_KEY] for rank, reported in enumerate(metrics) if HOST_KEY in reported
-        }
+        # Every report names its rank's host but a checkpoint's commit may not: keep the last known.
+        self.hosts.update(
+            {rank: reported[HOST_KEY] for rank, reported in enumerate(metrics) if HOST_KEY in reported}
+        )
         if self.record and self.record[-1]["recovery_s"] is None:
             self.record = record_recovery(self.record, first_step=step, at=time.time())
             self._write(run_context)

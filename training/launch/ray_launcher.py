@@ -155,7 +155,7 @@ class RaySession:
         """Every rank at the same step (Ray Train requires all ranks to report alike)."""
         try:
             ray.train.report(
-                metrics,
+                {**metrics, HOST_KEY: self.host},
                 checkpoint=Checkpoint.from_directory(folder),
                 checkpoint_dir_name=f"checkpoint_{step:06d}",
             )

@@ -201,6 +201,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.slow  # about 6 s each: two spawned gloo ranks, one stopped, wait for the limit
 @pytest.mark.parametrize(
     ("stops", "named"),
     [
