@@ -301,6 +301,7 @@ def test_a_reader_rolled_during_the_probe_is_waited_for_and_its_node_judged():
     assert fake.clock.now >= rolled_at[0] + 60
 
 
+@pytest.mark.slow  # about 21 s: a full Create whose every reader answers no probe
 def test_a_reader_that_is_running_but_not_ready_is_still_read_by_exec():
     """A wedged or starting server (NotReady) does not stop the exec'd `print`, which reads sysfs itself."""
     fake = FakeCluster(main_and_tcp_head())
