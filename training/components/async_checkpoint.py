@@ -153,30 +153,19 @@ class CheckpointWriter:
         if self.last_report is not None:  # the step since the last report: its work
             (self.overlapped if self.pending is not None else self.baseline).append(now - self.last_report)
         try:
-            self._report(metrics, step, state=state, last=last, save=save)
+            published = False
+            if self.pending is not None and (self.all_written or state is not None or last):
+                self._commit(metrics, step)
+                published = True
+            if save is not None:
+                self.session.report(metrics, step, save)
+            else:
+                if state is not None:
+                    self._start(step, state, metrics)
+                if not published:
+                    self.session.report(metrics, step, None)
         finally:
             self.last_report = self.clock()
-
-    def _report(
-        self,
-        metrics: dict[str, Any],
-        step: int,
-        *,
-        state: dict[str, Any] | None,
-        last: bool,
-        save: Callable[[str], None] | None,
-    ) -> None:
-        published = False
-        if self.pending is not None and (self.all_written or state is not None or last):
-            self._commit(metrics, step)
-            published = True
-        if save is not None:
-            self.session.report(metrics, step, save)
-            return
-        if state is not None:
-            self._start(step, state, metrics)
-        if not published:
-            self.session.report(metrics, step, None)
 
     def commit_in_flight(self) -> None:
         """Collective, on every rank at a step that diverged (every rank decides that alike, on the
