@@ -7,23 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.nccl_lines import (
+    EFA_PROVIDER,
+    ORIGIN_A,
+    ORIGIN_B,
+    RECEIVE_SOCKET,
+    SEND_LIBFABRIC,
+    info,
+    write_bytes,
+)
 from workloads.nccl_logs import UnreadableLogError
 from workloads.nccl_transport import classify_files
-
-ORIGIN_A = "ip-10-0-1-23:4711:4790 [0]"
-ORIGIN_B = "ip-10-0-1-87:5022:5075 [0]"
-EFA_PROVIDER = "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"
-SEND_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Libfabric/0"
-RECEIVE_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Socket/0"
-
-
-def _info(origin: str, message: str) -> str:
-    return f"{origin} NCCL INFO {message}"
-
-
-def _write(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
 
 
 def _mkdir(path: Path) -> Path:
@@ -34,7 +28,7 @@ def _mkdir(path: Path) -> Path:
 def test_folder_walk_reads_ray_rotated_worker_logs(tmp_path):
     """Ray 2.58 rotates `worker-<id>-<job>-<pid>.out` by size into `.out.1`, `.out.2`, ..."""
     (tmp_path / "worker-01-02000000-4711.out").write_text("TRAIN_STEP {}\n")
-    (tmp_path / "worker-01-02000000-4711.out.1").write_text(_info(ORIGIN_B, RECEIVE_SOCKET) + "\n")
+    (tmp_path / "worker-01-02000000-4711.out.1").write_text(info(ORIGIN_B, RECEIVE_SOCKET) + "\n")
 
     assert classify_files([tmp_path]).transport == "socket"
 
@@ -43,16 +37,16 @@ def test_folder_walk_reads_only_log_suffixes(tmp_path):
     nested = tmp_path / "session_latest" / "logs"
     nested.mkdir(parents=True)
     (nested / "worker-01.out").write_text(
-        "\n".join(_info(ORIGIN_A, m) for m in (EFA_PROVIDER, SEND_LIBFABRIC)) + "\n"
+        "\n".join(info(ORIGIN_A, m) for m in (EFA_PROVIDER, SEND_LIBFABRIC)) + "\n"
     )
-    (nested / "notes.txt").write_text(_info(ORIGIN_B, RECEIVE_SOCKET))
+    (nested / "notes.txt").write_text(info(ORIGIN_B, RECEIVE_SOCKET))
 
     assert classify_files([tmp_path]).transport == "efa"
 
 
 def test_carriage_returns_split_progress_bars_from_nccl_lines(tmp_path):
     log = tmp_path / "worker.out"
-    channel = _info(ORIGIN_B, RECEIVE_SOCKET)
+    channel = info(ORIGIN_B, RECEIVE_SOCKET)
     log.write_bytes(b"Downloading shards:  50%|#####     | 1/2\r" + channel.encode() + b"\n")
 
     verdict = classify_files([log])
@@ -64,7 +58,7 @@ def test_carriage_returns_split_progress_bars_from_nccl_lines(tmp_path):
     "make_input",
     [
         lambda tmp: tmp / "missing.log",
-        lambda tmp: _write(tmp / "core.out", b"\x7fELF\x02\x01\x01\x00\x00\x00NCCL INFO"),
+        lambda tmp: write_bytes(tmp / "core.out", b"\x7fELF\x02\x01\x01\x00\x00\x00NCCL INFO"),
         lambda tmp: _mkdir(tmp / "empty"),
     ],
     ids=["missing", "binary", "folder-without-logs"],

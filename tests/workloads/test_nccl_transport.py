@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.harness.nccl_lines import (
+    EFA_PROVIDER,
+    ORIGIN_A,
+    ORIGIN_B,
+    RECEIVE_SOCKET,
+    SEND_LIBFABRIC,
+    info,
+    write_bytes,
+)
 from tests.harness.paths import REPO_ROOT
 from workloads.nccl_transport import (
     EVIDENCE_PER_HOST,
@@ -21,29 +29,15 @@ from workloads.nccl_transport import (
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nccl"
 POD_A = "eks-ray-train-gpu-workers-worker-4kq9z"
 POD_B = "eks-ray-train-gpu-workers-worker-v8m2t"
-ORIGIN_A = "ip-10-0-1-23:4711:4790 [0]"
-ORIGIN_B = "ip-10-0-1-87:5022:5075 [0]"
-EFA_PROVIDER = "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"
-SEND_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Libfabric/0"
 RECEIVE_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Libfabric/0"
-RECEIVE_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Socket/0"
 SEND_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Socket/0"
 EFA_DIRECT = "fabric is efa-direct (found 4 nics)"
 BUS = "cudaDev 0 nvmlDev 0 busId 65000 commId 0xbd10cc2bcb56e132"
 
 
-def _info(origin: str, message: str) -> str:
-    return f"{origin} NCCL INFO {message}"
-
-
 def _comm(rank: int, nodes: int) -> str:
     """NCCL's communicator summary line, which tells how many nodes the communicator spans."""
     return f"comm 0x55d3a1c0 rank {rank} nRanks 8 nNodes {nodes} localRanks 4 localRank 0 MNNVL 0"
-
-
-def _write(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
 
 
 def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
@@ -219,12 +213,12 @@ def test_evidence_prefers_processes_decided_by_channel_lines():
     with_channels = "ip-10-0-1-23:2000:2050 [0]"
     channels = [f"Channel {channel:02d}/0 : 7[3] -> 0[0] [receive] via NET/Libfabric/0" for channel in (0, 1)]
     lines = [
-        _info(announced_only, EFA_PROVIDER),
-        _info(announced_only, "Assigned NET plugin Libfabric to comm"),
-        _info(announced_only, "Using network Libfabric"),
-        _info(announced_only, _comm(rank=1, nodes=2)),
-        _info(with_channels, EFA_PROVIDER),
-        *(_info(with_channels, channel) for channel in channels),
+        info(announced_only, EFA_PROVIDER),
+        info(announced_only, "Assigned NET plugin Libfabric to comm"),
+        info(announced_only, "Using network Libfabric"),
+        info(announced_only, _comm(rank=1, nodes=2)),
+        info(with_channels, EFA_PROVIDER),
+        *(info(with_channels, channel) for channel in channels),
     ]
 
     verdict = classify_lines(lines)
@@ -232,12 +226,12 @@ def test_evidence_prefers_processes_decided_by_channel_lines():
     assert (verdict.transport, verdict.confidence) == ("efa", "high")
     assert len(verdict.evidence) == EVIDENCE_PER_HOST
     for channel in channels:
-        assert _info(with_channels, channel) in verdict.evidence
+        assert info(with_channels, channel) in verdict.evidence
 
 
 def test_reason_tells_missing_nccl_debug_from_uninformative_nccl_lines():
     silent = classify_lines(["step 1/5 loss 12.1"])
-    uninformative = classify_lines([_info(ORIGIN_A, "cudaDriverVersion 13000")])
+    uninformative = classify_lines([info(ORIGIN_A, "cudaDriverVersion 13000")])
     version_only = classify_lines(["NCCL version 2.18.5+cuda12.2"])
 
     assert "NCCL_DEBUG=INFO" in silent.reason
@@ -249,10 +243,10 @@ def test_evidence_stays_bounded_with_many_hosts():
     lines = []
     for node in range(20):
         origin = f"ip-10-0-2-{node}:{100 + node}:{200 + node} [0]"
-        lines.append(_info(origin, EFA_PROVIDER))
+        lines.append(info(origin, EFA_PROVIDER))
         for channel in range(8):
             message = f"Channel {channel:02d}/0 : {node}[0] -> 0[0] [send] via NET/Libfabric/0"
-            lines.append(_info(origin, message))
+            lines.append(info(origin, message))
 
     verdict = classify_lines(lines)
 
@@ -307,7 +301,7 @@ def test_classification_does_not_depend_on_which_file_comes_first():
     ],
 )
 def test_line_formats(messages, transport):
-    verdict = classify_lines(_info(ORIGIN_A, message) for message in messages)
+    verdict = classify_lines(info(ORIGIN_A, message) for message in messages)
 
     assert verdict.transport == transport, verdict.reason
 
@@ -315,9 +309,9 @@ def test_line_formats(messages, transport):
 def test_socket_channels_in_one_process_outvote_efa_in_the_others():
     verdict = classify_lines(
         [
-            _info(ORIGIN_A, EFA_PROVIDER),
-            _info(ORIGIN_A, SEND_LIBFABRIC),
-            _info(ORIGIN_B, RECEIVE_SOCKET),
+            info(ORIGIN_A, EFA_PROVIDER),
+            info(ORIGIN_A, SEND_LIBFABRIC),
+            info(ORIGIN_B, RECEIVE_SOCKET),
         ]
     )
 
@@ -328,11 +322,11 @@ def test_socket_channels_in_one_process_outvote_efa_in_the_others():
 def test_multi_node_process_without_channel_lines_is_judged_by_using_network():
     verdict = classify_lines(
         [
-            _info(ORIGIN_A, EFA_PROVIDER),
-            _info(ORIGIN_A, SEND_LIBFABRIC),
-            _info(ORIGIN_B, "Using network Socket"),
-            _info(ORIGIN_B, _comm(rank=4, nodes=2)),
-            _info(ORIGIN_B, "Channel 00/0 : 4[0] -> 5[1] via SHM/direct/direct"),
+            info(ORIGIN_A, EFA_PROVIDER),
+            info(ORIGIN_A, SEND_LIBFABRIC),
+            info(ORIGIN_B, "Using network Socket"),
+            info(ORIGIN_B, _comm(rank=4, nodes=2)),
+            info(ORIGIN_B, "Channel 00/0 : 4[0] -> 5[1] via SHM/direct/direct"),
         ]
     )
 
@@ -344,28 +338,28 @@ def test_multi_node_process_without_channel_lines_is_judged_by_using_network():
 def test_provider_of_another_host_completes_a_process_without_one():
     verdict = classify_lines(
         [
-            _info(ORIGIN_A, EFA_PROVIDER),
-            _info(ORIGIN_A, SEND_LIBFABRIC),
-            _info(ORIGIN_B, RECEIVE_LIBFABRIC),
+            info(ORIGIN_A, EFA_PROVIDER),
+            info(ORIGIN_A, SEND_LIBFABRIC),
+            info(ORIGIN_B, RECEIVE_LIBFABRIC),
         ]
     )
 
     assert verdict.processes == {"ip-10-0-1-23:4711": "efa", "ip-10-0-1-87:5022": "efa"}
     assert verdict.transport == "efa"
     assert verdict.evidence == [
-        _info(ORIGIN_A, EFA_PROVIDER),
-        _info(ORIGIN_A, SEND_LIBFABRIC),
-        _info(ORIGIN_B, RECEIVE_LIBFABRIC),
+        info(ORIGIN_A, EFA_PROVIDER),
+        info(ORIGIN_A, SEND_LIBFABRIC),
+        info(ORIGIN_B, RECEIVE_LIBFABRIC),
     ]
 
 
 def test_own_tcp_provider_wins_over_efa_on_other_hosts():
     verdict = classify_lines(
         [
-            _info(ORIGIN_A, EFA_PROVIDER),
-            _info(ORIGIN_A, SEND_LIBFABRIC),
-            _info(ORIGIN_B, "NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16"),
-            _info(ORIGIN_B, RECEIVE_LIBFABRIC),
+            info(ORIGIN_A, EFA_PROVIDER),
+            info(ORIGIN_A, SEND_LIBFABRIC),
+            info(ORIGIN_B, "NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16"),
+            info(ORIGIN_B, RECEIVE_LIBFABRIC),
         ]
     )
 
@@ -376,9 +370,9 @@ def test_own_tcp_provider_wins_over_efa_on_other_hosts():
 def test_processes_that_disagree_without_sockets_are_unknown():
     verdict = classify_lines(
         [
-            _info(ORIGIN_A, EFA_PROVIDER),
-            _info(ORIGIN_A, SEND_LIBFABRIC),
-            _info(ORIGIN_B, "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/IB/0"),
+            info(ORIGIN_A, EFA_PROVIDER),
+            info(ORIGIN_A, SEND_LIBFABRIC),
+            info(ORIGIN_B, "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/IB/0"),
         ]
     )
 
@@ -389,8 +383,8 @@ def test_processes_that_disagree_without_sockets_are_unknown():
 def test_local_channels_of_a_multi_node_communicator_are_not_intra_node():
     verdict = classify_lines(
         [
-            _info(ORIGIN_A, _comm(rank=1, nodes=2)),
-            _info(ORIGIN_A, "Channel 00/0 : 1[1] -> 2[2] via SHM/direct/direct"),
+            info(ORIGIN_A, _comm(rank=1, nodes=2)),
+            info(ORIGIN_A, "Channel 00/0 : 1[1] -> 2[2] via SHM/direct/direct"),
         ]
     )
 
@@ -411,7 +405,7 @@ def test_ray_prefix_without_nccl_prefix_groups_by_ray_ip_and_pid():
 
 def test_line_seen_in_worker_log_and_again_in_driver_output_is_evidence_once():
     first, second = (
-        _info(ORIGIN_B, f"Channel {channel:02d}/0 : 3[3] -> 4[0] [receive] via NET/Socket/0")
+        info(ORIGIN_B, f"Channel {channel:02d}/0 : 3[3] -> 4[0] [receive] via NET/Socket/0")
         for channel in (0, 1)
     )
 
@@ -434,7 +428,7 @@ def test_timestamped_warn_lines_are_attributed_to_their_host():
         "nccl_net_ofi_plugin_t**):421 NCCL WARN NET/OFI aws-ofi-nccl initialization failed"
     )
 
-    verdict = classify_lines([warn, _info(ORIGIN_B, RECEIVE_SOCKET)])
+    verdict = classify_lines([warn, info(ORIGIN_B, RECEIVE_SOCKET)])
 
     assert verdict.by_host["ip-10-0-1-87"][0] == warn
 
@@ -493,7 +487,7 @@ def test_a_verdict_covers_every_rank_and_host_or_is_unknown(ranks, hosts, transp
 
 
 def test_one_process_over_tcp_is_socket_however_few_processes_were_read():
-    verdict = classify_lines([_info(ORIGIN_B, RECEIVE_SOCKET)]).covering(8, 2)
+    verdict = classify_lines([info(ORIGIN_B, RECEIVE_SOCKET)]).covering(8, 2)
 
     assert (verdict.transport, verdict.confidence) == ("socket", "high")
 
@@ -555,21 +549,19 @@ def _single_node_ranks(prefix: str) -> list[str]:
     for rank in range(4):
         origin = prefix.format(pid=4000 + rank, tid=4100 + rank, dev=rank)
         lines.append(
-            _info(
+            info(
                 origin, f"comm 0x5{rank} rank {rank} nRanks 4 nNodes 1 localRanks 4 localRank {rank} MNNVL 0"
             )
         )
         lines.append(
-            _info(
-                origin, f"Channel 00/0 : {rank}[{rank}] -> {(rank + 1) % 4}[{(rank + 1) % 4}] via P2P/CUMEM"
-            )
+            info(origin, f"Channel 00/0 : {rank}[{rank}] -> {(rank + 1) % 4}[{(rank + 1) % 4}] via P2P/CUMEM")
         )
     return lines
 
 
 def test_cli_judges_an_anonymised_log_whose_ranks_say_nnodes_1_as_one_host(tmp_path):
     """`pod-id:num:num [0]`: neither host nor pid left, every rank on `nNodes 1`: intra-node, one host."""
-    log = _write(tmp_path / "pod.log", "\n".join(_single_node_ranks("pod-id:num:num [{dev}]")).encode())
+    log = write_bytes(tmp_path / "pod.log", "\n".join(_single_node_ranks("pod-id:num:num [{dev}]")).encode())
 
     default = _cli(str(log))
     expected = _cli("--expect", "intra-node", str(log))
@@ -594,8 +586,8 @@ def test_anonymised_host_names_keep_their_processes_apart():
 
 def test_lines_without_a_host_name_count_for_nothing_beside_lines_that_name_hosts():
     """Cluster logs carry host names: a line without one there cannot be told from theirs."""
-    named = [_info(ORIGIN_A, EFA_PROVIDER), _info(ORIGIN_A, SEND_LIBFABRIC)]
-    hostless = _info(":5022:5075 [0]", RECEIVE_LIBFABRIC)
+    named = [info(ORIGIN_A, EFA_PROVIDER), info(ORIGIN_A, SEND_LIBFABRIC)]
+    hostless = info(":5022:5075 [0]", RECEIVE_LIBFABRIC)
 
     verdict = classify_lines([*named, hostless])
 
@@ -638,30 +630,30 @@ def test_fallback_evidence_is_the_lines_that_explain_it_not_plugin_probes():
     aws-ofi-nccl says why it gave up; the evidence shows why, not the probes."""
     warn = "[2026-05-11 09:14:20] ip-10-0-1-87:5022:5075 [0] nccl_net_ofi_create_plugin:421 NCCL WARN"
     lines = [
-        _info(ORIGIN_B, "NET/Plugin: Loaded net plugin Libfabric (v10)"),
-        _info(ORIGIN_B, "NET/Plugin: Failed to find ncclCollNetPlugin_v10 symbol."),
-        _info(
+        info(ORIGIN_B, "NET/Plugin: Loaded net plugin Libfabric (v10)"),
+        info(ORIGIN_B, "NET/Plugin: Failed to find ncclCollNetPlugin_v10 symbol."),
+        info(
             ORIGIN_B,
             "NET/Plugin: Failed to find ncclCollNetPlugin symbol (>= v5). ncclCollNetPlugin symbols v4 and lower "
             "are not supported.",
         ),
-        _info(ORIGIN_B, "NET/OFI No eligible providers were found"),
+        info(ORIGIN_B, "NET/OFI No eligible providers were found"),
         f"{warn} NET/OFI aws-ofi-nccl initialization failed",
         f"{warn} NET/OFI Initializing plugin failed",
-        _info(ORIGIN_B, "NET/IB : No device found."),
-        _info(ORIGIN_B, "NET/Socket : Using [0]eth0:10.0.1.87<0>"),
-        _info(ORIGIN_B, RECEIVE_SOCKET),
-        _info(ORIGIN_B, SEND_SOCKET),
+        info(ORIGIN_B, "NET/IB : No device found."),
+        info(ORIGIN_B, "NET/Socket : Using [0]eth0:10.0.1.87<0>"),
+        info(ORIGIN_B, RECEIVE_SOCKET),
+        info(ORIGIN_B, SEND_SOCKET),
     ]
 
     verdict = classify_lines(lines)
 
     assert verdict.transport == "socket"
     assert verdict.evidence == [
-        _info(ORIGIN_B, "NET/OFI No eligible providers were found"),
+        info(ORIGIN_B, "NET/OFI No eligible providers were found"),
         f"{warn} NET/OFI aws-ofi-nccl initialization failed",
-        _info(ORIGIN_B, RECEIVE_SOCKET),
-        _info(ORIGIN_B, SEND_SOCKET),
+        info(ORIGIN_B, RECEIVE_SOCKET),
+        info(ORIGIN_B, SEND_SOCKET),
     ]
 
 
