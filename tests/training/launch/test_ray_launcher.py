@@ -434,9 +434,15 @@ def test_a_torchrun_run_with_a_fake_efa_tree_logs_each_nodes_efa_bytes(torchrun_
 def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):
     """SIGKILL rank 0 after step 8 (from outside, as a node failure would); --max-failures 1
     restarts the worker group, which resumes from the newest checkpoint and finishes."""
-    # The restart replays steps 6 to 8 from the step-5 checkpoint; the steps after 8 only have to
-    # outlast the kill's delivery (a step or two), so the run ends 4 steps after it.
-    steps, checkpoint_every, kill_after = 12, 5, 8
+    # The step-5 checkpoint is written behind the steps and committed at a later step K (which on a
+    # loaded machine can come after step 8). It counts for a restart once Ray Train's controller
+    # has taken its report: the report of step K+1 waits for that (a one-slot result queue per
+    # worker that the controller's `poll_status` empties, ray 2.58:
+    # ray/train/v2/_internal/execution/worker_group/worker.py), and rank 0 prints step K+2's line
+    # after it returns. So the kill waits for step max(8, K+2); the steps after it only have
+    # to outlast the kill's delivery.
+    steps, checkpoint_every, kill_after = 16, 5, 8
+    committed = re.compile(rf"checkpoint of step {checkpoint_every} committed at step (\d+)")
     command = [
         sys.executable, "-m", "training", *on_the_head(),
         "--steps", str(steps),
@@ -447,7 +453,7 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):
     ]  # fmt: skip
     stderr_path = storage / "killed-stderr.txt"
     lines: list[str] = []
-    killed_pid = None
+    killed_pid, seen_commit = None, False
     with open(stderr_path, "w") as stderr:
         process = subprocess.Popen(
             command,
@@ -461,7 +467,10 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):
             for line in process.stdout:
                 lines.append(line)
                 step = parse_step_line(line)
-                if killed_pid is None and step is not None and step["step"] == kill_after:
+                if (commit := committed.search(line)) is not None:
+                    kill_after = max(kill_after, int(commit.group(1)) + 2)
+                    seen_commit = True
+                if killed_pid is None and seen_commit and step is not None and step["step"] >= kill_after:
                     killed_pid = int(WORKER_PID.search(line).group(1))
                     os.kill(killed_pid, signal.SIGKILL)
             process.wait(timeout=RUN_TIMEOUT_S)
@@ -476,7 +485,7 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):
     numbers = [entry["step"] for entry in reported]
     restart = next(index for index in range(1, len(numbers)) if numbers[index] <= numbers[index - 1])
     resumed_from = numbers[restart] - 1
-    assert resumed_from >= checkpoint_every and resumed_from % checkpoint_every == 0
+    assert resumed_from >= checkpoint_every and resumed_from % checkpoint_every == 0, "".join(lines)
     assert f"resumed from step {resumed_from}" in "".join(lines)
     assert numbers[restart:] == list(range(resumed_from + 1, steps + 1))
     # Steps trained both before the kill and after the restart give the same losses.
