@@ -80,7 +80,7 @@ OUTSIDE: dict[str, dict[str, str]] = {
         "training.metrics.efa_sysfs": "the EFA counters in sysfs and the node's counter reader, which the job "
         "reads at every step and the TrainingRun by exec around it",
         "training.metrics.cloudwatch_metrics": "the variable that names the cluster for the job's metrics",
-        "training.config.settings": "the job's GPU switches and its --deadline, read in its arguments",
+        "training.config.settings": "the job's GPU switches and its --deadline, read in its arguments, and the variable naming a worker's node",
     },
     "tools": {
         "infra.config": "the stack keys, for docs/configuration.md",

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,10 +156,15 @@ def running_head(token: str | None = None, num_cpus: int = CPUS) -> Iterator[Ray
 
 
 @contextlib.contextmanager
-def worker_node(head: RayHead, num_cpus: int) -> Iterator[subprocess.Popen]:
+def worker_node(
+    head: RayHead, num_cpus: int, env: Mapping[str, str] | None = None, ip: str | None = None
+) -> Iterator[subprocess.Popen]:
     """A second raylet joined to `head`, as a KubeRay worker pod is a Ray node of its own: `ray start
-    --address=<head> --block`, PID 1 of the pod. Leaving the block stops it as a deleted pod whose
-    node is gone (its whole process tree killed); a test may stop it sooner with `stop_process_tree`."""
+    --address=<head> --block`, PID 1 of the pod, with `env` as the pod's own variables (those the
+    RayCluster sets from the downward API, say) and `ip` as its own address (a loopback one, as
+    127.0.0.2: each pod has its address, and Ray Train counts a node's workers by it). Leaving the
+    block stops it as a deleted pod whose node is gone (its whole process tree killed); a test may
+    stop it sooner with `stop_process_tree`."""
     command = [
         "ray", "start", "--block",
         f"--address={head.address}",
@@ -170,18 +175,25 @@ def worker_node(head: RayHead, num_cpus: int) -> Iterator[subprocess.Popen]:
         f"--metrics-export-port={free_port()}",
         f"--runtime-env-agent-port={free_port()}",
         "--disable-usage-stats",
+        *([f"--node-ip-address={ip}"] if ip else []),
     ]  # fmt: skip
     log = head.root / f"worker-node-{free_port()}.log"
     with open(log, "w") as start_log:
         process = subprocess.Popen(
             command,
             cwd=head.root,
-            env=head.env,
+            env={**head.env, **(env or {})},
             stdout=start_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
+        # Ready once `ray start` says the node runs (ray/scripts/scripts.py prints it after the
+        # raylet registered): two raylets starting at once on one machine can leave one unregistered.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "Ray runtime started" not in log.read_text(errors="replace"):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
         yield process
     finally:
         if process.poll() is None:

@@ -34,6 +34,17 @@ CAUSE_CHARS = 240
 # The first line of every actor-death message; the line that says why follows its indented fields
 # (ray/exceptions.py, ActorDiedError.__init__).
 ACTOR_DIED = "The actor died unexpectedly before finishing this task."
+# What a surviving rank's collective raises once a peer is gone: a symptom of the fault, not its
+# cause. gloo's TCP pair on a closed or reset connection (gloo/transport/tcp/pair.cc, "Read error
+# ...: Connection reset by peer", seen here when a worker node's raylet was killed), and NCCL's
+# ncclRemoteError ("remote process exited or there was a network error", nccl's
+# ncclGetErrorString). It often reaches Ray Train's controller before the lost rank's own death,
+# which the controller then never polls: the fault's node is then that of the ranks gone silent.
+PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "remote process exited or there was a network error",
+)
 
 
 @dataclass(frozen=True)
@@ -60,18 +71,44 @@ def _why(error: WorkerError) -> str:
     return why.split(". ", 1)[0].rstrip(".") + "."
 
 
+def lost_a_peer(error: WorkerError) -> bool:
+    """The error a rank's collective raised because another rank is gone (`PEER_LOST`)."""
+    return not error.died and any(symptom in error.message for symptom in PEER_LOST)
+
+
+def _silent_node(errors: Sequence[WorkerError], hosts: Mapping[int, str]) -> tuple[list[int], str | None]:
+    """Where every error is a lost peer: the ranks that reported nothing (`hosts` knows every rank
+    that ever reported), and their node where they share one."""
+    silent = sorted(set(hosts) - {error.rank for error in errors})
+    nodes = {hosts[rank] for rank in silent}
+    return silent, (nodes.pop() if len(nodes) == 1 else None)
+
+
+def _and_others(count: int) -> str:
+    return f" (and {count} other rank{'s' if count > 1 else ''})" if count else ""
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"
+
+
 def fault_cause(errors: Sequence[WorkerError], hosts: Mapping[int, str]) -> tuple[str, str | None]:
     """One line naming what failed, and the node it ran on where known. A worker whose process died
-    comes first: the errors of the others are what its death did to their collectives."""
-    first = min(errors, key=lambda error: (not error.died, error.rank))
-    node = hosts.get(first.rank)
-    where = f"rank {first.rank}" + (f" on {node}" if node else "")
-    what = "died" if first.died else "raised"
-    others = len(errors) - 1
-    also = f" (and {others} other rank{'s' if others > 1 else ''})" if others else ""
+    comes first: the errors of the others are what its death did to their collectives. Where the
+    others' errors came alone, the ranks gone silent are the fault, on their node; where no rank
+    went silent, or they ran on several nodes, the node is unknown."""
+    first = min(errors, key=lambda error: (not error.died, lost_a_peer(error), error.rank))
     why = _why(first)
-    line = f"{where} {what}{also}: {first.kind}" + (f": {why}" if why else "")
-    return (line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"), node
+    report = f"{first.kind}" + (f": {why}" if why else "")
+    where = f"rank {first.rank}" + (f" on {hosts[first.rank]}" if first.rank in hosts else "")
+    if all(map(lost_a_peer, errors)):
+        silent, node = _silent_node(errors, hosts)
+        if silent and node:
+            gone = f"rank {silent[0]} on {node}{_and_others(len(silent) - 1)}"
+            return _cut(f"{gone} stopped answering; {where} lost it: {report}"), node
+        return _cut(f"{where} lost a peer: {report}"), None
+    what = "died" if first.died else "raised"
+    return _cut(f"{where} {what}{_and_others(len(errors) - 1)}: {report}"), hosts.get(first.rank)
 
 
 def record_fault(

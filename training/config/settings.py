@@ -23,6 +23,9 @@ from training.config.presets import BYTE_TOKENIZER, DEFAULT_PRESET, PRESETS
 # where it is unset, and the cluster's job sets it in its runtime environment.
 WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 DEFAULT_STORAGE_PATH = "runs"
+# The Kubernetes node a worker pod runs on, set from the downward API (`spec.nodeName`): a pod's
+# hostname is its pod's name, which a replacement pod does not keep and `kubectl cordon` does not take.
+NODE_NAME_ENV = "K8S_NODE_NAME"
 # How packed documents see each other: "packed" attends across document boundaries with running
 # positions; "isolated" restarts positions at each document, which confines its attention to
 # itself; "auto" isolates every document on GPUs, and on CPUs only conversations (chat rows), where

@@ -6,6 +6,8 @@ of both by the driver and the restarted rank 0."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from typing import Any
 
@@ -25,10 +27,17 @@ from training.components.attempts import (
     record_recovery,
 )
 from training.components.watchdog import HANG_NOTE_FILE, hang_cause
+from training.config.settings import NODE_NAME_ENV
 
-# In each worker's reported metrics: its host (the Ray worker pod on a cluster), so the controller
-# can name the node of a worker that fails.
+# In each worker's reported metrics: its node, so the controller can name the node of a worker that
+# fails (and a restart refuse a second fault in a row there).
 HOST_KEY = "host"
+
+
+def worker_node() -> str:
+    """The node this worker runs on: the Kubernetes node its pod was given (`NODE_NAME_ENV`), else
+    (`--local`, a bare Ray cluster) the machine's hostname."""
+    return os.environ.get(NODE_NAME_ENV) or socket.gethostname()
 
 
 def _attempts_path(run_path: str) -> str:

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -57,7 +56,13 @@ from training.data.documents import batch_tokens, parse_files_batch, tokenize_ba
 from training.data.packing import PackedCorpus, RowPacker
 from training.errors import DivergedError, RestartRefusedError, RunFailedError, UsageError
 from training.launch import local_drain
-from training.launch.attempt_store import HOST_KEY, AttemptRecorder, clear_attempts, read_attempts
+from training.launch.attempt_store import (
+    HOST_KEY,
+    AttemptRecorder,
+    clear_attempts,
+    read_attempts,
+    worker_node,
+)
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.metrics.artifacts import write_run_files
@@ -105,7 +110,7 @@ class RaySession:
         self.cached_corpus = corpus
         self.cached_eval_corpus = eval_corpus
         self.outcome: dict[str, Any] | None = None
-        self.host = socket.gethostname()
+        self.host = worker_node()
         quiet_report_logger()
 
     @contextlib.contextmanager

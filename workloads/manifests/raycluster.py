@@ -18,6 +18,7 @@ from platform_contract import (
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
 )
+from training.config.settings import NODE_NAME_ENV
 from training.metrics.cloudwatch_metrics import CLUSTER_NAME_ENV
 from workloads.efa_counter_reader import counters_url_env
 from workloads.manifests.code_configmap import CODE_MOUNT, code_volume
@@ -46,6 +47,9 @@ WORKER_GRACE_S = 120
 RAY_STOP_MARGIN_S = 10
 DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 WORKER_DRAIN_ENV = {DRAIN_TIMEOUT_ENV: str(WORKER_GRACE_S - RAY_STOP_MARGIN_S)}
+# The worker's node, from the downward API (Kubernetes docs, "Expose Pod Information to Containers
+# Through Environment Variables"): a restart names it, and refuses a second fault in a row there.
+NODE_NAME = {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 # NCCL through libfabric's EFA provider; INFO logs are what the transport check reads.
 EFA_NCCL_ENV = {
     "FI_PROVIDER": "efa",
@@ -229,6 +233,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                             *aws_env,
                             dict(HF_TOKEN_PATH_ENV),
                             *counters_url_env(),
+                            copy.deepcopy(NODE_NAME),
                         ],
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},

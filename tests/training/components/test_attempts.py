@@ -151,3 +151,47 @@ def test_every_preset_restarts_three_times_within_half_an_hour():
 def test_start_timeouts_fit_the_recovery_budget_and_are_at_least_one():
     assert start_retries(1800.0, WORKER_GROUP_START_TIMEOUT_S) == 2
     assert start_retries(60.0, WORKER_GROUP_START_TIMEOUT_S) == 1
+
+
+# A surviving rank's collective error once its peer's node is gone, as gloo raised it here when a
+# worker node's raylet was killed (tests/workloads/training_run/test_runner.py's second-fault test).
+GLOO_PEER_LOST = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[127.0.0.1]:18817: Connection reset by peer"
+)
+
+
+def test_a_peer_lost_error_reported_alone_blames_the_rank_gone_silent_not_the_one_that_saw_it():
+    """Ray Train's controller can poll the survivor's error before the lost worker's death: the
+    fault is on the silent rank's node, which a second fault there refuses and asks to cordon."""
+    seen = [WorkerError(1, died=False, kind="RuntimeError", message=GLOO_PEER_LOST)]
+    cause, node = fault_cause(seen, HOSTS)
+    assert node == "ray-worker-a"
+    assert cause.startswith(
+        "rank 0 on ray-worker-a stopped answering; rank 1 on ray-worker-b lost it: RuntimeError: "
+    )
+    assert "Connection reset by peer" in cause
+
+
+def test_peer_lost_errors_with_no_rank_silent_or_silent_on_two_nodes_leave_the_node_unknown():
+    nccl = "NCCL error: remote process exited or there was a network error"
+    everyone = [WorkerError(rank, died=False, kind="DistBackendError", message=nccl) for rank in (0, 1)]
+    assert fault_cause(everyone, HOSTS) == (
+        "rank 0 on ray-worker-a lost a peer: DistBackendError: NCCL error: remote process exited or "
+        "there was a network error",
+        None,
+    )
+    four = {0: "a", 1: "a", 2: "b", 3: "c"}
+    cause, node = fault_cause([WorkerError(0, False, "DistBackendError", nccl)], four)
+    assert node is None and cause.startswith("rank 0 on a lost a peer: ")
+
+
+def test_an_error_of_its_own_is_the_cause_before_the_peers_it_left_behind():
+    errors = [
+        WorkerError(0, died=False, kind="RuntimeError", message=GLOO_PEER_LOST),
+        WorkerError(1, died=False, kind="OutOfMemoryError", message="CUDA out of memory."),
+    ]
+    assert fault_cause(errors, HOSTS) == (
+        "rank 1 on ray-worker-b raised (and 1 other rank): OutOfMemoryError: CUDA out of memory.",
+        "ray-worker-b",
+    )

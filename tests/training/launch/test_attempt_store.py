@@ -3,6 +3,7 @@ Train's poll reports it, and the controller's callback writing what the restarte
 
 from __future__ import annotations
 
+import socket
 import types
 
 import pyarrow.fs
@@ -11,7 +12,8 @@ from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 from ray.train.v2.api.config import RunConfig
 
 from tests.harness.ray_faults import DEATH, HOSTS
-from training.launch.attempt_store import HOST_KEY, AttemptRecorder, read_attempts, worker_error
+from training.config.settings import NODE_NAME_ENV
+from training.launch.attempt_store import HOST_KEY, AttemptRecorder, read_attempts, worker_error, worker_node
 
 
 def test_a_dead_worker_comes_out_of_ray_trains_health_check_error():
@@ -43,3 +45,12 @@ def test_the_controllers_callback_writes_what_the_restarted_rank_0_reads(tmp_pat
     [recovered] = read_attempts(filesystem, str(tmp_path / "run"))
     assert recovered["resumed_from_step"] == 2 and recovered["recovery_s"] >= 0
     assert read_attempts(filesystem, str(tmp_path / "other")) == []
+
+
+def test_a_worker_names_its_pods_kubernetes_node_else_the_machines_hostname(monkeypatch):
+    """On a cluster the pod's hostname is the pod's name; the node, which `kubectl cordon` takes and a
+    replacement pod shares, comes from the downward API (workloads/manifests/raycluster.py)."""
+    monkeypatch.setenv(NODE_NAME_ENV, "ip-10-0-1-23.us-east-2.compute.internal")
+    assert worker_node() == "ip-10-0-1-23.us-east-2.compute.internal"
+    monkeypatch.delenv(NODE_NAME_ENV)
+    assert worker_node() == socket.gethostname()

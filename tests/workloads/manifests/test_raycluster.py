@@ -181,7 +181,14 @@ def test_worker_pods_match_the_reference_sizes():
         "HF_TOKEN_PATH": "/var/run/secrets/huggingface/token",
         "NODE_IP": None,  # from the downward API
         "TRAINING_EFA_COUNTERS_URL": "http://$(NODE_IP):9478/",
+        "K8S_NODE_NAME": None,  # from the downward API
     }
+    from_pod = {
+        item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"]
+        for item in container["env"]
+        if "valueFrom" in item
+    }
+    assert from_pod == {"NODE_IP": "status.hostIP", "K8S_NODE_NAME": "spec.nodeName"}
     pod = worker_group["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "gpu-worker"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]

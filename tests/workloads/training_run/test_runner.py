@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,7 +44,9 @@ from tests.harness.training_run_fakes import (
     scripted,
     with_restarts,
 )
+from training.components.attempts import ATTEMPTS_FILE
 from training.config.run_config import TRAIN_STATE_FILE
+from training.config.settings import NODE_NAME_ENV
 from training.metrics.efa_sysfs import MOVED, SYSFS_ROOT
 from workloads import manifests
 from workloads.training_run import attempts, errors, provider, runner, schema
@@ -687,3 +690,68 @@ def test_a_worker_pod_deleted_mid_job_ends_succeeded_after_one_restart_naming_it
         assert [line for line in logged if ": restart 1" in line] == [
             attempts.attempt_line(job.submission_id, attempt)
         ]
+
+
+@pytest.mark.slow
+def test_a_second_fault_in_a_row_on_one_node_fails_the_job_in_one_line_naming_it():
+    """Two worker pods of one worker each, on two nodes (the downward API gives each pod its node's
+    name, workloads/manifests/raycluster.py). The pod on node A is lost, its replacement lands on
+    node A too and is lost as well: the next restart refuses to train there and the job fails with
+    one line that names the node and the cordon. (With one worker per pod no Ray Data task needs a
+    CPU: the data is synthetic.)"""
+    node_a, node_b = "ip-10-0-1-23.us-east-2.compute.internal", "ip-10-0-1-57.us-east-2.compute.internal"
+    with running_head(num_cpus=0) as head:
+        code_dir, code_hash = shipped_code(head.root)
+        job_args = (
+            "--preset", "tiny",
+            "--data", "synthetic",
+            "--steps", str(RESTART_STEPS),
+            "--workers", "2",
+            "--no-use-gpu",
+            "--checkpoint-every", str(RESTART_CHECKPOINT_EVERY),
+            "--max-failures", "3",
+            "--storage-path", str(head.root / "runs"),
+        )  # fmt: skip
+        inputs = run_inputs(code_hash=code_hash, job_args=job_args, timeout_minutes=10)
+        logged: list[str] = []
+        result: list[JobResult | BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(local_job(head, inputs, code_dir, logged))
+            except BaseException as error:  # handed to the test's thread
+                result.append(error)
+
+        follower = threading.Thread(target=run, daemon=True)
+
+        def wait_for(found: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 300
+            while not found():
+                assert follower.is_alive() and time.monotonic() < deadline, (logged[-5:], result)
+                time.sleep(0.2)
+
+        def recovered() -> bool:
+            # The controller records the attempt's recovery once the restart has reported a step.
+            stored = list((head.root / "runs").rglob(ATTEMPTS_FILE))
+            return bool(stored) and json.loads(stored[0].read_text())[-1]["recovery_s"] is not None
+
+        with worker_node(head, 1, {NODE_NAME_ENV: node_b}, ip="127.0.0.3"):
+            with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2") as pod:
+                follower.start()
+                wait_for(lambda: any((head.root / "runs").rglob(f"checkpoint_*/{TRAIN_STATE_FILE}")))
+                stop_process_tree(pod)
+            with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2") as pod:  # its replacement
+                wait_for(recovered)
+                stop_process_tree(pod)
+            with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2"):
+                follower.join(timeout=540)
+        assert result, "the job did not end within 9 minutes of the second fault"
+        (failure,) = result
+        assert isinstance(failure, errors.TrainingRunError), (
+            getattr(failure, "summary", {}).get("attempts"),
+            logged[-8:],
+        )
+        refusals = [line for line in str(failure).splitlines() if "two faults in a row on node" in line]
+        assert len(refusals) == 1, str(failure)[-4000:]
+        assert f"two faults in a row on node {node_a} " in refusals[0]
+        assert f"kubectl cordon {node_a}" in refusals[0]
