@@ -354,10 +354,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     stopped_early = stopped_at_deadline = False
     step = start_step
     checkpoint_s: float | None = None
-    # A session may offer a drain notice to poll (Ray Train's preemption API; a barrier).
-    drain = DrainWatch(getattr(session, "preemption_notice", None))
+    drain = DrainWatch(session.preemption_notice)
     watchdog = HangWatchdog.start(
-        session.rank, session.world_size, config.hang_margin_s, emit, getattr(session, "note_hang", None)
+        session.rank, session.world_size, config.hang_margin_s, emit, session.note_hang
     )
     checkpoints = CheckpointWriter(
         session,

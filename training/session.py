@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,6 +18,14 @@ import torch
 
 from training.config.run_config import TrainConfig
 from training.data.packing import PackedCorpus
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Why the run's node goes away and by when (epoch seconds; None: the sender's grace period)."""
+
+    source: str
+    deadline: float | None = None
 
 
 class Session(Protocol):
@@ -57,6 +66,15 @@ class Session(Protocol):
     def faults(self) -> list[dict[str, Any]]:
         """The faults the launcher restarted this run after, oldest first
         (`training.components.attempts`); [] for one that does not restart a run."""
+
+    def preemption_notice(self) -> Notice | None:
+        """The cluster's notice that a node of the run is being drained, or None; a barrier every
+        rank calls at the same step (`training.components.drain.DrainWatch`). None always for a
+        launcher whose drain is the rank's own SIGTERM."""
+
+    def note_hang(self, line: str, ranks: tuple[int, ...]) -> None:
+        """Keep the hang watchdog's finding where the launcher's restart record reads it (a no-op
+        for a launcher that does not restart)."""
 
 
 def emit(line: str) -> None:

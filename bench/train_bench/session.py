@@ -18,6 +18,7 @@ import torch.distributed as dist
 from training.config.run_config import PRESETS, TrainConfig
 from training.data.corpus_cache import in_process_corpus, in_process_rows
 from training.data.packing import PackedCorpus
+from training.session import Notice
 
 
 class BenchSession:
@@ -67,6 +68,12 @@ class BenchSession:
 
     def faults(self) -> list[dict[str, Any]]:
         return []  # one attempt: the benchmark does not restart
+
+    def preemption_notice(self) -> Notice | None:
+        return None  # a benchmark's node is not drained under it
+
+    def note_hang(self, line: str, ranks: tuple[int, ...]) -> None:
+        """Nothing restarts the benchmark: the watchdog's own line is the finding."""
 
 
 def emit(record: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import tempfile
 import pytest
 import torch
 
+from tests.harness.uninterrupted import Uninterrupted
 from training.config.run_config import (
     SYNTHETIC,
     parse_args,
@@ -35,7 +36,7 @@ def test_divergence_names_the_step_the_quantity_its_value_and_the_fix(loss, grad
     assert divergence(7, loss=2.5, grad_norm=1e30, lr=3e-3) is None
 
 
-class _RecordingSession:
+class _RecordingSession(Uninterrupted):
     """A one-rank launcher session that records the steps it was asked to checkpoint."""
 
     rank, world_size, local_world_size, device = 0, 1, 1, torch.device("cpu")
@@ -67,9 +68,6 @@ class _RecordingSession:
 
     def finish(self, summary, history):
         self.finished = True
-
-    def faults(self):
-        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 def _train_until_it_stops(monkeypatch, argv: list[str], hook=None) -> tuple[str, _RecordingSession, dict]:

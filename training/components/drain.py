@@ -20,8 +20,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from training.session import Notice
 
 # Seconds between polls of the launcher's preemption notice. Ray Train's PreemptionWatcher reads
 # Ray Core's draining nodes every second (the Ray launcher's RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S)
@@ -33,14 +34,6 @@ POLL_EVERY_S = 2.0
 SIGTERM_SOURCE = "SIGTERM"
 # What a shell reports for a process that a SIGTERM ended: a drained run did not finish.
 DRAINED_EXIT_CODE = 128 + signal.SIGTERM
-
-
-@dataclass(frozen=True)
-class Notice:
-    """Why the run's node goes away and by when (epoch seconds; None: the sender's grace period)."""
-
-    source: str
-    deadline: float | None = None
 
 
 _sigterm = threading.Event()

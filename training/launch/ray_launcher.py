@@ -46,7 +46,6 @@ from ray.train.v2.api.result import Result
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from training.components.checkpoint import CHECKPOINT_SCORE
-from training.components.drain import Notice
 from training.components.watchdog import HANG_NOTE_FILE
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
@@ -66,6 +65,7 @@ from training.launch.attempt_store import (
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.metrics.artifacts import write_run_files
+from training.session import Notice
 
 # Ray Train's controller takes each worker's report off a one-slot queue when it
 # polls, by default every 2 s; until then ray.train.report blocks. Reporting every

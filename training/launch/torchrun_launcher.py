@@ -26,6 +26,7 @@ from training.distributed.rank_exit import end_rank_process, tear_down_process_g
 from training.errors import UsageError
 from training.metrics.artifacts import write_run_files
 from training.metrics.report import format_summary
+from training.session import Notice
 
 CHECKPOINT_PREFIX = "checkpoint_"
 
@@ -107,6 +108,12 @@ class TorchrunSession:
 
     def faults(self) -> list[dict[str, Any]]:
         return []  # torchrun restarts no rank: a failed run is rerun with the same --run-name
+
+    def preemption_notice(self) -> Notice | None:
+        return None  # a drain reaches each rank as torchrun's SIGTERM (`install_sigterm_notice`)
+
+    def note_hang(self, line: str, ranks: tuple[int, ...]) -> None:
+        """Nothing restarts the run to read it: the watchdog's own line is the finding."""
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         if self.rank != 0:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.harness.packing_reference import corpus_rows
+from tests.harness.uninterrupted import Uninterrupted
 from training.config.run_config import SHIPPED_CORPUS, parse_args, parse_flags
 from training.data.batches import epoch_batches, epoch_order, position_after
 from training.data.packing import PackedCorpus, corpus_fingerprint
@@ -139,7 +140,7 @@ def test_the_fingerprint_follows_the_packed_rows():
     )
 
 
-class _FolderSession:
+class _FolderSession(Uninterrupted):
     """One rank on CPU whose checkpoints are folders `<root>/<step>`, as the torchrun launcher's."""
 
     rank, world_size, local_world_size, device = 0, 1, 1, torch.device("cpu")
@@ -175,9 +176,6 @@ class _FolderSession:
 
     def finish(self, summary, history):
         self.summary, self.history = summary, history
-
-    def faults(self):
-        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 @pytest.fixture(scope="module")

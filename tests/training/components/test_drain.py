@@ -16,10 +16,10 @@ from training.components.drain import (
     POLL_EVERY_S,
     SIGTERM_SOURCE,
     DrainWatch,
-    Notice,
     notice_line,
 )
 from training.metrics.run_metrics import loss_and_grad_norm
+from training.session import Notice
 
 GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds default, and Ray's drain deadline on SIGTERM
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.harness.tensorboard_events import read_scalars
+from tests.harness.uninterrupted import Uninterrupted
 from training.components.evaluate import eval_batches
 from training.components.optim import learning_rate
 from training.config.run_config import (
@@ -135,7 +136,7 @@ def test_the_gradient_free_loss_is_the_fused_loss():
     assert plain.item() == pytest.approx(fused.item(), rel=1e-6) == pytest.approx(want.item(), rel=1e-5)
 
 
-class _HeldOutSession:
+class _HeldOutSession(Uninterrupted):
     """One rank on CPU: synthetic training rows, a fixed held-out set of random rows."""
 
     rank, world_size, local_world_size, device = 0, 1, 1, torch.device("cpu")
@@ -164,9 +165,6 @@ class _HeldOutSession:
 
     def finish(self, summary, history):
         self.summary = {**summary, "history": history}
-
-    def faults(self):
-        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 def test_a_run_reports_eval_loss_lr_and_grad_norm_and_tensorboard_holds_the_step_stream(

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tests.harness.uninterrupted import Uninterrupted
 from training.config.run_config import ArgumentsError, parse_args, parse_flags
 from training.data.corpus_cache import in_process_corpus
 from training.data.documents import (
@@ -201,7 +202,7 @@ def test_ray_datas_functions_tokenize_text_and_chat_rows_like_the_in_process_rea
     assert list(tokenized["problem"]) == ["", ""]
 
 
-class _CorpusSession:
+class _CorpusSession(Uninterrupted):
     """A one-rank launcher reading the corpus in process, as torchrun's does."""
 
     rank, world_size, local_world_size, device = 0, 1, 1, CPU
@@ -231,9 +232,6 @@ class _CorpusSession:
 
     def finish(self, summary, history):
         self.summary = summary
-
-    def faults(self):
-        return []  # a run that was never restarted (training.session.Session.faults)
 
 
 def test_a_chat_run_reports_the_tokens_it_saw_and_the_assistant_tokens_it_trained_on(
