@@ -136,41 +136,40 @@ def main() -> None:
         save()
         release_memory()
 
+    def record_variant(result: dict) -> None:
+        """Each variant's result in the report file as it ends, a failed last one included."""
+        report["variants"].append(result)
+        emit(result)
+        save()
+        release_memory()
+
     for name in args.variants:
         spec = TUNED_VARIANTS[name]
         config = tuned_config(args.model_config, args.steps, spec)
         try:
             summary = unless_out_of_memory(tuned_loop, config, device, spec)
         except Exception as error:  # a variant that breaks is recorded, not fatal to the run
-            result = {"name": name, **spec, "error": repr(error)[:500]}
-            report["variants"].append(result)
-            emit(result)
-            release_memory()
+            record_variant({"name": name, **spec, "error": repr(error)[:500]})
             continue
         if summary is None:
-            result = {"name": name, **spec, "oom": True}
-            report["variants"].append(result)
-            emit(result)
-            release_memory()
+            record_variant({"name": name, **spec, "oom": True})
             continue
-        result = {
-            "name": name,
-            **spec,
-            "activation_checkpointing": config.activation_checkpointing,
-            "steps": config.steps,
-            "step_time_s": summary["step_time_s"],
-            "tokens_per_s": summary["tokens_per_s"],
-            "mfu": summary["mfu"],
-            "mfu_causal": summary.get("mfu_causal"),
-            **mfu_counts(architecture, spec, summary["tokens_per_s"], peak_flops(gpu_name)),
-            "peak_mem_gib": summary["peak_mem_gib"],
-            "loss_first": summary["loss_first"],
-            "loss_last": summary["loss_last"],
-        }
-        report["variants"].append(result)
-        emit(result)
-        save()
-        release_memory()
+        record_variant(
+            {
+                "name": name,
+                **spec,
+                "activation_checkpointing": config.activation_checkpointing,
+                "steps": config.steps,
+                "step_time_s": summary["step_time_s"],
+                "tokens_per_s": summary["tokens_per_s"],
+                "mfu": summary["mfu"],
+                "mfu_causal": summary.get("mfu_causal"),
+                **mfu_counts(architecture, spec, summary["tokens_per_s"], peak_flops(gpu_name)),
+                "peak_mem_gib": summary["peak_mem_gib"],
+                "loss_first": summary["loss_first"],
+                "loss_last": summary["loss_last"],
+            }
+        )
 
     parity_runs = (
         ("float8_parity", args.float8_parity_steps, float8_parity),

@@ -50,7 +50,8 @@ def test_each_variant_is_a_row_and_one_that_breaks_or_runs_out_of_memory_is_reco
     assert (ran["name"], ran["steps"], ran["tokens_per_s"], ran["loss_last"]) == (variants[0], 3, 100.0, 3.0)
     assert broke["name"] == variants[1] and "a broken kernel" in broke["error"]
     assert oom == {"name": variants[2], **command.TUNED_VARIANTS[variants[2]], "oom": True}
-    assert report["variants"][0] == ran  # the file holds each variant saved after it ran
+    # The file holds each variant saved as it ended, the failed last one too.
+    assert report["variants"] == [ran, broke, oom]
     assert "out of memory" in printed and "RuntimeError('a broken kernel')" in printed  # the table
 
 
