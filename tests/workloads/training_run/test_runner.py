@@ -639,9 +639,12 @@ RESTART_STEPS, RESTART_CHECKPOINT_EVERY = 60, 5
 RESTART_WORKER_CPUS = 3  # two CPU workers and one for Ray Data's tasks, as `--local` sizes its embedded Ray
 
 
-@pytest.mark.slow
-def test_a_worker_pod_deleted_mid_job_ends_succeeded_after_one_restart_naming_it():
-    with running_head(num_cpus=0) as head:
+class RestartingJob:
+    """The restart tests' job (tiny, synthetic, two workers, a checkpoint every 5 steps) followed by
+    the run's own commands on a thread, as the provider follows it, while the test plays KubeRay."""
+
+    def __init__(self, head: RayHead, max_failures: int) -> None:
+        self.head, self.runs = head, head.root / "runs"
         code_dir, code_hash = shipped_code(head.root)
         job_args = (
             "--preset", "tiny",
@@ -650,35 +653,56 @@ def test_a_worker_pod_deleted_mid_job_ends_succeeded_after_one_restart_naming_it
             "--workers", "2",
             "--no-use-gpu",
             "--checkpoint-every", str(RESTART_CHECKPOINT_EVERY),
-            "--max-failures", "2",
-            "--storage-path", str(head.root / "runs"),
+            "--max-failures", str(max_failures),
+            "--storage-path", str(self.runs),
         )  # fmt: skip
         inputs = run_inputs(code_hash=code_hash, job_args=job_args, timeout_minutes=10)
-        logged: list[str] = []
-        result: list[JobResult | BaseException] = []
+        self.logged: list[str] = []
+        self.result: list[JobResult | BaseException] = []
 
         def run() -> None:
             try:
-                result.append(local_job(head, inputs, code_dir, logged))
+                self.result.append(local_job(head, inputs, code_dir, self.logged))
             except BaseException as error:  # handed to the test's thread
-                result.append(error)
+                self.result.append(error)
 
+        self.follower = threading.Thread(target=run, daemon=True)
+
+    def wait_for(self, found: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 300
+        while not found():
+            assert self.follower.is_alive() and time.monotonic() < deadline, (self.logged[-5:], self.result)
+            time.sleep(0.2)
+
+    def checkpointed(self) -> bool:
+        """A complete checkpoint in the run's storage (its train state is written last)."""
+        return any(self.runs.rglob(f"checkpoint_*/{TRAIN_STATE_FILE}"))
+
+    def recovered(self) -> bool:
+        """The controller has recorded the last restart's recovery: the restart reported a step."""
+        stored = list(self.runs.rglob(ATTEMPTS_FILE))
+        return bool(stored) and json.loads(stored[0].read_text())[-1]["recovery_s"] is not None
+
+    def outcome(self) -> JobResult | BaseException:
+        self.follower.join(timeout=540)
+        assert self.result, "the job did not end within 9 minutes of the last fault"
+        (outcome,) = self.result
+        return outcome
+
+
+@pytest.mark.slow
+def test_a_worker_pod_deleted_mid_job_ends_succeeded_after_one_restart_naming_it():
+    with running_head(num_cpus=0) as head:
+        job = RestartingJob(head, max_failures=2)
         with worker_node(head, RESTART_WORKER_CPUS) as pod:
-            follower = threading.Thread(target=run, daemon=True)
-            follower.start()
-            deadline = time.monotonic() + 300
-            # A complete checkpoint in the run's storage (its train state is written last).
-            while not any((head.root / "runs").rglob(f"checkpoint_*/{TRAIN_STATE_FILE}")):
-                assert follower.is_alive() and time.monotonic() < deadline, (logged[-5:], result)
-                time.sleep(0.2)
+            job.follower.start()
+            job.wait_for(job.checkpointed)
             stop_process_tree(pod)  # the pod deleted, its node gone
         with worker_node(head, RESTART_WORKER_CPUS):  # KubeRay's replacement pod
-            follower.join(timeout=540)
-        assert result, "the job did not end within 9 minutes of the restart"
-        (job,) = result
-        assert isinstance(job, JobResult), job
-        assert job.status == "SUCCEEDED" and job.summary["steps"] == RESTART_STEPS
-        found = attempts.restarts_of(job.summary)
+            outcome = job.outcome()
+        assert isinstance(outcome, JobResult), outcome
+        assert outcome.status == "SUCCEEDED" and outcome.summary["steps"] == RESTART_STEPS
+        found = attempts.restarts_of(outcome.summary)
         assert found.restarts == 1
         (attempt,) = found.attempts or []
         assert attempt["attempt"] == 1 and attempt["cause"] and "\n" not in attempt["cause"]
@@ -687,8 +711,8 @@ def test_a_worker_pod_deleted_mid_job_ends_succeeded_after_one_restart_naming_it
         assert attempt["resumed_from_step"] % RESTART_CHECKPOINT_EVERY == 0
         assert attempt["failed_after_step"] >= attempt["resumed_from_step"]
         assert 0 <= attempt["lost_steps"] <= 2 * RESTART_CHECKPOINT_EVERY
-        assert [line for line in logged if ": restart 1" in line] == [
-            attempts.attempt_line(job.submission_id, attempt)
+        assert [line for line in job.logged if ": restart 1" in line] == [
+            attempts.attempt_line(outcome.submission_id, attempt)
         ]
 
 
@@ -701,55 +725,20 @@ def test_a_second_fault_in_a_row_on_one_node_fails_the_job_in_one_line_naming_it
     CPU: the data is synthetic.)"""
     node_a, node_b = "ip-10-0-1-23.us-east-2.compute.internal", "ip-10-0-1-57.us-east-2.compute.internal"
     with running_head(num_cpus=0) as head:
-        code_dir, code_hash = shipped_code(head.root)
-        job_args = (
-            "--preset", "tiny",
-            "--data", "synthetic",
-            "--steps", str(RESTART_STEPS),
-            "--workers", "2",
-            "--no-use-gpu",
-            "--checkpoint-every", str(RESTART_CHECKPOINT_EVERY),
-            "--max-failures", "3",
-            "--storage-path", str(head.root / "runs"),
-        )  # fmt: skip
-        inputs = run_inputs(code_hash=code_hash, job_args=job_args, timeout_minutes=10)
-        logged: list[str] = []
-        result: list[JobResult | BaseException] = []
-
-        def run() -> None:
-            try:
-                result.append(local_job(head, inputs, code_dir, logged))
-            except BaseException as error:  # handed to the test's thread
-                result.append(error)
-
-        follower = threading.Thread(target=run, daemon=True)
-
-        def wait_for(found: Callable[[], bool]) -> None:
-            deadline = time.monotonic() + 300
-            while not found():
-                assert follower.is_alive() and time.monotonic() < deadline, (logged[-5:], result)
-                time.sleep(0.2)
-
-        def recovered() -> bool:
-            # The controller records the attempt's recovery once the restart has reported a step.
-            stored = list((head.root / "runs").rglob(ATTEMPTS_FILE))
-            return bool(stored) and json.loads(stored[0].read_text())[-1]["recovery_s"] is not None
-
+        job = RestartingJob(head, max_failures=3)
         with worker_node(head, 1, {NODE_NAME_ENV: node_b}, ip="127.0.0.3"):
             with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2") as pod:
-                follower.start()
-                wait_for(lambda: any((head.root / "runs").rglob(f"checkpoint_*/{TRAIN_STATE_FILE}")))
+                job.follower.start()
+                job.wait_for(job.checkpointed)
                 stop_process_tree(pod)
             with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2") as pod:  # its replacement
-                wait_for(recovered)
+                job.wait_for(job.recovered)
                 stop_process_tree(pod)
             with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2"):
-                follower.join(timeout=540)
-        assert result, "the job did not end within 9 minutes of the second fault"
-        (failure,) = result
+                failure = job.outcome()
         assert isinstance(failure, errors.TrainingRunError), (
             getattr(failure, "summary", {}).get("attempts"),
-            logged[-8:],
+            job.logged[-8:],
         )
         refusals = [line for line in str(failure).splitlines() if "two faults in a row on node" in line]
         assert len(refusals) == 1, str(failure)[-4000:]
