@@ -258,7 +258,8 @@ def layout_paths(document: Path) -> list[str]:
 
 @pytest.mark.parametrize("document", CITING, ids=lambda path: str(path.relative_to(ROOT)))
 def test_no_document_cites_a_file_the_repository_lacks(document):
-    """Every repository path a page names exists (and no page cites a SPEC the repository lacks)."""
+    """Every repository path a page names exists, and no page cites a design brief that is not in the
+    repository (users have only what it holds)."""
     assert not re.search(r"\bSPEC\b|the spec's", document.read_text())
     assert missing_paths(document) == []
 

@@ -9,6 +9,8 @@ ORIGIN_A = "ip-10-0-1-23:4711:4790 [0]"
 ORIGIN_B = "ip-10-0-1-87:5022:5075 [0]"
 EFA_PROVIDER = "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"
 SEND_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Libfabric/0"
+RECEIVE_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Libfabric/0"
+SEND_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Socket/0"
 RECEIVE_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Socket/0"
 
 

@@ -11,7 +11,7 @@ import tempfile
 import pytest
 import torch
 
-from tests.harness.uninterrupted import Uninterrupted
+from tests.harness.session_parts import Uninterrupted
 from training.config.run_config import (
     SYNTHETIC,
     parse_args,

@@ -12,8 +12,10 @@ from tests.harness.nccl_lines import (
     EFA_PROVIDER,
     ORIGIN_A,
     ORIGIN_B,
+    RECEIVE_LIBFABRIC,
     RECEIVE_SOCKET,
     SEND_LIBFABRIC,
+    SEND_SOCKET,
     info,
     write_bytes,
 )
@@ -29,8 +31,6 @@ from workloads.nccl_transport import (
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nccl"
 POD_A = "eks-ray-train-gpu-workers-worker-4kq9z"
 POD_B = "eks-ray-train-gpu-workers-worker-v8m2t"
-RECEIVE_LIBFABRIC = "Channel 00/0 : 3[3] -> 4[0] [receive] via NET/Libfabric/0"
-SEND_SOCKET = "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Socket/0"
 EFA_DIRECT = "fabric is efa-direct (found 4 nics)"
 BUS = "cudaDev 0 nvmlDev 0 busId 65000 commId 0xbd10cc2bcb56e132"
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.harness.packing_reference import corpus_rows
-from tests.harness.uninterrupted import Uninterrupted
+from tests.harness.session_parts import Uninterrupted
 from training.config.run_config import SHIPPED_CORPUS, parse_args, parse_flags
 from training.data.batches import epoch_batches, epoch_order, position_after
 from training.data.packing import PackedCorpus, corpus_fingerprint

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.harness.session_parts import NoCheckpoints, Uninterrupted
 from tests.harness.tensorboard_events import read_scalars
-from tests.harness.uninterrupted import Uninterrupted
 from training.components.evaluate import eval_batches
 from training.components.optim import learning_rate
 from training.config.run_config import (
@@ -136,7 +136,7 @@ def test_the_gradient_free_loss_is_the_fused_loss():
     assert plain.item() == pytest.approx(fused.item(), rel=1e-6) == pytest.approx(want.item(), rel=1e-5)
 
 
-class _HeldOutSession(Uninterrupted):
+class _HeldOutSession(NoCheckpoints, Uninterrupted):
     """One rank on CPU: synthetic training rows, a fixed held-out set of random rows."""
 
     rank, world_size, local_world_size, device = 0, 1, 1, torch.device("cpu")
@@ -153,15 +153,6 @@ class _HeldOutSession(Uninterrupted):
 
     def eval_rows(self, config):
         return np.random.default_rng(5).integers(0, 256, size=(5, config.seq_len + 1))
-
-    def report(self, metrics, step, save):
-        pass
-
-    def checkpoint_folder(self, step):
-        raise AssertionError("the test's run writes no checkpoints")
-
-    def publish(self, metrics, step, folder):
-        raise AssertionError("the test's run writes no checkpoints")
 
     def finish(self, summary, history):
         self.summary = {**summary, "history": history}

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.harness.uninterrupted import Uninterrupted
+from tests.harness.session_parts import NoCheckpoints, Uninterrupted
 from training.config.run_config import ArgumentsError, parse_args, parse_flags
 from training.data.corpus_cache import in_process_corpus
 from training.data.documents import (
@@ -202,7 +202,7 @@ def test_ray_datas_functions_tokenize_text_and_chat_rows_like_the_in_process_rea
     assert list(tokenized["problem"]) == ["", ""]
 
 
-class _CorpusSession(Uninterrupted):
+class _CorpusSession(NoCheckpoints, Uninterrupted):
     """A one-rank launcher reading the corpus in process, as torchrun's does."""
 
     rank, world_size, local_world_size, device = 0, 1, 1, CPU
@@ -220,15 +220,6 @@ class _CorpusSession(Uninterrupted):
 
     def corpus(self, config):
         return in_process_corpus(config)
-
-    def report(self, metrics, step, save):
-        pass
-
-    def checkpoint_folder(self, step):
-        raise AssertionError("the test's run writes no checkpoints")
-
-    def publish(self, metrics, step, folder):
-        raise AssertionError("the test's run writes no checkpoints")
 
     def finish(self, summary, history):
         self.summary = summary
