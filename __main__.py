@@ -266,7 +266,9 @@ if settings.train:
             "predictedTokensPerS": predicted.tokens_per_s if predicted else None,
             # The plan the run recorded beside what it measured (`PlannedRun`: not today's planner).
             "planVsMeasured": pulumi.Output.all(run.planned, run.summary).apply(
-                lambda facts: measured_against_plan(PlannedRun.recorded(facts[0]), facts[1])
+                lambda facts: measured_against_plan(
+                    PlannedRun.recorded(facts[0], "training.planVsMeasured"), facts[1]
+                )
             ),
             "dashboard": observability.url if observability else None,
             # An estimate from list prices: the price basis, the planner's prediction and the stack per
@@ -283,7 +285,11 @@ if settings.train:
                     run.summary,
                     run.gpu_nodes_released_at,
                     run.tcp_summary,
-                ).apply(lambda facts: measured_cost(PlannedRun.recorded(facts[0]), *facts[1:])),
+                ).apply(
+                    lambda facts: measured_cost(
+                        PlannedRun.recorded(facts[0], "training.cost.measured"), *facts[1:]
+                    )
+                ),
             },
         },
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.aws_rules.reservation_window import parse_aws_time
+from infra.config.recorded import read_record
 from infra.plan.figures import (
     EC2_BILLING_URL,
     EC2_MINIMUM_BILLED_S,
@@ -143,24 +144,28 @@ class Prediction:
     bytes_per_step: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlannedRun:
     """What the preview priced and predicted a run at: the GPU nodes' hourly price and its basis, the
     planner's step time and bytes per step (None without a plan). The TrainingRun takes it as an input
     that does not run it again and keeps it among its outputs from the run on; an unchanged run keeps
     its outputs (the engine's same step: pulumi/pulumi pkg/resource/deploy/step.go, `SameStep.Apply`
     retains the old outputs), so `training.cost.measured` and `planVsMeasured`, computed from the run's
-    own, stay as the run was billed and planned whatever later Price Lists and planners say."""
+    own, stay as the run was billed and planned whatever later Price Lists and planners say.
 
-    usd_per_gpu_node_hour: float | None
+    Pulumi hands it back without its None values (a Capacity Block's price is None), so every field
+    but the basis defaults to None: a missing key is unknown (`infra.config.recorded`)."""
+
     price_basis: str
-    step_time_s: float | None
-    bytes_per_step: float | None
+    usd_per_gpu_node_hour: float | None = None
+    step_time_s: float | None = None
+    bytes_per_step: float | None = None
 
     @classmethod
-    def recorded(cls, value: Mapping[str, Any] | None) -> PlannedRun | None:
-        """As the TrainingRun's output holds it; None for a run that recorded none."""
-        return cls(**value) if value else None
+    def recorded(cls, value: Mapping[str, Any] | None, output: str) -> PlannedRun | None:
+        """As the TrainingRun's output holds it, read for the stack output `output`; None for a run
+        that recorded none."""
+        return read_record(cls, value, output)
 
 
 @dataclass(frozen=True)
@@ -177,10 +182,10 @@ class CostBasis:
         """The price and the prediction, for the TrainingRun to record with the run."""
         prediction = self.prediction
         return PlannedRun(
-            self.gpu_price.usd_per_hour,
-            self.gpu_price.basis,
-            prediction.step_time_s if prediction else None,
-            prediction.bytes_per_step if prediction else None,
+            price_basis=self.gpu_price.basis,
+            usd_per_gpu_node_hour=self.gpu_price.usd_per_hour,
+            step_time_s=prediction.step_time_s if prediction else None,
+            bytes_per_step=prediction.bytes_per_step if prediction else None,
         )
 
 
@@ -234,10 +239,13 @@ def measured_cost(
     end_text = released_at or finished_at
     hours: float | None = None
     reason = gpu_nodes_unavailable
-    records = list((gpu_nodes or {}).values())
-    counted = [record for record in records if "launchTime" in record and "unavailable" not in record]
+    records = (gpu_nodes or {}).items()
+    counted = [record for _, record in records if "launchTime" in record and "unavailable" not in record]
+    # A record without its instance id (none of this release's) is named by its node.
     not_counted = {
-        record["instanceId"]: record["unavailable"] for record in records if "unavailable" in record
+        record.get("instanceId", node): record["unavailable"]
+        for node, record in records
+        if "unavailable" in record
     }
     if counted and end_text and not reason:
         end = parse_aws_time(end_text)

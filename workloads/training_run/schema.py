@@ -142,8 +142,10 @@ class RunInputs(BaseModel):
     )
     # What the preview priced and predicted the run at. `create` returns its inputs among its outputs,
     # so the run records them, and the stack's measured cost and plan comparison are computed from them.
+    # Its None values reach the provider as missing keys, read as None (`PlannedRun`).
     planned: PlannedRun | None = _input(
-        "must be an object of usd_per_gpu_node_hour, price_basis, step_time_s and bytes_per_step",
+        "must be an object of price_basis and, where known, usd_per_gpu_node_hour, step_time_s and "
+        "bytes_per_step (numbers)",
         default=None,
         rerun=False,
     )

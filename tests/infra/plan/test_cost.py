@@ -132,12 +132,18 @@ def test_the_measured_cost_is_at_the_price_the_run_recorded_and_none_without_one
             "price_basis": "a list price",
             "step_time_s": 1.8,
             "bytes_per_step": 3e9,
-        }
+        },
+        "training.cost.measured",
     )
     assert recorded == RECORDED
-    assert PlannedRun(4.0, "a list price", 1.8, 3e9) == RECORDED
+    assert (
+        PlannedRun(usd_per_gpu_node_hour=4.0, price_basis="a list price", step_time_s=1.8, bytes_per_step=3e9)
+        == RECORDED
+    )
     assert CostBasis(capacity_block_price("cr-1"), None, {}).planned_run.step_time_s is None
-    unrecorded = measured_cost(PlannedRun.recorded(None), NODES, None, "2026-12-05T07:00:00+00:00", {})
+    unrecorded = measured_cost(
+        PlannedRun.recorded(None, "training.cost.measured"), NODES, None, "2026-12-05T07:00:00+00:00", {}
+    )
     assert unrecorded["gpuNodeHours"] == 1.5 and unrecorded["usd"] is None
     assert unrecorded["usdPerGpuNodeHour"] is None and unrecorded["priceBasis"] == UNRECORDED_PRICE
 

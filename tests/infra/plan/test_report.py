@@ -63,7 +63,12 @@ def test_after_a_run_the_plan_meets_the_measured_step_time_and_bytes_per_step():
             "pod-b": 2.2 * plan.inter_node_bytes_per_step,
         },
     }
-    recorded = PlannedRun(4.6016, "a list price", plan.step_time_s, plan.inter_node_bytes_per_step)
+    recorded = PlannedRun(
+        usd_per_gpu_node_hour=4.6016,
+        price_basis="a list price",
+        step_time_s=plan.step_time_s,
+        bytes_per_step=plan.inter_node_bytes_per_step,
+    )
     compared = report.measured_against_plan(recorded, summary)
     assert compared["predictedStepTimeS"] == plan.step_time_s and compared["stepTimeRatio"] == 2.0
     assert compared["predictedBytesPerStep"] == plan.inter_node_bytes_per_step

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pulumi
 import pytest
+from pulumi.runtime.sync_await import _sync_await
 
 from tests.harness.fake_aws import (
     FakeAws,
@@ -26,15 +28,31 @@ from tests.harness.program import (
 
 
 def block_run(
-    monkeypatch, starts: timedelta, ends: timedelta, **config: str
+    monkeypatch,
+    starts: timedelta,
+    ends: timedelta,
+    *,
+    recorded: dict[str, dict[str, Any]] | None = None,
+    preview: bool = True,
+    first_preview: bool = False,
+    **config: str,
 ) -> tuple[Preview, list[tuple[str, str]]]:
-    """The program at NOW with a Capacity Block of p5.48xlarge in us-east-2b; its log lines."""
+    """The program at NOW with a Capacity Block of p5.48xlarge in us-east-2b; its log lines.
+    `recorded`, `preview`, `first_preview`: as `run_program` takes them."""
     logged: list[tuple[str, str]] = []
     monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: logged.append(("info", message)))
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: logged.append(("warn", message)))
     fake = FakeAws(reservations={RESERVATION: capacity_block("us-east-2b", NOW, starts, ends)})
     settings = {"capacityReservationId": RESERVATION, "gpuNodeType": "p5.48xlarge", **config}
-    return run_program(dev_config(**settings), fake, now=NOW), logged
+    plan = run_program(
+        dev_config(**settings),
+        fake,
+        now=NOW,
+        recorded=recorded,
+        preview=preview,
+        first_preview=first_preview,
+    )
+    return plan, logged
 
 
 def job_deadline(plan: Preview) -> str | None:
@@ -158,3 +176,69 @@ def test_a_training_deadline_too_near_is_refused_naming_the_key():
     assert "not even one checkpointed step fits; set a later training.deadline, or remove it" in str(
         raised.value
     )
+
+
+# --- a Capacity Block in the window: no hourly price, and Pulumi hands the None back as no key -----
+
+BLOCK_BASIS = f"Capacity Block {RESERVATION}: its upfront fee, paid at purchase whatever the nodes do"
+# What a run's create returns beside its inputs: its GPU nodes' launches, the output's time, the summary.
+RUN_OUTPUTS = {
+    "status": "SUCCEEDED",
+    "gpu_nodes": {
+        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T09:00:00+00:00"},
+        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T09:30:00+00:00"},
+    },
+    "finished_at": "2026-12-05T11:00:00+00:00",
+    "summary": {"tokens_seen": 1_000_000, "step_time_s": 3.0},
+}
+
+
+def resolved(output: pulumi.Output) -> Any:
+    return _sync_await(output.future())
+
+
+def test_a_first_preview_on_a_block_ending_in_three_days_plans_with_its_window_and_price_basis(monkeypatch):
+    """The block is active and ends in three days: the run fits, and its GPU nodes have no hourly price.
+    The price's None does not reach the TrainingRun (the SDK drops a None at any depth), and nothing
+    reads it as a price."""
+    plan, logged = block_run(monkeypatch, timedelta(hours=-1), timedelta(days=3), first_preview=True)
+    planned = plan.one(TRAINING_RUN).inputs["planned"]
+    assert "usd_per_gpu_node_hour" not in planned and planned["price_basis"].startswith(BLOCK_BASIS)
+    ((level, line),) = window_lines(logged)
+    assert level == "info" and line.startswith(
+        f"run window: Capacity Block {RESERVATION} ends at 2026-12-08T09:00:00Z; EKS scales its node group to 0 "
+        "at 2026-12-08T08:20:00Z, 40 min before"
+    )
+    assert "the run fits before --deadline 2026-12-08T08:20:00Z" in line
+    cost = plan.outputs["training"]["cost"]
+    assert cost["priceBasis"].startswith(BLOCK_BASIS) and cost["usdPerGpuNodeHour"] is None
+
+
+def test_a_runs_cost_on_a_block_reads_the_recorded_plan_without_a_price(monkeypatch):
+    """`pulumi up`, then a later preview of the deployed stack (the run unchanged: the engine keeps the
+    outputs its state holds): the measured cost counts the nodes' hours with no US$, naming the block;
+    the plan comparison reads the recorded step time."""
+    first, _ = block_run(monkeypatch, timedelta(hours=-1), timedelta(days=3), preview=False)
+    measured = resolved(first.outputs["training"]["cost"]["measured"])
+    assert measured["priceBasis"].startswith(BLOCK_BASIS) and measured["usd"] is None
+    inputs = {key: value for key, value in first.one(TRAINING_RUN).inputs.items() if key != "__provider"}
+    recorded = {"training": {**inputs, **RUN_OUTPUTS}}
+    later, _ = block_run(
+        monkeypatch, timedelta(hours=-1), timedelta(days=3), recorded=recorded, preview=False
+    )
+    measured = resolved(later.outputs["training"]["cost"]["measured"])
+    assert (measured["gpuNodeHours"], measured["usd"], measured["usdPerGpuNodeHour"]) == (3.5, None, None)
+    assert measured["priceBasis"].startswith(BLOCK_BASIS) and measured["tokens"] == 1_000_000
+    compared = resolved(later.outputs["training"]["planVsMeasured"])
+    assert compared["predictedStepTimeS"] == inputs["planned"]["step_time_s"]
+    assert compared["stepTimeRatio"] == round(3.0 / inputs["planned"]["step_time_s"], 3)
+    # A state an older release wrote, before the run recorded its plan: `pulumi up` reads the key the
+    # state lacks from the program's own input (pulumi/runtime/rpc.py, `resolve_outputs`: "input prop
+    # the engine didn't give us a final value for. Just use the value passed into the resource"), so
+    # the cost is at today's basis, and neither read fails.
+    older = {"training": {key: value for key, value in recorded["training"].items() if key != "planned"}}
+    oldest, _ = block_run(monkeypatch, timedelta(hours=-1), timedelta(days=3), recorded=older, preview=False)
+    measured = resolved(oldest.outputs["training"]["cost"]["measured"])
+    assert (measured["gpuNodeHours"], measured["usd"]) == (3.5, None)
+    assert measured["priceBasis"].startswith(BLOCK_BASIS)
+    assert resolved(oldest.outputs["training"]["planVsMeasured"])["measuredStepTimeS"] == 3.0

@@ -363,6 +363,24 @@ def test_refresh_and_destroy_load_the_provider_each_release_stored(
     host.delete(stored)
 
 
+def test_a_run_recorded_before_it_recorded_its_plan_goes_through_check_read_and_diff(
+    host: ProviderHost, registered: dict[str, Any]
+):
+    """A state an older release wrote has no `planned`: a refresh keeps it as it is, and the next
+    `pulumi up` checks the program's inputs against it and finds nothing to run again."""
+    stored = {
+        **{key: value for key, value in registered.items() if key != "planned"},
+        "job_id": "eks-ray-train-main-0123456789ab",
+        "status": "SUCCEEDED",
+        "transport": "efa",
+    }
+    host.configure(STACK_CONFIG)
+    assert plain(host.read(stored).properties) == stored
+    assert list(host.check(stored, registered).failures) == []
+    diff = host.diff(stored, registered)
+    assert diff.changes == 1 and list(diff.replaces) == []  # DIFF_NONE
+
+
 # --- Create ------------------------------------------------------------------------------------------
 
 
@@ -574,7 +592,7 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
     )
     basis = CostBasis(price, None, {})
     # The run records the price the program priced it at (its `planned` input), and is billed at it.
-    recorded = PlannedRun.recorded(outs["planned"])
+    recorded = PlannedRun.recorded(outs["planned"], "training.cost.measured")
     assert recorded is not None and (recorded.usd_per_gpu_node_hour, recorded.price_basis) == (
         price.usd_per_hour,
         price.basis,
@@ -591,6 +609,29 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
     # The fixture's summary predates `tokens_seen`: 5 steps of 530.6 tokens/s x 1.93 s (1024 tokens each).
     assert measured["tokens"] == 5 * 1024
     assert measured["usdPerMillionTokens"] == round(seconds / 3600 * 4.6016 / 5120 * 1e6, 2)
+
+
+def test_a_capacity_blocks_run_without_a_price_round_trips_through_the_host(world: World):
+    """A Capacity Block's price is None; the engine sends it as null, the host hands the provider no
+    key for it (pulumi/runtime/rpc.py `deserialize_properties`). Check, Create, then a later `pulumi up`
+    without a change (Diff against the recorded outputs) and a refresh (Read) all take it, and the
+    run's cost counts its nodes' hours with no US$."""
+    world.host.configure(STACK_CONFIG)
+    basis = "Capacity Block cr-0123456789abcdef0: its upfront fee, paid at purchase whatever the nodes do"
+    planned = {**world.inputs["planned"], "usd_per_gpu_node_hour": None, "price_basis": basis}
+    inputs = {**world.inputs, "planned": planned}
+    assert list(world.host.check({}, inputs).failures) == []
+    outs = plain(world.create(planned=planned).properties)
+    recorded = PlannedRun.recorded(outs["planned"], "training.cost.measured")
+    assert recorded is not None and recorded.usd_per_gpu_node_hour is None and recorded.price_basis == basis
+    measured = measured_cost(recorded, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"])
+    assert measured["gpuNodeHours"] > 3.5 and measured["usd"] is None and measured["priceBasis"] == basis
+    unchanged = world.host.diff(outs, inputs)
+    assert unchanged.changes == 1 and list(unchanged.replaces) == []  # DIFF_NONE
+    # Create answers the null inside `planned` (`serialize_properties` keeps a nested None); the state
+    # and every later read hand it back as no key.
+    kept = {key: value for key, value in outs["planned"].items() if value is not None}
+    assert plain(world.host.read(outs).properties) == {**outs, "planned": kept}
 
 
 def test_an_instance_ec2_no_longer_lists_is_named_not_a_refusal(world: World):

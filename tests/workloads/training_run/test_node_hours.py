@@ -27,7 +27,7 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     basis = CostBasis(price, None, {})
     fake = FakeCluster(main_and_tcp_head())
     outs = fake.provider().create(props(run_inputs(planned=basis.planned_run))).outs
-    assert PlannedRun.recorded(outs["planned"]) == basis.planned_run
+    assert PlannedRun.recorded(outs["planned"], "training.cost.measured") == basis.planned_run
     assert outs["gpu_nodes"] == {
         "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
         "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:00:30+00:00"},
@@ -36,7 +36,11 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     finished = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
     assert outs["finished_at"] == finished.isoformat()
     measured = measured_cost(
-        PlannedRun.recorded(outs["planned"]), outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]
+        PlannedRun.recorded(outs["planned"], "training.cost.measured"),
+        outs["gpu_nodes"],
+        None,
+        outs["finished_at"],
+        outs["summary"],
     )
     seconds = (
         2 * 2 * 3600 + 2 * fake.clock.now - 30

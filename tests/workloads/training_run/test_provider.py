@@ -245,7 +245,12 @@ def test_the_resource_registers_only_names_and_settings():
                 deadline_check=DeadlineCheck(
                     "training.deadline", "2026-12-05T14:00:00Z", "set it later", 150.0
                 ),
-                planned=PlannedRun(4.6016, "a list price", 1.2, 3e9),
+                planned=PlannedRun(
+                    usd_per_gpu_node_hour=4.6016,
+                    price_basis="a list price",
+                    step_time_s=1.2,
+                    bytes_per_step=3e9,
+                ),
             ),
             node_group_name=pulumi.Output.from_input("gpu-0a1b2c3"),
         )

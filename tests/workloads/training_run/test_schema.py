@@ -224,7 +224,7 @@ def test_a_null_element_is_known_and_refused():
             "training.deadline or",
         ),
         ("deadline_check", {"key": "training.deadline", "value": "x", "fix": "y", "least_s": 0}, "positive"),
-        ("planned", {"usd_per_gpu_node_hour": 4.6, "price_basis": "list"}, "step_time_s and bytes_per_step"),
+        ("planned", {"usd_per_gpu_node_hour": 4.6, "step_time_s": 1.2}, "price_basis and, where known"),
     ],
 )
 def test_check_names_the_bad_input(key, value, reason):
