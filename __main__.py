@@ -20,6 +20,7 @@ from infra.config.training_settings import (
     warn_if_the_run_outlasts_its_timeout,
 )
 from infra.plan.cost import PlannedRun, measured_cost, planned_cost
+from infra.plan.drain import size_the_drain
 from infra.plan.figures import line_rate_gbps
 from infra.plan.report import log_plan, measured_against_plan
 from infra.preflight import deadline_of, fit_the_window, place_nodes
@@ -81,6 +82,8 @@ if settings.train:
     # What the run will be billed at (the Price List's answer, or the shipped price it names) and
     # what the stack costs per hour at rest.
     costs = cost_basis(settings, placement, predicted, config.steps)
+    # A drain's checkpoint of a node's share to S3, and the worker pods' grace that holds it.
+    drain = size_the_drain(config, predicted, settings.gpu_node_count, worker.gpus)
 
 # 3. Network and cluster.
 network = Network(
@@ -201,6 +204,7 @@ ray = RayCluster(
         code_configmap="training-code",
         code_files=code_files,
         metrics_cluster_name=settings.cluster_name if observability else None,
+        **({"worker_grace_s": drain.grace_s} if settings.train else {}),
     ),
     gpu_subnet_cidr=network.gpu_subnet_cidr,
     pod_role_arn=checkpoints.role.arn,

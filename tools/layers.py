@@ -81,6 +81,7 @@ OUTSIDE: dict[str, dict[str, str]] = {
         "reads at every step and the TrainingRun by exec around it",
         "training.metrics.cloudwatch_metrics": "the variable that names the cluster for the job's metrics",
         "training.config.settings": "the job's GPU switches and its --deadline, read in its arguments, and the variable naming a worker's node",
+        "training.config.drain_budget": "the drain's arithmetic: Ray's stop margin and a worker's default grace",
     },
     "tools": {
         "infra.config": "the stack keys, for docs/configuration.md",

@@ -365,7 +365,9 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
         config.checkpoint_interval_s,
         session.device,
         log=emit if session.rank == 0 else None,
+        committed_step=start_step,
     )
+    draining = False  # a drain notice was acted on in this attempt
     try:
         for step in range(start_step + 1, config.steps + 1):
             step_start = time.perf_counter()
@@ -395,9 +397,19 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
             # Every rank's vote was summed in the step's all-reduce: all stop after this step.
             stopped_at_deadline = deadline is not None and deadline.agreed and step < config.steps
-            drained = drain.decide()  # the same on every rank: a notice to checkpoint this step
-            # Due whatever the step counts say: the deadline's stop, a drain notice, the interval.
-            forced = stopped_at_deadline or drained or checkpoints.interval_due
+            drained = drain.decide()  # the same on every rank: a notice to act on at this step
+            in_flight_step = checkpoints.pending.step if checkpoints.pending is not None else None
+            # What can commit before the notice's deadline, agreed by every rank (collective).
+            choice = (
+                checkpoints.drain(drain.notice.deadline, time.time()) if drained and drain.notice else None
+            )
+            draining = draining or drained  # no periodic write starts after a drain: it would be cut
+            # Due whatever the step counts say: the deadline's stop, the drain's own write, the interval.
+            forced = (
+                stopped_at_deadline
+                or (choice is not None and choice.write)
+                or (checkpoints.interval_due and not draining)
+            )
             due = _checkpoint_due(config, step, last=step == config.steps) or forced
             eval_start = time.perf_counter()
             eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
@@ -416,7 +428,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             # The eval loss is all-reduced: every rank decides alike.
             stopped_early = eval_loss is not None and step < config.steps and _stops_early(config, history)
             last = step == config.steps or stopped_early or stopped_at_deadline
-            checkpoint_due = _checkpoint_due(config, step, last) or forced
+            checkpoint_due = (_checkpoint_due(config, step, last) and (last or not draining)) or forced
             if session.rank == 0:
                 left = None if deadline is None else deadline.left_s()
                 emit(format_progress_line(record, deadline_left_s=left))
@@ -428,8 +440,17 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                     emit(early_stop_line(step, history, config.early_stop_patience))
                 if stopped_at_deadline and deadline is not None:
                     emit(deadline_line(step, config.steps, deadline))
-                if drained and drain.notice is not None:
-                    emit(notice_line(drain.notice, step, time.time()))
+                if choice is not None and drain.notice is not None:
+                    line = notice_line(
+                        drain.notice,
+                        step,
+                        time.time(),
+                        choice,
+                        in_flight_step=in_flight_step,
+                        write_s=checkpoints.next_write_s(),
+                        committed_step=checkpoints.committed_step,
+                    )
+                    emit(line)
             if sink is not None:
                 sink.write(record)
                 if checkpoint_due:
@@ -443,6 +464,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 state=train_state(step, eval_loss) if checkpoint_due and not last else None,
                 last=last,
                 save=saver(step, eval_loss, last) if checkpoint_due and last else None,
+                commit_in_flight=choice is not None and choice.commit_in_flight,
             )
             if checkpoint_due:
                 checkpoint_s = time.perf_counter() - report_start

@@ -1,24 +1,29 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP), and Hugging Face exports of them.
 
-Every rank writes its own shards of the model and optimizer state; rank 0 also
+Every rank writes its own shards of the model and optimizer state straight to the checkpoint's
+location, a local folder or an object store URI (`training.components.storage`); rank 0 also
 writes `train_state.json` (step, metric history, what the data replay depends on and
-the architecture) after DCP has finished, so a folder holding that file is a complete
-checkpoint. Loading reshards, so a run can resume on a different number of workers;
-the loop replays the data by global sample index (training/loop.py).
+the architecture) after DCP has finished and every shard is there at its size, so a folder holding
+that file is a complete checkpoint. Loading reshards, so a run can resume on a different number of
+workers, each rank reading its own shards; the loop replays the data by global sample index
+(training/loop.py).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -28,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
+from training.components import storage
 from training.config.run_config import TRAIN_STATE_FILE
 from training.data.documents import end_of_turn
 from training.data.tokenizer import HuggingFaceTokenizer, Tokenizer
@@ -42,12 +48,27 @@ CHECKPOINT_SCORE = "eval_loss"
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def write_error(error: BaseException) -> str:
+    """A failed write in one line: DCP's `CheckpointException` (a `BaseException`, raised alike on every
+    rank) carries each failed rank's own error and traceback; the first rank's error is the cause."""
+    if isinstance(error, CheckpointException) and error.failures:
+        rank, (cause, _) = next(iter(sorted(error.failures.items())))
+        return f"rank {rank}: " + " ".join(str(cause).split())[:300]
+    return " ".join(str(error).split())[:300] or type(error).__name__
+
+
+class CheckpointWriteError(RuntimeError):
+    """A synchronous checkpoint that could not be written whole (an upload refused or cut)."""
+
+
 def save_checkpoint(
     path: str, model: nn.Module, optimizer: Optimizer, train_state: dict[str, Any], rank: int
 ) -> None:
-    """Collective: all ranks call it with their own (or a shared) folder."""
+    """Collective: all ranks call it with the same location (a folder every rank reaches, or a URI)."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+    dcp.save(
+        {"model": model_state, "optimizer": optimizer_state}, storage_writer=storage.storage_writer(path)
+    )
     if rank == 0:
         write_train_state(path, train_state)
 
@@ -55,20 +76,21 @@ def save_checkpoint(
 def write_train_state(path: str, train_state: dict[str, Any]) -> None:
     """Rank 0's last write to a checkpoint folder, once every rank's shards are written: its
     presence makes the folder complete (`is_complete`)."""
-    with open(os.path.join(path, TRAIN_STATE_FILE), "w") as handle:
-        json.dump(train_state, handle)
+    storage.write_json(storage.join(path, TRAIN_STATE_FILE), train_state)
 
 
 def read_train_state(path: str) -> dict[str, Any]:
-    with open(os.path.join(path, TRAIN_STATE_FILE)) as handle:
-        state: dict[str, Any] = json.load(handle)
-        return state
+    state: dict[str, Any] = storage.read_json(storage.join(path, TRAIN_STATE_FILE))
+    return state
 
 
 def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer) -> None:
-    """Collective: restores model and optimizer in place, resharded onto this run's ranks."""
+    """Collective: restores model and optimizer in place, resharded onto this run's ranks; each rank
+    reads the byte ranges of its own shards from the checkpoint's location."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+    dcp.load(
+        {"model": model_state, "optimizer": optimizer_state}, storage_reader=storage.storage_reader(path)
+    )
     # dcp.load fills the state dicts in place.
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
 
@@ -76,12 +98,74 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer) -> None:
 def load_weights(path: str, model: nn.Module) -> None:
     """Collective: the checkpoint's model weights alone, resharded; the optimizer state is not read."""
     model_state = get_model_state_dict(model)
-    dcp.load({"model": model_state}, checkpoint_id=path)
+    dcp.load({"model": model_state}, storage_reader=storage.storage_reader(path))
     set_model_state_dict(model, model_state)
 
 
 def is_complete(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, TRAIN_STATE_FILE))
+    return storage.exists(storage.join(path, TRAIN_STATE_FILE))
+
+
+# The prefix of a checkpoint folder's name in a run's folder: `checkpoint_<step, 6 digits>`.
+CHECKPOINT_PREFIX = "checkpoint_"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def not_whole(path: str) -> list[str]:
+    """Why the checkpoint at `path` cannot be resumed from ([]: it can): no train state (its commit
+    never happened), or a shard its metadata names missing or short (`storage.missing_files`)."""
+    if not is_complete(path):
+        return [f"no {TRAIN_STATE_FILE}"]
+    return storage.missing_files(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a restart resumes from (None: none), and the line that says why it is not the
+    one the launcher named (None: it is)."""
+
+    location: str | None
+    line: str | None = None
+
+
+def resume_point(latest: str | None, run_location: str) -> ResumePoint:
+    """`latest` (the launcher's newest committed checkpoint) if it is whole, else the newest whole
+    checkpoint folder of `run_location` before it, said in one line."""
+    if latest is None:
+        return ResumePoint(None)
+    problems = not_whole(latest)
+    if not problems:
+        return ResumePoint(latest)
+    name = os.path.basename(latest.rstrip("/"))
+    older = [
+        storage.join(run_location, folder)
+        for folder in reversed(storage.folders(run_location, CHECKPOINT_PREFIX))
+        if folder < name
+    ]
+    fallback = next((folder for folder in older if not not_whole(folder)), None)
+    why = "; ".join(problems)
+    if fallback is None:
+        return ResumePoint(
+            None, f"checkpoint {latest} is not whole ({why}) and no earlier one is: starting from step 0"
+        )
+    return ResumePoint(
+        fallback, f"checkpoint {latest} is not whole ({why}): resuming from the newest whole one, {fallback}"
+    )
+
+
+def remove_abandoned(run_location: str, keep: str | None) -> list[str]:
+    """Remove the checkpoint folders of `run_location` whose commit never happened (no train state:
+    a write a killed or stopped attempt left), except `keep`; the names removed."""
+    removed = []
+    for folder in storage.folders(run_location, CHECKPOINT_PREFIX):
+        location = storage.join(run_location, folder)
+        if location != keep and not is_complete(location):
+            storage.remove(location)
+            removed.append(folder)
+    return removed
 
 
 def checkpoints_kept(scores: Sequence[float | None], keep: int) -> set[int]:
@@ -184,6 +268,11 @@ def export_hugging_face(
     if rank != 0:
         return
     tied = bool(getattr(architecture, "tie_word_embeddings", False))
-    target = os.path.join(path, HF_EXPORT_DIR)
     weights = hugging_face_weights(full_state, prefix, tied=tied, dtype=dtype)
-    write_hugging_face(target, weights, architecture, dtype, tokenizer)
+    if not storage.is_uri(path):
+        write_hugging_face(os.path.join(path, HF_EXPORT_DIR), weights, architecture, dtype, tokenizer)
+        return
+    # The Hugging Face writers write local files: staged on this node, then uploaded beside the shards.
+    with tempfile.TemporaryDirectory(prefix="hf-export-") as local:
+        write_hugging_face(local, weights, architecture, dtype, tokenizer)
+        storage.upload_folder(local, storage.join(path, HF_EXPORT_DIR))

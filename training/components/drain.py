@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
+from training.config.drain_budget import DrainChoice
 from training.session import Notice
 
 # Seconds between polls of the launcher's preemption notice. Ray Train's PreemptionWatcher reads
@@ -98,11 +99,34 @@ class DrainWatch:
         return self.checkpoint_now
 
 
-def notice_line(notice: Notice, step: int, now: float) -> str:
-    """The log line of a notice acted on at `step`."""
+def notice_line(
+    notice: Notice,
+    step: int,
+    now: float,
+    choice: DrainChoice,
+    *,
+    in_flight_step: int | None,
+    write_s: float,
+    committed_step: int,
+) -> str:
+    """The log line of a notice acted on at `step`: what it checkpoints before the deadline, or that
+    nothing can commit before it and which step a restart goes back to."""
     if notice.deadline is None:
         by = "within the sender's grace period"
     else:
         moment = datetime.fromtimestamp(notice.deadline, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         by = f"before {moment} ({notice.deadline - now:.0f} s left)"
-    return f"drain notice ({notice.source}): checkpointing step {step} {by}"
+    head = f"drain notice ({notice.source}): "
+    if choice.write:
+        first = (
+            f"; the checkpoint of step {in_flight_step} in flight is committed first"
+            if choice.commit_in_flight and in_flight_step is not None
+            else ""
+        )
+        return f"{head}checkpointing step {step} {by}, about {write_s:.0f} s to write{first}"
+    if choice.commit_in_flight:
+        return f"{head}committing the checkpoint of step {in_flight_step} in flight {by}; no new checkpoint is started"
+    return (
+        f"{head}no checkpoint can commit {by}, one takes about {write_s:.0f} s: a restart resumes from "
+        f"step {committed_step}, the latest committed"
+    )

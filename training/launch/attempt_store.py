@@ -16,6 +16,7 @@ from ray.exceptions import RayActorError
 from ray.train.v2.api.callback import UserCallback
 from ray.train.v2.api.config import RunConfig
 
+from training.components.async_checkpoint import CHECKPOINT_STEP_KEY
 from training.components.attempts import (
     ATTEMPTS_FILE,
     CAUSE_CHARS,
@@ -87,7 +88,8 @@ class AttemptRecorder(UserCallback):
             self._write(run_context)
         self.last_step = step
         if checkpoint is not None:
-            self.checkpoint_step = step
+            # A checkpoint committed behind the steps holds an earlier step than the report's.
+            self.checkpoint_step = int(metrics[0].get(CHECKPOINT_STEP_KEY, step))
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         errors = [worker_error(rank, error) for rank, error in sorted(worker_exceptions.items())]

@@ -19,7 +19,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ import ray.data
 import ray.train
 import ray.train.torch
 import torch
-from ray.train import Checkpoint
+from ray.train import Checkpoint, CheckpointUploadMode
 
 # Ray Train V2 (the default since Ray 2.51, needed for the training function's return
 # value), imported from where it lives so type checkers see it rather than V1.
@@ -45,7 +44,14 @@ from ray.train.v2.api.config import (
 from ray.train.v2.api.result import Result
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-from training.components.checkpoint import CHECKPOINT_SCORE
+from training.components import storage
+from training.components.checkpoint import (
+    CHECKPOINT_SCORE,
+    checkpoint_name,
+    not_whole,
+    remove_abandoned,
+    resume_point,
+)
 from training.components.watchdog import HANG_NOTE_FILE
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
@@ -115,21 +121,34 @@ class RaySession:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        # Ray's own latest checkpoint (after a restart) wins over the one to start from.
+        """Ray's latest committed checkpoint (after a restart) wins over the one to start from;
+        either is read in place, each rank its own shards. One that is not whole gives way to the
+        newest whole one of the run, said in one line; rank 0 removes the folders of writes that
+        never committed."""
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None and self.resume_from:
-            checkpoint = Checkpoint(self.resume_from)
-        if checkpoint is None:
-            yield None
+            if problems := not_whole(self.resume_from):
+                raise UsageError(
+                    f"--resume-from {self.resume_from}: not a whole checkpoint ({'; '.join(problems)})"
+                )
+            yield self.resume_from
             return
-        with checkpoint.as_directory() as path:
-            yield path
+        latest = None if checkpoint is None else storage.location_of(checkpoint.filesystem, checkpoint.path)
+        point = resume_point(latest, self._run_location())
+        if self.rank == 0:
+            if point.line is not None:
+                print(point.line, flush=True)
+            removed = remove_abandoned(self._run_location(), point.location)
+            if removed:
+                print(
+                    f"removed {len(removed)} checkpoint folders no commit finished: {', '.join(removed)}",
+                    flush=True,
+                )
+        yield point.location
 
     @contextlib.contextmanager
     def open_checkpoint(self, location: str) -> Iterator[str]:
-        # A local path or a URI (s3://): Ray downloads the latter.
-        with Checkpoint(location).as_directory() as path:
-            yield path
+        yield location  # a local path or a URI (s3://), read in place
 
     def corpus(self, config: TrainConfig) -> PackedCorpus:
         if self.cached_corpus is None:
@@ -151,21 +170,29 @@ class RaySession:
         save(path)
         self.publish(metrics, step, path)
 
+    def _run_location(self) -> str:
+        """The run's folder in its storage, where every checkpoint is written in place."""
+        run_storage = ray.train.get_context().get_storage()
+        return storage.location_of(run_storage.storage_filesystem, run_storage.experiment_fs_path)
+
     def checkpoint_folder(self, step: int) -> str:
-        """Each rank writes its shards to a private folder; Ray merges them in storage when it is
-        published. A folder of a write that never finished is never reported."""
-        return tempfile.mkdtemp(prefix=f"checkpoint_{step:06d}-")
+        """The checkpoint's folder in the run's storage, which every rank writes its shards into."""
+        return storage.join(self._run_location(), checkpoint_name(step))
 
     def publish(self, metrics: dict[str, Any], step: int, folder: str) -> None:
-        """Every rank at the same step (Ray Train requires all ranks to report alike)."""
-        try:
-            ray.train.report(
-                {**metrics, HOST_KEY: self.host},
-                checkpoint=Checkpoint.from_directory(folder),
-                checkpoint_dir_name=f"checkpoint_{step:06d}",
-            )
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        """Every rank at the same step (Ray Train requires all ranks to report alike). The folder is
+        already in the run's storage: Ray registers it where it is (`NO_UPLOAD`), once every rank
+        has reported (ray 2.58: ray/train/v2/_internal/execution/context.py, `report`)."""
+        run_storage = ray.train.get_context().get_storage()
+        ray.train.report(
+            {**metrics, HOST_KEY: self.host},
+            checkpoint=Checkpoint(
+                f"{run_storage.experiment_fs_path.rstrip('/')}/{checkpoint_name(step)}",
+                filesystem=run_storage.storage_filesystem,
+            ),
+            checkpoint_dir_name=checkpoint_name(step),
+            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+        )
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.outcome = {"summary": summary, "history": history}
@@ -451,14 +478,12 @@ def run_on_workers(
     has set up (NCCL with GPUs, gloo without); rank 0's return value. `function` is a module-level
     function, so workers import it rather than unpickle a copy. Nothing is checkpointed: the run's
     folder is a temporary one on this machine (a worker on another node makes an empty one there)."""
-    with _worker_group(settings) as workers, tempfile.TemporaryDirectory(prefix="ray-train-") as storage:
+    with _worker_group(settings) as workers, tempfile.TemporaryDirectory(prefix="ray-train-") as folder:
         result = _fit(
             _call_with_device,
             {"function": function, "argument": argument},
             settings,
             workers,
-            RunConfig(
-                name="workers", storage_path=storage, logging_config=LoggingConfig(log_level="WARNING")
-            ),
+            RunConfig(name="workers", storage_path=folder, logging_config=LoggingConfig(log_level="WARNING")),
         )
     return result.return_value

@@ -17,7 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.components.checkpoint import CHECKPOINT_SCORE, checkpoints_kept, is_complete, read_train_state
+from training.components.checkpoint import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_SCORE,
+    checkpoint_name,
+    checkpoints_kept,
+    is_complete,
+    read_train_state,
+    resume_point,
+)
 from training.components.drain import DRAINED_EXIT_CODE, install_sigterm_notice, sigterm_received
 from training.config.run_config import TrainConfig
 from training.data.corpus_cache import in_process_corpus
@@ -27,8 +35,6 @@ from training.errors import UsageError
 from training.metrics.artifacts import write_run_files
 from training.metrics.report import format_summary
 from training.session import Notice
-
-CHECKPOINT_PREFIX = "checkpoint_"
 
 
 class TorchrunSession:
@@ -50,8 +56,16 @@ class TorchrunSession:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
+        """The newest complete checkpoint of the run if whole, else the newest whole one before it,
+        said in one line; without any, --resume-from."""
         checkpoints = self._checkpoints()
-        yield str(checkpoints[-1]) if checkpoints else self.resume_from
+        if not checkpoints:
+            yield self.resume_from
+            return
+        point = resume_point(str(checkpoints[-1]), str(self.run_dir))
+        if point.line is not None and self.rank == 0:
+            print(point.line, flush=True)
+        yield point.location
 
     @contextlib.contextmanager
     def open_checkpoint(self, location: str) -> Iterator[str]:
@@ -74,7 +88,7 @@ class TorchrunSession:
     def checkpoint_folder(self, step: int) -> str:
         """The shared folder every rank writes its shards into; not complete (`is_complete`) before
         rank 0 writes its train state into it."""
-        path = self.run_dir / f"{CHECKPOINT_PREFIX}{step:06d}"
+        path = self.run_dir / checkpoint_name(step)
         path.mkdir(parents=True, exist_ok=True)
         if self.drained_from is None and sigterm_received():
             self.drained_from = step  # the first checkpoint begun after torchrun's SIGTERM

@@ -18,6 +18,7 @@ from platform_contract import (
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
 )
+from training.config.drain_budget import DEFAULT_GRACE_S, RAY_STOP_MARGIN_S
 from training.config.settings import NODE_NAME_ENV
 from training.metrics.cloudwatch_metrics import CLUSTER_NAME_ENV
 from workloads.efa_counter_reader import counters_url_env
@@ -43,10 +44,10 @@ SPEC_HASH_ANNOTATION = "eks-ray-train/spec-hash"
 # idle node (no job) ends its drain at once. The drain ends `RAY_STOP_MARGIN_S` before the kubelet's
 # SIGKILL: Ray then stops each of the node's processes, one second each at most before it kills it
 # (`_kill_process_impl`, `wait_timeout_seconds`), about half a dozen on a worker.
-WORKER_GRACE_S = 120
-RAY_STOP_MARGIN_S = 10
+# The grace is sized by the preview from the drain's checkpoint (`training.config.drain_budget`:
+# the node's share of the checkpoint at S3's rate, a write in flight, a margin); Ray's stop margin and
+# the default for a stack without a training job are declared there too.
 DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
-WORKER_DRAIN_ENV = {DRAIN_TIMEOUT_ENV: str(WORKER_GRACE_S - RAY_STOP_MARGIN_S)}
 # The worker's node, from the downward API (Kubernetes docs, "Expose Pod Information to Containers
 # Through Environment Variables"): a restart names it, and refuses a second fault in a row there.
 NODE_NAME = {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
@@ -99,6 +100,9 @@ class RayClusterSpec:
     # The cluster's name for the job's CloudWatch metrics (`training.metrics.cloudwatch_metrics`), while
     # the stack's `observability` key is on; None leaves the job publishing nothing.
     metrics_cluster_name: str | None = None
+    # The worker pods' terminationGracePeriodSeconds, which holds a drain's checkpoint (the preview's
+    # `DrainBudget.grace_s`); Ray's drain ends `RAY_STOP_MARGIN_S` before it.
+    worker_grace_s: int = DEFAULT_GRACE_S
     head_cpu: str = "2"
     head_memory: str = "8Gi"
     shm_size: str = "32Gi"
@@ -219,7 +223,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                 "automountServiceAccountToken": False,
                 "nodeSelector": dict(GPU_NODE_SELECTOR),
                 "tolerations": [GPU_TOLERATION],
-                "terminationGracePeriodSeconds": WORKER_GRACE_S,
+                "terminationGracePeriodSeconds": spec.worker_grace_s,
                 "securityContext": copy.deepcopy(RAY_POD_SECURITY_CONTEXT),
                 "containers": [
                     {
@@ -229,7 +233,7 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         # The node's EFA counters come from its counter reader: the pod's own sysfs has none.
                         "env": [
                             *_env(EFA_NCCL_ENV),
-                            *_env(WORKER_DRAIN_ENV),
+                            *_env({DRAIN_TIMEOUT_ENV: str(spec.worker_grace_s - RAY_STOP_MARGIN_S)}),
                             *aws_env,
                             dict(HF_TOKEN_PATH_ENV),
                             *counters_url_env(),

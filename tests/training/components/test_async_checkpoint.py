@@ -49,8 +49,9 @@ def test_the_interval_keeps_the_stall_under_its_share_of_the_run():
 
 
 class _Recorder:
-    """The writer's session on one spawned rank: private folders under `root` (as Ray's), and
-    every report and publish in order."""
+    """The writer's session on one spawned rank: each checkpoint a folder under `root` that every
+    rank writes its shards into (as in the run's storage on Ray), and every report and publish in
+    order."""
 
     def __init__(self, rank: int, world_size: int, root: Path) -> None:
         self.rank, self.world_size, self.root = rank, world_size, root
@@ -59,8 +60,8 @@ class _Recorder:
 
     def checkpoint_folder(self, step):
         self.writes.append(step)
-        path = self.root / f"rank{self.rank}" / f"checkpoint_{step:06d}"
-        path.mkdir(parents=True)
+        path = self.root / f"checkpoint_{step:06d}"
+        path.mkdir(parents=True, exist_ok=True)
         return str(path)
 
     def publish(self, metrics, step, folder):
@@ -148,14 +149,10 @@ def test_every_rank_commits_at_the_same_step_once_the_slowest_write_ends(tmp_pat
     assert written_step == 2 and complete
     # Rank 1's write took 1.5 s (7 steps of 0.2 s) beyond rank 0's: rank 0 waited for it.
     assert 2 + 5 <= at_step < 14
-    # The checkpoint holds the weights of its step, not the later ones. Each rank's folder was
-    # private (as on Ray, which merges them in storage): merged here.
+    # The checkpoint holds the weights of its step, not the later ones.
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    merged = tmp_path / "rank0" / "checkpoint_000002"
-    for shard in (tmp_path / "rank1" / "checkpoint_000002").iterdir():
-        shard.rename(merged / shard.name)
-    dcp_to_torch_save(str(merged), str(tmp_path / "flat.pt"))
+    dcp_to_torch_save(str(tmp_path / "checkpoint_000002"), str(tmp_path / "flat.pt"))
     torch.manual_seed(0)
     expected = torch.nn.Linear(8, 8).weight + 1.0  # one add, after step 1
     saved = torch.load(tmp_path / "flat.pt")["model"]["weight"]
@@ -236,7 +233,7 @@ def test_a_run_killed_with_a_write_in_flight_leaves_no_complete_looking_folder(t
     finally:
         if process.is_alive():
             process.kill()
-    folder = tmp_path / "rank0" / "checkpoint_000001"
+    folder = tmp_path / "checkpoint_000001"
     assert folder.is_dir() and not is_complete(str(folder))
 
 

@@ -18,6 +18,7 @@ from training.components.drain import (
     DrainWatch,
     notice_line,
 )
+from training.config.drain_budget import DrainChoice
 from training.metrics.run_metrics import loss_and_grad_norm
 from training.session import Notice
 
@@ -136,11 +137,33 @@ def test_the_votes_are_counted_in_the_steps_all_reduce(one_rank_group):
     assert watch.decide() and watch.notice == Notice(SIGTERM_SOURCE)
 
 
-def test_the_notice_line_says_the_step_and_the_time_left():
-    assert notice_line(
-        Notice("Ray Train preemption of node ab, ranks 1", 1_796_486_558.126), 57, 1_796_486_532.0
-    ) == (
-        "drain notice (Ray Train preemption of node ab, ranks 1): checkpointing step 57 before "
-        "2026-12-05T16:02:38Z (26 s left)"
+def test_the_notice_line_says_what_commits_before_the_deadline_or_where_a_restart_goes_back_to():
+    notice = Notice("Ray Train preemption of node ab, ranks 1", 1_796_486_558.126)
+    now = 1_796_486_532.0
+
+    def line(commit_in_flight: bool, write: bool) -> str:
+        choice = DrainChoice(commit_in_flight, write)
+        return notice_line(notice, 57, now, choice, in_flight_step=55, write_s=21.4, committed_step=50)
+
+    head = "drain notice (Ray Train preemption of node ab, ranks 1): "
+    by = "before 2026-12-05T16:02:38Z (26 s left)"
+    assert line(False, True) == f"{head}checkpointing step 57 {by}, about 21 s to write"
+    assert line(True, False) == (
+        f"{head}committing the checkpoint of step 55 in flight {by}; no new checkpoint is started"
     )
-    assert "within the sender's grace period" in notice_line(Notice(SIGTERM_SOURCE), 3, 0.0)
+    assert line(False, False) == (
+        f"{head}no checkpoint can commit {by}, one takes about 21 s: a restart resumes from step 50, "
+        "the latest committed"
+    )
+    sigterm = notice_line(
+        Notice(SIGTERM_SOURCE),
+        3,
+        0.0,
+        DrainChoice(True, True),
+        in_flight_step=2,
+        write_s=1.0,
+        committed_step=0,
+    )
+    assert "within the sender's grace period" in sigterm and sigterm.endswith(
+        "the checkpoint of step 2 in flight is committed first"
+    )

@@ -12,53 +12,19 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
+from tests.harness.train_workers import RANK_0_PID, train_workers
 from training.metrics.report import parse_step_line
 
 pytestmark = pytest.mark.slow
 
 STEPS, CHECKPOINT_EVERY, KILL_AFTER = 20, 5, 8
 FLAGS = ("--local", "--checkpoint-every", str(CHECKPOINT_EVERY), "--steps", str(STEPS))
-# Ray prefixes each line a worker prints with its actor's class and pid; rank 0 prints the steps.
-RANK_0_PID = re.compile(r"\(RayTrainWorker pid=(\d+)")
-# The process title Ray gives a worker actor's process (`ray::<class>`), which the kill looks for.
-WORKER_TITLE = "ray::RayTrainWorker"
 MAX_LOST_STEPS = 10  # one interval, plus a checkpoint in flight
 MAX_RECOVERY_S = 60.0
-
-
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry))
-    return children
-
-
-def train_workers(root: int) -> list[int]:
-    """The Ray Train worker processes under `root` (the run's driver, whose embedded Ray started
-    them): only this run's, never a colleague's."""
-    children, found, todo = _children(), [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            todo.append(child)
-            try:
-                title = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode()
-            except OSError:
-                continue
-            if title.startswith(WORKER_TITLE):
-                found.append(child)
-    return found
 
 
 def test_a_killed_worker_restarts_in_place_and_the_run_ends_as_the_uninterrupted_one(tmp_path):

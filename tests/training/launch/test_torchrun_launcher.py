@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from training.config.run_config import TRAIN_STATE_FILE, parse_flags
 from training.launch.torchrun_launcher import TorchrunSession
@@ -27,8 +28,10 @@ def session(tmp_path, monkeypatch) -> TorchrunSession:
 
 
 def committed(session: TorchrunSession, step: int, **state) -> Path:
-    """A checkpoint folder of `step`, complete once its train state is written, as rank 0 does."""
+    """A checkpoint folder of `step`: DCP's shards and metadata, then the train state that completes
+    it, as rank 0 writes it."""
     folder = Path(session.checkpoint_folder(step))
+    dcp.save({"weight": torch.full((4,), float(step))}, checkpoint_id=folder, no_dist=True)
     (folder / TRAIN_STATE_FILE).write_text(json.dumps({"step": step, **state}))
     return folder
 
@@ -43,6 +46,19 @@ def test_the_latest_complete_checkpoint_is_resumed_from_else_the_one_named(tmp_p
     session.checkpoint_folder(3)  # begun, never completed
     with session.latest_checkpoint() as found:
         assert found == str(tmp_path / "run" / "checkpoint_000002")
+
+
+def test_a_complete_checkpoint_missing_a_shard_gives_way_to_the_newest_whole_one(session, capsys):
+    committed(session, 2)
+    broken = committed(session, 4)
+    (broken / "__0_0.distcp").unlink()
+    with session.latest_checkpoint() as found:
+        assert found == str(session.run_dir / "checkpoint_000002")
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == (
+        f"checkpoint {broken} is not whole (__0_0.distcp: missing): resuming from the newest whole one, "
+        f"{session.run_dir / 'checkpoint_000002'}"
+    )
 
 
 def test_a_commit_keeps_the_latest_checkpoints_and_drops_earlier_incomplete_ones(session, one_rank_group):

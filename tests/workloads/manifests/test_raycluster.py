@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from infra.aws_rules.sizing import WorkerSizing
 from tests.harness.manifest_checks import CODE, KUBERNETES_VERSION, vendored_crd
+from training.config.drain_budget import DEFAULT_GRACE_S, RAY_STOP_MARGIN_S
 from workloads import manifests
 from workloads.training_run.verdicts import evidence
 
@@ -208,9 +210,17 @@ def test_a_worker_pod_drains_ray_and_stops_it_before_the_kubelets_sigkill(ray_cl
     grace = pod["terminationGracePeriodSeconds"]
     env = {item["name"]: item.get("value") for item in pod["containers"][0]["env"]}
     drain = float(env[manifests.DRAIN_TIMEOUT_ENV])
-    assert grace == manifests.WORKER_GRACE_S > 30  # longer than Kubernetes' default of 30 s
-    assert 0 < drain == grace - manifests.RAY_STOP_MARGIN_S
-    assert manifests.RAY_STOP_MARGIN_S >= 6  # one second for each of a worker's Ray processes, about 6
+    assert grace == DEFAULT_GRACE_S > 30  # longer than Kubernetes' default of 30 s
+    assert 0 < drain == grace - RAY_STOP_MARGIN_S
+    assert RAY_STOP_MARGIN_S >= 6  # one second for each of a worker's Ray processes, about 6
+    # The preview's grace, sized for the drain's checkpoint, is the one the pods get.
+    sized = manifests.ray_cluster(dataclasses.replace(spec(), worker_grace_s=150))
+    sized_pod = sized["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    sized_env = {item["name"]: item.get("value") for item in sized_pod["containers"][0]["env"]}
+    assert (sized_pod["terminationGracePeriodSeconds"], sized_env[manifests.DRAIN_TIMEOUT_ENV]) == (
+        150,
+        "140",
+    )
     # The head is not drained: its pod's end is the cluster's.
     assert "terminationGracePeriodSeconds" not in cluster["spec"]["headGroupSpec"]["template"]["spec"]
 
@@ -229,7 +239,7 @@ def test_ray_reads_the_drain_timeout_the_worker_pod_sets():
         text=True,
         check=True,
     )
-    assert float(read.stdout.strip()) == manifests.WORKER_GRACE_S - manifests.RAY_STOP_MARGIN_S
+    assert float(read.stdout.strip()) == DEFAULT_GRACE_S - RAY_STOP_MARGIN_S
 
 
 def test_gpu_count_follows_the_instance_type():
