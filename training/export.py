@@ -12,7 +12,13 @@ import sys
 import warnings
 from pathlib import Path
 
-from training.components.checkpoint import hugging_face_weights, read_train_state, write_hugging_face
+from training.components import storage
+from training.components.checkpoint import (
+    hugging_face_weights,
+    is_complete,
+    read_train_state,
+    write_hugging_face,
+)
 from training.config.presets import BYTE_TOKENIZER
 from training.config.run_config import TRAIN_STATE_FILE
 from training.config.settings import EXPORT_DTYPES
@@ -28,7 +34,7 @@ def export(checkpoint: str, out: str, dtype: str) -> None:
     import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if not Path(checkpoint, TRAIN_STATE_FILE).is_file():
+    if not is_complete(checkpoint):
         raise ValueError(f"{checkpoint}: not a checkpoint folder (no {TRAIN_STATE_FILE})")
     state = read_train_state(checkpoint)
     if "architecture" not in state:
@@ -42,7 +48,7 @@ def export(checkpoint: str, out: str, dtype: str) -> None:
     with warnings.catch_warnings():
         # DCP warns that it loads in one process: what this module means to do.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load({"model": weights}, checkpoint_id=checkpoint)
+        dcp.load({"model": weights}, storage_reader=storage.storage_reader(checkpoint))
     tied = bool(getattr(architecture, "tie_word_embeddings", False))
     tokenizer = load_tokenizer(state.get("tokenizer", BYTE_TOKENIZER))
     weights = hugging_face_weights(weights, PREFIX, tied=tied, dtype=dtype)
@@ -51,7 +57,7 @@ def export(checkpoint: str, out: str, dtype: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.splitlines()[0].split(": ", 1)[1])
-    parser.add_argument("checkpoint", help="a checkpoint folder of a run (holding train_state.json)")
+    parser.add_argument("checkpoint", help="a checkpoint of a run (holding train_state.json): a local folder or its URI (s3://...)")
     parser.add_argument("out", help="the folder to write the Hugging Face model into")
     parser.add_argument(
         "--export-dtype", choices=EXPORT_DTYPES, default="bf16", help="dtype of the weights (default: bf16)"

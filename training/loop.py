@@ -455,7 +455,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 sink.write(record)
                 if checkpoint_due:
                     sink.sync()
-            # The checkpoint's time is its write and, on Ray, its upload to the run's storage; one
+            # The checkpoint's time is its write to the run's storage; one
             # before the last is written behind the next steps, and this is its stall.
             report_start = time.perf_counter()
             checkpoints.report(
