@@ -57,7 +57,10 @@ def export(checkpoint: str, out: str, dtype: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.splitlines()[0].split(": ", 1)[1])
-    parser.add_argument("checkpoint", help="a checkpoint of a run (holding train_state.json): a local folder or its URI (s3://...)")
+    parser.add_argument(
+        "checkpoint",
+        help="a checkpoint of a run (holding train_state.json): a local folder or its URI (s3://...)",
+    )
     parser.add_argument("out", help="the folder to write the Hugging Face model into")
     parser.add_argument(
         "--export-dtype", choices=EXPORT_DTYPES, default="bf16", help="dtype of the weights (default: bf16)"
