@@ -12,6 +12,7 @@ from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 from ray.train.v2.api.config import RunConfig
 
 from tests.harness.ray_faults import DEATH, HOSTS
+from training.components.async_checkpoint import CHECKPOINT_STEP_KEY
 from training.config.settings import NODE_NAME_ENV
 from training.launch.attempt_store import HOST_KEY, AttemptRecorder, read_attempts, worker_error, worker_node
 
@@ -45,6 +46,20 @@ def test_the_controllers_callback_writes_what_the_restarted_rank_0_reads(tmp_pat
     [recovered] = read_attempts(filesystem, str(tmp_path / "run"))
     assert recovered["resumed_from_step"] == 2 and recovered["recovery_s"] >= 0
     assert read_attempts(filesystem, str(tmp_path / "other")) == []
+
+
+def test_a_checkpoint_committed_behind_the_steps_is_recorded_at_the_step_it_holds(tmp_path):
+    """The commit of step 5's checkpoint rides on step 7's report, naming step 5 (`checkpoint_step`): a
+    fault after it resumes from step 5, not 7."""
+    context = types.SimpleNamespace(run_config=RunConfig(name="run", storage_path=str(tmp_path)))
+    recorder = AttemptRecorder()
+    for step in range(1, 9):
+        committed = {CHECKPOINT_STEP_KEY: 5} if step == 7 else {}
+        metrics = [{"step": step, HOST_KEY: host, **committed} for host in HOSTS.values()]
+        recorder.after_report(context, metrics, checkpoint=object() if step == 7 else None)
+    recorder.after_exception(context, {1: WorkerHealthCheckFailedError("x", RayActorError(error_msg=DEATH))})
+    [stored] = read_attempts(pyarrow.fs.LocalFileSystem(), str(tmp_path / "run"))
+    assert (stored["failed_after_step"], stored["resumed_from_step"], stored["lost_steps"]) == (8, 5, 3)
 
 
 def test_a_worker_names_its_pods_kubernetes_node_else_the_machines_hostname(monkeypatch):
