@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.fs
 from ray.exceptions import RayActorError
+from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 from ray.train.v2.api.callback import UserCallback
 from ray.train.v2.api.config import RunConfig
 
@@ -33,6 +34,10 @@ from training.config.settings import NODE_NAME_ENV
 # In each worker's reported metrics: its node, so the controller can name the node of a worker that
 # fails (and a restart refuse a second fault in a row there).
 HOST_KEY = "host"
+# The cause of a restart no error of the worker group reached the controller's callback for.
+RESTARTED_WITHOUT_ERROR = (
+    "Ray Train restarted the worker group without a worker's error (a node's drain or preemption)"
+)
 
 
 def worker_node() -> str:
@@ -71,6 +76,8 @@ class AttemptRecorder(UserCallback):
         self.last_step = 0  # every worker reported it: the last step finished
         self.checkpoint_step = 0  # the latest checkpoint's, which a restart resumes from
         self.hosts: dict[int, str] = {}
+        self.starts = 0  # worker groups started (`AttemptBoundary`)
+        self.faulted = False  # this worker group's fault is recorded: later polls of it add none
 
     def _write(self, run_context: Any) -> None:
         storage = run_context.run_config.storage_context
@@ -92,10 +99,29 @@ class AttemptRecorder(UserCallback):
             self.checkpoint_step = int(metrics[0].get(CHECKPOINT_STEP_KEY, step))
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+        """Called on every poll of the worker group while its errors stand (ray 2.58:
+        ray/train/v2/_internal/callbacks/user_callback.py, `after_worker_group_poll_status`): a
+        drain's preempting state polls for as long as it lasts. One record a worker group."""
+        if self.faulted:
+            return
         errors = [worker_error(rank, error) for rank, error in sorted(worker_exceptions.items())]
         cause, node = fault_cause(errors, self.hosts)
-        if (note := _take_hang_note(run_context)) is not None:
+        if (note := _take_hang_note(run_context)) is not None and note.get(
+            "attempt", self.starts
+        ) == self.starts:
             cause, node = hang_cause(note, self.hosts, CAUSE_CHARS)
+        self._record(run_context, cause, node)
+
+    def worker_group_started(self, run_context: Any) -> None:
+        """A worker group started (`AttemptBoundary`): a later one is a restart, recorded even where
+        Ray made it without an error reaching this callback (a preemption's restart)."""
+        self.starts += 1
+        if self.starts > 1 and not self.faulted:
+            self._record(run_context, RESTARTED_WITHOUT_ERROR, None)
+        self.faulted = False
+
+    def _record(self, run_context: Any, cause: str, node: str | None) -> None:
+        self.faulted = True
         self.record = record_fault(
             self.record,
             cause=cause,
@@ -107,6 +133,21 @@ class AttemptRecorder(UserCallback):
         # The restart starts from the checkpoint: until it reports, that is the last step finished.
         self.last_step = self.checkpoint_step
         self._write(run_context)
+
+
+class AttemptBoundary(WorkerGroupCallback):
+    """Tells the recorder each worker group's start: a `UserCallback` hears only reports and errors,
+    and Ray Train runs callbacks of its internal kinds as given (ray 2.58:
+    ray/train/v2/api/data_parallel_trainer.py keeps every run-config callback that is not a
+    `UserCallback` among the controller's; `WorkerGroupCallback.after_worker_group_start`). Pickled
+    to the controller with the recorder in one list, it holds the same recorder there."""
+
+    def __init__(self, recorder: AttemptRecorder) -> None:
+        self.recorder = recorder
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        # The run's context as the worker group holds it (ray 2.58: WorkerGroup._train_run_context).
+        self.recorder.worker_group_started(worker_group._train_run_context)
 
 
 def _hang_note_path(run_path: str) -> str:

@@ -63,6 +63,7 @@ from training.errors import DivergedError, RestartRefusedError, RunFailedError, 
 from training.launch import local_drain
 from training.launch.attempt_store import (
     HOST_KEY,
+    AttemptBoundary,
     AttemptRecorder,
     clear_attempts,
     read_attempts,
@@ -207,8 +208,10 @@ class RaySession:
         (`AttemptRecorder`): under gloo this rank exits, and its death alone would be the cause."""
         storage = ray.train.get_context().get_storage()
         path = f"{storage.experiment_fs_path.rstrip('/')}/{HANG_NOTE_FILE}"
+        # The worker group it belongs to: one record a worker group, so the faults before it plus one.
+        note = {"cause": line, "ranks": list(ranks), "attempt": len(self.faults()) + 1}
         with storage.storage_filesystem.open_output_stream(path) as out:
-            out.write(json.dumps({"cause": line, "ranks": list(ranks)}).encode())
+            out.write(json.dumps(note).encode())
 
     def preemption_notice(self) -> Notice | None:
         """Ray Train's notice that a node of the worker group is being drained; a barrier every rank
@@ -413,6 +416,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             local_drain.install(f"{config.storage_path.rstrip('/')}/{config.run_name}", config.run_name)
         corpus = None if config.synthetic_data else cached_corpus(config, workers)
         eval_corpus = None if config.eval_data is None else cached_corpus(config, workers, "--eval-data")
+        recorder = AttemptRecorder()
         run_config = RunConfig(
             name=config.run_name,
             storage_path=config.storage_path,
@@ -433,7 +437,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
             ),
             # A line per report would bury the training's own progress lines.
             logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=[AttemptRecorder()],
+            # RunConfig takes any RayTrainCallback (ray 2.58: api/config.py checks that), its annotation
+            # says UserCallback: the boundary is an internal WorkerGroupCallback.
+            callbacks=[recorder, AttemptBoundary(recorder)],  # type: ignore[list-item]
         )
         clear_attempts(run_config)
         result = _fit(

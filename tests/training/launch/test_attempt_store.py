@@ -3,6 +3,7 @@ Train's poll reports it, and the controller's callback writing what the restarte
 
 from __future__ import annotations
 
+import json
 import socket
 import types
 
@@ -13,8 +14,17 @@ from ray.train.v2.api.config import RunConfig
 
 from tests.harness.ray_faults import DEATH, HOSTS
 from training.components.async_checkpoint import CHECKPOINT_STEP_KEY
+from training.components.watchdog import HANG_NOTE_FILE
 from training.config.settings import NODE_NAME_ENV
-from training.launch.attempt_store import HOST_KEY, AttemptRecorder, read_attempts, worker_error, worker_node
+from training.launch.attempt_store import (
+    HOST_KEY,
+    RESTARTED_WITHOUT_ERROR,
+    AttemptBoundary,
+    AttemptRecorder,
+    read_attempts,
+    worker_error,
+    worker_node,
+)
 
 
 def test_a_dead_worker_comes_out_of_ray_trains_health_check_error():
@@ -60,6 +70,51 @@ def test_a_checkpoint_committed_behind_the_steps_is_recorded_at_the_step_it_hold
     recorder.after_exception(context, {1: WorkerHealthCheckFailedError("x", RayActorError(error_msg=DEATH))})
     [stored] = read_attempts(pyarrow.fs.LocalFileSystem(), str(tmp_path / "run"))
     assert (stored["failed_after_step"], stored["resumed_from_step"], stored["lost_steps"]) == (8, 5, 3)
+
+
+def _started(recorder: AttemptRecorder, context: types.SimpleNamespace) -> None:
+    """A worker group's start as Ray Train's controller tells its worker-group callbacks: the group holds
+    the run's context (ray 2.58: WorkerGroup._train_run_context)."""
+    AttemptBoundary(recorder).after_worker_group_start(types.SimpleNamespace(_train_run_context=context))
+
+
+def test_a_drain_polled_forty_times_records_one_fault_and_a_silent_restart_one_more(tmp_path):
+    """Ray Train calls `after_exception` on every poll while a worker group's errors stand (a drain's
+    preempting state, polled every 0.25 s): one record per worker group. A worker group Ray restarts
+    without any error reaching the callback is a restart too."""
+    context = types.SimpleNamespace(run_config=RunConfig(name="run", storage_path=str(tmp_path)))
+    recorder = AttemptRecorder()
+    _started(recorder, context)
+    recorder.after_report(
+        context, [{"step": 4, HOST_KEY: host} for host in HOSTS.values()], checkpoint=object()
+    )
+    preempted = {1: WorkerHealthCheckFailedError("x", RayActorError(error_msg=DEATH))}
+    for _ in range(40):
+        recorder.after_exception(context, preempted)
+    filesystem = pyarrow.fs.LocalFileSystem()
+    assert len(read_attempts(filesystem, str(tmp_path / "run"))) == 1
+    _started(recorder, context)  # the restart after it: no new record
+    assert len(read_attempts(filesystem, str(tmp_path / "run"))) == 1
+    _started(recorder, context)  # restarted again, no error heard
+    attempts = read_attempts(filesystem, str(tmp_path / "run"))
+    assert [attempt["cause"] for attempt in attempts][1] == RESTARTED_WITHOUT_ERROR
+    assert attempts[1]["node"] is None and attempts[1]["resumed_from_step"] == 4
+
+
+def test_a_hang_note_of_an_earlier_worker_group_is_not_blamed_for_a_later_fault(tmp_path):
+    context = types.SimpleNamespace(run_config=RunConfig(name="run", storage_path=str(tmp_path)))
+    storage = context.run_config.storage_context
+    note = {"cause": "rank 1 on ip-10-0-1-7 stopped its step", "ranks": [1], "attempt": 1}
+    recorder = AttemptRecorder()
+    for _ in range(2):
+        _started(recorder, context)
+    path = f"{storage.experiment_fs_path}/{HANG_NOTE_FILE}"
+    storage.storage_filesystem.create_dir(storage.experiment_fs_path)
+    with storage.storage_filesystem.open_output_stream(path) as out:
+        out.write(json.dumps(note).encode())
+    recorder.after_exception(context, {0: RuntimeError("NCCL error")})
+    [_, fault] = read_attempts(pyarrow.fs.LocalFileSystem(), str(tmp_path / "run"))
+    assert fault["cause"].startswith("rank 0") and "stopped its step" not in fault["cause"]
 
 
 def test_a_worker_names_its_pods_kubernetes_node_else_the_machines_hostname(monkeypatch):
