@@ -7,6 +7,10 @@ Shared by tests/test_program.py and the component tests that run the program
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
+
+import pulumi
+from pulumi.runtime.sync_await import _sync_await
 
 from tests.harness.program import Preview, Registration
 
@@ -51,3 +55,26 @@ def engine_step(before: Registration | None, after: Registration, identity: tupl
         return "same"
     changed = [key for key in identity if field_at(before.inputs, key) != field_at(after.inputs, key)]
     return "replace" if changed else "update"
+
+
+# What a finished TrainingRun's create returns beside its inputs (`RunOutputs`): two GPU nodes launched
+# 2 h and 1 h 30 min before the output's time (3.5 node hours), the summary; with
+# `gpuNodesAfterTraining: keep` no release. A later `pulumi up` of an unchanged run reads them back.
+RUN_OUTPUTS = {
+    "status": "SUCCEEDED",
+    "gpu_nodes": {
+        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
+        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:30:00+00:00"},
+    },
+    "finished_at": "2026-12-05T09:00:00+00:00",
+    "summary": {
+        "tokens_seen": 1_000_000,
+        "step_time_s": 3.0,
+        "efa_bytes_per_step": {"pod-a": 4e9, "pod-b": 4e9},
+    },
+}
+
+
+def resolved(output: pulumi.Output) -> Any:
+    """An output's value once the program's run settled (`pulumi up`: known)."""
+    return _sync_await(output.future())

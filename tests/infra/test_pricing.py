@@ -8,7 +8,6 @@ import json
 
 import pulumi
 import pytest
-from pulumi.runtime.sync_await import _sync_await
 
 from infra import pricing
 from infra.plan.refresh import price_list_filters
@@ -22,6 +21,8 @@ from tests.harness.fake_aws import (
 )
 from tests.harness.preview_queries import (
     RESERVATION,
+    RUN_OUTPUTS,
+    resolved,
 )
 from tests.harness.program import (
     ACCOUNT,
@@ -105,27 +106,6 @@ def test_the_network_has_the_nat_gateways_the_cost_counts(stack_plan):
     _, plan = stack_plan
     assert len(plan.of_type("aws:ec2/natGateway:NatGateway")) == NAT_GATEWAYS
     assert len(plan.of_type("aws:ec2/eip:Eip")) == NAT_GATEWAYS
-
-
-# What a run's create returns beside its inputs (`RunOutputs`): the GPU nodes' launches, the output's
-# time, the summary; with `gpuNodesAfterTraining: keep` no release.
-RUN_OUTPUTS = {
-    "status": "SUCCEEDED",
-    "gpu_nodes": {
-        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
-        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:30:00+00:00"},
-    },
-    "finished_at": "2026-12-05T09:00:00+00:00",
-    "summary": {
-        "tokens_seen": 1_000_000,
-        "step_time_s": 3.0,
-        "efa_bytes_per_step": {"pod-a": 4e9, "pod-b": 4e9},
-    },
-}
-
-
-def resolved(output: pulumi.Output):
-    return _sync_await(output.future())
 
 
 def test_an_unchanged_run_keeps_the_price_and_plan_it_was_billed_and_planned_at(monkeypatch):

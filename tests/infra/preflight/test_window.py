@@ -8,7 +8,6 @@ from typing import Any
 
 import pulumi
 import pytest
-from pulumi.runtime.sync_await import _sync_await
 
 from tests.harness.fake_aws import (
     FakeAws,
@@ -18,7 +17,9 @@ from tests.harness.fake_aws import (
 from tests.harness.preview_queries import (
     NOW,
     RESERVATION,
+    RUN_OUTPUTS,
     TRAINING_RUN,
+    resolved,
 )
 from tests.harness.program import (
     Preview,
@@ -181,20 +182,6 @@ def test_a_training_deadline_too_near_is_refused_naming_the_key():
 # --- a Capacity Block in the window: no hourly price, and Pulumi hands the None back as no key -----
 
 BLOCK_BASIS = f"Capacity Block {RESERVATION}: its upfront fee, paid at purchase whatever the nodes do"
-# What a run's create returns beside its inputs: its GPU nodes' launches, the output's time, the summary.
-RUN_OUTPUTS = {
-    "status": "SUCCEEDED",
-    "gpu_nodes": {
-        "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T09:00:00+00:00"},
-        "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T09:30:00+00:00"},
-    },
-    "finished_at": "2026-12-05T11:00:00+00:00",
-    "summary": {"tokens_seen": 1_000_000, "step_time_s": 3.0},
-}
-
-
-def resolved(output: pulumi.Output) -> Any:
-    return _sync_await(output.future())
 
 
 def test_a_first_preview_on_a_block_ending_in_three_days_plans_with_its_window_and_price_basis(monkeypatch):

@@ -90,6 +90,7 @@ def test_a_missing_or_short_shard_makes_a_checkpoint_not_whole_and_a_resume_take
     )
 
 
+@pytest.mark.slow  # the AWS SDK's retries of a refused part take some 7 s
 def test_a_refused_upload_raises_when_its_object_is_closed(s3):
     s3.refusals.append(Refusal("PUT", r"/refused\.bin$"))
     filesystem, path = storage.resolve(storage.join(RUN, "refused.bin"))
@@ -117,6 +118,7 @@ class _Published:
         self.calls.append(("report", step))
 
 
+@pytest.mark.slow  # the AWS SDK's retries of a refused part take some 7 s
 def test_a_write_whose_shard_upload_is_refused_is_never_committed_and_the_run_trains_on(s3, one_rank_group):
     """The upload of step 2's shard is refused every time: the commit finds the write failed, says
     so in one line, removes the folder and reports the step alone; step 4's write commits, naming
