@@ -223,15 +223,12 @@ class CheckpointWriter:
         group, idle between steps: the writer's own group may be busy with the write in flight). A
         write in flight that is not to be committed is dropped."""
         left = None if deadline is None else deadline - now
-        pending = self.pending
+        pending, write_s = self.pending, self.next_write_s()
         in_flight = None
         if pending is not None:
-            in_flight = (
-                0.0
-                if pending.future.done()
-                else max(0.0, self.next_write_s() - (self.clock() - pending.started_at))
-            )
-        mine = drain_choice(left, in_flight, self.next_write_s())
+            elapsed = self.clock() - pending.started_at
+            in_flight = 0.0 if pending.future.done() else max(0.0, write_s - elapsed)
+        mine = drain_choice(left, in_flight, write_s)
         flags = torch.tensor([float(mine.commit_in_flight), float(mine.write)], device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MIN)
         agreed = DrainChoice(bool(flags[0].item()), bool(flags[1].item()))
@@ -337,11 +334,10 @@ class CheckpointWriter:
         """At the run's end, or when it raised: a write still in flight is left uncommitted (its
         folder never complete, removed by the next attempt); it is not waited for, as its
         collectives may wait on a rank that is gone. The stager's buffers are freed."""
-        if self.pending is not None and self.pending.stager is not self.stager:
-            self.pending.stager.close()
+        self.abandon()
         if self.stager is not None:
             self.stager.close()
-        self.pending = self.stager = None
+        self.stager = None
 
 
 def dropped_line(written: int, why: str) -> str:

@@ -32,13 +32,11 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
+from training.config.run_config import is_uri
+
 # DCP's file of the checkpoint's metadata, written by the coordinator last (torch 2.13:
 # torch/distributed/checkpoint/filesystem.py, `_metadata_fn`).
 METADATA_FILE = ".metadata"
-
-
-def is_uri(location: str) -> bool:
-    return "://" in location
 
 
 def resolve(location: str) -> tuple[pafs.FileSystem, str]:
