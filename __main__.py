@@ -10,12 +10,15 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.aws_rules.image_pins import IMAGE_KEY, RECORD_OUTPUT, pin_images
 from infra.aws_rules.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
+from infra.aws_rules.node_repair import REPAIRED_NODE_RECOVERY_S
 from infra.aws_rules.sizing import size_workers
 from infra.config.pulumi_source import hf_token, load_settings
 from infra.config.stack import RELEASE
 from infra.config.training_settings import (
     job_arguments,
+    job_uris,
     training_config,
     warn_if_the_run_outlasts_its_timeout,
 )
@@ -36,10 +39,16 @@ from infra.resources.node_groups import (
 )
 from infra.resources.node_health import node_monitoring_agent
 from infra.resources.observability import Observability, checked_addon_version
-from infra.resources.storage import CheckpointStore, checkpoint_bucket_name, checkpoint_storage_path
+from infra.resources.storage import (
+    CheckpointStore,
+    checkpoint_bucket_name,
+    checkpoint_storage_path,
+    granted_prefixes,
+)
 from platform_contract import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
+from workloads.manifests.charts import chart_images, pinned_chart_images
 from workloads.ray_cluster import RayCluster
 from workloads.training_run import RunInputs, TrainingRun, benchmark_output, training_output
 
@@ -65,6 +74,7 @@ job_args = job_arguments(
     code_files,
     line_rate,
     deadline.at if deadline else None,
+    REPAIRED_NODE_RECOVERY_S if settings.gpu_node_auto_repair else None,
 )
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
@@ -85,6 +95,15 @@ if settings.train:
     # A drain's checkpoint of a node's share to S3, and the worker pods' grace that holds it.
     drain = size_the_drain(config, predicted, settings.gpu_node_count, worker.gpus)
 
+# The images, by digest outside a dev stack: each tag read from its registry at the first deploy's
+# preview, then kept from the stack's record while its cluster runs.
+images = pin_images(
+    {IMAGE_KEY: settings.image, **chart_images(settings.region)},
+    stack=pulumi.get_stack(),
+    repin=settings.repin_images,
+    live=placement.live is not None,
+)
+
 # 3. Network and cluster.
 network = Network(
     settings.cluster_name,
@@ -101,6 +120,7 @@ cluster = Cluster(
     vpc_id=network.vpc_id,
     private_subnet_ids=network.private_subnet_ids,
     public_subnet_ids=network.public_subnet_ids,
+    live=placement.live,
 )
 
 # 4. Node groups: system nodes anywhere private, GPU nodes in the one subnet of the GPU AZ; both at
@@ -156,6 +176,7 @@ checkpoints = CheckpointStore(
     vpc_id=network.vpc_id,
     route_table_ids=network.private_route_table_ids,
     force_destroy=settings.checkpoints_force_destroy,
+    job_uris=job_uris(job_args, granted_prefixes(bucket_name)),
 )
 # See the run: the CloudWatch Observability add-on on every node, the job's right to publish its
 # metrics, and the dashboard of both.
@@ -195,7 +216,7 @@ ray = RayCluster(
     spec=manifests.RayClusterSpec(
         name="ray-train",
         namespace=settings.namespace,
-        image=settings.image,
+        image=images[settings.image],
         ray_version=settings.ray_version,
         region=settings.region,
         worker_replicas=settings.gpu_node_count,
@@ -211,17 +232,19 @@ ray = RayCluster(
     hf_token=hf_token() if settings.has_hf_token else None,
     provider=kubernetes,
 )
-addons = Addons(
-    "addons",
-    provider=kubernetes,
-    crd_provider=crd_owner,
-    gpu_instance_type=settings.gpu_node_type,
-    region=settings.region,
-    image=settings.image,
-    ray_namespace=ray.namespace,
-    ray_namespace_object=ray.namespace_object,
-    after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
-)
+# The releases' values name each chart image as pinned.
+with pinned_chart_images(images.pinned):
+    addons = Addons(
+        "addons",
+        provider=kubernetes,
+        crd_provider=crd_owner,
+        gpu_instance_type=settings.gpu_node_type,
+        region=settings.region,
+        image=images[settings.image],
+        ray_namespace=ray.namespace,
+        ray_namespace_object=ray.namespace_object,
+        after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
+    )
 
 # 6. The RayCluster; one Ray worker per GPU.
 ray_cluster = ray.create_cluster(after=addons.ready)
@@ -308,6 +331,9 @@ pulumi.export("gpuAz", placement.gpu_az)
 pulumi.export("gpuSubnetId", network.gpu_subnet_id)
 pulumi.export("checkpoints", checkpoints.storage_path)
 pulumi.export("codeHash", ray.code_hash)
+if images.record:
+    # What the next preview keeps the images' digests from.
+    pulumi.export(RECORD_OUTPUT, images.record)
 if observability:
     pulumi.export("dashboard", observability.url)
 dashboard_port = RAY_PORTS["dashboard"]

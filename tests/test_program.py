@@ -10,7 +10,7 @@ import pulumi
 import pytest
 
 from infra.aws_rules.container_insights import AGENT_POLICY_ARN
-from infra.config.stack import CLUSTER_NAME_MAX
+from infra.config.stack import CLUSTER_NAME_MAX, DEFAULT_IMAGE
 from infra.resources.cluster import NODE_POLICIES
 from platform_contract import GPU_RESOURCE, NO_GPU_ENV
 from tests.harness.fake_aws import (
@@ -18,6 +18,7 @@ from tests.harness.fake_aws import (
     FakeAws,
     capacity_reservation,
 )
+from tests.harness.fake_oci_registry import serving_the_program, the_programs_images
 from tests.harness.preview_queries import (
     GPU_TEMPLATE,
     RESERVATION,
@@ -463,8 +464,11 @@ def test_an_image_tag_is_warned_with_how_to_pin_its_digest(monkeypatch):
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *args, **kwargs: warnings.append(message))
     run_program(dev_config(), FakeAws(region="us-east-2"))
     tagged = [warning for warning in warnings if warning.startswith("config key 'image'")]
-    assert len(tagged) == 1 and "docker buildx imagetools inspect" in tagged[0]
-    assert "pulumi config set image public.ecr.aws/deep-learning-containers/ray@sha256:<digest>" in tagged[0]
+    assert len(tagged) == 1 and "docker buildx imagetools inspect" in tagged[0] and "crane" not in tagged[0]
+    assert (
+        "pulumi config set image public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1@sha256:<digest>"
+        in tagged[0]
+    )
     warnings.clear()
     pinned = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "a" * 64
     plan = run_program(dev_config(image=pinned), FakeAws(region="us-east-2"))
@@ -477,19 +481,91 @@ def test_an_image_tag_is_warned_with_how_to_pin_its_digest(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("image", [None, "rayproject/ray:2.58.0-py311-gpu"], ids=["default", "tagged"])
-def test_a_stack_that_is_not_dev_refuses_an_image_tag_before_any_resource(image):
-    """Issue 53: every stack but a dev one runs its image by digest; the default is a tag too."""
-    stack_file = ROOT / "Pulumi.us-east-1.yaml"
-    config = config_of(stack_file)
+def images_run(plan) -> dict[str, str]:
+    """Each image the plan runs: the Ray pods', the EFA counter reader's and each Helm release's."""
+    spec = plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]
+    reader = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters").inputs["spec"]["template"]["spec"]
+    return {
+        "head": spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
+        "workers": spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"],
+        "reader": reader["containers"][0]["image"],
+        **{
+            release.inputs[
+                "chart"
+            ]: f"{release.inputs['values']['image']['repository']}:{release.inputs['values']['image']['tag']}"
+            for release in plan.of_type("kubernetes:helm.sh/v3:Release")
+        },
+    }
+
+
+def us_east_1_without_a_digest(image: str | None = None) -> dict[str, str]:
+    """The us-east-1 stack file as a newcomer sets it: the default image's tag, or `image`."""
+    config = config_of(ROOT / "Pulumi.us-east-1.yaml")
     config.pop("eks-ray-train:image")
-    if image:
-        config["eks-ray-train:image"] = image
-    with pytest.raises(pulumi.RunError) as raised:
-        run_program(config, FakeAws(region="us-east-1"), stack="us-east-1")
+    return {**config, **({"eks-ray-train:image": image} if image else {})}
+
+
+@pytest.mark.parametrize("image", [None, "rayproject/ray:2.58.0-py311-gpu"], ids=["default", "tagged"])
+def test_a_stack_that_is_not_dev_runs_every_image_by_the_digest_its_registry_names(image, monkeypatch):
+    """Issue 60: no digest set by hand; the preview reads each tag's from its registry and names it."""
+    logged: list[str] = []
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: logged.append(message))
+    ray = image or DEFAULT_IMAGE
+    with serving_the_program(ray, *the_programs_images("us-east-1")) as registries:
+        digests = {
+            reference: registries.push(reference)
+            for reference in [ray, *the_programs_images("us-east-1")[1:]]
+        }
+        plan = run_program(us_east_1_without_a_digest(image), FakeAws(region="us-east-1"), stack="us-east-1")
+    run = images_run(plan)
+    assert {run["head"], run["workers"], run["reader"]} == {f"{ray}@{digests[ray]}"}
+    charts = {
+        chart: reference for chart, reference in run.items() if chart not in ("head", "workers", "reader")
+    }
+    assert sorted(charts.values()) == sorted(
+        f"{reference}@{digests[reference]}" for reference in digests if reference != ray
+    )
+    assert plan.outputs["images"] == {"digests": digests}
+    pinned = [line for line in logged if ": pinned to sha256:" in line]
+    assert len(pinned) == 4 and all("\n" not in line for line in pinned)
+    assert pinned[0] == (
+        f"config key 'image' = {ray!r}: pinned to {digests[ray]}, read from "
+        f"{'public.ecr.aws' if image is None else 'registry-1.docker.io'} at this preview; later `pulumi up`s keep "
+        "it (`pulumi config set repinImages <date>` reads every tag anew)"
+    )
+    assert registries.record_reads == []  # no cluster runs yet: nothing recorded to keep
+
+
+def test_a_dev_stack_runs_the_tags_and_asks_no_registry():
+    with serving_the_program() as registries:
+        plan = run_program(us_east_1_without_a_digest(), FakeAws(region="us-east-1"), stack="dev-us-east-1")
+    assert "@" not in "".join(images_run(plan).values()) and "images" not in plan.outputs
+    assert registries.manifest_requests() == [] and registries.record_reads == []
+
+
+@pytest.mark.parametrize(
+    "image, answer",
+    [
+        (
+            "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v9.9",
+            "public.ecr.aws has no tag train-ml-cuda-v9.9",
+        ),
+        ("registry.example.com/team/ray:2.58.0", "the preview could not read the digest of tag 2.58.0"),
+    ],
+    ids=["unknown-tag", "unreachable"],
+)
+def test_an_image_whose_digest_cannot_be_read_stops_the_preview_in_one_line(image, answer):
+    with serving_the_program(*the_programs_images("us-east-1")), pytest.raises(pulumi.RunError) as raised:
+        run_program(us_east_1_without_a_digest(image), FakeAws(region="us-east-1"), stack="us-east-1")
     refusal = str(raised.value)
-    assert "config key 'image'" in refusal and "stack 'us-east-1' is not a dev stack" in refusal, refusal
-    assert "@sha256:<digest>" in refusal and "crane digest" in refusal and "\n" not in refusal.strip()
+    assert refusal.startswith(f"config key 'image' = {image!r}: {answer}") and "\n" not in refusal, refusal
     assert raised.value.plan.resources == []
-    plan = run_program(config, FakeAws(region="us-east-1"), stack="dev-us-east-1")  # a dev stack may run it
-    assert plan.one("kubernetes:ray.io/v1:RayCluster")
+
+
+def test_a_digest_other_than_sha256_is_refused_outside_dev():
+    image = "public.ecr.aws/deep-learning-containers/ray@sha512:" + "0" * 128
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(us_east_1_without_a_digest(image), FakeAws(region="us-east-1"), stack="us-east-1")
+    refusal = str(raised.value)
+    assert "has a digest other than sha256" in refusal and "stack 'us-east-1' is not a dev stack" in refusal
+    assert "crane" not in refusal and raised.value.plan.resources == []

@@ -21,6 +21,7 @@ from pulumi.runtime import rpc
 from infra.aws_rules.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from infra.aws_rules.live_stack import OWNER_TAG
 from infra.aws_rules.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
+from infra.config.stack import DEFAULT_IMAGE
 from infra.preflight import live_cluster
 from tests.harness.fake_aws import (
     COREDNS_VERSIONS,
@@ -29,7 +30,13 @@ from tests.harness.fake_aws import (
     AwsApiError,
     FakeAws,
 )
-from tests.harness.program import Preview, dev_config, run_program
+from tests.harness.fake_oci_registry import (
+    FakeRegistries,
+    index_manifest,
+    serving_the_program,
+    the_programs_images,
+)
+from tests.harness.program import ROOT, Preview, config_of, dev_config, run_program
 from tests.harness.program import deployed as deployed_stack
 from workloads.training_run.provider import diff_props
 
@@ -340,6 +347,95 @@ TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
 
 def run_inputs_of(plan: Preview) -> dict:
     return {key: value for key, value in plan.one(TRAINING_RUN).inputs.items() if key != "__provider"}
+
+
+US_EAST_1 = "us-east-1"
+
+
+def images_of(plan: Preview) -> dict[str, str]:
+    """Each image the plan runs: the Ray head's and each Helm release's (`<repository>:<tag>`)."""
+    head = plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]["headGroupSpec"]["template"]["spec"]
+    return {
+        "ray": head["containers"][0]["image"],
+        **{
+            r.inputs[
+                "chart"
+            ]: f"{r.inputs['values']['image']['repository']}:{r.inputs['values']['image']['tag']}"
+            for r in plan.of_type("kubernetes:helm.sh/v3:Release")
+        },
+    }
+
+
+def newcomers_us_east_1(**overrides: str) -> dict[str, str]:
+    """The us-east-1 stack as a newcomer sets it up: no digest given, the default image's tag."""
+    config = config_of(ROOT / "Pulumi.us-east-1.yaml", **overrides)
+    if "image" not in overrides:
+        config.pop("eks-ray-train:image")
+    return config
+
+
+def move_every_tag(registries: FakeRegistries) -> None:
+    """Each publisher moves its tag to other bits."""
+    for host in registries.hosts.values():
+        for repository, tag in list(host.manifests):
+            host.push(repository, tag, index_manifest(repository, tag) + b"\n")
+
+
+def test_a_live_stack_keeps_its_images_digests_when_their_tags_move():
+    """Issue 60: read once at the first deploy, then kept from the stack's record, as CoreDNS's version
+    is kept from the live cluster: a moved tag changes nothing until asked for."""
+    fake = FakeAws(region=US_EAST_1)
+    with serving_the_program(*the_programs_images(US_EAST_1)) as registries:
+        first = run_program(newcomers_us_east_1(), fake, stack=US_EAST_1, preview=False)
+        deployed_stack(first, fake)
+        registries.stack_outputs = dict(first.outputs)  # what the backend holds after the `up`
+        move_every_tag(registries)
+        asked = len(registries.manifest_requests())
+        second = run_program(newcomers_us_east_1(), fake, stack=US_EAST_1)
+        assert images_of(second) == images_of(first) and len(registries.manifest_requests()) == asked
+        assert registries.record_reads == [US_EAST_1]  # the stack's own outputs, by its name
+        assert second.outputs["images"] == first.outputs["images"]
+        # Asked for: `repinImages` reads every tag anew, and records the value with the new digests.
+        third = run_program(newcomers_us_east_1(repinImages="2026-12-06"), fake, stack=US_EAST_1)
+    moved = images_of(third)
+    assert all(moved[name] != images_of(first)[name] for name in moved)
+    assert third.outputs["images"]["repinImages"] == "2026-12-06"
+    assert all("@sha256:" in image for image in moved.values())
+
+
+def test_a_changed_image_tag_is_read_anew_and_the_charts_images_kept():
+    fake = FakeAws(region=US_EAST_1)
+    other = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.2"
+    with serving_the_program(*the_programs_images(US_EAST_1), other) as registries:
+        first = run_program(newcomers_us_east_1(), fake, stack=US_EAST_1, preview=False)
+        deployed_stack(first, fake)
+        registries.stack_outputs = dict(first.outputs)
+        move_every_tag(registries)
+        second = run_program(newcomers_us_east_1(image=other), fake, stack=US_EAST_1)
+        asked = {r.path for r in registries.manifest_requests() if "v1.2" in r.path}
+    before, after = images_of(first), images_of(second)
+    assert after["ray"].startswith(f"{other}@sha256:") and asked
+    assert {name: after[name] for name in after if name != "ray"} == {
+        name: before[name] for name in before if name != "ray"
+    }
+    assert (
+        other in second.outputs["images"]["digests"]
+        and DEFAULT_IMAGE not in second.outputs["images"]["digests"]
+    )
+
+
+def test_kept_digests_ask_no_registry_so_an_unreachable_one_stops_nothing():
+    fake = FakeAws(region=US_EAST_1)
+    with serving_the_program(*the_programs_images(US_EAST_1)) as registries:
+        first = run_program(newcomers_us_east_1(), fake, stack=US_EAST_1, preview=False)
+        assert registries.record_reads == []  # no cluster ran yet
+        deployed_stack(first, fake)
+        registries.stack_outputs = dict(first.outputs)
+        registries.down = True  # no registry answers
+        assert images_of(run_program(newcomers_us_east_1(), fake, stack=US_EAST_1)) == images_of(first)
+        # The record of a destroyed stack is gone with its cluster: a new one reads the tags anew.
+        with pytest.raises(pulumi.RunError, match="the preview could not read the digest of tag"):
+            run_program(newcomers_us_east_1(), FakeAws(region=US_EAST_1), stack=US_EAST_1)
 
 
 def test_keep_owns_the_gpu_group_size_and_says_what_idle_nodes_cost(caplog):

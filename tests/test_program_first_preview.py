@@ -13,8 +13,9 @@ from pulumi.runtime import rpc
 from pulumi.runtime.sync_await import _sync_await
 
 from tests.harness.fake_aws import FakeAws
+from tests.harness.fake_oci_registry import serving_the_program, the_programs_images
 from tests.harness.preview_queries import NOW
-from tests.harness.program import TRAINING_RUN, Preview, dev_config, run_program
+from tests.harness.program import ROOT, TRAINING_RUN, Preview, config_of, dev_config, run_program
 from tests.harness.provider_host import ProviderHost, plain
 
 DEADLINE = "2026-12-05T18:00:00Z"  # 9 h after NOW: the window line says the run fits
@@ -106,3 +107,30 @@ def test_the_real_provider_host_checks_the_first_previews_training_run(first_pre
     response = host.check({}, inputs)
     assert list(response.failures) == []
     assert plain(response.inputs)["node_group_name"] == rpc.UNKNOWN
+
+
+def test_a_stack_that_is_not_dev_shows_every_image_by_digest_in_its_first_preview():
+    """Issue 60: the first preview of a new stack that is not dev, nothing given by digest, already
+    shows each image as it will run: the Ray pods', the counter reader's and every chart's, known."""
+    config = config_of(ROOT / "Pulumi.us-west-2.yaml")
+    config.pop("eks-ray-train:image")
+    with serving_the_program(*the_programs_images("us-west-2")) as registries:
+        digests = {reference: registries.push(reference) for reference in the_programs_images("us-west-2")}
+        plan = run_program(config, FakeAws(region="us-west-2"), stack="us-west-2", first_preview=True)
+    releases = plan.of_type("kubernetes:helm.sh/v3:Release")
+    shown = {
+        f"{r.inputs['values']['image']['repository']}:{r.inputs['values']['image']['tag']}" for r in releases
+    }
+    ray = plan.one("kubernetes:ray.io/v1:RayCluster").inputs["spec"]["headGroupSpec"]["template"]["spec"]
+    reader = plan.one("kubernetes:apps/v1:DaemonSet", "efa-counters").inputs["spec"]["template"]["spec"]
+    pinned = {f"{reference}@{digest}" for reference, digest in digests.items()}
+    assert (
+        len(releases) == 3
+        and shown | {ray["containers"][0]["image"], reader["containers"][0]["image"]} == pinned
+    )
+    assert all(
+        "@sha256:" in r.inputs["values"]["image"]["tag"] and not unknown_inputs(r.inputs["values"])
+        for r in releases
+    )
+    # The EFA plugin's image is in EKS's registry of the region: read with an ECR token of that region.
+    assert registries.ecr_token_reads == [{"region": "us-west-2"}]

@@ -40,7 +40,7 @@ from training.components.resume import (
     checkpoint_settings,
     recorded_global_batch,
 )
-from training.components.watchdog import HangWatchdog
+from training.components.watchdog import COMMIT, EVALUATION, LAST_CHECKPOINT, HangWatchdog
 from training.config.run_config import TrainConfig
 from training.data.batches import epoch_batches, position_after, synthetic_batches
 from training.data.packing import PackedCorpus, PackingStats
@@ -87,6 +87,10 @@ def _eval_set(config: TrainConfig, session: Session) -> tuple[list[np.ndarray], 
     except ValueError as error:
         raise UsageError(f"--eval-data {config.eval_data}: {error}") from None
     return batches, packing
+
+
+def _silent(line: str) -> None:
+    """A rank other than 0 prints none of the run's lines."""
 
 
 def _packing(
@@ -260,9 +264,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
     """Build, resume if a checkpoint exists (or take --init-from's weights), train up to
     config.steps (or until the held-out loss stops improving), hand the summary to the session."""
     _prepare_device(session.device)
-    restarts = Restarts.begin(
-        session.faults(), config, one_node=session.world_size == session.local_world_size
-    )
+    restarts = Restarts.begin(session.faults(), config, session.nodes())
+    restarts.wait(session.preemption_notice, emit if session.rank == 0 else _silent, time.sleep, time.time)
     start_step, history, resharded = 0, [], False
     position: tuple[int, int] = (0, 0)
     with session.latest_checkpoint() as checkpoint_path:
@@ -412,7 +415,10 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             )
             due = _checkpoint_due(config, step, last=step == config.steps) or forced
             eval_start = time.perf_counter()
-            eval_loss = evaluate(model, held_out, session.device) if _eval_due(config, step, due) else None
+            eval_loss = None
+            if _eval_due(config, step, due):
+                with watchdog.watch(EVALUATION, step):
+                    eval_loss = evaluate(model, held_out, session.device)
             eval_s = None if eval_loss is None else time.perf_counter() - eval_start
             record = metrics.step(
                 step,
@@ -458,14 +464,17 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             # The checkpoint's time is its write to the run's storage; one
             # before the last is written behind the next steps, and this is its stall.
             report_start = time.perf_counter()
-            checkpoints.report(
-                record.as_dict(),
-                step,
-                state=train_state(step, eval_loss) if checkpoint_due and not last else None,
-                last=last,
-                save=saver(step, eval_loss, last) if checkpoint_due and last else None,
-                commit_in_flight=choice is not None and choice.commit_in_flight,
-            )
+            # A commit may wait for the write in flight, or write the last checkpoint: a write's time is allowed.
+            write_s = checkpoints.next_write_s() if checkpoint_due or choice is not None else 0.0
+            with watchdog.watch(LAST_CHECKPOINT if last else COMMIT, step, allowance_s=write_s):
+                checkpoints.report(
+                    record.as_dict(),
+                    step,
+                    state=train_state(step, eval_loss) if checkpoint_due and not last else None,
+                    last=last,
+                    save=saver(step, eval_loss, last) if checkpoint_due and last else None,
+                    commit_in_flight=choice is not None and choice.commit_in_flight,
+                )
             if checkpoint_due:
                 checkpoint_s = time.perf_counter() - report_start
             if deadline is not None:
@@ -478,7 +487,8 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             if stopped_early or stopped_at_deadline:
                 break
     except DivergedError:
-        checkpoints.commit_in_flight()  # the last good step's checkpoint, when one is being written
+        with watchdog.watch(COMMIT, step, allowance_s=checkpoints.next_write_s()):
+            checkpoints.commit_in_flight()  # the last good step's checkpoint, when one is being written
         raise
     finally:
         watchdog.stop()

@@ -63,6 +63,10 @@ class Session(Protocol):
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """Publish the run summary and per-step history."""
 
+    def nodes(self) -> list[str]:
+        """Each rank's node in this attempt, by rank: a collective every rank calls at its start. A
+        launcher that restarts keeps them where its record of faults reads them."""
+
     def faults(self) -> list[dict[str, Any]]:
         """The faults the launcher restarted this run after, oldest first
         (`training.components.attempts`); [] for one that does not restart a run."""

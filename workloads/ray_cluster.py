@@ -1,4 +1,5 @@
-"""The Ray side of the cluster: namespace, service account, shipped code, network policies, the RayCluster CR."""
+"""The Ray side of the cluster: namespace, service account, shipped code, network policies, the head's
+disruption budget, the RayCluster CR."""
 
 from __future__ import annotations
 
@@ -73,12 +74,18 @@ class RayCluster(pulumi.ComponentResource):
             **_body(manifests.namespace_default_deny(spec.namespace)),
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace, pods_policy]),
         )
+        # The head's disruption budget before its pod exists: no drain evicts it mid-job.
+        budget = manifests.head_disruption_budget(spec.name, spec.namespace)
+        head_budget = k8s.policy.v1.PodDisruptionBudget(
+            budget["metadata"]["name"], **_body(budget), opts=in_namespace
+        )
         self._prepared: list[pulumi.Resource] = [
             namespace,
             service_account,
             code,
             pods_policy,
             default_deny,
+            head_budget,
             *secrets,
         ]
         self._manifest = manifests.ray_cluster(spec)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from training.config.run_config import PRESETS, TrainConfig
 from training.data.corpus_cache import in_process_corpus, in_process_rows
 from training.data.packing import PackedCorpus
+from training.distributed.nodes import gather_nodes, this_node
 from training.session import Notice
 
 
@@ -65,6 +66,9 @@ class BenchSession:
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.summary, self.history = summary, history
+
+    def nodes(self) -> list[str]:
+        return gather_nodes(this_node())
 
     def faults(self) -> list[dict[str, Any]]:
         return []  # one attempt: the benchmark does not restart

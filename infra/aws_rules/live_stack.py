@@ -55,8 +55,11 @@ from platform_contract import GPU_LABELS
 T = TypeVar("T")
 # The tag the program puts on the control-plane log group, naming the stack that owns it.
 OWNER_TAG = "eks-ray-train:stack"
+# The managed add-ons pulumi-eks makes: kube-proxy inside its cluster, vpc-cni in its `VpcCniAddon`.
+VPC_CNI_ADDON = "vpc-cni"
+KUBE_PROXY_ADDON = "kube-proxy"
 # The managed add-ons whose versions the program keeps (`infra.resources.cluster.addon_version`).
-PINNED_ADDONS = ("coredns", OBSERVABILITY_ADDON, NODE_MONITORING_ADDON)
+PINNED_ADDONS = ("coredns", VPC_CNI_ADDON, KUBE_PROXY_ADDON, OBSERVABILITY_ADDON, NODE_MONITORING_ADDON)
 
 
 @dataclass(frozen=True)

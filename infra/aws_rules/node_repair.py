@@ -22,6 +22,7 @@ ADDON_NAME = "eks-node-monitoring-agent"
 # "Automatically repair nodes in EKS clusters", the table of node conditions: AcceleratedHardwareReady,
 # "Repair after" 10m; a node that is NotReady, 30m).
 ACCELERATED_HARDWARE_REPAIR_AFTER_S = 10 * 60
+NOT_READY_REPAIR_AFTER_S = 30 * 60
 
 # What a lost GPU node costs the job before a restart can place its workers again: the managed node
 # group launches a replacement (the EC2 launch, the AL2023 NVIDIA AMI's boot and the node joining),
@@ -31,6 +32,12 @@ ACCELERATED_HARDWARE_REPAIR_AFTER_S = 10 * 60
 # Train waits this long for a restarted worker group (`RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`,
 # whose own default of 60 s, ray/train/v2/_internal/constants.py, no new node meets).
 NODE_REPLACEMENT_S = 20 * 60
+
+# The job's --recovery-budget-s on a stack with auto repair, unless `training.recoveryBudgetS` sets
+# it: a node taken out of the job (`--leave-failing-node`) is repaired after its condition's wait (a
+# NotReady node's 30 minutes is the longest) and then replaced; the restarts before it come on top.
+# 50 minutes; the job's presets' 30 minutes fit a replacement alone.
+REPAIRED_NODE_RECOVERY_S = NOT_READY_REPAIR_AFTER_S + NODE_REPLACEMENT_S
 
 
 def addon_configuration() -> dict:

@@ -1,7 +1,9 @@
 """What no single key decides: values of the stack that contradict each other, or the stack's kind.
 
 `across_keys` runs after every key has parsed (`infra.config.stack.parse_settings`); the image's
-pin rules are also the warning `load_settings` logs (`infra.config.pulumi_source`).
+pin rules are also the warning `load_settings` logs (`infra.config.pulumi_source`). A tag on a stack
+that is not dev is no refusal: the preview reads its digest from the registry
+(`infra.aws_rules.image_pins`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def ray_version_problem(image: str, ray_version: str) -> str | None:
 def across_keys(settings: StackSettings, stack: str) -> StackSettings:
     """What no single key decides: values that contradict each other, or the stack's kind."""
     region = settings.region
-    refusal = image_tag_refusal(settings.image, stack)
+    refusal = image_digest_refusal(settings.image, stack)
     if refusal:
         raise ConfigError(refusal)
     if settings.gpu_az and not settings.gpu_az.startswith(region):
@@ -87,36 +89,38 @@ def across_keys(settings: StackSettings, stack: str) -> StackSettings:
     return settings
 
 
-def _how_to_pin(image: str) -> str:
-    """How to find an image's digest and pin it, for the warning and the refusal."""
+def _repository_and_tag(image: str) -> str:
+    """The reference without its digest, `<repository>:<tag>` where it names a tag."""
     name = image.split("@", 1)[0]
-    repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
-    return (
-        f"`docker buildx imagetools inspect {image}` (or `crane digest {image}`; in your own ECR, `aws ecr "
-        "describe-images --repository-name <name> --image-ids imageTag=<tag>`) prints it; then "
-        f"`pulumi config set image {repository}@sha256:<digest>`"
-    )
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:<tag>"
 
 
-def moving_tag_warning(image: str) -> str | None:
+def moving_tag_warning(image: str, stack: str | None = None) -> str | None:
     """A tag can be moved to other bits (AWS's `train-ml-cuda-v1.1` follows patch releases); a node
     replaced later could pull another Ray than the head runs, which Ray does not survive. A dev stack
-    may run one, with this warning."""
-    if "@" in image:
+    runs the tag, with this warning; any other runs the digest its first deploy read (no warning
+    where `stack` says it is one)."""
+    if "@" in image or (stack is not None and not is_dev_stack(stack)):
         return None
     return (
-        f"config key 'image' = {image!r} is a tag, which its publisher can move: a node replaced later may run "
-        f"other bits than the head. Pin the digest: {_how_to_pin(image)}"
+        f"config key 'image' = {image!r} is a tag, which its publisher can move: a dev stack runs the tag, so a "
+        "node replaced later may run other bits than the head (a stack that is not dev runs the digest its first "
+        f"deploy read from the registry). To pin it here too: `pulumi config set image {image}@sha256:<digest>` "
+        f"(`docker buildx imagetools inspect {image}` prints the digest)"
     )
 
 
-def image_tag_refusal(image: str, stack: str) -> str | None:
-    """Every stack but a dev one runs its image by digest, the default's tag included."""
-    problem = image_digest_problem(image)
-    if problem is None or is_dev_stack(stack):
+def image_digest_refusal(image: str, stack: str) -> str | None:
+    """Every stack but a dev one runs its image by a sha256 digest: a tag's is read at the first
+    deploy's preview (`infra.aws_rules.image_pins`), and a digest given must be a sha256 one, the
+    algorithm registries name manifests by."""
+    if "@" not in image or is_dev_stack(stack):
         return None
-    default = " (the default)" if image == DEFAULT_IMAGE else ""
+    problem = image_digest_problem(image)
+    if problem is None:
+        return None
     return (
-        f"config key 'image' = {image!r}{default} {problem}; stack {stack!r} is not a dev stack (dev, dev-*, "
-        f"*-dev), so it runs its image by digest: {_how_to_pin(image)}"
+        f"config key 'image' = {image!r} {problem}; stack {stack!r} is not a dev stack (dev, dev-*, *-dev), so it "
+        f"runs its image by a sha256 digest: set the tag (`pulumi config set image {_repository_and_tag(image)}`), "
+        "whose digest the preview reads from the registry, or its sha256 digest"
     )

@@ -65,6 +65,8 @@ __all__ = [
 ]
 
 
+# `repinImages`: a short label, such as a date.
+REPIN_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 # What becomes of the GPU nodes after the run (`gpuNodesAfterTraining`); the first is the default.
 KEEP, RELEASE = "keep", "release"
 GPU_NODES_AFTER_TRAINING = (KEEP, RELEASE)
@@ -125,7 +127,11 @@ class StackKeys(BaseModel):
     )
     image: Annotated[str, BeforeValidator(parse_image)] = Field(
         default=DEFAULT_IMAGE,
-        description=f"image of the Ray head and workers (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl), pinned by digest (`<repository>@sha256:<digest>`) on every stack but a dev one (`dev`, `dev-*`, `*-dev`), which may run a tag other than latest. A tag can move, so a node replaced later could run other bits than the head: on a dev stack the preview warns, on any other it refuses a tag, the default's included. `crane digest <image>`, `docker buildx imagetools inspect <image>` or, in your own ECR, `aws ecr describe-images` prints the digest",
+        description=f"image of the Ray head and workers (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl): a tag other than latest, or a digest (`<repository>[:<tag>]@sha256:<digest>`). A tag can move, so a node replaced later could run other bits than the head: every stack but a dev one (`dev`, `dev-*`, `*-dev`) runs it by its digest, which the preview reads from the registry at the first deploy (through the registry's own API: anonymously, or for an ECR registry with the stack's AWS identity) and names in one line; later `pulumi up`s keep that digest until `image` or `repinImages` changes, as they keep the three charts' images ([operations](operations/preview-checks.md#the-images)). A digest given runs as it is; a dev stack runs the tag, and the preview warns",
+    )
+    repin_images: Annotated[str | None, BeforeValidator(matching(REPIN_SHAPE, "2026-12-06"))] = Field(
+        default=None,
+        description="outside dev, a value other than the one recorded with the stack's image digests (`pulumi stack output images`), a date say, makes the next preview read every image tag's digest anew (`image`'s and the three charts') instead of keeping the recorded ones, which is how a stack takes the bits a tag was moved to; later previews keep the new ones. Up to 64 letters, digits, `.`, `_`, `:` and `-`",
     )
     ray_version: Annotated[
         str, BeforeValidator(matching(re.compile(r"\d+\.\d+\.\d+"), DEFAULT_RAY_VERSION))
@@ -161,7 +167,7 @@ class StackKeys(BaseModel):
     # `pulumi destroy` empties the checkpoint bucket (every object version) only when asked to.
     checkpoints_force_destroy: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=False,
-        description="let `pulumi destroy` delete the checkpoint bucket with everything in it, every object version included; off, the destroy stops at a bucket that still holds checkpoints. Destroy reads the value recorded by the last `pulumi up`: set it, run `pulumi up`, then `pulumi destroy` ([operations](operations/tearing-down.md))",
+        description="let `pulumi destroy` delete the checkpoint bucket with everything in it, every object version included; off, the destroy stops at a bucket that still holds checkpoints, which keeps its policy, encryption and other guards, and its KMS key stays enabled. Destroy reads the value recorded by the last `pulumi up`: set it, run `pulumi up`, then `pulumi destroy` ([operations](operations/tearing-down.md))",
     )
     vpc_flow_logs: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Annotated, Any
@@ -32,7 +33,12 @@ from training.config.run_config import (
     load_model_config,
     parse_flags,
 )
-from training.config.settings import DEADLINE_FLAG, parse_deadline
+from training.config.settings import (
+    DEADLINE_FLAG,
+    LEAVE_FAILING_NODE_FLAG,
+    RECOVERY_BUDGET_FLAG,
+    parse_deadline,
+)
 from training.metrics.flops import flops_per_token, peak_flops
 
 # What `pulumi up` trains unless the stack's `training.preset` says otherwise: AWS's reference job.
@@ -45,6 +51,7 @@ PROGRAM_FLAGS = {
     "--local": "the job runs on the cluster's Ray",
     "--launcher": "the job is submitted to the cluster's Ray",
     "--line-rate-gbps": "the GPU node type's network line rate (ec2:DescribeInstanceTypes)",
+    LEAVE_FAILING_NODE_FLAG: "with gpuNodeAutoRepair a failing node leaves the job and is repaired",
 }
 # `ray job submit` joins the job's command line with `subprocess.list2cmdline` and Ray runs it
 # with `shell=True` (ray/dashboard/modules/job/cli.py, job_supervisor.py), so a stack value must be
@@ -243,6 +250,41 @@ def data_problem(data: str, shipped_files: Collection[str]) -> str | None:
     )
 
 
+@dataclass(frozen=True)
+class JobUris:
+    """The S3 URIs the job's flags name outside the stack's own prefixes, which the pods' role is
+    granted exactly (`infra.resources.storage.job_uri_statements`): `read` (--data, --eval-data,
+    --init-from, --resume-from) and `write` (--corpus-cache, which the driver fills)."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+
+NO_JOB_URIS = JobUris()
+
+
+def job_uris(job_args: Sequence[str], granted: Sequence[str]) -> JobUris:
+    """The s3:// URIs of `job_args` not under one of the `granted` prefixes (`s3://<the stack's
+    bucket>/runs`, `.../data`), each once; none for a run that names none."""
+
+    def outside(uri: str | None) -> bool:
+        return (
+            bool(uri)
+            and str(uri).startswith("s3://")
+            and not any(
+                str(uri).rstrip("/") == prefix or str(uri).startswith(f"{prefix}/") for prefix in granted
+            )
+        )
+
+    config = training_config(job_args)
+    read = [config.data, config.eval_data, config.init_from, config.resume_from]
+    write = [config.corpus_cache]
+    return JobUris(
+        tuple(dict.fromkeys(str(uri) for uri in read if outside(uri))),
+        tuple(dict.fromkeys(str(uri) for uri in write if outside(uri))),
+    )
+
+
 def job_arguments(
     training: TrainingSettings,
     world_size: int,
@@ -251,6 +293,7 @@ def job_arguments(
     shipped_files: Collection[str],
     line_rate_gbps: float | None = None,
     deadline: datetime | None = None,
+    repaired_node_s: float | None = None,
 ) -> list[str]:
     """The stack's training flags plus the ones in `PROGRAM_FLAGS`.
 
@@ -261,7 +304,10 @@ def job_arguments(
     the worker count. `shipped_files` are the paths of the code shipped to the pods, which a
     `training.data` path must be among. `deadline` (the earlier of the reservation's usable end and
     `training.deadline`, `infra.preflight.deadline_of`) is the job's `--deadline`, in place of the
-    stack's own.
+    stack's own. `repaired_node_s` (with `gpuNodeAutoRepair`: how long a node's repair and
+    replacement take, `infra.aws_rules.node_repair.REPAIRED_NODE_RECOVERY_S`): a node whose faults
+    repeat leaves the job (`--leave-failing-node`), and the restarts may spend that long recovering
+    unless `training.recoveryBudgetS` says otherwise.
     """
     args = list(training.flags)
     if deadline is not None:
@@ -274,6 +320,10 @@ def job_arguments(
     if not workers_set:
         args += ["--workers", str(world_size)]
     args += ["--use-gpu", "--gpus-per-worker", str(gpus_per_worker), "--storage-path", storage_path]
+    if repaired_node_s is not None:
+        args += [LEAVE_FAILING_NODE_FLAG]
+        if RECOVERY_BUDGET_FLAG not in args:
+            args += [RECOVERY_BUDGET_FLAG, f"{repaired_node_s:g}"]
     if line_rate_gbps:
         args += ["--line-rate-gbps", f"{line_rate_gbps:g}"]
     try:

@@ -10,7 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
-from infra.aws_rules.live_stack import OWNER_TAG, LiveCluster, owner
+from infra.aws_rules.live_stack import KUBE_PROXY_ADDON, OWNER_TAG, VPC_CNI_ADDON, LiveCluster, owner
 from infra.config.stack import StackSettings
 from infra.resources.irsa import irsa_role
 from infra.resources.keys import account_statement, customer_key
@@ -35,6 +35,12 @@ NODE_POLICIES = [
 VPC_CNI_NAMESPACE = "kube-system"
 VPC_CNI_SERVICE_ACCOUNT = "aws-node"
 VPC_CNI_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
+# The managed add-ons pulumi-eks makes (`Cluster._vpc_cni` for vpc-cni). Given no version, pulumi-eks
+# asks EKS for the newest build on every run (`aws.eks.getAddonVersion`, mostRecent;
+# nodejs/eks/cluster/cluster.ts, addons/cni-addon.ts) and applies it with OVERWRITE, so an unrelated
+# `pulumi up` would restart aws-node and kube-proxy on every node, GPU nodes in a run among them: the
+# program gives both a version, kept as CoreDNS's is.
+PULUMI_EKS_ADDONS = (VPC_CNI_ADDON, KUBE_PROXY_ADDON)
 
 
 def control_plane_log_group(cluster_name: str) -> str:
@@ -106,7 +112,8 @@ class Cluster(pulumi.ComponentResource):
 
     CoreDNS is installed as a managed add-on here but only after the system node group exists
     (`install_coredns`), because the add-on stays degraded, and its creation can time out, on a
-    cluster with no node to run on.
+    cluster with no node to run on. kube-proxy and vpc-cni come with the cluster, at the versions
+    `addon_version` keeps (`live`: the cluster as the preview read it, None before it exists).
     """
 
     def __init__(
@@ -117,12 +124,17 @@ class Cluster(pulumi.ComponentResource):
         vpc_id: pulumi.Input[str],
         private_subnet_ids: list[pulumi.Input[str]],
         public_subnet_ids: list[pulumi.Input[str]],
+        live: LiveCluster | None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("eks-ray-train:infra:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.name = settings.cluster_name
         identity = settings.aws_identity
+        # Each a plain string known at preview, so no add-on's version is left to pulumi-eks's lookup.
+        self.addon_versions = {
+            addon: addon_version(addon, settings.kubernetes_version, live) for addon in PULUMI_EKS_ADDONS
+        }
 
         log_group_name = control_plane_log_group(settings.cluster_name)
         # One key for Kubernetes secrets and the control-plane logs; its policy names the log group.
@@ -162,7 +174,9 @@ class Cluster(pulumi.ComponentResource):
             # Through the log group, so the control plane inside pulumi-eks waits for it too.
             enabled_cluster_log_types=self.log_group.name.apply(lambda _: CONTROL_PLANE_LOGS),
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
-            kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(enabled=True),
+            kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(
+                enabled=True, version=self.addon_versions[KUBE_PROXY_ADDON]
+            ),
             # The vpc-cni add-on comes after the cluster (`self.vpc_cni`): its role trusts the
             # cluster's OIDC provider, which the cluster makes.
             use_default_vpc_cni=True,
@@ -240,8 +254,10 @@ class Cluster(pulumi.ComponentResource):
         pulumi-eks's `VpcCniAddon`, made here after the cluster rather than by the cluster
         (`useDefaultVpcCni`): a role in the cluster's own `vpcCniOptions.serviceAccountRoleArn` would
         trust the cluster's OIDC provider, an output of that same cluster. It takes the cluster's
-        name and version as pulumi-eks gave them; the alias keeps the add-on pulumi-eks made (its
-        URN under the cluster), so a live stack updates it in place.
+        name and version as pulumi-eks gave them, and the add-on's version as `addon_version` keeps
+        it. The alias names the `VpcCniAddon` pulumi-eks made under its cluster for stacks deployed
+        before 2026-12-05; it does not reach the `aws.eks.Addon` inside it, which pulumi-eks's
+        provider registers without aliases (UPGRADING.md, issue 60, says what such a stack does).
         """
         child = pulumi.ResourceOptions(parent=self)
         role = irsa_role(
@@ -259,6 +275,7 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-vpc-cni",
             cluster_name=self.cluster_name,
             cluster_version=self.kubernetes_version,
+            addon_version=self.addon_versions[VPC_CNI_ADDON],
             enable_network_policy=True,
             service_account_role_arn=role.arn,
             # The schema types `tags` as a list of maps; the add-on passes it to `aws.eks.Addon` as
@@ -313,7 +330,8 @@ class Cluster(pulumi.ComponentResource):
 
 def addon_version(addon_name: str, kubernetes_version: str, live: LiveCluster | None) -> str:
     """The version of the managed add-on `addon_name` for a cluster of `kubernetes_version`, `live`
-    as the preview read it (CoreDNS, and the CloudWatch Observability add-on of `observability`)."""
+    as the preview read it (CoreDNS, kube-proxy, vpc-cni, and the CloudWatch Observability add-on of
+    `observability`)."""
     return kept_addon_version(
         live_version=live.addon_versions.get(addon_name) if live else None,
         live_kubernetes_version=live.version if live else None,

@@ -2,7 +2,8 @@
 keeps the account's statement in its key policy.
 
 Two keys: the cluster's (Kubernetes secrets, control-plane logs; `infra.resources.cluster`) and the
-checkpoint bucket's (`infra.resources.storage`).
+checkpoint bucket's (`infra.resources.storage`), which `pulumi destroy` leaves enabled while it keeps
+the bucket (`checkpointsForceDestroy` false): checkpoints outlive the stack only with their key.
 """
 
 from __future__ import annotations

@@ -30,10 +30,12 @@ of `goal.Properties` in `continueStepsFromDiff`). The system group always has a 
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+import yaml
 
 from infra.aws_rules.capacity_rules import ReservationFacts
 from infra.aws_rules.sizing import InstanceFacts
@@ -76,6 +78,77 @@ AMI_ARCHITECTURE = {SYSTEM_AMI_TYPE: "x86_64", GPU_AMI_TYPE: "x86_64"}
 # Root volumes: the system nodes hold the Ray head's image (about 20 GB), the GPU nodes the workers'.
 SYSTEM_ROOT_VOLUME_GIB = 80
 GPU_ROOT_VOLUME_GIB = 200
+
+
+# Locked memory on the GPU nodes: set, not inherited. The Ray workers drop every capability
+# (`workloads.manifests.raycluster`), so every memory registration with the EFA device (libfabric's
+# EFA provider and aws-ofi-nccl, through ibv_reg_mr) is charged to the container's RLIMIT_MEMLOCK
+# (Linux drivers/infiniband/core/umem.c, `ib_umem_get`). A container whose OCI spec sets no such
+# rlimit runs with containerd's own, which no source states for AL2023: the AL2 AMI set it unlimited
+# through Docker's `default-ulimits` (awslabs/amazon-eks-ami templates/al2/runtime/docker-daemon.json,
+# removed with AL2 in b2289030), and AL2023's base runtime spec sets RLIMIT_NOFILE alone
+# (nodeadm/internal/containerd/base-runtime-spec.json at tag v20260724). The GPU nodes set it in that
+# spec through their nodeadm NodeConfig (`spec.containerd.baseRuntimeSpec`, an object, nodeadm/api/
+# v1alpha1/nodeconfig_types.go), whose rlimits containerd keeps in every container it creates
+# (containerd v2.2.7 internal/cri/server/container_create.go: it drops them only for a runtime
+# without a base spec). Rather than IPC_LOCK on the workers: the Ray namespace enforces the
+# `baseline` Pod Security Standard, which refuses that capability.
+#
+# How nodeadm v20260724 writes the spec (nodeadm/internal/containerd/base_runtime_spec.go,
+# `writeBaseRuntimeSpec`, through nodeadm/internal/util/merge.go, `Merge`), and what follows:
+# - it merges ours into its default with mergo's WithOverride: objects merge key by key, so the
+#   default's capabilities, mounts, namespaces and masked paths stay; a list replaces the default's
+#   list whole, so ours restates the default's RLIMIT_NOFILE (65536 soft, 1048576 hard);
+# - the merge decodes both into Go's `interface{}`, where every JSON number becomes a float64.
+#   "Unlimited" (RLIM_INFINITY, 2^64 - 1) would come out as 18446744073709552000, which containerd
+#   fails to parse into the spec's uint64 ("failed to parse base OCI spec file"), and with it its
+#   CRI plugin: the node would never run a pod. So the limit is finite: 2^53 bytes (8 PiB), which a
+#   float64 holds exactly and which is beyond any node's memory. In a pod, `ulimit -l` reads it as
+#   8796093022208 (KiB); readiness still refuses a limit under its floor, as on a node that did not
+#   take this config (`workloads.training_run.readiness.MIN_MEMLOCK_KIB`).
+# Every container on a GPU node gets these limits, as every container on an AL2 node had unlimited.
+CONTAINER_MEMLOCK_BYTES = 2**53
+CONTAINER_RLIMITS = (
+    {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576},
+    {"type": "RLIMIT_MEMLOCK", "soft": CONTAINER_MEMLOCK_BYTES, "hard": CONTAINER_MEMLOCK_BYTES},
+)
+# nodeadm reads NodeConfig documents from the user data's MIME parts of this type
+# (nodeadm/internal/configprovider/userdata.go, `nodeConfigMediaType`) and merges them
+# (`ParseMultipart`); EKS adds its own part with the cluster's details to a managed node group's
+# user data when the launch template names no AMI, as here, and this part needs none of them.
+NODE_CONFIG_MEDIA_TYPE = "application/node.eks.aws"
+USER_DATA_BOUNDARY = "==NODECONFIG=="
+
+
+def gpu_node_config() -> dict:
+    """The GPU nodes' NodeConfig: containerd's base runtime spec with the container rlimits above."""
+    base_runtime_spec = {"process": {"rlimits": [dict(limit) for limit in CONTAINER_RLIMITS]}}
+    return {
+        "apiVersion": "node.eks.aws/v1alpha1",
+        "kind": "NodeConfig",
+        "spec": {"containerd": {"baseRuntimeSpec": base_runtime_spec}},
+    }
+
+
+def node_config_user_data(node_config: dict) -> str:
+    """A launch template's user data (base64, as EC2 takes it): one MIME multipart document holding
+    the NodeConfig, the form a managed node group on an AL2023 AMI takes its user data in."""
+    document = "\n".join(
+        [
+            "MIME-Version: 1.0",
+            f'Content-Type: multipart/mixed; boundary="{USER_DATA_BOUNDARY}"',
+            "",
+            f"--{USER_DATA_BOUNDARY}",
+            f"Content-Type: {NODE_CONFIG_MEDIA_TYPE}",
+            "",
+            "---",
+            yaml.safe_dump(node_config, sort_keys=False).rstrip("\n"),
+            "",
+            f"--{USER_DATA_BOUNDARY}--",
+            "",
+        ]
+    )
+    return base64.b64encode(document.encode()).decode()
 
 
 def root_volume(size_gib: int) -> list[aws.ec2.LaunchTemplateBlockDeviceMappingArgsDict]:
@@ -226,6 +299,14 @@ class SystemNodeGroup(pulumi.ComponentResource):
             labels=SYSTEM_LABELS,
             kubernetes_version=kubernetes_version,
             after=after,
+            # The Ray head's PodDisruptionBudget (`workloads.manifests.head_disruption_budget`) refuses
+            # every eviction of it, so EKS's drain of a system node in an update of this group (a new
+            # Kubernetes version, AMI or launch template) fails with PodEvictionFailure. Forced, the
+            # update ends the head once the drain has failed (UpdateNodegroupVersion's `force`: "Force
+            # the update if any Pod on the existing node group can't be drained due to a Pod
+            # disruption budget issue"), and the TrainingRun submits the lost job again; a
+            # `kubectl drain` of a system node still waits for the head.
+            force_update_version=True,
         )
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
 
@@ -308,6 +389,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             network_interfaces=efa_network_interfaces(
                 spec.instance.efa_interfaces, [cluster_security_group_id, self.efa_security_group.id]
             ),
+            # The container rlimits (CONTAINER_RLIMITS): a change rolls the group's nodes.
+            user_data=node_config_user_data(gpu_node_config()),
             opts=child,
             **template_args,
         )

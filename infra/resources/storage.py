@@ -5,16 +5,22 @@ Ray Train needs storage every worker node can reach for checkpoints; the node ro
 access, the pods' service account assumes a role scoped to this one bucket. The pods reach S3
 through a gateway endpoint on the private route tables, and the bucket refuses the pods' role any
 request that comes another way: its credentials, taken out of a pod, open nothing from elsewhere.
+
+A `pulumi destroy` that keeps the bucket (`forceDestroy` false, checkpoints in it) keeps it guarded
+and readable: its policy and configuration go with the bucket or not at all, and its key outlives it
+(`CheckpointStore`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
+from infra.config.training_settings import NO_JOB_URIS, JobUris
 from infra.resources.irsa import irsa_role
 from infra.resources.keys import account_statement, customer_key
 from platform_contract import RAY_SERVICE_ACCOUNT
@@ -37,6 +43,11 @@ BUCKET_KEY_ACTIONS = ["kms:Encrypt", "kms:Decrypt", "kms:GenerateDataKey"]
 def checkpoint_storage_path(bucket_name: str) -> str:
     """Where the training job keeps its runs: `--storage-path` of the job."""
     return f"s3://{bucket_name}/{RUNS_PREFIX}"
+
+
+def granted_prefixes(bucket_name: str) -> list[str]:
+    """The bucket's prefixes the pods' role holds rights on whatever the job names: the runs, the corpora."""
+    return [checkpoint_storage_path(bucket_name), f"s3://{bucket_name}/{DATA_PREFIX}"]
 
 
 def s3_endpoint_service(region: str) -> str:
@@ -66,8 +77,47 @@ def prefix_objects(bucket_arn: str, prefix: str) -> list[str]:
     return [f"{bucket_arn}/{prefix}", f"{bucket_arn}/{prefix}/*"]
 
 
-def bucket_access_policy(bucket_arn: str, key_arn: str, region: str) -> str:
-    """Read and write the runs, read the corpora, use the bucket's key through S3; nothing else.
+def _bucket_and_prefix(uri: str) -> tuple[str, str]:
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, prefix.rstrip("/")
+
+
+def job_uri_statements(uris: JobUris) -> list[dict[str, Any]]:
+    """The pods' rights on the URIs the job's flags name outside the stack's own prefixes
+    (`infra.config.training_settings.job_uris`), exactly: list the prefix, read its objects, and for
+    the corpus cache write them too. Another bucket is not behind this stack's endpoint-only Deny
+    (that is the stack's bucket's own policy); a bucket encrypted under a KMS key of its own needs
+    that key's owner to let the pods' role decrypt. None without such a URI."""
+    statements: list[dict[str, Any]] = []
+    for kind, listed, actions in (
+        ("Read", uris.read, ["s3:GetObject"]),
+        (
+            "ReadAndWrite",
+            uris.write,
+            ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+        ),
+    ):
+        for index, uri in enumerate(listed):
+            bucket, prefix = _bucket_and_prefix(uri)
+            bucket_arn = f"arn:aws:s3:::{bucket}"
+            objects = prefix_objects(bucket_arn, prefix) if prefix else [f"{bucket_arn}/*"]
+            listing = [prefix, f"{prefix}/*"] if prefix else ["*"]
+            statements += [
+                {
+                    "Sid": f"List{kind}JobUri{index}",
+                    "Effect": "Allow",
+                    "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+                    "Resource": bucket_arn,
+                    "Condition": {"StringLikeIfExists": {"s3:prefix": listing}},
+                },
+                {"Sid": f"{kind}JobUri{index}", "Effect": "Allow", "Action": actions, "Resource": objects},
+            ]
+    return statements
+
+
+def bucket_access_policy(bucket_arn: str, key_arn: str, region: str, uris: JobUris = NO_JOB_URIS) -> str:
+    """Read and write the runs, read the corpora, use the bucket's key through S3; and the URIs the
+    job names elsewhere (`job_uri_statements`); nothing else.
 
     Listing is held to the two prefixes with `StringLikeIfExists`: a request that names no prefix
     (HeadBucket, which pyarrow sends before it makes a folder, as Ray Train does for each run) needs
@@ -118,6 +168,7 @@ def bucket_access_policy(bucket_arn: str, key_arn: str, region: str) -> str:
                     "Resource": key_arn,
                     "Condition": {"StringEquals": {"kms:ViaService": s3_via_service(region)}},
                 },
+                *job_uri_statements(uris),
             ],
         }
     )
@@ -198,10 +249,13 @@ class CheckpointStore(pulumi.ComponentResource):
         vpc_id: pulumi.Input[str],
         route_table_ids: Sequence[pulumi.Input[str]],
         force_destroy: bool,
+        job_uris: JobUris = NO_JOB_URIS,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        """`force_destroy`: `pulumi destroy` deletes every object version with the bucket; otherwise
-        it stops at a bucket that still holds checkpoints, so none is lost by accident.
+        """`job_uris`: what the job's flags name outside the bucket's prefixes, granted exactly.
+        `force_destroy`: `pulumi destroy` deletes every object version with the bucket, and its
+        key; otherwise it stops at a bucket that still holds checkpoints, so none is lost by accident,
+        and leaves the bucket its guards and the key enabled (the key out of the state).
         `route_table_ids`: the private subnets' route tables (`Network.private_route_table_ids`),
         which the S3 endpoint joins."""
         super().__init__("eks-ray-train:infra:CheckpointStore", name, None, opts)
@@ -215,12 +269,19 @@ class CheckpointStore(pulumi.ComponentResource):
             opts=child,
         )
         # After the role, which its policy names (KMS refuses a principal that does not exist).
+        # Kept when the bucket is: a destroy with force_destroy false drops the key from the state
+        # and leaves it enabled, so the checkpoints it encrypts stay readable (KMS refuses to decrypt
+        # with a key pending deletion, and deletes it 30 days later). Not ordered after the bucket
+        # instead (the bucket depending on the key): the key depends on the pods' role, the role on
+        # the cluster's OIDC provider, so the bucket's delete would come before the control plane's,
+        # the VPC's and the NAT gateway's, and a destroy stopped at a kept bucket would leave them
+        # all running. With force_destroy the key goes, with every checkpoint.
         account_id = aws.get_caller_identity().account_id
         self.key = customer_key(
             name,
             description=f"Server-side encryption of the checkpoint bucket {bucket_name}",
             policy=self.role.arn.apply(lambda role_arn: bucket_key_policy(account_id, role_arn, region)),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=not force_destroy),
         )
         # S3 traffic of the private subnets stays in AWS's network, and carries the endpoint's id,
         # which the bucket policy requires of the pods' role. No endpoint policy: the nodes' image
@@ -235,8 +296,18 @@ class CheckpointStore(pulumi.ComponentResource):
             opts=child,
         )
         self.bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=force_destroy, opts=child)
+        # The bucket's guards (its policy, public access block, encryption, ownership, versioning and
+        # lifecycle) go with the bucket or not at all: S3 deletes a bucket's policy and configuration
+        # with the bucket, so Pulumi skips their own deletes when it deletes the bucket in the same
+        # run (`deleted_with`), and a destroy that stops at a bucket still holding checkpoints leaves
+        # them on it rather than removing each before it tries the bucket. Not `retain_on_delete`,
+        # which skips the delete always: a guard taken out of the program, or replaced on its own,
+        # would stay on the bucket with no state to show it. Either way a skipped guard leaves the
+        # state in that destroy; the next `pulumi up` records it again (its create is the same S3
+        # Put call as its update).
+        guard = pulumi.ResourceOptions(parent=self, deleted_with=self.bucket)
         versioning = aws.s3.BucketVersioning(
-            name, bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
+            name, bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=guard
         )
         # Its rules are about noncurrent versions, so it follows versioning.
         aws.s3.BucketLifecycleConfiguration(
@@ -251,7 +322,7 @@ class CheckpointStore(pulumi.ComponentResource):
                     "abort_incomplete_multipart_upload": {"days_after_initiation": INCOMPLETE_UPLOAD_DAYS},
                 }
             ],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]),
+            opts=pulumi.ResourceOptions.merge(guard, pulumi.ResourceOptions(depends_on=[versioning])),
         )
         public_access = aws.s3.BucketPublicAccessBlock(
             name,
@@ -260,7 +331,7 @@ class CheckpointStore(pulumi.ComponentResource):
             block_public_policy=True,
             ignore_public_acls=True,
             restrict_public_buckets=True,
-            opts=child,
+            opts=guard,
         )
         # New objects under the bucket's own key; a bucket key makes S3 ask KMS for a data key per
         # bucket and period rather than per object.
@@ -276,7 +347,7 @@ class CheckpointStore(pulumi.ComponentResource):
                     "bucket_key_enabled": True,
                 }
             ],
-            opts=child,
+            opts=guard,
         )
         # After the public access block: S3 judges a new policy against the block in force.
         guards = aws.s3.BucketPolicy(
@@ -285,16 +356,16 @@ class CheckpointStore(pulumi.ComponentResource):
             policy=pulumi.Output.all(self.bucket.arn, self.role.arn, self.endpoint.id).apply(
                 lambda args: bucket_policy(*args)
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access]),
+            opts=pulumi.ResourceOptions.merge(guard, pulumi.ResourceOptions(depends_on=[public_access])),
         )
         aws.s3.BucketOwnershipControls(
-            name, bucket=self.bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
+            name, bucket=self.bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=guard
         )
         access = aws.iam.RolePolicy(
             f"{name}-ray-pods",
             role=self.role.id,
             policy=pulumi.Output.all(self.bucket.arn, self.key.arn).apply(
-                lambda args: bucket_access_policy(args[0], args[1], region)
+                lambda args: bucket_access_policy(args[0], args[1], region, job_uris)
             ),
             opts=child,
         )

@@ -7,13 +7,26 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .properties import KMS_KEY, as_list, dig, is_false, is_true, is_unknown, policy_statements
+from .properties import (
+    KMS_KEY,
+    as_list,
+    but,
+    dig,
+    iam_glob,
+    is_false,
+    is_true,
+    is_unknown,
+    policy_statements,
+    statement_grants,
+)
 from .registry import MANDATORY, resource_rule
 
 # KMS's longest waiting period, and its default (KMS developer guide, "Deleting AWS KMS keys").
 MIN_DELETION_WINDOW_DAYS = 30
 # Actions that use a key on data, as a key policy names them (wildcards included).
 _USE = re.compile(r"\*|kms:\*|kms:(Encrypt|Decrypt|ReEncrypt|GenerateDataKey)\S*")
+# The actions that use a key on data, by name: what a pattern or a `NotAction` (every action but) is read against.
+_USE_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey")
 _ACCOUNT_ROOT = re.compile(r"\d{12}|arn:[a-z-]+:iam::\d{12}:root")
 
 
@@ -59,6 +72,13 @@ def kms_key_rotation(resource_type: str, props: Mapping[str, Any], stack: str) -
     return [f"enableKeyRotation is {state}: set it to true"]
 
 
+def _uses(action: str) -> bool:
+    """Whether an action pattern takes in an action that uses the key on data."""
+    return bool(_USE.fullmatch(action)) or any(
+        iam_glob(action, use, ignore_case=True) for use in _USE_ACTIONS
+    )
+
+
 def _binds_use(condition: Any) -> bool:
     """A condition that names the service calling for the principal, or the encryption context."""
     return is_unknown(condition) or any(
@@ -74,7 +94,7 @@ def _binds_use(condition: Any) -> bool:
     MANDATORY,
     description="A key policy lends the key's use beyond the account only through a service or an encryption context.",
     resources="KMS keys",
-    requires="every key-policy statement allowing Encrypt, Decrypt, ReEncrypt or GenerateDataKey to a principal other than the account has a `kms:ViaService` or `kms:EncryptionContext:*` condition",
+    requires="every key-policy statement allowing Encrypt, Decrypt, ReEncrypt or GenerateDataKey (by name, by wildcard, or by a `NotAction` that leaves them in) to a principal other than the account has a `kms:ViaService` or `kms:EncryptionContext:*` condition",
 )
 def kms_key_use_bound(resource_type: str, props: Mapping[str, Any], stack: str) -> list[str]:
     """A role the key policy names may use the key only through the service it is meant for (the
@@ -83,7 +103,12 @@ def kms_key_use_bound(resource_type: str, props: Mapping[str, Any], stack: str) 
         return []
     violations = []
     for statement in policy_statements(props.get("policy")) or []:
-        actions = [a for a in as_list(dig(statement, "Action")) if isinstance(a, str) and _USE.fullmatch(a)]
+        every_action_but = but(statement, "NotAction")
+        if every_action_but:
+            uses = any(statement_grants(statement, action) for action in _USE_ACTIONS)
+            actions = [every_action_but] if uses else []
+        else:
+            actions = [a for a in as_list(dig(statement, "Action")) if isinstance(a, str) and _uses(a)]
         principal = dig(statement, "Principal")
         principals = (
             [principal]

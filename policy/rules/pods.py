@@ -249,7 +249,7 @@ def container_images_digest_pinned(resource_type: str, props: Mapping[str, Any],
         return []
     return [
         f"container {name}: image {image} {problem}, and stack {stack} is not a dev stack: pin it as "
-        "<repository>@sha256:<digest> (`crane digest <image>` prints the digest)"
+        "<repository>@sha256:<digest> (the program's preview reads it from the registry for its own pods)"
         for name, image, problem in _image_problems(props, image_digest_problem)
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,9 @@ SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 ROLE_POLICY_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+# Attachments of a managed policy to roles (and users, groups), and of managed policies to a role.
+POLICY_ATTACHMENT = "aws:iam/policyAttachment:PolicyAttachment"
+ROLE_POLICY_ATTACHMENTS_EXCLUSIVE = "aws:iam/rolePolicyAttachmentsExclusive:RolePolicyAttachmentsExclusive"
 IAM_POLICY = "aws:iam/policy:Policy"
 KMS_KEY = "aws:kms/key:Key"
 VPC_ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
@@ -107,6 +111,59 @@ def policy_statements(policy: Any) -> list | None:
         return []
     statements = dig(document, "Statement")
     return [statements] if isinstance(statements, Mapping) else items(statements)
+
+
+def iam_glob(pattern: str, value: str, *, ignore_case: bool = False) -> bool:
+    """IAM's wildcards: `*` any run of characters, `?` one (actions match case-insensitively)."""
+    regex = ".*".join(".".join(re.escape(piece) for piece in part.split("?")) for part in pattern.split("*"))
+    return re.fullmatch(regex, value, re.DOTALL | (re.IGNORECASE if ignore_case else 0)) is not None
+
+
+def arn_like(pattern: str, arn: str) -> bool:
+    """`ArnLike`/`ArnEquals`: each of an ARN's six colon-separated parts matched on its own, wildcards included."""
+    parts, wanted = pattern.split(":", 5), arn.split(":", 5)
+    if len(parts) != 6 or len(wanted) != 6:
+        return iam_glob(pattern, arn)
+    return all(iam_glob(part, value) for part, value in zip(parts, wanted, strict=True))
+
+
+def statement_grants(statement: Any, action: str) -> bool:
+    """Whether an Allow statement grants `action`: an `Action` pattern names it, or `NotAction` (every
+    action but those it names) leaves it out. A statement whose actions are unknown grants nothing
+    the pack can tell."""
+    if dig(statement, "Effect") != "Allow":
+        return False
+    if isinstance(statement, Mapping) and "NotAction" in statement:
+        excluded = as_list(statement["NotAction"])
+        if is_unknown(statement["NotAction"]) or any(is_unknown(pattern) for pattern in excluded):
+            return False
+        return not any(iam_glob(str(pattern), action, ignore_case=True) for pattern in excluded)
+    return any(
+        isinstance(pattern, str) and not is_unknown(pattern) and iam_glob(pattern, action, ignore_case=True)
+        for pattern in as_list(dig(statement, "Action"))
+    )
+
+
+def statement_reaches(statement: Any, arn: str) -> bool:
+    """Whether a statement's resources take in `arn`: a `Resource` pattern names it, or `NotResource`
+    (every resource but those it names) leaves it out. Unknown resources take in nothing the pack can tell."""
+    if isinstance(statement, Mapping) and "NotResource" in statement:
+        excluded = as_list(statement["NotResource"])
+        if is_unknown(statement["NotResource"]) or any(is_unknown(pattern) for pattern in excluded):
+            return False
+        return not any(iam_glob(str(pattern), arn) for pattern in excluded)
+    return any(
+        isinstance(pattern, str) and not is_unknown(pattern) and iam_glob(pattern, arn)
+        for pattern in as_list(dig(statement, "Resource"))
+    )
+
+
+def but(statement: Any, key: str) -> str | None:
+    """How a message names a `NotAction`/`NotResource` element: "every action but ..." (None without one)."""
+    if not isinstance(statement, Mapping) or key not in statement:
+        return None
+    noun = "action" if key == "NotAction" else "resource"
+    return f"every {noun} but {', '.join(map(str, as_list(statement[key])))} ({key})"
 
 
 def type_kind(resource_type: str) -> tuple[str, str]:

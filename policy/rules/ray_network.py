@@ -11,9 +11,20 @@ everyone opens the pod. A peer names its peers unless it is a namespace selector
 namespace (`{}`: every namespace; `Exists`, `NotIn`, `DoesNotExist` alone: every namespace without
 or with a label), or an ipBlock of every address (`/0`) or holding addresses of a VPC of the stack
 (its nodes', and with the VPC CNI its pods'). A pod selector alone names pods of the policy's own
-namespace. KubeRay labels each pod with the RayCluster's template labels and its own `ray.io/cluster`,
-`ray.io/node-type` and `ray.io/group` (which a template cannot override; kuberay v1.7.0,
-ray-operator/controllers/ray/common/pod.go, `labelPod`).
+namespace. A `ports` entry with `endPort` is a range; one of 1024 ports or more, or reaching 65535,
+is as good as every port.
+
+KubeRay (v1.7.0, ray-operator/controllers/ray/common/pod.go, `DefaultHeadPodTemplate`,
+`DefaultWorkerPodTemplate`, `labelPod`) labels each Ray pod with its template's labels and its
+group's `labels`, over its own `ray.io/is-ray-node: yes`, `ray.io/identifier`,
+`app.kubernetes.io/name: kuberay` and `app.kubernetes.io/created-by: kuberay-operator`; and with
+`ray.io/cluster` (the RayCluster's name), `ray.io/node-type` and `ray.io/group`, which neither can
+override. A RayJob or RayService makes a RayCluster named `<its name>-<5 random characters>`
+(utils/util.go, `GenerateRayClusterName`) and labels that RayCluster, not its pods, with
+`ray.io/originated-from-cr-name` and `ray.io/originated-from-crd` (rayjob_controller.go,
+`constructRayClusterForRayJob`; rayservice_controller.go, `constructRayClusterForRayService`): so
+its pods' `ray.io/cluster` is a value no policy can name beforehand, and no label of theirs names
+the RayJob or RayService but those its templates give them.
 """
 
 from __future__ import annotations
@@ -25,18 +36,32 @@ from typing import Any
 
 from .properties import (
     NETWORK_POLICY,
-    RAY_CLUSTER,
     VPC,
     StackResource,
     dig,
     is_unknown,
     items,
+    type_kind,
 )
 from .ray import RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL, ray_cluster_spec
 from .registry import MANDATORY, stack_rule
 
 RAY_GROUP_LABEL = "ray.io/group"
 HEAD_GROUP = "headgroup"  # KubeRay's utils.RayNodeHeadGroupLabelValue
+# KubeRay's labels on every Ray pod that a template's labels may override (utils/constant.go).
+KUBERAY_POD_LABELS = {
+    "ray.io/is-ray-node": "yes",
+    "app.kubernetes.io/name": "kuberay",
+    "app.kubernetes.io/created-by": "kuberay-operator",
+}
+RAY_ID_LABEL = "ray.io/identifier"
+LABEL_VALUE_LIMIT = 63
+# The `ray.io/cluster` of a RayJob's or RayService's pods: their RayCluster's name, which ends in
+# characters KubeRay draws at random. No label value holds a NUL, so no selector names this one.
+GENERATED_NAME = "\x00<name>-<5 random characters>"
+# A `ports` entry of this many ports or more, or one reaching the highest port, admits as good as every port.
+WIDE_PORT_RANGE = 1024
+HIGHEST_PORT = 65535
 
 
 class _Unknown(Exception):
@@ -140,19 +165,32 @@ def _policy_name(policy: StackResource) -> str:
     return name if isinstance(name, str) and not is_unknown(name) else policy.urn
 
 
+def _identifier(cluster_name: str, node_type: str) -> str:
+    """KubeRay's `ray.io/identifier`: `<cluster>-<node type>`, cut to a label value from the left,
+    a leading punctuation mark made `r` (utils/util.go, `GenerateIdentifier`, `CheckLabel`)."""
+    if cluster_name == GENERATED_NAME:
+        return GENERATED_NAME
+    value = f"{cluster_name}-{node_type}"[-LABEL_VALUE_LIMIT:]
+    return f"r{value[1:]}" if value[:1] in "-._" else value
+
+
 def _pod_kinds(cluster_name: str, spec: Mapping[str, Any]) -> list[tuple[str, dict[str, str]]]:
-    """(what, labels) of each kind of pod KubeRay makes for a RayCluster: the head, each worker group."""
-    kinds = [("the head", "head", HEAD_GROUP, dig(spec, "headGroupSpec", "template"))]
+    """(what, labels) of each kind of pod KubeRay makes for a RayCluster spec: the head, each worker group."""
+    kinds = [("the head", "head", HEAD_GROUP, dig(spec, "headGroupSpec"))]
     for group in items(_known(spec.get("workerGroupSpecs"))):
         name = _known(dig(group, "groupName"))
-        kinds.append((f"worker group {name}", "worker", name, dig(group, "template")))
+        kinds.append((f"worker group {name}", "worker", name, group))
     found = []
-    for what, node_type, group_name, template in kinds:
-        template_labels = {
-            key: _known(value) for key, value in (_known(dig(template, "metadata", "labels")) or {}).items()
+    for what, node_type, group_name, group_spec in kinds:
+        given = {
+            key: _known(value)
+            for labels in (dig(group_spec, "template", "metadata", "labels"), dig(group_spec, "labels"))
+            for key, value in (_known(labels) or {}).items()
         }
         labels = {
-            **template_labels,
+            **KUBERAY_POD_LABELS,
+            RAY_ID_LABEL: _identifier(cluster_name, node_type),
+            **given,
             RAY_CLUSTER_LABEL: cluster_name,
             RAY_NODE_TYPE_LABEL: node_type,
             RAY_GROUP_LABEL: group_name,
@@ -187,36 +225,58 @@ def _ingress_problems(
     return problems
 
 
+def _ray_owners(resources: Sequence[StackResource]) -> list[tuple[StackResource, str, Mapping[str, Any]]]:
+    """Each RayCluster, RayJob and RayService with its kind and the RayCluster spec its pods come from."""
+    found = []
+    for resource in resources:
+        spec = ray_cluster_spec(resource.type, resource.props)
+        if spec is not None:
+            found.append((resource, type_kind(resource.type)[1], spec))
+    return found
+
+
 @stack_rule(
     "ray-pods-network-policy",
     MANDATORY,
-    description="Every pod of every RayCluster, head and workers, is isolated for ingress by NetworkPolicies naming their peers.",
-    resources="RayClusters, NetworkPolicies and VPCs",
-    requires="NetworkPolicies in the RayCluster's namespace select its head and every worker group (by KubeRay's labels: `ray.io/cluster`, `ray.io/node-type`, `ray.io/group`, and the template's) for ingress, and every ingress rule of them names its peers: no rule without `from`, no namespace selector that names no namespace (`{}`), no ipBlock of every address or holding a VPC's addresses",
+    description="Every pod of every RayCluster, RayJob and RayService, head and workers, is isolated for ingress by NetworkPolicies naming their peers.",
+    resources="RayClusters, RayJobs (`rayClusterSpec`), RayServices (`rayClusterConfig`), NetworkPolicies and VPCs",
+    requires="NetworkPolicies in the Ray resource's namespace select its head and every worker group (by the labels KubeRay gives the pods: the template's and the group's `labels`, `ray.io/cluster`, `ray.io/node-type`, `ray.io/group`, `ray.io/is-ray-node`, `ray.io/identifier`, `app.kubernetes.io/name` and `app.kubernetes.io/created-by`; a RayJob's or RayService's pods carry a `ray.io/cluster` with a random suffix, which no selector can count on) for ingress, and every ingress rule of them names its peers: no rule without `from`, no namespace selector that names no namespace (`{}`), no ipBlock of every address or holding a VPC's addresses",
 )
 def ray_pods_network_policy(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
-    """Each RayCluster's pods, every one of which serves jobs (the head's GCS, dashboard and client,
+    """Each Ray resource's pods, every one of which serves jobs (the head's GCS, dashboard and client,
     every pod's dashboard agent), admit only the peers their policies name."""
     vpc_blocks = _vpc_blocks(resources)
     violations = []
-    for cluster in (r for r in resources if r.type == RAY_CLUSTER):
-        name, namespace = (dig(cluster.props, "metadata", key) for key in ("name", "namespace"))
-        spec = ray_cluster_spec(cluster.type, cluster.props)
+    for ray, kind, spec in _ray_owners(resources):
+        name, namespace = (dig(ray.props, "metadata", key) for key in ("name", "namespace"))
         try:
-            if not isinstance(_known(name), str) or spec is None:
+            if kind == "RayCluster" and not isinstance(_known(name), str):
                 continue
-            problems = _ingress_problems(name, spec, _policies_in(resources, _known(namespace)), vpc_blocks)
+            cluster_name = name if kind == "RayCluster" else GENERATED_NAME
+            problems = _ingress_problems(
+                cluster_name, spec, _policies_in(resources, _known(namespace)), vpc_blocks
+            )
         except _Unknown:
             continue
-        if problems:
-            violations.append(
-                (
-                    cluster.urn,
-                    f"RayCluster {name} in namespace {namespace}: {'; '.join(problems)}. Every Ray pod serves "
-                    f"jobs (the dashboard agent on each, the head's Ray ports): admit only the RayCluster's own "
-                    f"pods (`podSelector: {{matchLabels: {{{RAY_CLUSTER_LABEL}: {name}}}}}`)",
-                )
+        if not problems:
+            continue
+        shown = name if isinstance(name, str) and not is_unknown(name) else ray.urn
+        if kind == "RayCluster":
+            fix = f"admit only the RayCluster's own pods (`podSelector: {{matchLabels: {{{RAY_CLUSTER_LABEL}: {name}}}}}`)"
+        else:
+            callers = "the KubeRay operator and the submitter" if kind == "RayJob" else "the KubeRay operator"
+            fix = (
+                f"select them by a label of their templates (e.g. app.kubernetes.io/instance): KubeRay names the "
+                f"{kind}'s RayCluster {shown}-<5 random characters> and gives its pods no label of the {kind}'s; "
+                f"admit only named peers (its own pods, and {callers}, which call the head, by namespace and pod labels)"
             )
+        violations.append(
+            (
+                ray.urn,
+                f"{kind} {shown} in namespace {namespace}: {'; '.join(problems)}. Every Ray pod serves jobs "
+                f"(the dashboard agent on each, the head's Ray ports): {fix}",
+            )
+        )
     return violations
 
 
@@ -231,17 +291,39 @@ def _denies_by_default(policy: StackResource) -> bool:
     return every_pod and {"Ingress", "Egress"} <= policy_types(spec) and no_rules
 
 
+def _number(value: Any) -> int | None:
+    """A port number (numbers reach a policy as floats); None for a named port."""
+    if isinstance(value, str):
+        return int(value) if value.isdigit() else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def wide_ports(port: Any) -> str | None:
+    """How a `ports` entry admits as good as every port: no `port`, or a range (`endPort`) of
+    1024 ports or more or one reaching 65535; None when it names a port or a narrower range."""
+    start, end = _known(dig(port, "port")), _known(dig(port, "endPort"))
+    if start is None:
+        return "every port"
+    first, last = _number(start), _number(end)
+    if first is None or last is None or last < first:
+        return None
+    if last >= HIGHEST_PORT or last - first + 1 >= WIDE_PORT_RANGE:
+        return f"ports {first}-{last} (as good as every port)"
+    return None
+
+
 def _open_egress(policy: StackResource, vpc_blocks: Sequence[Any]) -> list[str]:
-    """Egress rules of a policy that admit every port to more than named peers."""
+    """Egress rules of a policy that admit (as good as) every port to more than named peers."""
     found = []
     for index, rule in enumerate(items(_known(dig(policy.props, "spec", "egress")))):
         ports = items(_known(dig(rule, "ports")))
-        if ports and all(_known(dig(port, "port")) is not None for port in ports):
+        wide = next(filter(None, map(wide_ports, ports)), None) if ports else "every port"
+        if wide is None:
             continue
         why = _open_rule(rule, "to", vpc_blocks)
         if why:
             found.append(
-                f"NetworkPolicy {_policy_name(policy)} admits egress on every port to {why} (egress rule {index})"
+                f"NetworkPolicy {_policy_name(policy)} admits egress on {wide} to {why} (egress rule {index})"
             )
     return found
 
@@ -251,7 +333,7 @@ def _open_egress(policy: StackResource, vpc_blocks: Sequence[Any]) -> list[str]:
     MANDATORY,
     description="Every namespace holding Ray pods denies all ingress and egress by default.",
     resources="RayCluster/RayJob/RayService, NetworkPolicies and VPCs",
-    requires="a NetworkPolicy in each namespace of a RayCluster, RayJob or RayService selects every pod (`podSelector: {}`) for `Ingress` and `Egress` with no rules; no NetworkPolicy there admits egress on every port to everyone (no `to`, a namespace selector that names no namespace, an ipBlock of every address or holding a VPC's addresses)",
+    requires=f"a NetworkPolicy in each namespace of a RayCluster, RayJob or RayService selects every pod (`podSelector: {{}}`) for `Ingress` and `Egress` with no rules; no NetworkPolicy there admits egress on every port (no `ports`, an entry without `port`, or a range `port`-`endPort` of {WIDE_PORT_RANGE} ports or more or reaching {HIGHEST_PORT}) to everyone (no `to`, a namespace selector that names no namespace, an ipBlock of every address or holding a VPC's addresses)",
 )
 def ray_namespace_default_deny(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
     """A namespace of Ray pods lets nothing in or out but what its policies name: a pod no other

@@ -84,10 +84,23 @@ OBSERVABILITY_VERSIONS: dict[str, str] = dict.fromkeys(EKS_VERSIONS, "v6.4.0-eks
 # tag names them, aws/eks-node-monitoring-agent charts/eks-node-monitoring-agent/values.yaml; the
 # builds per Kubernetes version are illustrative).
 NODE_MONITORING_VERSIONS: dict[str, str] = dict.fromkeys(EKS_VERSIONS, "v1.7.0-eksbuild.1")
+# The same for the two add-ons pulumi-eks makes: the VPC CNI (builds `v<cni>-eksbuild.<n>`, one CNI
+# release for several Kubernetes versions) and kube-proxy (a build per Kubernetes minor version,
+# `v<kubernetes>.<patch>-eksbuild.<n>`); the numbers are illustrative.
+VPC_CNI_VERSIONS: dict[str, str] = {
+    "1.36": "v1.21.1-eksbuild.1",
+    "1.35": "v1.21.1-eksbuild.1",
+    "1.34": "v1.20.4-eksbuild.2",
+    "1.33": "v1.20.4-eksbuild.2",
+    "1.32": "v1.19.6-eksbuild.7",
+}
+KUBE_PROXY_VERSIONS: dict[str, str] = {version: f"v{version}.0-eksbuild.2" for version in EKS_VERSIONS}
 ADDON_VERSIONS = {
     "coredns": COREDNS_VERSIONS,
     "amazon-cloudwatch-observability": OBSERVABILITY_VERSIONS,
     "eks-node-monitoring-agent": NODE_MONITORING_VERSIONS,
+    "vpc-cni": VPC_CNI_VERSIONS,
+    "kube-proxy": KUBE_PROXY_VERSIONS,
 }
 
 REGION_DESCRIPTIONS = {
@@ -442,6 +455,11 @@ class FakeAws:
     vpcs: dict[str, str] = field(default_factory=dict)
     subnets: dict[str, str] = field(default_factory=dict)
     log_groups: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The clusters' managed add-ons: cluster name -> add-on name -> the version it runs.
+    addons: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The builds EKS offers: add-on name -> Kubernetes version -> the newest build for it, ADDON_VERSIONS
+    # until a test publishes a later one.
+    addon_builds: dict[str, dict[str, str]] = field(default_factory=lambda: copy.deepcopy(ADDON_VERSIONS))
 
     def launch_into_reservation(self, reservation_id: str, cluster_name: str, count: int) -> None:
         """`count` nodes of the EKS cluster `cluster_name` start in the reservation, as a deploy leaves them.
@@ -493,6 +511,7 @@ class FakeAws:
             "aws:ec2/getInstances:getInstances": self._instances,
             "aws:eks/getClusterVersions:getClusterVersions": self._cluster_versions,
             "aws:eks/getAddonVersion:getAddonVersion": self._addon_version,
+            "aws:eks/getAddon:getAddon": self._addon,
             "aws:eks/getCluster:getCluster": self._cluster,
             "aws:eks/getNodeGroups:getNodeGroups": self._node_groups,
             "aws:eks/getNodeGroup:getNodeGroup": self._node_group,
@@ -753,8 +772,20 @@ class FakeAws:
             raise self._missing("CloudWatch Logs Log Group", args["name"])
         return {"id": args["name"], "name": args["name"], "tags": dict(self.log_groups[args["name"]])}
 
+    def _addon(self, args: dict) -> dict:
+        # EKS API reference, DescribeAddon: the add-on with its `addonVersion`, or
+        # ResourceNotFoundException, which the provider's `aws_eks_addon` data source reports as
+        # "couldn't find resource" (terraform-provider-aws internal/service/eks/addon.go).
+        cluster, name = args["clusterName"], args["addonName"]
+        if name not in self.addons.get(cluster, {}):
+            raise self._missing("EKS Add-On", f"{cluster},{name}")
+        version = self.addons[cluster][name]
+        return {"id": f"{cluster}:{name}", **args, "addonVersion": version, "region": self.region}
+
     def _addon_version(self, args: dict) -> dict:
-        versions = ADDON_VERSIONS.get(args["addonName"], {})
+        # EKS API reference, DescribeAddonVersions: the builds compatible with the Kubernetes version;
+        # `most_recent = true` returns the newest.
+        versions = self.addon_builds.get(args["addonName"], {})
         if args["kubernetesVersion"] not in versions:
             raise AwsApiError(
                 "EKS: DescribeAddonVersions",

@@ -9,7 +9,18 @@ Each models the real behaviour the provider depends on, and where that is docume
   returns. Requests need `Authorization: Bearer k8s-aws-v1.<base64url presigned STS GetCallerIdentity
   URL>` signed over the `x-k8s-aws-id` header (the aws-iam-authenticator token format EKS accepts);
   otherwise 401 with a `metav1.Status` body, as the API server answers. REST: list nodes, pods
-  (label selectors), events (field selector), get a RayCluster custom object.
+  (label selectors), events (field selector), get a RayCluster custom object; and the two writes of
+  the job's follower, each recorded (`patches`, `deletes`):
+  - PATCH a node (`kubectl cordon`): a strategic merge or merge patch, merged into the node; a JSON
+    Patch body must be a list of operations, so an object sent as one is refused with 400, as the API
+    server fails to decode it (Kubernetes API concepts, "Patch"; apimachinery's JSON Patch is an
+    array);
+  - DELETE a pod (API reference, Pod `delete`, `gracePeriodSeconds`: "The value zero indicates
+    delete immediately. If this value is nil, the default grace period for the specified type will
+    be used", the pod's `terminationGracePeriodSeconds`, 30 s by default): with grace 0 the pod is
+    gone at once; otherwise it gets its `deletionTimestamp`, now plus the grace, and stays until its
+    kubelet ends it, which `deleted` (the test's kubelet, and KubeRay's replacement) may do. 404
+    for a pod or node that is not there.
 - Exec (`GET .../pods/<pod>/exec?command=...`, upgraded to a websocket; Kubernetes "remotecommand"
   protocols `v5.channel.k8s.io` / `v4.channel.k8s.io`): binary frames whose first byte is the channel
   (1 stdout, 2 stderr, 3 error); after the command ends the server writes one `metav1.Status` on
@@ -32,11 +43,13 @@ endpoint whose packets are dropped). Pods that never become Ready are just pod o
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import json
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -63,9 +76,13 @@ def node(
     present: bool = True,
     ready: bool = True,
     instance_id: str = "i-0f0f0f0f0f0f0f0f0",
+    ready_status: str | None = None,
+    ready_since: str | None = None,
 ) -> dict:
     """A GPU node as the API server serves it; `spec.providerID` names its EC2 instance as EKS sets it
-    (`aws:///<zone>/<instance id>`)."""
+    (`aws:///<zone>/<instance id>`). Its Ready condition is "True" or "False" by `ready`, or
+    `ready_status` ("Unknown": the node controller's word for a kubelet that stopped posting its
+    status), last changed at `ready_since` (RFC 3339)."""
     allocatable = {"cpu": "47810m", "memory": "187655916Ki"}
     if gpus is not None:
         allocatable["nvidia.com/gpu"] = gpus
@@ -81,7 +98,13 @@ def node(
         "spec": {"providerID": f"aws:///us-east-2a/{instance_id}"},
         "status": {
             "allocatable": allocatable,
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": ready_status or ("True" if ready else "False"),
+                    **({"lastTransitionTime": ready_since} if ready_since else {}),
+                }
+            ],
         },
     }
 
@@ -93,8 +116,12 @@ def pod(
     phase: str = "Running",
     node_name: str | None = "node-a",
     uid: str | None = None,
+    deleted_at: str | None = None,
 ) -> dict:
+    """A Ray pod of the RayCluster `ray-train`; `deleted_at` (RFC 3339): its deletionTimestamp, the
+    end of its grace after a delete (a pod Terminating)."""
     container = "ray-head" if node_type == "head" else "ray-worker"
+    deleting = {"deletionTimestamp": deleted_at, "deletionGracePeriodSeconds": 30} if deleted_at else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -103,6 +130,7 @@ def pod(
             "uid": uid or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
             "namespace": "ray-train",
             "labels": {"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
+            **deleting,
         },
         "spec": {"containers": [{"name": container, "image": "ray"}], "nodeName": node_name},
         "status": {
@@ -143,6 +171,25 @@ def reader_pod(name: str, node_name: str) -> dict:
         },
         "status": {"phase": "Pending"},
     }
+
+
+def rfc3339(seconds: float) -> str:
+    """A time as the API server writes it (metav1.Time: RFC 3339, whole seconds, UTC)."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merged(into: dict, patch: dict) -> dict:
+    """`into` with a merge patch applied (RFC 7386; for the fields patched here, a strategic merge
+    patch merges the same way): objects merge key by key, a null removes, anything else replaces."""
+    out = dict(into)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def selected(labels: dict, selector: str) -> bool:
@@ -303,13 +350,22 @@ class FakeKubeApi:
     joining: list[list] = field(default_factory=list)
     # Reader pod name -> its container on its node: the pod's status is read from it when listed.
     readers: dict[str, FakeReaderNode] = field(default_factory=dict)
+    # The writes: each PATCH of a node (path, Content-Type, body) and DELETE of a pod (namespace,
+    # name, the grace asked for: None for the pod's own).
+    patches: list[tuple[str, str, dict]] = field(default_factory=list)
+    deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
+    # Called with a pod deleted with a grace (now Terminating) and that grace: the test's kubelet.
+    deleted: Callable[[dict, int], None] | None = None
+    clock: Callable[[], float] = time.time  # the API server's clock, for a deletionTimestamp
 
     def start(self) -> FakeKubeApi:
         cert_file, key_file, self.ca_pem = self_signed_certificate(self.folder)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert_file, key_file)
         self._released = threading.Event()
-        self.server = serve_on_loopback({"GET": self._serve}, tls=context)
+        self.server = serve_on_loopback(
+            {"GET": self._serve, "PATCH": self._serve, "DELETE": self._serve}, tls=context
+        )
         self.endpoint = f"https://127.0.0.1:{self.server.server_address[1]}"
         return self
 
@@ -330,6 +386,9 @@ class FakeKubeApi:
         query = urllib.parse.parse_qs(url.query)
         parts = url.path.strip("/").split("/")
         self.requests.append(url.path)
+        # A write's body is read first, whatever the answer: what is left unread would be taken for
+        # the next request on the kept-alive connection.
+        body = self._body(handler) if handler.command in ("PATCH", "DELETE") else None
         authorization = handler.headers.get("Authorization", "")
         if (
             self.unauthorized
@@ -342,6 +401,19 @@ class FakeKubeApi:
         if refusal is not None:
             return self._refuse(handler, refusal)
         selector = query.get("labelSelector", [""])[0]
+        if handler.command == "PATCH" and parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+            return self._patch_node(handler, url.path, parts[3], body)
+        if (
+            handler.command == "DELETE"
+            and len(parts) == 6
+            and parts[:3] == ["api", "v1", "namespaces"]
+            and parts[4] == "pods"
+        ):
+            return self._delete_pod(handler, parts[3], parts[5], query, body)
+        if handler.command != "GET":
+            return self._json(
+                handler, 405, _status(405, "MethodNotAllowed", "the server does not allow this method")
+            )
         if parts == ["api", "v1", "nodes"]:
             self._join_nodes()
             items = [n for n in self.nodes if selected(n["metadata"]["labels"], selector)]
@@ -382,6 +454,75 @@ class FakeKubeApi:
         return self._json(
             handler, 404, _status(404, "NotFound", "the server could not find the requested resource")
         )
+
+    @staticmethod
+    def _body(handler: BaseHTTPRequestHandler) -> object:
+        length = int(handler.headers.get("Content-Length") or 0)
+        return json.loads(handler.rfile.read(length) or b"null") if length else None
+
+    def _patch_node(self, handler: BaseHTTPRequestHandler, path: str, name: str, body: object) -> None:
+        content_type = handler.headers.get("Content-Type", "").split(";")[0].strip()
+        self.patches.append((path, content_type, body if isinstance(body, dict) else {"body": body}))
+        if content_type == "application/json-patch+json" and not isinstance(body, list):
+            return self._json(
+                handler,
+                400,
+                _status(
+                    400,
+                    "BadRequest",
+                    "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
+                ),
+            )
+        if content_type not in ("application/strategic-merge-patch+json", "application/merge-patch+json"):
+            return self._json(
+                handler,
+                415,
+                _status(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format: {content_type}",
+                ),
+            )
+        index = next((i for i, n in enumerate(self.nodes) if n["metadata"]["name"] == name), None)
+        if index is None:
+            return self._json(handler, 404, _status(404, "NotFound", f'nodes "{name}" not found'))
+        self.nodes[index] = merged(self.nodes[index], body if isinstance(body, dict) else {})
+        return self._json(handler, 200, self.nodes[index])
+
+    def _delete_pod(
+        self,
+        handler: BaseHTTPRequestHandler,
+        namespace: str,
+        name: str,
+        query: dict[str, list[str]],
+        body: object,
+    ) -> None:
+        asked = query.get("gracePeriodSeconds", [None])[0]
+        if asked is None and isinstance(body, dict):
+            asked = body.get("gracePeriodSeconds")
+        grace = None if asked is None else int(asked)
+        self.deletes.append((namespace, name, grace))
+        index = next(
+            (
+                i
+                for i, p in enumerate(self.pods)
+                if p["metadata"]["name"] == name and p["metadata"]["namespace"] == namespace
+            ),
+            None,
+        )
+        if index is None:
+            return self._json(handler, 404, _status(404, "NotFound", f'pods "{name}" not found'))
+        pod_object = self.pods[index]
+        if grace is None:
+            grace = int(pod_object["spec"].get("terminationGracePeriodSeconds", 30))
+        if grace == 0:
+            del self.pods[index]
+            return self._json(handler, 200, pod_object)
+        pod_object["metadata"].setdefault("deletionTimestamp", rfc3339(self.clock() + grace))
+        pod_object["metadata"].setdefault("deletionGracePeriodSeconds", grace)
+        if self.deleted is not None:
+            self.deleted(pod_object, grace)
+        return self._json(handler, 200, pod_object)
 
     def _live(self, pod_object: dict) -> dict:
         """A reader pod with the status its node's kubelet reports now; any other pod as it is."""

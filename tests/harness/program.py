@@ -4,7 +4,8 @@ The fake AWS account (`tests.harness.fake_aws`) answers the invokes; this module
 plausible outputs for what the program reads back (ARNs, ids, the cluster's kubeconfig) and a
 record of each registration with its parent and dependencies, so tests can assert the plan. Given
 what a deployed stack's state holds for its TrainingRun, it answers as the engine does for a
-resource whose Diff finds no change: with the outputs the state holds.
+resource whose Diff finds no change: with the outputs the state holds. From the registrations,
+`destroy_outcome` tells what a `pulumi destroy` of the plan deletes, the engine's way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 from infra.preflight import placement
 from platform_contract import is_dev_stack
 from tests.harness.fake_aws import FakeAws, FakeAwsMocks
+from tests.harness.fake_oci_registry import serving_the_program, the_programs_images
 from tests.harness.paths import REPO_ROOT
 from workloads import addons
 from workloads.training_run.provider import diff_props
@@ -53,6 +55,7 @@ def user_settings(stack_file: Path) -> dict[str, str]:
 
 
 TRAINING_RUN = "pulumi-python:dynamic/workloads:TrainingRun"
+ADDON = "aws:eks/addon:Addon"
 
 
 @dataclass
@@ -70,6 +73,8 @@ class Registration:
     provider: str = ""  # the explicit provider reference, `<urn>::<id>`
     retain_on_delete: bool = False
     ignore_changes: list[str] = field(default_factory=list)
+    deleted_with: str = ""  # the URN of the resource whose delete spares this one's (`deleted_with`)
+    custom: bool = True  # False for a component resource, which has nothing in AWS to delete
 
 
 @dataclass
@@ -90,6 +95,11 @@ class Preview:
     def by_urn(self, urn: str) -> Registration:
         return next(r for r in self.resources if r.urn == urn)
 
+    def destroy(self, failing: str | None = None, continue_on_error: bool = False) -> DestroyOutcome:
+        """What `pulumi destroy` of the stack this plan deployed does, the delete of `failing` (a URN)
+        failing: `destroy_outcome` over the registrations."""
+        return destroy_outcome(self.resources, failing, continue_on_error)
+
     def ancestors(self, registration: Registration) -> list[str]:
         """Types of the components a resource sits under, nearest first."""
         chain, parent = [], registration.parent
@@ -102,11 +112,101 @@ class Preview:
         return chain
 
 
+@dataclass(frozen=True)
+class DestroyOutcome:
+    """What a destroy did to each resource, by URN. `deleted`: its provider's Delete ran (gone from
+    AWS); `dropped`: it left the state with no Delete (retained, deleted with a resource being
+    deleted, a component or a provider); `standing`: never reached (still in the state and in AWS);
+    `failed`: its Delete failed (still in both)."""
+
+    deleted: frozenset[str]
+    dropped: frozenset[str]
+    standing: frozenset[str]
+    failed: frozenset[str]
+
+
+def dependencies_for_deletion(registration: Registration, registered: list[Registration]) -> set[str]:
+    """The URNs the engine deletes `registration` before (pulumi/pulumi pkg/resource/graph
+    dependency_graph.go, `DependenciesOf`): its parent, dependencies, `deletedWith` and explicit
+    provider, and every descendant registered before it of a component among the last three (a
+    remote component's dependents name the component, not its children)."""
+    urns = [r.urn for r in registered]
+    before = set(urns[: urns.index(registration.urn)])
+    provider = registration.provider.rsplit("::", 1)[0]  # a provider reference is `<urn>::<id>`
+    named = {registration.deleted_with, provider, *registration.dependencies} & before
+    found = set(named)
+    for dependency in named:
+        if not next(r for r in registered if r.urn == dependency).custom:
+            found |= {r.urn for r in registered if r.urn in before and _descends(r, dependency, registered)}
+    # The parent counts, its other children do not.
+    return found | ({registration.parent} & before)
+
+
+def _descends(registration: Registration, ancestor: str, registered: list[Registration]) -> bool:
+    parents = {r.urn: r.parent for r in registered}
+    parent = registration.parent
+    while parent:
+        if parent == ancestor:
+            return True
+        parent = parents.get(parent, "")
+    return False
+
+
+def destroy_outcome(
+    registered: list[Registration], failing: str | None = None, continue_on_error: bool = False
+) -> DestroyOutcome:
+    """`pulumi destroy` as the engine schedules it (pulumi/pulumi pkg/resource/deploy):
+
+    - `stepGenerator.ScheduleDeletes`: waves, each deleted only after the one before has finished; a
+      resource's wave comes before every wave of what it depends on (`dependencies_for_deletion`).
+    - `DeleteStep.Apply`: no provider Delete for a resource retained on delete, nor for one whose
+      `deletedWith` resource this destroy deletes too (every resource in it, whether or not its
+      own delete then succeeds); either way the resource leaves the state.
+    - `stepExecutor.cancelDueToError`: a failed delete stops the destroy once its wave has run (its
+      steps run in parallel); with `--continue-on-error` the destroy goes on, but never deletes what
+      the failed resource depends on (`deploymentExecutor`, `erroredDeps`).
+    """
+    by_urn = {r.urn: r for r in registered}
+    dependencies = {r.urn: dependencies_for_deletion(r, registered) for r in registered}
+    condemned, waves = set(by_urn), []
+    while condemned:
+        wave = {urn for urn in condemned if not dependencies[urn] & condemned}
+        condemned -= wave
+        waves.append(wave)
+    deleted: set[str] = set()
+    dropped: set[str] = set()
+    failed: set[str] = set()
+    held: set[str] = set()  # what a failed resource depends on, transitively
+    for wave in reversed(waves):
+        for urn in sorted(wave - held):
+            registration = by_urn[urn]
+            if urn == failing:
+                failed.add(urn)
+                todo = list(dependencies[urn])
+                while todo:
+                    if (dependency := todo.pop()) not in held:
+                        held.add(dependency)
+                        todo += dependencies[dependency]
+            elif (
+                registration.retain_on_delete
+                or registration.deleted_with in by_urn
+                or not registration.custom
+                or registration.type.startswith("pulumi:providers:")
+            ):
+                dropped.add(urn)
+            else:
+                deleted.add(urn)
+        if failed and not continue_on_error:
+            break
+    standing = set(by_urn) - deleted - dropped - failed
+    return DestroyOutcome(frozenset(deleted), frozenset(dropped), frozenset(standing), frozenset(failed))
+
+
 def _eks_cluster_urn(component_name: str) -> str:
     return f"urn:pulumi:{pulumi.get_stack()}::eks-ray-train::aws:eks/cluster:Cluster::{component_name}-eksCluster"
 
 
-def _fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[str, Any]:
+def fake_outputs(args: pulumi.runtime.MockResourceArgs, region: str) -> dict[str, Any]:
     """Outputs the program reads back from resources it creates."""
     name, arn = args.name, f"arn:aws:service:{region}:{ACCOUNT}:{args.typ.split(':')[-1].lower()}/{args.name}"
     outputs: dict[str, Any] = {"arn": arn, "name": args.inputs.get("name", name)}
@@ -189,6 +289,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     provider=request.provider,
                     retain_on_delete=request.retainOnDelete,
                     ignore_changes=list(request.ignoreChanges),
+                    deleted_with=request.deletedWith,
+                    custom=request.custom,
                 )
             )
         return response
@@ -287,12 +389,12 @@ class ProgramMocks(FakeAwsMocks):
             # and outputs its state holds, whatever the new inputs (pulumi/pulumi
             # pkg/resource/deploy/step.go, `SameStep.Apply`: "Retain the ID and outputs").
             return f"{args.name}-id", dict(old)
-        return f"{args.name}-id", {**args.inputs, **_fake_outputs(args, self.aws.region)}
+        return f"{args.name}-id", {**args.inputs, **fake_outputs(args, self.aws.region)}
 
 
 def deployed(plan: Preview, fake_aws: FakeAws) -> FakeAws:
-    """The account after `pulumi up` applied `plan`: its EKS cluster, VPC, subnets and control-plane
-    log group exist as AWS then reports them (mocked ids are `<resource name>-id`)."""
+    """The account after `pulumi up` applied `plan`: its EKS cluster, VPC, subnets, control-plane
+    log group and managed add-ons exist as AWS then reports them (mocked ids are `<resource name>-id`)."""
     vpc = plan.one("aws:ec2/vpc:Vpc")
     cluster = plan.one("eks:index:Cluster").inputs
     subnets = {f"{s.name}-id": s.inputs["availabilityZone"] for s in plan.of_type("aws:ec2/subnet:Subnet")}
@@ -314,7 +416,25 @@ def deployed(plan: Preview, fake_aws: FakeAws) -> FakeAws:
         }
         for index, group in enumerate(plan.of_type("aws:eks/nodeGroup:NodeGroup"))
     }
+    # An add-on whose version the plan leaves to pulumi-eks runs the newest build EKS offered then.
+    fake_aws.addons[cluster["name"]] = {
+        name: version or fake_aws.addon_builds[name][cluster["version"]]
+        for name, version in addon_versions(plan).items()
+    }
     return fake_aws
+
+
+def addon_versions(plan: Preview) -> dict[str, str | None]:
+    """The managed add-ons `plan` installs, by name, at the versions it gives them: its own
+    `aws.eks.Addon`s, pulumi-eks's vpc-cni add-on and the kube-proxy add-on of pulumi-eks's cluster
+    (None where a version is left to pulumi-eks's lookup)."""
+    versions = {addon.inputs["addonName"]: addon.inputs.get("addonVersion") for addon in plan.of_type(ADDON)}
+    for cni in plan.of_type("eks:index:VpcCniAddon"):
+        versions["vpc-cni"] = cni.inputs.get("addonVersion")
+    kube_proxy = plan.one("eks:index:Cluster").inputs.get("kubeProxyAddonOptions") or {}
+    if kube_proxy.get("enabled", True):
+        versions["kube-proxy"] = kube_proxy.get("version")
+    return versions
 
 
 def stack_config(stack_file: Path) -> dict[str, str]:
@@ -371,7 +491,7 @@ def run_program(
     The pulumi-eks cluster's `eksCluster` then resolves too (`RecordingMonitor.RegisterResource`).
     `first_preview=True`: the first `pulumi preview` of a new stack, where every output the program
     reads back from a resource is unknown (`ProgramMocks`); `preview=True` alone answers with the ids
-    and outputs of `_fake_outputs`, known.
+    and outputs of `fake_outputs`, known.
     """
     assert preview or not first_preview, "a first preview is a preview"
     if now is not None:
@@ -406,7 +526,9 @@ def run_program(
     @pulumi.runtime.test
     def program():
         try:
-            runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+            # The images' registries, which a stack that is not dev reads digests from at preview.
+            with serving_the_program(*the_programs_images(region)):
+                runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
         except BaseException as err:  # surfaced below, outside Pulumi's event loop
             failure.append(err)
 

@@ -10,6 +10,9 @@ from training.session import Notice
 
 
 class Uninterrupted:
+    def nodes(self) -> list[str]:
+        return ["this-node"] * getattr(self, "world_size", 1)  # the in-process ranks share a machine
+
     def faults(self) -> list[dict[str, Any]]:
         return []  # a run that was never restarted
 

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -90,12 +91,32 @@ OUTPUT_TIME = datetime.datetime(2026, 12, 5, 9, 0, 0, tzinfo=datetime.UTC)
 
 
 def gpu_node(
-    name: str, gpus: str | None = "4", efa: str | None = "1", present: bool = True, ready: bool = True
+    name: str,
+    gpus: str | None = "4",
+    efa: str | None = "1",
+    present: bool = True,
+    ready: bool = True,
+    ready_status: str | None = None,
+    ready_since: datetime.datetime | None = None,
 ):
     """A GPU node as the kubernetes client's model: `fake_kube_api.node`, the one builder of a node,
-    read back as the client reads the API server's answer; its instance is `INSTANCE_IDS`'s."""
+    read back as the client reads the API server's answer; its instance is `INSTANCE_IDS`'s. Its
+    Ready condition: `ready`, or `ready_status` ("Unknown"), last changed at `ready_since`."""
     instance = INSTANCE_IDS.get(name, "i-0f0f0f0f0f0f0f0f0")
-    return as_model(node(name, gpus, efa, present, ready, instance_id=instance), "V1Node")
+    since = ready_since.strftime("%Y-%m-%dT%H:%M:%SZ") if ready_since else None
+    return as_model(
+        node(
+            name,
+            gpus,
+            efa,
+            present,
+            ready,
+            instance_id=instance,
+            ready_status=ready_status,
+            ready_since=since,
+        ),
+        "V1Node",
+    )
 
 
 def as_model(body: dict, model: str):
@@ -113,9 +134,11 @@ def ray_pod(
     spec_hash: str | None = SPEC_HASH,
     deleting: bool = False,
     uid: str | None = None,
+    deleted_at: datetime.datetime | None = None,
 ):
     """A Ray pod as KubeRay creates it: its template's annotations, here the spec hash, carried over;
-    the API server gives each pod a UID (one per pod object: `uid` models one created again)."""
+    the API server gives each pod a UID (one per pod object: `uid` models one created again). A pod
+    `deleting` is Terminating; `deleted_at` is its deletionTimestamp (the end of its grace)."""
     container = "ray-head" if node_type == "head" else "ray-worker"
     state = k8s.V1ContainerState(
         waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None
@@ -127,9 +150,8 @@ def ray_pod(
             uid=uid or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
             labels={"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
             annotations={manifests.SPEC_HASH_ANNOTATION: spec_hash} if spec_hash else None,
-            deletion_timestamp=datetime.datetime(2026, 5, 11, 9, 0, tzinfo=datetime.UTC)
-            if deleting
-            else None,
+            deletion_timestamp=deleted_at
+            or (datetime.datetime(2026, 5, 11, 9, 0, tzinfo=datetime.UTC) if deleting else None),
         ),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=container)], node_name=node),
         status=k8s.V1PodStatus(
@@ -243,7 +265,14 @@ def stubbed_ec2(
 class FakeCoreApi:
     """The `CoreV1Api` calls the provider makes; `node_snapshots` are served one per call, the last
     repeats; the EFA counter reader pods (`readers`: pod name, node, its container on the node, in
-    their own namespace) are served with the status their containers give now (`reader_pod`)."""
+    their own namespace) are served with the status their containers give now (`reader_pod`).
+    `listed` counts the pod listings by label selector.
+
+    The follower's two writes act on every snapshot, as the API server's on its one state (the
+    semantics `fake_kube_api` models, its docstring): `patch_node` merges `spec.unschedulable`
+    (`patches`: name, body, content type); `delete_namespaced_pod` (`deletions`: namespace, name,
+    grace asked) removes a pod at grace 0, else stamps its deletionTimestamp `wall() + grace` and
+    hands it to `deleted`, the test's kubelet. Either answers 404 for what is not there."""
 
     def __init__(self, node_snapshots, pod_snapshots, events=(), readers=()):
         self.node_snapshots = list(node_snapshots)
@@ -252,6 +281,43 @@ class FakeCoreApi:
         self.readers = list(readers)
         self.node_calls = 0
         self.pod_calls = 0
+        self.listed: Counter[str] = Counter()
+        self.patches: list[tuple[str, dict, str | None]] = []
+        self.deletions: list[tuple[str, str, int | None]] = []
+        self.deleted: Callable[[object, int], None] | None = None
+        self.wall: Callable[[], float] = lambda: WALL_START
+
+    def patch_node(self, name, body, _content_type=None, **_request_options):
+        self.patches.append((name, body, _content_type))
+        assert _content_type in ("application/strategic-merge-patch+json", "application/merge-patch+json")
+        found = [n for nodes in self.node_snapshots for n in nodes if n.metadata.name == name]
+        if not found:
+            raise ApiException(status=404, reason="Not Found")
+        for each in found:
+            each.spec.unschedulable = body["spec"]["unschedulable"]
+        return found[0]
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None, **_request_options):
+        self.deletions.append((namespace, name, grace_period_seconds))
+        matches = [
+            (pods, p)
+            for pods in self.pod_snapshots
+            for p in pods
+            if p.metadata.name == name and p.metadata.namespace == namespace
+        ]
+        if not matches:
+            raise ApiException(status=404, reason="Not Found")
+        grace = 30 if grace_period_seconds is None else grace_period_seconds
+        for pods, pod in matches:
+            if grace == 0:
+                pods.remove(pod)
+            elif pod.metadata.deletion_timestamp is None:
+                pod.metadata.deletion_timestamp = datetime.datetime.fromtimestamp(
+                    self.wall() + grace, datetime.UTC
+                )
+        if grace and self.deleted is not None:
+            self.deleted(matches[0][1], grace)
+        return matches[0][1]
 
     def list_node(self, label_selector, **_request_options):
         nodes = self.node_snapshots[min(self.node_calls, len(self.node_snapshots) - 1)]
@@ -266,6 +332,7 @@ class FakeCoreApi:
             min(self.pod_calls // 2, len(self.pod_snapshots) - 1)
         ]  # head + workers per wait
         self.pod_calls += 1
+        self.listed[label_selector] += 1
         return k8s.V1PodList(
             items=[
                 p
@@ -319,6 +386,14 @@ class FakeRayHead:
             "tcp": scripted(TCP_PROBE_JOB, "driver_probe_tcp.log", nccl_lines_of=TCP_JOB),  # no EFA traffic
         }
         self.probe_submissions: list[list[str]] = []
+        # Told each poll of a job, after it: (submission id, the job); a test's fault comes in here.
+        self.polled: Callable[[str, ScriptedJob], None] = lambda submission_id, job: None
+
+    def forget(self) -> None:
+        """A new head: Ray's job history and the TrainingRun's records (its emptyDir) start empty."""
+        self.jobs.clear()
+        self.metadata.clear()
+        self._tmp_ray = tempfile.TemporaryDirectory(prefix="head-tmp-ray-")
 
     def run(self, argv, timeout_s):
         if argv[0] == "cat":
@@ -377,6 +452,7 @@ class FakeRayHead:
                 return ExecResult(0, json.dumps({"job": None, "logs": "", "offset": 0}) + "\n")
             status, logs = job.status(), job.logs()
             job.looks += 1
+            self.polled(subject, job)
             offset = int(argv[6])
             record = {
                 "submission_id": subject,
@@ -443,6 +519,32 @@ class FixturePod:
         return LocalExecutor().run([local.get(arg, arg) for arg in argv], timeout_s)
 
 
+class GonePod:
+    """A pod the API server no longer has: an exec into it is refused 404, which `pod_exec` raises
+    as `PodGone` (`fake_kube_api` answers `pods "<name>" not found`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def run(self, argv, timeout_s):
+        raise errors.PodGone(
+            self.name, f"exec of `{argv[0]}` in pod {self.name}", f'pods "{self.name}" not found'
+        )
+
+
+class HeadPod:
+    """An exec into a head pod, looked up when it runs: the head's (`FakeRayHead`) while the pod is
+    the head, refused 404 once it was replaced (`FakeCluster.replace_head`)."""
+
+    def __init__(self, cluster: FakeCluster, name: str):
+        self.cluster, self.name = cluster, name
+
+    def run(self, argv, timeout_s):
+        if self.name != self.cluster.head_pod:
+            return GonePod(self.name).run(argv, timeout_s)
+        return self.cluster.head.run(argv, timeout_s)
+
+
 class ReaderPod:
     """An EFA counter reader pod (`hostNetwork`): its sysfs is the host's view of its node's,
     counters included; its `python` is this one, as the Ray image's would be. An exec into it while
@@ -486,6 +588,19 @@ class FakeClock:
 
 def driver_log(name: str) -> str:
     return (FIXTURES / name).read_text()
+
+
+def rank0_line(text: str) -> str:
+    """A line rank 0 of the job prints, as Ray relays it to the driver's log: behind its worker's
+    tag (the fixtures' rank 0, `driver_main.log`)."""
+    return f"\x1b[36m(RayTrainWorker pid=4700, ip=10.0.3.17)\x1b[0m {text}\n"
+
+
+def driver_log_with(log: str, after: str, lines: Iterable[str]) -> str:
+    """The driver log `log` with `lines` after its first line that holds `after`."""
+    kept = log.splitlines(keepends=True)
+    index = next(i for i, line in enumerate(kept) if after in line)
+    return "".join([*kept[: index + 1], *lines, *kept[index + 1 :]])
 
 
 # What the EFA job's traffic adds to each worker node's counters: a smoke run's FSDP collectives.
@@ -613,6 +728,20 @@ class FakeCluster:
             READER_PODS[node]: ReaderPod(self.head.efa[node], self.reader_nodes[node]) for node in NODES
         }
         self.head.workers = lambda: self.workers.values()
+        self.core.wall = self.clock.wall
+        self.head_pod = HEAD_POD  # the head pod's name now (`replace_head`)
+        self.former_heads: set[str] = set()
+
+    def replace_head(self, new_name: str) -> None:
+        """The head pod gone and KubeRay's new one Ready in its place: an exec into the old one answers
+        404, every pod listing holds the new one, and Ray on it starts without job history."""
+        for pods in self.core.pod_snapshots:
+            for index, pod in enumerate(pods):
+                if pod.metadata.name == self.head_pod:
+                    pods[index] = ray_pod(new_name, "head", node="system-node")
+        self.former_heads.add(self.head_pod)
+        self.head_pod = new_name
+        self.head.forget()
 
     def record_counters_before(self, submission_id: str) -> None:
         """What the run records beside a job before it submits it: each worker node's counters now,
@@ -624,8 +753,8 @@ class FakeCluster:
         jobs.RayJobsClient(self.head).write_record(submission_id, {"efa_before": before})
 
     def executor(self, pod):
-        if pod.name == HEAD_POD:
-            return self.head
+        if pod.name == self.head_pod or pod.name in self.former_heads:
+            return HeadPod(self, pod.name)
         return self.readers[pod.name] if pod.namespace == READER_NAMESPACE else self.workers[pod.name]
 
     def environment(self) -> runner.RunEnvironment:

@@ -20,6 +20,7 @@ from tests.harness.program import (
 from workloads import manifests
 
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+DISRUPTION_BUDGET = "kubernetes:policy/v1:PodDisruptionBudget"
 
 
 def test_ray_cluster_waits_for_operator_and_both_device_plugins(stack_plan):
@@ -56,6 +57,22 @@ def test_ray_pods_are_closed_and_their_namespace_denies_by_default_before_they_s
     assert plan.one("eks:index:VpcCniAddon").inputs["enableNetworkPolicy"] is True
     labels = plan.one("kubernetes:core/v1:Namespace", namespace).inputs["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_the_head_is_held_against_evictions_before_its_pod_exists(stack_plan):
+    """The head's PodDisruptionBudget beside the RayCluster, in its namespace, created before it; the
+    head's pod template keeps a cluster autoscaler off its node (the manifests are judged in
+    tests/workloads/manifests/test_head_disruption_budget.py)."""
+    config, plan = stack_plan
+    namespace = config.get("eks-ray-train:namespace", "ray-train")
+    budget = plan.one(DISRUPTION_BUDGET)
+    assert plan.ancestors(budget)[0] == "eks-ray-train:workloads:RayCluster"
+    assert budget.inputs["metadata"]["namespace"] == namespace
+    assert budget.urn in plan.one(RAY_CLUSTER).dependencies
+    assert budget.inputs["spec"]["maxUnavailable"] == 0
+    assert budget.inputs["spec"]["selector"] == {"matchLabels": manifests.head_pod_labels("ray-train")}
+    head = plan.one(RAY_CLUSTER).inputs["spec"]["headGroupSpec"]["template"]
+    assert head["metadata"]["annotations"][manifests.SAFE_TO_EVICT_ANNOTATION] == "false"
 
 
 def test_a_changed_image_reaches_new_pods_and_the_run_waits_for_them():

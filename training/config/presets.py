@@ -47,6 +47,9 @@ _BASE: dict[str, Any] = {
     "early_stop_patience": 0,
     "max_failures": 3,
     "recovery_budget_s": 1800.0,
+    # A node whose faults repeat ends the run; on a cluster with node auto repair the TrainingRun
+    # turns this on (`infra.config.training_settings.job_arguments`).
+    "leave_failing_node": False,
     # Above a step's ordinary jitter (a garbage collection, a slow host, the step after a checkpoint
     # when a rank is still uploading is judged apart) and far below NCCL's 10-minute timeout.
     "hang_margin_s": 30.0,

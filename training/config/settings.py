@@ -141,6 +141,8 @@ def column_name(text: str) -> str:
 
 DEADLINE_FLAG = "--deadline"
 HANG_MARGIN_FLAG = "--hang-margin-s"
+LEAVE_FAILING_NODE_FLAG = "--leave-failing-node"
+RECOVERY_BUDGET_FLAG = "--recovery-budget-s"
 
 
 def parse_deadline(text: str) -> str:
@@ -358,16 +360,24 @@ class TrainConfig:
         "--max-failures", type=integer, help="worker-group restarts from the latest checkpoint; -1 unlimited"
     )
     recovery_budget_s: float = setting(
-        "--recovery-budget-s",
+        RECOVERY_BUDGET_FLAG,
         type=positive_float,
         help="seconds the run's restarts may spend recovering (fault to the next finished step) in all; "
         "past them no further restart",
     )
+    leave_failing_node: bool = setting(
+        LEAVE_FAILING_NODE_FLAG,
+        action="store_true",
+        help="with two faults in a row on one node, wait within --recovery-budget-s for that node to be "
+        "taken out (rank 0 prints a NODE_LEAVING line; the TrainingRun cordons the node and deletes its "
+        "Ray worker pod, and EKS auto repair replaces it) instead of ending the run",
+    )
     hang_margin_s: float = setting(
         HANG_MARGIN_FLAG,
         type=non_negative_float,
-        help="seconds added to 2 x the median recent step time before a step counts as hung: its "
-        "ranks that did not arrive are named and the attempt restarts from the latest checkpoint",
+        help="seconds added to 2 x the median recent step time (for an evaluation or a checkpoint's "
+        "commit, 2 x the last one's) before it counts as hung: its ranks that did not arrive are named "
+        "and the attempt restarts from the latest checkpoint",
     )
     hsdp_replicas: int = setting(
         "--hsdp-replicas",

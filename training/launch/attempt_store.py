@@ -6,12 +6,12 @@ of both by the driver and the restarted rank 0."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.fs
+import ray
 from ray.exceptions import RayActorError
 from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 from ray.train.v2.api.callback import UserCallback
@@ -22,6 +22,7 @@ from training.components.attempts import (
     ATTEMPTS_FILE,
     CAUSE_CHARS,
     WorkerError,
+    awaits_node_deaths,
     dumps_record,
     fault_cause,
     loads_record,
@@ -29,21 +30,21 @@ from training.components.attempts import (
     record_recovery,
 )
 from training.components.watchdog import HANG_NOTE_FILE, hang_cause
-from training.config.settings import NODE_NAME_ENV
 
 # In each worker's reported metrics: its node, so the controller can name the node of a worker that
 # fails (and a restart refuse a second fault in a row there).
 HOST_KEY = "host"
+# Each attempt's nodes by rank, Kubernetes' and Ray's, written by its rank 0 at its start
+# (`write_attempt_nodes`): the controller names a fault's node from the attempt it happened in.
+ATTEMPT_NODES_FILE = "nodes.json"
+# How long the controller waits for Ray's GCS to declare a silent node dead before it judges deaths
+# confined to another node (`awaits_node_deaths`): above the GCS's ~15 s to miss a raylet's health
+# checks, within a restart's minutes.
+NODE_DEATH_SETTLE_S = 30.0
 # The cause of a restart no error of the worker group reached the controller's callback for.
 RESTARTED_WITHOUT_ERROR = (
     "Ray Train restarted the worker group without a worker's error (a node's drain or preemption)"
 )
-
-
-def worker_node() -> str:
-    """The node this worker runs on: the Kubernetes node its pod was given (`NODE_NAME_ENV`), else
-    (`--local`, a bare Ray cluster) the machine's hostname."""
-    return os.environ.get(NODE_NAME_ENV) or socket.gethostname()
 
 
 def _attempts_path(run_path: str) -> str:
@@ -61,9 +62,40 @@ def read_attempts(filesystem: pyarrow.fs.FileSystem, run_path: str) -> list[dict
 
 def worker_error(rank: int, error: BaseException) -> WorkerError:
     """A worker's error as Ray Train's poll reports it: a worker whose actor died comes wrapped in
-    the health check's error (ray/train/v2/_internal/exceptions.py, WorkerHealthCheckFailedError)."""
+    the health check's error (ray/train/v2/_internal/exceptions.py, WorkerHealthCheckFailedError);
+    its node's drain sets `preempted` (ray/exceptions.py, ActorDiedError: AUTOSCALER_DRAIN_PREEMPTED)."""
     error = getattr(error, "health_check_failure", None) or error
-    return WorkerError(rank, isinstance(error, RayActorError), type(error).__name__, str(error))
+    died = isinstance(error, RayActorError)
+    preempted = died and bool(getattr(error, "preempted", False))
+    return WorkerError(rank, died, type(error).__name__, str(error), preempted=preempted)
+
+
+def _nodes_path(run_path: str) -> str:
+    return f"{run_path.rstrip('/')}/{ATTEMPT_NODES_FILE}"
+
+
+def write_attempt_nodes(
+    filesystem: pyarrow.fs.FileSystem, run_path: str, attempt: int, nodes: list[str], ray_nodes: list[str]
+) -> None:
+    """Rank 0's record of its attempt's nodes by rank: Kubernetes node names and Ray node ids."""
+    payload = {"attempt": attempt, "nodes": nodes, "ray_nodes": ray_nodes}
+    with filesystem.open_output_stream(_nodes_path(run_path)) as out:
+        out.write(json.dumps(payload).encode())
+
+
+def read_attempt_nodes(filesystem: pyarrow.fs.FileSystem, run_path: str) -> dict[str, Any] | None:
+    """The latest attempt's nodes as its rank 0 wrote them; None before any."""
+    path = _nodes_path(run_path)
+    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        nodes: dict[str, Any] = json.loads(stream.read())
+    return nodes
+
+
+def alive_ray_nodes() -> set[str]:
+    """The ids of the nodes Ray's GCS holds alive (`ray.nodes()`, from the controller)."""
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
 
 
 class AttemptRecorder(UserCallback):
@@ -71,7 +103,13 @@ class AttemptRecorder(UserCallback):
     run written to its storage folder for the restarted rank 0 (`training.components.attempts`),
     and the attempt's recovery once its first step is reported (ray/train/v2/api/callback.py)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        alive: Callable[[], set[str]] = alive_ray_nodes,
+        settle_s: float = NODE_DEATH_SETTLE_S,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.alive, self.settle_s, self.sleep = alive, settle_s, sleep
         self.record: list[dict[str, Any]] = []
         self.last_step = 0  # every worker reported it: the last step finished
         self.checkpoint_step = 0  # the latest checkpoint's, which a restart resumes from
@@ -105,22 +143,42 @@ class AttemptRecorder(UserCallback):
         if self.faulted:
             return
         errors = [worker_error(rank, error) for rank, error in sorted(worker_exceptions.items())]
-        cause, node = fault_cause(errors, self.hosts)
+        hosts, lost = self._attempt_hosts(run_context, errors)
+        cause, node = fault_cause(errors, hosts, lost)
         if (note := _take_hang_note(run_context)) is not None and note.get(
             "attempt", self.starts
         ) == self.starts:
-            cause, node = hang_cause(note, self.hosts, CAUSE_CHARS)
-        self._record(run_context, cause, node)
+            cause, node = hang_cause(note, hosts, CAUSE_CHARS)
+        self._record(run_context, cause, node, drained=any(error.preempted for error in errors))
+
+    def _attempt_hosts(self, run_context: Any, errors: list[WorkerError]) -> tuple[dict[int, str], set[str]]:
+        """This worker group's ranks' nodes (as its rank 0 wrote them, else as reports named them),
+        and those of its nodes Ray's GCS holds dead; where deaths on one node could be a silent
+        node's loss not yet declared, its declaration is waited for (`NODE_DEATH_SETTLE_S`)."""
+        storage = run_context.run_config.storage_context
+        written = read_attempt_nodes(storage.storage_filesystem, storage.experiment_fs_path)
+        if written is None or written.get("attempt") != self.starts:
+            return dict(self.hosts), set()
+        hosts = dict(enumerate(written["nodes"]))
+        ray_nodes: list[str] = written["ray_nodes"]
+        waited = 0.0
+        while True:
+            alive = self.alive()
+            lost = {hosts[rank] for rank, ray_node in enumerate(ray_nodes) if ray_node not in alive}
+            if lost or waited >= self.settle_s or not awaits_node_deaths(errors, hosts):
+                return hosts, lost
+            self.sleep(1.0)
+            waited += 1.0
 
     def worker_group_started(self, run_context: Any) -> None:
         """A worker group started (`AttemptBoundary`): a later one is a restart, recorded even where
         Ray made it without an error reaching this callback (a preemption's restart)."""
         self.starts += 1
         if self.starts > 1 and not self.faulted:
-            self._record(run_context, RESTARTED_WITHOUT_ERROR, None)
+            self._record(run_context, RESTARTED_WITHOUT_ERROR, None, drained=True)
         self.faulted = False
 
-    def _record(self, run_context: Any, cause: str, node: str | None) -> None:
+    def _record(self, run_context: Any, cause: str, node: str | None, *, drained: bool) -> None:
         self.faulted = True
         self.record = record_fault(
             self.record,
@@ -129,6 +187,7 @@ class AttemptRecorder(UserCallback):
             failed_after_step=self.last_step,
             resumed_from_step=self.checkpoint_step,
             detected_at=time.time(),
+            drained=drained,
         )
         # The restart starts from the checkpoint: until it reports, that is the last step finished.
         self.last_step = self.checkpoint_step
@@ -170,6 +229,7 @@ def clear_attempts(run_config: RunConfig) -> None:
     """A run starts with no attempts: a record left by an earlier run of this --run-name (which
     failed, and which this one resumes) is not this run's."""
     storage = run_config.storage_context
-    for path in (_attempts_path(storage.experiment_fs_path), _hang_note_path(storage.experiment_fs_path)):
+    run_path = storage.experiment_fs_path
+    for path in (_attempts_path(run_path), _hang_note_path(run_path), _nodes_path(run_path)):
         if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
             storage.storage_filesystem.delete_file(path)

@@ -59,6 +59,7 @@ from training.data.batches import steps_per_epoch
 from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
 from training.data.documents import batch_tokens, parse_files_batch, tokenize_batch
 from training.data.packing import PackedCorpus, RowPacker
+from training.distributed.nodes import gather_nodes, this_node
 from training.errors import DivergedError, RestartRefusedError, RunFailedError, UsageError
 from training.launch import local_drain
 from training.launch.attempt_store import (
@@ -67,7 +68,7 @@ from training.launch.attempt_store import (
     AttemptRecorder,
     clear_attempts,
     read_attempts,
-    worker_node,
+    write_attempt_nodes,
 )
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
@@ -97,9 +98,17 @@ PREEMPTION_POLL_S = "1"
 # Restarts after a node's preemption (a drain: eviction, spot reclaim, repair), counted apart from
 # --max-failures by Ray Train; bounded, so a node group that keeps losing nodes ends the run.
 MAX_PREEMPTION_FAILURES = 5
-# PyTorch's flight recorder: each rank keeps its last collectives, which the hang watchdog names
-# (training/components/watchdog.py); torch 2.13 records gloo's as well as NCCL's.
-FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
+# What the job chooses of PyTorch's distributed behaviour, in every worker's environment:
+# - the flight recorder: each rank keeps its last collectives, which the hang watchdog reads
+#   (training/components/watchdog.py);
+# - NCCL's error handling, which Ray Train would otherwise choose (ray 2.58: ray/train/torch/config.py
+#   sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 where unset; torch's own default is 3): 1, TearDown. On an
+#   NCCL error or timeout ProcessGroupNCCL's watchdog aborts the communicators, then ends the process
+#   (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp, `ErrorHandlingMode`; 3 ends it without the
+#   abort), so a peer's loss ends the survivors rather than blocking them for the process group's
+#   30-minute timeout. Ray Train's controller then sees the survivors' actors
+#   dead too, and a fault is named by kind (`training.components.attempts.fault_cause`).
+TORCH_WORKER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 
 class RaySession:
@@ -117,7 +126,7 @@ class RaySession:
         self.cached_corpus = corpus
         self.cached_eval_corpus = eval_corpus
         self.outcome: dict[str, Any] | None = None
-        self.host = worker_node()
+        self.host = this_node()
         quiet_report_logger()
 
     @contextlib.contextmanager
@@ -197,6 +206,19 @@ class RaySession:
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.outcome = {"summary": summary, "history": history}
+
+    def nodes(self) -> list[str]:
+        """Every rank's node, gathered; rank 0 keeps them with Ray's node ids for the controller's
+        record (`AttemptRecorder`), which names a fault of this attempt by them."""
+        pairs = gather_nodes(f"{self.host} {ray.get_runtime_context().get_node_id()}")
+        nodes, ray_nodes = zip(*(pair.split(" ", 1) for pair in pairs), strict=True)
+        if self.rank == 0:
+            storage = ray.train.get_context().get_storage()
+            attempt = len(self.faults()) + 1  # one record a worker group: the faults before it plus one
+            write_attempt_nodes(
+                storage.storage_filesystem, storage.experiment_fs_path, attempt, list(nodes), list(ray_nodes)
+            )
+        return list(nodes)
 
     def faults(self) -> list[dict[str, Any]]:
         # Written by the controller's AttemptRecorder before it restarts the worker group.
@@ -318,7 +340,7 @@ def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
     """Join the cluster at `address`, or start an embedded one (None)."""
     plain_prefixes_unless_terminal()
     if address is not None:
-        ray.init(address=address, runtime_env={"env_vars": FLIGHT_RECORDER_ENV})
+        ray.init(address=address, runtime_env={"env_vars": TORCH_WORKER_ENV})
         quiet_driver_logs()
         return
     workers = config.workers or 1
@@ -332,7 +354,7 @@ def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:
         num_cpus=cpus,
         include_dashboard=False,
         runtime_env={
-            "env_vars": {"PYTHONPATH": python_path, **FLIGHT_RECORDER_ENV},
+            "env_vars": {"PYTHONPATH": python_path, **TORCH_WORKER_ENV},
             "worker_process_setup_hook": "training.launch.ray_quiet.quiet_placement_group_cleaner",
         },
     )

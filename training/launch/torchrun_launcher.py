@@ -30,6 +30,7 @@ from training.components.drain import DRAINED_EXIT_CODE, install_sigterm_notice,
 from training.config.run_config import TrainConfig
 from training.data.corpus_cache import in_process_corpus
 from training.data.packing import PackedCorpus
+from training.distributed.nodes import gather_nodes, this_node
 from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import UsageError
 from training.metrics.artifacts import write_run_files
@@ -119,6 +120,9 @@ class TorchrunSession:
             for index, stale in enumerate(checkpoints):
                 if index not in kept:
                     shutil.rmtree(stale)
+
+    def nodes(self) -> list[str]:
+        return gather_nodes(this_node())
 
     def faults(self) -> list[dict[str, Any]]:
         return []  # torchrun restarts no rank: a failed run is rerun with the same --run-name

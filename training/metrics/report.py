@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 STEP_MARKER = "TRAIN_STEP"
+# The line a restarted rank 0 prints when a node whose faults repeat must leave the job (with
+# `--leave-failing-node`): whoever follows the job and holds the Kubernetes API (the TrainingRun)
+# cordons that node and deletes its worker pod, so the restart waits for the node's replacement.
+NODE_LEAVING_MARKER = "NODE_LEAVING"
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,27 @@ def parse_step_line(line: str) -> dict | None:
     if not isinstance(payload, dict) or any(key not in payload for key in FIRST_STEP_KEYS):
         return None
     return {key: payload.get(key) for key in STEP_KEYS if key in REQUIRED_STEP_KEYS or key in payload}
+
+
+def format_node_leaving_line(node: str, why: str, wait_s: float) -> str:
+    """The job's request that `node` leave it: machine-readable first, then why and how long the
+    ranks wait for the node to be taken out before the run ends."""
+    payload = json.dumps({"node": node, "wait_s": round(wait_s)}, separators=(",", ":"))
+    return f"{NODE_LEAVING_MARKER} {payload} {why}"
+
+
+def parse_node_leaving_line(line: str) -> str | None:
+    """The node a job's line asks to take out, also after a log prefix (Ray's worker tag); None for
+    any other line."""
+    position = line.find(NODE_LEAVING_MARKER + " ")
+    if position < 0:
+        return None
+    try:
+        payload, _ = json.JSONDecoder().raw_decode(line[position + len(NODE_LEAVING_MARKER) + 1 :])
+    except json.JSONDecodeError:
+        return None
+    node = payload.get("node") if isinstance(payload, dict) else None
+    return node if isinstance(node, str) and node else None
 
 
 def format_progress_line(

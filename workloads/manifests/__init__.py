@@ -5,7 +5,8 @@ schemas (Kubernetes core, the KubeRay CRD, the charts' values.yaml). The Pulumi 
 `workloads.addons` and `workloads.ray_cluster` only hands these dicts over. As KubeRay lays out its
 builders, each kind has its own module: `charts` (Helm values), `crd`, `kuberay_namespace`, `ray_namespace`,
 `ray_service_account`, `secret`, `code_configmap` (the training code), `raycluster`, `network_policy`,
-and `pod_labels` (the labels KubeRay puts on the Ray pods, and their selectors). The names the
+`head_disruption_budget` (the head's PodDisruptionBudget and its pod's autoscaler annotation), and
+`pod_labels` (the labels KubeRay puts on the Ray pods, and their selectors). The names the
 program's callers use are re-exported here.
 """
 
@@ -34,6 +35,7 @@ from workloads.manifests.crd import (
     PATCH_FORCE_ANNOTATION,
     kuberay_crds,
 )
+from workloads.manifests.head_disruption_budget import SAFE_TO_EVICT_ANNOTATION, head_disruption_budget
 from workloads.manifests.kuberay_namespace import KUBERAY_POD_SECURITY_LABELS, kuberay_namespace
 from workloads.manifests.network_policy import (
     namespace_default_deny,
@@ -82,6 +84,7 @@ __all__ = [
     "RAY_LOGS_VOLUME",
     "RAY_NODE_TYPE_LABEL",
     "RAY_TMP_DIR",
+    "SAFE_TO_EVICT_ANNOTATION",
     "SPEC_HASH_ANNOTATION",
     "Chart",
     "RayClusterSpec",
@@ -89,6 +92,7 @@ __all__ = [
     "code_volume",
     "collect_code",
     "efa_device_plugin_values",
+    "head_disruption_budget",
     "head_pod_labels",
     "head_pod_selector",
     "hf_token_secret",

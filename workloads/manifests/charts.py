@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from platform_contract import (
@@ -21,10 +23,12 @@ class Chart:
     namespace: str
     # The chart's own image tag at this version (its values.yaml `image.tag`, or what its template
     # derives from `appVersion`), set in the values all the same, so the image a release runs is named
-    # here and not left to a chart's default. None of the three charts' templates takes a digest: each
-    # writes `<image.repository>:<image.tag>` (nvidia-device-plugin v0.20.0 templates/_helpers.tpl,
-    # `fullimage`; aws-efa-k8s-device-plugin v0.5.30 templates/daemonset.yaml; kuberay-operator 1.7.0
-    # templates/deployment.yaml), so the releases run tags.
+    # here and not left to a chart's default. Each of the three charts' templates writes
+    # `<image.repository>:<image.tag>` and reads `image.tag` nowhere else (nvidia-device-plugin v0.20.0
+    # templates/_helpers.tpl:83-86, `fullimage`; aws-efa-k8s-device-plugin v0.5.30
+    # templates/daemonset.yaml:66; kuberay-operator v1.7.0 templates/deployment.yaml:68), so a tag of
+    # `<tag>@sha256:<digest>` renders `<repository>:<tag>@sha256:<digest>`, which the runtime pulls by
+    # its digest: outside a dev stack the values carry it (`pin_chart_images`).
     image_tag: str
 
 
@@ -77,11 +81,50 @@ EKS_REGISTRY_ACCOUNTS = {
 }
 EFA_DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
 
+# The chart images' references as they run (`<repository>:<tag>@sha256:<digest>` outside a dev stack),
+# by their tag reference: what the preview pinned (`infra.aws_rules.image_pins.pin_images`), held by
+# `pinned_chart_images` while the releases' values are built (`workloads.addons.Addons` builds them
+# and takes no pins of its own). Empty: the tags.
+_PINNED: dict[str, str] = {}
+
+
+def chart_images(region: str) -> dict[str, str]:
+    """The three charts' images as their values name them (`<repository>:<tag>`), each by what sets it,
+    as the preview's messages name it."""
+    return {
+        f"the image of chart {chart.name} {chart.version} (workloads/manifests/charts.py)": f"{repository}:{chart.image_tag}"
+        for chart, repository in (
+            (NVIDIA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN_IMAGE),
+            (EFA_DEVICE_PLUGIN, efa_device_plugin_image(region)),
+            (KUBERAY_OPERATOR, KUBERAY_OPERATOR_IMAGE),
+        )
+    }
+
+
+@contextmanager
+def pinned_chart_images(pinned: Mapping[str, str]) -> Iterator[None]:
+    """Within it, the values name each chart image as `pinned` has it (by its tag reference,
+    `chart_images`'); a reference left out runs its tag, and so does every image after it."""
+    _PINNED.clear()
+    _PINNED.update(pinned)
+    try:
+        yield
+    finally:
+        _PINNED.clear()
+
+
+def pinned_tag(repository: str, tag: str) -> str:
+    """The values' `image.tag` of `<repository>:<tag>`: the tag, or `<tag>@sha256:<digest>` once pinned."""
+    return _PINNED.get(f"{repository}:{tag}", f"{repository}:{tag}").removeprefix(f"{repository}:")
+
 
 def nvidia_device_plugin_values() -> dict:
     """MOFED off (it fights the EFA plugin in 0.19.x); tolerate the GPU taint."""
     return {
-        "image": {"repository": NVIDIA_DEVICE_PLUGIN_IMAGE, "tag": NVIDIA_DEVICE_PLUGIN.image_tag},
+        "image": {
+            "repository": NVIDIA_DEVICE_PLUGIN_IMAGE,
+            "tag": pinned_tag(NVIDIA_DEVICE_PLUGIN_IMAGE, NVIDIA_DEVICE_PLUGIN.image_tag),
+        },
         "mofedEnabled": False,
         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, GPU_TOLERATION],
     }
@@ -91,6 +134,11 @@ def eks_registry(region: str) -> str:
     """The region's registry of EKS add-on images, pulled by the nodes over their own region's endpoint."""
     suffix = ".cn" if region.startswith("cn-") else ""
     return f"{EKS_REGISTRY_ACCOUNTS.get(region, EKS_REGISTRY_ACCOUNT)}.dkr.ecr.{region}.amazonaws.com{suffix}"
+
+
+def efa_device_plugin_image(region: str) -> str:
+    """The EFA device plugin's image repository in the region's EKS registry."""
+    return f"{eks_registry(region)}/{EFA_DEVICE_PLUGIN_REPOSITORY}"
 
 
 def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
@@ -104,8 +152,8 @@ def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
     """
     return {
         "image": {
-            "repository": f"{eks_registry(region)}/{EFA_DEVICE_PLUGIN_REPOSITORY}",
-            "tag": EFA_DEVICE_PLUGIN.image_tag,
+            "repository": efa_device_plugin_image(region),
+            "tag": pinned_tag(efa_device_plugin_image(region), EFA_DEVICE_PLUGIN.image_tag),
         },
         "nodeSelector": dict(GPU_NODE_SELECTOR),
         "tolerations": [GPU_TOLERATION],
@@ -138,7 +186,10 @@ def kuberay_operator_values(watch_namespace: str) -> dict:
     commented example (a list of names).
     """
     return {
-        "image": {"repository": KUBERAY_OPERATOR_IMAGE, "tag": KUBERAY_OPERATOR.image_tag},
+        "image": {
+            "repository": KUBERAY_OPERATOR_IMAGE,
+            "tag": pinned_tag(KUBERAY_OPERATOR_IMAGE, KUBERAY_OPERATOR.image_tag),
+        },
         "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
         "singleNamespaceInstall": True,
         "watchNamespace": [watch_namespace],

@@ -17,18 +17,37 @@ from platform_contract import (
     PART_OF_LABELS,
     RAY_PORTS,
     SYSTEM_NODE_SELECTOR,
+    memory_mib,
 )
 from training.config.drain_budget import DEFAULT_GRACE_S, RAY_STOP_MARGIN_S
 from training.config.settings import NODE_NAME_ENV
 from training.metrics.cloudwatch_metrics import CLUSTER_NAME_ENV
 from workloads.efa_counter_reader import counters_url_env
 from workloads.manifests.code_configmap import CODE_MOUNT, code_volume
+from workloads.manifests.head_disruption_budget import SAFE_TO_EVICT_ANNOTATION
 from workloads.manifests.secret import HF_TOKEN_MOUNT, HF_TOKEN_PATH_ENV, HF_TOKEN_VOLUME
 
 # Ray's session folder (logs, which hold the transport evidence, and object spill). On an emptyDir,
 # as in AWS's Ray sample, it outlives a container restart and stays off the overlay filesystem.
 RAY_TMP_DIR = "/tmp/ray"
 RAY_LOGS_VOLUME = "ray-logs"
+# Each Ray pod's /dev/shm: a memory-backed emptyDir, sized from the pod's memory by one rule for the
+# head and the workers (`shm_size`). Ray puts its object store in /dev/shm and, without a size given,
+# makes it 30% of the memory it sees (the pod's limit: `DEFAULT_OBJECT_STORE_MEMORY_PROPORTION`,
+# ray/_private/ray_constants.py; `resolve_object_store_memory`, ray/_private/utils.py); when /dev/shm
+# is smaller, it puts the store in its temp folder, on disk, instead (`determine_plasma_store_config`,
+# ray/_private/services.py), and asks for 1.1 times the store. Above 10**10 bytes Ray sizes the store
+# to 95% of /dev/shm rather than the other way round (`REQUIRE_SHM_SIZE_THRESHOLD`), so past that a
+# larger /dev/shm only lets the store take more of the pod's memory: the size stops at the workers'
+# 32Gi (a 32Gi /dev/shm, 20% of a 160Gi worker, holds a 30.4 GiB store; NCCL and the data loaders
+# share it). The volume counts against the pod's memory limit. Declared in the template, it is the
+# pod's /dev/shm: KubeRay v1.7.0 adds its own (`shared-mem`, as large as the memory limit) only to a
+# container with nothing mounted there (ray-operator/controllers/ray/common/pod.go, `addEmptyDir`).
+SHM_VOLUME = "dshm"
+SHM_MOUNT = {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
+RAY_OBJECT_STORE_SHARE_PERCENT = 30
+RAY_SHM_HEADROOM_PERCENT = 110
+SHM_MAX_MIB = 32 * 1024
 # On both pod templates: the hash of the rendered RayCluster, so the training run can tell pods of
 # the current spec from pods KubeRay has not replaced yet.
 SPEC_HASH_ANNOTATION = "eks-ray-train/spec-hash"
@@ -51,17 +70,26 @@ DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 # The worker's node, from the downward API (Kubernetes docs, "Expose Pod Information to Containers
 # Through Environment Variables"): a restart names it, and refuses a second fault in a row there.
 NODE_NAME = {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
-# NCCL through libfabric's EFA provider; INFO logs are what the transport check reads.
+# NCCL through libfabric's EFA provider; INFO logs are what the transport check reads. NCCL_NET pins
+# the network to the plugin's, so a node whose EFA or plugin fails stops at its first communicator
+# ("Could not find network") instead of falling back to sockets unseen. aws-ofi-nccl 1.11 and earlier
+# register as "AWS Libfabric"; later ones as "Libfabric", and rename themselves "AWS Libfabric" when
+# NCCL_NET asks for that name (aws/aws-ofi-nccl src/nccl_ofi_interface_nvidia.cpp,
+# `nvidia_plugin_name_fixup`): that name holds for every version an image may carry.
 EFA_NCCL_ENV = {
     "FI_PROVIDER": "efa",
     "NCCL_NET_PLUGIN": "ofi",
+    "NCCL_NET": "AWS Libfabric",
     "NCCL_SOCKET_IFNAME": "eth0",
     "NCCL_DEBUG": "INFO",
 }
-# capability at all. EFA needs none: the device plugin hands the device over, and the memory libfabric
-# registers is bounded by the locked-memory limit containers inherit from the node's runtime, which
-# CAP_IPC_LOCK would only lift; that capability is not in the runtime's default set, so the workers
-# never had it (and `baseline` refuses to add it). (KubeRay copies the Ray container's context to the init container it injects.)
+# Every Ray container drops every capability and cannot escalate, under the runtime's default seccomp
+# profile. EFA needs no capability: the device plugin hands the device over, and the memory libfabric
+# registers is bounded by the container's locked-memory limit, which CAP_IPC_LOCK would lift. That
+# capability is not in the runtime's default set and the Ray namespace's `baseline` level refuses to
+# add it: the GPU nodes set the limit in their container runtime's base spec instead
+# (`infra.resources.node_groups.CONTAINER_RLIMITS`), and readiness refuses a node whose pods get a
+# low one. (KubeRay copies the Ray container's context to the init container it injects.)
 RAY_POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
 RAY_CONTAINER_SECURITY_CONTEXT = {
     "allowPrivilegeEscalation": False,
@@ -105,11 +133,22 @@ class RayClusterSpec:
     worker_grace_s: int = DEFAULT_GRACE_S
     head_cpu: str = "2"
     head_memory: str = "8Gi"
-    shm_size: str = "32Gi"
 
 
 def _env(values: dict[str, str]) -> list[dict]:
     return [{"name": key, "value": value} for key, value in values.items()]
+
+
+def shm_size(memory: str) -> str:
+    """The /dev/shm of a Ray pod with `memory` (a Kubernetes quantity): room for Ray's default object
+    store with the headroom Ray asks for, 33% of the memory rounded up to a MiB, at most `SHM_MAX_MIB`."""
+    share = RAY_OBJECT_STORE_SHARE_PERCENT * RAY_SHM_HEADROOM_PERCENT
+    mib = min(-(-memory_mib(memory) * share // 10_000), SHM_MAX_MIB)
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def _shm_volume(memory: str) -> dict:
+    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(memory)}}
 
 
 def ray_auth_token_command(cluster_name: str, namespace: str) -> str:
@@ -177,6 +216,8 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
         "serviceType": "ClusterIP",
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
         "template": {
+            # A cluster autoscaler leaves the head's node alone (`head_disruption_budget`).
+            "metadata": {"annotations": {SAFE_TO_EVICT_ANNOTATION: "false"}},
             "spec": {
                 "serviceAccountName": spec.service_account,
                 "automountServiceAccountToken": False,
@@ -197,17 +238,20 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         },
                         "volumeMounts": [
                             {"name": "training-code", "mountPath": CODE_MOUNT, "readOnly": True},
+                            dict(SHM_MOUNT),
                             {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
                             dict(HF_TOKEN_MOUNT),
                         ],
                     }
                 ],
+                # Ray's object store in memory, for what the driver and the fabric probe put there.
                 "volumes": [
                     code_volume(spec.code_configmap, spec.code_files),
+                    _shm_volume(spec.head_memory),
                     _ray_logs_volume(),
                     copy.deepcopy(HF_TOKEN_VOLUME),
                 ],
-            }
+            },
         },
     }
     workers = {
@@ -242,15 +286,16 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
                         # Equal requests and limits: QoS Guaranteed, the node cannot be overcommitted.
                         "resources": {"requests": dict(worker_resources), "limits": dict(worker_resources)},
                         "volumeMounts": [
-                            {"name": "dshm", "mountPath": "/dev/shm"},
+                            dict(SHM_MOUNT),
                             {"name": RAY_LOGS_VOLUME, "mountPath": RAY_TMP_DIR},
                             dict(HF_TOKEN_MOUNT),
                         ],
                     }
                 ],
-                # NCCL and the data loaders use shared memory; the container default of 64 MiB is too small.
+                # Ray's object store, NCCL and the data loaders use shared memory; the container default
+                # of 64 MiB is too small.
                 "volumes": [
-                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+                    _shm_volume(spec.worker.memory),
                     _ray_logs_volume(),
                     copy.deepcopy(HF_TOKEN_VOLUME),
                 ],

@@ -42,7 +42,8 @@ class RunOutputs:
     """The resource's outputs; the `tcp_*` ones and `efa_speedup` only with `benchmark`. `efa_bytes`
     (bytes moved through each worker node's EFA ports during the job: `efa_sysfs.MOVED`) and
     `efa_counters` (each counter's delta), per worker pod, are None for a node whose counters are
-    unknown; `efa_unavailable` says why for each node whose counters could not be read (None: all were).
+    unknown; `efa_unavailable` says why for each node whose counters could not be read, or whose pod was
+    replaced during the job (None: all were read on both sides of it).
     The `gate_*` ones are the fabric gate's that passed before the job (`gate`): its probe job, its
     NCCL verdict and evidence, its EFA bytes per worker pod, and `gate_s`, the seconds from the pods
     being ready to its verdict; `busbw_gbps` is its bus bandwidth per collective at the largest
@@ -141,7 +142,7 @@ class RunOutputs:
             summary=summary,
             efa_bytes=job.efa.bytes_moved() if job.efa else None,
             efa_counters=dict(job.efa.deltas) if job.efa else None,
-            efa_unavailable=dict(job.efa.unavailable) if job.efa and job.efa.unavailable else None,
+            efa_unavailable=job.efa.unmeasured() or None if job.efa else None,
             gate_job_id=gate.run.submission_id,
             gate_transport=gate.run.verdict.transport,
             gate_transport_reason=gate.run.verdict.reason,

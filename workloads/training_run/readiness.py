@@ -17,10 +17,12 @@ In the order of AWS's reference example, before anything is submitted:
    limit is unlimited or at least `MIN_MEMLOCK_KIB`, as EFA needs. Neither can be fixed from inside
    the pod: KubeRay replaces the image's entrypoint, and with it the AWS DLC's CUDA
    forward-compatibility shim (KubeRay v1.7.0 `BuildPod` sets the container's command), so the pod
-   runs on the node's driver; and a container cannot raise its memlock limit, which it inherits from
-   the node's container runtime (AWS EFA user guide, "Install the EFA software in a container"): the
-   EKS AL2023 base runtime spec sets only RLIMIT_NOFILE (awslabs/amazon-eks-ami,
-   nodeadm/internal/containerd/base-runtime-spec.json), so a container gets containerd's own limit.
+   runs on the node's driver; and a container cannot raise its memlock limit, which comes from the
+   node's container runtime (AWS EFA user guide, "Install the EFA software in a container"). The EKS
+   AL2023 base runtime spec sets only RLIMIT_NOFILE (awslabs/amazon-eks-ami,
+   nodeadm/internal/containerd/base-runtime-spec.json), so the GPU nodes' NodeConfig sets
+   RLIMIT_MEMLOCK in it (`infra.resources.node_groups.CONTAINER_RLIMITS`); the check finds a node
+   where that did not apply.
 
 With `gpuNodesAfterTraining: release` a step 0 comes first: the GPU node group is scaled out to
 `gpuNodeCount` (`gpu_node_group`), and step 1 then waits for the nodes to join.
@@ -235,8 +237,9 @@ def host_limit_problems(pod: str, limits: HostLimits) -> list[str]:
         problems.append(
             f"{pod}: the locked-memory limit is {limits.memlock} KiB, under the {MIN_MEMLOCK_KIB} KiB floor: EFA "
             "registers the memory it sends from and fails at the first collective with a small limit, and a "
-            "container cannot raise it. Fix: raise the container runtime's limit on the GPU nodes to unlimited "
-            "(LimitMEMLOCK=infinity for containerd)"
+            "container cannot raise it. Fix: the GPU nodes' NodeConfig did not apply: check "
+            "/etc/containerd/base-runtime-spec.json on the node (its RLIMIT_MEMLOCK) and that the node group "
+            "runs the current version of its launch template"
         )
     return problems
 

@@ -42,6 +42,7 @@ from workloads.training_run.access.jobs import (
     SubmissionChoice,
     choose_submission,
     submission_id_base,
+    submit_command,
 )
 from workloads.training_run.access.node_group import NodeGroupSizer
 from workloads.training_run.attempts import attempt_line, restarts_of
@@ -119,9 +120,7 @@ class TrainingRunner(JobFollowing):
     UNSURE = (Interrupted, ApiUnreachable, ApiUnauthorized, ApiRefused)
 
     def __init__(self, request: RunInputs, env: RunEnvironment) -> None:
-        self.request = request
-        self.env = env
-        self.in_flight: str | None = None  # the job started or adopted and not yet seen to end
+        super().__init__(request, env)  # what following the jobs keeps for the run (`JobFollowing`)
         self.released_at: str | None = None  # when EKS accepted the GPU group's scale-down to 0
         # Every GPU node the run saw, by providerID (`see_gpu_nodes`): the instances its hours count.
         self.gpu_nodes: dict[str, NodeFacts] = {}
@@ -158,14 +157,33 @@ class TrainingRunner(JobFollowing):
             if not choice.adopted.status.is_terminal:
                 self.in_flight = choice.submission_id
             return choice
-        # Recorded before the job exists: a submit that is cut off leaves no job without its record.
-        jobs.write_record(choice.submission_id, {"efa_before": self.read_counters(pods)})
-        self.in_flight = choice.submission_id
-        jobs.submit(choice.submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
+        self.submit_job(pods, jobs, choice.submission_id, args, env_vars, module)
         self.env.log(
             f"training run: submitted job {choice.submission_id}: python -m {module} {' '.join(args)}"
         )
         return choice
+
+    def submit_job(
+        self,
+        pods: RayPods,
+        jobs: RayJobsClient,
+        submission_id: str,
+        args: Sequence[str],
+        env_vars: Mapping[str, str],
+        module: str,
+    ) -> str | None:
+        """Submit the job under `submission_id` with the EFA counters read just before it recorded
+        beside it: a first submission, or one Ray lost with its head submitted again on the new head
+        (`follow_job`), by the same command (`jobs.submit_command`), so under the same run name.
+        Returns that run name (None: a job without one, the fabric probe)."""
+        # Recorded before the job exists: a submit that is cut off leaves no job without its record.
+        jobs.write_record(submission_id, {"efa_before": self.read_counters(pods)})
+        self.in_flight = submission_id
+        jobs.submit(submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
+        command = submit_command(
+            self.env.dashboard_address, submission_id, self.env.code_dir, args, env_vars, "", module=module
+        )
+        return evidence.flag_value(command[command.index("--") + 1 :], "--run-name")
 
     def read_counters(self, pods: RayPods) -> efa_counter_reads.Readings:
         """Each worker node's EFA counters now, or why not. A node whose read failed is asked again,
@@ -215,7 +233,13 @@ class TrainingRunner(JobFollowing):
         jobs = self.jobs_client(pods.head)
         choice = self.start_job(pods, jobs, variant, env_vars, module, args, fresh)
         submission_id = choice.submission_id
-        job, log = self.follow_job(pods, jobs, submission_id)
+        job_args = self.request.job_args if args is None else args
+
+        def resubmit(on: RayJobsClient) -> str | None:  # a job lost with its head, on the new head
+            return self.submit_job(pods, on, submission_id, job_args, env_vars, module)
+
+        job, log = self.follow_job(pods, jobs, submission_id, resubmit)
+        jobs = self.jobs_client(pods.head)  # the head may have been replaced meanwhile
         self.see_gpu_nodes(self.env.cluster.list_nodes(readiness.GPU_NODE_LABEL_SELECTOR))
         if job.status != JobStatus.SUCCEEDED:
             raise TrainingRunError(

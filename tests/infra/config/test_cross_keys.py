@@ -1,11 +1,12 @@
 """What no single key decides (`infra.config.cross_keys`): keys that contradict each other, and the
-image a stack that is not a dev stack must pin by digest."""
+image's digest on a stack that is not a dev stack (a tag's is read at preview; one given must be sha256)."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.config.stack import ConfigError, parse_settings
+from infra.config.cross_keys import moving_tag_warning
+from infra.config.stack import DEFAULT_IMAGE, ConfigError, parse_settings
 from tests.harness.stack_values import CIDRS, parse
 
 
@@ -29,25 +30,37 @@ DIGEST = "sha256:" + "0" * 64
 
 
 @pytest.mark.parametrize("stack", ["us-east-1", "prod", "devices", "development"])
+@pytest.mark.parametrize("image", [None, "rayproject/ray:2.58.0-py311-gpu"])
+def test_a_stack_that_is_not_dev_takes_a_tag_whose_digest_the_preview_reads(stack, image):
+    """Issue 60: the tag's digest is read from the registry at preview (`infra.aws_rules.image_pins`)."""
+    values = {**CIDRS, **({"image": image} if image else {})}
+    assert parse_settings(values, "us-east-2", stack=stack).image == (image or DEFAULT_IMAGE)
+
+
+@pytest.mark.parametrize("stack", ["us-east-1", "prod", "devices", "development"])
 @pytest.mark.parametrize(
-    "image, problem",
+    "image, tag",
     [
-        (None, "(the default) is a tag"),
-        ("rayproject/ray:2.58.0-py311-gpu", "is a tag"),
-        ("rayproject/ray@sha256:" + "A" * 64, "has a digest other than sha256"),
-        ("rayproject/ray@sha512:" + "0" * 128, "has a digest other than sha256"),
+        ("rayproject/ray@sha256:" + "A" * 64, "rayproject/ray:<tag>"),
+        ("rayproject/ray:2.58.0-py311-gpu@sha512:" + "0" * 128, "rayproject/ray:2.58.0-py311-gpu"),
     ],
 )
-def test_a_stack_that_is_not_dev_refuses_an_image_without_a_sha256_digest(stack, image, problem):
-    values = {**CIDRS, **({"image": image} if image else {})}
+def test_a_stack_that_is_not_dev_refuses_a_digest_other_than_sha256(stack, image, tag):
     with pytest.raises(ConfigError) as raised:
-        parse_settings(values, "us-east-2", stack=stack)
+        parse_settings({**CIDRS, "image": image}, "us-east-2", stack=stack)
     refusal = str(raised.value)
-    assert refusal.startswith("config key 'image' = ") and problem in refusal, refusal
+    assert refusal.startswith(f"config key 'image' = {image!r} has a digest other than sha256"), refusal
     assert f"stack {stack!r} is not a dev stack" in refusal and "\n" not in refusal
-    for how in ("docker buildx imagetools inspect", "crane digest", "aws ecr describe-images"):
-        assert how in refusal
-    assert "`pulumi config set image " in refusal and "@sha256:<digest>`" in refusal
+    assert f"`pulumi config set image {tag}`" in refusal and "crane" not in refusal
+
+
+def test_the_tag_warning_speaks_for_a_dev_stack_and_says_how_to_pin_without_crane():
+    warning = moving_tag_warning(DEFAULT_IMAGE)
+    assert warning is not None and warning.startswith(f"config key 'image' = {DEFAULT_IMAGE!r} is a tag")
+    assert f"`pulumi config set image {DEFAULT_IMAGE}@sha256:<digest>`" in warning and "crane" not in warning
+    assert moving_tag_warning(DEFAULT_IMAGE, "dev-alice") == warning
+    assert moving_tag_warning(DEFAULT_IMAGE, "prod") is None
+    assert moving_tag_warning(f"{DEFAULT_IMAGE}@{DIGEST}") is None
 
 
 @pytest.mark.parametrize("stack", ["dev", "dev-alice", "alice-dev"])

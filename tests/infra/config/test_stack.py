@@ -150,3 +150,12 @@ def test_new_keys_defaults_and_values():
     assert settings.admin_principal_arns == tuple(admins) and settings.log_retention_days == 365
     assert settings.gpu_nodes_after_training == "keep"
     assert parse(gpuNodesAfterTraining="release").gpu_nodes_after_training == "release"
+
+
+def test_repin_images_is_a_short_label_unset_by_default():
+    """Issue 60: a value other than the one the stack recorded reads every image tag's digest anew."""
+    assert parse().repin_images is None
+    assert parse(repinImages="2026-12-06").repin_images == "2026-12-06"
+    for bad in ("", "two words", "x" * 65, "-leading"):
+        with pytest.raises(ConfigError, match=r"'repinImages' = .*: expected something like 2026-12-06"):
+            parse(repinImages=bad)

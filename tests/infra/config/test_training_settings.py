@@ -9,7 +9,14 @@ from dataclasses import replace
 import pytest
 
 from infra.config.stack import ConfigError
-from infra.config.training_settings import PROGRAM_FLAGS, key_of_flag, setting_flags, setting_keys
+from infra.config.training_settings import (
+    PROGRAM_FLAGS,
+    JobUris,
+    job_uris,
+    key_of_flag,
+    setting_flags,
+    setting_keys,
+)
 from tests.harness.stack_values import parse
 from training.config.run_config import PRESETS, build_parser, parse_flags
 
@@ -115,3 +122,20 @@ def test_deferred_grad_sync_alone_fails_preview_naming_both_keys():
 def test_a_run_name_that_is_not_one_folder_is_refused(name):
     with pytest.raises(ConfigError, match=r"'training\.runName'"):
         parse(training={"runName": name})
+
+
+def test_the_jobs_uris_outside_the_stacks_prefixes_are_named_once_each_by_what_the_job_does_there():
+    granted = ["s3://stack-bucket/runs", "s3://stack-bucket/data"]
+    args = [
+        *("--data", "s3://other/text/", "--eval-data", "s3://stack-bucket/data/held-out.jsonl"),
+        *("--init-from", "s3://other/text/", "--corpus-cache", "s3://cache/packed"),
+        *("--storage-path", "s3://stack-bucket/runs", "--workers", "2"),
+    ]
+    assert job_uris(args, granted) == JobUris(read=("s3://other/text/",), write=("s3://cache/packed",))
+    # The standing grants cover the stack's own prefixes, and a local corpus reaches no bucket.
+    assert job_uris(["--data", "s3://stack-bucket/data/", "--workers", "2"], granted) == JobUris()
+    assert job_uris(["--data", "synthetic", "--workers", "2"], granted) == JobUris()
+    # A prefix that merely starts like a granted one is another prefix.
+    assert job_uris(["--data", "s3://stack-bucket/datasets/x", "--workers", "2"], granted).read == (
+        "s3://stack-bucket/datasets/x",
+    )

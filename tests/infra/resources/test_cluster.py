@@ -1,28 +1,39 @@
 """The cluster: its access entries (which caller counts as a listed principal), the add-on versions it
-keeps, and in the program's plan its settings, kubeconfig, credentials, CoreDNS and control plane logs."""
+keeps, and in the program's plan its settings, kubeconfig, credentials, CoreDNS and control plane logs;
+the vpc-cni add-on's alias and the state rewrite UPGRADING.md gives for stacks older than it."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 
 import pulumi
 import pytest
 
 from infra.resources.cluster import (
+    KUBE_PROXY_ADDON,
     NODE_POLICIES,
+    VPC_CNI_ADDON,
     VPC_CNI_POLICY,
     kept_addon_version,
     names_same_principal,
 )
 from tests.harness.fake_aws import (
     COREDNS_VERSIONS,
+    KUBE_PROXY_VERSIONS,
+    VPC_CNI_VERSIONS,
     FakeAws,
 )
+from tests.harness.paths import REPO_ROOT
 from tests.harness.program import (
     ACCOUNT,
     STACK_FILES,
     Preview,
+    addon_versions,
     config_of,
+    deployed,
     dev_config,
     run_program,
 )
@@ -253,3 +264,150 @@ def test_the_vpc_cni_runs_as_a_role_of_its_own(stack_plan):
     # A node joins once aws-node can run as its own role.
     for group in plan.of_type("aws:eks/nodeGroup:NodeGroup"):
         assert cni.urn in group.dependencies, group.name
+
+
+ADDON = "aws:eks/addon:Addon"
+GET_ADDON = "aws:eks/getAddon:getAddon"
+# Builds EKS publishes after the first deploy.
+LATER_VPC_CNI_BUILD = "v1.20.5-eksbuild.1"
+LATER_KUBE_PROXY_BUILD = "v1.34.1-eksbuild.1"
+
+
+def test_no_addon_version_is_left_to_pulumi_eks(stack_plan):
+    """Every managed add-on the program makes, or has pulumi-eks make, carries a version: left out,
+    pulumi-eks applies the newest build EKS offers at every run."""
+    _, plan = stack_plan
+    cluster = plan.one("eks:index:Cluster").inputs
+    kubernetes_version = cluster["version"]
+    assert cluster["corednsAddonOptions"]["enabled"] is False  # the program's own (`install_coredns`)
+    kube_proxy = cluster["kubeProxyAddonOptions"]
+    assert kube_proxy["enabled"] is True and kube_proxy["version"] == KUBE_PROXY_VERSIONS[kubernetes_version]
+    assert plan.one("eks:index:VpcCniAddon").inputs["addonVersion"] == VPC_CNI_VERSIONS[kubernetes_version]
+    versions = addon_versions(plan)
+    assert {VPC_CNI_ADDON, KUBE_PROXY_ADDON, "coredns"} <= set(versions)
+    assert [name for name, version in versions.items() if not version] == []
+
+
+def pulumi_eks_versions(plan: Preview) -> tuple[str, str]:
+    return (
+        plan.one("eks:index:VpcCniAddon").inputs["addonVersion"],
+        plan.one("eks:index:Cluster").inputs["kubeProxyAddonOptions"]["version"],
+    )
+
+
+def test_vpc_cni_and_kube_proxy_keep_the_live_versions_until_kubernetes_version_moves():
+    """A build EKS publishes later reaches neither add-on through an unrelated `pulumi up`."""
+    fake = FakeAws(region="us-east-2")
+    deployed(run_program(dev_config(kubernetesVersion="1.34"), fake), fake)
+    assert fake.addons["eks-ray-train"][VPC_CNI_ADDON] == VPC_CNI_VERSIONS["1.34"]
+    fake.addon_builds[VPC_CNI_ADDON]["1.34"] = LATER_VPC_CNI_BUILD
+    fake.addon_builds[KUBE_PROXY_ADDON]["1.34"] = LATER_KUBE_PROXY_BUILD
+    second = run_program(dev_config(kubernetesVersion="1.34"), fake)
+    assert pulumi_eks_versions(second) == (VPC_CNI_VERSIONS["1.34"], KUBE_PROXY_VERSIONS["1.34"])
+    read = [args["addonName"] for token, args in fake.calls if token == GET_ADDON]
+    assert {VPC_CNI_ADDON, KUBE_PROXY_ADDON} <= set(read)
+    upgraded = run_program(dev_config(kubernetesVersion="1.35"), fake)
+    assert pulumi_eks_versions(upgraded) == (VPC_CNI_VERSIONS["1.35"], KUBE_PROXY_VERSIONS["1.35"])
+    # A cluster without the add-on (a first `up` that stopped before it) takes the newest.
+    del fake.addons["eks-ray-train"][KUBE_PROXY_ADDON]
+    again = run_program(dev_config(kubernetesVersion="1.34"), fake)
+    assert pulumi_eks_versions(again) == (VPC_CNI_VERSIONS["1.34"], LATER_KUBE_PROXY_BUILD)
+
+
+def child_urn(parent_urn: str, type_token: str, name: str) -> str:
+    """The URN of a resource of `type_token` named `name` under `parent_urn` (`urn:pulumi:<stack>::
+    <project>::<the parent's types, $-joined>$<type>::<name>`)."""
+    stack_and_project, parent_types, _ = parent_urn.rsplit("::", 2)
+    return f"{stack_and_project}::{parent_types}${type_token}::{name}"
+
+
+def pulumi_eks_cni_urns(plan: Preview) -> tuple[str, str]:
+    """The URNs of the `VpcCniAddon` pulumi-eks made inside its cluster for a stack deployed before
+    issue 53, and of the add-on inside it (pulumi-eks nodejs/eks/cluster/cluster.ts: `new
+    VpcCniAddon(`${name}-vpc-cni`, ..., {parent})` under its Cluster; addons/cni-addon.ts: `new
+    aws.eks.Addon(name, ..., {parent: this})`)."""
+    eks_cluster = plan.one("eks:index:Cluster")
+    component = child_urn(eks_cluster.urn, "eks:index:VpcCniAddon", f"{eks_cluster.name}-vpc-cni")
+    return component, child_urn(component, ADDON, f"{eks_cluster.name}-vpc-cni")
+
+
+def test_the_vpc_cni_alias_names_the_component_pulumi_eks_made(stack_plan):
+    """The alias (a spec: the parent it had, the name and type it keeps) gives the URN of pulumi-eks's
+    own `VpcCniAddon`; the add-on inside it is the provider's to alias, which it does not do
+    (UPGRADING.md). The SDK's other alias is pulumi-eks's own, the type's earlier name."""
+    _, plan = stack_plan
+    cni = plan.one("eks:index:VpcCniAddon")
+    [parent] = [urn for urn in cni.alias_parents if urn]
+    assert cni.alias_names == ["", ""]  # the name is kept
+    old_component, _ = pulumi_eks_cni_urns(plan)
+    assert child_urn(parent, cni.type, cni.name) == old_component
+
+
+UPGRADING_HEADING = "## A kept bucket stays guarded; add-ons stay put; nodes lock memory (issue 60)"
+
+
+def upgrading_section() -> str:
+    text = (REPO_ROOT / "UPGRADING.md").read_text()
+    return text.split(f"\n{UPGRADING_HEADING}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def state_of(*entries: dict) -> dict:
+    return {"version": 3, "deployment": {"manifest": {}, "resources": list(entries)}}
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="the rewrite runs the jq of UPGRADING.md")
+def test_the_state_rewrite_of_upgrading_moves_the_add_on_to_the_urns_the_program_registers(stack_plan):
+    """A state with the add-on pulumi-eks made inside its cluster, rewritten by UPGRADING.md's jq
+    filter, holds it at the URN the program's `VpcCniAddon` gives it, under that component, with
+    every reference moved; a stray new component is dropped; a state without the old URNs is left
+    alone."""
+    _, plan = stack_plan
+    [filter_text] = re.findall(r"\njq '(.*?)' state\.json > moved\.json\n", upgrading_section(), re.DOTALL)
+    cluster, eks_cluster = plan.one("eks-ray-train:infra:Cluster"), plan.one("eks:index:Cluster")
+    cni = plan.one("eks:index:VpcCniAddon")
+    old_component, old_addon = pulumi_eks_cni_urns(plan)
+    provider = "urn:pulumi:dev::eks-ray-train::pulumi:providers:aws::default_7_25_0::0a1b"
+    addon_id = f"{eks_cluster.inputs['name']}:vpc-cni"
+
+    def rewritten(state: dict) -> dict:
+        done = subprocess.run(["jq", filter_text], input=json.dumps(state), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    before = state_of(
+        {"urn": cluster.urn, "type": cluster.type, "custom": False},
+        {"urn": eks_cluster.urn, "type": eks_cluster.type, "custom": False, "parent": cluster.urn},
+        {"urn": old_component, "type": cni.type, "custom": False, "parent": eks_cluster.urn},
+        {
+            "urn": old_addon,
+            "type": ADDON,
+            "custom": True,
+            "id": addon_id,
+            "parent": old_component,
+            "provider": provider,
+        },
+        {"urn": cni.urn, "type": cni.type, "custom": False, "parent": cluster.urn},  # left by a failed `up`
+        {"urn": "urn:pulumi:dev::eks-ray-train::test:index:Dependent::d", "dependencies": [old_addon]},
+    )
+    after = rewritten(before)["deployment"]["resources"]
+    new_addon = child_urn(cni.urn, ADDON, cni.name)
+    assert [r["urn"] for r in after] == [
+        cluster.urn,
+        eks_cluster.urn,
+        cni.urn,
+        new_addon,
+        "urn:pulumi:dev::eks-ray-train::test:index:Dependent::d",
+    ]
+    assert after[2]["parent"] == cluster.urn and after[3]["parent"] == cni.urn
+    assert after[3]["id"] == addon_id and after[3]["provider"] == provider
+    assert after[4]["dependencies"] == [new_addon]
+    # Each parent and dependency precedes its resource, as `pulumi stack import` requires.
+    seen = {cluster.urn}
+    for resource in after[1:]:
+        assert {
+            resource.get("parent", cluster.urn),
+            *resource.get("dependencies", []),
+        } <= seen
+        seen.add(resource["urn"])
+    current = state_of(before["deployment"]["resources"][0], before["deployment"]["resources"][4])
+    assert rewritten(current) == current

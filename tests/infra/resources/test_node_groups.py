@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import email
 from datetime import timedelta
 
+import yaml
+
+from infra.resources import node_groups
 from tests.harness.fake_aws import (
     FakeAws,
     capacity_block,
@@ -21,6 +26,7 @@ from tests.harness.program import (
     dev_config,
     run_program,
 )
+from workloads.training_run.readiness import MIN_MEMLOCK_KIB, HostLimits, host_limit_problems
 
 
 def test_gpu_node_group_is_one_subnet_in_the_gpu_az(stack_plan):
@@ -81,6 +87,11 @@ def test_system_node_group(stack_plan):
     assert group.inputs["scalingConfig"]["desiredSize"] == 1
     assert len(group.inputs["subnetIds"]) == 3
     assert "taints" not in group.inputs
+    # The Ray head's disruption budget refuses its eviction: an update of this group goes on once
+    # EKS's drain has failed on it, instead of failing with PodEvictionFailure.
+    assert group.inputs["forceUpdateVersion"] is True
+    gpu = next(r for r in plan.of_type("aws:eks/nodeGroup:NodeGroup") if r is not group)
+    assert "forceUpdateVersion" not in gpu.inputs
 
 
 def test_capacity_reservation_is_targeted():
@@ -231,3 +242,56 @@ def test_system_nodes_have_room_for_the_ray_head_image(stack_plan):
     _, plan = stack_plan
     template = plan.one("aws:ec2/launchTemplate:LaunchTemplate", "system").inputs
     assert template["blockDeviceMappings"][0]["ebs"]["volumeSize"] >= 80
+
+
+def node_configs(user_data: str) -> list[dict]:
+    """The NodeConfig documents nodeadm reads from a launch template's user data: base64, then a MIME
+    multipart document whose `application/node.eks.aws` parts hold YAML (nodeadm's configprovider)."""
+    message = email.message_from_bytes(base64.b64decode(user_data))
+    assert message.is_multipart() and message.get_content_type() == "multipart/mixed"
+    return [
+        yaml.safe_load(part.get_payload())
+        for part in message.get_payload()
+        if part.get_content_type() == node_groups.NODE_CONFIG_MEDIA_TYPE
+    ]
+
+
+def test_gpu_nodes_set_the_containers_locked_memory_limit_and_system_nodes_are_unchanged(stack_plan):
+    """The GPU launch template's user data: one NodeConfig whose containerd base runtime spec sets
+    RLIMIT_MEMLOCK, and restates nodeadm's RLIMIT_NOFILE, since a list replaces the default's whole."""
+    _, plan = stack_plan
+    [config] = node_configs(plan.one(GPU_TEMPLATE, "gpu").inputs["userData"])
+    assert (config["apiVersion"], config["kind"]) == ("node.eks.aws/v1alpha1", "NodeConfig")
+    # Nothing of the cluster: EKS adds its own part with that to a managed group's user data.
+    assert list(config["spec"]) == ["containerd"]
+    spec = config["spec"]["containerd"]["baseRuntimeSpec"]
+    assert spec == {"process": {"rlimits": spec["process"]["rlimits"]}}  # merged into the default's
+    rlimits = {limit["type"]: (limit["soft"], limit["hard"]) for limit in spec["process"]["rlimits"]}
+    assert rlimits == {
+        "RLIMIT_NOFILE": (65536, 1048576),  # nodeadm's default (base-runtime-spec.json, v20260724)
+        "RLIMIT_MEMLOCK": (2**53, 2**53),
+    }
+    assert "userData" not in plan.one("aws:ec2/launchTemplate:LaunchTemplate", "system").inputs
+
+
+def test_the_container_rlimits_survive_nodeadms_merge_exactly():
+    """nodeadm merges the base runtime spec through Go's `interface{}`, where numbers are float64s
+    (nodeadm/internal/util/merge.go): a limit it writes is the float nearest to ours, printed in the
+    fewest digits; containerd reads it back as a uint64. "Unlimited" (2^64 - 1) would come out as
+    18446744073709552000, past a uint64, and containerd would refuse the whole spec."""
+    for limit in node_groups.CONTAINER_RLIMITS:
+        for value in (limit["soft"], limit["hard"]):
+            assert int(float(value)) == value < 2**64, limit
+    unlimited = 2**64 - 1
+    assert int(float(unlimited)) > unlimited
+    assert repr(float(unlimited)) == "1.8446744073709552e+19"  # Go's encoding/json: 18446744073709552000
+
+
+def test_readiness_takes_the_gpu_nodes_limit_and_refuses_a_node_without_it():
+    """The limit the NodeConfig sets passes readiness (`ulimit -l` prints KiB); a node that did not
+    take the config, at the 8 MiB kernels and systemd give by default, is refused."""
+    limit_kib = node_groups.CONTAINER_MEMLOCK_BYTES // 1024
+    assert limit_kib >= MIN_MEMLOCK_KIB
+    assert host_limit_problems("ray-worker-0", HostLimits("580.65.06", "13.0", "12.8", str(limit_kib))) == []
+    [problem] = host_limit_problems("ray-worker-0", HostLimits("580.65.06", "13.0", "12.8", "8192"))
+    assert "locked-memory limit is 8192 KiB" in problem

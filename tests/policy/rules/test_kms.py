@@ -89,6 +89,43 @@ CASES = [
         "dev",
         "under no condition",
     ),
+    # Every action but those that use the key on data (NotAction) uses none; a wildcard may name them.
+    (
+        kms.kms_key_use_bound,
+        KEY,
+        key_policy(
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": POD_ROLE},
+                "NotAction": ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*"],
+                "Resource": "*",
+            }
+        ),
+        "dev",
+        None,
+    ),
+    (
+        kms.kms_key_use_bound,
+        KEY,
+        key_policy(use({"AWS": POD_ROLE}, None, ("kms:*crypt",))),
+        "dev",
+        "kms:*crypt",
+    ),
+    # The wide grant: every action but deleting the key, to the pods' role, under no condition.
+    (
+        kms.kms_key_use_bound,
+        KEY,
+        key_policy(
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": POD_ROLE},
+                "NotAction": "kms:ScheduleKeyDeletion",
+                "Resource": "*",
+            }
+        ),
+        "dev",
+        f"allows every action but kms:ScheduleKeyDeletion (NotAction) to {POD_ROLE} under no condition",
+    ),
 ]
 
 

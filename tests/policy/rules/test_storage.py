@@ -276,7 +276,7 @@ def endpoint(**props) -> StackResource:
         ),
         (
             [CKPT_BUCKET, bucket_policy(guarded(VPCE_ONLY))],
-            "requires an endpoint that is no S3 gateway endpoint",
+            "requires vpce-1, which is no S3 gateway endpoint of the stack on a route table:",
         ),
         (
             [
@@ -313,6 +313,273 @@ def test_buckets_vpc_endpoint_only(resources, expected):
         assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1], (
             violations
         )
+
+
+PODS_ARN = "arn:aws:iam::1:role/ray-pods"
+
+
+def role(urn: str = "urn:pods-role", dependencies: tuple[str, ...] = (), **props) -> StackResource:
+    return StackResource(properties.ROLE, urn, props, dependencies)
+
+
+def document(*statements: dict) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": list(statements)})
+
+
+READ_THE_RUNS = {"Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{ARN}/runs/*"}
+# The pods' role as an update's preview shows it (its ARN known), and its access to the runs.
+PODS_ROLE = role(name="ray-pods", arn=PODS_ARN)
+PODS_ACCESS = StackResource(
+    properties.ROLE_POLICY, "urn:pods-access", {"role": "ray-pods", "policy": document(READ_THE_RUNS)}, ()
+)
+
+
+def deny_outside_endpoint(**condition) -> dict:
+    """VPCE_ONLY with its principal condition replaced by `condition` (none: every principal)."""
+    return {**VPCE_ONLY, "Condition": {"StringNotEquals": {"aws:SourceVpce": "vpce-1"}, **condition}}
+
+
+def guarded_stack(*statements: dict, grants: tuple[StackResource, ...] = (PODS_ROLE, PODS_ACCESS)) -> list:
+    """The bucket, its endpoint (vpce-1), the roles the stack grants on it, and its policy of `statements`."""
+    return [CKPT_BUCKET, endpoint(id="vpce-1"), *grants, bucket_policy(guarded(*statements))]
+
+
+# A role of a first preview: its URN, nothing else known.
+UNNAMED_ROLE = "urn:pulumi:dev::eks-ray-train::aws:iam/role:Role::ray-pods"
+NODE_ROLE = role("urn:node-role", name="node", arn="arn:aws:iam::1:role/node")
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        (guarded_stack(VPCE_ONLY), None),
+        (
+            guarded_stack(deny_outside_endpoint(ArnLike={"aws:PrincipalArn": "arn:aws:iam::*:role/ray-*"})),
+            None,
+        ),
+        (guarded_stack(deny_outside_endpoint()), None),
+        (guarded_stack({**deny_outside_endpoint(), "Principal": {"AWS": [PODS_ARN]}}), None),
+        # Everyone but the administrators' role, and requests AWS services make for a principal.
+        (
+            guarded_stack(
+                deny_outside_endpoint(
+                    ArnNotLike={"aws:PrincipalArn": "arn:aws:iam::1:role/admin-*"},
+                    Bool={"aws:ViaAWSService": "false"},
+                )
+            ),
+            None,
+        ),
+        # The role known by its name alone; and by nothing, with the policy built from its ARN (first preview).
+        (guarded_stack(VPCE_ONLY, grants=(role(name="ray-pods"), PODS_ACCESS)), None),
+        (
+            [
+                CKPT_BUCKET,
+                endpoint(),
+                role(),
+                StackResource(
+                    properties.ROLE_POLICY,
+                    "urn:pods-access",
+                    {"role": UNKNOWN, "policy": document(READ_THE_RUNS)},
+                    ("urn:pods-role",),
+                ),
+                bucket_policy(guarded(VPCE_ONLY), ("urn:bucket", "urn:vpce", "urn:pods-role")),
+            ],
+            None,
+        ),
+        # A role that may not touch the bucket needs no denial.
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                grants=(
+                    PODS_ROLE,
+                    PODS_ACCESS,
+                    NODE_ROLE,
+                    StackResource(
+                        properties.ROLE_POLICY_ATTACHMENT,
+                        "urn:node-pull",
+                        {
+                            "role": "node",
+                            "policyArn": "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+                        },
+                        (),
+                    ),
+                ),
+            ),
+            None,
+        ),
+        # A denial whose condition, or principal, is not known yet: the next run judges it.
+        (guarded_stack({**VPCE_ONLY, "Condition": UNKNOWN}), None),
+        (guarded_stack({**VPCE_ONLY, "Principal": UNKNOWN}), None),
+        # The wide grants each Deny must name: a typo in the role's ARN.
+        (
+            guarded_stack(
+                deny_outside_endpoint(ArnEquals={"aws:PrincipalArn": "arn:aws:iam::1:role/ray-pod"})
+            ),
+            "the bucket's policy denies requests that do not come through the S3 endpoint only to aws:PrincipalArn "
+            f"arn:aws:iam::1:role/ray-pod, not to role {PODS_ARN}, which the stack allows on the bucket: name every "
+            "role the stack allows on the bucket in the statement's ArnEquals aws:PrincipalArn",
+        ),
+        # AmazonS3FullAccess on another role: every bucket, this one included.
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                grants=(
+                    PODS_ROLE,
+                    PODS_ACCESS,
+                    NODE_ROLE,
+                    StackResource(
+                        properties.ROLE_POLICY_ATTACHMENT,
+                        "urn:node-s3",
+                        {"role": "node", "policyArn": "arn:aws:iam::aws:policy/AmazonS3FullAccess"},
+                        (),
+                    ),
+                ),
+            ),
+            "not to role arn:aws:iam::1:role/node, which the stack allows on the bucket",
+        ),
+        # AmazonS3FullAccess through a PolicyAttachment, and a RolePolicyAttachmentsExclusive.
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                grants=(
+                    PODS_ROLE,
+                    PODS_ACCESS,
+                    NODE_ROLE,
+                    StackResource(
+                        properties.POLICY_ATTACHMENT,
+                        "urn:s3-everywhere",
+                        {"roles": ["node"], "policyArn": "arn:aws:iam::aws:policy/AmazonS3FullAccess"},
+                        (),
+                    ),
+                ),
+            ),
+            "not to role arn:aws:iam::1:role/node, which the stack allows on the bucket",
+        ),
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                grants=(
+                    PODS_ROLE,
+                    PODS_ACCESS,
+                    StackResource(
+                        properties.ROLE_POLICY_ATTACHMENTS_EXCLUSIVE,
+                        "urn:outside",
+                        {
+                            "roleName": "ci-deployer",
+                            "policyArns": ["arn:aws:iam::aws:policy/AdministratorAccess"],
+                        },
+                        (),
+                    ),
+                ),
+            ),
+            "not to role ci-deployer, which the stack allows on the bucket",
+        ),
+        # Every action but IAM's on every resource, inline in another role; a customer managed policy.
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                grants=(
+                    PODS_ROLE,
+                    PODS_ACCESS,
+                    role(
+                        "urn:node-role",
+                        name="node",
+                        arn="arn:aws:iam::1:role/node",
+                        inlinePolicies=[
+                            {
+                                "name": "all",
+                                "policy": document(
+                                    {"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"}
+                                ),
+                            }
+                        ],
+                    ),
+                ),
+            ),
+            "not to role arn:aws:iam::1:role/node",
+        ),
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                grants=(
+                    PODS_ROLE,
+                    PODS_ACCESS,
+                    NODE_ROLE,
+                    StackResource(
+                        properties.IAM_POLICY, "urn:ckpt-read", {"policy": document(READ_THE_RUNS)}, ()
+                    ),
+                    StackResource(
+                        properties.ROLE_POLICY_ATTACHMENT,
+                        "urn:node-ckpt-read",
+                        {"role": "node", "policyArn": UNKNOWN},
+                        ("urn:ckpt-read",),
+                    ),
+                ),
+            ),
+            "not to role arn:aws:iam::1:role/node",
+        ),
+        # The bucket policy's own Allow to everyone.
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"{ARN}/*"},
+            ),
+            'not to every principal (an Allow to Principal "*")',
+        ),
+        # A denial that spares the pods' role, or that other conditions narrow.
+        (
+            guarded_stack(deny_outside_endpoint(ArnNotEquals={"aws:PrincipalArn": PODS_ARN})),
+            f"only to principals other than {PODS_ARN}, not to role {PODS_ARN}",
+        ),
+        (
+            guarded_stack(
+                deny_outside_endpoint(
+                    ArnEquals={"aws:PrincipalArn": PODS_ARN}, StringEquals={"aws:PrincipalTag/team": "ml"}
+                )
+            ),
+            "only under conditions the pack does not read (StringEquals aws:PrincipalTag/team), not to role "
+            f"{PODS_ARN}, which the stack allows on the bucket: leave out of the statement every condition but "
+            "aws:SourceVpce and aws:PrincipalArn",
+        ),
+        # The role's ARN unknown, and the policy not built from it: the pack cannot show it is denied.
+        (
+            guarded_stack(
+                VPCE_ONLY,
+                grants=(
+                    role(UNNAMED_ROLE),
+                    StackResource(
+                        properties.ROLE_POLICY,
+                        "urn:pods-access",
+                        {"role": UNKNOWN, "policy": document(READ_THE_RUNS)},
+                        (UNNAMED_ROLE,),
+                    ),
+                ),
+            ),
+            "the bucket's policy may not deny role ray-pods requests that do not come through the S3 endpoint: the "
+            "stack allows it on the bucket, and its ARN, unknown until it is created, cannot be matched",
+        ),
+        # The endpoint the statement names is not the stack's, though the policy depends on the stack's.
+        (
+            [
+                CKPT_BUCKET,
+                endpoint(id="vpce-2"),
+                PODS_ROLE,
+                PODS_ACCESS,
+                bucket_policy(guarded(VPCE_ONLY), ("urn:bucket", "urn:vpce")),
+            ],
+            "requires vpce-1, which is no S3 gateway endpoint of the stack on a route table (the stack's: vpce-2)",
+        ),
+    ],
+)
+def test_buckets_vpc_endpoint_only_denies_every_principal_the_stack_lets_in(resources, expected):
+    violations = storage.buckets_vpc_endpoint_only.check(resources)
+    if expected is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violations[0][0] == "urn:bucket" and expected in violations[0][1], (
+            violations
+        )
+        assert "\n" not in violations[0][1]
 
 
 ENCRYPTION = properties.BUCKET_ENCRYPTION[0]

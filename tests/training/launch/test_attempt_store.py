@@ -4,7 +4,6 @@ Train's poll reports it, and the controller's callback writing what the restarte
 from __future__ import annotations
 
 import json
-import socket
 import types
 
 import pyarrow.fs
@@ -12,10 +11,9 @@ from ray.exceptions import RayActorError
 from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 from ray.train.v2.api.config import RunConfig
 
-from tests.harness.ray_faults import DEATH, HOSTS
+from tests.harness.ray_faults import DEATH, HOSTS, NODE_DIED, PROCESS_DIED, actor_death
 from training.components.async_checkpoint import CHECKPOINT_STEP_KEY
 from training.components.watchdog import HANG_NOTE_FILE
-from training.config.settings import NODE_NAME_ENV
 from training.launch.attempt_store import (
     HOST_KEY,
     RESTARTED_WITHOUT_ERROR,
@@ -23,7 +21,7 @@ from training.launch.attempt_store import (
     AttemptRecorder,
     read_attempts,
     worker_error,
-    worker_node,
+    write_attempt_nodes,
 )
 
 
@@ -117,10 +115,45 @@ def test_a_hang_note_of_an_earlier_worker_group_is_not_blamed_for_a_later_fault(
     assert fault["cause"].startswith("rank 0") and "stopped its step" not in fault["cause"]
 
 
-def test_a_worker_names_its_pods_kubernetes_node_else_the_machines_hostname(monkeypatch):
-    """On a cluster the pod's hostname is the pod's name; the node, which `kubectl cordon` takes and a
-    replacement pod shares, comes from the downward API (workloads/manifests/raycluster.py)."""
-    monkeypatch.setenv(NODE_NAME_ENV, "ip-10-0-1-23.us-east-2.compute.internal")
-    assert worker_node() == "ip-10-0-1-23.us-east-2.compute.internal"
-    monkeypatch.delenv(NODE_NAME_ENV)
-    assert worker_node() == socket.gethostname()
+def _attempt_on_two_nodes(tmp_path, recorder):
+    """A worker group whose rank 0 wrote its nodes (`RaySession.nodes`): ranks 0-3 on a, 4-7 on b."""
+    context = types.SimpleNamespace(run_config=RunConfig(name="run", storage_path=str(tmp_path)))
+    storage = context.run_config.storage_context
+    storage.storage_filesystem.create_dir(storage.experiment_fs_path)
+    _started(recorder, context)
+    nodes = ["a"] * 4 + ["b"] * 4
+    write_attempt_nodes(
+        storage.storage_filesystem, storage.experiment_fs_path, 1, nodes, ["ray-a"] * 4 + ["ray-b"] * 4
+    )
+    return context
+
+
+def test_a_lost_node_is_named_once_rays_gcs_declares_it_dead_not_the_survivor(tmp_path):
+    """The survivors' processes die under NCCL's error handling before the GCS declares b dead: the
+    controller waits for that word (up to NODE_DEATH_SETTLE_S) and names b."""
+    answers = iter([{"ray-a", "ray-b"}, {"ray-a", "ray-b"}, {"ray-a"}])
+    slept: list[float] = []
+    recorder = AttemptRecorder(alive=lambda: next(answers), sleep=slept.append)
+    context = _attempt_on_two_nodes(tmp_path, recorder)
+    recorder.after_exception(context, {rank: actor_death(PROCESS_DIED) for rank in range(4)})
+    [fault] = read_attempts(pyarrow.fs.LocalFileSystem(), str(tmp_path / "run"))
+    assert fault["node"] == "b" and fault["cause"].startswith("node b was lost") and slept == [1.0, 1.0]
+    assert fault["drained"] is False
+
+
+def test_deaths_on_one_node_with_every_node_alive_name_it_after_the_wait(tmp_path):
+    slept: list[float] = []
+    recorder = AttemptRecorder(alive=lambda: {"ray-a", "ray-b"}, settle_s=3.0, sleep=slept.append)
+    context = _attempt_on_two_nodes(tmp_path, recorder)
+    recorder.after_exception(context, {rank: actor_death(PROCESS_DIED) for rank in range(4, 8)})
+    [fault] = read_attempts(pyarrow.fs.LocalFileSystem(), str(tmp_path / "run"))
+    assert fault["node"] == "b" and fault["cause"].startswith("rank 4 on b died") and len(slept) == 3
+
+
+def test_a_drained_nodes_deaths_are_recorded_as_a_drain(tmp_path):
+    recorder = AttemptRecorder(alive=lambda: {"ray-a"})
+    context = _attempt_on_two_nodes(tmp_path, recorder)
+    recorder.after_exception(context, {rank: actor_death(NODE_DIED, preempted=True) for rank in range(4, 8)})
+    [fault] = read_attempts(pyarrow.fs.LocalFileSystem(), str(tmp_path / "run"))
+    assert (fault["node"], fault["drained"]) == ("b", True)
+    assert fault["cause"].startswith("node b was drained")

@@ -1,4 +1,4 @@
-"""The Helm values against the pinned charts' values.yaml: keys that exist, the EFA plugin's GPU type and registry, the GPU taint, the KubeRay operator namespace-scoped and its pod within `restricted`."""
+"""The Helm values against the pinned charts' values.yaml: keys that exist, the EFA plugin's GPU type and registry, the GPU taint, the KubeRay operator namespace-scoped and its pod within `restricted`, and each image by digest once pinned."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from infra.config.stack import StackSettings
-from platform_contract import GPU_TOLERATION
+from platform_contract import GPU_TOLERATION, image_digest_problem
 from tests.harness.paths import FIXTURES
 from workloads import manifests
 
@@ -198,3 +198,39 @@ def test_efa_chart_version_lists_g6():
     """Chart versions up to v0.5.4 do not list g6.12xlarge and never schedule there."""
     major, minor, patch = (int(part) for part in manifests.EFA_DEVICE_PLUGIN.version.lstrip("v").split("."))
     assert (major, minor, patch) > (0, 5, 4)
+
+
+DIGEST = "sha256:" + "c" * 64
+
+
+def chart_image(values: dict) -> str:
+    """The image each of the three templates renders: `<image.repository>:<image.tag>`
+    (nvidia-device-plugin v0.20.0 templates/_helpers.tpl:85; aws-efa-k8s-device-plugin v0.5.30
+    templates/daemonset.yaml:66; kuberay-operator v1.7.0 templates/deployment.yaml:68)."""
+    return f"{values['image']['repository']}:{values['image']['tag']}"
+
+
+def test_the_chart_images_are_the_ones_their_values_name():
+    images = manifests.charts.chart_images("us-east-2")
+    assert sorted(images.values()) == sorted(chart_image(values) for values, _ in RELEASES)
+    assert all(where.endswith("(workloads/manifests/charts.py)") for where in images)
+    assert "the image of chart kuberay-operator 1.7.0 (workloads/manifests/charts.py)" in images
+
+
+def test_pinned_chart_images_render_repository_tag_and_digest_then_tags_again():
+    """Issue 60: outside dev a release's `image.tag` is `<tag>@sha256:<digest>`, which each template
+    renders as `<repository>:<tag>@sha256:<digest>`, an image the runtime pulls by its digest."""
+    images = manifests.charts.chart_images("us-west-2")
+    pinned = {reference: f"{reference}@{DIGEST}" for reference in images.values()}
+    with manifests.charts.pinned_chart_images(pinned):
+        built = [
+            manifests.nvidia_device_plugin_values(),
+            manifests.efa_device_plugin_values("g6.12xlarge", "us-west-2"),
+            manifests.kuberay_operator_values("ray-train"),
+        ]
+    assert sorted(chart_image(values) for values in built) == sorted(pinned.values())
+    assert all(image_digest_problem(chart_image(values)) is None for values in built)
+    for (_, chart), pinned_values in zip(RELEASES, built, strict=True):
+        assert pinned_values["image"]["tag"] == f"{chart.image_tag}@{DIGEST}"
+        assert _keys_exist(pinned_values, documented_values(chart)) == []
+    assert manifests.nvidia_device_plugin_values()["image"]["tag"] == "v0.20.0"  # the block is over

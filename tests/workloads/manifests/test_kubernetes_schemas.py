@@ -1,4 +1,4 @@
-"""Every core object (Namespace, ServiceAccount, ConfigMap, Secret, NetworkPolicy) against the Kubernetes schemas."""
+"""Every core object (Namespace, ServiceAccount, ConfigMap, Secret, NetworkPolicy, PodDisruptionBudget) against the Kubernetes schemas."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from workloads import efa_counter_reader, manifests
         manifests.hf_token_secret("ray-train", "hf_example"),
         manifests.namespace_default_deny("ray-train"),
         manifests.ray_pods_network_policy("ray-train", "ray-train", "10.0.0.0/18"),
+        manifests.head_disruption_budget("ray-train", "ray-train"),
         efa_counter_reader.reader_namespace(),
         efa_counter_reader.reader_daemonset("763104351884.dkr.ecr.us-east-2.amazonaws.com/ray:2.58.0-gpu"),
     ],

@@ -11,11 +11,13 @@ import sys
 import jsonschema
 import kubernetes_validate
 import pytest
+from kubernetes.utils import parse_quantity
 
 from infra.aws_rules.sizing import WorkerSizing
 from tests.harness.manifest_checks import CODE, KUBERNETES_VERSION, vendored_crd
 from training.config.drain_budget import DEFAULT_GRACE_S, RAY_STOP_MARGIN_S
 from workloads import manifests
+from workloads.manifests import raycluster
 from workloads.training_run.verdicts import evidence
 
 WORKER = WorkerSizing(
@@ -103,14 +105,13 @@ def test_both_pod_templates_carry_the_spec_hash():
     cluster = manifests.ray_cluster(spec())
     stamped = [template["metadata"]["annotations"] for template in templates(cluster)]
     assert len(stamped) == 2
-    assert all(
-        annotations == {manifests.SPEC_HASH_ANNOTATION: manifests.spec_hash(cluster)}
-        for annotations in stamped
-    )
-    # The hash is of the spec without the annotations, so stamping it does not change it.
+    hashed = {manifests.SPEC_HASH_ANNOTATION: manifests.spec_hash(cluster)}
+    # The head's also keeps a cluster autoscaler off its node (test_head_disruption_budget.py).
+    assert stamped == [{**hashed, manifests.SAFE_TO_EVICT_ANNOTATION: "false"}, hashed]
+    # The hash is of the spec without its own annotation, so stamping it does not change it.
     bare = copy.deepcopy(cluster)
     for template in templates(bare):
-        del template["metadata"]
+        del template["metadata"]["annotations"][manifests.SPEC_HASH_ANNOTATION]
     assert manifests.spec_hash(bare) == manifests.spec_hash(cluster)
 
 
@@ -175,6 +176,8 @@ def test_worker_pods_match_the_reference_sizes():
     assert env == {
         "FI_PROVIDER": "efa",
         "NCCL_NET_PLUGIN": "ofi",
+        # Pinned to the plugin's network: a node whose EFA fails stops at its first communicator.
+        "NCCL_NET": "AWS Libfabric",
         "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_DEBUG": "INFO",
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "110",
@@ -195,8 +198,55 @@ def test_worker_pods_match_the_reference_sizes():
     assert pod["nodeSelector"] == {"role": "gpu-worker"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
-    assert shm["emptyDir"]["medium"] == "Memory"
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}  # the size rule's cap
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_every_ray_pod_has_a_memory_backed_dev_shm_sized_from_its_memory(ray_cluster_schema):
+    """The head too: without it, Ray's object store (30% of the pod's memory) would not fit a small
+    /dev/shm and would go to disk. One rule for both pods; the manifests stay valid."""
+    cluster = manifests.ray_cluster(spec())
+    jsonschema.validate(cluster, ray_cluster_schema)
+    head, worker = templates(cluster)
+    for template, memory, size in ((head, "8Gi", "2704Mi"), (worker, "160Gi", "32Gi")):
+        pod = template["spec"]
+        [container] = pod["containers"]
+        assert container["resources"]["limits"]["memory"] == memory
+        [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert raycluster.shm_size(memory) == size
+        assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": size}
+        check = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": pod}
+        kubernetes_validate.validate(check, KUBERNETES_VERSION, strict=True)
+    # A bigger head gets a bigger /dev/shm, and the spec hash follows it.
+    bigger = manifests.ray_cluster(spec(head_memory="16Gi"))
+    [shm] = [v for v in templates(bigger)[0]["spec"]["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"]["sizeLimit"] == "5407Mi"
+
+
+@pytest.mark.parametrize("memory", ["2Gi", "8Gi", "16Gi", "30Gi", "40Gi", "160Gi", "1000Gi"])
+def test_ray_keeps_its_default_object_store_in_the_dev_shm_the_rule_gives(memory, monkeypatch):
+    """Ray 2.58's own sizing (ray/_private/utils.py `resolve_object_store_memory`, services.py
+    `determine_plasma_store_config`) on a pod whose /dev/shm is `shm_size(memory)`: the default store
+    goes to /dev/shm, not to the temp folder on disk, whatever of the memory Ray finds free."""
+    import ray._common.utils
+    from ray._private import ray_constants, services
+    from ray._private import utils as ray_utils
+
+    share = raycluster.RAY_OBJECT_STORE_SHARE_PERCENT
+    assert share == ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION * 100
+    memory_bytes = parse_quantity(memory)
+    shm_bytes = int(parse_quantity(raycluster.shm_size(memory)))
+    monkeypatch.setattr(ray._common.utils, "get_system_memory", lambda *args: int(memory_bytes))
+    for free in (memory_bytes, memory_bytes / 2):
+        for shm in (shm_bytes, 64 * 2**20):
+            monkeypatch.setattr(ray_utils, "get_shared_memory_bytes", lambda shm=shm: shm)
+            store = ray_utils.resolve_object_store_memory(int(free))
+            directory = services.determine_plasma_store_config(store, temp_dir="/tmp/ray")[0]
+            if shm == shm_bytes:
+                assert (directory, store <= shm) == ("/dev/shm", True), (free, store)
+            else:  # the container runtime's 64 MiB: the store goes to disk
+                assert directory == "/tmp/ray", (free, store)
 
 
 def test_a_worker_pod_drains_ray_and_stops_it_before_the_kubelets_sigkill(ray_cluster_schema):

@@ -37,9 +37,12 @@ from tests.harness.fake_ray_pods import FakeRayPods
 from tests.harness.fake_reader_node import FakeReaderNode
 from tests.harness.loopback import SilentEndpoint
 from tests.harness.provider_host import ProviderHost, plain, serialized_training_run
+from tests.harness.training_run_fakes import driver_log_with, rank0_line
 from training.metrics.efa_sysfs import MOVED
+from training.metrics.report import format_node_leaving_line
 from workloads.manifests import SPEC_HASH_ANNOTATION
 from workloads.training_run import engine_host
+from workloads.training_run.verdicts.evidence import flag_value
 
 FIXTURES = paths.FIXTURES / "training_run"
 WORKER_PODS = sorted(path.name for path in (FIXTURES / "pods").iterdir())
@@ -1061,20 +1064,99 @@ def test_an_exec_refused_until_the_attempts_are_spent_fails_in_one_line_leaving_
     print(f"\nexec 500 on every attempt: failed {elapsed:.2f} s after the fault")
 
 
+def _run_name(argv: list[str]) -> str | None:
+    """The `--run-name` of a `ray job submit` of the training job (its entrypoint after `--`)."""
+    return flag_value(argv[argv.index("--") :], "--run-name")
+
+
 @pytest.mark.slow
-def test_a_head_pod_replaced_mid_job_is_found_and_the_lost_job_explained(world: World):
+def test_a_head_pod_replaced_mid_job_has_the_job_submitted_again_under_its_run_name(world: World):
+    """The system node fails mid-job: KubeRay's new head, and Ray on it without job history. The run
+    submits the job again on it by the same command, under the same run name, so the job resumes
+    from its last checkpoint; the outputs are the resumed job's."""
+    world.host.configure(STACK_CONFIG)
     new_head = "ray-train-head-x7k2p"
+    resumed = driver_log_with(
+        (FIXTURES / "driver_main.log").read_text(),
+        "Attempting to start",
+        [rank0_line("resumed from step 2 (s3://checkpoints-0a1b2c3/runs/run/checkpoint_000002)")],
+    ).replace('"tokens_per_s":530.6', '"tokens_per_s":512.4')
 
-    def inject():
-        world.kube.pods[0] = fake.pod(new_head, "head", node_name="system-node")
-        world.pods.head_pod = new_head
-        world.dashboard.jobs.clear()  # a new Ray head starts with no job history
+    def submitted(argv: list[str]) -> ScriptedJob:
+        if is_probe(argv):
+            return healthy_probe(argv)
+        if not world.pods.submissions:  # the first: it runs until the head is lost
+            return scripted(EFA_JOB, "driver_main.log", ["RUNNING"], efa_traffic=EFA_TRAFFIC)
+        return ScriptedJob(
+            EFA_JOB, resumed, ["PENDING", "RUNNING", "SUCCEEDED"], efa_traffic=dict(EFA_TRAFFIC)
+        )
 
-    details, elapsed = _fails_after_fault(world, inject)
-    assert f"head pod {HEAD_POD} was replaced by {new_head} while job eks-ray-train-main-" in details
-    assert "Run `pulumi up` again: it submits the job afresh on the new head" in details
-    assert any(pod == new_head for pod, _ in world.kube.execs)  # it looked on the new head
-    print(f"\nhead pod replaced: failed {elapsed:.2f} s after the fault")
+    world.pods.job_for_submission = submitted
+    pending = world.host.create_future(world.inputs, timeout_s=GRPC_DEADLINE_S)
+    _wait_until_polled(world)
+    world.kube.pods[0] = ray_pod(world.inputs, new_head, "head", node_name="system-node")
+    world.pods.head_pod = new_head
+    world.dashboard.jobs.clear()  # a new Ray head starts with no job history
+    outs = plain(pending.result().properties)
+    first, again = world.pods.submissions
+    assert _run_name(first) == _run_name(again) == outs["job_id"]
+    assert outs["status"] == "SUCCEEDED" and outs["transport"] == "efa" and outs["tokens_per_s"] == 512.4
+    submits = [pod for pod, argv in world.kube.execs if argv[:3] == ["ray", "job", "submit"]]
+    assert submits[-1] == new_head  # on the new head
+    lost = [line for line in world.host.stderr.splitlines() if "was lost with the Ray head" in line]
+    assert len(lost) == 1 and f"head pod {HEAD_POD} was replaced by {new_head}" in lost[0]
+    assert (
+        f"under run name {outs['job_id']}: Ray Train resumes it from the run's last committed checkpoint"
+        in lost[0]
+    )
+
+
+@pytest.mark.slow
+def test_a_node_the_job_asks_to_leave_is_cordoned_and_its_worker_pod_deleted_once(
+    world: World, tmp_path: Path
+):
+    """Rank 0 asks twice for node-b to leave the job (after step 2 and after step 4). Through the real
+    provider host the fake API server gets one PATCH cordoning node-b and one DELETE of its worker pod
+    with the pod's own grace; the pod ends after its drain, KubeRay's replacement runs on the node
+    auto repair launched, and the job finishes on it. (The replacement's EFA counters were not read
+    before the job: the counter check is off here.)"""
+    world.host.configure(STACK_CONFIG)
+    leaving_pod, leaving_node = WORKER_PODS[1], NODES[1]
+    replacement, new_node = "ray-train-gpu-workers-worker-z9r4t", "node-c"
+    why = f"two faults in a row on node {leaving_node} (the last: Xid 79): waiting up to 1800 s"
+    asks = [rank0_line(format_node_leaving_line(leaving_node, why, 1800))]
+    log = driver_log_with((FIXTURES / "driver_main.log").read_text(), "step 2/5", asks)
+    log = driver_log_with(log, "step 4/5", asks)
+    job = ScriptedJob(EFA_JOB, log, ["PENDING", *["RUNNING"] * 6, "SUCCEEDED"], efa_traffic=dict(EFA_TRAFFIC))
+    world.pods.job_for_submission = after_a_healthy_gate(job)
+
+    def kubelet(pod_object: dict, grace: int) -> None:
+        """The worker drained and ended; KubeRay's replacement runs on the node auto repair launched."""
+        world.kube.pods.remove(pod_object)
+        world.kube.nodes.append(fake.node(new_node, instance_id="i-0a1b2c3d4e5f60003"))
+        world.pods.worker_logs[replacement] = FIXTURES / "pods" / leaving_pod / "logs"
+        world.pods.nccl_logs[replacement] = tmp_path / "tmp-ray" / replacement
+        world.kube.pods.append(ray_pod(world.inputs, replacement, "worker", node_name=new_node))
+
+    world.kube.deleted = kubelet
+    outs = plain(world.create(check_efa_counters=False).properties)
+    assert world.kube.patches == [
+        (
+            f"/api/v1/nodes/{leaving_node}",
+            "application/strategic-merge-patch+json",
+            {"spec": {"unschedulable": True}},
+        )
+    ]
+    assert world.kube.deletes == [("ray-train", leaving_pod, None)]  # the pod's own grace: Ray drains
+    cordoned = next(n for n in world.kube.nodes if n["metadata"]["name"] == leaving_node)
+    assert cordoned["spec"]["unschedulable"] is True
+    lines = world.host.stderr.splitlines()
+    assert len([line for line in lines if f"asks node {leaving_node} to leave it" in line]) == 1
+    assert (
+        len([line for line in lines if "stays Pending until EKS auto repair replaces the node" in line]) == 1
+    )
+    assert outs["status"] == "SUCCEEDED" and outs["transport"] == "efa"
+    assert sorted(outs["worker_log_files"]) == sorted([WORKER_PODS[0], replacement])
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import threading
 import time
 import urllib.parse
@@ -643,7 +644,7 @@ class RestartingJob:
     """The restart tests' job (tiny, synthetic, two workers, a checkpoint every 5 steps) followed by
     the run's own commands on a thread, as the provider follows it, while the test plays KubeRay."""
 
-    def __init__(self, head: RayHead, max_failures: int) -> None:
+    def __init__(self, head: RayHead, max_failures: int, extra: tuple[str, ...] = ()) -> None:
         self.head, self.runs = head, head.root / "runs"
         code_dir, code_hash = shipped_code(head.root)
         job_args = (
@@ -655,6 +656,7 @@ class RestartingJob:
             "--checkpoint-every", str(RESTART_CHECKPOINT_EVERY),
             "--max-failures", str(max_failures),
             "--storage-path", str(self.runs),
+            *extra,
         )  # fmt: skip
         inputs = run_inputs(code_hash=code_hash, job_args=job_args, timeout_minutes=10)
         self.logged: list[str] = []
@@ -744,3 +746,38 @@ def test_a_second_fault_in_a_row_on_one_node_fails_the_job_in_one_line_naming_it
         assert len(refusals) == 1, str(failure)[-4000:]
         assert f"two faults in a row on node {node_a} " in refusals[0]
         assert f"kubectl cordon {node_a}" in refusals[0]
+
+
+@pytest.mark.slow
+def test_with_leave_failing_node_a_repeated_fault_takes_the_node_out_and_the_run_ends_on_its_replacement():
+    """The previous test's two faults on node A, with `--leave-failing-node` (what the TrainingRun
+    passes under `gpuNodeAutoRepair`). The third attempt lands on A again: its rank 0 asks for A to
+    leave the job (a NODE_LEAVING line, which the run's follower logs) and its ranks wait. The test
+    plays the TrainingRun's delete of A's worker pod and A's kubelet: SIGTERM to the pod's `ray start`,
+    which Ray turns into a drain (ray/_private/node.py, `_drain_node_before_shutdown`); Ray Train
+    restarts the worker group, which trains to the end on B and on C, A's replacement."""
+    node_a, node_b, node_c = (f"ip-10-0-1-{n}.us-east-2.compute.internal" for n in (23, 57, 91))
+    drain = {manifests.DRAIN_TIMEOUT_ENV: "5"}
+    with running_head(num_cpus=0) as head:
+        job = RestartingJob(head, max_failures=3, extra=("--leave-failing-node",))
+        with worker_node(head, 1, {NODE_NAME_ENV: node_b}, ip="127.0.0.3"):
+            with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2") as pod:
+                job.follower.start()
+                job.wait_for(job.checkpointed)
+                stop_process_tree(pod)
+            with worker_node(head, 1, {NODE_NAME_ENV: node_a}, ip="127.0.0.2") as pod:
+                job.wait_for(job.recovered)
+                stop_process_tree(pod)
+            with worker_node(head, 1, {NODE_NAME_ENV: node_a, **drain}, ip="127.0.0.2") as pod:
+                job.wait_for(lambda: any(f"asks node {node_a} to leave it" in line for line in job.logged))
+                pod.send_signal(signal.SIGTERM)  # the pod deleted with its grace: Ray drains the node
+                pod.wait(timeout=120)
+            with worker_node(head, 1, {NODE_NAME_ENV: node_c}, ip="127.0.0.4"):  # the repaired node
+                outcome = job.outcome()
+        assert isinstance(outcome, JobResult), (job.logged[-8:], outcome)
+        assert outcome.status == "SUCCEEDED" and outcome.summary["steps"] == RESTART_STEPS
+        found = attempts.restarts_of(outcome.summary)
+        nodes = [attempt["node"] for attempt in found.attempts or []]
+        assert nodes[:2] == [node_a, node_a] and len(nodes) == 3, found.attempts
+        # The drain that took A out: named by its node, or a restart Ray made with no error heard.
+        assert nodes[2] in (node_a, None) and found.attempts[2]["recovery_s"] is not None

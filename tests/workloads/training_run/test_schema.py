@@ -9,6 +9,7 @@ import pulumi
 import pytest
 from pulumi.runtime import rpc
 
+from infra.aws_rules.node_repair import REPAIRED_NODE_RECOVERY_S
 from infra.config.stack import ConfigError, parse_settings
 from infra.config.training_settings import PROGRAM_FLAGS, TrainingSettings, job_arguments
 from tests.harness.paths import REPO_ROOT
@@ -114,7 +115,21 @@ def test_job_arguments_parse_with_the_training_cli():
         "--local",
         "--launcher",
         "--line-rate-gbps",
+        "--leave-failing-node",
     }
+
+
+def test_with_auto_repair_a_failing_node_leaves_the_job_within_a_repairs_recovery_budget():
+    """gpuNodeAutoRepair: the job takes a node out rather than ending, and its restarts may wait for the
+    node's repair and replacement, unless the stack sets its own budget."""
+    for keys, budget in (({}, 3000.0), ({"recoveryBudgetS": 900}, 900.0)):
+        args = job_arguments(
+            stack_training(keys), 8, 1, "s3://b/runs", SHIPPED, repaired_node_s=REPAIRED_NODE_RECOVERY_S
+        )
+        config = parse_args(args)
+        assert (config.leave_failing_node, config.recovery_budget_s) == (True, budget)
+    plain = parse_args(job_arguments(stack_training({}), 8, 1, "s3://b/runs", SHIPPED))
+    assert (plain.leave_failing_node, plain.recovery_budget_s) == (False, 1800.0)
 
 
 @pytest.mark.parametrize("stack_file", STACK_FILES, ids=lambda path: path.stem.split(".", 1)[1])

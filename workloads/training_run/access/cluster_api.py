@@ -1,8 +1,9 @@
-"""The training run's read-only cluster queries (`ClusterApi`) and their implementation over the
-Kubernetes Python client (`KubernetesCluster`).
+"""The training run's cluster queries and its two writes (`ClusterApi`), and their implementation
+over the Kubernetes Python client (`KubernetesCluster`).
 
 The training run decides from plain facts (`NodeFacts`, `PodFacts`); only this module converts
-Kubernetes objects into them. Tests hand `KubernetesCluster` a fake `CoreV1Api`, so the conversion
+Kubernetes objects into them. Its writes are what a job's follower does to keep a run alive on a
+failing node (`job_following`): cordon a node, and delete a pod, with its own grace or at once. Tests hand `KubernetesCluster` a fake `CoreV1Api`, so the conversion
 is exercised without a cluster. A 401/403 becomes `ApiUnauthorized`; an endpoint that never
 answers `ApiUnreachable` (`EndpointNameUnresolved` when its name does not resolve); an answer
 still refused when the attempts are spent `ApiRefused`.
@@ -39,6 +40,8 @@ from workloads.training_run.errors import (
 )
 
 T = TypeVar("T")
+# The merge that `kubectl cordon` and `kubectl patch` send for a built-in kind.
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,12 @@ class NodeFacts:
     # spec.providerID: on EKS `aws:///<zone>/<instance id>`, set by the cloud provider when the node
     # registers; "" where it is not set.
     provider_id: str = ""
+    # The Ready condition's status as the node controller keeps it: "True", "False" (the kubelet says
+    # it is not ready), "Unknown" (the kubelet stopped posting its status), "" (no Ready condition
+    # yet); and when it last changed, in seconds since the epoch (None: not stated).
+    ready_status: str = ""
+    ready_changed_at: float | None = None
+    unschedulable: bool = False  # spec.unschedulable: cordoned
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,9 @@ class PodFacts:
     annotations: Mapping[str, str] = field(default_factory=dict)
     uid: str = ""  # metadata.uid: a pod replaced under the same name has a new one
     namespace: str = ""  # metadata.namespace: the Ray pods' or the EFA counter readers'
+    # metadata.deletionTimestamp in seconds since the epoch: when the API server set it, the time of
+    # the delete plus the pod's grace, by which the kubelet was to have ended it (None: not deleted).
+    deleted_at: float | None = None
 
 
 def stdout_of_each_pod(
@@ -91,7 +103,7 @@ def stdout_of_each_pod(
 
 
 class ClusterApi(Protocol):
-    """The read-only cluster queries of the training run."""
+    """The cluster queries of the training run, and the two writes of its job's follower."""
 
     def list_nodes(self, label_selector: str) -> list[NodeFacts]: ...
 
@@ -100,6 +112,16 @@ class ClusterApi(Protocol):
     def pod_events(self, namespace: str, pod_name: str) -> list[str]: ...
 
     def ray_cluster_worker_count(self, namespace: str, name: str) -> int: ...
+
+    def cordon_node(self, name: str) -> bool:
+        """Mark the node unschedulable (`spec.unschedulable: true`, as `kubectl cordon`); False when
+        there is no such node."""
+        ...
+
+    def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
+        """Delete the pod: with its own grace (None), or `grace_period_seconds` (0: at once, without
+        waiting for its kubelet); False when there is no such pod."""
+        ...
 
 
 class KubernetesCluster:
@@ -124,7 +146,9 @@ class KubernetesCluster:
 
     def _call(self, what: str, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """One REST call, bounded by `timeouts`: the client's urllib3 retries a connection that
-        fails, this loop an answer in `RETRY_STATUSES` (every call here is a GET)."""
+        fails, this loop an answer in `RETRY_STATUSES`. Each call may be asked twice: the GETs, the
+        cordon (it sets one field to one value) and a delete (asked again after it took effect, it
+        finds no pod: `delete_pod` says so)."""
         for attempt in range(1, self.timeouts.attempts + 1):
             try:
                 answer = method(*args, _request_timeout=self.timeouts.request_timeout, **kwargs)
@@ -202,6 +226,39 @@ class KubernetesCluster:
         groups = body.get("spec", {}).get("workerGroupSpecs", [])
         return sum(int(group.get("replicas", 0)) * int(group.get("numOfHosts", 1)) for group in groups)
 
+    def cordon_node(self, name: str) -> bool:
+        """`kubectl cordon`: a strategic merge patch of `spec.unschedulable`. The content type is
+        named: the client's default for a PATCH is JSON Patch, a list of operations, which the
+        client 37.0.1 turns into a strategic merge for an object body (kubernetes/client/rest.py,
+        `RESTClientObject.request`); named, the patch does not rest on that."""
+        try:
+            self._call(
+                f"cordoning node {name}",
+                self._core.patch_node,
+                name,
+                {"spec": {"unschedulable": True}},
+                _content_type=STRATEGIC_MERGE_PATCH,
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
+        """A pod deleted with its own `terminationGracePeriodSeconds` (None), or another grace; 0
+        removes it at once ("The value zero indicates delete immediately", `DeleteOptions`)."""
+        grace = {} if grace_period_seconds is None else {"grace_period_seconds": grace_period_seconds}
+        try:
+            self._call(
+                f"deleting pod {namespace}/{name}", self._core.delete_namespaced_pod, name, namespace, **grace
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     def executor(self, namespace: str, pod: PodFacts) -> PodExecutor:
         return PodExecutor(
             self._core, namespace, pod.name, pod.container, self.endpoint, self.timeouts, self.cancelled
@@ -213,14 +270,23 @@ def _event_time(event) -> str:
     return moment.isoformat() if moment is not None else ""
 
 
+def _seconds(moment) -> float | None:
+    """A time of the API's (the client parses it to an aware datetime) in seconds since the epoch."""
+    return moment.timestamp() if moment is not None else None
+
+
 def _node_facts(node) -> NodeFacts:
     conditions = (node.status.conditions or []) if node.status else []
+    ready = next((c for c in conditions if c.type == "Ready"), None)
     return NodeFacts(
         name=node.metadata.name,
         labels=dict(node.metadata.labels or {}),
         allocatable=dict((node.status.allocatable or {}) if node.status else {}),
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+        ready=ready is not None and ready.status == "True",
         provider_id=(node.spec.provider_id or "") if node.spec else "",
+        ready_status=(ready.status or "") if ready is not None else "",
+        ready_changed_at=_seconds(ready.last_transition_time) if ready is not None else None,
+        unschedulable=bool(node.spec.unschedulable) if node.spec else False,
     )
 
 
@@ -253,4 +319,5 @@ def _pod_facts(pod) -> PodFacts:
         annotations=dict(pod.metadata.annotations or {}),
         uid=pod.metadata.uid or "",
         namespace=pod.metadata.namespace or "",
+        deleted_at=_seconds(pod.metadata.deletion_timestamp),
     )

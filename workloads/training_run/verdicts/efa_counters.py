@@ -58,13 +58,20 @@ class EfaTraffic:
     ports: dict[str, int]
     deltas: dict[str, dict[str, int] | None]
     unavailable: dict[str, str] = field(default_factory=dict)
+    # Worker pods replaced during the job (a lost or failing node's pod and its replacement): read on
+    # one side of it only, so their nodes' traffic is not known; the nodes read on both sides are judged.
+    replaced: dict[str, str] = field(default_factory=dict)
 
     def bytes_moved(self) -> dict[str, int | None]:
         """Bytes moved through each node's EFA ports during the job (`MOVED`; None: unknown)."""
         moved: dict[str, int | None] = {
             pod: None if delta is None else _moved(delta) for pod, delta in self.deltas.items()
         }
-        return {**moved, **dict.fromkeys(self.unavailable)}
+        return {**moved, **dict.fromkeys(self.unavailable), **dict.fromkeys(self.replaced)}
+
+    def unmeasured(self) -> dict[str, str]:
+        """Every worker pod whose node's traffic is not known, and why."""
+        return {**self.unavailable, **self.replaced}
 
     def unavailable_note(self) -> str | None:
         """One line naming the nodes whose counters were not read, and why; None when all were."""
@@ -78,16 +85,26 @@ class EfaTraffic:
 def efa_traffic(
     before: Mapping[str, PortCounters | str], after: Mapping[str, PortCounters | str]
 ) -> EfaTraffic:
-    """The traffic of each worker pod's node between two reads."""
-    ports, deltas, unavailable = {}, {}, {}
+    """The traffic of each worker pod's node between two reads. Where pods read before the job are
+    gone after it and others took their place (KubeRay replaced them: a lost node, a node taken out of
+    the job), each is `replaced`, not unavailable: nothing more can be read of it."""
+    ports, deltas, unavailable, replaced = {}, {}, {}, {}
+    gone, new = [pod for pod in before if pod not in after], [pod for pod in after if pod not in before]
+    if gone and new:
+        replaced = {
+            **dict.fromkeys(gone, "replaced during the job: its node's counters were read before it only"),
+            **dict.fromkeys(new, "a replacement during the job: its node's counters were read after it only"),
+        }
     for pod in dict.fromkeys([*before, *after]):
+        if pod in replaced:
+            continue
         first, last = before.get(pod, "not read before the job"), after.get(pod, "not read after the job")
         if isinstance(last, str) or isinstance(first, str):
             unavailable[pod] = last if isinstance(last, str) else str(first)
             continue
         ports[pod] = len(last)
         deltas[pod] = efa_counter_delta(first, last)
-    return EfaTraffic(ports, deltas, unavailable)
+    return EfaTraffic(ports, deltas, unavailable, replaced)
 
 
 def unavailable_traffic(pods: Sequence[str], why: str) -> EfaTraffic:
@@ -148,8 +165,14 @@ def unread_problems(traffic: EfaTraffic) -> list[str]:
 
 def efa_problems(traffic: EfaTraffic, floor: MovedFloor) -> list[str]:
     """Why the counters do not show the run's traffic going over EFA, one line per worker pod: a
-    node that could not be read, shows no EFA port, was reset, or moved less than `floor`."""
+    node that could not be read, shows no EFA port, was reset, or moved less than `floor`; and a run
+    whose every node was replaced during it, so none was read on both sides of it."""
     problems = unread_problems(traffic)
+    if traffic.replaced and not traffic.deltas:
+        problems.append(
+            "no worker node's EFA counters were read both before and after the job: every worker pod was "
+            f"replaced during it ({', '.join(traffic.replaced)})"
+        )
     for pod, delta in traffic.deltas.items():
         if traffic.ports[pod] == 0:
             problems.append(
@@ -196,8 +219,19 @@ def counter_problems(traffic: EfaTraffic, expect: str, floor: MovedFloor) -> lis
 
 def traffic_record(traffic: EfaTraffic) -> dict[str, Any]:
     """The traffic as JSON, recorded beside the job it was measured around."""
-    return {"ports": traffic.ports, "deltas": traffic.deltas, "unavailable": traffic.unavailable}
+    return {
+        "ports": traffic.ports,
+        "deltas": traffic.deltas,
+        "unavailable": traffic.unavailable,
+        "replaced": traffic.replaced,
+    }
 
 
 def traffic_from_record(record: Mapping[str, Any]) -> EfaTraffic:
-    return EfaTraffic(dict(record["ports"]), dict(record["deltas"]), dict(record.get("unavailable") or {}))
+    """A recorded traffic; a record of an older release has no `replaced` (or an empty one dropped)."""
+    return EfaTraffic(
+        dict(record["ports"]),
+        dict(record["deltas"]),
+        dict(record.get("unavailable") or {}),
+        dict(record.get("replaced") or {}),
+    )

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from training.metrics.report import parse_step_line, parse_summary
+from training.metrics.report import parse_node_leaving_line, parse_step_line, parse_summary
 from workloads.efa_counter_reader import READER_NAMESPACE
 from workloads.nccl_transport import Verdict
 from workloads.training_run.access.cluster_api import PodFacts, stdout_of_each_pod
@@ -129,7 +129,9 @@ def split_log_listing(stdout: str) -> PodLogs:
 
 
 class JobLog:
-    """The driver's log as it arrives: step metrics, NCCL lines relayed by Ray, and the tail."""
+    """The driver's log as it arrives: step metrics, NCCL lines relayed by Ray, the nodes the job
+    asks to take out (rank 0's NODE_LEAVING lines, relayed by Ray with its worker tag in front:
+    `training.metrics.report.parse_node_leaving_line`), and the tail."""
 
     TAIL_LINES = 200  # the summary is the last line the driver prints, Ray's shutdown lines may follow
 
@@ -138,6 +140,7 @@ class JobLog:
         self.tail: deque[str] = deque(maxlen=self.TAIL_LINES)
         self.nccl_lines: list[str] = []
         self.steps: list[dict] = []
+        self.leaving_nodes: list[str] = []  # in the order asked, as often as asked
 
     def feed(self, text: str) -> list[dict]:
         """Take new log text; returns the step metrics it completed."""
@@ -155,6 +158,8 @@ class JobLog:
         self.tail.append(line)
         if "NCCL" in line and len(self.nccl_lines) < NCCL_LINES_PER_POD:
             self.nccl_lines.append(line)
+        if (node := parse_node_leaving_line(line)) is not None:
+            self.leaving_nodes.append(node)
         step = parse_step_line(line)
         if step is not None:
             self.steps.append(step)

@@ -129,3 +129,24 @@ def test_the_recorded_traffic_is_the_traffic():
     )
     again = traffic_from_record(json.loads(json.dumps(traffic_record(traffic))))
     assert again == traffic and efa_problems(again, ANY_TRAFFIC) == efa_problems(traffic, ANY_TRAFFIC)
+
+
+def test_a_worker_pod_replaced_during_the_job_is_not_judged_and_the_node_read_on_both_sides_is():
+    """A lost node's pod (or one a node taken out of the job had) is gone after the job and its
+    replacement was not there before: neither can be read on both sides, so each says so, and the node
+    that was is judged. A run whose every pod was replaced has nothing read on both sides: it fails."""
+    before = {"worker-a": parse_counters(BEFORE), "worker-b": parse_counters(BEFORE)}
+    after = {"worker-c": parse_counters(AFTER), "worker-b": parse_counters(AFTER)}
+    traffic = efa_traffic(before, after)
+    assert traffic.unavailable == {} and set(traffic.replaced) == {"worker-a", "worker-c"}
+    assert traffic.bytes_moved() == {"worker-b": 4500, "worker-a": None, "worker-c": None}
+    assert efa_problems(traffic, ANY_TRAFFIC) == []
+    assert traffic.unmeasured()["worker-a"].startswith("replaced during the job")
+    again = traffic_from_record(json.loads(json.dumps(traffic_record(traffic))))
+    assert again == traffic
+    older = traffic_record(traffic)
+    del older["replaced"]  # a record of an older release
+    assert traffic_from_record(older).replaced == {}
+    every = efa_traffic({"worker-a": parse_counters(BEFORE)}, {"worker-c": parse_counters(AFTER)})
+    [problem] = efa_problems(every, ANY_TRAFFIC)
+    assert problem.startswith("no worker node's EFA counters were read both before and after the job")

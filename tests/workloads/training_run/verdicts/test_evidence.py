@@ -18,13 +18,16 @@ from tests.harness.training_run_fakes import (
     FakeRayHead,
     FixturePod,
     driver_log,
+    driver_log_with,
     failure_of,
     main_and_tcp_head,
     probe_job,
     props,
+    rank0_line,
     run_inputs,
     scripted,
 )
+from training.metrics.report import format_node_leaving_line
 from workloads.efa_counter_reader import counters_command
 from workloads.training_run.access import jobs
 from workloads.training_run.readiness import host_limits_command
@@ -41,6 +44,22 @@ def test_job_log_parses_steps_across_chunks_and_finds_the_summary():
     assert [step["step"] for step in steps] == [1, 2, 3, 4, 5]
     assert log.summary()["tokens_per_s"] == 530.6 and log.summary()["world_size"] == 8
     assert len(log.nccl_lines) == 3
+
+
+def test_job_log_collects_the_nodes_the_job_asks_to_leave_it_behind_rays_worker_tag():
+    """Rank 0's NODE_LEAVING line, relayed by Ray with its worker tag in front, split across chunks;
+    each ask is kept, in order (the follower acts once per node)."""
+    asks = [
+        rank0_line(format_node_leaving_line("ip-10-0-3-58.ec2.internal", "two faults in a row", 1800)),
+        rank0_line(format_node_leaving_line("ip-10-0-3-58.ec2.internal", "two faults in a row", 1200)),
+    ]
+    text = driver_log_with(driver_log("driver_main.log"), "step 2/5", asks)
+    log = evidence.JobLog()
+    for start in range(0, len(text), 61):
+        log.feed(text[start : start + 61])
+    log.close()
+    assert log.leaving_nodes == ["ip-10-0-3-58.ec2.internal"] * 2
+    assert [step["step"] for step in log.steps] == [1, 2, 3, 4, 5]  # the steps read as before
 
 
 def test_worker_logs_of_other_jobs_never_reach_the_verdict():
