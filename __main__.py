@@ -48,7 +48,7 @@ from infra.resources.storage import (
 from platform_contract import RAY_PORTS, RAY_SERVICE_ACCOUNT
 from workloads import manifests
 from workloads.addons import Addons
-from workloads.manifests.charts import chart_images, pinned_chart_images
+from workloads.manifests.charts import chart_images
 from workloads.ray_cluster import RayCluster
 from workloads.training_run import RunInputs, TrainingRun, benchmark_output, training_output
 
@@ -232,19 +232,19 @@ ray = RayCluster(
     hf_token=hf_token() if settings.has_hf_token else None,
     provider=kubernetes,
 )
-# The releases' values name each chart image as pinned.
-with pinned_chart_images(images.pinned):
-    addons = Addons(
-        "addons",
-        provider=kubernetes,
-        crd_provider=crd_owner,
-        gpu_instance_type=settings.gpu_node_type,
-        region=settings.region,
-        image=images[settings.image],
-        ray_namespace=ray.namespace,
-        ray_namespace_object=ray.namespace_object,
-        after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
-    )
+addons = Addons(
+    "addons",
+    provider=kubernetes,
+    crd_provider=crd_owner,
+    gpu_instance_type=settings.gpu_node_type,
+    region=settings.region,
+    image=images[settings.image],
+    ray_namespace=ray.namespace,
+    ray_namespace_object=ray.namespace_object,
+    after=[system_nodes.node_group, gpu_nodes.node_group, coredns],
+    # The releases' values name each chart image as the preview pinned it.
+    chart_pins=images.pinned,
+)
 
 # 6. The RayCluster; one Ray worker per GPU.
 ray_cluster = ray.create_cluster(after=addons.ready)

@@ -18,6 +18,7 @@ from workloads.manifests import (
     kuberay_operator_values,
     nvidia_device_plugin_values,
 )
+from workloads.manifests.charts import ChartPins
 
 
 def _release(
@@ -70,8 +71,10 @@ class Addons(pulumi.ComponentResource):
         ray_namespace: str,
         ray_namespace_object: pulumi.Resource,
         after: list[pulumi.Resource],
+        chart_pins: ChartPins = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """`chart_pins`: the chart images as the preview pinned them (`charts.ChartPins`)."""
         super().__init__("eks-ray-train:workloads:Addons", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after)
         operator_namespace = kuberay_namespace()
@@ -89,15 +92,17 @@ class Addons(pulumi.ComponentResource):
             )
             for crd in kuberay_crds()
         ]
-        self.nvidia_device_plugin = _release(NVIDIA_DEVICE_PLUGIN, nvidia_device_plugin_values(), child)
+        self.nvidia_device_plugin = _release(
+            NVIDIA_DEVICE_PLUGIN, nvidia_device_plugin_values(chart_pins), child
+        )
         self.efa_device_plugin = _release(
-            EFA_DEVICE_PLUGIN, efa_device_plugin_values(gpu_instance_type, region), child
+            EFA_DEVICE_PLUGIN, efa_device_plugin_values(gpu_instance_type, region, chart_pins), child
         )
         # After its CRDs (the operator exits when a kind it watches is not served) and the namespaces
         # it installs into: its own, and the Ray namespace of its Role.
         self.kuberay_operator = _release(
             KUBERAY_OPERATOR,
-            kuberay_operator_values(ray_namespace),
+            kuberay_operator_values(ray_namespace, chart_pins),
             pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from platform_contract import (
@@ -81,11 +80,10 @@ EKS_REGISTRY_ACCOUNTS = {
 }
 EFA_DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
 
-# The chart images' references as they run (`<repository>:<tag>@sha256:<digest>` outside a dev stack),
-# by their tag reference: what the preview pinned (`infra.aws_rules.image_pins.pin_images`), held by
-# `pinned_chart_images` while the releases' values are built (`workloads.addons.Addons` builds them
-# and takes no pins of its own). Empty: the tags.
-_PINNED: dict[str, str] = {}
+# The chart images' references as they run, by their tag reference (`chart_images`): what the
+# preview pinned (`infra.aws_rules.image_pins.pin_images`, `<repository>:<tag>@sha256:<digest>` outside
+# a dev stack). None or a reference left out: the tag.
+ChartPins = Mapping[str, str] | None
 
 
 def chart_images(region: str) -> dict[str, str]:
@@ -101,29 +99,18 @@ def chart_images(region: str) -> dict[str, str]:
     }
 
 
-@contextmanager
-def pinned_chart_images(pinned: Mapping[str, str]) -> Iterator[None]:
-    """Within it, the values name each chart image as `pinned` has it (by its tag reference,
-    `chart_images`'); a reference left out runs its tag, and so does every image after it."""
-    _PINNED.clear()
-    _PINNED.update(pinned)
-    try:
-        yield
-    finally:
-        _PINNED.clear()
-
-
-def pinned_tag(repository: str, tag: str) -> str:
+def pinned_tag(repository: str, tag: str, pins: ChartPins) -> str:
     """The values' `image.tag` of `<repository>:<tag>`: the tag, or `<tag>@sha256:<digest>` once pinned."""
-    return _PINNED.get(f"{repository}:{tag}", f"{repository}:{tag}").removeprefix(f"{repository}:")
+    reference = f"{repository}:{tag}"
+    return (pins or {}).get(reference, reference).removeprefix(f"{repository}:")
 
 
-def nvidia_device_plugin_values() -> dict:
+def nvidia_device_plugin_values(pins: ChartPins = None) -> dict:
     """MOFED off (it fights the EFA plugin in 0.19.x); tolerate the GPU taint."""
     return {
         "image": {
             "repository": NVIDIA_DEVICE_PLUGIN_IMAGE,
-            "tag": pinned_tag(NVIDIA_DEVICE_PLUGIN_IMAGE, NVIDIA_DEVICE_PLUGIN.image_tag),
+            "tag": pinned_tag(NVIDIA_DEVICE_PLUGIN_IMAGE, NVIDIA_DEVICE_PLUGIN.image_tag, pins),
         },
         "mofedEnabled": False,
         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, GPU_TOLERATION],
@@ -141,7 +128,7 @@ def efa_device_plugin_image(region: str) -> str:
     return f"{eks_registry(region)}/{EFA_DEVICE_PLUGIN_REPOSITORY}"
 
 
-def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
+def efa_device_plugin_values(gpu_instance_type: str, region: str, pins: ChartPins = None) -> dict:
     """Only on GPU nodes, which are tainted: the chart tolerates nothing by default; the image from
     the stack region's EKS registry rather than the chart's us-west-2 default (a cross-region pull).
 
@@ -153,7 +140,7 @@ def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
     return {
         "image": {
             "repository": efa_device_plugin_image(region),
-            "tag": pinned_tag(efa_device_plugin_image(region), EFA_DEVICE_PLUGIN.image_tag),
+            "tag": pinned_tag(efa_device_plugin_image(region), EFA_DEVICE_PLUGIN.image_tag, pins),
         },
         "nodeSelector": dict(GPU_NODE_SELECTOR),
         "tolerations": [GPU_TOLERATION],
@@ -161,7 +148,7 @@ def efa_device_plugin_values(gpu_instance_type: str, region: str) -> dict:
     }
 
 
-def kuberay_operator_values(watch_namespace: str) -> dict:
+def kuberay_operator_values(watch_namespace: str, pins: ChartPins = None) -> dict:
     """The operator lives on the system node and reaches the Ray namespace alone.
 
     The chart's default (`singleNamespaceInstall: false`) binds the operator to a ClusterRole over
@@ -188,7 +175,7 @@ def kuberay_operator_values(watch_namespace: str) -> dict:
     return {
         "image": {
             "repository": KUBERAY_OPERATOR_IMAGE,
-            "tag": pinned_tag(KUBERAY_OPERATOR_IMAGE, KUBERAY_OPERATOR.image_tag),
+            "tag": pinned_tag(KUBERAY_OPERATOR_IMAGE, KUBERAY_OPERATOR.image_tag, pins),
         },
         "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
         "singleNamespaceInstall": True,

@@ -217,20 +217,19 @@ def test_the_chart_images_are_the_ones_their_values_name():
     assert "the image of chart kuberay-operator 1.7.0 (workloads/manifests/charts.py)" in images
 
 
-def test_pinned_chart_images_render_repository_tag_and_digest_then_tags_again():
+def test_pinned_chart_images_render_repository_tag_and_digest_and_unpinned_ones_their_tags():
     """Issue 60: outside dev a release's `image.tag` is `<tag>@sha256:<digest>`, which each template
     renders as `<repository>:<tag>@sha256:<digest>`, an image the runtime pulls by its digest."""
     images = manifests.charts.chart_images("us-west-2")
     pinned = {reference: f"{reference}@{DIGEST}" for reference in images.values()}
-    with manifests.charts.pinned_chart_images(pinned):
-        built = [
-            manifests.nvidia_device_plugin_values(),
-            manifests.efa_device_plugin_values("g6.12xlarge", "us-west-2"),
-            manifests.kuberay_operator_values("ray-train"),
-        ]
+    built = [
+        manifests.nvidia_device_plugin_values(pinned),
+        manifests.efa_device_plugin_values("g6.12xlarge", "us-west-2", pinned),
+        manifests.kuberay_operator_values("ray-train", pinned),
+    ]
     assert sorted(chart_image(values) for values in built) == sorted(pinned.values())
     assert all(image_digest_problem(chart_image(values)) is None for values in built)
     for (_, chart), pinned_values in zip(RELEASES, built, strict=True):
         assert pinned_values["image"]["tag"] == f"{chart.image_tag}@{DIGEST}"
         assert _keys_exist(pinned_values, documented_values(chart)) == []
-    assert manifests.nvidia_device_plugin_values()["image"]["tag"] == "v0.20.0"  # the block is over
+    assert manifests.nvidia_device_plugin_values()["image"]["tag"] == "v0.20.0"  # no pins: the tag
