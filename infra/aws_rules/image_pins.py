@@ -66,6 +66,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 import pulumi
 import pulumi_aws as aws
 
+from infra.config.key_parsers import ImageReference, parse_image_reference
 from platform_contract import is_dev_stack
 
 # The manifest types a digest may name, in the order of preference the client states: an index
@@ -93,39 +94,6 @@ REQUEST_TIMEOUT_S = 10.0
 
 
 # --- references ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ImageReference:
-    """An image reference as the distribution API takes it apart: the registry host, the repository
-    (`<name>`), and the tag and digest it names."""
-
-    host: str
-    repository: str
-    tag: str | None
-    digest: str | None
-
-    @property
-    def api_host(self) -> str:
-        """The host that serves the API: Docker Hub's references say `docker.io` (or nothing), its API
-        answers at registry-1.docker.io."""
-        return "registry-1.docker.io" if self.host == "docker.io" else self.host
-
-
-def parse_reference(reference: str) -> ImageReference:
-    """`[host[:port]/]path[:tag][@digest]`, as Docker reads a reference: the first path component is
-    the host when it has a `.` or a `:` or is `localhost`; otherwise the image is Docker Hub's, whose
-    one-component names live under `library/`."""
-    name, _, digest = reference.partition("@")
-    head, _, last = name.rpartition("/")
-    last, _, tag = last.partition(":")
-    path = f"{head}/{last}" if head else last
-    first, _, rest = path.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return ImageReference(first, rest, tag or None, digest or None)
-    return ImageReference(
-        "docker.io", path if "/" in path else f"library/{path}", tag or None, digest or None
-    )
 
 
 def pinned_reference(reference: str, digest: str) -> str:
@@ -344,7 +312,7 @@ class UnpinnedImage(pulumi.RunError):
 
 def unpinned_message(where: str, reference: str, problem: RegistryProblem) -> str:
     """One line: which image, what its registry answered, and the fix."""
-    image = parse_reference(reference)
+    image = parse_image_reference(reference)
     host, key = image.api_host, where == IMAGE_KEY
     fix_by_hand = f"or give its digest yourself (`pulumi config set image {reference}@sha256:<digest>`)"
     if problem.kind == "unknown":
@@ -455,7 +423,7 @@ class Registry:
 
     def digest(self, reference: str) -> str:
         """The digest `reference`'s tag names now; raises `RegistryProblem`."""
-        image = parse_reference(reference)
+        image = parse_image_reference(reference)
         if image.tag is None:
             raise RegistryProblem("failed", "the reference names no tag")
         url = f"{self.endpoint(image.api_host)}/v2/{image.repository}/manifests/{image.tag}"
@@ -582,7 +550,7 @@ def pin_images(
             raise UnpinnedImage(unpinned_message(where[reference], reference, problem)) from None
         pulumi.log.info(
             f"{where[reference]} = {reference!r}: pinned to {read[reference]}, read from "
-            f"{parse_reference(reference).api_host} at this preview; later `pulumi up`s keep it "
+            f"{parse_image_reference(reference).api_host} at this preview; later `pulumi up`s keep it "
             f"(`pulumi config set {REPIN_KEY} <date>` reads every tag anew)"
         )
     return pinned_images(references, stack, kept, read, repin)

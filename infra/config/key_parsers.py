@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from infra.config.parsing import as_int, cidr, matching
@@ -189,7 +190,7 @@ def parse_log_retention(value: Any) -> int:
 def parse_image(value: Any) -> str:
     if not isinstance(value, str) or not value or any(character.isspace() for character in value):
         raise ValueError("expected a container image reference (no spaces, tabs or newlines)")
-    repository = _image_repository(value)
+    repository = parse_image_reference(value).repository
     if repository != repository.lower():
         raise ValueError(
             f"the repository {repository!r} must be lowercase (OCI distribution spec); the registry host may not be"
@@ -202,14 +203,37 @@ def parse_image(value: Any) -> str:
     return value
 
 
-def _image_repository(reference: str) -> str:
-    """The repository path of an image reference: no registry host, tag or digest."""
-    name = reference.split("@", 1)[0]
+@dataclass(frozen=True)
+class ImageReference:
+    """An image reference as the distribution API takes it apart: the registry host, the repository
+    (`<name>`), and the tag and digest it names."""
+
+    host: str
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def api_host(self) -> str:
+        """The host that serves the API: Docker Hub's references say `docker.io` (or nothing), its API
+        answers at registry-1.docker.io."""
+        return "registry-1.docker.io" if self.host == "docker.io" else self.host
+
+
+def parse_image_reference(reference: str) -> ImageReference:
+    """`[host[:port]/]path[:tag][@digest]`, as Docker reads a reference: the first path component is
+    the host when it has a `.` or a `:` or is `localhost`; otherwise the image is Docker Hub's, whose
+    one-component names live under `library/`."""
+    name, _, digest = reference.partition("@")
     head, _, last = name.rpartition("/")
-    name = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
-    first, _, rest = name.partition("/")
-    is_host = rest and ("." in first or ":" in first or first == "localhost")
-    return rest if is_host else name
+    last, _, tag = last.partition(":")
+    path = f"{head}/{last}" if head else last
+    first, _, rest = path.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return ImageReference(first, rest, tag or None, digest or None)
+    return ImageReference(
+        "docker.io", path if "/" in path else f"library/{path}", tag or None, digest or None
+    )
 
 
 parse_node_count = as_int(

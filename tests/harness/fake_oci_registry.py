@@ -58,7 +58,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from infra.aws_rules import image_pins
-from infra.aws_rules.image_pins import ECR_HOST, Registry, parse_reference
+from infra.aws_rules.image_pins import ECR_HOST, Registry
+from infra.config.key_parsers import parse_image_reference
 from tests.harness.loopback import serve_on_loopback, stop_server
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -262,7 +263,7 @@ class FakeRegistries:
 
     def push(self, reference: str) -> str:
         """Tags an image for `<host>/<repository>:<tag>` on its host; its digest."""
-        image = parse_reference(reference)
+        image = parse_image_reference(reference)
         assert image.tag is not None, reference
         self.pushed.add(reference)
         return self.host(image.api_host).push(image.repository, image.tag)

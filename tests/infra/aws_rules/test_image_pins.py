@@ -21,7 +21,6 @@ from infra.aws_rules.image_pins import (
     head_digest,
     manifest_digest,
     parse_challenges,
-    parse_reference,
     pin_images,
     pinned_images,
     pinned_reference,
@@ -31,6 +30,7 @@ from infra.aws_rules.image_pins import (
     token_url,
     unpinned_message,
 )
+from infra.config.key_parsers import parse_image_reference
 from tests.harness.fake_oci_registry import FakeRegistries, digest_of
 from tests.harness.loopback import SilentEndpoint
 
@@ -70,13 +70,13 @@ def registries():
     ],
 )
 def test_a_reference_is_taken_apart_as_docker_reads_it(reference, host, repository, tag, digest):
-    image = parse_reference(reference)
+    image = parse_image_reference(reference)
     assert (image.host, image.repository, image.tag, image.digest) == (host, repository, tag, digest)
 
 
 def test_docker_hub_answers_at_its_api_host_and_a_pin_keeps_the_tag():
-    assert parse_reference("rayproject/ray:2.58.0").api_host == "registry-1.docker.io"
-    assert parse_reference(RAY).api_host == "public.ecr.aws"
+    assert parse_image_reference("rayproject/ray:2.58.0").api_host == "registry-1.docker.io"
+    assert parse_image_reference(RAY).api_host == "public.ecr.aws"
     assert pinned_reference(RAY, DIGEST) == f"{RAY}@{DIGEST}"
     assert pinned_reference(f"{RAY}@{OTHER}", DIGEST) == f"{RAY}@{DIGEST}"
 
