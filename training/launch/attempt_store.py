@@ -47,17 +47,24 @@ RESTARTED_WITHOUT_ERROR = (
 )
 
 
-def _attempts_path(run_path: str) -> str:
-    return f"{run_path.rstrip('/')}/{ATTEMPTS_FILE}"
+def in_run(run_path: str, name: str) -> str:
+    """The path of the file `name` in the run's folder."""
+    return f"{run_path.rstrip('/')}/{name}"
+
+
+def _read(filesystem: pyarrow.fs.FileSystem, path: str) -> bytes | None:
+    """The file's bytes; None where it is not there."""
+    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        data: bytes = stream.read()
+    return data
 
 
 def read_attempts(filesystem: pyarrow.fs.FileSystem, run_path: str) -> list[dict[str, Any]]:
     """The run's stored attempts ([] before its first fault)."""
-    path = _attempts_path(run_path)
-    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
-        return []
-    with filesystem.open_input_stream(path) as stream:
-        return loads_record(stream.read())
+    data = _read(filesystem, in_run(run_path, ATTEMPTS_FILE))
+    return [] if data is None else loads_record(data)
 
 
 def worker_error(rank: int, error: BaseException) -> WorkerError:
@@ -70,26 +77,19 @@ def worker_error(rank: int, error: BaseException) -> WorkerError:
     return WorkerError(rank, died, type(error).__name__, str(error), preempted=preempted)
 
 
-def _nodes_path(run_path: str) -> str:
-    return f"{run_path.rstrip('/')}/{ATTEMPT_NODES_FILE}"
-
-
 def write_attempt_nodes(
     filesystem: pyarrow.fs.FileSystem, run_path: str, attempt: int, nodes: list[str], ray_nodes: list[str]
 ) -> None:
     """Rank 0's record of its attempt's nodes by rank: Kubernetes node names and Ray node ids."""
     payload = {"attempt": attempt, "nodes": nodes, "ray_nodes": ray_nodes}
-    with filesystem.open_output_stream(_nodes_path(run_path)) as out:
+    with filesystem.open_output_stream(in_run(run_path, ATTEMPT_NODES_FILE)) as out:
         out.write(json.dumps(payload).encode())
 
 
 def read_attempt_nodes(filesystem: pyarrow.fs.FileSystem, run_path: str) -> dict[str, Any] | None:
     """The latest attempt's nodes as its rank 0 wrote them; None before any."""
-    path = _nodes_path(run_path)
-    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
-        return None
-    with filesystem.open_input_stream(path) as stream:
-        nodes: dict[str, Any] = json.loads(stream.read())
+    data = _read(filesystem, in_run(run_path, ATTEMPT_NODES_FILE))
+    nodes: dict[str, Any] | None = None if data is None else json.loads(data)
     return nodes
 
 
@@ -119,7 +119,9 @@ class AttemptRecorder(UserCallback):
 
     def _write(self, run_context: Any) -> None:
         storage = run_context.run_config.storage_context
-        with storage.storage_filesystem.open_output_stream(_attempts_path(storage.experiment_fs_path)) as out:
+        with storage.storage_filesystem.open_output_stream(
+            in_run(storage.experiment_fs_path, ATTEMPTS_FILE)
+        ) as out:
             out.write(dumps_record(self.record))
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
@@ -209,19 +211,15 @@ class AttemptBoundary(WorkerGroupCallback):
         self.recorder.worker_group_started(worker_group._train_run_context)
 
 
-def _hang_note_path(run_path: str) -> str:
-    return f"{run_path.rstrip('/')}/{HANG_NOTE_FILE}"
-
-
 def _take_hang_note(run_context: Any) -> dict[str, Any] | None:
     """The hang watchdog's note of the attempt that failed (`RaySession.note_hang`), removed as read."""
     storage = run_context.run_config.storage_context
-    path, filesystem = _hang_note_path(storage.experiment_fs_path), storage.storage_filesystem
-    if filesystem.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+    path, filesystem = in_run(storage.experiment_fs_path, HANG_NOTE_FILE), storage.storage_filesystem
+    data = _read(filesystem, path)
+    if data is None:
         return None
-    with filesystem.open_input_stream(path) as stream:
-        note: dict[str, Any] = json.loads(stream.read())
     filesystem.delete_file(path)
+    note: dict[str, Any] = json.loads(data)
     return note
 
 
@@ -230,6 +228,6 @@ def clear_attempts(run_config: RunConfig) -> None:
     failed, and which this one resumes) is not this run's."""
     storage = run_config.storage_context
     run_path = storage.experiment_fs_path
-    for path in (_attempts_path(run_path), _hang_note_path(run_path), _nodes_path(run_path)):
+    for path in (in_run(run_path, name) for name in (ATTEMPTS_FILE, HANG_NOTE_FILE, ATTEMPT_NODES_FILE)):
         if storage.storage_filesystem.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
             storage.storage_filesystem.delete_file(path)

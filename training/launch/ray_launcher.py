@@ -67,6 +67,7 @@ from training.launch.attempt_store import (
     AttemptBoundary,
     AttemptRecorder,
     clear_attempts,
+    in_run,
     read_attempts,
     write_attempt_nodes,
 )
@@ -229,7 +230,7 @@ class RaySession:
         """The hang watchdog's finding, kept in the run's folder for the controller's record
         (`AttemptRecorder`): under gloo this rank exits, and its death alone would be the cause."""
         storage = ray.train.get_context().get_storage()
-        path = f"{storage.experiment_fs_path.rstrip('/')}/{HANG_NOTE_FILE}"
+        path = in_run(storage.experiment_fs_path, HANG_NOTE_FILE)
         # The worker group it belongs to: one record a worker group, so the faults before it plus one.
         note = {"cause": line, "ranks": list(ranks), "attempt": len(self.faults()) + 1}
         with storage.storage_filesystem.open_output_stream(path) as out:

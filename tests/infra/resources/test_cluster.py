@@ -295,6 +295,7 @@ def pulumi_eks_versions(plan: Preview) -> tuple[str, str]:
     )
 
 
+@pytest.mark.slow
 def test_vpc_cni_and_kube_proxy_keep_the_live_versions_until_kubernetes_version_moves():
     """A build EKS publishes later reaches neither add-on through an unrelated `pulumi up`."""
     fake = FakeAws(region="us-east-2")
