@@ -32,7 +32,6 @@ from training.components.watchdog import (
     LAST_CHECKPOINT,
     STALE_S,
     STORE_TIMEOUT_S,
-    TICK_S,
     Beat,
     Collectives,
     HangError,
@@ -417,14 +416,16 @@ def test_the_evaluation_and_the_commit_are_judged_against_their_own_limits(monke
         assert found == []
         started = time.perf_counter()
         with watchdog.watch(EVALUATION, 2):
-            while not found and time.perf_counter() - started < 0.32 + 4 * TICK_S:
+            while not found and time.perf_counter() - started < 10.0:
                 time.sleep(0.02)
     finally:
         watchdog.stop()
     ((line, after),) = found
     assert line.startswith("hang at step 2 in the evaluation: every rank is in the evaluation and alive")
     assert "(limit 0.3 s: 2 x 0.01 s expected + 0.3 s --hang-margin-s)" in line
-    assert 0.32 < after <= 0.32 + 2 * TICK_S + 0.2
+    # Judged against this evaluation's limit, not the first one's 540 s: after 0.32 s, and within a
+    # bound that holds on a loaded machine (the watchdog's tick is 0.25 s).
+    assert 0.32 < after < 10.0
 
 
 def test_the_heartbeat_names_the_phase_armed():
