@@ -398,6 +398,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
             drain.tally(tally[len(ballot) :])
             step_time = time.perf_counter() - step_start
             loss_tokens = sum(batch.loss_tokens for batch in micro_batches)
+            attended_pairs = sum(batch.attended_pairs for batch in micro_batches)
             # Every rank's vote was summed in the step's all-reduce: all stop after this step.
             stopped_at_deadline = deadline is not None and deadline.agreed and step < config.steps
             drained = drain.decide()  # the same on every rank: a notice to act on at this step
@@ -425,6 +426,7 @@ def train(config: TrainConfig, session: Session) -> RunSummary:
                 loss,
                 step_time,
                 loss_tokens,
+                attended_pairs,
                 lr=lr,
                 grad_norm=grad_norm,
                 eval_loss=eval_loss,

@@ -164,6 +164,8 @@ def main() -> None:
                 "tokens_per_s": summary["tokens_per_s"],
                 "mfu": summary["mfu"],
                 "mfu_causal": summary.get("mfu_causal"),
+                # The loop's own `mfu_done`, from the attended pairs of the rows it trained on.
+                "loop_mfu_done": summary.get("mfu_done"),
                 **mfu_counts(architecture, spec, summary["tokens_per_s"], peak_flops(gpu_name)),
                 "peak_mem_gib": summary["peak_mem_gib"],
                 "loss_first": summary["loss_first"],

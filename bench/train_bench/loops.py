@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from bench.train_bench.dtensor_adamw import with_dtensor_adamw
 from bench.train_bench.grouped_flex import grouped_flex
 from bench.train_bench.session import BenchSession, benchmark_config, start_process_group, timed_steps
 from bench.train_bench.variants import DOCUMENTS_PER_ROW, documents_rows, mfu_counts, tuned_config
@@ -63,6 +64,16 @@ def reference_loop(architecture: Any, device: torch.device, steps: int, warmup: 
     return result
 
 
+def variant_code(spec: dict[str, Any]) -> contextlib.ExitStack:
+    """The code a variant swaps in for its run: flex on grouped heads, torch's AdamW on DTensors."""
+    stack = contextlib.ExitStack()
+    if spec.get("grouped_kv"):
+        stack.enter_context(grouped_flex())
+    if spec.get("dtensor_adamw"):
+        stack.enter_context(with_dtensor_adamw())
+    return stack
+
+
 def tuned_run(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -> BenchSession:
     """`training.loop.train` on a 1-rank group; the session holds its summary and per-step history."""
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
@@ -72,7 +83,7 @@ def tuned_run(config: TrainConfig, device: torch.device, spec: dict[str, Any]) -
         count = config.steps * config.batch_size * config.grad_accum_steps
         rows = documents_rows(count, config.seq_len, spec["documents"], vocab_size, config.seed)
     session = BenchSession(1, 1, device, rows)
-    with grouped_flex() if spec.get("grouped_kv") else contextlib.nullcontext():
+    with variant_code(spec):
         train(config, session)
     assert session.summary is not None
     return session
@@ -125,7 +136,8 @@ def tuned_step(model_config: str, device: torch.device, spec: dict[str, Any]) ->
     """One step of the tuned loop (training.loop's own build and step) on fixed micro-batches."""
     config = tuned_config(model_config, 1, spec)
     start_process_group("nccl" if device.type == "cuda" else "gloo", 1, device)
-    model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
+    with variant_code(spec):
+        model, optimizer, architecture, _ = build(config, BenchSession(1, 1, device))
     shape = (config.batch_size, config.seq_len + 1)
     micro_batches = [
         model_batch(
@@ -162,6 +174,18 @@ PROFILED_LOOPS: dict[str, dict[str, Any]] = {
     "tuned-compiled": {"compile": True},
     "tuned-eager": {"compile": False},
     "tuned-compiled-isolated-flex": {"compile": True, "attention": "flex", "documents": DOCUMENTS_PER_ROW},
+    "tuned-compiled-isolated-flex-dtensor-adamw": {
+        "compile": True,
+        "attention": "flex",
+        "documents": DOCUMENTS_PER_ROW,
+        "dtensor_adamw": True,
+    },
+    "tuned-compiled-accum4-isolated-flex": {
+        "compile": True,
+        "attention": "flex",
+        "documents": DOCUMENTS_PER_ROW,
+        "grad_accum_steps": 4,
+    },
     "naive-eager": {"naive": True, "compile": False},
     "naive-compiled": {"naive": True, "compile": True},
 }

@@ -84,6 +84,31 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         "attention": "flex",
         "documents": DOCUMENTS_PER_ROW,
     },
+    # The 80 GiB GPU's levers (bench/reports/mfu_h100_202612.md) at its 6 rows: torch's AdamW on the
+    # DTensors (the job's optimizer before it stepped the local shards), and 2 or 4 micro-batches a
+    # step, reduced after each or deferred to the last (which keeps the whole model's fp32 gradients
+    # and gathered weights: fewer rows).
+    "tuned-compiled-isolated-flex-dtensor-adamw-4096x6": {
+        "seq_len": 4096,
+        "batch_size": 6,
+        "compile": True,
+        "attention": "flex",
+        "documents": DOCUMENTS_PER_ROW,
+        "dtensor_adamw": True,
+    },
+    **{
+        f"tuned-compiled-accum{steps}{'-deferred' if deferred else ''}-isolated-flex-4096x{batch}": {
+            "seq_len": 4096,
+            "batch_size": batch,
+            "compile": True,
+            "grad_accum_steps": steps,
+            "defer_grad_sync": deferred,
+            "attention": "flex",
+            "documents": DOCUMENTS_PER_ROW,
+        }
+        for steps in (2, 4)
+        for deferred, batch in ((False, 6), (True, 5), (True, 4))
+    },
     "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},
     "tuned-compiled-float8-4096x12": {"seq_len": 4096, "batch_size": 12, "compile": True, "float8": True},
 }
@@ -103,7 +128,7 @@ DEFAULT_VARIANTS = [
     "tuned-compiled-float8-4096x12",
 ]
 # Keys of a variant that are not TrainConfig fields but the benchmark's own.
-BENCH_KEYS = ("documents", "grouped_kv")
+BENCH_KEYS = ("documents", "grouped_kv", "dtensor_adamw")
 NAIVE_VARIANTS: dict[str, dict[str, Any]] = {
     "naive-eager-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": False},
     "naive-compiled-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True},

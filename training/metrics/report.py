@@ -87,6 +87,11 @@ class RunSummary:
     steps_per_s: float | None
     mfu: float | None
     mfu_causal: float | None
+    # MFU on the work done: attention's FLOPs counted over the query-key pairs the rows' documents
+    # attend (`attended_share` of the S × S scores), the figure a run of isolated documents is
+    # judged by (docs/training/mfu.md).
+    mfu_done: float | None
+    attended_share: float | None
     loss_first: float | None
     loss_last: float | None
     eval_loss: float | None  # the last evaluation's; None without --eval-data

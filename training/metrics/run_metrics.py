@@ -75,6 +75,7 @@ class RunMetrics:
         self.losses: list[float] = []
         self.eval_loss: float | None = None
         self.loss_tokens = 0  # this rank's; the summary adds the ranks' up
+        self.attended_pairs = 0  # this rank's, as loss_tokens
         # Rank 0, with EFA: per node, the bytes and seconds of the samples after the first step.
         self.efa_totals: dict[str, tuple[float, float] | None] | None = None
 
@@ -84,6 +85,7 @@ class RunMetrics:
         loss: float,
         step_time: float,
         loss_tokens: int,
+        attended_pairs: int,
         *,
         lr: float,
         grad_norm: float,
@@ -91,9 +93,11 @@ class RunMetrics:
         efa: EfaSample | None = None,
     ) -> StepMetrics:
         """`step_time` is the training step's alone (an evaluation after it is not counted);
-        `loss_tokens`: this rank's labels that counted in the step's loss; `efa`: what each
+        `loss_tokens`: this rank's labels that counted in the step's loss; `attended_pairs`: the
+        query-key pairs its rows' documents attend (`ModelBatch.attended_pairs`); `efa`: what each
         node's EFA ports moved since the step before (rank 0, with EFA)."""
         self.loss_tokens += loss_tokens
+        self.attended_pairs += attended_pairs
         if efa is not None and self.step_times:  # the first step's interval is left out, as its time
             self._add_efa(efa)
         self.step_times.append(step_time)
@@ -121,6 +125,13 @@ class RunMetrics:
         totals = self.efa_totals if self.efa_totals is not None else dict.fromkeys(efa, (0.0, 0.0))
         self.efa_totals = {host: _plus(totals.get(host), sample) for host, sample in efa.items()}
 
+    def _attended_share(self) -> float | None:
+        """Collective: the share of the S × S scores the ranks' rows attended over the run (causal
+        rows about 0.5; rows of isolated documents less); None before any step."""
+        rows = len(self.step_times) * self.config.batch_size * self.config.grad_accum_steps * self.world_size
+        pairs = _across_ranks(self.attended_pairs, self.device, dist.ReduceOp.SUM)
+        return pairs / (rows * self.config.seq_len**2) if rows else None
+
     def _efa_summary(self) -> dict[str, Any]:
         """The summary's EFA fields; none without EFA samples after the first step."""
         if self.efa_totals is None:
@@ -144,6 +155,7 @@ class RunMetrics:
         step_time = statistics.median(measured) if measured else None
         per_gpu = self.tokens_per_step / step_time / self.world_size if step_time else None
         config = self.config
+        attended = self._attended_share()
         return RunSummary(
             world_size=self.world_size,
             steps=config.steps,
@@ -155,6 +167,10 @@ class RunMetrics:
             steps_per_s=1 / step_time if step_time else None,
             mfu=mfu(per_gpu, self.flops_per_token, self.peak) if per_gpu else None,
             mfu_causal=mfu(per_gpu, self.flops_per_token_causal, self.peak) if per_gpu else None,
+            mfu_done=mfu(per_gpu, flops_per_token(self.architecture, config.seq_len, attended=attended), self.peak)
+            if per_gpu and attended is not None
+            else None,
+            attended_share=attended,
             loss_first=self.losses[0] if self.losses else None,
             loss_last=self.losses[-1] if self.losses else None,
             eval_loss=self.eval_loss,

@@ -94,6 +94,9 @@ class ModelBatch(NamedTuple):
     # stays plainly causal.
     position_ids: torch.Tensor | None
     loss_tokens: int  # the labels that count, read on the host
+    # The query-key pairs causal attention inside each document leaves (a document of l tokens
+    # attends l·(l+1)/2), counted on the host: what `mfu_done` counts attention's FLOPs by.
+    attended_pairs: int
     # Each token's document within its row (0, 1, ...), where position_ids is not None: what
     # FlexAttention's block mask is built from (`training.model.attention.document_block_mask`).
     document_ids: torch.Tensor | None = None
@@ -111,14 +114,25 @@ def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
     labels = ids[:, 1:].masked_fill(skipped, IGNORE_INDEX)
     starts = (stored[:, :-1] & DOCUMENT_START) != 0
     position_ids = document_ids = None
+    rows, seq_len = starts.shape
+    # A token at position p of its document attends p + 1 keys; one document a row: S·(S+1)/2.
+    attended_pairs = rows * seq_len * (seq_len + 1) // 2
     if starts[:, 1:].any():
-        index = torch.arange(starts.shape[1]).expand_as(starts)
+        index = torch.arange(seq_len).expand_as(starts)
         last_start = torch.where(starts, index, 0).cummax(dim=1).values
-        position_ids = (index - last_start).to(device)
+        positions = index - last_start
+        attended_pairs = int((positions + 1).sum())
+        position_ids = positions.to(device)
         document_ids = starts[:, 1:].cumsum(dim=1, dtype=torch.int32)
         document_ids = torch.cat([torch.zeros_like(document_ids[:, :1]), document_ids], dim=1).to(device)
-    loss_tokens = int((labels != IGNORE_INDEX).sum())
-    return ModelBatch(ids[:, :-1].to(device), labels.to(device), position_ids, loss_tokens, document_ids)
+    return ModelBatch(
+        input_ids=ids[:, :-1].to(device),
+        labels=labels.to(device),
+        position_ids=position_ids,
+        loss_tokens=int((labels != IGNORE_INDEX).sum()),
+        attended_pairs=attended_pairs,
+        document_ids=document_ids,
+    )
 
 
 def build_meta_causal_lm(config: TrainConfig, architecture: Any) -> nn.Module:

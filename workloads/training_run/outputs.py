@@ -68,6 +68,9 @@ class RunOutputs:
     worker_log_files: dict[str, int]
     tokens_per_s: float | None = dataclasses.field(metadata=shown(benchmark="efaTokensPerS"))
     mfu: float | None = dataclasses.field(metadata=shown())
+    # The summary's MFU on the work done (attention over the pairs the documents attend); None from a
+    # job of a release before it.
+    mfu_done: float | None = dataclasses.field(metadata=shown())
     step_time_s: float | None = dataclasses.field(metadata=shown())
     duration_s: float | None = dataclasses.field(metadata=shown())
     summary: dict
@@ -137,6 +140,7 @@ class RunOutputs:
             worker_log_files=dict(job.log_files),
             tokens_per_s=summary.get("tokens_per_s"),
             mfu=summary.get("mfu"),
+            mfu_done=summary.get("mfu_done"),
             step_time_s=summary.get("step_time_s"),
             duration_s=summary.get("duration_s"),
             summary=summary,

@@ -67,3 +67,76 @@ def test_the_schedule_settings_are_those_the_rate_reads():
         "lr_schedule": "cosine", "lr": 3e-3, "warmup_steps": 3, "steps": 9, "min_lr_ratio": 0.0,
     }  # fmt: skip
     assert schedule_settings(parse_args(["--lr-schedule", "wsd"]))["decay_ratio"] == 0.2
+
+
+def _sharded_pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Two copies of the tiny model under FSDP2 (one rank: every parameter a Shard(0) DTensor)."""
+    from torch.distributed.fsdp import fully_shard
+
+    models = []
+    for _ in range(2):
+        model = tiny_model()
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        models.append(model)
+    return models[0], models[1]
+
+
+def _dtensor_ops(run) -> list[str]:
+    """The ATen ops `run` calls with a DTensor among their arguments."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    seen: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(isinstance(leaf, DTensor) for leaf in tree_leaves((args, kwargs or {}))):
+                seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        run()
+    return seen
+
+
+def test_the_shard_local_step_is_torchs_adamw_bit_for_bit_with_no_dtensor_dispatch(one_rank_group):
+    """Three steps of the job's optimizer and of torch's AdamW on the same sharded model and
+    gradients: the same parameters and state bit for bit, the same state dict; torch's AdamW hands
+    DTensors to its kernels (each dispatched on the host), the job's hands none after the state
+    exists."""
+    from torch.distributed.tensor import distribute_tensor
+
+    config = parse_args(["--preset", "tiny", "--weight-decay", "0.1", "--lr", "0.01"])
+    ours, reference = _sharded_pair()
+    optimizer = build_optimizer(ours, config, torch.device("cpu"))
+    stock = torch.optim.AdamW(
+        parameter_groups(reference, config.weight_decay), lr=config.lr, foreach=True
+    )
+    generator = torch.Generator().manual_seed(0)
+    for step in range(3):
+        for a, b in zip(ours.parameters(), reference.parameters(), strict=True):
+            grad = torch.randn(a.shape, generator=generator)
+            # A DTensor gradient sharded as its parameter, as FSDP2 leaves it.
+            a.grad = distribute_tensor(grad, a.device_mesh, a.placements)
+            b.grad = distribute_tensor(grad, b.device_mesh, b.placements)
+        ours_ops = _dtensor_ops(optimizer.step)
+        stock_ops = _dtensor_ops(stock.step)
+        # The first step creates the state as DTensors (AdamW's own `_init_group`); no kernel sees one.
+        assert ours_ops == (["aten.zeros_like.default"] * len(ours_ops) if step == 0 else []), ours_ops[:3]
+        assert stock_ops, "torch's AdamW no longer dispatches DTensors: the shard-local step is moot"
+    for a, b in zip(ours.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a.full_tensor(), b.full_tensor())
+    ours_state, stock_state = optimizer.state_dict(), stock.state_dict()
+    assert ours_state["param_groups"] == stock_state["param_groups"]
+    for index, state in stock_state["state"].items():
+        assert ours_state["state"][index].keys() == state.keys()
+        for key, value in state.items():
+            mine = ours_state["state"][index][key]
+            assert type(mine) is type(value), key
+            assert torch.equal(
+                mine.full_tensor() if hasattr(mine, "full_tensor") else mine,
+                value.full_tensor() if hasattr(value, "full_tensor") else value,
+            ), key

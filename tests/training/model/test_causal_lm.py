@@ -332,3 +332,18 @@ def test_the_eval_loss_of_a_batch_is_its_training_loss_before_the_step(world_siz
     result = torch.load(out)
     assert result["eval"] == pytest.approx(result["train"], rel=1e-6)
     assert 5 < result["eval"] < 6  # random bytes: about log(256) = 5.55
+
+
+def test_a_batch_counts_the_query_key_pairs_its_documents_attend():
+    """A row of documents of 3 and 5 tokens attends 3·4/2 + 5·6/2 pairs, a row of one document
+    8·9/2: `attended_pairs`, which `mfu_done` counts attention by, is flops.attended_share's count."""
+    from training.data.packing import DOCUMENT_START
+    from training.metrics.flops import attended_share
+
+    stored = torch.arange(2 * 9, dtype=torch.int32).reshape(2, 9).numpy()
+    stored[:, 0] |= DOCUMENT_START
+    stored[0, 3] |= DOCUMENT_START  # row 0: tokens 0-2, then 3-7 (the 9th is the last label only)
+    batch = model_batch(stored, torch.device("cpu"))
+    assert batch.attended_pairs == 6 + 15 + 36 == round(attended_share([[3, 5], [8]], 8) * 2 * 8 * 8)
+    causal = model_batch(stored[1:], torch.device("cpu"))
+    assert causal.position_ids is None and causal.attended_pairs == 36

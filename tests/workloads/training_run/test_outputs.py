@@ -31,6 +31,7 @@ def test_the_training_output_shows_the_declared_outputs_camelcased():
         "evidence": "evidence",
         "tokensPerS": "tokens_per_s",
         "mfu": "mfu",
+        "mfuDone": "mfu_done",
         "stepTimeS": "step_time_s",
         "durationS": "duration_s",
         "efaBytes": "efa_bytes",

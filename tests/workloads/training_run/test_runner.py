@@ -67,9 +67,10 @@ def test_a_run_over_efa_outputs_job_transport_evidence_and_throughput():
     assert outs["transport"] == "efa"
     assert any("via NET/Libfabric/0" in line for line in outs["evidence"])
     assert any("Selected provider is efa" in line for line in outs["evidence"])
-    assert (outs["tokens_per_s"], outs["mfu"], outs["step_time_s"], outs["duration_s"]) == (
+    assert (outs["tokens_per_s"], outs["mfu"], outs["mfu_done"], outs["step_time_s"], outs["duration_s"]) == (
         530.6,
         0.00109,
+        0.00094,
         1.93,
         52.3,
     )
