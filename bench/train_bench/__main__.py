@@ -35,7 +35,13 @@ import torch.distributed as dist
 from bench.train_bench.loops import naive_loop, reference_loop, tuned_loop
 from bench.train_bench.memory import L4_BUDGET_GIB, MEMORY_CASES, memory_at_world_size
 from bench.train_bench.parity import float8_parity, kernel_parity, loss_check
-from bench.train_bench.session import benchmark_config, emit, release_memory, unless_out_of_memory
+from bench.train_bench.session import (
+    alloc_retries,
+    benchmark_config,
+    emit,
+    release_memory,
+    unless_out_of_memory,
+)
 from bench.train_bench.variants import (
     DEFAULT_VARIANTS,
     NAIVE_VARIANTS,
@@ -146,6 +152,7 @@ def main() -> None:
     for name in args.variants:
         spec = TUNED_VARIANTS[name]
         config = tuned_config(args.model_config, args.steps, spec)
+        retries_before = alloc_retries(device) or 0
         try:
             summary = unless_out_of_memory(tuned_loop, config, device, spec)
         except Exception as error:  # a variant that breaks is recorded, not fatal to the run
@@ -168,6 +175,9 @@ def main() -> None:
                 "loop_mfu_done": summary.get("mfu_done"),
                 **mfu_counts(architecture, spec, summary["tokens_per_s"], peak_flops(gpu_name)),
                 "peak_mem_gib": summary["peak_mem_gib"],
+                "alloc_retries": (alloc_retries(device) or 0) - retries_before
+                if device.type == "cuda"
+                else None,
                 "loss_first": summary["loss_first"],
                 "loss_last": summary["loss_last"],
             }
@@ -262,7 +272,8 @@ def main() -> None:
         print(
             f"float8 parity over {parity['steps']} steps: {tail.replace('_', ' ')} "
             f"bf16 {parity[tail]['bf16']:.4f}, float8 {parity[tail]['float8']:.4f} "
-            f"({100 * parity['relative_difference_last_steps']:+.2f}%)"
+            f"({100 * parity['relative_difference_last_steps']:+.2f}%; bf16 seed to seed "
+            f"{100 * parity['seed_spread_last_steps']:+.2f}%)"
         )
     for row in report["memory_at_world_size_8"]:
         if "oom_under_cap_gib" in row:

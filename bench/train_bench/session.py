@@ -134,6 +134,14 @@ def timed_steps(step: Callable[[], torch.Tensor], steps: int) -> tuple[float, li
     return statistics.median(times), losses
 
 
+def alloc_retries(device: torch.device) -> int | None:
+    """How often the caching allocator has freed its cache and called cudaMalloc again after one
+    failed (each a device-wide synchronisation, the GPU idle meanwhile); None off a GPU."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
 def unless_out_of_memory(run: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any] | None:
     """The run's summary, or None when it ran out of GPU memory.
 

@@ -56,7 +56,9 @@ class ShardLocalAdamW(torch.optim.AdamW):
             exp_avg_sqs: list[torch.Tensor] = []
             max_exp_avg_sqs: list[torch.Tensor] = []
             steps: list[torch.Tensor] = []
-            has_complex = self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)
+            has_complex = self._init_group(
+                group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+            )
             beta1, beta2 = group["betas"]
             adam(
                 _local(params),

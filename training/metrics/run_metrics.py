@@ -167,7 +167,9 @@ class RunMetrics:
             steps_per_s=1 / step_time if step_time else None,
             mfu=mfu(per_gpu, self.flops_per_token, self.peak) if per_gpu else None,
             mfu_causal=mfu(per_gpu, self.flops_per_token_causal, self.peak) if per_gpu else None,
-            mfu_done=mfu(per_gpu, flops_per_token(self.architecture, config.seq_len, attended=attended), self.peak)
+            mfu_done=mfu(
+                per_gpu, flops_per_token(self.architecture, config.seq_len, attended=attended), self.peak
+            )
             if per_gpu and attended is not None
             else None,
             attended_share=attended,

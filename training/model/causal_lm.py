@@ -114,9 +114,9 @@ def model_batch(rows: np.ndarray, device: torch.device) -> ModelBatch:
     labels = ids[:, 1:].masked_fill(skipped, IGNORE_INDEX)
     starts = (stored[:, :-1] & DOCUMENT_START) != 0
     position_ids = document_ids = None
-    rows, seq_len = starts.shape
+    row_count, seq_len = starts.shape
     # A token at position p of its document attends p + 1 keys; one document a row: S·(S+1)/2.
-    attended_pairs = rows * seq_len * (seq_len + 1) // 2
+    attended_pairs = row_count * seq_len * (seq_len + 1) // 2
     if starts[:, 1:].any():
         index = torch.arange(seq_len).expand_as(starts)
         last_start = torch.where(starts, index, 0).cummax(dim=1).values

@@ -112,9 +112,7 @@ def test_the_shard_local_step_is_torchs_adamw_bit_for_bit_with_no_dtensor_dispat
     config = parse_args(["--preset", "tiny", "--weight-decay", "0.1", "--lr", "0.01"])
     ours, reference = _sharded_pair()
     optimizer = build_optimizer(ours, config, torch.device("cpu"))
-    stock = torch.optim.AdamW(
-        parameter_groups(reference, config.weight_decay), lr=config.lr, foreach=True
-    )
+    stock = torch.optim.AdamW(parameter_groups(reference, config.weight_decay), lr=config.lr, foreach=True)
     generator = torch.Generator().manual_seed(0)
     for step in range(3):
         for a, b in zip(ours.parameters(), reference.parameters(), strict=True):

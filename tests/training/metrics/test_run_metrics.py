@@ -45,6 +45,8 @@ def test_the_summary_counts_mfu_done_over_the_pairs_the_documents_attend(one_ran
     share = attended_share([[64, 64]], 128)
     assert summary.attended_share == pytest.approx(share) == pytest.approx(pairs_per_row / 128**2)
     per_gpu = 8 * 128 / 0.5
-    assert summary.mfu_done == pytest.approx(mfu(per_gpu, flops_per_token(architecture, 128, attended=share), 989e12))
+    assert summary.mfu_done == pytest.approx(
+        mfu(per_gpu, flops_per_token(architecture, 128, attended=share), 989e12)
+    )
     assert summary.mfu == pytest.approx(mfu(per_gpu, flops_per_token(architecture, 128), 989e12))
     assert summary.mfu_done < summary.mfu_causal < summary.mfu
