@@ -84,14 +84,27 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
         "attention": "flex",
         "documents": DOCUMENTS_PER_ROW,
     },
-    # The 80 GiB GPU's levers (bench/reports/mfu_h100_202612.md) at its 6 rows: torch's AdamW on the
-    # DTensors (the job's optimizer before it stepped the local shards), and 2 or 4 micro-batches a
-    # step, reduced after each or deferred to the last (which keeps the whole model's fp32 gradients
-    # and gathered weights: fewer rows).
-    "tuned-compiled-isolated-flex-dtensor-adamw-4096x6": {
+    # The levers of bench/reports/mfu_h100_202612.md at an 80 GiB GPU's 6 rows and a 141 GiB one's 12
+    # (and the H200 record's accumulation): torch's AdamW on the DTensors (the job's optimizer before
+    # it stepped the local shards), and 2 or 4 micro-batches a step, reduced after each or deferred
+    # to the last (which keeps the whole model's fp32 gradients and gathered weights: fewer rows).
+    **{
+        f"tuned-compiled-isolated-flex-dtensor-adamw-4096x{batch}": {
+            "seq_len": 4096,
+            "batch_size": batch,
+            "compile": True,
+            "attention": "flex",
+            "documents": DOCUMENTS_PER_ROW,
+            "dtensor_adamw": True,
+        }
+        for batch in (6, 12)
+    },
+    "tuned-compiled-accum8-deferred-isolated-flex-dtensor-adamw-4096x10": {
         "seq_len": 4096,
-        "batch_size": 6,
+        "batch_size": 10,
         "compile": True,
+        "grad_accum_steps": 8,
+        "defer_grad_sync": True,
         "attention": "flex",
         "documents": DOCUMENTS_PER_ROW,
         "dtensor_adamw": True,
