@@ -11,16 +11,16 @@ python -c "import torch, triton, transformers; print(torch.__version__, triton._
 FLEX=tuned-compiled-isolated-flex
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "$MIB" -gt 100000 ]; then
-  OUTFILE=levers-h200.json ROWS=12
+  OUTFILE=levers-h200.json ROWS=12 STEPS=6
   NAIVE=naive-compiled-4096x4
   VARIANTS="tuned-compiled-4096x12 $FLEX-dtensor-adamw-4096x12 $FLEX-4096x12 tuned-compiled-accum8-deferred-isolated-flex-dtensor-adamw-4096x10 tuned-compiled-accum8-deferred-isolated-flex-4096x10"
 else
-  OUTFILE=shapes.json ROWS=6
+  OUTFILE=shapes.json ROWS=6 STEPS=8
   NAIVE=
   VARIANTS="$FLEX-4096x6 $FLEX-4096x5 $FLEX-4096x4 tuned-compiled-accum2-isolated-flex-4096x5 tuned-compiled-accum2-deferred-isolated-flex-4096x5 tuned-compiled-accum4-deferred-isolated-flex-4096x4"
 fi
-timeout 380 python -m bench.train_bench --out "$OUT/$OUTFILE" --steps 8 --skip-reference --memory-cases --naive $NAIVE \
+timeout 400 python -m bench.train_bench --out "$OUT/$OUTFILE" --steps $STEPS --skip-reference --memory-cases --naive $NAIVE \
   --variants $VARIANTS 2>&1 | grep -v "^step \|Warning\|TRAIN_STEP" | tail -8
-timeout 170 python -m bench.profile_step --out /tmp/profile --seq-len 4096 --batch-size $ROWS \
+timeout 150 python -m bench.profile_step --out /tmp/profile --seq-len 4096 --batch-size $ROWS \
   --loops tuned-compiled-isolated-flex --warmup 3 --steps 3 2>&1 | grep -v Warning | tail -40
 cp /tmp/profile/profile.json "$OUT/profile-4096x$ROWS.json"
