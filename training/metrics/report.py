@@ -7,7 +7,8 @@ without torch or ray installed, so everything here is plain Python.
 MFU follows the PaLM / torchtitan convention: model FLOPs per token are
 6·N + 12·L·H·S (N the parameters that take part in a matmul, L layers, H the
 attention width heads × head_dim, S the sequence length), and the attention
-term is NOT halved for causal masking; `mfu_causal` gives the halved figure.
+term is NOT halved for causal masking; `mfu_causal` gives the halved figure, and
+`mfu_done` counts it over the query-key pairs the rows' documents attend.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_steps_and_summary_carry_the_bytes_per_node_and_the_share_of_the_line(on
         {HOST: (3e9, 1.0), "node-b": None},
     ]
     records = [
-        run.step(step, 2.0, 1.0, 10, lr=1e-3, grad_norm=1.0, eval_loss=None, efa=sample)
+        run.step(step, 2.0, 1.0, 10, 10, lr=1e-3, grad_norm=1.0, eval_loss=None, efa=sample)
         for step, sample in enumerate(samples, start=1)
     ]
     assert records[0].efa_bytes_per_s == {HOST: 4e9, "node-b": None}
@@ -101,7 +101,7 @@ def test_steps_and_summary_carry_the_bytes_per_node_and_the_share_of_the_line(on
 
 def test_without_efa_the_fields_are_absent_not_zero(one_rank_group):
     run = metrics()
-    record = run.step(1, 2.0, 1.0, 10, lr=1e-3, grad_norm=1.0, eval_loss=None)
+    record = run.step(1, 2.0, 1.0, 10, 10, lr=1e-3, grad_norm=1.0, eval_loss=None)
     assert "efa_bytes_per_s" not in record.as_dict()
     assert "efa_bytes_per_s" not in format_step_line(record) and "EFA" not in format_progress_line(record)
     assert "efa_bytes_per_s" not in parse_step_line(format_step_line(record))
@@ -109,5 +109,5 @@ def test_without_efa_the_fields_are_absent_not_zero(one_rank_group):
     assert not {"efa_bytes_per_s", "efa_bytes_per_step", "efa_line_rate_fraction"} & summary.keys()
     with_efa = metrics()  # EFA, but no line rate: no share
     for step in (1, 2):
-        with_efa.step(step, 2.0, 1.0, 10, lr=1e-3, grad_norm=1.0, eval_loss=None, efa={HOST: (1.0, 1.0)})
+        with_efa.step(step, 2.0, 1.0, 10, 10, lr=1e-3, grad_norm=1.0, eval_loss=None, efa={HOST: (1.0, 1.0)})
     assert "efa_line_rate_fraction" not in with_efa.summary(1, resharded=False).as_dict()
