@@ -17,7 +17,7 @@ import glob, json, os, random
 random.seed(0)
 words = ["river", "bread", "light", "market", "wheel", "stone", "north", "cloud", "field", "copper"]
 with open("/tmp/docs.jsonl", "w") as handle:
-    for _ in range(4000):
+    for _ in range(7000):
         text = " ".join(random.choice(words) for _ in range(120))[:511].ljust(511, ".")
         handle.write(json.dumps({"text": text}) + "\n")
 # Real text for the float8 parity: the image's transformers modeling files, split at blank lines.
