@@ -119,7 +119,7 @@ TUNED_VARIANTS: dict[str, dict[str, Any]] = {
             "attention": "flex",
             "documents": DOCUMENTS_PER_ROW,
         }
-        for steps in (2, 4)
+        for steps in (2, 4, 8)
         for deferred, batch in ((False, 6), (False, 5), (True, 5), (True, 4))
     },
     "tuned-compiled-float8-4096x4": {"seq_len": 4096, "batch_size": 4, "compile": True, "float8": True},

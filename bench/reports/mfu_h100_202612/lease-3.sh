@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python -c "import torch, torchao; print(torch.__version__, torchao.__version__)"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "$MIB" -gt 100000 ]; then SHAPE="--batch-size 10 --grad-accum-steps 8 --defer-grad-sync" STEPS=8
-else SHAPE="--batch-size 6" STEPS=12; fi
+else SHAPE="--batch-size 4 --grad-accum-steps 4 --defer-grad-sync" STEPS=8; fi
 python - <<'PY'
 import glob, json, os, random
 random.seed(0)
