@@ -143,8 +143,9 @@ class MfuPoint:
 
 
 # All ran on one H200 on synthetic tokens (causal rows, SDPA); isolated documents with flex ran at
-# more tokens/s (bench/reports/flex-attention_h200_202612.md), so plans of a corpus run are on the
-# low side. Activation checkpointing changes the work per token, so a plan uses a point with its
+# more tokens/s (bench/reports/flex-attention_h200_202612.md; the record, 61.1% as counted here and
+# 50.5% on the attention done, is one H100's without checkpointing, bench/reports/mfu_h100_202612.md),
+# so plans of a corpus run are on the low side. Activation checkpointing changes the work per token, so a plan uses a point with its
 # own setting, the one nearest in tokens per micro-batch.
 MFU_POINTS = (
     # AWS's sample loop: bf16 weights, plain AdamW, seq 128 x 1; the record's own `mfu`.
