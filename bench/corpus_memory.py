@@ -7,7 +7,7 @@ documents arrive (`CorpusCache.build`, a local root). `worker` maps that entry (
 draws `--worker-batches` batches of 8 rows (`epoch_batches`), as a rank does. `ray-in-memory` and
 `ray-streamed` are the Ray driver end to end on a JSONL corpus of the byte tokenizer, Ray Data
 reading and tokenizing it on an embedded Ray of 2 CPUs: the old packing of Ray Data's batches, and
-`cached_corpus` (training/launch/ray_launcher.py), which streams them into the cache.
+`cached_corpus` (training/launch/ray_corpus.py), which streams them into the cache.
 
 Each (size, path) runs in a fresh process, which reports the peak resident memory the work added
 (ru_maxrss) and, polled every 10 ms, the peak of each kind: RssAnon (the heap, which the kernel
@@ -128,7 +128,7 @@ def run_ray_path(path: str, tokens: int, seq_len: int, folder: str) -> dict:
     """The Ray driver packing a JSONL corpus Ray Data reads and tokenizes; what it produced."""
     from training.config.run_config import parse_args
     from training.data.documents import batch_tokens
-    from training.launch.ray_launcher import cached_corpus, tokenized_documents
+    from training.launch.ray_corpus import cached_corpus, tokenized_documents
 
     corpus = Path(folder) / f"corpus-{tokens}.jsonl"
     cache = Path(folder) / f"cache-{tokens}-{path}"

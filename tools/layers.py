@@ -36,10 +36,14 @@ LAYERS: dict[str, list[set[str]]] = {
             "workloads.efa_counter_reader",
             "workloads.nccl_logs",
             "workloads.nccl_names",
-            "workloads.nccl_transport_args",
         },
         {"workloads.manifests", "workloads.nccl_transport"},
-        {"workloads.addons", "workloads.ray_cluster", "workloads.training_run.errors"},
+        {
+            "workloads.addons",
+            "workloads.nccl_transport_cli",
+            "workloads.ray_cluster",
+            "workloads.training_run.errors",
+        },
         {"workloads.training_run.access", "workloads.training_run.engine_host"},
         {
             "workloads.training_run.verdicts",

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.config.settings import non_negative_int, positive_float, positive_int
+from training.config.flag_types import non_negative_int, positive_float, positive_int
 from training.errors import RunFailedError, UsageError
 from training.metrics.cloudwatch_sink import publish_busbw
 

@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from infra.config.parsing import ConfigError, as_int, did_you_mean, key_names, one_of, validated
 from platform_contract import EXPECTABLE_TRANSPORTS
+from training.config.flag_types import parse_deadline
 from training.config.run_config import (
     CONFIG_DIR,
     CORPUS_SUFFIXES,
@@ -33,12 +34,7 @@ from training.config.run_config import (
     load_model_config,
     parse_flags,
 )
-from training.config.settings import (
-    DEADLINE_FLAG,
-    LEAVE_FAILING_NODE_FLAG,
-    RECOVERY_BUDGET_FLAG,
-    parse_deadline,
-)
+from training.config.settings import DEADLINE_FLAG, LEAVE_FAILING_NODE_FLAG, RECOVERY_BUDGET_FLAG
 from training.metrics.flops import flops_per_token, peak_flops
 
 # What `pulumi up` trains unless the stack's `training.preset` says otherwise: AWS's reference job.

@@ -42,7 +42,7 @@ def _comm(rank: int, nodes: int) -> str:
 
 def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "workloads.nccl_transport", *args],
+        [sys.executable, "-m", "workloads.nccl_transport_cli", *args],
         cwd=REPO_ROOT,
         input=stdin,
         capture_output=True,
@@ -738,4 +738,16 @@ def test_cli_exit_2_with_usage_on_bad_arguments(args):
     result = _cli(*args)
 
     assert result.returncode == 2
-    assert b"usage: python -m workloads.nccl_transport" in result.stderr
+    assert b"usage: python -m workloads.nccl_transport_cli" in result.stderr
+
+
+def test_running_the_verdict_module_itself_names_the_command_and_passes_nothing():
+    result = subprocess.run(
+        [sys.executable, "-m", "workloads.nccl_transport", "--expect", "efa", "x.log"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 2
+    assert b"python -m workloads.nccl_transport_cli" in result.stderr

@@ -1,32 +1,27 @@
 """Ray Train launcher: TorchTrainer on an embedded or existing Ray cluster.
 
-With `training.launch.local_drain` (the --local driver's SIGTERM) and
-`training.launch.attempt_store` (the run's attempts, recorded by Ray Train's controller), the only
-modules of the package that import ray. Workers run `train` from
+With `training.launch.local_drain` (the --local driver's SIGTERM),
+`training.launch.attempt_store` (the run's attempts, recorded by Ray Train's controller) and
+`training.launch.ray_corpus` (the corpus, read by Ray Data), the only modules of the package that
+import ray. Workers run `train` from
 training.loop through a `RaySession`; `run_on_workers` runs any function of a
-device on a worker group the same way (the fabric probe's). The corpus is read and tokenized by Ray
-Data in parallel and packed on the driver in corpus order (so rows do not depend
-on blocks or CPU count) as the documents stream in, into the corpus cache
-(training/data/corpus_cache.py) unless a run with the same inputs put it there already;
-each worker maps the cached rows and deals itself its share of each epoch like a
-torchrun rank.
+device on a worker group the same way (the fabric probe's). The driver puts the corpus in the
+corpus cache (`training.launch.ray_corpus`); each worker maps the cached rows and deals itself its
+share of each epoch like a torchrun rank.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
 import tempfile
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import ray
-import ray.data
 import ray.train
 import ray.train.torch
 import torch
@@ -55,10 +50,8 @@ from training.components.checkpoint import (
 from training.components.watchdog import HANG_NOTE_FILE
 from training.config.run_config import TrainConfig, check_hsdp_replicas
 from training.config.settings import WORKER_GROUP_START_TIMEOUT_ENV
-from training.data.batches import steps_per_epoch
-from training.data.corpus_cache import CachedCorpus, cached_corpus_rows, cached_rows, corpus_sources
-from training.data.documents import batch_tokens, parse_files_batch, tokenize_batch
-from training.data.packing import PackedCorpus, RowPacker
+from training.data.corpus_cache import CachedCorpus, cached_corpus_rows
+from training.data.packing import PackedCorpus
 from training.distributed.nodes import gather_nodes, this_node
 from training.errors import DivergedError, RestartRefusedError, RunFailedError, UsageError
 from training.launch import local_drain
@@ -72,6 +65,7 @@ from training.launch.attempt_store import (
     write_attempt_nodes,
 )
 from training.launch.launch_checks import WorkerGroupSettings, check_worker_group
+from training.launch.ray_corpus import cached_corpus
 from training.launch.ray_quiet import plain_prefixes_unless_terminal, quiet_driver_logs, quiet_report_logger
 from training.metrics.artifacts import write_run_files
 from training.session import Notice
@@ -269,72 +263,6 @@ def train_loop_per_worker(worker_config: dict[str, Any]) -> dict[str, Any] | Non
         # Judged alike on every rank from the stored attempts: raised, it would be retried again.
         return {REFUSED_KEY: str(error)}
     return session.outcome
-
-
-def tokenized_documents(paths: list[str], config: TrainConfig) -> ray.data.Dataset:
-    """Corpus files (local://, URIs, or local paths under --local) as a Ray Dataset of one token
-    array per document, in corpus order."""
-    _configure_ray_data()
-    files = ray.data.read_binary_files(paths, include_paths=True)
-    return files.map_batches(
-        functools.partial(parse_files_batch, text_column=config.text_column), batch_format="numpy"
-    ).map_batches(
-        functools.partial(tokenize_batch, tokenizer=config.tokenizer, attention=config.packing_attention),
-        batch_format="numpy",
-    )
-
-
-def pack_dataset(documents: ray.data.Dataset, packer: RowPacker) -> None:
-    """Feed a dataset of token arrays, in its order, to a packer: one streaming pass on the driver,
-    so rows cross block boundaries and only the last partial row is dropped. Ray Data's batch
-    generator is closed here, even when a batch holds a bad corpus file: its clean-up calls Ray,
-    and the error's traceback would keep it alive until after `ray.shutdown`."""
-    batches = cast(Generator[dict[str, np.ndarray]], iter(documents.iter_batches(batch_format="numpy")))
-    with contextlib.closing(batches):
-        for batch in batches:
-            for tokens in batch_tokens(batch):
-                packer.add(tokens)
-
-
-def _configure_ray_data() -> None:
-    """Set on the driver before any dataset is built."""
-    context = ray.data.DataContext.get_current()
-    # Documents reach the packer in corpus order, so the rows are the same on every
-    # run and every cluster, and a resumed run replays exactly the data it missed.
-    context.execution_options.preserve_order = True
-
-
-def cached_corpus(config: TrainConfig, workers: int, flag: str = "--data") -> CachedCorpus:
-    """The run's corpus (`flag`: --data or --eval-data) in the corpus cache, packed there now if no
-    run with the same inputs did; a usage error if the rows of --data cannot fill one step (those of
-    --eval-data need not: the evaluation fills its last batch, and a set of no rows is the loop's
-    error)."""
-    data = config.data if flag == "--data" else config.eval_data
-    assert data is not None
-    # On a cluster only the driver's node holds local files: Ray Data reads them there.
-    sources = corpus_sources(data, flag, on_driver_node=config.local)
-    entry, reused = cached_rows(
-        config,
-        sources,
-        lambda packer: pack_dataset(tokenized_documents([source.path for source in sources], config), packer),
-    )
-    done = "read from the corpus cache" if reused else "tokenized into the corpus cache"
-    print(
-        f"{flag} {data}: {entry.rows} rows of {entry.seq_len + 1} tokens {done} {entry.location}", flush=True
-    )
-    if flag != "--data":
-        return entry
-    try:
-        steps_per_epoch(
-            entry.rows,
-            world_size=workers,
-            batch_size=config.batch_size,
-            seq_len=config.seq_len,
-            grad_accum_steps=config.grad_accum_steps,
-        )
-    except ValueError as error:
-        raise UsageError(f"{flag} {data}: {error}") from error
-    return entry
 
 
 def _start_ray(config: WorkerGroupSettings, address: str | None) -> None:

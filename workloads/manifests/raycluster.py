@@ -199,20 +199,20 @@ def ray_cluster(spec: RayClusterSpec) -> dict:
     return manifest
 
 
-def _ray_cluster(spec: RayClusterSpec) -> dict:
+def _aws_env(spec: RayClusterSpec) -> list[dict]:
+    """The AWS variables of every Ray container, head and workers."""
     # The region given outright: nodes answer instance-metadata calls from the host only (hop limit 1),
     # so an AWS SDK in a pod (S3 checkpoints) must not have to ask the metadata service for it.
     aws_env = _env({"AWS_REGION": spec.region, "AWS_DEFAULT_REGION": spec.region})
     # The fabric probe's driver runs in the head pod, the job's rank 0 in a worker pod: both publish.
     if spec.metrics_cluster_name:
         aws_env += _env({CLUSTER_NAME_ENV: spec.metrics_cluster_name})
-    worker_resources = {
-        "cpu": str(spec.worker.cpu),
-        "memory": spec.worker.memory,
-        GPU_RESOURCE: str(spec.worker.gpus),
-        EFA_RESOURCE: str(spec.worker.efa_interfaces),
-    }
-    head = {
+    return aws_env
+
+
+def _head_group(spec: RayClusterSpec, aws_env: list[dict]) -> dict:
+    """The head pod: on a system node, without GPUs; it holds the code, the dashboard and the drivers."""
+    return {
         "serviceType": "ClusterIP",
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
         "template": {
@@ -254,7 +254,17 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
             },
         },
     }
-    workers = {
+
+
+def _worker_group(spec: RayClusterSpec, aws_env: list[dict]) -> dict:
+    """The GPU worker group: a fixed number of pods, each with its node's GPUs and EFA interfaces."""
+    worker_resources = {
+        "cpu": str(spec.worker.cpu),
+        "memory": spec.worker.memory,
+        GPU_RESOURCE: str(spec.worker.gpus),
+        EFA_RESOURCE: str(spec.worker.efa_interfaces),
+    }
+    return {
         "groupName": "gpu-workers",
         "replicas": spec.worker_replicas,
         "minReplicas": spec.worker_replicas,
@@ -302,6 +312,11 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
             }
         },
     }
+
+
+def _ray_cluster(spec: RayClusterSpec) -> dict:
+    """The RayCluster before its pod templates carry the spec's hash (`ray_cluster`)."""
+    aws_env = _aws_env(spec)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -315,8 +330,8 @@ def _ray_cluster(spec: RayClusterSpec) -> dict:
             "upgradeStrategy": {"type": "Recreate"},
             "authOptions": dict(RAY_AUTH_OPTIONS),
             "enableInTreeAutoscaling": False,
-            "headGroupSpec": head,
-            "workerGroupSpecs": [workers],
+            "headGroupSpec": _head_group(spec, aws_env),
+            "workerGroupSpecs": [_worker_group(spec, aws_env)],
         },
     }
 

@@ -1,8 +1,8 @@
 """Following a job to its end over the Ray head pod's Jobs API, and keeping it alive on the way.
 
-`JobFollowing.follow_job` polls the job until it ends, logging each step, bounded by
-`timeout_minutes` and Ctrl-C; `TrainingRunner` (`runner`) is one. Each poll it also tends the job,
-one pure judgement per decision with a thin act around it:
+`JobFollower.follow_job` polls the job until it ends, logging each step, bounded by
+`timeout_minutes` and Ctrl-C; `TrainingRunner` (`runner`) keeps one for the run. Each poll it also
+tends the job, one pure judgement per decision with a thin act around it:
 
 - **A driver lost with the head** (`lost_job_refusal`). Ray keeps a job, its driver and its history
   in the head pod. When the head pod is replaced (an exec into it answers 404) the Ready pod that
@@ -182,24 +182,24 @@ def workers_after(
 # --- following -------------------------------------------------------------------------------------------
 
 
-class JobFollowing:
+class JobFollower:
     """Follows a run's jobs; `in_flight` is the job started or adopted and not yet seen to end.
 
     What the run did to keep its jobs alive holds for the whole run (one `pulumi up`): the
     resubmissions it spent, the nodes it took out, the worker pods it deleted (by UID)."""
 
-    request: RunInputs
-    env: FollowEnvironment
-    in_flight: str | None
-
     def __init__(self, request: RunInputs, env: FollowEnvironment) -> None:
         self.request = request
         self.env = env
-        self.in_flight = None
+        self.in_flight: str | None = None
         self.resubmissions = 0
         self.nodes_taken_out: set[str] = set()
         self.deleted_pods: set[str] = set()  # every worker pod deleted, by UID
         self.force_deleted: set[str] = set()  # those deleted at once (`force_deletion_due`)
+
+    def started(self, submission_id: str) -> None:
+        """A job submitted or adopted that has not ended: in flight until `follow_job` sees it end."""
+        self.in_flight = submission_id
 
     def jobs_client(self, head: PodFacts) -> RayJobsClient:
         """The Ray Jobs client over exec in `head`."""

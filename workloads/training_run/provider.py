@@ -83,13 +83,15 @@ from workloads.training_run.access.ec2_instances import ec2_launch_times
 from workloads.training_run.access.eks_auth import aws_client_config, eks_api_client
 from workloads.training_run.access.node_group import EksNodeGroup
 from workloads.training_run.errors import (
-    JOB_KEEPS_RUNNING,
     ApiRefused,
     ApiUnauthorized,
     ApiUnreachable,
-    EndpointNameUnresolved,
     TrainingRunError,
-    aws_refusal,
+    explain_describe_cluster_failure,
+    explain_refused,
+    explain_unauthorized,
+    explain_unreachable,
+    unauthorized_cause,
 )
 from workloads.training_run.outputs import GATE as GATE
 from workloads.training_run.outputs import OUTPUTS as OUTPUTS
@@ -135,99 +137,6 @@ def diff_props(olds: Mapping[str, Any], news: Mapping[str, Any]) -> pulumi.dynam
 
 
 # --- the connection to the cluster ------------------------------------------------------------------
-
-# STS error codes of credentials that are no longer good (AWS STS API reference, common errors).
-EXPIRED_CREDENTIALS = frozenset({"ExpiredToken", "ExpiredTokenException", "RequestExpired"})
-INVALID_CREDENTIALS = frozenset({"InvalidClientTokenId", "UnrecognizedClientException"})
-
-
-def unauthorized_cause(sts_error: str | None, accepted_before: bool) -> str:
-    """Why EKS refused the token: "expired" or "invalid" credentials (STS refuses them too),
-    "revoked" (STS accepts them, the cluster accepted them earlier in this run: the access entry
-    went away), else "no-access-entry"."""
-    if sts_error in EXPIRED_CREDENTIALS:
-        return "expired"
-    if sts_error in INVALID_CREDENTIALS:
-        return "invalid"
-    return "revoked" if accepted_before else "no-access-entry"
-
-
-def _unauthorized(error: ApiUnauthorized, cluster: str, identity: str, cause: str) -> TrainingRunError:
-    refused = f"EKS cluster {cluster} refused the AWS identity {identity} ({error.status} on {error.what})"
-    if cause in ("expired", "invalid"):
-        state = "have expired" if cause == "expired" else "are not valid (STS does not know the key)"
-        return TrainingRunError(
-            f"{refused}: its AWS credentials {state}, STS refuses them too, so this is not an access-entry "
-            "problem. Renew them (`aws sso login`, new session keys, or aws:profile/aws:assumeRole, which "
-            f"refresh themselves) and run `pulumi up` again. {JOB_KEEPS_RUNNING}"
-        )
-    if cause == "revoked":
-        return TrainingRunError(
-            f"{refused} after accepting it earlier in this run: its EKS access entry or access policy was "
-            f"removed meanwhile (`aws eks list-access-entries --cluster-name {cluster}`). {JOB_KEEPS_RUNNING}"
-        )
-    return TrainingRunError(
-        f"{refused}: that "
-        f"identity needs an EKS access entry on the cluster (`aws eks create-access-entry --cluster-name {cluster} "
-        "--principal-arn <IAM role or user ARN>`, then `aws eks associate-access-policy` with "
-        "AmazonEKSClusterAdminPolicy), or run `pulumi up` as the identity that created the cluster "
-        "(aws:profile, aws:assumeRole)"
-    )
-
-
-def _unreachable(error: ApiUnreachable, cluster: str) -> TrainingRunError:
-    if isinstance(error, EndpointNameUnresolved):
-        return TrainingRunError(
-            f"the name of the Kubernetes API endpoint of EKS cluster {cluster} ({error.endpoint}) does not resolve "
-            f"({error.what}; {error.detail}): this machine's DNS or network is failing (a VPN, a proxy, no "
-            f"connection), not the cluster's access settings; fix it and run `pulumi up` again. {JOB_KEEPS_RUNNING}"
-        )
-    return TrainingRunError(
-        f"the Kubernetes API of EKS cluster {cluster} at {error.endpoint} did not answer {error.what} "
-        f"({error.detail}). If this machine's public address is not in the stack's endpointPublicAccessCidrs, "
-        "the endpoint silently drops its packets: add it as a /32 (`curl -s https://checkip.amazonaws.com`) to "
-        "eks-ray-train:endpointPublicAccessCidrs and run `pulumi up` again; with endpointPublicAccess false, "
-        "this machine must be inside the cluster's VPC or a network connected to it, admitted on 443 by the "
-        "cluster security group"
-    )
-
-
-def _refused(error: ApiRefused, cluster: str) -> TrainingRunError:
-    if error.status == 429:
-        cause = (
-            "its API priority and fairness is shedding load (429 Too Many Requests, after waiting as "
-            "Retry-After asked): the control plane is overloaded; wait a few minutes, look for a client "
-            "flooding it, then run `pulumi up` again"
-        )
-    elif error.status >= 500:
-        cause = (
-            f"a server-side failure ({error.status}) of the control plane or the kubelet behind it, not this "
-            "stack's settings; if it lasts, look at the node's health (`kubectl get nodes`) and run `pulumi up` again"
-        )
-    else:
-        cause = f"the request was refused ({error.status}); run `pulumi up` again once the pod is running"
-    return TrainingRunError(
-        f"the Kubernetes API of EKS cluster {cluster} kept answering {error.status} to {error.what} "
-        f"({error.detail}): {cause}. {JOB_KEEPS_RUNNING}"
-    )
-
-
-def _aws_failure(
-    error: botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError,
-    inputs: RunInputs,
-    aws: AwsCredentialSettings,
-) -> TrainingRunError:
-    if isinstance(error, botocore.exceptions.ClientError):
-        code = error.response.get("Error", {}).get("Code", "")
-        if code == "ResourceNotFoundException":
-            return TrainingRunError(f"EKS cluster {inputs.cluster_name} does not exist in {inputs.region}")
-        return TrainingRunError(
-            f"AWS refused DescribeCluster of EKS cluster {inputs.cluster_name} in {inputs.region} for "
-            f"{aws.describe()}: {aws_refusal(error)}"
-        )
-    return TrainingRunError(
-        f"the EKS API in {inputs.region} did not answer DescribeCluster of {inputs.cluster_name} as {aws.describe()}: {error}"
-    )
 
 
 @contextlib.contextmanager
@@ -277,13 +186,15 @@ def connect_to_eks(
     except ApiUnauthorized as error:
         arn, sts_error = caller_identity(session, inputs.region, aws_client_config(timings.api))
         cause = unauthorized_cause(sts_error, cluster is not None and cluster.accepted)
-        raise _unauthorized(error, inputs.cluster_name, arn or aws.describe(), cause) from error
+        raise explain_unauthorized(error, inputs.cluster_name, arn or aws.describe(), cause) from error
     except ApiUnreachable as error:
-        raise _unreachable(error, inputs.cluster_name) from error
+        raise explain_unreachable(error, inputs.cluster_name) from error
     except ApiRefused as error:
-        raise _refused(error, inputs.cluster_name) from error
+        raise explain_refused(error, inputs.cluster_name) from error
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-        raise _aws_failure(error, inputs, aws) from error
+        raise explain_describe_cluster_failure(
+            error, inputs.cluster_name, inputs.region, aws.describe()
+        ) from error
 
 
 Connect = Callable[

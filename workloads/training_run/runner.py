@@ -54,7 +54,7 @@ from workloads.training_run.errors import (
     PodGone,
     TrainingRunError,
 )
-from workloads.training_run.job_following import JobFollowing
+from workloads.training_run.job_following import JobFollower
 from workloads.training_run.node_hours import GpuNodeLaunches
 from workloads.training_run.readiness import Pace, RayPods
 from workloads.training_run.schema import RELEASE, RunInputs, RunTimings
@@ -111,16 +111,17 @@ class RunEnvironment:
         return Pace(self.poll_interval_s, self.clock, self.sleep)
 
 
-class TrainingRunner(JobFollowing):
-    """One run of the resource: checks, job(s), verdict(s), outputs."""
-
-    env: RunEnvironment
+class TrainingRunner:
+    """One run of the resource: checks, job(s), verdict(s), outputs; its `follower` follows each job
+    to its end and knows which one is in flight."""
 
     # Failures after which this run cannot tell whether a job still runs on the GPU nodes.
     UNSURE = (Interrupted, ApiUnreachable, ApiUnauthorized, ApiRefused)
 
     def __init__(self, request: RunInputs, env: RunEnvironment) -> None:
-        super().__init__(request, env)  # what following the jobs keeps for the run (`JobFollowing`)
+        self.request = request
+        self.env = env
+        self.follower = JobFollower(request, env)
         self.released_at: str | None = None  # when EKS accepted the GPU group's scale-down to 0
         # Every GPU node the run saw, by providerID (`see_gpu_nodes`): the instances its hours count.
         self.gpu_nodes: dict[str, NodeFacts] = {}
@@ -146,7 +147,7 @@ class TrainingRunner(JobFollowing):
                 f"training run: probe {choice.submission_id} ({choice.adopted.status}), started by an earlier run, "
                 "is waited for; then a fresh probe runs"
             )
-            self.follow_job(pods, jobs, choice.submission_id)
+            self.follower.follow_job(pods, jobs, choice.submission_id)
             choice = choose_submission(jobs.list(base), base, pods.identity(), rejudge=False)
         if choice.note:
             self.env.log(f"training run: {choice.note}")
@@ -155,7 +156,7 @@ class TrainingRunner(JobFollowing):
                 f"training run: following job {choice.submission_id} ({choice.adopted.status}), started by an earlier run"
             )
             if not choice.adopted.status.is_terminal:
-                self.in_flight = choice.submission_id
+                self.follower.started(choice.submission_id)
             return choice
         self.submit_job(pods, jobs, choice.submission_id, args, env_vars, module)
         self.env.log(
@@ -178,7 +179,7 @@ class TrainingRunner(JobFollowing):
         Returns that run name (None: a job without one, the fabric probe)."""
         # Recorded before the job exists: a submit that is cut off leaves no job without its record.
         jobs.write_record(submission_id, {"efa_before": self.read_counters(pods)})
-        self.in_flight = submission_id
+        self.follower.started(submission_id)
         jobs.submit(submission_id, self.env.code_dir, args, env_vars, pods.identity(), module)
         command = submit_command(
             self.env.dashboard_address, submission_id, self.env.code_dir, args, env_vars, "", module=module
@@ -230,7 +231,7 @@ class TrainingRunner(JobFollowing):
         """Run a job (the training job or the probe) to its end and judge it: NCCL's transport from
         its lines, covering the job's ranks and worker pods, and the EFA counters around it. Its
         `summary` is left empty for the caller to read from the log."""
-        jobs = self.jobs_client(pods.head)
+        jobs = self.follower.jobs_client(pods.head)
         choice = self.start_job(pods, jobs, variant, env_vars, module, args, fresh)
         submission_id = choice.submission_id
         job_args = self.request.job_args if args is None else args
@@ -238,8 +239,8 @@ class TrainingRunner(JobFollowing):
         def resubmit(on: RayJobsClient) -> str | None:  # a job lost with its head, on the new head
             return self.submit_job(pods, on, submission_id, job_args, env_vars, module)
 
-        job, log = self.follow_job(pods, jobs, submission_id, resubmit)
-        jobs = self.jobs_client(pods.head)  # the head may have been replaced meanwhile
+        job, log = self.follower.follow_job(pods, jobs, submission_id, resubmit)
+        jobs = self.follower.jobs_client(pods.head)  # the head may have been replaced meanwhile
         self.see_gpu_nodes(self.env.cluster.list_nodes(readiness.GPU_NODE_LABEL_SELECTOR))
         if job.status != JobStatus.SUCCEEDED:
             raise TrainingRunError(
@@ -396,7 +397,7 @@ class TrainingRunner(JobFollowing):
         nothing else used EFA since, unless something outside this stack did."""
         request = self.request
         base = submission_id_base(request.job_identity(), variant, env_vars)
-        jobs = self.jobs_client(pods.head)
+        jobs = self.follower.jobs_client(pods.head)
         earlier = choose_submission(jobs.list(base), base, pods.identity()).adopted
         fresh = earlier is None or earlier.status.is_terminal
         if earlier is not None and not fresh:
@@ -428,13 +429,14 @@ class TrainingRunner(JobFollowing):
         try:
             result = self.gated_jobs(sizer)
         except TrainingRunError as error:
-            if self.in_flight is None and not isinstance(error, self.UNSURE):
+            in_flight = self.follower.in_flight
+            if in_flight is None and not isinstance(error, self.UNSURE):
                 try:  # every job ended: the failure is the verdict, and the nodes idle
                     self.released_at = self.release(sizer)
                 except TrainingRunError as failed:
                     self.env.log(f"training run: the GPU nodes were not scaled to 0: {failed}")
             else:
-                running = f"job {self.in_flight} still runs" if self.in_flight else "a job may still run"
+                running = f"job {in_flight} still runs" if in_flight else "a job may still run"
                 self.env.log(
                     f"training run: the GPU nodes keep running (gpuNodesAfterTraining: release): {running} on them; "
                     "the next `pulumi up` that sees it end scales them to 0"

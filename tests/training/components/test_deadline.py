@@ -18,8 +18,8 @@ from training.config.deadline_margin import (
     ESTIMATED_WRITE_BYTES_PER_S,
     WIND_DOWN_S,
 )
+from training.config.flag_types import parse_deadline
 from training.config.run_config import ArgumentsError, parse_flags
-from training.config.settings import parse_deadline
 from training.errors import UsageError
 from training.metrics.report import format_duration, format_progress_line
 from training.metrics.run_metrics import loss_and_grad_norm

@@ -313,7 +313,7 @@ def joined_ray(ray_head):
 
 def ray_rows(data: Path, *, blocks: int | None = None) -> np.ndarray:
     """The rows the Ray driver streams into the corpus cache, here into memory."""
-    from training.launch.ray_launcher import pack_dataset, tokenized_documents
+    from training.launch.ray_corpus import pack_dataset, tokenized_documents
 
     config = dataclasses.replace(parse_args(["--data", str(data), "--seq-len", str(SEQ_LEN)]), local=True)
     documents = tokenized_documents(corpus_files(config.data), config)

@@ -4,6 +4,7 @@ failures the provider explains further keep what it explains them by."""
 from __future__ import annotations
 
 import botocore.exceptions
+import pytest
 
 from workloads.training_run import errors
 
@@ -48,3 +49,18 @@ def test_every_failure_is_a_training_run_error():
     ]
     assert failures and all(issubclass(failure, errors.TrainingRunError) for failure in failures)
     assert issubclass(errors.EndpointNameUnresolved, errors.ApiUnreachable)
+
+
+@pytest.mark.parametrize(
+    ("sts_error", "accepted_before", "cause"),
+    [
+        ("ExpiredToken", True, "expired"),
+        ("ExpiredToken", False, "expired"),
+        ("InvalidClientTokenId", False, "invalid"),
+        (None, True, "revoked"),
+        (None, False, "no-access-entry"),
+        ("Throttling", False, "no-access-entry"),
+    ],
+)
+def test_a_401_is_explained_by_what_sts_says_of_the_credentials(sts_error, accepted_before, cause):
+    assert errors.unauthorized_cause(sts_error, accepted_before) == cause

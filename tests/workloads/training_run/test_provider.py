@@ -335,18 +335,3 @@ def test_an_unusable_aws_profile_fails_with_one_line_naming_it(monkeypatch, tmp_
         "the stack's AWS settings (profile nope-profile (aws:profile)) give no usable credentials: "
         "The config profile (nope-profile) could not be found"
     )
-
-
-@pytest.mark.parametrize(
-    ("sts_error", "accepted_before", "cause"),
-    [
-        ("ExpiredToken", True, "expired"),
-        ("ExpiredToken", False, "expired"),
-        ("InvalidClientTokenId", False, "invalid"),
-        (None, True, "revoked"),
-        (None, False, "no-access-entry"),
-        ("Throttling", False, "no-access-entry"),
-    ],
-)
-def test_a_401_is_explained_by_what_sts_says_of_the_credentials(sts_error, accepted_before, cause):
-    assert provider.unauthorized_cause(sts_error, accepted_before) == cause

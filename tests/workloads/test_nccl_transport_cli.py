@@ -1,11 +1,15 @@
-"""The command line's arguments of `python -m workloads.nccl_transport`."""
+"""The command line of the transport verdict: its arguments (its runs are in test_nccl_transport.py)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
 from platform_contract import EXPECTABLE_TRANSPORTS
-from workloads.nccl_transport_args import argument_parser
+from tests.harness.paths import REPO_ROOT
+from workloads.nccl_transport_cli import argument_parser
 
 
 def test_the_defaults_judge_one_rank_on_one_host_with_no_expectation():
@@ -30,4 +34,15 @@ def test_a_count_that_is_not_a_whole_number_of_at_least_one_is_refused(count, ca
 def test_no_log_file_is_refused(capsys):
     with pytest.raises(SystemExit):
         argument_parser().parse_args([])
-    assert "usage: python -m workloads.nccl_transport" in capsys.readouterr().err
+    assert "usage: python -m workloads.nccl_transport_cli" in capsys.readouterr().err
+
+
+def test_the_command_line_needs_only_the_standard_library():
+    """As the verdict's module: -S hides every site-packages."""
+    probe = "import sys; sys.path.insert(0, '.'); import workloads.nccl_transport_cli"
+
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", probe], cwd=REPO_ROOT, capture_output=True, timeout=60
+    )
+
+    assert result.returncode == 0, result.stderr
