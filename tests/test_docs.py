@@ -203,7 +203,24 @@ def test_the_history_check_catches_narration_and_spares_code(tmp_path):
 
 
 def test_readme_stays_short():
-    assert (ROOT / "README.md").stat().st_size < README_MAX_BYTES
+    """A front door of at most 12 KB: detail lives on the docs pages it links to."""
+    assert (ROOT / "README.md").stat().st_size <= README_MAX_BYTES
+
+
+# The keys a first deploy touches, which the README names with their defaults.
+FIRST_DEPLOY_KEYS = "The keys a first deploy touches"
+
+
+def test_readme_names_the_keys_a_first_deploy_touches():
+    """Its table of first-deploy keys, `gpuNodeCount` among them, gives each key's default as the
+    generated key table does (the README may add where the default is set)."""
+    readme = ROOT / "README.md"
+    opening = next(line for line in readme.read_text().splitlines() if line.startswith(FIRST_DEPLOY_KEYS))
+    rows = table(readme, opening)
+    defaults = {code(row[0]): row[1] for row in table(CONFIGURATION, "## Stack keys")}
+    shown = {code(row[0]): row[1] for row in rows}
+    assert "gpuNodeCount" in shown
+    assert [key for key, default in shown.items() if not default.startswith(defaults.get(key) or "?")] == []
 
 
 # The pages whose repository paths must exist: the README, docs/ and the policy pack's README.
