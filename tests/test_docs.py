@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -517,15 +518,62 @@ def test_troubleshooting_lists_the_refusals_in_the_order_of_the_checks():
     assert all(code(row[0]) and row[2] and row[3] and "](" in row[4] for row in rows)
 
 
+# Where a key of the page may start besides a string literal's start: after the opening shared by
+# every refusal of the fabric gate, as the page says.
+DOCUMENTED_PREFIXES = ["failed, so the training job was not submitted: "]
+
+
+def string_literals(source: str) -> list[str]:
+    """The module's string literals, implicitly joined parts as one, an f-string's fields as `{}`."""
+    texts = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            texts.append(
+                "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
+            )
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            texts.append(node.value)
+    return texts
+
+
+def opens_a_message(first_words: str, literals: list[str]) -> bool:
+    """The key starts a string literal, or follows a documented prefix within one: words found only
+    inside a message are not what a reader sees first."""
+    pattern = first_words_pattern(first_words)
+    after_prefix = [
+        re.compile(re.escape(prefix) + pattern.pattern, re.DOTALL) for prefix in DOCUMENTED_PREFIXES
+    ]
+    return any(pattern.match(text) or any(p.search(text) for p in after_prefix) for text in literals)
+
+
 def test_each_refusal_of_troubleshooting_is_still_in_the_code():
-    """Each entry's first words occur in the code that prints them: a reworded message moves its entry."""
-    sources = [path.read_text() for path in PRODUCT]
-    stale = []
-    for row in table(TROUBLESHOOTING, "## The refusals, by first words"):
-        pattern = first_words_pattern(code(row[0]) or "")
-        if not any(pattern.search(source) for source in sources):
-            stale.append(row[0])
+    """Each entry's first words open a message of the code that prints it (a reworded message moves
+    its entry), and the page names the gate's shared opening that its gate rows follow."""
+    literals = [text for path in PRODUCT for text in string_literals(path.read_text())]
+    stale = [
+        row[0]
+        for row in table(TROUBLESHOOTING, "## The refusals, by first words")
+        if not opens_a_message(code(row[0]) or "", literals)
+    ]
     assert stale == []
+    page = " ".join(TROUBLESHOOTING.read_text().split())
+    assert all(f"`{prefix.strip()}`" in page for prefix in DOCUMENTED_PREFIXES)
+    assert all(any(prefix in text for text in literals) for prefix in DOCUMENTED_PREFIXES)
+
+
+def test_the_first_words_check_catches_words_from_the_middle_of_a_message():
+    """A planted key taken from inside a message fails; one after the gate's opening passes."""
+    source = (
+        'what = "NCCL\'s log says EFA, but the EFA counters of the worker nodes did not move"\n'
+        'error = f"the fabric gate (probe job {job}) failed, so the training job was not submitted: "\n'
+        'inline = f"the fabric gate ({job}) failed, so the training job was not submitted: the link is slow"\n'
+    )
+    literals = string_literals(source)
+    assert opens_a_message("NCCL's log says EFA, but the EFA counters", literals)
+    assert opens_a_message("the fabric gate (probe job ...) failed", literals)
+    assert opens_a_message("the link is slow", literals)
+    assert not opens_a_message("the EFA counters of the worker nodes did not move", literals)
+    assert not opens_a_message("so the training job was not submitted", literals)
 
 
 def test_the_first_words_check_catches_a_reworded_message():
