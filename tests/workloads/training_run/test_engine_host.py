@@ -2,7 +2,7 @@
 
 `tests.harness.provider_host` starts `python -m pulumi.dynamic` from the installed `pulumi` package in the
 project root and speaks the engine's gRPC protocol to it, with the serialized provider from a mocks
-run of `__main__.py`. Behind it, the fakes of `tests/harness/` (docs/testing.md, "The test fakes") serve EKS, STS, the Kubernetes API (TLS,
+run of `__main__.py`. Behind it, the fakes of `tests/harness/` (docs/test-fakes.md) serve EKS, STS, the Kubernetes API (TLS,
 exec over websockets) and the head pod's Ray dashboard on 127.0.0.1. Time limits are shortened
 through the provider's `EKS_RAY_TRAIN_*` environment variables, so a fault fails in seconds.
 """
