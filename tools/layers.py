@@ -81,8 +81,7 @@ OUTSIDE: dict[str, dict[str, str]] = {
         "platform_contract": "the names and rules infra and workloads agree on",
         "infra": "sizes, settings, the AWS identity",
         "training.metrics.report": "the job's log lines",
-        "training.metrics.efa_sysfs": "the EFA counters in sysfs and the node's counter reader, which the job "
-        "reads at every step and the TrainingRun by exec around it",
+        "training.metrics.efa_sysfs": "the EFA counters in sysfs and the node's counter reader",
         "training.metrics.cloudwatch_metrics": "the variable that names the cluster for the job's metrics",
         "training.config.settings": "the job's GPU switches and its --deadline, read in its arguments, and the variable naming a worker's node",
         "training.config.drain_budget": "the drain's arithmetic: Ray's stop margin and a worker's default grace",

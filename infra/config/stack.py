@@ -127,7 +127,7 @@ class StackKeys(BaseModel):
     )
     image: Annotated[str, BeforeValidator(parse_image)] = Field(
         default=DEFAULT_IMAGE,
-        description=f"image of the Ray head and workers (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl): a tag other than latest, or a digest (`<repository>[:<tag>]@sha256:<digest>`). A tag can move, so a node replaced later could run other bits than the head: every stack but a dev one (`dev`, `dev-*`, `*-dev`) runs it by its digest, which the preview reads from the registry at the first deploy (through the registry's own API: anonymously, or for an ECR registry with the stack's AWS identity) and names in one line; later `pulumi up`s keep that digest until `image` or `repinImages` changes, as they keep the three charts' images ([operations](operations/preview-checks.md#the-images)). A digest given runs as it is; a dev stack runs the tag, and the preview warns",
+        description=f"image of the Ray head and workers (AWS's Ray Train container: Ray {DEFAULT_RAY_VERSION}, PyTorch 2.13.0, NCCL with aws-ofi-nccl): a tag other than latest, or a digest (`<repository>[:<tag>]@sha256:<digest>`). Every stack but a dev one (`dev`, `dev-*`, `*-dev`) runs it by the digest the preview reads from its registry at the first deploy, kept until `image` or `repinImages` changes ([operations](operations/preview-checks.md#the-images)). A digest given runs as it is; a dev stack runs the tag, and the preview warns",
     )
     repin_images: Annotated[str | None, BeforeValidator(matching(REPIN_SHAPE, "2026-12-06"))] = Field(
         default=None,
@@ -150,7 +150,7 @@ class StackKeys(BaseModel):
     )
     endpoint_public_access: Annotated[bool, BeforeValidator(as_bool)] = Field(
         default=True,
-        description="public Kubernetes API endpoint, limited to `endpointPublicAccessCidrs` (the private one is always on). Every `pulumi up` installs the Helm releases, the RayCluster and the training run through the API from the machine it runs on, which a private endpoint admits only from inside the stack's VPC or a network connected to it. So `false` is taken only for a cluster that already runs and whose private endpoint this machine reaches: its name resolves to an address in the VPC that accepts a connection on 443 (the cluster security group must admit it); the preview refuses it otherwise, and on a stack not yet deployed ([operations](operations/changing-a-live-stack.md#a-private-api-endpoint))",
+        description="public Kubernetes API endpoint, limited to `endpointPublicAccessCidrs` (the private one is always on). Every `pulumi up` reaches the cluster through the API from the machine it runs on, so `false` is taken only for a cluster that already runs and whose private endpoint this machine reaches on 443; the preview refuses it otherwise, and on a stack not yet deployed ([operations](operations/changing-a-live-stack.md#a-private-api-endpoint))",
     )
     endpoint_public_access_cidrs: Annotated[tuple[str, ...], BeforeValidator(parse_cidr_list)] = Field(
         default=(),

@@ -114,7 +114,7 @@ def pod(
     node_type: str,
     ready: bool = True,
     phase: str = "Running",
-    node_name: str | None = "node-a",
+    node: str | None = "node-a",
     uid: str | None = None,
     deleted_at: str | None = None,
 ) -> dict:
@@ -132,7 +132,7 @@ def pod(
             "labels": {"ray.io/cluster": "ray-train", "ray.io/node-type": node_type},
             **deleting,
         },
-        "spec": {"containers": [{"name": container, "image": "ray"}], "nodeName": node_name},
+        "spec": {"containers": [{"name": container, "image": "ray"}], "nodeName": node},
         "status": {
             "phase": phase,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -150,8 +150,8 @@ def pod(
     }
 
 
-def reader_pod(name: str, node_name: str) -> dict:
-    """An EFA counter reader pod of the DaemonSet, on `node_name` (`workloads.efa_counter_reader`).
+def reader_pod(name: str, node: str) -> dict:
+    """An EFA counter reader pod of the DaemonSet, on `node` (`workloads.efa_counter_reader`).
     Its status is the kubelet's view of the node's `FakeReaderNode`, filled in whenever the pod is
     listed (`FakeKubeApi.readers`)."""
     labels = {**PART_OF_LABELS, **READER_LABELS}
@@ -166,7 +166,7 @@ def reader_pod(name: str, node_name: str) -> dict:
         },
         "spec": {
             "containers": [{"name": READER_CONTAINER, "image": "ray"}],
-            "nodeName": node_name,
+            "nodeName": node,
             "hostNetwork": True,
         },
         "status": {"phase": "Pending"},
@@ -538,17 +538,17 @@ class FakeKubeApi:
             self.set_worker(worker, node_object["metadata"]["name"])
         self.joining = [entry for entry in self.joining if entry[0] > 0]
 
-    def set_worker(self, name: str, node_name: str | None) -> None:
-        """KubeRay's worker pod `name` created anew: Running and Ready on `node_name`, or Pending
+    def set_worker(self, name: str, node: str | None) -> None:
+        """KubeRay's worker pod `name` created anew: Running and Ready on `node`, or Pending
         without a node (the scheduler finds no GPU node); a new pod object gets a new UID."""
         index = next(i for i, p in enumerate(self.pods) if p["metadata"]["name"] == name)
         old = self.pods[index]
         fresh = pod(
             name,
             "worker",
-            ready=node_name is not None,
-            phase="Running" if node_name else "Pending",
-            node_name=node_name,
+            ready=node is not None,
+            phase="Running" if node else "Pending",
+            node=node,
             uid=str(uuid.uuid4()),
         )
         fresh["metadata"]["annotations"] = dict(old["metadata"].get("annotations") or {})

@@ -28,7 +28,9 @@ END = "2026-12-05T07:00:00Z"
 T_END = deadline_epoch(END)
 
 
-class FakeClock:
+class SettableClock:
+    """Time since the epoch that moves only when the test sets `now`."""
+
     def __init__(self, now: float) -> None:
         self.now = now
 
@@ -78,7 +80,7 @@ def test_a_deadline_past_or_too_near_to_checkpoint_is_refused_naming_the_flag():
 
 
 def test_a_rank_votes_to_stop_when_the_next_step_and_checkpoint_would_not_fit():
-    clock = FakeClock(T_END - 100)
+    clock = SettableClock(T_END - 100)
     deadline = Deadline(END, parameters=0, evaluates=False, clock=clock)
     deadline.record(iteration_s=12.0, eval_s=None, checkpoint_s=10.0)  # a 2 s step + its 10 s checkpoint
     assert deadline.slowest_step_s == 2.0 and deadline.checkpoint_s == 10.0 and deadline.checkpoint_measured
@@ -92,7 +94,7 @@ def test_a_rank_votes_to_stop_when_the_next_step_and_checkpoint_would_not_fit():
 
 
 def test_the_step_now_running_counts_when_it_is_the_slowest():
-    clock = FakeClock(T_END - 200 - WIND_DOWN_S)
+    clock = SettableClock(T_END - 200 - WIND_DOWN_S)
     deadline = Deadline(END, parameters=0, evaluates=False, clock=clock)
     deadline.start_step()
     # The first step, unmeasured, has run e s: 2e kept back (and the wind-down), so it stops once 3e > 200.
@@ -103,7 +105,7 @@ def test_the_step_now_running_counts_when_it_is_the_slowest():
 
 
 def test_an_evaluating_run_keeps_back_its_evaluation_and_a_step_for_it_before_one_is_timed():
-    clock = FakeClock(T_END - 100)
+    clock = SettableClock(T_END - 100)
     deadline = Deadline(END, parameters=0, evaluates=True, clock=clock)
     deadline.record(iteration_s=5.0, eval_s=None, checkpoint_s=None)
     deadline.start_step()
@@ -113,7 +115,7 @@ def test_an_evaluating_run_keeps_back_its_evaluation_and_a_step_for_it_before_on
 
 
 def test_an_export_is_estimated_from_the_parameters_in_its_dtype():
-    clock = FakeClock(T_END - 1000)
+    clock = SettableClock(T_END - 1000)
     plain = Deadline(END, parameters=10**9, evaluates=False, clock=clock)
     exporting = Deadline(END, parameters=10**9, evaluates=False, export_dtype="bf16", clock=clock)
     assert exporting.margin_s() - plain.margin_s() == pytest.approx(2e9 / ESTIMATED_WRITE_BYTES_PER_S)
@@ -122,7 +124,7 @@ def test_an_export_is_estimated_from_the_parameters_in_its_dtype():
 def _ranks(rank: int, init_file: str, out: str) -> None:
     """Rank 0's clock is far from the deadline, rank 1's past its margin: both must stop."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    clock = FakeClock(T_END - (1000.0 if rank == 0 else 5.0 + WIND_DOWN_S))
+    clock = SettableClock(T_END - (1000.0 if rank == 0 else 5.0 + WIND_DOWN_S))
     deadline = Deadline(END, parameters=0, evaluates=False, clock=clock)
     deadline.record(iteration_s=11.0, eval_s=None, checkpoint_s=10.0)
     deadline.start_step()

@@ -71,7 +71,7 @@ def test_synthetic_micro_batches_are_distinct_and_keyed_by_step_and_micro_batch(
         np.testing.assert_array_equal(next(without), step[0])
 
 
-class _CorpusSession:
+class _RankOnly:
     """The part of a launcher's session `_batches` reads: rank and world size."""
 
     rank = 0
@@ -89,10 +89,10 @@ def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(dat
     config = parse_args(argv + (["--data", SYNTHETIC] if data == SYNTHETIC else []))
     files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
     rows = None if data == SYNTHETIC else corpus_rows(files, tokenizer="bytes", seq_len=32)
-    uninterrupted = _batches(config, _CorpusSession(), 257, 0, rows, (0, 0))
+    uninterrupted = _batches(config, _RankOnly(), 257, 0, rows, (0, 0))
     per_step = [[next(uninterrupted) for _ in range(2)] for _ in range(6)]
     position = (0, 0) if rows is None else position_after((0, 0), 3, rows=len(rows), global_batch=6)
-    resumed = _batches(config, _CorpusSession(), 257, 3, rows, position)
+    resumed = _batches(config, _RankOnly(), 257, 3, rows, position)
     for step in per_step[3:]:
         for expected in step:
             np.testing.assert_array_equal(next(resumed), expected)

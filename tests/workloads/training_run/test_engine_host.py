@@ -2,7 +2,7 @@
 
 `tests.harness.provider_host` starts `python -m pulumi.dynamic` from the installed `pulumi` package in the
 project root and speaks the engine's gRPC protocol to it, with the serialized provider from a mocks
-run of `__main__.py`. Behind it, the fakes of `tests/harness/` (docs/testing.md, "The test fakes") serve EKS, STS, the Kubernetes API (TLS,
+run of `__main__.py`. Behind it, the fakes of `tests/harness/` (docs/test-fakes.md) serve EKS, STS, the Kubernetes API (TLS,
 exec over websockets) and the head pod's Ray dashboard on 127.0.0.1. Time limits are shortened
 through the provider's `EKS_RAY_TRAIN_*` environment variables, so a fault fails in seconds.
 """
@@ -168,9 +168,9 @@ def world(tmp_path: Path, registered: dict[str, Any]) -> Iterator[World]:
         cluster_name=registered["cluster_name"],
         nodes=[fake.node(node, instance_id=INSTANCES[node]) for node in NODES],
         pods=[
-            ray_pod(registered, HEAD_POD, "head", node_name="system-node"),
+            ray_pod(registered, HEAD_POD, "head", node="system-node"),
             *(
-                ray_pod(registered, n, "worker", node_name=node)
+                ray_pod(registered, n, "worker", node=node)
                 for n, node in zip(WORKER_PODS, NODES, strict=True)
             ),
             *(fake.reader_pod(n, node) for n, node in zip(READER_PODS, NODES, strict=True)),
@@ -428,7 +428,7 @@ def test_create_runs_the_job_and_outputs_the_verdict_then_read_and_delete_keep_i
     assert "SUCCEEDED earlier on these very pods" in world.host.stderr
     # A node roll replaces a worker pod under its old name: the job proves nothing of the new pod.
     world.kube.pods[1] = ray_pod(
-        world.inputs, WORKER_PODS[0], "worker", node_name=NODES[0], uid="created-again-by-a-node-roll"
+        world.inputs, WORKER_PODS[0], "worker", node=NODES[0], uid="created-again-by-a-node-roll"
     )
     rolled = plain(world.create().properties)
     assert rolled["job_id"] == outs["job_id"] + "-2" and len(world.pods.submissions) == 2
@@ -880,7 +880,7 @@ def test_a_401_names_eks_access_entries_and_the_identity(world: World):
 def test_a_pod_that_never_becomes_ready_fails_naming_it(world: World):
     world.host.configure(STACK_CONFIG)
     world.kube.pods[2] = ray_pod(
-        world.inputs, WORKER_PODS[-1], "worker", ready=False, phase="Pending", node_name=None
+        world.inputs, WORKER_PODS[-1], "worker", ready=False, phase="Pending", node=None
     )
     details, elapsed = failure(world)
     assert "is not ready after" in details and "waiting for 1 of 2 worker pods" in details
@@ -1094,7 +1094,7 @@ def test_a_head_pod_replaced_mid_job_has_the_job_submitted_again_under_its_run_n
     world.pods.job_for_submission = submitted
     pending = world.host.create_future(world.inputs, timeout_s=GRPC_DEADLINE_S)
     _wait_until_polled(world)
-    world.kube.pods[0] = ray_pod(world.inputs, new_head, "head", node_name="system-node")
+    world.kube.pods[0] = ray_pod(world.inputs, new_head, "head", node="system-node")
     world.pods.head_pod = new_head
     world.dashboard.jobs.clear()  # a new Ray head starts with no job history
     outs = plain(pending.result().properties)
@@ -1136,7 +1136,7 @@ def test_a_node_the_job_asks_to_leave_is_cordoned_and_its_worker_pod_deleted_onc
         world.kube.nodes.append(fake.node(new_node, instance_id="i-0a1b2c3d4e5f60003"))
         world.pods.worker_logs[replacement] = FIXTURES / "pods" / leaving_pod / "logs"
         world.pods.nccl_logs[replacement] = tmp_path / "tmp-ray" / replacement
-        world.kube.pods.append(ray_pod(world.inputs, replacement, "worker", node_name=new_node))
+        world.kube.pods.append(ray_pod(world.inputs, replacement, "worker", node=new_node))
 
     world.kube.deleted = kubelet
     outs = plain(world.create(check_efa_counters=False).properties)
