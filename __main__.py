@@ -10,7 +10,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.aws_rules.image_pins import IMAGE_KEY, RECORD_OUTPUT, pin_images
+from infra.aws_rules.image_pins import IMAGE_KEY, RECORD_OUTPUT
 from infra.aws_rules.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
 from infra.aws_rules.node_repair import REPAIRED_NODE_RECOVERY_S
 from infra.aws_rules.sizing import size_workers
@@ -27,6 +27,7 @@ from infra.plan.drain import size_the_drain
 from infra.plan.figures import line_rate_gbps
 from infra.plan.report import log_plan, measured_against_plan
 from infra.preflight import deadline_of, fit_the_window, place_nodes
+from infra.preflight.reads.image_digests import pin_images
 from infra.pricing import cost_basis
 from infra.resources.cluster import Cluster, addon_version
 from infra.resources.network import Network

@@ -131,6 +131,22 @@ def test_infra_does_not_import_the_workloads():
     assert {"training", "training.config", "training.config.settings", "training.config.presets"} <= seen
 
 
+# What reads from outside the process: AWS's SDKs and Pulumi's (invokes, the engine), HTTP, sockets.
+READERS = {"pulumi", "pulumi_aws", "pulumi_eks", "boto3", "botocore", "urllib.request", "http", "socket"}
+
+
+def test_the_aws_rules_read_nothing():
+    """`infra/aws_rules` judges facts fetched elsewhere (`infra/preflight/reads`, `infra/plan`,
+    `infra/region_survey`), so it imports nothing that reads AWS, a registry or the engine."""
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((ROOT / "infra" / "aws_rules").glob("*.py"))
+        for name in sorted(imported_modules(path))
+        if within(name, READERS)
+    ]
+    assert found == []
+
+
 def test_training_imports_nothing_of_the_program():
     """Only the `training` package is shipped to the Ray pods, so it cannot import the rest."""
     assert crossings("training", PROGRAM_PACKAGES - {"training"}) == []

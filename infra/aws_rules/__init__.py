@@ -1,5 +1,6 @@
 """What AWS decides and the program keeps to, declared once with its source: limits and names
-(node repair, Container Insights), and pure judgements over facts fetched elsewhere (capacity,
-a reservation's window in dates, what a live stack may still change, the pods' sizes); and the
-images' digests, read from their registries at preview and kept (`image_pins`, its fetch layer
-beside its judgements)."""
+(node repair, Container Insights, the node groups' AMI types, the VPC's address plan), and pure
+judgements over facts fetched elsewhere (capacity, a reservation's window in dates, what a live
+stack may still change, the pods' sizes, the images' digests). Nothing here reads AWS, a registry
+or the engine: the preview's reads are `infra.preflight` (its `reads` subpackage for these
+judgements' facts), the planner's `infra.plan` and `infra.region_survey`."""

@@ -1,5 +1,5 @@
-"""What already runs under the stack's names in AWS, read at preview, and what a later `pulumi up`
-may change of it.
+"""What a later `pulumi up` may change of what already runs under the stack's names in AWS, judged
+from what the preview read of it (`infra.preflight.reads.live_stack`).
 
 AWS keeps some choices for a cluster's life, and Pulumi's plan alone cannot tell: EKS never moves
 a cluster to another VPC, accepts new subnets only in the zones it was created with ("subnets must
@@ -13,46 +13,33 @@ The same read gives the versions of the cluster's managed add-ons the program pi
 CloudWatch Observability (`eks:DescribeAddon`), which it keeps while the cluster stays at its
 Kubernetes version (`infra.resources.cluster.addon_version`).
 
-The same read gives the GPU node group's state (`eks:DescribeNodegroup` through `aws.eks.get_node_group`):
-a DEGRADED group is reported at preview with the fix (`gpu_group_warning`). The provider's data source
-carries the status and the scaling config, not the health issues, so the warning gives the command
-that prints them; the TrainingRun, which reads the group through the EKS API itself, names them.
+The same read gives the GPU node group's state (`eks:DescribeNodegroup`): a DEGRADED group is
+reported at preview with the fix (`gpu_group_warning`). The provider's data source carries the
+status and the scaling config, not the health issues, so the warning gives the command that prints
+them; the TrainingRun, which reads the group through the EKS API itself, names them.
 
 With the public API endpoint off (`endpointPublicAccess: false`), the same read says whether this
 machine reaches the private one, which every `pulumi up` and training run call
 (`private_endpoint_problem`).
 
-A read of the cluster that fails with anything but NotFound (the identity may not call
-`eks:DescribeCluster`, AWS throttled it) leaves the preview unable to tell a live cluster from none,
-and planning it as new would choose its zones, subnets and GPU zone anew, moving a live one's. So
-every read the zones rest on raises `UnreadLiveStack` naming its IAM action, where the preflight
-refuses (`infra.preflight.live_cluster`). That asks for no permission the stack lacks: creating its
-cluster calls DescribeCluster (the `aws.eks.Cluster` resource waits for ACTIVE with it:
-terraform-provider-aws internal/service/eks/cluster.go, `waitClusterCreated` over
-`findClusterByName`), and so does every training run (`workloads.training_run.provider.connect_to_eks`).
-The add-on versions stay a warning: an unread one only takes the newest build.
+A read that fails with anything but NotFound leaves the preview unable to tell a live cluster from
+none; `unread_cause` says whether AWS denied or throttled it, for the refusal's fix.
 
-A control-plane log group without this program's tag, while no cluster exists, was left by a
-destroyed cluster: EKS writes its last logs after the program deleted the group, which re-creates it
-(terraform-aws-eks#2763), and the next CreateLogGroup fails with ResourceAlreadyExistsException.
+A control-plane log group without this program's tag (`OWNER_TAG`), while no cluster exists, was
+left by a destroyed cluster: EKS writes its last logs after the program deleted the group, which
+re-creates it (terraform-aws-eks#2763), and the next CreateLogGroup fails with
+ResourceAlreadyExistsException.
 """
 
 from __future__ import annotations
 
-import functools
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-import pulumi
-import pulumi_aws as aws
 
 from infra.aws_rules.container_insights import ADDON_NAME as OBSERVABILITY_ADDON
 from infra.aws_rules.node_repair import ADDON_NAME as NODE_MONITORING_ADDON
-from platform_contract import GPU_LABELS
 
-T = TypeVar("T")
 # The tag the program puts on the control-plane log group, naming the stack that owns it.
 OWNER_TAG = "eks-ray-train:stack"
 # The managed add-ons pulumi-eks makes: kube-proxy inside its cluster, vpc-cni in its `VpcCniAddon`.
@@ -60,6 +47,11 @@ VPC_CNI_ADDON = "vpc-cni"
 KUBE_PROXY_ADDON = "kube-proxy"
 # The managed add-ons whose versions the program keeps (`infra.resources.cluster.addon_version`).
 PINNED_ADDONS = ("coredns", VPC_CNI_ADDON, KUBE_PROXY_ADDON, OBSERVABILITY_ADDON, NODE_MONITORING_ADDON)
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """The log group EKS writes control-plane logs to (EKS user guide, "Send control plane logs to CloudWatch")."""
+    return f"/aws/eks/{cluster_name}/cluster"
 
 
 @dataclass(frozen=True)
@@ -88,127 +80,6 @@ class LiveCluster:
     def gpu_zone(self) -> str | None:
         """The zone of its GPU node group's subnet, if the group exists."""
         return self.gpu_group.zone if self.gpu_group else None
-
-
-def owner() -> str:
-    """The value of `OWNER_TAG` for this stack."""
-    return f"{pulumi.get_project()}/{pulumi.get_stack()}"
-
-
-class UnreadLiveStack(Exception):
-    """A read of what runs under the stack's names failed with something other than NotFound: `what`
-    was read, `action` is the IAM action it needs, `error` AWS's answer (its first line)."""
-
-    def __init__(self, what: str, action: str, error: str) -> None:
-        super().__init__(f"could not read {what} ({action}): {error}")
-        self.what, self.action, self.error = what, action, error
-
-
-def _not_found(err: Exception) -> bool:
-    """The provider words a data source's missing object "couldn't find resource" or NotFound."""
-    return "couldn't find resource" in str(err) or "NotFound" in str(err)
-
-
-def _first_line(err: Exception) -> str:
-    text = " ".join(str(err).strip().splitlines()[:1])
-    return text or type(err).__name__
-
-
-def _read(fetch: Callable[[], T], unread: str) -> T | None:
-    """`fetch()`, or None when AWS has no such object; another failure is warned: `unread` says what
-    goes unchecked."""
-    try:
-        return fetch()
-    except Exception as err:
-        if not _not_found(err):
-            pulumi.log.warn(f"could not read {unread} ({err})")
-        return None
-
-
-def _must_read(fetch: Callable[[], T], what: str, action: str) -> T:
-    """`fetch()`; a failure raises `UnreadLiveStack`."""
-    try:
-        return fetch()
-    except Exception as err:
-        raise UnreadLiveStack(what, action, _first_line(err)) from err
-
-
-def read_live_cluster(cluster_name: str) -> LiveCluster | None:
-    """The cluster, its VPC's block, its subnets' zones and its pinned add-ons' versions; None when
-    EKS has no cluster of that name. Raises `UnreadLiveStack` when a read the zones rest on fails."""
-    try:
-        cluster = aws.eks.get_cluster(name=cluster_name)
-    except Exception as err:
-        if _not_found(err):
-            return None
-        raise UnreadLiveStack(f"EKS cluster {cluster_name}", "eks:DescribeCluster", _first_line(err)) from err
-    vpc_id = cluster.vpc_config.vpc_id
-    vpc = _must_read(lambda: aws.ec2.get_vpc(id=vpc_id), f"VPC {vpc_id}", "ec2:DescribeVpcs")
-    zones = {_zone(subnet) for subnet in cluster.vpc_config.subnet_ids}
-    return LiveCluster(
-        version=cluster.version,
-        vpc_cidr=vpc.cidr_block,
-        zones=tuple(sorted(zones)),
-        endpoint=cluster.endpoint,
-        gpu_group=_gpu_group(cluster_name),
-        addon_versions={
-            name: version for name in PINNED_ADDONS if (version := _addon_version(cluster_name, name))
-        },
-    )
-
-
-def _zone(subnet_id: str) -> str:
-    subnet = _must_read(
-        lambda: aws.ec2.get_subnet(id=subnet_id), f"subnet {subnet_id}", "ec2:DescribeSubnets"
-    )
-    return subnet.availability_zone
-
-
-def _gpu_group(cluster_name: str) -> LiveNodeGroup | None:
-    """The node group carrying the GPU labels (autonamed, so found by its labels)."""
-    listed = _must_read(
-        lambda: aws.eks.get_node_groups(cluster_name=cluster_name),
-        f"the node groups of EKS cluster {cluster_name}",
-        "eks:ListNodegroups",
-    )
-    for name in listed.names:
-        group = _must_read(
-            functools.partial(aws.eks.get_node_group, cluster_name=cluster_name, node_group_name=name),
-            f"node group {name} of EKS cluster {cluster_name}",
-            "eks:DescribeNodegroup",
-        )
-        if GPU_LABELS.items() <= (group.labels or {}).items():
-            scaling = group.scaling_configs[0] if group.scaling_configs else None
-            return LiveNodeGroup(
-                name=name,
-                zone=_zone(group.subnet_ids[0]) if group.subnet_ids else None,
-                status=group.status,
-                desired_size=scaling.desired_size if scaling else 0,
-            )
-    return None
-
-
-def _addon_version(cluster_name: str, addon_name: str) -> str | None:
-    """The version of the cluster's managed add-on `addon_name` (`eks:DescribeAddon`); None when the
-    cluster has no such add-on (ResourceNotFoundException) or it could not be read."""
-    addon = _read(
-        lambda: aws.eks.get_addon(addon_name=addon_name, cluster_name=cluster_name),
-        f"the {addon_name} add-on of EKS cluster {cluster_name}; it takes the newest version EKS offers for "
-        "kubernetesVersion, which updates it if a newer one was published",
-    )
-    return addon.addon_version if addon else None
-
-
-def orphaned_log_group(name: str) -> bool:
-    """The log group exists without this program's tag (call only while no cluster exists)."""
-    group = _read(
-        lambda: aws.cloudwatch.get_log_group(name=name),
-        f"log group {name}; a group left by a destroyed cluster was not looked for",
-    )
-    return group is not None and OWNER_TAG not in (group.tags or {})
-
-
-# --- judgements ------------------------------------------------------------------------------------
 
 
 # Error codes of a refused call (AWS's common errors: AccessDeniedException; EC2's

@@ -3,7 +3,7 @@
 `across_keys` runs after every key has parsed (`infra.config.stack.parse_settings`); the image's
 pin rules are also the warning `load_settings` logs (`infra.config.pulumi_source`). A tag on a stack
 that is not dev is no refusal: the preview reads its digest from the registry
-(`infra.aws_rules.image_pins`).
+(`infra.preflight.reads.image_digests`).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def moving_tag_warning(image: str, stack: str | None = None) -> str | None:
 
 def image_digest_refusal(image: str, stack: str) -> str | None:
     """Every stack but a dev one runs its image by a sha256 digest: a tag's is read at the first
-    deploy's preview (`infra.aws_rules.image_pins`), and a digest given must be a sha256 one, the
+    deploy's preview (`infra.preflight.reads.image_digests`), and a digest given must be a sha256 one, the
     algorithm registries name manifests by."""
     if "@" not in image or is_dev_stack(stack):
         return None

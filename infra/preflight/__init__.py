@@ -16,8 +16,10 @@ names the cause and the fix. One module per check; `placement` runs them in orde
 - `live_cluster`: the cluster this stack already runs, against the settings it cannot change;
 - `window`: the run's deadline and whether the predicted run fits before it.
 
-Judgements live in `infra.aws_rules.capacity_rules` and `infra.aws_rules.reservation_window`; these
-modules fetch facts and word the refusals.
+Judgements live in `infra.aws_rules` (`capacity_rules`, `reservation_window`, `live_stack`); these
+modules fetch facts and word the refusals. `infra.preflight.reads` holds the reads other parts of the
+program judge too: the live stack, instance types (`infra.aws_rules.sizing`), image digests
+(`infra.aws_rules.image_pins`, pinned by `__main__`).
 """
 
 from infra.preflight.errors import PreflightError

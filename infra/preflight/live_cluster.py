@@ -1,7 +1,7 @@
 """The cluster this stack already runs, read in the preview and checked against the settings it
 cannot change (VPC block, Kubernetes version); a DEGRADED GPU group is warned about with its fix
 (`infra.aws_rules.live_stack.gpu_group_warning`). A read that fails with anything but NotFound stops
-the preview (`infra.aws_rules.live_stack.UnreadLiveStack`): without it the stack would be planned as
+the preview (`infra.preflight.reads.live_stack.UnreadLiveStack`): without it the stack would be planned as
 new. With the public endpoint off, this machine must reach the private one: its name is resolved and
 each address in the VPC tried on the endpoint's port."""
 
@@ -14,19 +14,17 @@ import pulumi
 
 from infra.aws_rules.live_stack import (
     LiveCluster,
-    UnreadLiveStack,
     addresses_in_vpc,
+    control_plane_log_group,
     gpu_group_warning,
-    orphaned_log_group,
     private_endpoint_problem,
-    read_live_cluster,
     unread_cause,
     version_change_problem,
     vpc_change_problem,
 )
 from infra.config.stack import ConfigError, StackSettings
 from infra.preflight.errors import PreflightError
-from infra.resources.cluster import control_plane_log_group
+from infra.preflight.reads.live_stack import UnreadLiveStack, orphaned_log_group, read_live_cluster
 
 # How long the preview waits for each address of the private endpoint to accept a connection.
 ENDPOINT_CONNECT_TIMEOUT_S = 5.0

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from infra.aws_rules.ami_types import AMI_ARCHITECTURE
 from infra.aws_rules.capacity_rules import (
     has_efa,
 )
 from infra.aws_rules.sizing import InstanceFacts
 from infra.config.stack import ConfigError
 from infra.preflight.errors import PreflightError
-from infra.resources.node_groups import AMI_ARCHITECTURE
 
 
 def require_architecture(node: InstanceFacts, key: str, ami_type: str) -> None:

@@ -11,23 +11,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from infra.aws_rules.ami_types import GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 from infra.aws_rules.capacity_rules import (
     ReservationFacts,
 )
 from infra.aws_rules.live_stack import (
     LiveCluster,
 )
-from infra.aws_rules.sizing import InstanceFacts, describe_instance_type
+from infra.aws_rules.sizing import InstanceFacts
 from infra.config.stack import StackSettings
 from infra.preflight.errors import PreflightError
 from infra.preflight.kubernetes_version import check_kubernetes_version
 from infra.preflight.live_cluster import checked_live_cluster, warn_about_a_degraded_gpu_group
 from infra.preflight.node_types import require_architecture, require_efa
 from infra.preflight.quotas import check_vcpu_quotas
+from infra.preflight.reads.instance_types import describe_instance_type
 from infra.preflight.reservation import read_reservation_facts, reservation_gpu_zone
 from infra.preflight.subnet_room import check_gpu_subnet_room
 from infra.preflight.zones import Zones, available_zones, offering_zones
-from infra.resources.node_groups import GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 
+from infra.aws_rules.address_plan import zone_cidrs
 from infra.aws_rules.sizing import InstanceFacts
 from infra.config.stack import ConfigError, StackSettings
-from infra.resources.network import zone_cidrs
 
 # AWS reserves five addresses of every subnet (VPC user guide, "Subnet CIDR blocks").
 SUBNET_RESERVED_ADDRESSES = 5

@@ -10,7 +10,13 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
-from infra.aws_rules.live_stack import KUBE_PROXY_ADDON, OWNER_TAG, VPC_CNI_ADDON, LiveCluster, owner
+from infra.aws_rules.live_stack import (
+    KUBE_PROXY_ADDON,
+    OWNER_TAG,
+    VPC_CNI_ADDON,
+    LiveCluster,
+    control_plane_log_group,
+)
 from infra.config.stack import StackSettings
 from infra.resources.irsa import irsa_role
 from infra.resources.keys import account_statement, customer_key
@@ -43,9 +49,9 @@ VPC_CNI_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
 PULUMI_EKS_ADDONS = (VPC_CNI_ADDON, KUBE_PROXY_ADDON)
 
 
-def control_plane_log_group(cluster_name: str) -> str:
-    """The log group EKS writes control-plane logs to (EKS user guide, "Send control plane logs to CloudWatch")."""
-    return f"/aws/eks/{cluster_name}/cluster"
+def owner() -> str:
+    """The value of `OWNER_TAG` for this stack."""
+    return f"{pulumi.get_project()}/{pulumi.get_stack()}"
 
 
 def cluster_key_policy(account_id: str, region: str, log_group_name: str) -> str:
@@ -151,7 +157,7 @@ class Cluster(pulumi.ComponentResource):
             name=log_group_name,
             retention_in_days=settings.log_retention_days,
             kms_key_id=self.secrets_key.arn,
-            # Tells this stack's group from one a destroyed cluster left behind (`infra.aws_rules.live_stack`).
+            # Tells this stack's group from one a destroyed cluster left behind (`infra.preflight.reads.live_stack`).
             tags={OWNER_TAG: owner()},
             opts=child,
         )

@@ -1,10 +1,10 @@
 """The VPC: private subnets for nodes, public subnets for NAT, each named and addressed by its zone.
 
 A subnet's resource name and CIDR block depend on its zone alone (the zone's letter picks its
-slice of the VPC), never on which zone holds the GPU nodes. Moving the GPU zone (`gpuAz`, a
-capacity reservation) therefore leaves every existing subnet as it is: Pulumi replaces a subnet
-whose zone or block changes by creating the new one first, and EC2 refuses a block that overlaps
-a subnet still in the VPC (`InvalidSubnet.Conflict`).
+slice of the VPC: `infra.aws_rules.address_plan`), never on which zone holds the GPU nodes. Moving
+the GPU zone (`gpuAz`, a capacity reservation) therefore leaves every existing subnet as it is:
+Pulumi replaces a subnet whose zone or block changes by creating the new one first, and EC2 refuses
+a block that overlaps a subnet still in the VPC (`InvalidSubnet.Conflict`).
 
 The home zones (up to three, chosen without regard to the GPU zone) get a private and a public
 subnet each; they carry the EKS control plane and the system nodes. The GPU node group takes one
@@ -15,17 +15,12 @@ registry and Hugging Face through it, and have no public IP.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 
 import pulumi
 import pulumi_aws as aws
 
-# The address plan: private subnets of zones a-c take the first three quarters of the VPC, zones d-g
-# an eighth of the last quarter each (its upper half); public subnets take a 64th of the VPC each, in
-# zone-letter order, from the start of the last quarter. Zones a-c keep the blocks of the positional
-# plan this replaces, so stacks first deployed in zones a and b keep their subnets.
-_ZONE_LETTERS = "abcdefg"
+from infra.aws_rules.address_plan import zone_cidrs
 
 # NAT gateways the network has, each with its Elastic IP: one, in the first public subnet, whose hourly
 # price (and its address's) the stack pays whatever the nodes do (`infra.plan.cost`).
@@ -74,19 +69,6 @@ def flow_log_delivery_policy(log_group_arn: str) -> str:
             ],
         }
     )
-
-
-def zone_cidrs(vpc_cidr: str, zone: str) -> tuple[str, str]:
-    """(private, public) CIDR blocks of `zone` in the VPC, fixed by the zone's letter."""
-    letter = zone[-1]
-    if letter not in _ZONE_LETTERS:
-        raise ValueError(f"zone {zone}: the address plan holds zones a to g")
-    index = _ZONE_LETTERS.index(letter)
-    quarters = list(ipaddress.IPv4Network(vpc_cidr).subnets(prefixlen_diff=2))
-    last = quarters[3]
-    private = quarters[index] if index < 3 else list(last.subnets(prefixlen_diff=3))[index + 1]
-    public = list(last.subnets(prefixlen_diff=4))[index]
-    return str(private), str(public)
 
 
 class Network(pulumi.ComponentResource):

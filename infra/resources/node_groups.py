@@ -37,6 +37,7 @@ import pulumi
 import pulumi_aws as aws
 import yaml
 
+from infra.aws_rules.ami_types import GPU_AMI_TYPE, SYSTEM_AMI_TYPE
 from infra.aws_rules.capacity_rules import ReservationFacts
 from infra.aws_rules.sizing import InstanceFacts
 from platform_contract import GPU_LABELS, GPU_TAINT, SYSTEM_LABELS
@@ -70,11 +71,6 @@ METADATA_OPTIONS: aws.ec2.LaunchTemplateMetadataOptionsArgsDict = {
     "http_tokens": "required",
     "http_put_response_hop_limit": 1,
 }
-# EKS AMI types of the node groups (EKS API `Nodegroup.amiType`) and the CPU architecture each
-# boots on: an instance type of another architecture (Graviton's arm64, a Mac) cannot run it.
-SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
-GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
-AMI_ARCHITECTURE = {SYSTEM_AMI_TYPE: "x86_64", GPU_AMI_TYPE: "x86_64"}
 # Root volumes: the system nodes hold the Ray head's image (about 20 GB), the GPU nodes the workers'.
 SYSTEM_ROOT_VOLUME_GIB = 80
 GPU_ROOT_VOLUME_GIB = 200

@@ -1,5 +1,5 @@
 """Container registries as the preview reads an image tag's digest from them
-(`infra.aws_rules.image_pins`), one HTTP server on 127.0.0.1 per registry host.
+(`infra.preflight.reads.image_digests`), one HTTP server on 127.0.0.1 per registry host.
 
 What each host models, from the OCI distribution spec v1.1.1 (opencontainers/distribution-spec
 spec.md):
@@ -34,7 +34,7 @@ closed port on 127.0.0.1 (connection refused), as is every host while `FakeRegis
 `SilentEndpoint` (loopback.py) is one that never answers.
 
 `serving_the_program` points the whole program (`tests.harness.program.run_program`) at these hosts
-through the fetch layer's seam (`image_pins.REGISTRY`), and answers the two invokes the pinning
+through the fetch layer's seam (`image_digests.REGISTRY`), and answers the two invokes the pinning
 makes of the engine: `pulumi:pulumi:readStackOutputs` (the stack's outputs as the backend holds
 them after its last `pulumi up`, `FakeRegistries.stack_outputs`) and the AWS provider's
 `aws:ecr/getAuthorizationToken:getAuthorizationToken` (ECR API reference, GetAuthorizationToken:
@@ -57,9 +57,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from infra.aws_rules import image_pins
-from infra.aws_rules.image_pins import ECR_HOST, Registry
+from infra.aws_rules.image_pins import ECR_HOST
 from infra.config.key_parsers import parse_image_reference
+from infra.preflight.reads import image_digests
+from infra.preflight.reads.image_digests import Registry
 from tests.harness.loopback import serve_on_loopback, stop_server
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -273,7 +274,7 @@ class FakeRegistries:
         return self.hosts[host].url if host in self.hosts and not self.down else self.unreachable
 
     def credentials(self, host: str) -> str | None:
-        """What `image_pins.ecr_authorization` gives: the ECR token for an ECR host."""
+        """What `image_digests.ecr_authorization` gives: the ECR token for an ECR host."""
         return f"Basic {ECR_TOKEN}" if ECR_HOST.fullmatch(host) else None
 
     def registry(self, timeout_s: float = 2.0) -> Registry:
@@ -304,7 +305,7 @@ def serving_the_program(*references: str) -> Iterator[FakeRegistries]:
     """The program's registries for `run_program`: each of `references` pushed to its host; the fetch
     layer pointed at them; the stack's outputs and ECR's token answered as the engine and the AWS
     provider would (the module docstring). ECR's token comes through the program's own
-    `image_pins.ecr_authorization`, so the invoke is the program's. Inside an open block, a nested one
+    `image_digests.ecr_authorization`, so the invoke is the program's. Inside an open block, a nested one
     pushes its references to the same registries and serves nothing of its own."""
     if _SERVING:
         for reference in references:
@@ -340,7 +341,7 @@ def serving_the_program(*references: str) -> Iterator[FakeRegistries]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ProgramMocks, "call", call)
-        patch.setattr(image_pins, "REGISTRY", Registry(endpoint=fakes.endpoint, timeout_s=2.0))
+        patch.setattr(image_digests, "REGISTRY", Registry(endpoint=fakes.endpoint, timeout_s=2.0))
         _SERVING.append(fakes)
         try:
             yield fakes

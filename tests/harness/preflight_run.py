@@ -1,11 +1,14 @@
-"""The preflight alone in a mocked `pulumi preview`: the placement it returns, or its refusal.
+"""The preflight alone in a mocked `pulumi preview`: the placement it returns, or its refusal; or
+one of its reads alone (`read_in_preview`).
 
 Shared by the tests of `infra/preflight/`, one file per module there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import pulumi
 import pytest
@@ -16,6 +19,7 @@ from tests.harness.fake_aws import FakeAws, FakeAwsMocks
 
 RESERVATION = "cr-0123456789abcdef0"
 QUOTA_TOKEN = "aws:servicequotas/getServiceQuota:getServiceQuota"
+T = TypeVar("T")
 # The time of every preview here: reservation dates are set against it.
 NOW = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 
@@ -60,3 +64,22 @@ def refusal(fake: FakeAws, error: type[Exception] = PreflightError, **config) ->
     with pytest.raises(error) as caught:
         place(fake, **config)
     return str(caught.value)
+
+
+def read_in_preview(fake: FakeAws, read: Callable[[], T]) -> T:
+    """`read()` in a mocked `pulumi preview` whose AWS provider is `fake`: its answer, or its exception.
+
+    Fails the test when the read registered a resource."""
+    mocks = RecordingMocks(fake)
+    pulumi.runtime.set_mocks(mocks, project="eks-ray-train", stack="dev", preview=True)
+    answers: list[T] = []
+
+    @pulumi.runtime.test
+    def run():
+        answers.append(read())
+
+    try:
+        run()
+    finally:
+        assert mocks.registered == [], f"the read registered {mocks.registered}"
+    return answers[0]

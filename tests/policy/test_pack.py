@@ -15,13 +15,9 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
 import platform_contract
+from infra.aws_rules.live_stack import control_plane_log_group
 from infra.resources import irsa, keys
-from infra.resources.cluster import (
-    NODE_POLICIES,
-    VPC_CNI_POLICY,
-    VPC_CNI_SERVICE_ACCOUNT,
-    control_plane_log_group,
-)
+from infra.resources.cluster import NODE_POLICIES, VPC_CNI_POLICY, VPC_CNI_SERVICE_ACCOUNT
 from infra.resources.node_groups import METADATA_OPTIONS
 from policy.rules import eks, iam, kms, nodes, pods, properties, ray, registered, registry, storage
 from policy.rules.properties import StackResource

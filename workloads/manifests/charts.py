@@ -81,8 +81,8 @@ EKS_REGISTRY_ACCOUNTS = {
 EFA_DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
 
 # The chart images' references as they run, by their tag reference (`chart_images`): what the
-# preview pinned (`infra.aws_rules.image_pins.pin_images`, `<repository>:<tag>@sha256:<digest>` outside
-# a dev stack). None or a reference left out: the tag.
+# preview pinned (`infra.preflight.reads.image_digests.pin_images`, `<repository>:<tag>@sha256:<digest>`
+# outside a dev stack). None or a reference left out: the tag.
 ChartPins = Mapping[str, str] | None
 
 

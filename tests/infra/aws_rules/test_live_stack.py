@@ -1,6 +1,7 @@
 """The live stack's judgements, on a cluster as AWS reports it: what EKS will not change, which
 addresses lie in the cluster's VPC, why a private endpoint is out of reach, what a degraded GPU group
-needs, and why a read failed. (The program's use of them: tests/test_program_day_two.py.)"""
+needs, why a read failed, and the name of the log group it looks for. (The reads:
+tests/infra/preflight/reads/test_live_stack.py; the program's use of them: tests/test_program_day_two.py.)"""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import pytest
 from infra.aws_rules.live_stack import (
     LiveCluster,
     LiveNodeGroup,
-    UnreadLiveStack,
-    _must_read,
     addresses_in_vpc,
+    control_plane_log_group,
     gpu_group_warning,
     private_endpoint_problem,
     unread_cause,
@@ -79,15 +79,5 @@ def test_a_failed_read_is_denied_throttled_or_failed(error, cause):
     assert unread_cause(error) == cause
 
 
-def test_a_read_that_must_succeed_names_what_it_read_the_action_and_the_errors_first_line():
-    def denied() -> None:
-        raise RuntimeError("AccessDenied: no\nmore detail")
-
-    with pytest.raises(UnreadLiveStack) as raised:
-        _must_read(denied, "the cluster", "eks:DescribeCluster")
-    assert (raised.value.what, raised.value.action, raised.value.error) == (
-        "the cluster",
-        "eks:DescribeCluster",
-        "AccessDenied: no",
-    )
-    assert _must_read(lambda: 3, "a number", "none") == 3
+def test_eks_writes_control_plane_logs_to_a_group_named_by_the_cluster():
+    assert control_plane_log_group("eks-ray-train") == "/aws/eks/eks-ray-train/cluster"

@@ -1,6 +1,6 @@
-"""The VPC: each zone's blocks follow its letter and never overlap, and in the program's plan its NAT,
-private subnets, the subnets a GPU zone move keeps, the default security group, flow logs and the
-route table the S3 gateway endpoint joins."""
+"""The VPC in the program's plan: its NAT, private subnets, the subnets a GPU zone move keeps, the
+default security group, flow logs and the route table the S3 gateway endpoint joins. (Each zone's
+blocks alone: tests/infra/aws_rules/test_address_plan.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from infra.resources.network import zone_cidrs
+from infra.aws_rules.address_plan import zone_cidrs
 from infra.resources.node_groups import SYSTEM_LABELS
 from tests.harness.fake_aws import FakeAws, capacity_reservation
 from tests.harness.preview_queries import gpu_group, subnet_with_id
@@ -23,14 +23,6 @@ from tests.harness.program import (
     run_program,
     stack_config,
 )
-
-
-@pytest.mark.parametrize("vpc", ["10.0.0.0/16", "10.20.0.0/20"])
-def test_subnet_blocks_follow_the_zone_letter_and_never_overlap(vpc):
-    blocks = [ipaddress.ip_network(b) for zone in "abcdefg" for b in zone_cidrs(vpc, f"x-1{zone}")]
-    assert all(block.subnet_of(ipaddress.ip_network(vpc)) for block in blocks)
-    assert not any(a.overlaps(b) for i, a in enumerate(blocks) for b in blocks[i + 1 :])
-    assert all(block.num_addresses >= 64 for block in blocks)
 
 
 def test_network_has_nat_and_private_nodes(stack_plan):
