@@ -29,8 +29,6 @@ LONG_FUNCTIONS: dict[str, str] = {
 }
 # Modules over MODULE_LINES, each with why.
 LONG_MODULES: dict[str, str] = {
-    "infra/aws_rules/image_pins.py": "one protocol end to end: a registry's token, manifest and digest "
-    "reads, each with the refusal it explains; split, the steps of one exchange would sit apart",
     "policy/rules/storage.py": "the pack's storage rules, which register themselves by import from one "
     "module per area (policy/rules/registry.py)",
     "training/components/watchdog.py": "one thread's state machine (arm, judge, name, end) with the "
