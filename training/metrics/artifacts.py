@@ -1,4 +1,5 @@
-"""Files a finished run leaves in its folder: summary.json and a picture of the run."""
+"""Files a finished run leaves in its folder: summary.json and a picture of the run; and the line
+for people that ends the run's output, after the JSON summary for scripts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from training.metrics.report import format_duration
 
 SUMMARY_FILE = "summary.json"
 PICTURE_FILE = "run.png"
@@ -72,3 +75,20 @@ def write_run_files(
         write(PICTURE_FILE, picture)
     write(SUMMARY_FILE, json.dumps({**summary, "history": history}, indent=2).encode())
     return summary
+
+
+def closing_line(summary: dict[str, Any]) -> str:
+    """The run in one line for people, printed after the JSON summary (which log parsers read:
+    `training.metrics.report.parse_summary`; this line holds no JSON): the loss first -> last, the
+    time, the run folder and what it holds, and how to resume."""
+
+    def loss(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.4f}"
+
+    run_dir = summary.get("run_dir") or "(no run folder)"
+    return (
+        f"done: loss {loss(summary.get('loss_first'))} -> {loss(summary.get('loss_last'))} in {format_duration(summary['duration_s'])} "
+        f"({summary.get('steps_run', 0)} steps); the run folder {run_dir} holds {PICTURE_FILE}, the "
+        f"TensorBoard events (tensorboard/) and the checkpoints; the same command with --run-name "
+        f"{summary['run_name']} resumes from its latest checkpoint"
+    )
