@@ -79,3 +79,8 @@ def test_the_closing_line_gives_the_loss_the_time_the_folder_and_how_to_resume_a
     assert parse_summary(f"{format_summary(summary)}\n{line}\n") == json.loads(format_summary(summary))
     assert parse_summary(line) is None
     assert "loss n/a -> n/a" in closing_line({**summary, "loss_first": None, "loss_last": None})
+    # A summary with the keys every summary holds alone: the run folder names the run.
+    bare = {key: summary[key] for key in SUMMARY_KEYS}
+    assert closing_line(bare).endswith(
+        "--run-name tiny-20261206-170000-42 resumes from its latest checkpoint"
+    )
