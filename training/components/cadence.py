@@ -3,12 +3,13 @@ rank from what every rank agreed (the step's ballot, the all-reduced eval loss).
 
 A checkpoint is due every --checkpoint-every steps and at the run's last step (--steps, or where it
 stops early), at the last for --export-hf too, and whatever the step counts say at a forced one:
-the deadline's stop, a drain's own write, or the time interval (--checkpoint-interval-s), which no
-longer starts once a drain was acted on (its write would be cut). An evaluation runs every
---eval-every steps, after --steps and at every checkpoint the step counts or a forced case make due,
-whose eval_loss ranks it among the checkpoints kept
-(`training.components.checkpoint.checkpoints_kept`). --early-stop-patience N ends the run where
-the last N evaluations found no eval_loss below the best before.
+the deadline's stop, a drain's own write, or the time interval (--checkpoint-interval-s). Once a
+drain was acted on, neither the interval nor the step counts start a write before the last step
+(it would be cut). An evaluation runs every --eval-every steps, after --steps and wherever the step
+counts or a forced case make a checkpoint due (even one a drain holds back), whose eval_loss ranks
+it among the checkpoints kept (`training.components.checkpoint.checkpoints_kept`).
+--early-stop-patience N ends the run where the last N evaluations found no eval_loss below the
+best before.
 """
 
 from __future__ import annotations
