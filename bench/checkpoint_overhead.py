@@ -45,6 +45,7 @@ from training.components.async_checkpoint import (
 from training.components.checkpoint import save_checkpoint
 from training.config.presets import PRESETS
 from training.data.batches import synthetic_batches
+from training.distributed.ballot import StepBallot
 from training.launch.torchrun_launcher import start_process_group
 from training.loop import train_step
 from training.model.causal_lm import model_batch
@@ -96,6 +97,8 @@ def _variant(
     model, optimizer, config, device = parts["model"], parts["optimizer"], parts["config"], parts["device"]
     batches, folders = parts["batches"], _Folders(root)
     writer = CheckpointWriter(folders, model, optimizer, 0.0, device)
+    ballot = StepBallot()
+    writer.register(ballot)
     times: list[float] = []
     stalls: list[float] = []  # each checkpoint's: the step's time beyond the baseline's median
     state = {"step": 0, "note": "benchmark: no train state"}
@@ -104,9 +107,9 @@ def _variant(
         step = first_step + index
         start = time.perf_counter()
         micro_batches = [model_batch(next(batches), device)]
-        tally = writer.ballot()
-        train_step(model, optimizer, micro_batches, config.lr, config.max_grad_norm, step=step, tally=tally)
-        writer.count(tally)
+        writer.cast(ballot)
+        train_step(model, optimizer, micro_batches, config.lr, config.max_grad_norm, step=step, ballot=ballot)
+        writer.count(ballot)
         due = name in ("async", "sync") and index + 1 in due_at
         last = index + 1 == args.steps
         checkpoint_start = time.perf_counter()

@@ -82,7 +82,7 @@ def test_the_layer_check_sees_an_arrow_back_up():
     }
     assert arrows_back_up("training", graph) == [
         "training.config.settings imports platform_contract, outside what training may import",
-        "training.data.packing (layer 1) imports training.loop (layer 5, training.loop)",
+        "training.data.packing (layer 1) imports training.loop (layer 6, training.loop)",
         "training.data.packing (layer 1) imports training.metrics.report (layer 1, training.metrics)",
         "training.unplaced is in no layer of training",
     ]

@@ -1,4 +1,4 @@
-"""`python -m training`: parse flags, pick the launcher, print the summary last.
+"""`python -m training`: parse flags, pick the launcher, print the JSON summary, then its line for people.
 
 Expected failures (no cluster, no GPU, a model that cannot be fetched, a corpus too
 small) end in one line naming the fix and exit status 2; a run that fails after its
@@ -13,6 +13,7 @@ import time
 from training.config.run_config import TrainConfig, parse_args
 from training.errors import RunFailedError, UsageError
 from training.launch.launch_checks import check_model_files, check_packages, check_worker_group
+from training.metrics.artifacts import closing_line
 from training.metrics.report import format_summary
 
 PROGRAM = "python -m training"
@@ -57,4 +58,5 @@ def _run(config: TrainConfig) -> int:
         print(f"training failed: {error}", file=sys.stderr)
         return 1
     print(format_summary(summary), flush=True)
+    print(closing_line(summary), flush=True)
     return 0

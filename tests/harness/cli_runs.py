@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 from tests.harness.paths import REPO_ROOT
-from training.metrics.report import parse_step_line
+from training.metrics.artifacts import closing_line
+from training.metrics.report import parse_step_line, parse_summary
 
 RUN_TIMEOUT_S = 300
 
@@ -33,5 +34,11 @@ def step_lines(stdout: str) -> list[dict]:
     return [parsed for parsed in map(parse_step_line, stdout.splitlines()) if parsed is not None]
 
 
-def last_line_summary(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
+def printed_summary(stdout: str) -> dict:
+    """The run's JSON summary, as log parsers find it (`parse_summary`); it is the line before the
+    last, which is the closing line for people (`training.metrics.artifacts.closing_line`)."""
+    lines = stdout.strip().splitlines()
+    summary = json.loads(lines[-2])
+    assert parse_summary(stdout) == summary, lines[-2:]
+    assert lines[-1] == closing_line(summary), lines[-1]
+    return summary

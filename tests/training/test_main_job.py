@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.harness.cli_runs import REPO_ROOT, last_line_summary, run_cli, step_lines
+from tests.harness.cli_runs import REPO_ROOT, printed_summary, run_cli, step_lines
 from training.metrics.report import SUMMARY_KEYS, parse_summary
 
 # Where the README and the training guide quote the default run's losses.
@@ -27,7 +27,7 @@ def test_the_main_job_gives_the_losses_the_docs_quote(tmp_path):
     aside), with the lines both documents describe."""
     result = run_cli("--local", "--storage-path", str(tmp_path))
     assert result.returncode == 0, result.stderr[-4000:]
-    summary = last_line_summary(result.stdout)
+    summary = printed_summary(result.stdout)
     assert set(SUMMARY_KEYS) <= set(summary) and parse_summary(result.stdout) == summary
     quoted = [
         (document.name, key, float(figure))

@@ -7,8 +7,8 @@ its own, so the writer's collectives never interleave with training's on the def
 straight to the checkpoint's location in the run's storage (`training.components.storage`). The
 checkpoint is committed, rank 0's `train_state.json` written (`is_complete` keys on it) and the
 folder published through the session, only at a step boundary where every rank's write has
-finished: each rank's "written" count rides on the step's all-reduce (`tally`), so all ranks
-commit at the same step. Only a whole checkpoint is committed: every rank's write succeeded and
+finished: each rank's "written" count rides on the step's all-reduce (a slot of its ballot,
+`training.distributed.ballot`), so all ranks commit at the same step. Only a whole checkpoint is committed: every rank's write succeeded and
 every file its DCP metadata names is in storage at its size, agreed by all ranks; one that is not
 is dropped with a line, and the run trains on. One write is in flight at a time; the run's last
 checkpoint waits for it and is written synchronously.
@@ -39,14 +39,16 @@ from training.components.checkpoint import CHECKPOINT_SCORE, write_error, write_
 from training.config import drain_budget
 from training.config.deadline_margin import CHECKPOINT_BYTES_PER_PARAMETER
 from training.config.drain_budget import DrainChoice, drain_choice
+from training.distributed.ballot import StepBallot
 
 # The share of the run's time checkpoints may take from training: a time-based checkpoint is
 # written no more often than one checkpoint's measured cost (`write_cost_s`) divided by this.
 MAX_STALL_FRACTION = 0.03
 # Steps without a write in flight that the cost's baseline step time is the median of.
 BASELINE_STEPS = 32
-# The slots of this module's counts on the step's all-reduce (`CheckpointWriter.ballot`).
-WRITTEN, INTERVAL_DUE = 0, 1
+# The writer's slots on the step's ballot (`CheckpointWriter.cast`): the ranks whose write finished
+# (or that have none in flight), and those whose clock says a time-based checkpoint is due.
+WRITTEN, INTERVAL_DUE = "checkpoint_written", "checkpoint_interval_due"
 # The key of a committed checkpoint's report that names the step it holds: the commit's report
 # carries a later step's metrics (`training.launch.attempt_store` resumes from this one).
 CHECKPOINT_STEP_KEY = "checkpoint_step"
@@ -160,18 +162,23 @@ class CheckpointWriter:
     def interval_s(self) -> float:
         return checkpoint_interval_s(self.wanted_interval_s, self.cost_s)
 
-    def ballot(self) -> list[float]:
+    @staticmethod
+    def register(ballot: StepBallot) -> None:
+        ballot.register(WRITTEN, INTERVAL_DUE)
+
+    def cast(self, ballot: StepBallot) -> None:
         """This rank's counts for the step's all-reduce: its write finished (or none in flight), and
         its clock says a time-based checkpoint is due."""
         written = self.pending is None or self.pending.future.done()
         interval = self.interval_s
         due = bool(interval) and self.clock() - self.since >= interval
-        return [float(written), float(due)]
+        ballot.cast(WRITTEN, 1.0 if written else 0.0)
+        ballot.cast(INTERVAL_DUE, 1.0 if due else 0.0)
 
-    def count(self, tally: list[float]) -> None:
-        """The ballots summed over the ranks: the same decisions on every rank."""
-        self.all_written = tally[WRITTEN] >= self.session.world_size
-        self.interval_due = tally[INTERVAL_DUE] > 0
+    def count(self, ballot: StepBallot) -> None:
+        """The counts summed over the ranks: the same decisions on every rank."""
+        self.all_written = ballot.counted(WRITTEN) >= self.session.world_size
+        self.interval_due = ballot.counted(INTERVAL_DUE) > 0
 
     def report(
         self,

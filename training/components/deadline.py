@@ -2,8 +2,8 @@
 capacity reservation's end, as AWS gives its `EndDate`).
 
 The loop asks before each step's all-reduce whether one more step and its checkpoint would still
-fit; the vote rides on that all-reduce (`training.metrics.run_metrics.loss_and_grad_norm`), so all
-ranks stop after the same step, whatever each one's clock says. The time kept back (`margin_s`) is
+fit; the vote is one slot of the step's ballot (`training.distributed.ballot`), so all ranks stop
+after the same step, whatever each one's clock says. The time kept back (`margin_s`) is
 the checkpoint's write and upload, the slowest step twice (the rest of this one and the next), and
 an evaluation, which every checkpoint brings when the run evaluates.
 """
@@ -24,7 +24,11 @@ from training.config.deadline_margin import (
     margin_s,
 )
 from training.config.settings import DEADLINE_FLAG as FLAG
+from training.distributed.ballot import StepBallot
 from training.errors import UsageError
+
+# The deadline's slot on the step's ballot: how many ranks vote to stop after this step.
+STOP_SLOT = "deadline_stop"
 
 
 def deadline_epoch(text: str) -> float:
@@ -69,8 +73,6 @@ class Deadline:
         self.slowest_step_s = 0.0
         self.eval_s: float | None = None
         self.step_started = clock()
-        # Set by `training.loop.train_step` from every rank's vote: stop after the step it ran.
-        self.agreed = False
 
     def check_start(self, device: torch.device) -> None:
         """Collective: raises the same one-line `UsageError` on every rank when any rank's clock
@@ -98,6 +100,19 @@ class Deadline:
     def vote(self) -> bool:
         """This rank's wish to stop after the step now running: the next would not fit."""
         return self.clock() + self.margin_s() > self.end
+
+    @staticmethod
+    def register(ballot: StepBallot) -> None:
+        ballot.register(STOP_SLOT)
+
+    def cast(self, ballot: StepBallot) -> None:
+        """This rank's `vote` on the step's ballot, before its all-reduce."""
+        ballot.cast(STOP_SLOT, 1.0 if self.vote() else 0.0)
+
+    @staticmethod
+    def agreed(ballot: StepBallot) -> bool:
+        """After the step's all-reduce, alike on every rank: some rank voted to stop after it."""
+        return ballot.counted(STOP_SLOT) > 0
 
     def left_s(self) -> float:
         return self.end - self.clock()

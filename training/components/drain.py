@@ -3,8 +3,8 @@ or node drain, a spot interruption, a repair) makes every rank checkpoint the st
 step's end, and train on; the restart after the node is gone resumes from that step.
 
 Two sources feed the same notice, each agreed by all ranks at the same step through the step's
-all-reduce (the counts `training.metrics.run_metrics.loss_and_grad_norm` sums), as --deadline's vote
-and the checkpoint writer's ballot are:
+all-reduce (two slots of the step's ballot, `training.distributed.ballot`), as --deadline's vote
+and the checkpoint writer's counts are:
 
 - a launcher's poll (`poll`, Ray Train's `ray.train.get_preemption_info`, ray 2.58:
   ray/train/v2/api/train_fn_utils.py), a barrier every rank must call the same number of times: each
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from training.config.drain_budget import DrainChoice
+from training.distributed.ballot import StepBallot
 from training.session import Notice
 
 # Seconds between polls of the launcher's preemption notice. Ray Train's PreemptionWatcher reads
@@ -35,6 +36,9 @@ POLL_EVERY_S = 2.0
 SIGTERM_SOURCE = "SIGTERM"
 # What a shell reports for a process that a SIGTERM ended: a drained run did not finish.
 DRAINED_EXIT_CODE = 128 + signal.SIGTERM
+# The drain's slots on the step's ballot, in the order of `DrainWatch.votes`: the ranks whose clock
+# says a poll is due, and those that received a SIGTERM.
+POLL_SLOT, SIGTERM_SLOT = "drain_poll_due", "drain_sigterm"
 
 
 _sigterm = threading.Event()
@@ -50,8 +54,9 @@ def sigterm_received() -> bool:
 
 
 class DrainWatch:
-    """One rank's view of drain notices: its votes before a step's all-reduce (`votes`), the
-    ranks' counts after it (`tally`), and the decision at the step's end (`decide`):
+    """One rank's view of drain notices: its votes before a step's all-reduce (`votes`, cast on
+    the step's ballot by `cast`), the ranks' counts after it (`tally`, read from the ballot by
+    `count`), and the decision at the step's end (`decide`):
     `checkpoint_now` is the same on every rank."""
 
     def __init__(
@@ -73,9 +78,18 @@ class DrainWatch:
         due = self.poll is not None and self.clock() - self.last_poll >= self.poll_every_s
         return due, self.local()
 
-    def ballot(self) -> list[float]:
-        """`votes` as counts for the step's all-reduce."""
-        return [float(vote) for vote in self.votes()]
+    @staticmethod
+    def register(ballot: StepBallot) -> None:
+        ballot.register(POLL_SLOT, SIGTERM_SLOT)
+
+    def cast(self, ballot: StepBallot) -> None:
+        """`votes` on the step's ballot, before its all-reduce."""
+        for slot, vote in zip((POLL_SLOT, SIGTERM_SLOT), self.votes(), strict=True):
+            ballot.cast(slot, 1.0 if vote else 0.0)
+
+    def count(self, ballot: StepBallot) -> None:
+        """`tally` of the ballot's sums, after the step's all-reduce."""
+        self.tally([ballot.counted(POLL_SLOT), ballot.counted(SIGTERM_SLOT)])
 
     def tally(self, counts: Sequence[float]) -> None:
         """How many ranks cast each vote of `votes`, from the step's all-reduce."""

@@ -1,13 +1,24 @@
-"""Resume compatibility: what a checkpoint records for a resume (its checkpoint settings), and the
-one-line refusals of a resume or an --init-from that cannot continue as the uninterrupted run would."""
+"""Resume compatibility: what a checkpoint holds (`CheckpointContents`: the shards, the train state
+with its checkpoint settings), and the one-line refusals of a resume or an --init-from that cannot
+continue as the uninterrupted run would."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+from torch.optim import Optimizer
+
+from training.components.checkpoint import CHECKPOINT_SCORE, export_hugging_face, save_checkpoint
 from training.components.optim import schedule_settings
 from training.config.run_config import TrainConfig, flag_name, nothing_left_to_train
+from training.data.batches import position_after
+from training.data.tokenizer import load_tokenizer
 from training.errors import UsageError
+from training.model.causal_lm import CAUSAL_LM_PREFIX
 
 # What the replayed data depends on, saved with each checkpoint (with the global batch and the
 # schedule's settings, below); a resume must keep each.
@@ -121,3 +132,60 @@ ARCHITECTURE_KEYS = (
     "num_key_value_heads",
     "tie_word_embeddings",
 )
+
+
+@dataclass
+class CheckpointContents:
+    """What a checkpoint of this run holds: the model and optimizer shards and rank 0's train state
+    (the step, the metric history so far, the `checkpoint_settings`, the data position a resume
+    continues from, the architecture and the tokenizer); with --export-hf, the run's last one also
+    holds the Hugging Face export."""
+
+    model: nn.Module
+    optimizer: Optimizer
+    architecture: Any
+    settings: dict[str, Any]
+    history: list[dict[str, Any]]  # the run's, as it grows: a state copies it when made
+    start_step: int
+    position: tuple[int, int]  # the data position at `start_step`
+    rows: int | None  # the corpus's rows; None for synthetic tokens, which have no position
+    tokenizer: str
+    export_dtype: str | None  # --export-hf's dtype; None without an export
+    rank: int
+
+    def train_state(self, step: int, eval_loss: float | None) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "step": step,
+            "history": list(self.history),
+            **self.settings,
+            CHECKPOINT_SCORE: eval_loss,
+        }
+        if self.rows is not None:
+            state["data_position"] = position_after(
+                self.position,
+                step - self.start_step,
+                rows=self.rows,
+                global_batch=self.settings["global_batch"],
+            )
+        state["architecture"] = json.loads(self.architecture.to_json_string(use_diff=False))
+        state["tokenizer"] = self.tokenizer
+        return state
+
+    def saver(self, step: int, eval_loss: float | None, last: bool) -> Callable[[str], None]:
+        """Writes the checkpoint of `step` synchronously to a path (collective); the run's `last`
+        exports it too with --export-hf."""
+
+        def write(path: str) -> None:
+            save_checkpoint(path, self.model, self.optimizer, self.train_state(step, eval_loss), self.rank)
+            if self.export_dtype is not None and last:
+                export_hugging_face(
+                    path,
+                    self.model,
+                    self.architecture,
+                    CAUSAL_LM_PREFIX,
+                    self.export_dtype,
+                    load_tokenizer(self.tokenizer),
+                    self.rank,
+                )
+
+        return write

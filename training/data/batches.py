@@ -10,8 +10,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
+
+from training.config.run_config import TrainConfig
+
+
+class Ranks(Protocol):
+    """What `step_batches` reads of a launcher's session (training/session.py `Session`)."""
+
+    rank: int
+    world_size: int
 
 
 def synthetic_batches(
@@ -100,3 +110,34 @@ def position_after(start: tuple[int, int], steps: int, *, rows: int, global_batc
         steps -= left
         epoch, offset, left = epoch + 1, 0, rows // global_batch
     return epoch, offset + steps * global_batch
+
+
+def step_batches(
+    config: TrainConfig,
+    session: Ranks,
+    vocab_size: int,
+    start_step: int,
+    rows: np.ndarray | None,
+    position: Any,
+) -> Iterator[np.ndarray]:
+    """This rank's micro-batches from step `start_step + 1` on, `--grad-accum-steps` a step:
+    synthetic rows (`rows` None), or the packed rows' epochs from `position` (`position_after`)."""
+    if rows is None:
+        return synthetic_batches(
+            seed=config.seed,
+            rank=session.rank,
+            start_step=start_step,
+            batch_size=config.batch_size,
+            seq_len=config.seq_len,
+            vocab_size=vocab_size,
+            grad_accum_steps=config.grad_accum_steps,
+        )
+    return epoch_batches(
+        rows,
+        seed=config.seed,
+        rank=session.rank,
+        world_size=session.world_size,
+        batch_size=config.batch_size,
+        grad_accum_steps=config.grad_accum_steps,
+        start=position,
+    )

@@ -33,7 +33,7 @@ from training.data.packing import PackedCorpus
 from training.distributed.nodes import gather_nodes, this_node
 from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import UsageError
-from training.metrics.artifacts import write_run_files
+from training.metrics.artifacts import closing_line, write_run_files
 from training.metrics.report import format_summary
 from training.session import Notice
 
@@ -143,6 +143,7 @@ class TorchrunSession:
 
         completed = write_run_files(write, str(self.run_dir), summary, history)
         print(format_summary(completed), flush=True)
+        print(closing_line(completed), flush=True)
 
 
 def _all_agree(device: torch.device, mine: bool) -> bool:

@@ -1,12 +1,15 @@
-"""Files a finished run leaves in its folder: summary.json and a picture of the run."""
+"""Files a finished run leaves in its folder: summary.json and a picture of the run; and the line
+for people that ends the run's output, after the JSON summary for scripts."""
 
 from __future__ import annotations
 
 import io
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from training.metrics.report import format_duration
 
 SUMMARY_FILE = "summary.json"
 PICTURE_FILE = "run.png"
@@ -72,3 +75,27 @@ def write_run_files(
         write(PICTURE_FILE, picture)
     write(SUMMARY_FILE, json.dumps({**summary, "history": history}, indent=2).encode())
     return summary
+
+
+def closing_line(summary: Mapping[str, Any]) -> str:
+    """The run in one line for people, printed after the JSON summary (which log parsers read:
+    `training.metrics.report.parse_summary`; this line holds no JSON): the loss first -> last, the
+    time, the run folder and what it holds, and how to resume. It reads the keys every summary
+    holds (`SUMMARY_KEYS`), and the run name where there is one (else the run folder's name)."""
+
+    def loss(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.4f}"
+
+    run_dir = summary.get("run_dir")
+    run_name = summary.get("run_name") or (run_dir.rstrip("/").rsplit("/", 1)[-1] if run_dir else None)
+    first, last = loss(summary.get("loss_first")), loss(summary.get("loss_last"))
+    steps = f" ({summary['steps_run']} steps)" if "steps_run" in summary else ""
+    line = f"done: loss {first} -> {last} in {format_duration(summary['duration_s'])}{steps}"
+    if run_dir:
+        line += (
+            f"; the run folder {run_dir} holds {PICTURE_FILE}, the TensorBoard events (tensorboard/) "
+            "and the checkpoints"
+        )
+    if run_name:
+        line += f"; the same command with --run-name {run_name} resumes from its latest checkpoint"
+    return line

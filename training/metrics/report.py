@@ -76,7 +76,8 @@ ATTEMPT_KEYS = (
 
 @dataclass(frozen=True)
 class RunSummary:
-    """A finished run: the JSON line the driver prints last and the run folder's summary.json."""
+    """A finished run: the JSON line the driver prints (before its closing line for people,
+    `training.metrics.artifacts.closing_line`) and the run folder's summary.json."""
 
     world_size: int
     steps: int
@@ -294,7 +295,8 @@ def format_duration(seconds: float) -> str:
 
 
 def format_summary(summary: RunSummary | Mapping[str, Any]) -> str:
-    """The run summary as one JSON line (the last line the driver prints)."""
+    """The run summary as one JSON line (the driver's last but one: the closing line for people
+    follows it)."""
     summary = _mapping(summary)
     missing = [key for key in SUMMARY_KEYS if key not in summary]
     if missing:

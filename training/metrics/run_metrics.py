@@ -32,25 +32,6 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
-def loss_and_grad_norm(
-    loss: torch.Tensor, grad_norm: torch.Tensor, stop: bool = False, tally: list[float] | None = None
-) -> tuple[float, float, bool]:
-    """The global batch's loss (this rank's, averaged over the ranks), the gradient norm
-    (the same on every rank) and whether any rank votes to stop after this step (--deadline),
-    through one all-reduce and one read: the step's one host
-    synchronisation. All three are then the same on every rank, and so is `tally`, whose counts
-    are replaced in place by their sums over the ranks. Summed in float64, so
-    that no sum of finite fp32 values overflows into a spurious inf."""
-    counts = tally if tally is not None else []
-    votes_and_counts = torch.tensor([1.0 if stop else 0.0, *counts], dtype=torch.float64, device=loss.device)
-    values = torch.cat([torch.stack([loss.detach().double(), grad_norm.detach().double()]), votes_and_counts])
-    dist.all_reduce(values, op=dist.ReduceOp.SUM)  # gloo has no AVG
-    world_size = dist.get_world_size()
-    loss_sum, norm_sum, votes, *sums = values.tolist()
-    counts[:] = sums
-    return loss_sum / world_size, norm_sum / world_size, votes > 0
-
-
 def _across_ranks(value: float, device: torch.device, op: dist.ReduceOp.RedOpType) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=op)

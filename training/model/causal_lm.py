@@ -26,6 +26,7 @@ from training.model.attention import document_block_mask
 from training.model.loss import (
     IGNORE_INDEX,
     ChunkFn,
+    LossTerm,
     chunk_loss_and_logit_grad,
     fused_linear_cross_entropy,
     global_normalizer,
@@ -303,7 +304,10 @@ def load_shards_from_checkpoint(model: CausalLMWithFusedLoss, model_id: str, dev
 
 
 class CausalLMWithFusedLoss(nn.Module):
-    """A Hugging Face causal LM whose forward returns the loss through the fused lm_head."""
+    """A Hugging Face causal LM whose forward returns the loss through the fused lm_head, plus
+    each of `loss_terms` (none by default): functions of the final hidden states, the labels and
+    the normaliser (`training.model.loss.LossTerm`) whose gradients autograd computes. A term is
+    added in training and in evaluation alike (docs/training/changing-the-loss.md)."""
 
     def __init__(
         self, causal_lm: nn.Module, loss_chunk_tokens: int, flex_tiles: dict[str, Any] | None = None
@@ -312,6 +316,7 @@ class CausalLMWithFusedLoss(nn.Module):
         self.causal_lm: Any = causal_lm
         self.loss_chunk_tokens = loss_chunk_tokens
         self.chunk_fn: ChunkFn = chunk_loss_and_logit_grad
+        self.loss_terms: list[LossTerm] = []
         # FlexAttention's kernel tiles (`training.model.attention.attention_kernel`); None: torch's own.
         self.flex_tiles = flex_tiles
 
@@ -351,12 +356,10 @@ class CausalLMWithFusedLoss(nn.Module):
                 extra["kernel_options"] = self.flex_tiles
         hidden = self.causal_lm.model(
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
-        ).last_hidden_state
-        return fused_linear_cross_entropy(
-            hidden.flatten(0, 1),
-            self.causal_lm.lm_head.weight,
-            labels,
-            normalizer,
-            self.loss_chunk_tokens,
-            self.chunk_fn,
+        ).last_hidden_state.flatten(0, 1)
+        loss = fused_linear_cross_entropy(
+            hidden, self.causal_lm.lm_head.weight, labels, normalizer, self.loss_chunk_tokens, self.chunk_fn
         )
+        for term in self.loss_terms:
+            loss = loss + term(hidden, labels, normalizer)
+        return loss

@@ -13,6 +13,10 @@ ranks before dividing, so ranks with more padding weigh less. With gradient
 accumulation the count also spans the step's micro-batches: each micro-batch's
 summed loss is divided by the whole step's count, so the micro-batch losses
 (and their gradients) add up to those of the step's token mean.
+
+A term on the hidden states (or on the loss value) is a `LossTerm`, added to this loss with plain
+autograd (`CausalLMWithFusedLoss.loss_terms`); a term on the logits goes into both chunk functions
+and the evaluation's form, with its gradient derived by hand: docs/training/changing-the-loss.md.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ import torch.distributed as dist
 IGNORE_INDEX = -100
 
 ChunkFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# A term added to the fused loss: (hidden [tokens, hidden], labels [tokens], normalizer) -> a
+# scalar, differentiated by autograd. Summed over the valid labels and divided by `normalizer`, as
+# the cross-entropy is, it accumulates over micro-batches and ranks as the loss does.
+LossTerm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 # cuBLAS can add a bf16 product into an fp32 matrix in one call (torch >= 2.8, CUDA only).
 _ADDMM_INTO_FP32 = hasattr(torch.ops.aten.addmm, "dtype")

@@ -110,7 +110,7 @@ def _agreeing_ranks(rank: int, init_file: str, root: str, out: str) -> None:
     import torch.distributed as dist
 
     from training.components.async_checkpoint import CheckpointWriter
-    from training.metrics.run_metrics import loss_and_grad_norm
+    from training.distributed.ballot import StepBallot, step_sync
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     if rank == 1:
@@ -120,12 +120,14 @@ def _agreeing_ranks(rank: int, init_file: str, root: str, out: str) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     session = _Recorder(rank, 2, Path(root))
     writer = CheckpointWriter(session, model, optimizer, 0.0, torch.device("cpu"))
+    ballot = StepBallot()
+    writer.register(ballot)
     steps = 14
     for step in range(1, steps + 1):
         time.sleep(0.2)  # the step's work
-        tally = writer.ballot()
-        loss_and_grad_norm(torch.tensor(1.0), torch.tensor(1.0), tally=tally)
-        writer.count(tally)
+        writer.cast(ballot)
+        step_sync(torch.tensor(1.0), torch.tensor(1.0), ballot)
+        writer.count(ballot)
         state = {"step": step} if step == 2 else None
         writer.report({"step": step}, step, state=state, last=step == steps, save=None)
         with torch.no_grad():
@@ -163,8 +165,8 @@ def _clocks_apart(rank: int, init_file: str, root: str, out: str) -> None:
     """Rank 1's clock runs 20 times as fast as rank 0's: only rank 1's says the interval passed."""
     import torch.distributed as dist
 
-    from training.components.async_checkpoint import CheckpointWriter
-    from training.metrics.run_metrics import loss_and_grad_norm
+    from training.components.async_checkpoint import INTERVAL_DUE, CheckpointWriter
+    from training.distributed.ballot import StepBallot, step_sync
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     now = [0.0]
@@ -177,13 +179,15 @@ def _clocks_apart(rank: int, init_file: str, root: str, out: str) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     session = _Recorder(rank, 2, Path(root))
     writer = CheckpointWriter(session, model, optimizer, 5.0, torch.device("cpu"), clock=clock)
+    ballot = StepBallot()
+    writer.register(ballot)
     votes = []
     steps = 8
     for step in range(1, steps + 1):
-        tally = writer.ballot()
-        votes.append(tally[1])
-        loss_and_grad_norm(torch.tensor(1.0), torch.tensor(1.0), tally=tally)
-        writer.count(tally)
+        writer.cast(ballot)
+        votes.append(ballot.own(INTERVAL_DUE))
+        step_sync(torch.tensor(1.0), torch.tensor(1.0), ballot)
+        writer.count(ballot)
         last = step == steps
         state = {"step": step} if writer.interval_due and not last else None
         writer.report({"step": step}, step, state=state, last=last, save=None)

@@ -20,9 +20,9 @@ from training.config.deadline_margin import (
 )
 from training.config.flag_types import parse_deadline
 from training.config.run_config import ArgumentsError, parse_flags
+from training.distributed.ballot import StepBallot, step_sync
 from training.errors import UsageError
 from training.metrics.report import format_duration, format_progress_line
-from training.metrics.run_metrics import loss_and_grad_norm
 
 END = "2026-12-05T07:00:00Z"
 T_END = deadline_epoch(END)
@@ -129,7 +129,11 @@ def _ranks(rank: int, init_file: str, out: str) -> None:
     deadline.record(iteration_s=11.0, eval_s=None, checkpoint_s=10.0)
     deadline.start_step()
     votes = deadline.vote()
-    _, _, agreed = loss_and_grad_norm(torch.tensor(1.0), torch.tensor(2.0), stop=votes)
+    ballot = StepBallot()
+    Deadline.register(ballot)
+    deadline.cast(ballot)
+    step_sync(torch.tensor(1.0), torch.tensor(2.0), ballot)
+    agreed = Deadline.agreed(ballot)
     clock.now = T_END + (-1000.0 if rank == 0 else 1.0)
     try:
         deadline.check_start(torch.device("cpu"))
@@ -151,7 +155,13 @@ def test_two_ranks_with_different_clocks_agree_through_the_steps_all_reduce(tmp_
 
 
 def test_no_vote_leaves_the_loss_and_norm_as_they_were(one_rank_group):
-    assert loss_and_grad_norm(torch.tensor(1.5), torch.tensor(0.5)) == (1.5, 0.5, False)
+    ballot = StepBallot()
+    Deadline.register(ballot)
+    assert (*step_sync(torch.tensor(1.5), torch.tensor(0.5), ballot), Deadline.agreed(ballot)) == (
+        1.5,
+        0.5,
+        False,
+    )
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from training.components.drain import (
     notice_line,
 )
 from training.config.drain_budget import DrainChoice
-from training.metrics.run_metrics import loss_and_grad_norm
+from training.distributed.ballot import StepBallot, step_sync
 from training.session import Notice
 
 GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds default, and Ray's drain deadline on SIGTERM
@@ -130,9 +130,13 @@ def test_a_real_sigterm_becomes_this_processs_notice():
 
 def test_the_votes_are_counted_in_the_steps_all_reduce(one_rank_group):
     watch = DrainWatch(None, local=lambda: True)
-    tally = [1.0, 0.0, *watch.ballot()]  # after the checkpoint writer's ballot, as the loop puts it
-    loss, norm, _ = loss_and_grad_norm(torch.tensor(1.5), torch.tensor(0.5), tally=tally)
-    watch.tally(tally[2:])
+    ballot = StepBallot()
+    ballot.register("checkpoint_written")  # after the checkpoint writer's slot, as the loop puts it
+    DrainWatch.register(ballot)
+    ballot.cast("checkpoint_written", 1.0)
+    watch.cast(ballot)
+    loss, norm = step_sync(torch.tensor(1.5), torch.tensor(0.5), ballot)
+    watch.count(ballot)
     assert (loss, norm, watch.counts) == (1.5, 0.5, (0, 1))
     assert watch.decide() and watch.notice == Notice(SIGTERM_SOURCE)
 

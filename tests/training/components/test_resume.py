@@ -125,3 +125,48 @@ def test_a_resume_at_or_past_steps_says_so(steps):
         UsageError, match=rf"^ckpt is at step 4: --steps {steps} leaves nothing to train; pass --steps > 4$"
     ):
         check_resume({"step": 4, **settings}, settings, steps, "ckpt")
+
+
+class _Architecture:
+    """The part of a transformers config a train state records."""
+
+    def to_json_string(self, use_diff: bool) -> str:
+        assert not use_diff
+        return '{"model_type": "qwen2", "hidden_size": 64}'
+
+
+def test_a_checkpoints_train_state_holds_what_a_resume_reads():
+    """`CheckpointContents.train_state`: the step, the history so far (a copy), the checkpoint
+    settings, the score, the data position after the steps since the start, the architecture and
+    the tokenizer; no data position for synthetic tokens."""
+    from training.components.checkpoint import CHECKPOINT_SCORE
+    from training.components.resume import CheckpointContents, checkpoint_settings
+
+    settings = checkpoint_settings(parse_args([]), 2, "abc")  # a global batch of 16 rows
+    history = [{"step": 4, "loss": 3.0}]
+    contents = CheckpointContents(
+        model=None,  # type: ignore[arg-type]  # a train state reads neither
+        optimizer=None,  # type: ignore[arg-type]
+        architecture=_Architecture(),
+        settings=settings,
+        history=history,
+        start_step=3,
+        position=(1, 8),
+        rows=100,
+        tokenizer="bytes",
+        export_dtype=None,
+        rank=0,
+    )
+    state = contents.train_state(5, 2.5)
+    history.append({"step": 6, "loss": 2.9})
+    assert state == {
+        "step": 5,
+        "history": [{"step": 4, "loss": 3.0}],
+        **settings,
+        CHECKPOINT_SCORE: 2.5,
+        "data_position": (1, 40),  # 2 steps of 16 rows after row 8 of epoch 1
+        "architecture": {"model_type": "qwen2", "hidden_size": 64},
+        "tokenizer": "bytes",
+    }
+    contents.rows = None
+    assert "data_position" not in contents.train_state(5, None)

@@ -24,6 +24,7 @@ from training.components.checkpoint import (
     save_checkpoint,
 )
 from training.components.storage import MAX_RANGE_BYTES, merged_ranges
+from training.distributed.ballot import StepBallot
 
 BUCKET = "runs"
 RUN = f"s3://{BUCKET}/run"
@@ -127,8 +128,11 @@ def test_a_write_whose_shard_upload_is_refused_is_never_committed_and_the_run_tr
     model, optimizer = model_and_optimizer(0)
     session, lines = _Published(), []
     writer = CheckpointWriter(session, model, optimizer, 0.0, torch.device("cpu"), log=lines.append)
+    ballot = StepBallot()
+    writer.register(ballot)
     for step in range(1, 7):
-        writer.count([1.0, 0.0])  # the one rank's write, if any, has ended: it waits for it
+        ballot.receive([1.0, 0.0])  # the one rank's write, if any, has ended: it waits for it
+        writer.count(ballot)
         state = {"step": step} if step in (2, 4) else None
         writer.report({"step": step}, step, state=state, last=False, save=None)
     writer.close()

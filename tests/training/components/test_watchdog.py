@@ -221,12 +221,12 @@ def test_a_dump_with_one_rank_behind_names_that_rank_the_collective_and_its_node
         waited_s=41.0,
         limit=Limit(IN_STEP, 5.0, 30.0),
         verdict=verdict,
-        collective="loss_and_grad_norm (run_metrics.py:49)",
+        collective="step_sync (ballot.py:69)",
         recorded=oldest_pending(dump(0)),
     )
     assert line.startswith(
         "hang at step 7: rank(s) 2 did not arrive (last NCCL collective enqueued #64, the others' #70); "
-        "rank 0 waits in loss_and_grad_norm (run_metrics.py:49); oldest pending in the NCCL flight "
+        "rank 0 waits in step_sync (ballot.py:69); oldest pending in the NCCL flight "
         "recorder: nccl:_reduce_scatter_base #65 (scheduled, default_pg) for 41.0 s"
     )
     assert hang_cause({"cause": line, "ranks": list(verdict.lagging)}, HOSTS, 240)[1] == "worker-b"

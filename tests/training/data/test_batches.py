@@ -72,7 +72,7 @@ def test_synthetic_micro_batches_are_distinct_and_keyed_by_step_and_micro_batch(
 
 
 class _RankOnly:
-    """The part of a launcher's session `_batches` reads: rank and world size."""
+    """The part of a launcher's session `step_batches` reads: rank and world size."""
 
     rank = 0
     world_size = 1
@@ -82,17 +82,16 @@ class _RankOnly:
 def test_a_resume_with_accumulation_replays_the_rows_of_an_uninterrupted_run(data):
     """A run resumed after step 3 of 2 micro-batches each continues with batch 7 of the stream,
     the first batch the uninterrupted run would have trained on after step 3."""
-    from training.data.batches import position_after
-    from training.loop import _batches
+    from training.data.batches import position_after, step_batches
 
     argv = ["--seq-len", "32", "--batch-size", "3", "--grad-accum-steps", "2"]
     config = parse_args(argv + (["--data", SYNTHETIC] if data == SYNTHETIC else []))
     files = [str(path) for path in sorted(SHIPPED_CORPUS.iterdir())]
     rows = None if data == SYNTHETIC else corpus_rows(files, tokenizer="bytes", seq_len=32)
-    uninterrupted = _batches(config, _RankOnly(), 257, 0, rows, (0, 0))
+    uninterrupted = step_batches(config, _RankOnly(), 257, 0, rows, (0, 0))
     per_step = [[next(uninterrupted) for _ in range(2)] for _ in range(6)]
     position = (0, 0) if rows is None else position_after((0, 0), 3, rows=len(rows), global_batch=6)
-    resumed = _batches(config, _RankOnly(), 257, 3, rows, position)
+    resumed = step_batches(config, _RankOnly(), 257, 3, rows, position)
     for step in per_step[3:]:
         for expected in step:
             np.testing.assert_array_equal(next(resumed), expected)

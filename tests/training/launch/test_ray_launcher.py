@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
+from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, printed_summary, run_cli, step_lines
 from tests.harness.fake_efa_sysfs import FakeEfaSysfs
 from tests.harness.tensorboard_events import read_scalars
 from training.metrics.efa_sysfs import COUNTERS_URL_ENV, SYSFS_ROOT_ENV, counter_server
@@ -114,7 +114,7 @@ def resumed_run(storage, full_run, ray_head) -> subprocess.CompletedProcess:
 
 
 def test_last_stdout_line_is_the_run_summary(full_run):
-    summary = last_line_summary(full_run.stdout)
+    summary = printed_summary(full_run.stdout)
     assert set(SUMMARY_KEYS) <= set(summary)
     assert parse_summary(full_run.stdout) == summary
     assert (summary["world_size"], summary["steps"], summary["steps_run"]) == (2, STEPS, STEPS)
@@ -141,14 +141,14 @@ def test_a_run_into_a_pipe_has_no_colour_codes_and_no_known_noise(full_run):
 
 
 def test_loss_decreases_on_the_shipped_corpus(full_run):
-    summary = last_line_summary(full_run.stdout)
+    summary = printed_summary(full_run.stdout)
     assert summary["data"] == "corpus"
     assert summary["loss_last"] < 0.8 * summary["loss_first"]
 
 
 def test_run_folder_holds_summary_picture_and_checkpoints(full_run, storage):
     run_dir = storage / "full"
-    printed = last_line_summary(full_run.stdout)
+    printed = printed_summary(full_run.stdout)
     assert printed["run_dir"] == str(run_dir) and printed["summary_path"] == str(run_dir / "summary.json")
     saved = json.loads((run_dir / "summary.json").read_text())
     assert [entry["step"] for entry in saved.pop("history")] == list(range(1, STEPS + 1))
@@ -170,7 +170,7 @@ def test_resume_continues_the_step_count_and_matches_the_uninterrupted_run(full_
     # Same weights, optimizer state and replayed data: the same losses, up to reduction order.
     for step, loss in resumed.items():
         assert loss == pytest.approx(uninterrupted[step], abs=1e-3), step
-    summary = last_line_summary(resumed_run.stdout)
+    summary = printed_summary(resumed_run.stdout)
     assert (summary["start_step"], summary["steps_run"]) == (CHECKPOINT_EVERY, STEPS - CHECKPOINT_EVERY)
     history = json.loads((storage / "resumed" / "summary.json").read_text())["history"]
     assert [entry["step"] for entry in history] == list(range(1, STEPS + 1))
@@ -216,7 +216,7 @@ def test_a_resume_on_one_worker_with_two_micro_batches_reshards_and_trains_as_th
     assert sorted(resumed) == [5, 6]
     for step, loss in resumed.items():
         assert loss == pytest.approx(uninterrupted[step], abs=1e-3), step
-    summary = last_line_summary(result.stdout)
+    summary = printed_summary(result.stdout)
     assert (summary["start_step"], summary["world_size"], summary["resharded"]) == (4, 1, True)
 
 
@@ -263,7 +263,7 @@ def test_a_relative_model_folder_reaches_the_ray_workers(full_run, storage, ray_
     assert result.returncode == 0, result.stderr[-4000:]
     # The trained weights, not a random init: the step-1 loss is near the run's last, not 5.55.
     last = step_lines(full_run.stdout)[-1]["loss"]
-    assert last_line_summary(result.stdout)["loss_first"] == pytest.approx(last, abs=0.3)
+    assert printed_summary(result.stdout)["loss_first"] == pytest.approx(last, abs=0.3)
 
 
 def test_torchrun_trains_on_the_same_corpus_rows_as_ray(full_run, storage):
@@ -279,7 +279,7 @@ def test_torchrun_trains_on_the_same_corpus_rows_as_ray(full_run, storage):
         launcher=TORCHRUN,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    assert last_line_summary(result.stdout)["data"] == "corpus"
+    assert printed_summary(result.stdout)["data"] == "corpus"
     on_ray = [entry["loss"] for entry in step_lines(full_run.stdout)]
     on_torchrun = [entry["loss"] for entry in step_lines(result.stdout)]
     assert len(on_torchrun) == STEPS
@@ -307,7 +307,7 @@ def test_a_resume_with_gradient_accumulation_matches_the_uninterrupted_run(stora
     assert sorted(replayed) == [3, 4]
     for step, loss in replayed.items():
         assert loss == pytest.approx(uninterrupted[step], abs=1e-5), step
-    summary = last_line_summary(full.stdout)
+    summary = printed_summary(full.stdout)
     assert summary["grad_accum_steps"] == 2
     assert summary["tokens_per_step"] == 2 * 8 * 128 * 2  # workers x batch x seq x micro-batches
     # Text trains on every label of its packed rows; the count spans both ranks.
@@ -343,7 +343,7 @@ def test_short_documents_and_held_out_rows_go_through_the_corpus_cache_and_train
     assert len(packed) == 2 and packed[0].startswith(f"--data {corpus}: ")
     assert packed[1].startswith(f"--eval-data {held_out}: 23 rows of 129 tokens ")
     assert len([entry for entry in cache.iterdir() if entry.is_dir()]) == 2
-    summary = last_line_summary(result.stdout)
+    summary = printed_summary(result.stdout)
     assert (summary["data"], summary["steps_run"]) == ("corpus", 3)
     assert summary["eval_loss"] is not None and summary["eval_loss"] > 0
 
@@ -373,7 +373,7 @@ def torchrun_run(storage, with_fake_efa) -> subprocess.CompletedProcess:
 def test_torchrun_launcher_runs_the_same_loop_and_exports_a_hugging_face_model(torchrun_run, storage):
     from transformers import AutoModelForCausalLM
 
-    summary = last_line_summary(torchrun_run.stdout)
+    summary = printed_summary(torchrun_run.stdout)
     assert (summary["world_size"], summary["steps"], summary["data"]) == (2, 3, "synthetic")
     assert [entry["step"] for entry in step_lines(torchrun_run.stdout)] == [1, 2, 3]
     assert (storage / "torchrun" / "summary.json").is_file()
@@ -393,14 +393,14 @@ def test_hsdp_and_activation_checkpointing_keep_the_math_of_plain_fsdp(torchrun_
         launcher=TORCHRUN,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    assert last_line_summary(result.stdout)["hsdp_replicas"] == 2
+    assert printed_summary(result.stdout)["hsdp_replicas"] == 2
     hsdp = [entry["loss"] for entry in step_lines(result.stdout)]
     fsdp = [entry["loss"] for entry in step_lines(torchrun_run.stdout)]
     assert len(hsdp) == 3
     assert hsdp == pytest.approx(fsdp, abs=1e-5)
     # This machine has no EFA device and no fake tree was given: the fields are absent, not zero.
     assert not [entry for entry in step_lines(result.stdout) if "efa_bytes_per_s" in entry]
-    assert "efa_bytes_per_s" not in last_line_summary(result.stdout) and "| EFA " not in result.stdout
+    assert "efa_bytes_per_s" not in printed_summary(result.stdout) and "| EFA " not in result.stdout
 
 
 def assert_efa_bytes_in_steps_summary_and_tensorboard(
@@ -412,7 +412,7 @@ def assert_efa_bytes_in_steps_summary_and_tensorboard(
     steps = step_lines(run.stdout)
     assert steps and all(entry["efa_bytes_per_s"] == {node: 0.0} for entry in steps)
     assert all("| EFA 0.00 GB/s" in line for line in run.stdout.splitlines() if " | loss " in line)
-    summary = last_line_summary(run.stdout)
+    summary = printed_summary(run.stdout)
     assert summary["efa_bytes_per_s"] == {node: 0.0} and summary["efa_bytes_per_step"] == {node: 0.0}
     saved = json.loads((run_dir / "summary.json").read_text())
     assert saved["efa_bytes_per_s"] == summary["efa_bytes_per_s"]
@@ -494,7 +494,7 @@ def test_a_killed_worker_resumes_from_the_latest_checkpoint(storage, ray_head):
     assert replayed
     for entry in replayed:
         assert entry["loss"] == pytest.approx(before[entry["step"]], abs=1e-3), entry["step"]
-    summary = json.loads(lines[-1])
+    summary = printed_summary("".join(lines))
     assert (summary["steps"], summary["start_step"]) == (steps, resumed_from)
 
 
@@ -577,7 +577,7 @@ def test_a_run_whose_eval_loss_rises_keeps_its_best_checkpoint_and_its_latest(
     assert sorted(evaluated) == list(range(5, 41, 5))  # at every checkpoint
     best = min(evaluated, key=evaluated.__getitem__)
     assert best < 40 and evaluated[40] > evaluated[best]  # the held-out loss rose after the best
-    summary = last_line_summary(result.stdout)
+    summary = printed_summary(result.stdout)
     assert (summary["best_eval_step"], summary["best_eval_loss"]) == (best, evaluated[best])
     kept = sorted(path.name for path in (storage / f"overfit-{launcher}").glob("checkpoint_0*"))
     assert kept == [f"checkpoint_{best:06d}", "checkpoint_000040"]
@@ -614,7 +614,7 @@ def test_early_stopping_ends_the_run_after_its_patience_with_a_checkpoint(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert [entry["step"] for entry in step_lines(result.stdout)] == list(range(1, stop + 1))
-    summary = last_line_summary(result.stdout)
+    summary = printed_summary(result.stdout)
     assert (summary["stopped_early"], summary["steps_run"], summary["steps"]) == (True, stop, 40)
     best = summary["best_eval_step"]
     assert f"stopping early at step {stop}: 2 evaluations without an eval_loss below" in result.stdout
@@ -644,7 +644,7 @@ def test_a_run_stops_before_its_deadline_with_a_checkpoint_and_the_next_resumes_
     first, ended, end = run_until(120)
     assert first.returncode == 0, first.stderr[-4000:]
     assert ended < end
-    summary = last_line_summary(first.stdout)
+    summary = printed_summary(first.stdout)
     last = summary["last_step"]
     assert summary["stopped_at_deadline"] is True and summary["deadline"]
     assert (summary["steps_run"], summary["steps_left"]) == (last, steps - last)
@@ -660,5 +660,5 @@ def test_a_run_stops_before_its_deadline_with_a_checkpoint_and_the_next_resumes_
     assert ended < end
     assert f"resumed from step {last}" in second.stdout
     assert step_lines(second.stdout)[0]["step"] == last + 1
-    resumed = last_line_summary(second.stdout)
+    resumed = printed_summary(second.stdout)
     assert resumed["start_step"] == last and resumed["last_step"] > last and resumed["stopped_at_deadline"]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary, run_cli, step_lines
+from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, printed_summary, run_cli, step_lines
 from tests.harness.train_workers import RANK_0_PID, train_workers
 from training.metrics.report import parse_step_line
 
@@ -82,7 +82,7 @@ def test_a_killed_worker_restarts_in_place_and_the_run_ends_as_the_uninterrupted
     assert recovery_s <= MAX_RECOVERY_S
 
     # The attempt, in the restart's line and the summary (printed and summary.json).
-    summary = last_line_summary(stdout)
+    summary = printed_summary(stdout)
     assert summary["restarts"] == 1
     [attempt] = summary["attempts"]
     assert attempt["attempt"] == 1 and attempt["resumed_from_step"] == resumed_from
@@ -99,7 +99,7 @@ def test_a_killed_worker_restarts_in_place_and_the_run_ends_as_the_uninterrupted
     # The same data replayed and the same RNG: the last loss is the uninterrupted run's, exactly.
     uninterrupted = run_cli(*FLAGS, "--storage-path", str(tmp_path), "--run-name", "whole")
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
-    whole = last_line_summary(uninterrupted.stdout)
+    whole = printed_summary(uninterrupted.stdout)
     assert (whole["restarts"], whole["attempts"]) == (0, [])
     assert summary["loss_last"] == whole["loss_last"]
     assert step_lines(uninterrupted.stdout)[-1]["loss"] == timed[-1][1]["loss"]

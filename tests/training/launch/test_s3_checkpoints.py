@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, last_line_summary
+from tests.harness.cli_runs import REPO_ROOT, RUN_TIMEOUT_S, printed_summary
 from tests.harness.s3_server import Refusal, S3Server
 from tests.harness.train_workers import RANK_0_PID, train_workers
 from training.metrics.report import parse_step_line
@@ -90,7 +90,7 @@ def test_a_killed_worker_resumes_from_s3_reading_each_ranks_shards(s3):
             process.wait()
     assert killed is not None and restart_at is not None
     assert process.returncode == 0, stderr[-4000:]
-    summary = last_line_summary("".join(lines))
+    summary = printed_summary("".join(lines))
     [attempt] = summary["attempts"]
     resumed = attempt["resumed_from_step"]
     assert resumed == summary["start_step"] == CHECKPOINT_EVERY  # steps lost: at most one interval
@@ -125,7 +125,7 @@ def test_a_checkpoint_whose_shard_upload_is_refused_is_never_registered(s3):
     second = run(s3, "refused")
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed from step 5 " in second.stdout
-    assert last_line_summary(second.stdout)["start_step"] == CHECKPOINT_EVERY
+    assert printed_summary(second.stdout)["start_step"] == CHECKPOINT_EVERY
 
 
 def test_a_sigterm_with_storage_slower_than_the_grace_exits_in_time_and_the_rerun_resumes_where_it_says(s3):

@@ -22,27 +22,23 @@ import torch.multiprocessing as mp
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import training.distributed.parallelize
+from tests.harness.accumulated_step import (
+    ONE_RANK_MICRO_BATCHES,
+    TWO_RANK_MICRO_BATCHES,
+    accumulated_step,
+    assert_same_step,
+    token_rows,
+    two_rows,
+)
 from tests.harness.build_session import BuildSession
 from training.build import build
 from training.config.run_config import parse_args
-from training.data.packing import NO_LOSS
 from training.distributed.parallelize import build_mesh, parallelize
 from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import DivergedError
 from training.loop import train_step
 from training.model.causal_lm import CausalLMWithFusedLoss, build_causal_lm, load_architecture, model_batch
-from training.model.loss import IGNORE_INDEX, global_normalizer
-
-SEQ_LEN = 32
-
-
-def _rows() -> tuple[torch.Tensor, torch.Tensor]:
-    """Two rows of tokens; the first has only 3 valid labels, the second all of them."""
-    generator = torch.Generator().manual_seed(7)
-    tokens = torch.randint(0, 256, (2, SEQ_LEN + 1), generator=generator)
-    labels = tokens[:, 1:].clone()
-    labels[0, 3:] = IGNORE_INDEX
-    return tokens[:, :-1], labels
+from training.model.loss import IGNORE_INDEX
 
 
 def _train_step(rank: int, world_size: int, init_file: str, out: str) -> None:
@@ -59,7 +55,7 @@ def _train_step(rank: int, world_size: int, init_file: str, out: str) -> None:
         activation_checkpointing=False,
         reshard_after_forward=True,
     )
-    inputs, labels = _rows()
+    inputs, labels = two_rows()
     if world_size > 1:
         inputs, labels = inputs[rank : rank + 1], labels[rank : rank + 1]
     loss = model(inputs, labels)
@@ -104,112 +100,14 @@ def test_two_ranks_with_uneven_valid_labels_match_one_process(tmp_path):
 # --- gradient accumulation ------------------------------------------------------------------------
 
 
-def _token_rows() -> torch.Tensor:
-    """Eight rows of SEQ_LEN + 1 stored tokens as the loop trains on them (inputs row[:-1], labels
-    row[1:]). Rows 0 and 5 end in an ignored label (a token flagged NO_LOSS): a row's last token
-    is only ever a label."""
-    generator = torch.Generator().manual_seed(11)
-    rows = torch.randint(0, 256, (8, SEQ_LEN + 1), generator=generator)
-    rows[[0, 5], -1] |= NO_LOSS
-    return rows
-
-
-# Micro-batches of uneven row counts, hence uneven valid-label counts (31 vs 96, and so on):
-# a mean of micro-batch means would weigh them equally.
-ONE_RANK_MICRO_BATCHES = [[slice(0, 1), slice(1, 4)]]
-TWO_RANK_MICRO_BATCHES = [[slice(0, 1), slice(1, 4)], [slice(4, 7), slice(7, 8)]]
-
-
-def _accumulated_step(
-    rank: int, world_size: int, micro_batches: list[slice], defer_grad_sync: bool = False
-) -> dict:
-    """One `train_step` of the tiny model on this rank's micro-batches of `_token_rows`: the
-    step loss (mean over the ranks), the gradients the optimizer stepped with and the weights
-    after the step, all as full tensors."""
-    config = parse_args(["--preset", "tiny"])
-    model, optimizer, _, _ = build(config, BuildSession(rank, world_size, world_size, torch.device("cpu")))
-    rows = _token_rows()
-    grads: dict[str, torch.Tensor] = {}
-
-    def keep_grads(*_: object) -> None:
-        grads.update({name: param.grad.full_tensor() for name, param in model.named_parameters()})
-
-    optimizer.register_step_pre_hook(keep_grads)
-    loss, _ = train_step(
-        model,
-        optimizer,
-        [model_batch(rows[part].numpy(), torch.device("cpu")) for part in micro_batches],
-        config.lr,
-        config.max_grad_norm,
-        defer_grad_sync,
-        step=1,
-    )
-    params = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
-    return {"loss": loss, "grads": grads, "params": params}
-
-
 def _accumulation_worker(
     rank: int, world_size: int, init_file: str, out: str, split: bool, defer_grad_sync: bool
 ) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     training.distributed.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
-    micro_batches = TWO_RANK_MICRO_BATCHES[rank] if split else [slice(0, len(_token_rows()))]
-    result = _accumulated_step(rank, world_size, micro_batches, defer_grad_sync)
+    micro_batches = TWO_RANK_MICRO_BATCHES[rank] if split else [slice(0, len(token_rows()))]
+    result = accumulated_step(rank, world_size, micro_batches, defer_grad_sync)
     _end_rank(rank, result, out)
-
-
-def _assert_same_step(got: dict, want: dict) -> None:
-    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
-    assert got["grads"].keys() == want["grads"].keys() == want["params"].keys()
-    for name, grad in want["grads"].items():
-        torch.testing.assert_close(got["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=name)
-    # AdamW's first update is lr * g / (|g| + eps): where |g| is near eps (1e-8) it magnifies
-    # rounding, so the weights agree to a small fraction of the step (lr 3e-3), not to fp32
-    # rounding. A second optimizer step, or none, would be off by about lr.
-    for name, param in want["params"].items():
-        torch.testing.assert_close(got["params"][name], param, rtol=0, atol=1e-4, msg=name)
-
-
-@pytest.fixture
-def one_process(monkeypatch):
-    """A one-rank gloo group in this process, and fp32 FSDP (exact to rounding)."""
-    monkeypatch.setattr(training.distributed.parallelize, "MIXED_PRECISION", MixedPrecisionPolicy())
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_micro_batch_losses_over_the_step_normaliser_add_up_to_the_batch_loss(one_process):
-    """At the model: two micro-batches of 3 and 32 valid labels, each divided by the step's
-    count of 35, give the loss and gradients of one forward over both rows."""
-    config = parse_args(["--preset", "tiny"])
-    model, _, _, _ = build(config, BuildSession(0, 1, 1, torch.device("cpu")))
-    inputs, labels = _rows()
-
-    whole = model(inputs, labels)
-    whole.backward()
-    want = {name: param.grad.full_tensor().clone() for name, param in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-
-    normalizer = global_normalizer(labels[:1], labels[1:])
-    assert normalizer.item() == 35
-    parts = [model(inputs[i : i + 1], labels[i : i + 1], normalizer) for i in (0, 1)]
-    for part in parts:
-        part.backward()
-    torch.testing.assert_close(sum(part.detach() for part in parts), whole.detach(), rtol=1e-5, atol=0)
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad.full_tensor(), want[name], rtol=1e-4, atol=1e-7, msg=name)
-
-
-@pytest.mark.parametrize("defer_grad_sync", [False, True], ids=["sync-per-micro-batch", "deferred-sync"])
-def test_an_accumulated_step_matches_one_step_over_all_its_rows(one_process, defer_grad_sync):
-    """Through the loop's train_step: micro-batches of 1 and 3 rows against one batch of 4,
-    reducing after each micro-batch or once per step."""
-    accumulated = _accumulated_step(0, 1, ONE_RANK_MICRO_BATCHES[0], defer_grad_sync)
-    dist.destroy_process_group()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    whole = _accumulated_step(0, 1, [slice(0, 4)])
-    _assert_same_step(accumulated, whole)
 
 
 def _run_accumulation(world_size: int, split: bool, tmp_path, defer_grad_sync: bool = False) -> dict:
@@ -238,7 +136,7 @@ def test_two_ranks_of_two_uneven_micro_batches_match_one_process_with_one_batch(
     """2 gloo ranks x 2 micro-batches (1 + 3 and 3 + 1 rows) against 1 process stepping on all
     8 rows at once: the normaliser spans both the micro-batches and the ranks, whether the
     gradients are reduced after each micro-batch or once per step."""
-    _assert_same_step(_run_accumulation(2, True, tmp_path, defer_grad_sync), one_process_step_on_all_rows)
+    assert_same_step(_run_accumulation(2, True, tmp_path, defer_grad_sync), one_process_step_on_all_rows)
 
 
 @pytest.mark.slow
@@ -257,10 +155,10 @@ def test_deferred_sync_under_bf16_mixed_precision_matches_the_per_micro_batch_re
     for defer_grad_sync in (False, True):
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         try:
-            results.append(_accumulated_step(0, 1, ONE_RANK_MICRO_BATCHES[0], defer_grad_sync))
+            results.append(accumulated_step(0, 1, ONE_RANK_MICRO_BATCHES[0], defer_grad_sync))
         finally:
             dist.destroy_process_group()
-    _assert_same_step(results[1], results[0])
+    assert_same_step(results[1], results[0])
 
 
 # --- a non-finite step ---------------------------------------------------------------------------
@@ -275,7 +173,7 @@ def _nan_loss_on_rank_1_worker(rank: int, world_size: int, init_file: str, out: 
     if rank == 1:
         model.register_forward_hook(lambda module, args, loss: loss * math.nan)
     before = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
-    rows = _token_rows()[rank * 4 : rank * 4 + 4]
+    rows = token_rows()[rank * 4 : rank * 4 + 4]
     with pytest.raises(DivergedError) as raised:
         batch = model_batch(rows.numpy(), torch.device("cpu"))
         train_step(model, optimizer, [batch], config.lr, config.max_grad_norm, step=1)
@@ -302,7 +200,7 @@ def test_a_loss_that_is_nan_on_one_rank_stops_every_rank_before_the_optimizer_st
 
 
 def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str, policy: str) -> None:
-    """Evaluate this rank's rows of `_token_rows`, then train one step on the same rows: the
+    """Evaluate this rank's rows of `token_rows`, then train one step on the same rows: the
     evaluation sees the weights the step's loss is computed with. Under the job's bf16 policy too:
     had FSDP2 cast the normaliser the loop passes to the model to bf16 (its default for floating
     forward inputs), the training loss would carry a bf16-rounded 1/count (6e-5 relative here)
@@ -314,7 +212,7 @@ def _evaluate_then_train(rank: int, world_size: int, init_file: str, out: str, p
         training.distributed.parallelize.MIXED_PRECISION = MixedPrecisionPolicy()
     config = parse_args(["--preset", "tiny"])
     model, optimizer, _, _ = build(config, BuildSession(rank, world_size, world_size, torch.device("cpu")))
-    rows = _token_rows()[TWO_RANK_MICRO_BATCHES[rank][0] if world_size > 1 else slice(None)]
+    rows = token_rows()[TWO_RANK_MICRO_BATCHES[rank][0] if world_size > 1 else slice(None)]
     held_out = evaluate(model, [rows.numpy()], torch.device("cpu"))
     batch = model_batch(rows.numpy(), torch.device("cpu"))
     trained, _ = train_step(model, optimizer, [batch], config.lr, config.max_grad_norm, step=1)
@@ -347,3 +245,42 @@ def test_a_batch_counts_the_query_key_pairs_its_documents_attend():
     assert batch.attended_pairs == 6 + 15 + 36 == round(attended_share([[3, 5], [8]], 8) * 2 * 8 * 8)
     causal = model_batch(stored[1:], torch.device("cpu"))
     assert causal.position_ids is None and causal.attended_pairs == 36
+
+
+# --- a term added to the loss ---------------------------------------------------------------------
+
+
+def _hidden_norm_term(hidden: torch.Tensor, labels: torch.Tensor, normalizer: torch.Tensor) -> torch.Tensor:
+    """A term on the hidden states: their squared norm at each valid label, over the normaliser."""
+    valid = (labels != IGNORE_INDEX).to(hidden.dtype)
+    return 1e-2 * (hidden.pow(2).sum(dim=-1) * valid).sum() / normalizer
+
+
+def test_a_hidden_state_term_gets_the_gradient_of_the_unfused_loss_by_autograd():
+    """`loss_terms`: a term on the final hidden states, added with plain autograd, gives the loss and
+    every weight's gradient of the unfused reference (full logits, cross-entropy, the term); with
+    no term the loss is the fused cross-entropy alone."""
+    config = parse_args(["--preset", "tiny"])
+    model = CausalLMWithFusedLoss(build_causal_lm(config, load_architecture(config), torch.device("cpu")), 8)
+    inputs, labels = two_rows()
+    plain = model(inputs, labels).detach()
+    model.loss_terms.append(_hidden_norm_term)
+
+    fused = model(inputs, labels)
+    fused.backward()
+    got = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    flat_labels = labels.flatten()
+    normalizer = (flat_labels != IGNORE_INDEX).sum().float()
+    hidden = model.causal_lm.model(input_ids=inputs, use_cache=False).last_hidden_state.flatten(0, 1)
+    logits = hidden @ model.causal_lm.lm_head.weight.t()
+    cross_entropy = torch.nn.functional.cross_entropy(logits, flat_labels, ignore_index=IGNORE_INDEX)
+    reference = cross_entropy + _hidden_norm_term(hidden, flat_labels, normalizer)
+    reference.backward()
+
+    torch.testing.assert_close(plain, cross_entropy.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused.detach(), reference.detach(), rtol=1e-5, atol=1e-6)
+    assert reference.item() - cross_entropy.item() > 1e-3  # the term counts
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(got[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
