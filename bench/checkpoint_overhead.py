@@ -47,8 +47,8 @@ from training.config.presets import PRESETS
 from training.data.batches import synthetic_batches
 from training.distributed.ballot import StepBallot
 from training.launch.torchrun_launcher import start_process_group
-from training.loop import train_step
 from training.model.causal_lm import model_batch
+from training.step import train_step
 
 VARIANTS = ("baseline", "async", "sync", "baseline-after")
 GIB = 1024**3

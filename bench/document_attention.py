@@ -35,8 +35,8 @@ from bench.train_bench.session import (
 from training.build import build
 from training.config.settings import ATTENTION_KERNELS
 from training.data.packing import DOCUMENT_START
-from training.loop import train_step
 from training.model.causal_lm import ModelBatch, model_batch
+from training.step import train_step
 
 VARIANTS = ("causal", "isolated-sdpa", "isolated-flex", "causal-again")
 

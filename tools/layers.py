@@ -18,7 +18,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"training.model", "training.session"},
         {"training.distributed"},
         {"training.components"},
-        {"training.build"},
+        {"training.build", "training.step"},
         {"training.loop"},
         {"training.launch"},
         {"training.cli", "training.export", "training.fabric_probe"},

@@ -18,10 +18,11 @@ from bench.train_bench.session import BenchSession, benchmark_config, start_proc
 from bench.train_bench.variants import DOCUMENTS_PER_ROW, documents_rows, mfu_counts, tuned_config
 from training.build import build
 from training.config.run_config import TrainConfig
-from training.loop import train, train_step
+from training.loop import train
 from training.metrics.flops import flops_per_token, mfu, peak_flops
 from training.metrics.run_metrics import GIB
 from training.model.causal_lm import load_architecture, model_batch
+from training.step import train_step
 
 
 def reference_loop(architecture: Any, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:

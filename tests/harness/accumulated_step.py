@@ -11,9 +11,9 @@ from tests.harness.build_session import BuildSession
 from training.build import build
 from training.config.run_config import parse_args
 from training.data.packing import NO_LOSS
-from training.loop import train_step
 from training.model.causal_lm import model_batch
 from training.model.loss import IGNORE_INDEX
+from training.step import train_step
 
 SEQ_LEN = 32
 

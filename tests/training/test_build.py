@@ -32,7 +32,6 @@ from training.config.run_config import load_model_config, parse_args
 from training.distributed.parallelize import build_mesh, parallelize
 from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import UsageError
-from training.loop import train_step
 from training.model.causal_lm import (
     CausalLMWithFusedLoss,
     ModelBatch,
@@ -41,6 +40,7 @@ from training.model.causal_lm import (
     load_architecture,
     model_batch,
 )
+from training.step import train_step
 
 WORLD_SIZE = 2
 SEQ_LEN = 32

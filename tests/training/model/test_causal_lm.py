@@ -36,9 +36,9 @@ from training.config.run_config import parse_args
 from training.distributed.parallelize import build_mesh, parallelize
 from training.distributed.rank_exit import end_rank_process, tear_down_process_group
 from training.errors import DivergedError
-from training.loop import train_step
 from training.model.causal_lm import CausalLMWithFusedLoss, build_causal_lm, load_architecture, model_batch
 from training.model.loss import IGNORE_INDEX
+from training.step import train_step
 
 
 def _train_step(rank: int, world_size: int, init_file: str, out: str) -> None:
