@@ -21,14 +21,14 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-# The address plan: private subnets of zones a-c take the first three quarters of the VPC, zones d-g
+# The address layout: private subnets of zones a-c take the first three quarters of the VPC, zones d-g
 # an eighth of the last quarter each (its upper half); public subnets take a 64th of the VPC each, in
 # zone-letter order, from the start of the last quarter. Zones a-c keep the blocks of the positional
-# plan this replaces, so stacks first deployed in zones a and b keep their subnets.
+# layout this replaces, so stacks first deployed in zones a and b keep their subnets.
 _ZONE_LETTERS = "abcdefg"
 
 # NAT gateways the network has, each with its Elastic IP: one, in the first public subnet, whose hourly
-# price (and its address's) the stack pays whatever the nodes do (`infra.plan.cost`).
+# price (and its address's) the stack pays whatever the nodes do (`infra.planner.cost`).
 NAT_GATEWAYS = 1
 
 
@@ -80,7 +80,7 @@ def zone_cidrs(vpc_cidr: str, zone: str) -> tuple[str, str]:
     """(private, public) CIDR blocks of `zone` in the VPC, fixed by the zone's letter."""
     letter = zone[-1]
     if letter not in _ZONE_LETTERS:
-        raise ValueError(f"zone {zone}: the address plan holds zones a to g")
+        raise ValueError(f"zone {zone}: the address layout holds zones a to g")
     index = _ZONE_LETTERS.index(letter)
     quarters = list(ipaddress.IPv4Network(vpc_cidr).subnets(prefixlen_diff=2))
     last = quarters[3]
@@ -106,9 +106,9 @@ class Network(pulumi.ComponentResource):
     ) -> None:
         """`flow_log_retention_days`: record flow logs, kept that many days; None: no flow logs.
 
-        `positional_zones`: the zones in the order the earlier plan named subnets `<tier>-<position>`
+        `positional_zones`: the zones in the order the earlier layout named subnets `<tier>-<position>`
         (the GPU zone first); a subnet there takes its old name as an alias, so stacks deployed with that
-        plan keep their subnets and route table associations."""
+        layout keep their subnets and route table associations."""
         super().__init__("eks-ray-train:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster_tag = {f"kubernetes.io/cluster/{cluster_name}": "shared"}
