@@ -22,10 +22,10 @@ from infra.config.training_settings import (
     training_config,
     warn_if_the_run_outlasts_its_timeout,
 )
-from infra.plan.cost import PlannedRun, measured_cost, planned_cost
-from infra.plan.drain import size_the_drain
-from infra.plan.figures import line_rate_gbps
-from infra.plan.report import log_plan, measured_against_plan
+from infra.planner.cost import PredictedRun, measured_cost, predicted_cost
+from infra.planner.drain import size_the_drain
+from infra.planner.figures import line_rate_gbps
+from infra.planner.report import log_forecast, measured_against_forecast
 from infra.preflight import deadline_of, fit_the_window, place_nodes
 from infra.preflight.reads.image_digests import pin_images
 from infra.pricing import cost_basis
@@ -80,8 +80,8 @@ job_args = job_arguments(
 if settings.train:
     warn_if_the_run_outlasts_its_timeout(settings.training, job_args, placement.gpu_node.gpu_name)
     config = training_config(job_args)
-    # The communication plan: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
-    predicted = log_plan(
+    # The communication forecast: bytes, step time, tokens/s and $ per strategy; warns when network-bound.
+    predicted = log_forecast(
         config,
         settings.gpu_node_type,
         settings.gpu_node_count,
@@ -275,7 +275,7 @@ if settings.train:
             gpu_nodes_after_training=settings.gpu_nodes_after_training,
             not_before=placement.gpus_from.isoformat() if placement.gpus_from else None,
             deadline_check=deadline_check,
-            planned=costs.planned_run,
+            planned=costs.predicted_run,
         ),
         node_group_name=gpu_nodes.node_group.node_group_name,
         # After the Ray pods may write checkpoints and, with observability, publish: the job's
@@ -288,15 +288,19 @@ if settings.train:
         "training",
         {
             # The run's outputs as `RunOutputs` declares them (`training_output`), with the gate's in
-            # `gate`; beside them, the planner's figures for the configured strategy, the dashboard
+            # `gate`; beside them, the planner's forecast for the configured strategy, the dashboard
             # and the cost.
             **training_output(run),
             "predictedTokensPerS": predicted.tokens_per_s if predicted else None,
-            # The plan the run recorded beside what it measured (`PlannedRun`: not today's planner).
-            "planVsMeasured": pulumi.Output.all(run.planned, run.summary).apply(
-                lambda facts: measured_against_plan(
-                    PlannedRun.recorded(facts[0], "training.planVsMeasured"), facts[1]
-                )
+            # The forecast the run recorded beside what it measured (`PredictedRun`: not today's
+            # planner), also under its former key `planVsMeasured` for one release (UPGRADING.md).
+            **dict.fromkeys(
+                ("forecastVsMeasured", "planVsMeasured"),
+                pulumi.Output.all(run.planned, run.summary).apply(
+                    lambda recorded: measured_against_forecast(
+                        PredictedRun.recorded(recorded[0], "training.forecastVsMeasured"), recorded[1]
+                    )
+                ),
             ),
             "dashboard": observability.url if observability else None,
             # An estimate from list prices: the price basis, the planner's prediction and the stack per
@@ -304,7 +308,7 @@ if settings.train:
             # to their stop, release or the output, their US$ at the price the run recorded, and US$
             # per million tokens.
             "cost": {
-                **planned_cost(costs),
+                **predicted_cost(costs),
                 "measured": pulumi.Output.all(
                     run.planned,
                     run.gpu_nodes,
@@ -314,8 +318,8 @@ if settings.train:
                     run.gpu_nodes_released_at,
                     run.tcp_summary,
                 ).apply(
-                    lambda facts: measured_cost(
-                        PlannedRun.recorded(facts[0], "training.cost.measured"), *facts[1:]
+                    lambda recorded: measured_cost(
+                        PredictedRun.recorded(recorded[0], "training.cost.measured"), *recorded[1:]
                     )
                 ),
             },

@@ -145,20 +145,20 @@ def run_ray_path(path: str, tokens: int, seq_len: int, folder: str) -> dict:
 def measure(args: argparse.Namespace, path: str, tokens: int, folder: str) -> dict[str, Any]:
     """Run one path over `tokens` tokens in this process; the peak memory it added."""
     documents = tokens // args.document_tokens
-    facts: dict[str, Any] = {}
+    measured: dict[str, Any] = {}
     if path in RAY_PATHS:
         import ray
 
         store = {"object_store_memory": args.object_store_mib * MIB} if args.object_store_mib else {}
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, **store)
-        facts["object_store_mib"] = round(ray.cluster_resources()["object_store_memory"] / MIB)
+        measured["object_store_mib"] = round(ray.cluster_resources()["object_store_memory"] / MIB)
         importlib.import_module("training.launch.ray_launcher")  # its imports (ray.data) are no packing
     before, started = peak_rss(), time.perf_counter()
     with PeakSampler() as sampler:
         if path in RAY_PATHS:
-            facts.update(run_ray_path(path, tokens, args.seq_len, folder))
+            measured.update(run_ray_path(path, tokens, args.seq_len, folder))
         else:
-            facts.update(
+            measured.update(
                 run_path(path, documents, args.document_tokens, args.seq_len, folder, args.worker_batches)
             )
     added = peak_rss() - before
@@ -166,7 +166,7 @@ def measure(args: argparse.Namespace, path: str, tokens: int, folder: str) -> di
         "path": path,
         "tokens": documents * args.document_tokens,
         "documents": documents,
-        **facts,
+        **measured,
         "seconds": round(time.perf_counter() - started, 2),
         "peak_added_mib": round(added / MIB, 1),
         "bytes_per_token": round(added / (documents * args.document_tokens), 3),

@@ -5,7 +5,7 @@ with `--compile` the job's compiled layers):
 the same random rows trained as causally packed rows and as rows of `--documents` isolated
 documents each, whose positions restart at every document so that transformers builds the
 block-diagonal causal mask (SDPA, the job's attention; flex attention, for comparison). The
-causal rows run first and again last, so their two figures bound the drift of the machine.
+causal rows run first and again last, so their two measurements bound the drift of the machine.
 
     python -m bench.document_attention --out bench/reports/flex-attention_HW_YYYYMM/document-attention.json
 """

@@ -2,16 +2,16 @@
 
 `aws.pricing.get_product` (pricing:GetProducts) answers one product: a Linux On-Demand instance
 type in the stack's region, filtered on every attribute that tells it from the Price List's other
-products of the type (`infra.plan.refresh.price_list_filters`: shared tenancy, no pre-installed
+products of the type (`infra.planner.refresh.price_list_filters`: shared tenancy, no pre-installed
 software, no license, `capacitystatus` Used, `marketoption` OnDemand; the pulumi-aws data source
 fails when its filters match more than one product, as a Capacity Block product of p4d or p5 would
 without `marketoption`). The Price List API is served from us-east-1 and ap-south-1 only (the pulumi-aws
 data source says it works only with a provider there), so for a stack elsewhere the invoke goes
 through a provider pinned to us-east-1 with the stack's identity (`aws:profile` and the role of
 `aws:assumeRole`, as the cluster's kubeconfig uses them); `regionCode` still names the stack's region.
-When AWS refuses or cannot answer, the price shipped in `infra.plan.figures` is used and named as such.
+When AWS refuses or cannot answer, the price shipped in `infra.planner.figures` is used and named as such.
 
-A Capacity Block's GPU nodes are paid upfront by the block (`infra.plan.cost.capacity_block_price`).
+A Capacity Block's GPU nodes are paid upfront by the block (`infra.planner.cost.capacity_block_price`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config.stack import KEEP, StackSettings
-from infra.plan.cost import (
+from infra.planner.cost import (
     CostBasis,
     Prediction,
     Price,
@@ -30,8 +30,8 @@ from infra.plan.cost import (
     idle_gpu_cost,
     list_price,
 )
-from infra.plan.planner import StrategyPlan
-from infra.plan.refresh import price_list_filters
+from infra.planner.planner import StrategyForecast
+from infra.planner.refresh import price_list_filters
 from infra.preflight import Placement
 from infra.resources.network import NAT_GATEWAYS
 from infra.resources.node_groups import GPU_ROOT_VOLUME_GIB, SYSTEM_ROOT_VOLUME_GIB
@@ -70,7 +70,7 @@ def _price(instance_type: str, region: str, provider: aws.Provider | None) -> Pr
 
 
 def cost_basis(
-    settings: StackSettings, placement: Placement, plan: StrategyPlan | None, steps: int
+    settings: StackSettings, placement: Placement, forecast: StrategyForecast | None, steps: int
 ) -> CostBasis:
     """The prices, the stack's hourly cost at rest and the planner's prediction, for `training.cost`;
     with `gpuNodesAfterTraining: keep`, one info line of what the GPU nodes cost idle after the run."""
@@ -104,12 +104,12 @@ def cost_basis(
     prediction = (
         Prediction(
             steps,
-            plan.step_time_s,
-            plan.tokens_per_s,
+            forecast.step_time_s,
+            forecast.tokens_per_s,
             settings.gpu_node_count,
-            plan.inter_node_bytes_per_step,
+            forecast.inter_node_bytes_per_step,
         )
-        if plan
+        if forecast
         else None
     )
     return CostBasis(gpu_price, prediction, at_rest_usd_per_hour(shape))

@@ -7,7 +7,7 @@ For each region it asks EC2 which zones offer the instance type and whether the 
 EFA, reads the On-Demand vCPU quota of the type's class from Service Quotas, and subtracts the
 vCPUs of the On-Demand instances of that class already pending or running in the region
 (`ec2:DescribeInstances`, each counted at its type's default vCPUs; Spot has its own quota).
-It prints one row per zone (one per region that cannot be used), ranked by verdict (`VERDICTS`,
+It prints one row per zone (one per region that cannot be used), ranked by standing (`ZONE_STANDINGS`,
 usable first), then by quota headroom. Zones where EKS cannot place a control plane
 (`infra.aws_rules.capacity_rules.EKS_UNSUPPORTED_ZONE_IDS`) are left out, as `pulumi preview` leaves them out.
 
@@ -22,7 +22,7 @@ be called at all (credentials) or no region answered (the table still says why, 
 2 for bad arguments.
 
 The instance-family to quota table lives here, without Pulumi, and `infra.preflight` uses it too;
-the verdicts (EFA, quota shortfall, usable zones) come from `infra.aws_rules.capacity_rules`, as preflight's do.
+the judgements (EFA, quota shortfall, usable zones) come from `infra.aws_rules.capacity_rules`, as preflight's do.
 """
 
 from __future__ import annotations
@@ -69,15 +69,16 @@ CAPACITY_CAVEAT = (
 )
 
 
-# Verdicts, best first: the ranking order.
-VERDICTS = ("ok", "quota-unknown", "quota-short", "no-efa", "not-offered", "error")
+# A zone's standing, best first: the ranking order. Its field and column keep the name `verdict`,
+# which scripts read.
+ZONE_STANDINGS = ("ok", "quota-unknown", "quota-short", "no-efa", "not-offered", "error")
 
 
 @dataclass(frozen=True)
 class ZoneReport:
     """One row of the survey: a zone that offers the type, or a whole region that cannot be used.
 
-    `verdict` is one of `VERDICTS` and holds for the whole region; `detail` says why, with the fix.
+    `verdict` is one of `ZONE_STANDINGS` and holds for the whole region; `detail` says why, with the fix.
     """
 
     region: str
@@ -256,7 +257,7 @@ def rank(reports: Sequence[ZoneReport]) -> list[ZoneReport]:
     return sorted(
         reports,
         key=lambda report: (
-            VERDICTS.index(report.verdict),
+            ZONE_STANDINGS.index(report.verdict),
             -(report.headroom_vcpus or 0),
             report.region,
             report.zone or "",

@@ -14,6 +14,7 @@ import yaml
 from infra.config.parsing import key_names
 from infra.config.stack import StackKeys
 from infra.config.training_settings import setting_keys
+from tests.harness.doc_tables import table
 from tests.harness.fake_aws import FakeAws
 from tests.harness.program import ROOT, dev_config, run_program
 from tools import catalogues
@@ -298,18 +299,6 @@ def test_the_path_check_catches_a_renamed_file(tmp_path):
     assert missing_paths(page, root=tmp_path) == ["infra/gone.py", "infra/moved.py"]
 
 
-def table(document: Path, heading: str, index: int = 0) -> list[list[str]]:
-    """Rows of the `index`-th table under `heading` (before the next heading), as lists of cell
-    texts (header and rule dropped)."""
-    section = document.read_text().split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
-    lines = section.splitlines()
-    end = 0
-    for _ in range(index + 1):
-        start = next(i for i in range(end, len(lines)) if lines[i].startswith("|"))
-        end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    return [[cell.strip() for cell in line.strip().split("|")[1:-1]] for line in lines[start + 2 : end]]
-
-
 def code(cell: str) -> str | None:
     match = CODE_SPAN.match(cell)
     return match.group(1) if match else None
@@ -414,6 +403,7 @@ def test_the_readme_shows_every_key_of_the_training_output():
     declared = training_output_keys()
     assert set(exported) - set(declared[TOP]) - {GATE} == {
         "predictedTokensPerS",
+        "forecastVsMeasured",
         "planVsMeasured",
         "dashboard",
         "cost",
@@ -447,49 +437,6 @@ def test_the_training_run_module_map_names_each_module():
         if path.name != "__init__.py"
     }
     assert named == modules
-
-
-GLOSSARY = ROOT / "docs" / "glossary.md"
-# The shared vocabulary: each term has one meaning, written once in docs/glossary.md.
-TERMS = [
-    "facts",
-    "figures",
-    "contract",
-    "plan",
-    "the planner",
-    "choice",
-    "preflight",
-    "policy",
-    "readiness",
-    "gate",
-    "verdict",
-    "checkpoint settings",
-]
-
-
-def code_spans(cell: str) -> list[str]:
-    return re.findall(r"`([^`]+)`", cell)
-
-
-def test_the_glossary_defines_each_term_of_the_vocabulary():
-    rows = table(GLOSSARY, "## Terms")
-    assert [row[0] for row in rows] == TERMS
-    assert all(row[1] and code_spans(row[2]) for row in rows)
-
-
-def test_the_glossary_names_only_files_and_names_that_exist():
-    """Each `path` of the glossary's last column exists, and each `path:name` is defined in that file."""
-    missing = []
-    for row in table(GLOSSARY, "## Terms"):
-        for span in code_spans(row[2]):
-            path, _, name = span.partition(":")
-            file = ROOT / path
-            if not file.exists() or (
-                name
-                and not re.search(rf"^\s*(def|class) {re.escape(name)}\b", file.read_text(), re.MULTILINE)
-            ):
-                missing.append(span)
-    assert missing == []
 
 
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"

@@ -103,7 +103,8 @@ def test_the_graph_check_sees_a_crossing():
 
 
 def test_infra_does_not_import_the_workloads():
-    """The AWS side knows nothing of what runs on the cluster; shared facts come from platform_contract.
+    """The AWS side knows nothing of what runs on the cluster; the names both sides share come from the contract
+    (platform_contract).
 
     It may read the training job's settings contract (`training.config`), its FLOP arithmetic
     (`training.metrics.flops`, the preview's run-time bound) and its CloudWatch metric names
@@ -136,7 +137,7 @@ READERS = {"pulumi", "pulumi_aws", "pulumi_eks", "boto3", "botocore", "urllib.re
 
 
 def test_the_aws_rules_read_nothing():
-    """`infra/aws_rules` judges facts fetched elsewhere (`infra/preflight/reads`, `infra/plan`,
+    """`infra/aws_rules` judges what is read elsewhere (`infra/preflight/reads`, `infra/planner`,
     `infra/region_survey`), so it imports nothing that reads AWS, a registry or the engine."""
     found = [
         f"{path.relative_to(ROOT)} imports {name}"

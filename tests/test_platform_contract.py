@@ -1,4 +1,4 @@
-"""The shared facts: their rules against the real sources, and who may import whom."""
+"""The contract: its rules against the real sources, and who may import whom."""
 
 from __future__ import annotations
 
@@ -107,16 +107,16 @@ def test_project_is_the_pulumi_projects_name():
 
 
 def test_gpu_scheduling_follows_the_node_labels_and_taint():
-    facts = platform_contract
-    assert facts.GPU_NODE_SELECTOR.items() <= facts.GPU_LABELS.items()
-    assert facts.SYSTEM_NODE_SELECTOR.items() <= facts.SYSTEM_LABELS.items()
-    assert facts.GPU_TOLERATION["key"] == facts.GPU_TAINT["key"] == facts.GPU_RESOURCE
+    contract = platform_contract
+    assert contract.GPU_NODE_SELECTOR.items() <= contract.GPU_LABELS.items()
+    assert contract.SYSTEM_NODE_SELECTOR.items() <= contract.SYSTEM_LABELS.items()
+    assert contract.GPU_TOLERATION["key"] == contract.GPU_TAINT["key"] == contract.GPU_RESOURCE
     # EKS's NO_SCHEDULE is Kubernetes' NoSchedule (EKS API reference, Taint).
-    assert (facts.GPU_TAINT["effect"], facts.GPU_TOLERATION["effect"]) == ("NO_SCHEDULE", "NoSchedule")
-    assert set(facts.EXPECTABLE_TRANSPORTS) == set(facts.TRANSPORTS) - {"unknown"}
+    assert (contract.GPU_TAINT["effect"], contract.GPU_TOLERATION["effect"]) == ("NO_SCHEDULE", "NoSchedule")
+    assert set(contract.EXPECTABLE_TRANSPORTS) == set(contract.TRANSPORTS) - {"unknown"}
 
 
-def test_shared_facts_import_with_the_standard_library_alone():
+def test_the_contract_imports_with_the_standard_library_alone():
     """Nothing but the standard library at import (-S hides site-packages); the client only to read a quantity."""
     probe = "import sys; sys.path.insert(0, '.'); import platform_contract"
     result = subprocess.run([sys.executable, "-S", "-c", probe], cwd=ROOT, capture_output=True, timeout=60)

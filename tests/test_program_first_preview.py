@@ -91,7 +91,7 @@ def test_the_plan_is_known_and_what_the_run_and_cluster_return_is_not(first_prev
 
 def test_the_preview_says_what_the_planner_and_the_window_found(first_preview):
     _, logged = first_preview
-    assert any(line.startswith("plan for 2 x 4 NVIDIA L4 at 40 Gbps") for _, line in logged)
+    assert any(line.startswith("forecast for 2 x 4 NVIDIA L4 at 40 Gbps") for _, line in logged)
     assert any("the training job is predicted network-bound on 2 x 4 NVIDIA L4" in line for _, line in logged)
     (window,) = [line for _, line in logged if line.startswith("run window: ")]
     assert window.startswith(f"run window: training.deadline {DEADLINE}.")

@@ -1,7 +1,7 @@
 """The record stays a record: the benchmark reports under bench/reports/ are dated and frozen, and
 the product cites them (a report page, in a comment, docstring or a figure's source) but never reads
-them, so re-running a benchmark changes no stack's preview. The planner's measured figures are
-declared figures (`infra/plan/figures.py`), checked against the reports in tests/infra/plan/test_figures.py."""
+them, so re-running a benchmark changes no stack's preview. The measurements the planner
+uses are declared figures (`infra/planner/figures.py`), checked against the reports in tests/infra/planner/test_figures.py."""
 
 from __future__ import annotations
 

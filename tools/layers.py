@@ -10,7 +10,7 @@ from __future__ import annotations
 # Each package's layers, lowest first. Modules of `training` run in the Ray pods and import
 # nothing else of the program; `infra` reads the job's settings contract, FLOP arithmetic and
 # CloudWatch metric names (standard library only, checked by the test); `workloads` reads the job's
-# log format, EFA sysfs facts and the variable that names the cluster for its metrics.
+# log format, the EFA counters' sysfs names and the variable that names the cluster for its metrics.
 LAYERS: dict[str, list[set[str]]] = {
     "training": [
         {"training.__init__", "training.errors", "training.config"},
@@ -27,7 +27,7 @@ LAYERS: dict[str, list[set[str]]] = {
     "infra": [
         {"infra.__init__", "infra.config"},
         {"infra.aws_rules"},
-        {"infra.resources", "infra.plan"},
+        {"infra.resources", "infra.planner"},
         {"infra.preflight", "infra.region_survey"},
         {"infra.pricing", "infra.aws_identity"},
     ],

@@ -4,7 +4,7 @@ reports it, in one JSON line.
 Each worker runs all_reduce, all_gather and reduce_scatter on float32 buffers at several message
 sizes and times them after warm-up calls, on the backend the launcher started (NCCL on GPUs, gloo
 on CPU). No model, no data: what the job's FSDP2 collectives can get from the fabric, for a
-verdict on the fabric and for planning the job's communication. Rates are in gigabits per second
+verdict on the fabric and for forecasting the job's communication. Rates are in gigabits per second
 (1e9 bit/s), to hold against a network's line rate; nccl-tests prints GB/s (1e9 bytes/s), 8 times
 smaller.
 

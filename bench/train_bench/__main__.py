@@ -95,7 +95,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def new_report(args: argparse.Namespace, architecture: Any, gpu_name: str | None) -> dict[str, Any]:
-    """The report's facts of the machine and the command, and an empty place for each result."""
+    """What the report records of the machine and the command, and an empty place for each result."""
     import transformers
 
     return {

@@ -162,7 +162,7 @@ def tuned_config(model_config: str, steps: int, spec: dict[str, Any]) -> TrainCo
             "reshard_after_forward": False,
             "hsdp_replicas": 1,
             "activation_checkpointing": False,
-            "attention": "sdpa",  # the causal loops' cuDNN kernel, as every earlier figure
+            "attention": "sdpa",  # the causal loops' cuDNN kernel, as every earlier measurement
             **corpus,
             **overrides,
         },
@@ -199,7 +199,7 @@ def mfu_counts(
     architecture: Any, spec: dict[str, Any], tokens_per_s: float, peak: float | None
 ) -> dict[str, Any]:
     """MFU two ways: `mfu` counts attention as over the whole causal row, 12·L·H·S per token, as
-    every earlier figure (and `mfu_causal` half that); `mfu_done` counts the attention FLOPs the
+    every earlier measurement (and `mfu_causal` half that); `mfu_done` counts the attention FLOPs the
     mask leaves (the pairs inside each document: the masked blocks skipped)."""
     shares = attention_shares(spec)
     seq = spec["seq_len"]

@@ -135,7 +135,7 @@ def start_up(cluster_exists: bool, gpu_nodes_running: bool, gpus_from: datetime 
 @dataclass(frozen=True)
 class JobTimes:
     """The job's steps as the preview predicts them: `step_s` is the planner's step time (None
-    without a plan); checkpoints at the training side's estimate of their write (`checkpoint_s`),
+    without a forecast); checkpoints at the training side's estimate of their write (`checkpoint_s`),
     every `checkpoint_every` steps (0: only where the run ends) and at the end when `final_checkpoint`;
     an evaluation, where the job evaluates, takes a step's time, as the job itself assumes before it
     times one; `export_s` is the Hugging Face export written at the last step (0 without one)."""

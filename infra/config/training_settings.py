@@ -351,7 +351,7 @@ def shortest_run_minutes(job_args: Sequence[str], gpu_name: str | None) -> float
     """A lower bound on the job's training time: each worker's tokens times the causal FLOPs per
     token, at `MFU_CEILING` of one GPU's bf16 peak. None for a model or GPU without known numbers.
 
-    A bound, not the planner's prediction (`infra.plan`, which the preview logs beside it): the
+    A bound, not the planner's prediction (`infra.planner`, which the preview logs beside it): the
     warning says a run cannot finish in time, so it must not fire on the planner's modelling error."""
     config = training_config(job_args)
     peak = peak_flops(gpu_name)

@@ -36,6 +36,6 @@ def check_kubernetes_version(version: str, region: str) -> str | None:
     if offered[version] == "EXTENDED_SUPPORT":
         pulumi.log.warn(
             f"kubernetesVersion {version} is in EKS extended support in {region}, billed at a higher rate per "
-            "cluster-hour than standard support: plan an upgrade"
+            "cluster-hour than standard support: schedule an upgrade"
         )
     return offered[version]

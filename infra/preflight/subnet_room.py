@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from infra.aws_rules.address_plan import zone_cidrs
+from infra.aws_rules.address_layout import zone_cidrs
 from infra.aws_rules.sizing import InstanceFacts
 from infra.config.stack import ConfigError, StackSettings
 

@@ -31,7 +31,7 @@ from infra.aws_rules.reservation_window import (
 )
 from infra.config.stack import ConfigError, StackSettings
 from infra.config.training_settings import configured_deadline
-from infra.plan.planner import StrategyPlan, workload_of
+from infra.planner.planner import StrategyForecast, workload_of
 from infra.preflight.errors import PreflightError
 from infra.preflight.placement import Placement
 from infra.preflight.spans import span
@@ -76,7 +76,7 @@ def _start_up_words(start: StartUp, now: datetime) -> str:
     return ", then ".join([", ".join(before), after]) if before else after
 
 
-def _job_times(config: TrainConfig, predicted: StrategyPlan | None) -> JobTimes:
+def _job_times(config: TrainConfig, predicted: StrategyForecast | None) -> JobTimes:
     """The job's steps at the planner's step time, its checkpoints and export at the training side's estimates."""
     workload = workload_of(config)
     parameters = workload.params if workload else 0
@@ -97,7 +97,7 @@ def fit_the_window(
     placement: Placement,
     deadline: RunDeadline | None,
     config: TrainConfig,
-    predicted: StrategyPlan | None,
+    predicted: StrategyForecast | None,
 ) -> DeadlineCheck | None:
     """At preview: the predicted run against its deadline. Fits: an info line with the time to
     spare; only some steps fit: a warning (the job stops at its deadline with a checkpoint); not

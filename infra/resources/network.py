@@ -1,7 +1,7 @@
 """The VPC: private subnets for nodes, public subnets for NAT, each named and addressed by its zone.
 
 A subnet's resource name and CIDR block depend on its zone alone (the zone's letter picks its
-slice of the VPC: `infra.aws_rules.address_plan`), never on which zone holds the GPU nodes. Moving
+slice of the VPC: `infra.aws_rules.address_layout`), never on which zone holds the GPU nodes. Moving
 the GPU zone (`gpuAz`, a capacity reservation) therefore leaves every existing subnet as it is:
 Pulumi replaces a subnet whose zone or block changes by creating the new one first, and EC2 refuses
 a block that overlaps a subnet still in the VPC (`InvalidSubnet.Conflict`).
@@ -20,10 +20,10 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws_rules.address_plan import zone_cidrs
+from infra.aws_rules.address_layout import zone_cidrs
 
 # NAT gateways the network has, each with its Elastic IP: one, in the first public subnet, whose hourly
-# price (and its address's) the stack pays whatever the nodes do (`infra.plan.cost`).
+# price (and its address's) the stack pays whatever the nodes do (`infra.planner.cost`).
 NAT_GATEWAYS = 1
 
 
@@ -88,9 +88,9 @@ class Network(pulumi.ComponentResource):
     ) -> None:
         """`flow_log_retention_days`: record flow logs, kept that many days; None: no flow logs.
 
-        `positional_zones`: the zones in the order the earlier plan named subnets `<tier>-<position>`
+        `positional_zones`: the zones in the order the earlier layout named subnets `<tier>-<position>`
         (the GPU zone first); a subnet there takes its old name as an alias, so stacks deployed with that
-        plan keep their subnets and route table associations."""
+        layout keep their subnets and route table associations."""
         super().__init__("eks-ray-train:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster_tag = {f"kubernetes.io/cluster/{cluster_name}": "shared"}

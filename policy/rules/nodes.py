@@ -192,8 +192,8 @@ def gpu_node_group_efa(resources: Sequence[StackResource]) -> list[tuple[str, st
                 )
             )
             continue
-        verdicts = [_has_efa_interface(template) for template in templates]
-        if True not in verdicts and None not in verdicts:
+        answers = [_has_efa_interface(template) for template in templates]
+        if True not in answers and None not in answers:
             violations.append(
                 (
                     group.urn,

@@ -88,13 +88,13 @@ def buckets_tls_only(resources: Sequence[StackResource]) -> list[tuple[str, str]
     policies = [r for r in resources if r.type == BUCKET_POLICY]
     violations = []
     for bucket in (r for r in resources if r.type in BUCKETS):
-        verdicts = [
+        answers = [
             denies_plain_http(p.props.get("policy")) for p in linked(bucket, "bucket", policies, "bucket")
         ]
-        if True in verdicts or None in verdicts:
+        if True in answers or None in answers:
             continue
         problem = (
-            "has no bucket policy" if not verdicts else "has a bucket policy that does not deny plain HTTP"
+            "has no bucket policy" if not answers else "has a bucket policy that does not deny plain HTTP"
         )
         violations.append(
             (
@@ -396,13 +396,13 @@ def endpoint_deny(statement: Any) -> EndpointDeny | None:
     return EndpointDeny(tuple(endpoints), principals, tuple(naming), tuple(sparing), tuple(unread))
 
 
-def _any(verdicts: Iterable[bool | None]) -> bool | None:
-    found = list(verdicts)
+def _any(answers: Iterable[bool | None]) -> bool | None:
+    found = list(answers)
     return True if True in found else None if None in found else False
 
 
-def _all(verdicts: Iterable[bool | None]) -> bool | None:
-    found = list(verdicts)
+def _all(answers: Iterable[bool | None]) -> bool | None:
+    found = list(answers)
     return False if False in found else None if None in found else True
 
 
@@ -434,15 +434,15 @@ def covers(deny: EndpointDeny, grantee: Grantee) -> bool | None:
         return deny.principals is None and not (deny.naming or deny.sparing or deny.unread)
     if deny.unread:
         return False
-    verdicts: list[bool | None] = []
+    answers: list[bool | None] = []
     if deny.principals is not None:
-        verdicts.append(_any(_is_principal(str(value), grantee) for value in deny.principals))
+        answers.append(_any(_is_principal(str(value), grantee) for value in deny.principals))
     for values, wildcards in deny.naming:
-        verdicts.append(_any(_names(str(value), wildcards, grantee) for value in values))
+        answers.append(_any(_names(str(value), wildcards, grantee) for value in values))
     for values, wildcards in deny.sparing:
         spared = _any(_names(str(value), wildcards, grantee) for value in values)
-        verdicts.append(None if spared is None else not spared)
-    return _all(verdicts)
+        answers.append(None if spared is None else not spared)
+    return _all(answers)
 
 
 def _stack_endpoint(deny: EndpointDeny, policy: StackResource, gateways: Sequence[StackResource]) -> bool:
@@ -469,7 +469,7 @@ _PRINCIPAL_FIX = (
 )
 
 
-def _endpoint_verdict(
+def _endpoint_answer(
     policy: StackResource, gateways: Sequence[StackResource], granted: Sequence[Grantee]
 ) -> bool | str | None:
     """True when the policy denies every grantee requests that do not come through an S3 gateway
@@ -493,12 +493,12 @@ def _endpoint_verdict(
         )
     left_out, unknown = [], []
     for grantee in granted:
-        verdict = _any(covers(deny, grantee) for deny in through_stack)
-        if verdict is None and grantee.urn in policy.dependencies:
+        answer = _any(covers(deny, grantee) for deny in through_stack)
+        if answer is None and grantee.urn in policy.dependencies:
             continue  # a first preview: the policy is built from the role's ARN
-        if verdict is False:
+        if answer is False:
             left_out.append(grantee.shown)
-        elif verdict is None:
+        elif answer is None:
             unknown.append(grantee.shown)
     fix = _UNREAD_FIX if through_stack[0].unread else _PRINCIPAL_FIX
     if left_out:
@@ -531,12 +531,12 @@ def buckets_vpc_endpoint_only(resources: Sequence[StackResource]) -> list[tuple[
     violations = []
     for bucket in (r for r in resources if r.type in BUCKETS):
         granted = grantees(bucket, resources)
-        verdicts = [
-            _endpoint_verdict(p, gateways, granted) for p in linked(bucket, "bucket", policies, "bucket")
+        answers = [
+            _endpoint_answer(p, gateways, granted) for p in linked(bucket, "bucket", policies, "bucket")
         ]
-        if True in verdicts or None in verdicts:
+        if True in answers or None in answers:
             continue
-        problem = next((v for v in verdicts if isinstance(v, str)), f" has no bucket policy: {_ENDPOINT_FIX}")
+        problem = next((v for v in answers if isinstance(v, str)), f" has no bucket policy: {_ENDPOINT_FIX}")
         violations.append((bucket.urn, f"the bucket{problem}"))
     return violations
 

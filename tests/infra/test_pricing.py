@@ -10,7 +10,7 @@ import pulumi
 import pytest
 
 from infra import pricing
-from infra.plan.refresh import price_list_filters
+from infra.planner.refresh import price_list_filters
 from infra.resources.network import NAT_GATEWAYS
 from tests.harness.fake_aws import (
     LIST_PRICES,
@@ -108,11 +108,11 @@ def test_the_network_has_the_nat_gateways_the_cost_counts(stack_plan):
     assert len(plan.of_type("aws:ec2/eip:Eip")) == NAT_GATEWAYS
 
 
-def test_an_unchanged_run_keeps_the_price_and_plan_it_was_billed_and_planned_at(monkeypatch):
+def test_an_unchanged_run_keeps_the_price_and_forecast_it_was_billed_and_forecast_at(monkeypatch):
     """The first `pulumi up` runs the job at the Price List's price; the run records that price and the
     planner's prediction with it (its `planned` input, among its outputs). Two later `pulumi up`s,
     after AWS changed the price, leave the run alone (no input that reruns it changed, so the engine
-    keeps its outputs): `training.cost.measured` and `planVsMeasured` are the same in both, at the
+    keeps its outputs): `training.cost.measured` and `forecastVsMeasured` are the same in both, at the
     run's price, while the preview's own figures follow the Price List. A run that runs again records
     the new price."""
     fake = FakeAws(region="us-east-2")
@@ -127,7 +127,7 @@ def test_an_unchanged_run_keeps_the_price_and_plan_it_was_billed_and_planned_at(
         later = run_program(dev_config(), fake, recorded=recorded, preview=False)
         assert later.outputs["training"]["cost"]["usdPerGpuNodeHour"] == float(usd)  # the preview's, today's
         costs.append(resolved(later.outputs["training"]["cost"]["measured"]))
-        compared.append(resolved(later.outputs["training"]["planVsMeasured"]))
+        compared.append(resolved(later.outputs["training"]["forecastVsMeasured"]))
     assert costs[0] == costs[1] and compared[0] == compared[1]
     measured = costs[0]
     # Node a ran 2 h, node b 1 h 30 min, at the recorded 4.6016 a node-hour.
@@ -145,6 +145,20 @@ def test_an_unchanged_run_keeps_the_price_and_plan_it_was_billed_and_planned_at(
         dev_config(training='{"preset": "smoke", "steps": 21}'), fake, recorded=recorded, preview=False
     )
     assert resolved(rerun.outputs["training"]["cost"]["measured"])["usdPerGpuNodeHour"] == 3.9
+
+
+def test_the_forecast_comparison_is_also_exported_under_its_former_key():
+    """`training.forecastVsMeasured` is exported a second time as `planVsMeasured`, its former key, for
+    one release (UPGRADING.md): the same run's recorded forecast beside its measurements."""
+    fake = FakeAws(region="us-east-2")
+    first = run_program(dev_config(), fake)
+    inputs = {key: value for key, value in first.one(TRAINING_RUN).inputs.items() if key != "__provider"}
+    later = run_program(dev_config(), fake, recorded={"training": {**inputs, **RUN_OUTPUTS}}, preview=False)
+    training = later.outputs["training"]
+    compared = resolved(training["forecastVsMeasured"])
+    assert resolved(training["planVsMeasured"]) == compared
+    assert compared["predictedStepTimeS"] == inputs["planned"]["step_time_s"]
+    assert compared["measuredStepTimeS"] == 3.0
 
 
 def test_a_type_the_price_list_also_sells_as_a_capacity_block_is_priced_on_demand():

@@ -6,9 +6,11 @@ writes each fault to `ATTEMPTS_FILE` in the run's storage folder; the restarted 
 (`Session.faults`), refuses a restart that cannot help, prints one line per restart after its first
 step and puts the attempts in the run summary. Everything here is plain Python over those records.
 
-An attempt (the run summary's `attempts`, in this order) is `ATTEMPT_KEYS`: its number (1 = the
-first restart), the cause (one line), the node of the failed worker where known, the last step every
-rank finished before the fault, the checkpoint's step it resumed from, the steps between the two, and
+An attempt is one life of the worker group: the first from the job's start, each later one from a
+restart. The run summary's `attempts` records each attempt a restart began, in this order, as
+`ATTEMPT_KEYS`: its number (n: the n-th restart began it), the cause of the fault that ended the one
+before (one line), the node of the failed worker where known, the last step every rank finished
+before the fault, the checkpoint's step it resumed from, the steps between the two, and
 the seconds from the fault's detection to the first step finished after the restart (None while, or
 if never, one finished). The stored record adds `DETECTED_AT` (Unix seconds, the controller's clock).
 """

@@ -185,7 +185,7 @@ def phase_limit(phase: str, times: Sequence[float], margin_s: float, allowance_s
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HangJudgement:
     """`hung`: no rank is still busy before this phase; `lagging`: the ranks that did not arrive;
     `detail`: how the NCCL sequence numbers named them."""
 
@@ -235,7 +235,7 @@ def judge(
     over: bool,
     limit_s: float,
     phase: str = IN_STEP,
-) -> Verdict:
+) -> HangJudgement:
     """Judge every rank's heartbeat from this rank's `phase` of `step` (None: the store, which
     rank 0 hosts, does not answer; the caller asks only once it has been silent for `limit_s` or
     the phase ran past it). In any phase, a rank whose heartbeat is older than `limit_s` is
@@ -245,10 +245,10 @@ def judge(
     (`_waited_for`). Where every rank is in it, the ranks whose NCCL sequence numbers trail the
     others' are the ones that did not arrive (`trailing`)."""
     if beats is None:
-        return Verdict(hung=True, lagging=(0,), unanswered=True)
+        return HangJudgement(hung=True, lagging=(0,), unanswered=True)
     gone = tuple(rank for rank in range(world_size) if rank not in beats or now - beats[rank].time > limit_s)
     if gone or not over:
-        return Verdict(hung=bool(gone), lagging=gone)
+        return HangJudgement(hung=bool(gone), lagging=gone)
     lagging, busy = [], False
     for rank in range(world_size):
         beat = beats[rank]
@@ -259,9 +259,9 @@ def judge(
         elif beat.step < step:
             lagging.append(rank)
     if lagging or busy:
-        return Verdict(hung=bool(lagging), lagging=tuple(lagging))
+        return HangJudgement(hung=bool(lagging), lagging=tuple(lagging))
     named, detail = trailing({rank: beats[rank].collectives for rank in range(world_size)})
-    return Verdict(hung=True, lagging=named, detail=detail)
+    return HangJudgement(hung=True, lagging=named, detail=detail)
 
 
 def waiting_collective(frames: Sequence[tuple[str, str, int]]) -> str:
@@ -364,19 +364,19 @@ def hang_line(
     step: int,
     waited_s: float,
     limit: Limit,
-    verdict: Verdict,
+    judgement: HangJudgement,
     collective: str,
     recorded: str | None,
 ) -> str:
     """The one-line finding."""
     what = _NAMES.get(limit.phase, limit.phase)
-    if verdict.unanswered:
+    if judgement.unanswered:
         who = (
             "the process group's store does not answer: rank 0 (its host under Ray Train) is stopped or gone"
         )
-    elif verdict.lagging:
-        detail = f" ({verdict.detail})" if verdict.detail else ""
-        who = f"rank(s) {', '.join(map(str, verdict.lagging))} did not arrive{detail}"
+    elif judgement.lagging:
+        detail = f" ({judgement.detail})" if judgement.detail else ""
+        who = f"rank(s) {', '.join(map(str, judgement.lagging))} did not arrive{detail}"
     else:
         who = f"every rank is in the {what} and alive: a collective deadlock"
     where = "" if limit.phase == IN_STEP else f" in the {what}"
@@ -580,13 +580,15 @@ class HangWatchdog:
             now = time.time()
             # Between phases only a rank gone longer than the step's limit is judged (`over` is False).
             phase, step = (IN_STEP, self._step) if watching is None else (watching.phase, watching.step)
-            verdict = judge(beats, now, step, self.world_size, over=over, limit_s=limit.seconds, phase=phase)
-            if verdict.hung:
-                ages = [now - beats[rank].time for rank in verdict.lagging if beats and rank in beats]
+            judgement = judge(
+                beats, now, step, self.world_size, over=over, limit_s=limit.seconds, phase=phase
+            )
+            if judgement.hung:
+                ages = [now - beats[rank].time for rank in judgement.lagging if beats and rank in beats]
                 waited = max([in_phase, time.monotonic() - store_answered, *ages])
-                self._end(self._finding(step, waited, limit, verdict), verdict.lagging)
+                self._end(self._finding(step, waited, limit, judgement), judgement.lagging)
 
-    def _finding(self, step: int, waited: float, limit: Limit, verdict: Verdict) -> str:
+    def _finding(self, step: int, waited: float, limit: Limit, judgement: HangJudgement) -> str:
         frame = sys._current_frames().get(self.training_thread)
         nccl = dist.is_initialized() and dist.get_backend() == "nccl"
         return hang_line(
@@ -594,7 +596,7 @@ class HangWatchdog:
             step=step,
             waited_s=waited,
             limit=limit,
-            verdict=verdict,
+            judgement=judgement,
             collective=waiting_collective(_stack(frame)),
             recorded=oldest_pending(read_nccl_recorder(entries=True)) if nccl else None,
         )

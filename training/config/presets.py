@@ -87,7 +87,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "loss_chunk_tokens": 1024,
     },
     # AWS's reference job: seq 128, batch 1, 5 steps of random tokens, so the
-    # EFA-vs-TCP figures stay comparable with the published 0.2513/0.5173 steps/s.
+    # EFA-vs-TCP measurements stay comparable with the published 0.2513/0.5173 steps/s.
     "smoke": {
         **_BASE,
         "steps": 5,

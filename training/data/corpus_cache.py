@@ -364,7 +364,7 @@ def open_rows(entry: CachedCorpus, node_copies: Path = NODE_COPIES) -> np.ndarra
 
 
 def cached_corpus_rows(entry: CachedCorpus) -> PackedCorpus:
-    """A cache entry's rows, mapped (`open_rows`), with its fingerprint and packing figures."""
+    """A cache entry's rows, mapped (`open_rows`), with its fingerprint and packing counts."""
     return PackedCorpus(open_rows(entry), entry.fingerprint, entry.packing)
 
 

@@ -5,7 +5,7 @@ and torchtitan: 6·N + 12·L·H·S, where N counts the parameters that take part
 in a matmul (an untied input embedding is a lookup and is left out; a tied one
 is counted once, as the lm_head), L is the number of layers, H the attention
 width heads × head_dim and S the sequence length. The attention term is not
-halved for causal masking; `causal=True` gives the halved figure. Peaks are
+halved for causal masking; `causal=True` gives the halved value. Peaks are
 dense bf16 tensor-core rates (FP32 accumulate, no sparsity) from the vendors'
 datasheets.
 """

@@ -7,7 +7,7 @@ without torch or ray installed, so everything here is plain Python.
 MFU follows the PaLM / torchtitan convention: model FLOPs per token are
 6·N + 12·L·H·S (N the parameters that take part in a matmul, L layers, H the
 attention width heads × head_dim, S the sequence length), and the attention
-term is NOT halved for causal masking; `mfu_causal` gives the halved figure, and
+term is NOT halved for causal masking; `mfu_causal` gives the halved value, and
 `mfu_done` counts it over the query-key pairs the rows' documents attend.
 """
 
@@ -90,7 +90,7 @@ class RunSummary:
     mfu: float | None
     mfu_causal: float | None
     # MFU on the work done: attention's FLOPs counted over the query-key pairs the rows' documents
-    # attend (`attended_share` of the S × S scores), the figure a run of isolated documents is
+    # attend (`attended_share` of the S × S scores), the value a run of isolated documents is
     # judged by (docs/training/mfu.md).
     mfu_done: float | None
     attended_share: float | None

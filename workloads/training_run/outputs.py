@@ -215,5 +215,5 @@ def training_output(run: object) -> dict[str, Any]:
 
 
 def benchmark_output(run: object) -> dict[str, Any]:
-    """The stack output `benchmark`: the EFA run's figures beside the TCP baseline's, by `benchmark_output_keys`."""
+    """The stack output `benchmark`: the EFA run's measurements beside the TCP baseline's, by `benchmark_output_keys`."""
     return {key: getattr(run, name) for key, name in benchmark_output_keys().items()}

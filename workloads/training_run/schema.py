@@ -27,7 +27,7 @@ from pydantic import (
 
 from infra.aws_rules.reservation_window import DEADLINE_KEY, RESERVATION_KEY, DeadlineCheck
 from infra.config.stack import GPU_NODES_AFTER_TRAINING, KEEP, RELEASE
-from infra.plan.cost import PlannedRun
+from infra.planner.cost import PredictedRun
 from platform_contract import EXPECTABLE_TRANSPORTS
 from workloads.training_run.access.call_bounds import ApiTimeouts
 from workloads.training_run.errors import TrainingRunError
@@ -141,9 +141,10 @@ class RunInputs(BaseModel):
         rerun=False,
     )
     # What the preview priced and predicted the run at. `create` returns its inputs among its outputs,
-    # so the run records them, and the stack's measured cost and plan comparison are computed from them.
-    # Its None values reach the provider as missing keys, read as None (`PlannedRun`).
-    planned: PlannedRun | None = _input(
+    # so the run records them, and the stack's measured cost and forecast comparison are computed from them.
+    # The forecast keeps its recorded name `planned`: renaming an input would change every recorded run.
+    # Its None values reach the provider as missing keys, read as None (`PredictedRun`).
+    planned: PredictedRun | None = _input(
         "must be an object of price_basis and, where known, usd_per_gpu_node_hour, step_time_s and "
         "bytes_per_step (numbers)",
         default=None,

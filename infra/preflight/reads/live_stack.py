@@ -6,7 +6,7 @@ change of them is judged in `infra.aws_rules.live_stack`.
 
 A read of the cluster that fails with anything but NotFound (the identity may not call
 `eks:DescribeCluster`, AWS throttled it) leaves the preview unable to tell a live cluster from none,
-and planning it as new would choose its zones, subnets and GPU zone anew, moving a live one's. So
+and previewing it as new would choose its zones, subnets and GPU zone anew, moving a live one's. So
 every read the zones rest on raises `UnreadLiveStack` naming its IAM action, where the preflight
 refuses (`infra.preflight.live_cluster`). That asks for no permission the stack lacks: creating its
 cluster calls DescribeCluster (the `aws.eks.Cluster` resource waits for ACTIVE with it:

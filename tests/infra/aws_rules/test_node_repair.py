@@ -1,4 +1,4 @@
-"""The node repair facts: the replacement bound the job's restart waits for, and the agent's configuration."""
+"""The node repair figures: the replacement bound the job's restart waits for, and the agent's configuration."""
 
 from __future__ import annotations
 

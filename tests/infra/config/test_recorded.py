@@ -8,7 +8,7 @@ from google.protobuf import struct_pb2
 from pulumi.runtime import rpc
 
 from infra.config.recorded import RecordError
-from infra.plan.cost import CostBasis, PlannedRun, capacity_block_price, measured_cost
+from infra.planner.cost import CostBasis, PredictedRun, capacity_block_price, measured_cost
 
 OUTPUT = "training.cost.measured"
 NODES = {"node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T06:00:00+00:00"}}
@@ -22,28 +22,28 @@ def handed_back(value: dict) -> dict:
     return rpc.deserialize_properties(message)["planned"]
 
 
-def test_a_capacity_blocks_planned_run_comes_back_without_its_price_and_reads_as_unknown():
-    planned = CostBasis(capacity_block_price("cr-1"), None, {}).planned_run
+def test_a_capacity_blocks_predicted_run_comes_back_without_its_price_and_reads_as_unknown():
+    predicted = CostBasis(capacity_block_price("cr-1"), None, {}).predicted_run
     sent = {
-        "usd_per_gpu_node_hour": planned.usd_per_gpu_node_hour,
-        "price_basis": planned.price_basis,
+        "usd_per_gpu_node_hour": predicted.usd_per_gpu_node_hour,
+        "price_basis": predicted.price_basis,
         "step_time_s": 1.5,
         "bytes_per_step": None,
     }
     back = handed_back(sent)
     assert set(back) == {"price_basis", "step_time_s"}  # the None values are gone
-    recorded = PlannedRun.recorded(back, OUTPUT)
-    assert recorded == PlannedRun(price_basis=planned.price_basis, step_time_s=1.5)
+    recorded = PredictedRun.recorded(back, OUTPUT)
+    assert recorded == PredictedRun(price_basis=predicted.price_basis, step_time_s=1.5)
     measured = measured_cost(recorded, NODES, None, "2026-12-05T07:00:00+00:00", {})
     assert measured["gpuNodeHours"] == 1.0 and measured["usd"] is None
     assert measured["priceBasis"].startswith("Capacity Block cr-1: its upfront fee")
 
 
 def test_a_record_an_older_release_wrote_without_a_field_reads_it_as_unknown():
-    assert PlannedRun.recorded({"price_basis": "a list price"}, OUTPUT) == PlannedRun(
+    assert PredictedRun.recorded({"price_basis": "a list price"}, OUTPUT) == PredictedRun(
         price_basis="a list price"
     )
-    assert PlannedRun.recorded({}, OUTPUT) is None and PlannedRun.recorded(None, OUTPUT) is None
+    assert PredictedRun.recorded({}, OUTPUT) is None and PredictedRun.recorded(None, OUTPUT) is None
 
 
 @pytest.mark.parametrize(
@@ -55,9 +55,9 @@ def test_a_record_an_older_release_wrote_without_a_field_reads_it_as_unknown():
 )
 def test_a_record_that_cannot_be_read_is_one_line_naming_the_output_and_the_key(record, key, what):
     with pytest.raises(RecordError) as raised:
-        PlannedRun.recorded(record, OUTPUT)
+        PredictedRun.recorded(record, OUTPUT)
     message = str(raised.value)
-    assert message.startswith(f"{OUTPUT}: the recorded PlannedRun key `{key}` {what}")
+    assert message.startswith(f"{OUTPUT}: the recorded PredictedRun key `{key}` {what}")
     assert "pulumi up --replace" in message and "\n" not in message
 
 

@@ -201,10 +201,10 @@ def test_a_first_preview_on_a_block_ending_in_three_days_plans_with_its_window_a
     assert cost["priceBasis"].startswith(BLOCK_BASIS) and cost["usdPerGpuNodeHour"] is None
 
 
-def test_a_runs_cost_on_a_block_reads_the_recorded_plan_without_a_price(monkeypatch):
+def test_a_runs_cost_on_a_block_reads_the_recorded_forecast_without_a_price(monkeypatch):
     """`pulumi up`, then a later preview of the deployed stack (the run unchanged: the engine keeps the
     outputs its state holds): the measured cost counts the nodes' hours with no US$, naming the block;
-    the plan comparison reads the recorded step time."""
+    the forecast comparison reads the recorded step time."""
     first, _ = block_run(monkeypatch, timedelta(hours=-1), timedelta(days=3), preview=False)
     measured = resolved(first.outputs["training"]["cost"]["measured"])
     assert measured["priceBasis"].startswith(BLOCK_BASIS) and measured["usd"] is None
@@ -216,10 +216,10 @@ def test_a_runs_cost_on_a_block_reads_the_recorded_plan_without_a_price(monkeypa
     measured = resolved(later.outputs["training"]["cost"]["measured"])
     assert (measured["gpuNodeHours"], measured["usd"], measured["usdPerGpuNodeHour"]) == (3.5, None, None)
     assert measured["priceBasis"].startswith(BLOCK_BASIS) and measured["tokens"] == 1_000_000
-    compared = resolved(later.outputs["training"]["planVsMeasured"])
+    compared = resolved(later.outputs["training"]["forecastVsMeasured"])
     assert compared["predictedStepTimeS"] == inputs["planned"]["step_time_s"]
     assert compared["stepTimeRatio"] == round(3.0 / inputs["planned"]["step_time_s"], 3)
-    # A state an older release wrote, before the run recorded its plan: `pulumi up` reads the key the
+    # A state an older release wrote, before the run recorded its forecast: `pulumi up` reads the key the
     # state lacks from the program's own input (pulumi/runtime/rpc.py, `resolve_outputs`: "input prop
     # the engine didn't give us a final value for. Just use the value passed into the resource"), so
     # the cost is at today's basis, and neither read fails.
@@ -228,4 +228,4 @@ def test_a_runs_cost_on_a_block_reads_the_recorded_plan_without_a_price(monkeypa
     measured = resolved(oldest.outputs["training"]["cost"]["measured"])
     assert (measured["gpuNodeHours"], measured["usd"]) == (3.5, None)
     assert measured["priceBasis"].startswith(BLOCK_BASIS)
-    assert resolved(oldest.outputs["training"]["planVsMeasured"])["measuredStepTimeS"] == 3.0
+    assert resolved(oldest.outputs["training"]["forecastVsMeasured"])["measuredStepTimeS"] == 3.0

@@ -1,6 +1,6 @@
 """The VPC in the program's plan: its NAT, private subnets, the subnets a GPU zone move keeps, the
 default security group, flow logs and the route table the S3 gateway endpoint joins. (Each zone's
-blocks alone: tests/infra/aws_rules/test_address_plan.py.)"""
+blocks alone: tests/infra/aws_rules/test_address_layout.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from infra.aws_rules.address_plan import zone_cidrs
+from infra.aws_rules.address_layout import zone_cidrs
 from infra.resources.node_groups import SYSTEM_LABELS
 from tests.harness.fake_aws import FakeAws, capacity_reservation
 from tests.harness.preview_queries import gpu_group, subnet_with_id

@@ -35,9 +35,9 @@ from training.components.watchdog import (
     Beat,
     Collectives,
     HangError,
+    HangJudgement,
     HangWatchdog,
     Limit,
-    Verdict,
     _Watch,
     expected_s,
     hang_cause,
@@ -103,7 +103,7 @@ def test_a_heartbeat_carries_the_nccl_sequence_numbers_and_one_without_them_deco
 
 def test_a_stopped_rank_whose_heartbeat_went_stale_in_the_step_did_not_arrive():
     beats = {0: beat(0.1, 7), 1: beat(STALE_S + 1, 7)}
-    assert judge(beats, NOW, 7, 2, over=True, limit_s=10.0) == Verdict(hung=True, lagging=(1,))
+    assert judge(beats, NOW, 7, 2, over=True, limit_s=10.0) == HangJudgement(hung=True, lagging=(1,))
     # Before the step runs past its limit the same heartbeats are no hang yet.
     assert not judge(beats, NOW, 7, 2, over=False, limit_s=10.0).hung
 
@@ -111,7 +111,7 @@ def test_a_stopped_rank_whose_heartbeat_went_stale_in_the_step_did_not_arrive():
 def test_a_rank_gone_longer_than_the_limit_is_a_hang_in_any_phase():
     """This rank writes its checkpoint or waits in a report's barrier, outside the armed step."""
     beats = {0: beat(0.1, 7, BETWEEN), 1: beat(11.0, 7, IN_STEP)}
-    assert judge(beats, NOW, 7, 2, over=False, limit_s=10.0) == Verdict(hung=True, lagging=(1,))
+    assert judge(beats, NOW, 7, 2, over=False, limit_s=10.0) == HangJudgement(hung=True, lagging=(1,))
     assert judge({0: beat(0.1, 7, BETWEEN)}, NOW, 7, 2, over=False, limit_s=10.0).lagging == (1,)
 
 
@@ -123,7 +123,7 @@ def test_a_live_rank_still_evaluating_or_committing_the_last_step_is_waited_for(
 
 def test_every_rank_alive_inside_the_step_past_its_limit_is_a_deadlock():
     beats = {0: beat(0.1, 8), 1: beat(0.2, 8)}
-    assert judge(beats, NOW, 8, 2, over=True, limit_s=10.0) == Verdict(hung=True, lagging=())
+    assert judge(beats, NOW, 8, 2, over=True, limit_s=10.0) == HangJudgement(hung=True, lagging=())
 
 
 def test_a_rank_behind_the_step_did_not_arrive():
@@ -132,7 +132,7 @@ def test_a_rank_behind_the_step_did_not_arrive():
 
 
 def test_a_silent_store_names_its_host():
-    assert judge(None, NOW, 8, 2, over=True, limit_s=10.0) == Verdict(True, (0,), unanswered=True)
+    assert judge(None, NOW, 8, 2, over=True, limit_s=10.0) == HangJudgement(True, (0,), unanswered=True)
 
 
 def test_the_evaluation_and_the_commit_wait_for_a_rank_still_before_them_and_name_one_behind():
@@ -147,10 +147,10 @@ def test_the_evaluation_and_the_commit_wait_for_a_rank_still_before_them_and_nam
         {**evaluating, 1: beat(0.1, 8, COMMIT)}, NOW, 8, 3, over=True, limit_s=9.0, phase=COMMIT
     ).hung
     everyone = {0: beat(0.1, 8, COMMIT), 1: beat(0.1, 8, COMMIT)}
-    assert judge(everyone, NOW, 8, 2, over=True, limit_s=9.0, phase=COMMIT) == Verdict(True, ())
+    assert judge(everyone, NOW, 8, 2, over=True, limit_s=9.0, phase=COMMIT) == HangJudgement(True, ())
     behind = {0: beat(0.1, 8, EVALUATION), 1: beat(0.1, 7, IN_STEP)}
-    verdict = judge(behind, NOW, 8, 2, over=True, limit_s=9.0, phase=EVALUATION)
-    assert verdict == Verdict(True, (1,))
+    judgement = judge(behind, NOW, 8, 2, over=True, limit_s=9.0, phase=EVALUATION)
+    assert judgement == HangJudgement(True, (1,))
     assert not judge(evaluating, NOW, 8, 3, over=False, limit_s=9.0, phase=COMMIT).hung
 
 
@@ -158,11 +158,13 @@ def test_equal_live_beats_with_one_trailing_completed_collective_name_that_rank(
     """Every rank alive in the step: the NCCL sequence numbers, not the heartbeats, tell."""
     places = {0: Collectives(70, 65), 1: Collectives(70, 64), 2: Collectives(70, 65), 3: Collectives(70, 65)}
     beats = {rank: beat(0.1, 8, IN_STEP, place) for rank, place in places.items()}
-    verdict = judge(beats, NOW, 8, 4, over=True, limit_s=10.0)
-    assert verdict == Verdict(True, (1,), detail="last NCCL collective completed #64, the others' #65")
+    judgement = judge(beats, NOW, 8, 4, over=True, limit_s=10.0)
+    assert judgement == HangJudgement(
+        True, (1,), detail="last NCCL collective completed #64, the others' #65"
+    )
     # Before the limit nothing is judged, and a rank whose numbers are unknown leaves them unused.
     assert not judge(beats, NOW, 8, 4, over=False, limit_s=10.0).hung
-    assert judge({**beats, 3: beat(0.1, 8)}, NOW, 8, 4, over=True, limit_s=10.0) == Verdict(True, ())
+    assert judge({**beats, 3: beat(0.1, 8)}, NOW, 8, 4, over=True, limit_s=10.0) == HangJudgement(True, ())
 
 
 def test_trailing_compares_completed_first_then_enqueued_of_a_rank_with_nothing_pending():
@@ -178,7 +180,9 @@ def test_trailing_compares_completed_first_then_enqueued_of_a_rank_with_nothing_
     assert trailing({}) == ((), None)
 
 
-def test_the_fixture_is_a_dump_torchs_own_analyzer_reads_and_it_finds_the_rank_the_live_verdict_names(capsys):
+def test_the_fixture_is_a_dump_torchs_own_analyzer_reads_and_it_finds_the_rank_the_live_judgement_names(
+    capsys,
+):
     """torch 2.13's flight recorder analyzer (torch/distributed/flight_recorder) run offline on the
     four ranks' dumps: collective #65 is missing rank 2, the rank the heartbeats name live."""
     from torch.distributed.flight_recorder.components.builder import build_db
@@ -214,13 +218,13 @@ def test_a_dump_with_one_rank_behind_names_that_rank_the_collective_and_its_node
     assert places[STUCK] == Collectives(enqueued=64, completed=64)
     assert training_collectives(dump(0), group_id=1) is None  # no such group
     beats = {rank: beat(0.2, 7, IN_STEP, place) for rank, place in places.items()}
-    verdict = judge(beats, NOW, 7, WORLD, over=True, limit_s=40.0)
+    judgement = judge(beats, NOW, 7, WORLD, over=True, limit_s=40.0)
     line = hang_line(
         rank=0,
         step=7,
         waited_s=41.0,
         limit=Limit(IN_STEP, 5.0, 30.0),
-        verdict=verdict,
+        judgement=judgement,
         collective="step_sync (ballot.py:69)",
         recorded=oldest_pending(dump(0)),
     )
@@ -229,7 +233,7 @@ def test_a_dump_with_one_rank_behind_names_that_rank_the_collective_and_its_node
         "rank 0 waits in step_sync (ballot.py:69); oldest pending in the NCCL flight "
         "recorder: nccl:_reduce_scatter_base #65 (scheduled, default_pg) for 41.0 s"
     )
-    assert hang_cause({"cause": line, "ranks": list(verdict.lagging)}, HOSTS, 240)[1] == "worker-b"
+    assert hang_cause({"cause": line, "ranks": list(judgement.lagging)}, HOSTS, 240)[1] == "worker-b"
 
 
 def test_the_oldest_pending_collective_is_named_not_the_newest():
@@ -288,7 +292,7 @@ def test_the_line_names_the_ranks_the_collective_the_phase_and_the_limit():
         step=34,
         waited_s=5.5,
         limit=Limit(IN_STEP, 0.16, 5.0),
-        verdict=Verdict(True, (1,)),
+        judgement=HangJudgement(True, (1,)),
         collective="all_reduce (distributed_c10d.py:3252)",
         recorded=None,
     )
@@ -303,7 +307,7 @@ def test_the_line_names_the_ranks_the_collective_the_phase_and_the_limit():
         step=3,
         waited_s=9.0,
         limit=Limit(IN_STEP, None, 5.0),
-        verdict=Verdict(True, (0,), True),
+        judgement=HangJudgement(True, (0,), True),
         collective="x",
         recorded=None,
     )
@@ -312,7 +316,7 @@ def test_the_line_names_the_ranks_the_collective_the_phase_and_the_limit():
         step=40,
         waited_s=80.0,
         limit=Limit(COMMIT, 2.0, 30.0, 40.0),
-        verdict=Verdict(True, ()),
+        judgement=HangJudgement(True, ()),
         collective="barrier (collective_impl.py:9)",
         recorded=None,
     )
@@ -383,7 +387,7 @@ def test_on_nccl_the_rank_exits_after_its_line_and_note_and_never_aborts_the_gro
         emit=lambda line: events.append(("line", line)),
         on_finding=lambda line, ranks: events.append(("note", ranks)),
     )
-    line = watchdog._finding(7, 41.0, Limit(IN_STEP, 5.0, 30.0), Verdict(True, (STUCK,)))
+    line = watchdog._finding(7, 41.0, Limit(IN_STEP, 5.0, 30.0), HangJudgement(True, (STUCK,)))
     assert "oldest pending in the NCCL flight recorder: nccl:_reduce_scatter_base #65" in line
     with pytest.raises(_Exited):
         watchdog._end(line, (STUCK,))

@@ -246,7 +246,7 @@ def test_a_resume_from_the_last_step_exits_2_in_one_line_before_ray_starts(full_
 
 
 def test_a_relative_model_folder_reaches_the_ray_workers(full_run, storage, ray_head):
-    """The run's last checkpoint, exported after the fact, fine-tuned on through a --model-id
+    """The run's last checkpoint, exported after the run, fine-tuned on through a --model-id
     relative to the driver's working directory (the workers run in another: the head's folder)."""
     from training.export import main as export
 

@@ -120,7 +120,7 @@ def test_a_run_goes_out_in_one_request_and_cloudwatch_serves_it_back(cloudwatch,
     assert capsys.readouterr().err == ""
 
 
-def test_every_data_point_has_a_unit_of_cloudwatchs_model_and_the_facts_dimensions():
+def test_every_data_point_has_a_unit_of_cloudwatchs_model_and_its_declared_dimensions():
     units = botocore.session.get_session().get_service_model("cloudwatch").shape_for("StandardUnit").enum
     assert {unit for unit, _ in METRICS.values()} <= set(units)
     assert not NAMESPACE.startswith("AWS/")

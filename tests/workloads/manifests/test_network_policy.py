@@ -8,7 +8,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from infra.aws_rules.address_plan import zone_cidrs
+from infra.aws_rules.address_layout import zone_cidrs
 from platform_contract import RAY_PORTS
 from tests.harness.manifest_checks import KUBERNETES_VERSION
 from tests.harness.network_policies import allowed, host, outside, pod, policy_types, selector_matches

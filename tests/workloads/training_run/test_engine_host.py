@@ -26,7 +26,7 @@ import pytest
 from pulumi.runtime import rpc
 
 from infra.aws_rules.reservation_window import parse_aws_time
-from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
+from infra.planner.cost import CostBasis, PredictedRun, list_price, measured_cost, predicted_cost
 from tests.harness import fake_kube_api as fake
 from tests.harness import paths
 from tests.harness.fake_aws import LIST_PRICES, price_list_item
@@ -574,7 +574,7 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
     world.host.configure(STACK_CONFIG)
     outs = plain(world.create().properties)
     assert outs.get("gpu_nodes_unavailable") is None  # a null output is left out of the answer
-    assert {node: facts["instanceId"] for node, facts in outs["gpu_nodes"].items()} == INSTANCES
+    assert {node: record["instanceId"] for node, record in outs["gpu_nodes"].items()} == INSTANCES
     assert [
         (
             request["Filter.1.Name"],
@@ -582,7 +582,7 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
         )
         for request in world.aws.ec2_requests
     ] == [(["instance-id"], sorted(INSTANCES.values()))]
-    launched = {node: parse_aws_time(facts["launchTime"]) for node, facts in outs["gpu_nodes"].items()}
+    launched = {node: parse_aws_time(record["launchTime"]) for node, record in outs["gpu_nodes"].items()}
     assert {node: world.aws.instances[INSTANCES[node]] for node in launched} == {
         node: at.strftime("%Y-%m-%dT%H:%M:%S.000Z") for node, at in launched.items()
     }
@@ -595,13 +595,13 @@ def test_the_runs_cost_counts_each_gpu_nodes_hours_from_its_ec2_launch_to_the_ou
     )
     basis = CostBasis(price, None, {})
     # The run records the price the program priced it at (its `planned` input), and is billed at it.
-    recorded = PlannedRun.recorded(outs["planned"], "training.cost.measured")
+    recorded = PredictedRun.recorded(outs["planned"], "training.cost.measured")
     assert recorded is not None and (recorded.usd_per_gpu_node_hour, recorded.price_basis) == (
         price.usd_per_hour,
         price.basis,
     )
     cost = {
-        **planned_cost(basis),
+        **predicted_cost(basis),
         "measured": measured_cost(recorded, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]),
     }
     assert cost["priceBasis"] == "On-Demand list price of g6.12xlarge in us-east-2, AWS Price List at preview"
@@ -625,7 +625,7 @@ def test_a_capacity_blocks_run_without_a_price_round_trips_through_the_host(worl
     inputs = {**world.inputs, "planned": planned}
     assert list(world.host.check({}, inputs).failures) == []
     outs = plain(world.create(planned=planned).properties)
-    recorded = PlannedRun.recorded(outs["planned"], "training.cost.measured")
+    recorded = PredictedRun.recorded(outs["planned"], "training.cost.measured")
     assert recorded is not None and recorded.usd_per_gpu_node_hour is None and recorded.price_basis == basis
     measured = measured_cost(recorded, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"])
     assert measured["gpuNodeHours"] > 3.5 and measured["usd"] is None and measured["priceBasis"] == basis
@@ -650,7 +650,9 @@ def test_an_instance_ec2_no_longer_lists_is_named_not_a_refusal(world: World):
         and "does not list it" in outs["gpu_nodes"][node]["unavailable"]
     )
     basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "refused"), None, {})
-    measured = measured_cost(basis.planned_run, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"])
+    measured = measured_cost(
+        basis.predicted_run, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]
+    )
     assert list(measured["notCounted"]) == [gone] and measured["gpuNodeHours"] > 0
 
 
@@ -666,7 +668,7 @@ def test_ec2_refusing_describe_instances_leaves_the_cost_unavailable_naming_why(
     )
     basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "refused"), None, {})
     measured = measured_cost(
-        basis.planned_run, None, outs["gpu_nodes_unavailable"], outs["finished_at"], outs["summary"]
+        basis.predicted_run, None, outs["gpu_nodes_unavailable"], outs["finished_at"], outs["summary"]
     )
     assert measured["gpuNodeHours"] is None and measured["usd"] is None
     assert measured["unavailable"] == outs["gpu_nodes_unavailable"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from infra.plan.cost import CostBasis, PlannedRun, list_price, measured_cost, planned_cost
+from infra.planner.cost import CostBasis, PredictedRun, list_price, measured_cost, predicted_cost
 from tests.harness.training_run_fakes import (
     INSTANCE_IDS,
     LAUNCHED,
@@ -26,8 +26,8 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     price = list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused")
     basis = CostBasis(price, None, {})
     fake = FakeCluster(main_and_tcp_head())
-    outs = fake.provider().create(props(run_inputs(planned=basis.planned_run))).outs
-    assert PlannedRun.recorded(outs["planned"], "training.cost.measured") == basis.planned_run
+    outs = fake.provider().create(props(run_inputs(planned=basis.predicted_run))).outs
+    assert PredictedRun.recorded(outs["planned"], "training.cost.measured") == basis.predicted_run
     assert outs["gpu_nodes"] == {
         "node-a": {"instanceId": "i-0a1b2c3d4e5f60001", "launchTime": "2026-12-05T07:00:00+00:00"},
         "node-b": {"instanceId": "i-0a1b2c3d4e5f60002", "launchTime": "2026-12-05T07:00:30+00:00"},
@@ -36,7 +36,7 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     finished = OUTPUT_TIME + datetime.timedelta(seconds=fake.clock.now)
     assert outs["finished_at"] == finished.isoformat()
     measured = measured_cost(
-        PlannedRun.recorded(outs["planned"], "training.cost.measured"),
+        PredictedRun.recorded(outs["planned"], "training.cost.measured"),
         outs["gpu_nodes"],
         None,
         outs["finished_at"],
@@ -47,7 +47,7 @@ def test_a_run_outputs_each_gpu_nodes_instance_and_launch_and_the_outputs_time()
     )  # two nodes launched 2 h and 1 h 59 min 30 s before 09:00
     assert measured["gpuNodeHours"] == round(seconds / 3600, 4)
     assert measured["usd"] == round(seconds / 3600 * 4.6016, 2)
-    assert planned_cost(basis)["priceBasis"].startswith(
+    assert predicted_cost(basis)["priceBasis"].startswith(
         "On-Demand list price of g6.12xlarge shipped with the stack"
     )
 
@@ -75,7 +75,7 @@ def test_a_node_without_an_instance_id_makes_the_launch_times_unavailable():
 def hours_of(fake: FakeCluster, outs: dict) -> dict:
     basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "the invoke was refused"), None, {})
     return measured_cost(
-        basis.planned_run,
+        basis.predicted_run,
         outs["gpu_nodes"],
         outs["gpu_nodes_unavailable"],
         outs["finished_at"],

@@ -14,7 +14,7 @@ from pulumi.runtime import rpc
 
 from infra.aws_rules.reservation_window import DeadlineCheck
 from infra.config.aws_identity import AwsCredentialSettings
-from infra.plan.cost import PlannedRun
+from infra.planner.cost import PredictedRun
 from tests.harness import paths
 from tests.harness.training_run_fakes import SMOKE_ARGS, FakeCluster, main_and_tcp_head, props, run_inputs
 from workloads.training_run import (
@@ -245,7 +245,7 @@ def test_the_resource_registers_only_names_and_settings():
                 deadline_check=DeadlineCheck(
                     "training.deadline", "2026-12-05T14:00:00Z", "set it later", 150.0
                 ),
-                planned=PlannedRun(
+                planned=PredictedRun(
                     usd_per_gpu_node_hour=4.6016,
                     price_basis="a list price",
                     step_time_s=1.2,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.plan.cost import CostBasis, list_price, measured_cost
+from infra.planner.cost import CostBasis, list_price, measured_cost
 from tests.harness.fake_efa_sysfs import HANDSHAKE_TRAFFIC
 from tests.harness.fake_reader_node import FakeReaderNode
 from tests.harness.paths import REPO_ROOT
@@ -172,7 +172,7 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     assert outs["tcp_summary"]["tokens_per_s"] == 258.6
     basis = CostBasis(list_price("g6.12xlarge", "us-east-2", None, "refused"), None, {})
     measured = measured_cost(
-        basis.planned_run,
+        basis.predicted_run,
         outs["gpu_nodes"],
         None,
         outs["finished_at"],
@@ -182,7 +182,7 @@ def test_benchmark_runs_efa_then_a_fair_tcp_baseline_and_outputs_the_ratio():
     )
     assert measured["tcpBaselineTokens"] == 5 * 1024 and measured["tokens"] == 5 * 1024
     job_alone = measured_cost(
-        basis.planned_run, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]
+        basis.predicted_run, outs["gpu_nodes"], None, outs["finished_at"], outs["summary"]
     )
     assert measured["usdPerMillionTokens"] == pytest.approx(job_alone["usdPerMillionTokens"] / 2, abs=0.01)
 

@@ -1,6 +1,6 @@
 """The GPU nodes' EC2 instances: the instance id in each node's `spec.providerID`, and what
 `ec2:DescribeInstances` says of each instance (when it was launched, its state, when it stopped
-running), from which the run's GPU node hours are counted (`infra.plan.cost`).
+running), from which the run's GPU node hours are counted (`infra.planner.cost`).
 
 On EKS a node's providerID is `aws:///<zone>/<instance id>`, set by the AWS cloud provider when the
 node registers (Kubernetes API reference, NodeSpec `providerID`: `<ProviderName>://<ProviderSpecificNodeID>`).
@@ -13,7 +13,7 @@ The instances are asked for with the `instance-id` filter, not `InstanceId.N`: w
 EC2 no longer knows (terminated instances stay visible for about an hour: EC2 API reference,
 TerminateInstances) fails the whole call with InvalidInstanceID.NotFound, while a filter answers the
 instances EC2 knows and leaves that one out, which `instance_record` then names. A refused or failed call is `LaunchTimesUnavailable`, whose
-one line says why: the cost then says its figures are unavailable, and no hours are made up from
+one line says why: the cost then says its measured values are unavailable, and no hours are made up from
 another clock.
 """
 

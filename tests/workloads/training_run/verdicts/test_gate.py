@@ -1,4 +1,4 @@
-"""The gate's judgement, a pure function of the probe run's facts: which check fails first, in one line."""
+"""The gate's judgement, a pure function of the probe run's evidence: which check fails first, in one line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The planner against published and measured figures: the table docs/benchmarks.md shows (a test
+"""The planner against published figures and measurements: the table docs/benchmarks.md shows (a test
 keeps it equal to `comparison_table()`)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any
 
-from infra.plan.figures import (
+from infra.planner.figures import (
     AWS_SAMPLE_BATCH,
     AWS_SAMPLE_EFA_STEPS_PER_S,
     AWS_SAMPLE_INSTANCE,
@@ -18,15 +18,15 @@ from infra.plan.figures import (
     INSTANCES,
     NCCL_TESTS,
 )
-from infra.plan.planner import (
+from infra.planner.planner import (
     GB,
     PARAM_BYTES,
     ClusterShape,
-    StrategyPlan,
+    StrategyForecast,
     Workload,
     cluster_of,
     ring_share,
-    strategy_plan,
+    strategy_forecast,
 )
 from training.config.run_config import load_model_config
 from training.metrics.flops import flops_per_token, num_params
@@ -57,25 +57,27 @@ def all_reduce_seconds(size_bytes: int, cluster: ClusterShape) -> float:
     return 2 * ring_share(cluster.ranks) * size_bytes / (min(line, intra) if cluster.nodes > 1 else intra)
 
 
-def aws_sample_plan(line_rate: float | None = None) -> StrategyPlan:
+def aws_sample_forecast(line_rate: float | None = None) -> StrategyForecast:
     """AWS's sample job: bf16 weights without mixed precision, so gradients reduce in bf16."""
     cluster = cluster_of(AWS_SAMPLE_INSTANCE, AWS_SAMPLE_NODES, INSTANCES[AWS_SAMPLE_INSTANCE], line_rate)
     workload = _qwen_workload(AWS_SAMPLE_SEQ_LEN, AWS_SAMPLE_BATCH, reduce_bytes=PARAM_BYTES)
-    return strategy_plan(workload, cluster, 1)
+    return strategy_forecast(workload, cluster, 1)
 
 
 def implied_line_rate(steps_per_s: float) -> float:
-    """The line rate at which the planner reproduces the sample's steps/s (bisection; the planned
+    """The line rate at which the planner reproduces the sample's steps/s (bisection; the forecast
     rate rises with the line rate)."""
     low, high = 0.01, 10_000.0
     for _ in range(100):
         middle = math.sqrt(low * high)
-        low, high = (middle, high) if 1 / aws_sample_plan(middle).step_time_s < steps_per_s else (low, middle)
+        low, high = (
+            (middle, high) if 1 / aws_sample_forecast(middle).step_time_s < steps_per_s else (low, middle)
+        )
     return low
 
 
 def comparison_rows() -> list[list[str]]:
-    """What the planner predicts against each measured or published figure, with its error."""
+    """What the planner predicts against each measurement or published figure, with its error."""
     rows = []
     h200 = ClusterShape(1, 1, "NVIDIA H200", 0.0, 1.0, 0.0)
     for measured_case in H200_THROUGHPUT:
@@ -85,7 +87,7 @@ def comparison_rows() -> list[list[str]]:
             grad_accum_steps=measured_case.grad_accum_steps,
             defer_grad_sync=measured_case.defer_grad_sync,
         )
-        predicted = strategy_plan(workload, h200, 1)
+        predicted = strategy_forecast(workload, h200, 1)
         calibration = " (the MFU point)" if predicted.mfu_source.endswith(f" {measured_case.case}") else ""
         measured = measured_case.tokens_per_s.value
         rows.append(
@@ -97,7 +99,7 @@ def comparison_rows() -> list[list[str]]:
                 f"{predicted.tokens_per_s / measured - 1:+.1%}",
             ]
         )
-    efa = aws_sample_plan()
+    efa = aws_sample_forecast()
     line_rate = INSTANCES[AWS_SAMPLE_INSTANCE].line_rate_gbps.value
     for label, figure in (("EFA", AWS_SAMPLE_EFA_STEPS_PER_S), ("TCP", AWS_SAMPLE_TCP_STEPS_PER_S)):
         predicted_rate = 1 / efa.step_time_s

@@ -1,4 +1,4 @@
-"""The VPC's address plan: each zone's blocks follow its letter, lie in the VPC and never overlap.
+"""The VPC's address layout: each zone's blocks follow its letter, lie in the VPC and never overlap.
 (The blocks the network keeps for stacks of the earlier plan: tests/infra/resources/test_network.py.)"""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from infra.aws_rules.address_plan import zone_cidrs
+from infra.aws_rules.address_layout import zone_cidrs
 
 
 @pytest.mark.parametrize("vpc", ["10.0.0.0/16", "10.20.0.0/20"])
@@ -19,5 +19,5 @@ def test_subnet_blocks_follow_the_zone_letter_and_never_overlap(vpc):
 
 
 def test_a_zone_outside_the_plan_is_refused():
-    with pytest.raises(ValueError, match="the address plan holds zones a to g"):
+    with pytest.raises(ValueError, match="the address layout holds zones a to g"):
         zone_cidrs("10.0.0.0/16", "us-east-1h")

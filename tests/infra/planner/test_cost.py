@@ -7,10 +7,10 @@ import datetime
 
 import pytest
 
-from infra.plan.cost import (
+from infra.planner.cost import (
     UNRECORDED_PRICE,
     CostBasis,
-    PlannedRun,
+    PredictedRun,
     Prediction,
     Price,
     StackShape,
@@ -21,7 +21,7 @@ from infra.plan.cost import (
     idle_gpu_cost,
     list_price,
     measured_cost,
-    planned_cost,
+    predicted_cost,
     tokens_trained,
 )
 from tests.harness.fake_aws import price_list_item
@@ -77,16 +77,18 @@ def test_tokens_come_from_tokens_seen_else_steps_times_the_steps_tokens():
 
 
 BASIS = CostBasis(Price(4.0, "a list price"), Prediction(20, 1.8, 500.0, 2, 3e9), {"gpuNodesAtZero": 0.36})
-RECORDED = BASIS.planned_run
+RECORDED = BASIS.predicted_run
 
 
 def test_the_prediction_is_steps_times_step_time_times_the_fleet_at_the_named_price():
-    planned = planned_cost(BASIS)
-    assert planned["predictedUsd"] == round(20 * 1.8 * 2 * 4.0 / 3600, 2)
-    assert planned["predictedUsdPerMillionTokens"] == round(2 * 4.0 / 3600 / 500 * 1e6, 2)
-    assert planned["priceBasis"] == "a list price" and planned["atRestUsdPerHour"] == {"gpuNodesAtZero": 0.36}
-    assert "not the invoice" in planned["note"]
-    without = planned_cost(CostBasis(capacity_block_price("cr-1"), BASIS.prediction, {}))
+    predicted = predicted_cost(BASIS)
+    assert predicted["predictedUsd"] == round(20 * 1.8 * 2 * 4.0 / 3600, 2)
+    assert predicted["predictedUsdPerMillionTokens"] == round(2 * 4.0 / 3600 / 500 * 1e6, 2)
+    assert predicted["priceBasis"] == "a list price" and predicted["atRestUsdPerHour"] == {
+        "gpuNodesAtZero": 0.36
+    }
+    assert "not the invoice" in predicted["note"]
+    without = predicted_cost(CostBasis(capacity_block_price("cr-1"), BASIS.prediction, {}))
     assert without["predictedUsd"] is None and without["usdPerGpuNodeHour"] is None
 
 
@@ -118,15 +120,19 @@ def test_without_launch_times_the_measured_cost_is_unavailable_with_the_reason()
     before = measured_cost(RECORDED, None, None, None, None)
     assert before["unavailable"] == "no training run has reported its GPU nodes yet"
     block = measured_cost(
-        CostBasis(capacity_block_price("cr-1"), None, {}).planned_run, NODES, None, "2026-12-05T07:00:00Z", {}
+        CostBasis(capacity_block_price("cr-1"), None, {}).predicted_run,
+        NODES,
+        None,
+        "2026-12-05T07:00:00Z",
+        {},
     )
     assert block["gpuNodeHours"] == 1.5 and block["usd"] is None
 
 
 def test_the_measured_cost_is_at_the_price_the_run_recorded_and_none_without_one():
-    """The run records its price and plan (`PlannedRun`, the TrainingRun's `planned` input and output):
+    """The run records its price and forecast (`PredictedRun`, the TrainingRun's `planned` input and output):
     a later Price List leaves its cost as it was; a run that recorded none has no US$ figure, and says so."""
-    recorded = PlannedRun.recorded(
+    recorded = PredictedRun.recorded(
         {
             "usd_per_gpu_node_hour": 4.0,
             "price_basis": "a list price",
@@ -137,12 +143,14 @@ def test_the_measured_cost_is_at_the_price_the_run_recorded_and_none_without_one
     )
     assert recorded == RECORDED
     assert (
-        PlannedRun(usd_per_gpu_node_hour=4.0, price_basis="a list price", step_time_s=1.8, bytes_per_step=3e9)
+        PredictedRun(
+            usd_per_gpu_node_hour=4.0, price_basis="a list price", step_time_s=1.8, bytes_per_step=3e9
+        )
         == RECORDED
     )
-    assert CostBasis(capacity_block_price("cr-1"), None, {}).planned_run.step_time_s is None
+    assert CostBasis(capacity_block_price("cr-1"), None, {}).predicted_run.step_time_s is None
     unrecorded = measured_cost(
-        PlannedRun.recorded(None, "training.cost.measured"), NODES, None, "2026-12-05T07:00:00+00:00", {}
+        PredictedRun.recorded(None, "training.cost.measured"), NODES, None, "2026-12-05T07:00:00+00:00", {}
     )
     assert unrecorded["gpuNodeHours"] == 1.5 and unrecorded["usd"] is None
     assert unrecorded["usdPerGpuNodeHour"] is None and unrecorded["priceBasis"] == UNRECORDED_PRICE

@@ -1,29 +1,29 @@
-"""The plan in words: the strategies' table, the warning when the configured one is network-bound,
-the preview's log lines, and a run's measured figures beside the plan's."""
+"""The forecast in words: the strategies' table, the warning when the configured one is network-bound,
+the preview's log lines, and a run's measurements beside its recorded forecast."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra.plan.cost import PlannedRun
-from infra.plan.figures import INSTANCES, MFU_POINTS, line_rate_gbps
-from infra.plan.planner import (
+from infra.planner.cost import PredictedRun
+from infra.planner.figures import INSTANCES, MFU_POINTS, line_rate_gbps
+from infra.planner.planner import (
     GB,
     ClusterShape,
-    StrategyPlan,
+    StrategyForecast,
     Workload,
     cluster_of,
     configured_replicas,
-    plan,
+    forecast,
     remedies,
-    strategy_plan,
+    strategy_forecast,
     workload_of,
 )
 from training.config.run_config import TrainConfig
 
 
-def plan_rows(plans: Sequence[StrategyPlan]) -> list[dict[str, Any]]:
+def forecast_rows(forecasts: Sequence[StrategyForecast]) -> list[dict[str, Any]]:
     return [
         {
             "name": row.name,
@@ -35,15 +35,15 @@ def plan_rows(plans: Sequence[StrategyPlan]) -> list[dict[str, Any]]:
             "communication_s": row.communication_s,
             "network_bound": row.network_bound,
         }
-        for row in plans
+        for row in forecasts
     ]
 
 
-def mfu_basis(plan: StrategyPlan, gpu_name: str) -> str:
-    """Where the plan's MFU comes from: the benchmark case, and, when that ran on another GPU, that
-    the plan takes the same share of this GPU's peak (MFU_POINTS ran on synthetic tokens)."""
-    measured_on = next(point.gpu_name for point in MFU_POINTS if point.label == plan.mfu_source)
-    text = f"MFU {plan.mfu:.1%} from {plan.mfu_source}"
+def mfu_basis(strategy: StrategyForecast, gpu_name: str) -> str:
+    """Where the forecast's MFU comes from: the benchmark case, and, when that ran on another GPU, that
+    the forecast takes the same share of this GPU's peak (MFU_POINTS ran on synthetic tokens)."""
+    measured_on = next(point.gpu_name for point in MFU_POINTS if point.label == strategy.mfu_source)
+    text = f"MFU {strategy.mfu:.1%} from {strategy.mfu_source}"
     if measured_on and measured_on != gpu_name:
         text += (
             f", measured on one {measured_on} on causal rows and taken as the same share of the "
@@ -52,13 +52,13 @@ def mfu_basis(plan: StrategyPlan, gpu_name: str) -> str:
     return text
 
 
-def plan_table(plans: Sequence[StrategyPlan], cluster: ClusterShape, chosen: int | None) -> str:
+def forecast_table(forecasts: Sequence[StrategyForecast], cluster: ClusterShape, chosen: int | None) -> str:
     lines = [
-        f"plan for {cluster.nodes} x {cluster.gpus_per_node} {cluster.gpu_name} at {cluster.line_rate_gbps:g} Gbps "
-        f"({mfu_basis(plans[0], cluster.gpu_name)}):",
+        f"forecast for {cluster.nodes} x {cluster.gpus_per_node} {cluster.gpu_name} at {cluster.line_rate_gbps:g} Gbps "
+        f"({mfu_basis(forecasts[0], cluster.gpu_name)}):",
         "  strategy     inter-node GB/step  compute s  comm s  step s  tokens/s  $/M tokens",
     ]
-    for row in plans:
+    for row in forecasts:
         mark = "*" if row.replicas == chosen else " "
         lines.append(
             f" {mark}{row.name:<12} {row.inter_node_bytes_per_step / GB:>18.2f} {row.compute_s:>10.3f} "
@@ -70,7 +70,7 @@ def plan_table(plans: Sequence[StrategyPlan], cluster: ClusterShape, chosen: int
 
 def network_warning(workload: Workload, cluster: ClusterShape, replicas: int) -> str | None:
     """What to change when the configured strategy's communication outlasts its compute."""
-    current = strategy_plan(workload, cluster, replicas)
+    current = strategy_forecast(workload, cluster, replicas)
     if not current.network_bound:
         return None
     options = "; ".join(
@@ -85,52 +85,54 @@ def network_warning(workload: Workload, cluster: ClusterShape, replicas: int) ->
     )
 
 
-def log_plan(
+def log_forecast(
     config: TrainConfig, instance_type: str, nodes: int, network_performance: str
-) -> StrategyPlan | None:
-    """At preview: the plan of the stack's job as an info line, and a warning when the configured
+) -> StrategyForecast | None:
+    """At preview: the forecast of the stack's job as an info line, and a warning when the configured
     strategy is network-bound. The line rate is the one AWS states for the type (`network_performance`),
     the other figures the shipped ones; nothing is said for a type or model without figures. Returns the
-    configured strategy's plan, whose predictions the stack exports beside the measured figures."""
+    configured strategy's forecast, whose predictions the stack exports beside the run's measurements."""
     import pulumi
 
     figures = INSTANCES.get(instance_type)
     workload = workload_of(config)
     if figures is None or workload is None:
         pulumi.log.info(
-            f"no communication plan: the planner has no figures for {instance_type} or {config.model_config}"
+            f"no communication forecast: the planner has no figures for {instance_type} or {config.model_config}"
         )
         return None
     cluster = cluster_of(instance_type, nodes, figures, line_rate_gbps(network_performance))
     chosen = configured_replicas(config, cluster)
-    plans = plan(workload, cluster)
-    configured = [row for row in plans if row.replicas == chosen]
+    forecasts = forecast(workload, cluster)
+    configured = [row for row in forecasts if row.replicas == chosen]
     duration = (
         f"\n  predicted run: {config.steps} steps x {configured[0].step_time_s:.2f} s = "
         f"{config.steps * configured[0].step_time_s / 60:.1f} min with {configured[0].name}"
         if configured
         else ""
     )
-    pulumi.log.info(plan_table(plans, cluster, chosen) + duration)
+    pulumi.log.info(forecast_table(forecasts, cluster, chosen) + duration)
     warning = network_warning(workload, cluster, chosen) if chosen in (1, cluster.nodes) else None
     if warning:
         pulumi.log.warn(warning)
     return configured[0] if configured else None
 
 
-def measured_against_plan(planned: PlannedRun | None, summary: Mapping[str, Any] | None) -> dict[str, Any]:
+def measured_against_forecast(
+    recorded: PredictedRun | None, summary: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """After a run: the planner's step time and inter-node bytes per step as recorded with the run
-    (`planned`, the TrainingRun's; None: it recorded none) beside the run's, and measured / predicted.
+    (`recorded`, the TrainingRun's `planned`; None: it recorded none) beside the run's, and measured / predicted.
     The run's bytes are its summary's `efa_bytes_per_step` (sent plus received through each node's EFA
     ports, `training.metrics.efa_meter`), halved into the one direction the planner counts (FSDP's ring
     collectives send what they receive) and averaged over the nodes; None where either side has no
-    figure."""
+    value."""
     summary = summary or {}
     step_time = summary.get("step_time_s")
     per_node = [value for value in (summary.get("efa_bytes_per_step") or {}).values() if value is not None]
     measured_bytes = sum(per_node) / len(per_node) / 2 if per_node else None
-    predicted_step = planned.step_time_s if planned else None
-    predicted_bytes = planned.bytes_per_step if planned else None
+    predicted_step = recorded.step_time_s if recorded else None
+    predicted_bytes = recorded.bytes_per_step if recorded else None
 
     def ratio(measured: float | None, predicted: float | None) -> float | None:
         return round(measured / predicted, 3) if measured is not None and predicted else None

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from infra.plan import planner, report
-from infra.plan.figures import INSTANCES
+from infra.planner import planner, report
+from infra.planner.figures import INSTANCES
 from training.config.run_config import parse_flags
 
 
@@ -31,7 +31,7 @@ def workload(preset: str) -> planner.Workload:
 @pytest.mark.parametrize(("instance", "preset"), CASES)
 def test_hsdp_moves_fewer_inter_node_bytes_than_fsdp(instance, preset):
     cluster = planner.cluster_of(instance, 2, INSTANCES[instance])
-    fsdp, hsdp = planner.plan(workload(preset), cluster)
+    fsdp, hsdp = planner.forecast(workload(preset), cluster)
     assert (fsdp.name, hsdp.name) == ("FSDP", f"HSDP 2x{INSTANCES[instance].gpus}")
     assert 0 < hsdp.inter_node_bytes_per_step < fsdp.inter_node_bytes_per_step
 
@@ -40,19 +40,19 @@ def test_hsdp_moves_fewer_inter_node_bytes_than_fsdp(instance, preset):
 def test_a_slower_line_never_predicts_more_tokens(instance, preset):
     rates = [1, 5, 10, 25, 40, 100, 400, 3200]
     for nodes in (2, 4):
-        plans = [
-            planner.plan(workload(preset), planner.cluster_of(instance, nodes, INSTANCES[instance], rate))
+        forecasts = [
+            planner.forecast(workload(preset), planner.cluster_of(instance, nodes, INSTANCES[instance], rate))
             for rate in rates
         ]
         for strategy in range(2):
-            tokens = [rows[strategy].tokens_per_s for rows in plans]
+            tokens = [rows[strategy].tokens_per_s for rows in forecasts]
             assert tokens == sorted(tokens), tokens
 
 
 @pytest.mark.parametrize(("instance", "preset"), CASES)
 def test_every_figure_is_positive(instance, preset):
-    for row in report.plan_rows(
-        planner.plan(workload(preset), planner.cluster_of(instance, 2, INSTANCES[instance]))
+    for row in report.forecast_rows(
+        planner.forecast(workload(preset), planner.cluster_of(instance, 2, INSTANCES[instance]))
     ):
         assert all(
             row[key] > 0
@@ -61,7 +61,7 @@ def test_every_figure_is_positive(instance, preset):
 
 
 def test_one_node_sends_nothing_across_nodes():
-    (single,) = planner.plan(
+    (single,) = planner.forecast(
         workload("throughput"), planner.cluster_of("g6.12xlarge", 1, INSTANCES["g6.12xlarge"])
     )
     assert single.inter_node_bytes_per_step == 0 and single.tokens_per_s > 0
@@ -71,5 +71,7 @@ def test_deferred_accumulation_moves_fewer_bytes_per_token():
     cluster = planner.cluster_of("g6.12xlarge", 2, INSTANCES["g6.12xlarge"])
     plain = workload("throughput")
     deferred = dataclasses.replace(plain, grad_accum_steps=4, defer_grad_sync=True)
-    for before, after in zip(planner.plan(plain, cluster), planner.plan(deferred, cluster), strict=True):
+    for before, after in zip(
+        planner.forecast(plain, cluster), planner.forecast(deferred, cluster), strict=True
+    ):
         assert after.inter_node_bytes_per_step / 4 < before.inter_node_bytes_per_step

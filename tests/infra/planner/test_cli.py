@@ -1,4 +1,4 @@
-"""`python -m infra.plan`: the plan of a stack file, as JSON or text, and its errors."""
+"""`python -m infra.planner`: the forecast of a stack file, as JSON or text, and its errors."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from infra.plan import cli
+from infra.planner import cli
 
 
-def test_the_dev_stack_plans_as_json(capsys):
+def test_the_dev_stack_forecasts_as_json(capsys):
     assert cli.main(["--stack", "dev", "--json", "--offline"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["line_rate_gbps"] == 40
@@ -34,7 +34,7 @@ def test_a_lower_line_rate_lowers_tokens(capsys):
         assert slow["tokens_per_s"] < fast["tokens_per_s"]
 
 
-def test_the_text_plan_marks_the_configured_strategy_and_warns(capsys):
+def test_the_text_forecast_marks_the_configured_strategy_and_warns(capsys):
     cli.main(["--stack", "dev", "--offline"])
     out = capsys.readouterr().out
     assert " *FSDP " in out  # the smoke preset runs plain FSDP (hsdpReplicas 1)

@@ -7,8 +7,8 @@ import pulumi
 import pytest
 
 from infra.config.parsing import ConfigError
-from infra.plan.drain import size_the_drain
-from infra.plan.planner import workload_of
+from infra.planner.drain import size_the_drain
+from infra.planner.planner import workload_of
 from tests.harness.preview_queries import RAY_CLUSTER
 from tests.harness.program import dev_config, run_program
 from training.config.drain_budget import DEFAULT_GRACE_S, RAY_STOP_MARGIN_S

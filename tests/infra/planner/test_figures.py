@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from infra.plan import figures
-from infra.plan.figures import H200_THROUGHPUT, INSTANCES, MFU_POINTS, NCCL_TESTS, Figure, line_rate_gbps
+from infra.planner import figures
+from infra.planner.figures import H200_THROUGHPUT, INSTANCES, MFU_POINTS, NCCL_TESTS, Figure, line_rate_gbps
 from tests.harness.paths import REPO_ROOT as ROOT
 from training.config.run_config import load_model_config
 from training.metrics.flops import flops_per_token, peak_flops

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from infra.plan import refresh
-from infra.plan.figures import INSTANCES
-from infra.plan.refresh import ON_DEMAND_LINUX, price_list_filters
+from infra.planner import refresh
+from infra.planner.figures import INSTANCES
+from infra.planner.refresh import ON_DEMAND_LINUX, price_list_filters
 
 
 def test_the_price_list_item_reads_as_its_hourly_price():

@@ -1,6 +1,6 @@
-"""The figures the communication planner and the cost figures (`infra.plan`) work from offline, each
+"""The figures the communication planner and the cost figures (`infra.planner`) work from offline, each
 with its source and the date it was read. AWS's own answers replace the line rates and prices when
-credentials are there (`infra.plan.refresh.refreshed`, and the Price List at preview for the stack's
+credentials are there (`infra.planner.refresh.refreshed`, and the Price List at preview for the stack's
 cost); the published figures are what `docs/benchmarks.md` checks the planner against. The measured
 figures cite their report page and are declared here: the product never reads the
 benchmark record, and a test keeps each equal to its report's raw JSON.
@@ -53,7 +53,7 @@ INSTANCES: dict[str, InstanceFigures] = {
         gpudirect_rdma=False,
     ),
     # The p4d and p5 prices are those after AWS's June 2025 cut of P4/P5 on-demand prices, not re-read
-    # from the price list here; `python -m infra.plan` replaces them with pricing:GetProducts' answer.
+    # from the price list here; `python -m infra.planner` replaces them with pricing:GetProducts' answer.
     # 8 x A100 40GB on NVSwitch, 4 EFA (4 x 100 Gbps), GPUDirect RDMA.
     "p4d.24xlarge": InstanceFigures(
         gpus=8,
@@ -145,7 +145,8 @@ class MfuPoint:
 # All ran on one H200 on synthetic tokens (causal rows, SDPA); isolated documents with flex ran at
 # more tokens/s (bench/reports/flex-attention_h200_202612.md; the record, 61.1% as counted here and
 # 50.5% on the attention done, is one H100's without checkpointing, bench/reports/mfu_h100_202612.md),
-# so plans of a corpus run are on the low side. Activation checkpointing changes the work per token, so a plan uses a point with its
+# so forecasts of a corpus run are on the
+# low side. Activation checkpointing changes the work per token, so a forecast uses a point with its
 # own setting, the one nearest in tokens per micro-batch.
 MFU_POINTS = (
     # AWS's sample loop: bf16 weights, plain AdamW, seq 128 x 1; the record's own `mfu`.

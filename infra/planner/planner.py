@@ -1,13 +1,13 @@
 """The communication planner: before anything exists, what a stack's training job costs per step
 in inter-node bytes, time, tokens/s and dollars, per sharding strategy.
 
-`python -m infra.plan --stack NAME [--json] [--line-rate-gbps X] [--offline]` plans from the
-stack file; `pulumi preview` logs the same plan (`log_plan`). The judgement (`plan`) is pure over
-figures: the model's size and FLOPs (`training.metrics.flops`), a measured MFU (`infra.plan.figures.MFU_POINTS`),
-the instance's line rate, intra-node bandwidth and price (`infra.plan.figures`, refreshed from AWS
-when credentials are there, `infra.plan.refresh`). Around it: the plan as text and at preview
-(`infra.plan.report`), the planner against published and measured figures (`infra.plan.calibration`)
-and the command line (`infra.plan.cli`).
+`python -m infra.planner --stack NAME [--json] [--line-rate-gbps X] [--offline]` forecasts from the
+stack file; `pulumi preview` logs the same forecast (`log_forecast`). The judgement (`forecast`) is pure over
+figures: the model's size and FLOPs (`training.metrics.flops`), a measured MFU (`infra.planner.figures.MFU_POINTS`),
+the instance's line rate, intra-node bandwidth and price (`infra.planner.figures`, refreshed from AWS
+when credentials are there, `infra.planner.refresh`). Around it: the forecast as text and at preview
+(`infra.planner.report`), the planner against published figures and measurements (`infra.planner.calibration`)
+and the command line (`infra.planner.cli`).
 
 The model, per optimizer step and per rank:
 - FSDP over all N ranks: bf16 all-gathers (forward, and backward when layers reshard after the
@@ -27,7 +27,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from infra.plan.figures import FP8_GPUS, MFU_POINTS, InstanceFigures
+from infra.planner.figures import FP8_GPUS, MFU_POINTS, InstanceFigures
 from training.config.run_config import CONFIG_DIR, TrainConfig, load_model_config
 from training.metrics.flops import flops_per_token, num_params, peak_flops
 
@@ -87,7 +87,7 @@ class ClusterShape:
 
 
 @dataclass(frozen=True)
-class StrategyPlan:
+class StrategyForecast:
     name: str
     replicas: int
     inter_node_bytes_per_step: float  # through each node's NIC, each direction
@@ -119,7 +119,7 @@ def ring_share(ranks: int) -> float:
     return (ranks - 1) / ranks
 
 
-def strategy_plan(workload: Workload, cluster: ClusterShape, replicas: int) -> StrategyPlan:
+def strategy_forecast(workload: Workload, cluster: ClusterShape, replicas: int) -> StrategyForecast:
     """One strategy's step: `replicas` 1 is FSDP over every rank, `replicas` = nodes is HSDP with
     the shards inside a node."""
     if replicas not in (1, cluster.nodes):
@@ -153,15 +153,15 @@ def strategy_plan(workload: Workload, cluster: ClusterShape, replicas: int) -> S
     step = max(compute, communication - exposed) + exposed
     tokens_per_s = ranks * workload.tokens_per_step / step
     dollars = cluster.nodes * cluster.usd_per_hour / 3600 / tokens_per_s * 1e6
-    return StrategyPlan(
+    return StrategyForecast(
         name, replicas, inter, compute, communication, step, tokens_per_s, dollars, mfu, source
     )
 
 
-def plan(workload: Workload, cluster: ClusterShape) -> list[StrategyPlan]:
+def forecast(workload: Workload, cluster: ClusterShape) -> list[StrategyForecast]:
     """FSDP, and HSDP when there is more than one node."""
     replicas = [1, cluster.nodes] if cluster.nodes > 1 else [1]
-    return [strategy_plan(workload, cluster, count) for count in replicas]
+    return [strategy_forecast(workload, cluster, count) for count in replicas]
 
 
 def configured_replicas(config: TrainConfig, cluster: ClusterShape) -> int:
@@ -187,9 +187,9 @@ def workload_of(config: TrainConfig) -> Workload | None:
     )
 
 
-def remedies(workload: Workload, cluster: ClusterShape, replicas: int) -> list[tuple[str, StrategyPlan]]:
-    """The changes that raise a network-bound plan's tokens/s, each with its plan."""
-    current = strategy_plan(workload, cluster, replicas)
+def remedies(workload: Workload, cluster: ClusterShape, replicas: int) -> list[tuple[str, StrategyForecast]]:
+    """The changes that raise a network-bound forecast's tokens/s, each with its forecast."""
+    current = strategy_forecast(workload, cluster, replicas)
     accumulated = max(4, 2 * workload.grad_accum_steps)
     candidates = []
     if replicas == 1 and cluster.nodes > 1:
@@ -209,7 +209,7 @@ def remedies(workload: Workload, cluster: ClusterShape, replicas: int) -> list[t
                 replicas,
             )
         )
-    better = [(text, strategy_plan(changed, cluster, count)) for text, changed, count in candidates]
+    better = [(text, strategy_forecast(changed, cluster, count)) for text, changed, count in candidates]
     return [(text, option) for text, option in better if option.tokens_per_s > current.tokens_per_s]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pulumi
 
 from infra.config.parsing import ConfigError
-from infra.plan.planner import StrategyPlan, workload_of
+from infra.planner.planner import StrategyForecast, workload_of
 from training.config.drain_budget import MAX_GRACE_S, STREAM_BYTES_PER_S, DrainBudget, drain_budget
 from training.config.run_config import TrainConfig
 
@@ -30,7 +30,7 @@ def drain_line(budget: DrainBudget, model: str) -> str:
 
 
 def size_the_drain(
-    config: TrainConfig, predicted: StrategyPlan | None, nodes: int, ranks_per_node: int
+    config: TrainConfig, predicted: StrategyForecast | None, nodes: int, ranks_per_node: int
 ) -> DrainBudget:
     """The worker pods' drain for this run, said in one line; refused (naming `gpuNodeCount`, which
     sets a node's share) when its grace exceeds what EKS waits for a node's drain."""

@@ -1,8 +1,8 @@
 """The communication planner: before anything exists, what a stack's training job costs per step
 in inter-node bytes, time, tokens/s and dollars, per sharding strategy.
 
-`python -m infra.plan --stack NAME [--json] [--line-rate-gbps X] [--offline]` plans from the stack
-file, with the line rate and price AWS states now unless --offline (`infra.plan.refresh`)."""
+`python -m infra.planner --stack NAME [--json] [--line-rate-gbps X] [--offline]` forecasts from the stack
+file, with the line rate and price AWS states now unless --offline (`infra.planner.refresh`)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from infra.plan.figures import INSTANCES
-from infra.plan.planner import cluster_of, configured_replicas, plan, workload_of
-from infra.plan.refresh import refreshed
-from infra.plan.report import network_warning, plan_rows, plan_table
+from infra.planner.figures import INSTANCES
+from infra.planner.planner import cluster_of, configured_replicas, forecast, workload_of
+from infra.planner.refresh import refreshed
+from infra.planner.report import forecast_rows, forecast_table, network_warning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,10 +42,10 @@ def stack_values(stack: str) -> tuple[dict[str, Any], str | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__.splitlines()[0])
-    parser.add_argument("--stack", required=True, help="the stack whose Pulumi.<stack>.yaml to plan")
+    parser = argparse.ArgumentParser(prog="python -m infra.planner", description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", required=True, help="the stack whose Pulumi.<stack>.yaml to forecast")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--line-rate-gbps", type=float, help="override the line rate (e.g. to plan TCP)")
+    parser.add_argument("--line-rate-gbps", type=float, help="override the line rate (e.g. to forecast TCP)")
     parser.add_argument("--offline", action="store_true", help="use the shipped figures without asking AWS")
     args = parser.parse_args(argv)
     if args.line_rate_gbps is not None and not args.line_rate_gbps > 0:
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if figures is None:
         raise SystemExit(
             f"config key 'gpuNodeType' = {keys.gpu_node_type!r}: the planner has figures for "
-            f"{', '.join(INSTANCES)} only (infra/plan/figures.py)"
+            f"{', '.join(INSTANCES)} only (infra/planner/figures.py)"
         )
     source = "shipped figures (--offline)"
     if not args.offline:
@@ -78,18 +78,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     workload = workload_of(config)
     if workload is None:
-        raise SystemExit(f"training model config {config.model_config!r} is not shipped: nothing to plan")
+        raise SystemExit(f"training model config {config.model_config!r} is not shipped: nothing to forecast")
     cluster = cluster_of(keys.gpu_node_type, keys.gpu_node_count, figures, args.line_rate_gbps)
-    plans = plan(workload, cluster)
+    forecasts = forecast(workload, cluster)
     chosen = configured_replicas(config, cluster)
     if args.json:
-        print(json.dumps({"line_rate_gbps": cluster.line_rate_gbps, "strategies": plan_rows(plans)}))
+        print(json.dumps({"line_rate_gbps": cluster.line_rate_gbps, "strategies": forecast_rows(forecasts)}))
         return 0
     print(
         f"{args.stack}: preset {config.preset}, seq {config.seq_len} x batch {config.batch_size} x "
         f"{config.grad_accum_steps} micro-batches, {keys.gpu_node_type} ({source})"
     )
-    print(plan_table(plans, cluster, chosen))
+    print(forecast_table(forecasts, cluster, chosen))
     if chosen in (1, cluster.nodes):
         warning = network_warning(workload, cluster, chosen)
         if warning:

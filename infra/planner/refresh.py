@@ -1,5 +1,6 @@
-"""The planner's instance figures as AWS states them now: the line rate (ec2:DescribeInstanceTypes)
-and the us-east-1 On-Demand price (pricing:GetProducts), the shipped ones without credentials."""
+"""The planner's instance figures refreshed with the facts AWS states now: the line rate
+(ec2:DescribeInstanceTypes) and the us-east-1 On-Demand price (pricing:GetProducts); the shipped
+figures without credentials."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import datetime
 import json
 
-from infra.plan.figures import Figure, InstanceFigures, line_rate_gbps
+from infra.planner.figures import Figure, InstanceFigures, line_rate_gbps
 
 # The Price List's attributes of a Linux On-Demand instance (AmazonEC2 products, TERM_MATCH filters of
 # pricing:GetProducts; the names and values `pricing:GetAttributeValues` lists): shared tenancy, no

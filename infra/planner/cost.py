@@ -1,6 +1,6 @@
 """What a training run cost and what the stack costs per hour at rest: arithmetic over facts fetched
 elsewhere (the GPU nodes' launch times by the TrainingRun, the prices at preview by
-`infra.pricing`), so every figure here is a pure function of what it is given.
+`infra.pricing`), so every amount here is a pure function of what it is given.
 
 An estimate from list prices, never the invoice: no discount (Savings Plans, credits), no tax, no
 usage-based charge (NAT data processing, S3, CloudWatch, data transfer) is in it.
@@ -16,7 +16,7 @@ from typing import Any
 
 from infra.aws_rules.reservation_window import parse_aws_time
 from infra.config.recorded import read_record
-from infra.plan.figures import (
+from infra.planner.figures import (
     EC2_BILLING_URL,
     EC2_MINIMUM_BILLED_S,
     EKS_EXTENDED_SUPPORT_USD_PER_HOUR,
@@ -28,7 +28,7 @@ from infra.plan.figures import (
     Figure,
     shipped_on_demand_usd,
 )
-from infra.plan.refresh import on_demand_usd
+from infra.planner.refresh import on_demand_usd
 
 NOTE = (
     "An estimate from AWS list prices, not the invoice: no discount, credit or tax, and no usage-based "
@@ -71,7 +71,7 @@ def capacity_block_price(reservation_id: str) -> Price:
     return Price(
         None,
         f"Capacity Block {reservation_id}: its upfront fee, paid at purchase whatever the nodes do; no EC2 API "
-        "returns the fee of a purchased block, so no US$ figure is given here (the AWS Billing console has it)",
+        "returns the fee of a purchased block, so no US$ amount is given here (the AWS Billing console has it)",
     )
 
 
@@ -134,7 +134,7 @@ def tokens_trained(summary: Mapping[str, Any] | None) -> int | None:
 
 @dataclass(frozen=True)
 class Prediction:
-    """The planner's step for the configured strategy (`infra.plan.planner.log_plan`), and the run's
+    """The planner's step for the configured strategy (`infra.planner.planner.log_forecast`), and the run's
     size; `bytes_per_step` is what the planner sends through each node's NIC per step, each way."""
 
     steps: int
@@ -145,13 +145,13 @@ class Prediction:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlannedRun:
+class PredictedRun:
     """What the preview priced and predicted a run at: the GPU nodes' hourly price and its basis, the
-    planner's step time and bytes per step (None without a plan). The TrainingRun takes it as an input
+    planner's step time and bytes per step (None without a forecast). The TrainingRun takes it as an input
     that does not run it again and keeps it among its outputs from the run on; an unchanged run keeps
     its outputs (the engine's same step: pulumi/pulumi pkg/resource/deploy/step.go, `SameStep.Apply`
-    retains the old outputs), so `training.cost.measured` and `planVsMeasured`, computed from the run's
-    own, stay as the run was billed and planned whatever later Price Lists and planners say.
+    retains the old outputs), so `training.cost.measured` and `forecastVsMeasured`, computed from the run's
+    own, stay as the run was billed and forecast whatever later Price Lists and planners say.
 
     Pulumi hands it back without its None values (a Capacity Block's price is None), so every field
     but the basis defaults to None: a missing key is unknown (`infra.config.recorded`)."""
@@ -162,7 +162,7 @@ class PlannedRun:
     bytes_per_step: float | None = None
 
     @classmethod
-    def recorded(cls, value: Mapping[str, Any] | None, output: str) -> PlannedRun | None:
+    def recorded(cls, value: Mapping[str, Any] | None, output: str) -> PredictedRun | None:
         """As the TrainingRun's output holds it, read for the stack output `output`; None for a run
         that recorded none."""
         return read_record(cls, value, output)
@@ -171,17 +171,17 @@ class PlannedRun:
 @dataclass(frozen=True)
 class CostBasis:
     """What preview knows of the cost: the GPU nodes' price, the planner's prediction (None without
-    a plan) and the stack's hourly cost at rest (`at_rest_usd_per_hour`)."""
+    a forecast) and the stack's hourly cost at rest (`at_rest_usd_per_hour`)."""
 
     gpu_price: Price
     prediction: Prediction | None
     at_rest: Mapping[str, Any]
 
     @property
-    def planned_run(self) -> PlannedRun:
+    def predicted_run(self) -> PredictedRun:
         """The price and the prediction, for the TrainingRun to record with the run."""
         prediction = self.prediction
-        return PlannedRun(
+        return PredictedRun(
             price_basis=self.gpu_price.basis,
             usd_per_gpu_node_hour=self.gpu_price.usd_per_hour,
             step_time_s=prediction.step_time_s if prediction else None,
@@ -193,7 +193,7 @@ def _rounded(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def planned_cost(basis: CostBasis) -> dict[str, Any]:
+def predicted_cost(basis: CostBasis) -> dict[str, Any]:
     """What `training.cost` knows at preview: the price and its basis, the planner's prediction at that
     price (the steps' time alone, `steps x step time x nodes x price`), the stack per hour at rest."""
     price, prediction = basis.gpu_price, basis.prediction
@@ -218,7 +218,7 @@ UNRECORDED_PRICE = "no price was recorded with this run; the next run records th
 
 
 def measured_cost(
-    planned: PlannedRun | None,
+    recorded: PredictedRun | None,
     gpu_nodes: Mapping[str, Mapping[str, str]] | None,
     gpu_nodes_unavailable: str | None,
     finished_at: str | None,
@@ -226,8 +226,8 @@ def measured_cost(
     released_at: str | None = None,
     tcp_summary: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What the run cost, `training.cost.measured`, at the price recorded with it (`planned`, the
-    TrainingRun's; None: it recorded none, and the US$ figures are None). `gpu_nodes` are the
+    """What the run cost, `training.cost.measured`, at the price recorded with it (`recorded`, the
+    TrainingRun's `planned`; None: it recorded none, and the US$ amounts are None). `gpu_nodes` are the
     TrainingRun's (node -> its instance: `instanceId`, `launchTime`, `stoppedAt` for one that stopped
     running, `unavailable` for one that cannot be counted:
     `workloads.training_run.access.ec2_instances.instance_record`); the hours run from each launch to
@@ -235,7 +235,7 @@ def measured_cost(
     output's time); those not counted are named in `notCounted`. Without any launch time (before the
     first run, or when EC2 refused DescribeInstances) the hours and US$ are None and `unavailable`
     says why. `tcp_summary` (with `benchmark`): the TCP baseline's summary, whose tokens the
-    per-token figure counts beside the job's, as the nodes' hours hold its run too."""
+    per-token cost counts beside the job's, as the nodes' hours hold its run too."""
     end_text = released_at or finished_at
     hours: float | None = None
     reason = gpu_nodes_unavailable
@@ -259,7 +259,7 @@ def measured_cost(
             if not_counted
             else "no training run has reported its GPU nodes yet"
         )
-    price = planned.usd_per_gpu_node_hour if planned else None
+    price = recorded.usd_per_gpu_node_hour if recorded else None
     usd = hours * price if hours is not None and price is not None else None
     tokens = tokens_trained(summary)
     baseline = tokens_trained(tcp_summary)
@@ -274,7 +274,7 @@ def measured_cost(
         )
     return {
         "usdPerGpuNodeHour": price,
-        "priceBasis": planned.price_basis if planned else UNRECORDED_PRICE,
+        "priceBasis": recorded.price_basis if recorded else UNRECORDED_PRICE,
         "gpuNodeHours": _rounded(hours),
         "from": "each GPU node's EC2 launch time",
         "to": ("the GPU nodes' release" if released_at else "the output's time") if end_text else None,
