@@ -11,19 +11,19 @@ import torch
 from torch import nn
 
 import training.build
-from training.components.optim import parameter_groups
+from training.components.optim import build_optimizer
 from training.config.run_config import TrainConfig
 
 
-def dtensor_adamw(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """torch's AdamW with the job's groups and kernels (fused on a GPU, foreach on a CPU)."""
-    on_gpu = device.type == "cuda"
-    return torch.optim.AdamW(
-        parameter_groups(model, config.weight_decay),
-        lr=config.lr,
-        fused=True if on_gpu else None,
-        foreach=None if on_gpu else True,
-    )
+def dtensor_adamw(
+    model: nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    adamw: type[torch.optim.AdamW] = torch.optim.AdamW,
+) -> torch.optim.Optimizer:
+    """torch's AdamW (`adamw`) with the job's groups and kernels (fused on a GPU, foreach on a CPU):
+    `build_optimizer` with its default class swapped, in its own signature."""
+    return build_optimizer(model, config, device, adamw=adamw)
 
 
 @contextlib.contextmanager

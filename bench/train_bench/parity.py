@@ -77,12 +77,20 @@ def parity_report(
     summaries: dict[str, dict[str, Any]],
     baseline: str,
     candidate: str,
+    other_seed: str | None = None,
 ) -> dict[str, Any]:
     """How far `candidate`'s loss curve lies from `baseline`'s: step by step, and over the last
-    fifth of the steps (where noise of single steps averages out)."""
+    fifth of the steps (where noise of single steps averages out); with `other_seed`, the label of
+    the baseline run from another seed, how far that lies from the baseline over the same steps
+    (`seed_spread_last_steps`)."""
     differences = [other - base for base, other in zip(curves[baseline], curves[candidate], strict=True)]
     tail = max(1, steps // 5)
     last = {label: statistics.mean(curve[-tail:]) for label, curve in curves.items()}
+    spread = (
+        {}
+        if other_seed is None
+        else {"seed_spread_last_steps": (last[other_seed] - last[baseline]) / last[baseline]}
+    )
     return {
         "name": name,
         **run,
@@ -95,6 +103,7 @@ def parity_report(
         "mean_difference": statistics.mean(differences),
         "max_abs_difference": max(abs(difference) for difference in differences),
         "losses": curves,
+        **spread,
     }
 
 
@@ -121,10 +130,7 @@ def float8_parity(
             "float8": {**run, "float8": True},
         },
     )
-    report = parity_report("float8-parity", run, steps, curves, summaries, "bf16", "float8")
-    last = report[f"mean_loss_last_{max(1, steps // 5)}_steps"]
-    report["seed_spread_last_steps"] = (last[other_seed] - last["bf16"]) / last["bf16"]
-    return report
+    return parity_report("float8-parity", run, steps, curves, summaries, "bf16", "float8", other_seed)
 
 
 def kernel_parity(

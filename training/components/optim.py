@@ -83,11 +83,17 @@ class ShardLocalAdamW(torch.optim.AdamW):
             )
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW on the local shards (`ShardLocalAdamW`), fused into one kernel per parameter group on
-    GPU; no weight decay on norms and biases."""
+def build_optimizer(
+    model: nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    adamw: type[torch.optim.AdamW] = ShardLocalAdamW,
+) -> torch.optim.Optimizer:
+    """AdamW on the local shards (`ShardLocalAdamW`; `adamw` another AdamW class, as the bench's
+    before-and-after variants take torch's), fused into one kernel per parameter group on GPU; no
+    weight decay on norms and biases."""
     on_gpu = device.type == "cuda"
-    return ShardLocalAdamW(
+    return adamw(
         parameter_groups(model, config.weight_decay),
         lr=config.lr,
         fused=True if on_gpu else None,

@@ -14,3 +14,11 @@ def test_a_parity_report_says_how_far_the_candidate_curve_lies_from_the_baseline
     assert report["mean_loss_last_1_steps"] == {"sdpa": 1.0, "flex": 1.5}  # the last fifth: 1 step
     assert report["relative_difference_last_steps"] == 0.5
     assert report["mean_difference"] == 0.2 and report["max_abs_difference"] == 0.5
+
+
+def test_with_another_seeds_baseline_the_report_gives_the_seed_to_seed_spread():
+    curves = {"bf16": [4.0, 2.0], "bf16-seed-1": [4.0, 3.0], "float8": [4.0, 2.5]}
+    report = parity_report("float8-parity", {}, 2, curves, {}, "bf16", "float8", "bf16-seed-1")
+    assert report["relative_difference_last_steps"] == 0.25
+    assert report["seed_spread_last_steps"] == 0.5
+    assert "seed_spread_last_steps" not in parity_report("p", {}, 2, curves, {}, "bf16", "float8")
